@@ -1,0 +1,12 @@
+//! `redlite generate`.
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: std::path::PathBuf,
+}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`redlite generate` is not implemented yet")
+}

@@ -1,0 +1,49 @@
+//! `redlite`: the command-line entry point. Each subcommand lives in its own module with its
+//! clap `Args` and a `run` function.
+
+use clap::{Parser, Subcommand};
+
+mod generate;
+mod inspect;
+mod logits;
+mod tokenize;
+
+#[derive(Parser)]
+#[command(
+    name = "redlite",
+    version,
+    about = "Qwen3-Next inference from GGUF files"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a GGUF file: architecture, hyperparameters, tensor bytes, bytes per decode token.
+    Inspect(inspect::Args),
+    /// Generate text from a prompt, streaming it as it decodes.
+    Generate(generate::Args),
+    /// Write the logits of every position of a token sequence as raw f32.
+    Logits(logits::Args),
+    /// Tokenize text with the model's tokenizer and print the ids as JSON.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Turn token ids back into text.
+    Detokenize(tokenize::DetokenizeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => inspect::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Tokenize(a) => tokenize::run_tokenize(a),
+        Command::Detokenize(a) => tokenize::run_detokenize(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
