@@ -1,1 +1,3 @@
-//! redlite-engine
+//! The engine: sampling, sessions and the generation loop over a model.
+
+pub mod sampler;

@@ -1,0 +1,1 @@
+//! Chat template rendering (`tokenizer.chat_template`) with minijinja.

@@ -1,0 +1,1 @@
+//! Streaming detokenizer: never emits half a UTF-8 character.

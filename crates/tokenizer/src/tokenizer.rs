@@ -1,0 +1,1 @@
+//! The gpt2 byte-level BPE tokenizer (pre-tokenizer `qwen2`) built from GGUF metadata.
