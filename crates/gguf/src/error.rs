@@ -16,7 +16,7 @@ pub enum GgufErrorKind {
     Io(#[from] std::io::Error),
 
     /// The first four bytes are not `GGUF`.
-    #[error("bad magic {found:02x?} (expected \"GGUF\")")]
+    #[error("bad magic \"{}\" (expected \"GGUF\")", found.escape_ascii())]
     BadMagic { found: [u8; 4] },
 
     /// A header version other than 2 or 3.
@@ -109,7 +109,11 @@ pub enum GgufErrorKind {
 
     /// A tensor whose data starts inside the file but runs past its end (a truncated file).
     #[error("tensor data [{start}, {end}) runs past the end of the file ({file_size} bytes): file truncated")]
-    TensorDataTruncated { start: u64, end: u64, file_size: u64 },
+    TensorDataTruncated {
+        start: u64,
+        end: u64,
+        file_size: u64,
+    },
 
     /// A metadata key asked for by an accessor is absent.
     #[error("metadata key is missing")]
