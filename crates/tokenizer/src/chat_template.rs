@@ -146,6 +146,40 @@ impl ChatTemplate {
         })
     }
 
+    /// Reads `tokenizer.chat_template` from a GGUF file, with the BOS/EOS token strings taken from
+    /// `tokenizer.ggml.tokens` at `tokenizer.ggml.bos_token_id` / `eos_token_id` when present.
+    pub fn from_gguf(gguf: &redlite_gguf::GgufFile) -> Result<Self> {
+        const KEY: &str = "tokenizer.chat_template";
+        if gguf.get(KEY).is_none() {
+            return Err(ChatTemplateError::MissingTemplate(format!("no {KEY} key")));
+        }
+        let source = gguf
+            .get_str(KEY)
+            .map_err(|e| ChatTemplateError::Gguf(format!("{KEY}: {e}")))?
+            .to_string();
+        let token_at = |key: &str| -> Result<Option<String>> {
+            let Some(id) = gguf
+                .get_opt_u32(key)
+                .map_err(|e| ChatTemplateError::Gguf(format!("{key}: {e}")))?
+            else {
+                return Ok(None);
+            };
+            let tokens = gguf
+                .get_str_array("tokenizer.ggml.tokens")
+                .map_err(|e| ChatTemplateError::Gguf(format!("tokenizer.ggml.tokens: {e}")))?;
+            let token = tokens.get(id as usize).ok_or_else(|| {
+                ChatTemplateError::Gguf(format!(
+                    "{key} = {id} is out of range ({} tokens)",
+                    tokens.len()
+                ))
+            })?;
+            Ok(Some(token.to_string()))
+        };
+        let bos = token_at("tokenizer.ggml.bos_token_id")?;
+        let eos = token_at("tokenizer.ggml.eos_token_id")?;
+        Self::new(&source, bos, eos)
+    }
+
     /// The template source (after the `{% generation %}` rewrite).
     pub fn source(&self) -> &str {
         &self.source
@@ -190,7 +224,10 @@ impl ChatTemplate {
             ctx.push(("enable_thinking".into(), Value::from(t)));
         }
         // Later entries win, like Python's `**` merging.
-        let ctx: Value = ctx.into_iter().collect::<std::collections::BTreeMap<_, _>>().into();
+        let ctx: Value = ctx
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -321,7 +358,12 @@ fn strftime_now(format: &str) -> std::result::Result<Value, Error> {
         ));
     }
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format_with_items(items.iter())).map_err(|_| {
+    write!(
+        out,
+        "{}",
+        chrono::Local::now().format_with_items(items.iter())
+    )
+    .map_err(|_| {
         Error::new(
             ErrorKind::InvalidOperation,
             format!("strftime_now: cannot format with {format:?}"),
@@ -445,7 +487,11 @@ pub fn python_float_repr(x: f64, json: bool) -> String {
     }
     if x.is_infinite() {
         let s = if json { "Infinity" } else { "inf" };
-        return if x < 0.0 { format!("-{s}") } else { s.to_string() };
+        return if x < 0.0 {
+            format!("-{s}")
+        } else {
+            s.to_string()
+        };
     }
     if x == 0.0 {
         return if x.is_sign_negative() { "-0.0" } else { "0.0" }.to_string();
@@ -524,9 +570,7 @@ impl Default for JsonDumpsOptions {
 /// `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
 fn tojson_filter(value: &Value, args: &[Value]) -> std::result::Result<Value, Error> {
     let (positional, kwargs) = match args.split_last() {
-        Some((last, rest)) if last.is_kwargs() => {
-            (rest, Some(Kwargs::try_from(last.clone())?))
-        }
+        Some((last, rest)) if last.is_kwargs() => (rest, Some(Kwargs::try_from(last.clone())?)),
         _ => (args, None),
     };
     const NAMES: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
@@ -572,7 +616,10 @@ fn tojson_filter(value: &Value, args: &[Value]) -> std::result::Result<Value, Er
             } else {
                 return Err(Error::new(
                     ErrorKind::InvalidOperation,
-                    format!("tojson: indent must be an int or a string, not {}", v.kind()),
+                    format!(
+                        "tojson: indent must be an int or a string, not {}",
+                        v.kind()
+                    ),
                 ));
             });
             opts.item_separator = ",".into();
@@ -1008,7 +1055,10 @@ mod tests {
         );
         // indent=2 → "," item separator, no trailing spaces, empty containers compact.
         assert_eq!(
-            r("{{ v|tojson(indent=2) }}", json!({"v": {"a": [1, {"b": null}], "c": {}}})),
+            r(
+                "{{ v|tojson(indent=2) }}",
+                json!({"v": {"a": [1, {"b": null}], "c": {}}})
+            ),
             "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ],\n  \"c\": {}\n}"
         );
         assert_eq!(
@@ -1035,7 +1085,8 @@ mod tests {
 
     #[test]
     fn tojson_keeps_key_order() {
-        let v: serde_json::Value = serde_json::from_str(r#"{"z": 1, "a": 2, "m": {"y": 1, "b": 2}}"#).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"z": 1, "a": 2, "m": {"y": 1, "b": 2}}"#).unwrap();
         assert_eq!(
             json_dumps_serde(&v, &JsonDumpsOptions::default()).unwrap(),
             r#"{"z": 1, "a": 2, "m": {"y": 1, "b": 2}}"#
@@ -1045,27 +1096,91 @@ mod tests {
     #[test]
     fn python_string_methods() {
         let ctx = json!({"s": "  Hello, World  ", "t": "a<think>b</think>\n\nc"});
-        assert_eq!(r("{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}", ctx.clone()),
-            "Hello, World|Hello, World  |  Hello, World");
-        assert_eq!(r("{{ t.split('</think>')[-1].lstrip('\\n') }}", ctx.clone()), "c");
-        assert_eq!(r("{{ t.split('</think>')[0].split('<think>')[-1] }}", ctx.clone()), "b");
-        assert_eq!(r("{{ s.strip().upper() }} {{ s.strip().lower() }}", ctx.clone()), "HELLO, WORLD hello, world");
+        assert_eq!(
+            r(
+                "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}",
+                ctx.clone()
+            ),
+            "Hello, World|Hello, World  |  Hello, World"
+        );
+        assert_eq!(
+            r("{{ t.split('</think>')[-1].lstrip('\\n') }}", ctx.clone()),
+            "c"
+        );
+        assert_eq!(
+            r(
+                "{{ t.split('</think>')[0].split('<think>')[-1] }}",
+                ctx.clone()
+            ),
+            "b"
+        );
+        assert_eq!(
+            r(
+                "{{ s.strip().upper() }} {{ s.strip().lower() }}",
+                ctx.clone()
+            ),
+            "HELLO, WORLD hello, world"
+        );
         assert_eq!(r("{{ s.strip()[::-1] }}", ctx.clone()), "dlroW ,olleH");
         assert_eq!(r("{{ s.strip()[1:4] }}", ctx.clone()), "ell");
-        assert_eq!(r("{{ s.replace('l', 'L') }}", ctx.clone()), "  HeLLo, WorLd  ");
-        assert_eq!(r("{{ s.strip().startswith('Hell') }} {{ s.strip().endswith(('x', 'ld')) }}", ctx.clone()), "True True");
-        assert_eq!(r("{{ 'a b  c'.split() }} {{ 'a,b,c'.rsplit(',', 1) }}", json!({})), "['a', 'b', 'c'] ['a,b', 'c']");
-        assert_eq!(r("{{ ' a b  c '.split(None, 1) }} {{ ' a b  c '.rsplit(None, 1) }}", json!({})), "['a', 'b  c '] [' a b', 'c']");
-        assert_eq!(r("{{ 'héllo'.find('l') }} {{ 'héllo'.rfind('l') }} {{ 'abc'.find('z') }}", json!({})), "2 3 -1");
-        assert_eq!(r("{{ 'a=b=c'.partition('=') }} {{ 'a=b=c'.rpartition('=') }}", json!({})), "['a', '=', 'b=c'] ['a=b', '=', 'c']");
+        assert_eq!(
+            r("{{ s.replace('l', 'L') }}", ctx.clone()),
+            "  HeLLo, WorLd  "
+        );
+        assert_eq!(
+            r(
+                "{{ s.strip().startswith('Hell') }} {{ s.strip().endswith(('x', 'ld')) }}",
+                ctx.clone()
+            ),
+            "True True"
+        );
+        assert_eq!(
+            r(
+                "{{ 'a b  c'.split() }} {{ 'a,b,c'.rsplit(',', 1) }}",
+                json!({})
+            ),
+            "['a', 'b', 'c'] ['a,b', 'c']"
+        );
+        assert_eq!(
+            r(
+                "{{ ' a b  c '.split(None, 1) }} {{ ' a b  c '.rsplit(None, 1) }}",
+                json!({})
+            ),
+            "['a', 'b  c '] [' a b', 'c']"
+        );
+        assert_eq!(
+            r(
+                "{{ 'héllo'.find('l') }} {{ 'héllo'.rfind('l') }} {{ 'abc'.find('z') }}",
+                json!({})
+            ),
+            "2 3 -1"
+        );
+        assert_eq!(
+            r(
+                "{{ 'a=b=c'.partition('=') }} {{ 'a=b=c'.rpartition('=') }}",
+                json!({})
+            ),
+            "['a', '=', 'b=c'] ['a=b', '=', 'c']"
+        );
         assert_eq!(r("{{ 'tool_x'.removeprefix('tool_') }} {{ '42'.zfill(5) }} [{{ 'ab'.center(5, '*') }}]", json!({})), "x 00042 [**ab*]");
-        assert_eq!(r("{{ '<tool_response>x</tool_response>'.startswith('<tool_response>') }}", json!({})), "True");
+        assert_eq!(
+            r(
+                "{{ '<tool_response>x</tool_response>'.startswith('<tool_response>') }}",
+                json!({})
+            ),
+            "True"
+        );
     }
 
     #[test]
     fn python_style_output() {
-        assert_eq!(r("{{ none }} {{ true }} {{ 1.0 }} {{ 3 }} {{ [1, 'a', none] }} {{ x }}", json!({"x": {"k": "it's"}})),
-            "None True 1.0 3 [1, 'a', None] {'k': \"it's\"}");
+        assert_eq!(
+            r(
+                "{{ none }} {{ true }} {{ 1.0 }} {{ 3 }} {{ [1, 'a', none] }} {{ x }}",
+                json!({"x": {"k": "it's"}})
+            ),
+            "None True 1.0 3 [1, 'a', None] {'k': \"it's\"}"
+        );
         assert_eq!(r("[{{ undefined_var }}]", json!({})), "[]");
         assert_eq!(r("{{ bos_token }}x{{ eos_token }}", json!({})), "<s>x</s>");
     }
@@ -1094,18 +1209,28 @@ mod tests {
             }
             other => panic!("unexpected error {other:?}"),
         }
-        assert!(err.to_string().contains("Conversation roles must alternate"));
+        assert!(err
+            .to_string()
+            .contains("Conversation roles must alternate"));
     }
 
     #[test]
     fn errors_carry_the_template_line() {
         let err = ChatTemplate::new("ok\n{% if %}\n", None, None).unwrap_err();
-        assert!(matches!(err, ChatTemplateError::Syntax { line: Some(2), .. }), "{err}");
+        assert!(
+            matches!(err, ChatTemplateError::Syntax { line: Some(2), .. }),
+            "{err}"
+        );
         let err = render_str("a\nb {{ 'x'.no_such_method() }}", json!({})).unwrap_err();
         match &err {
-            ChatTemplateError::Render { line, line_text, .. } => {
+            ChatTemplateError::Render {
+                line, line_text, ..
+            } => {
                 assert_eq!(*line, Some(2));
-                assert!(line_text.as_deref().unwrap_or("").contains("no_such_method"));
+                assert!(line_text
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("no_such_method"));
             }
             other => panic!("unexpected error {other:?}"),
         }
@@ -1122,7 +1247,9 @@ mod tests {
     fn generation_tags_are_accepted() {
         let src = "{% for m in messages %}{%- generation %}{{ m }}{%- endgeneration %}{% endfor %}";
         let t = ChatTemplate::new(src, None, None).unwrap();
-        let out = t.render(&json!(["a", "b"]), &RenderOptions::default()).unwrap();
+        let out = t
+            .render(&json!(["a", "b"]), &RenderOptions::default())
+            .unwrap();
         assert_eq!(out, "ab");
     }
 
