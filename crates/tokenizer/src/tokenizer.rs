@@ -39,8 +39,8 @@ pub const QWEN2_PRE_TOKENIZER_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// A required `tokenizer.ggml.*` key is missing or has the wrong type.
-    #[error("GGUF tokenizer metadata: {0}")]
-    Metadata(String),
+    #[error("reading the tokenizer from GGUF metadata: {0}")]
+    Gguf(#[from] redlite_gguf::GgufError),
     /// `tokenizer.ggml.model` names a tokenizer family this crate does not implement.
     #[error("unsupported tokenizer model `{0}` (only `gpt2` byte-level BPE is supported)")]
     UnsupportedModel(String),
@@ -61,7 +61,11 @@ pub enum TokenizerError {
     MissingByteToken(u8, char),
     /// A special-token id (eos, bos, padding) is not a valid token id.
     #[error("{name} token id {id} is out of range (vocabulary size {vocab_size})")]
-    SpecialIdOutOfRange { name: &'static str, id: u32, vocab_size: usize },
+    SpecialIdOutOfRange {
+        name: &'static str,
+        id: u32,
+        vocab_size: usize,
+    },
     /// More tokens than `u32` ids can address.
     #[error("vocabulary of {0} tokens is too large")]
     VocabTooLarge(usize),
@@ -129,6 +133,35 @@ pub struct VocabData {
     pub padding_token_id: Option<u32>,
     /// `tokenizer.ggml.add_bos_token` (false when absent).
     pub add_bos_token: bool,
+}
+
+impl VocabData {
+    /// Reads the `tokenizer.ggml.*` keys of a GGUF file. `tokenizer.ggml.model` and
+    /// `tokenizer.ggml.tokens` are required; for a `gpt2` model `tokenizer.ggml.merges` too.
+    pub fn from_gguf(file: &redlite_gguf::GgufFile) -> Result<VocabData, TokenizerError> {
+        let model = file.get_str("tokenizer.ggml.model")?.to_string();
+        if model != "gpt2" {
+            // Checked here too so that a non-BPE file fails on the model, not on missing merges.
+            return Err(TokenizerError::UnsupportedModel(model));
+        }
+        let token_types = match file.get("tokenizer.ggml.token_type") {
+            Some(_) => Some(file.get_i32_array("tokenizer.ggml.token_type")?),
+            None => None,
+        };
+        Ok(VocabData {
+            model,
+            pre: file.get_opt_str("tokenizer.ggml.pre")?.map(str::to_string),
+            tokens: file.get_str_array("tokenizer.ggml.tokens")?.to_vec(),
+            token_types,
+            merges: file.get_str_array("tokenizer.ggml.merges")?.to_vec(),
+            eos_token_id: file.get_opt_u32("tokenizer.ggml.eos_token_id")?,
+            bos_token_id: file.get_opt_u32("tokenizer.ggml.bos_token_id")?,
+            padding_token_id: file.get_opt_u32("tokenizer.ggml.padding_token_id")?,
+            add_bos_token: file
+                .get_opt_bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(false),
+        })
+    }
 }
 
 /// Inverse of gpt2's `bytes_to_unicode`: maps a byte-level symbol back to its byte.
@@ -258,6 +291,11 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
+    /// Builds the tokenizer from the `tokenizer.ggml.*` metadata of a GGUF file.
+    pub fn from_gguf(file: &redlite_gguf::GgufFile) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::from_vocab(VocabData::from_gguf(file)?)
+    }
+
     /// Builds the tokenizer from already extracted metadata.
     pub fn from_vocab(data: VocabData) -> Result<Tokenizer, TokenizerError> {
         if data.model != "gpt2" {
