@@ -9,7 +9,7 @@ use super::grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
     KVALUES_IQ4NL,
 };
-use super::simple::f16_at;
+use super::simple::{f16_at, f16_bits_to_f32};
 
 /// Byte `j` of a packed grid row, i.e. grid element `j`.
 #[inline]
@@ -242,7 +242,7 @@ pub fn dequantize_block_iq1_m(block: &[u8; 56], out: &mut [f32; 256]) {
     ];
     let d_bits =
         (sc[0] >> 12) | ((sc[1] >> 12) << 4) | ((sc[2] >> 12) << 8) | ((sc[3] >> 12) << 12);
-    let d = half::f16::from_bits(d_bits).to_f32();
+    let d = f16_bits_to_f32(d_bits);
     for k in 0..32 {
         let i = k / 2; // 16-element scale index
         let s = (sc[i / 4] >> (3 * (i % 4))) & 7;

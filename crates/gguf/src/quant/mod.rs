@@ -25,6 +25,6 @@ pub use kquants::{
 };
 pub use simple::{
     dequantize_block_bf16, dequantize_block_f16, dequantize_block_f32, dequantize_block_iq4_nl,
-    dequantize_block_q4_0, dequantize_block_q8_0,
+    dequantize_block_q4_0, dequantize_block_q8_0, f16_bits_to_f32,
 };
 pub use types::{GgmlType, TypeTraits, TYPE_TRAITS};

@@ -5,10 +5,25 @@
 
 use super::grids::KVALUES_IQ4NL;
 
-/// Reads the little-endian f16 at `bytes[at..at + 2]` as f32 (exact; NaNs come out quiet).
+/// Converts IEEE half bits to f32. Every finite value and infinity converts exactly; a NaN keeps
+/// its sign and payload bit for bit (mantissa shifted up by 13), signalling NaNs included, as
+/// numpy / gguf-py do. (`half`'s own conversion quiets signalling NaNs, and whether it uses the
+/// CPU's F16C instructions depends on the machine, so NaNs are handled here explicitly.)
+#[inline]
+pub fn f16_bits_to_f32(bits: u16) -> f32 {
+    let mantissa = u32::from(bits & 0x03FF);
+    if bits & 0x7C00 == 0x7C00 && mantissa != 0 {
+        let sign = u32::from(bits & 0x8000) << 16;
+        f32::from_bits(sign | 0x7F80_0000 | (mantissa << 13))
+    } else {
+        half::f16::from_bits(bits).to_f32()
+    }
+}
+
+/// Reads the little-endian f16 at `bytes[at..at + 2]` as f32 (see [`f16_bits_to_f32`]).
 #[inline]
 pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
 
 /// F32: `[f32 LE]`.
@@ -16,7 +31,7 @@ pub fn dequantize_block_f32(block: &[u8; 4], out: &mut [f32; 1]) {
     out[0] = f32::from_le_bytes(*block);
 }
 
-/// F16: `[f16 LE]` → IEEE half to single conversion.
+/// F16: `[f16 LE]` → IEEE half to single conversion (NaN payloads kept, see [`f16_bits_to_f32`]).
 pub fn dequantize_block_f16(block: &[u8; 2], out: &mut [f32; 1]) {
     out[0] = f16_at(block, 0);
 }
@@ -63,5 +78,39 @@ pub fn dequantize_block_iq4_nl(block: &[u8; 18], out: &mut [f32; 32]) {
     for (j, &q) in block[2..18].iter().enumerate() {
         out[j] = d * f32::from(KVALUES_IQ4NL[usize::from(q & 0x0F)]);
         out[j + 16] = d * f32::from(KVALUES_IQ4NL[usize::from(q >> 4)]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_keeps_nan_payloads_like_numpy() {
+        // Expected bits from numpy: np.uint16(b).view(np.float16).astype(np.float32).
+        for (h, f) in [
+            (0x7c01u16, 0x7f80_2000u32), // signalling NaN stays signalling
+            (0xfd55, 0xffaa_a000),
+            (0x7e00, 0x7fc0_0000),
+            (0x7fff, 0x7fff_e000),
+            (0x7c00, 0x7f80_0000), // +inf
+            (0xfc00, 0xff80_0000), // -inf
+            (0x0001, 0x3380_0000), // smallest subnormal, 2^-24
+            (0x8000, 0x8000_0000), // -0
+            (0x7bff, 0x477f_e000), // 65504
+        ] {
+            assert_eq!(f16_bits_to_f32(h).to_bits(), f, "{h:#06x}");
+        }
+        // Every non-NaN half agrees with the `half` crate.
+        for h in 0..=u16::MAX {
+            let x = half::f16::from_bits(h);
+            if !x.is_nan() {
+                assert_eq!(
+                    f16_bits_to_f32(h).to_bits(),
+                    x.to_f32().to_bits(),
+                    "{h:#06x}"
+                );
+            }
+        }
     }
 }
