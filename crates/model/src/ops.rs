@@ -1,0 +1,114 @@
+//! The elementary f32 operations of the oracle, written as plain loops so each reads like its formula.
+
+/// A dense row-major matrix `[rows, cols]`: `y = W·x` takes `x` of length `cols` to `y` of length `rows`.
+/// GGUF stores a linear layer `[in, out]` with `ne0 = in` contiguous, which is exactly this layout.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// `y = W·x`.
+    pub fn matvec(&self, x: &[f32]) -> Vec<f32> {
+        assert_eq!(x.len(), self.cols, "matvec: input length");
+        (0..self.rows).map(|r| dot(self.row(r), x)).collect()
+    }
+}
+
+/// Σ a_i·b_i, summed left to right.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut s = 0.0f32;
+    for i in 0..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// RMSNorm: `y = x · rsqrt(mean(x²) + eps) · w`. GGUF files already fold the `1 +` of
+/// Qwen3-Next's zero-centred norms into `w`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let inv = inv_rms(x, eps);
+    x.iter().zip(w).map(|(&v, &g)| v * inv * g).collect()
+}
+
+/// `1 / sqrt(mean(x²) + eps)`.
+pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ms + eps).sqrt()
+}
+
+/// L2-normalise in place: `x · rsqrt(Σx² + eps)`.
+pub fn l2_normalize(x: &mut [f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    let inv = 1.0 / (ss + eps).sqrt();
+    for v in x {
+        *v *= inv;
+    }
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// `ln(1 + eˣ)`, linear above 20 as PyTorch's `softplus` is.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// Softmax in place, max-subtracted.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// `y += a·x`.
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// Rotary position embedding, NeoX pairing ("rotate_half"), on the first `rope_dims` values of one head:
+/// value `i` pairs with value `i + rope_dims/2`, rotated by `pos · θ^(−2i/rope_dims)`.
+/// The angles are computed in f64 and rounded once.
+pub fn rope_neox(head: &mut [f32], pos: usize, rope_dims: usize, theta: f64) {
+    let half = rope_dims / 2;
+    for i in 0..half {
+        let inv_freq = theta.powf(-2.0 * i as f64 / rope_dims as f64);
+        let angle = pos as f64 * inv_freq;
+        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        let (a, b) = (head[i], head[i + half]);
+        head[i] = a * cos - b * sin;
+        head[i + half] = b * cos + a * sin;
+    }
+}
+
+/// Indices of the `k` largest values, largest first (ties: lower index first).
+pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}

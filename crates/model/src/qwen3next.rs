@@ -1,0 +1,392 @@
+//! The Qwen3-Next forward pass, one function per block, in plain f32 (the oracle).
+//!
+//! Decoder layer: `h = x + Mixer(RMSNorm_in(x))`, `out = h + MoE(RMSNorm_post(h))`; the mixer is
+//! Gated DeltaNet on three of every four layers and gated full attention on the fourth.
+//! After the last layer: final RMSNorm, then the lm_head.
+
+use std::path::Path;
+
+use redlite_gguf::GgufFile;
+
+use crate::config::Config;
+use crate::delta_rule::{delta_rule_chunked, delta_rule_step, HeadInputs};
+use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
+use crate::state::{DeltaNetState, KvCache, LayerState, MtpState, SequenceState};
+use crate::weights::{
+    AttentionWeights, DeltaNetWeights, FfnWeights, LayerWeights, MixerWeights, MoeWeights, Weights,
+};
+use crate::ModelError;
+
+/// The ε of the L2 normalisation of DeltaNet q and k (HF's `l2norm` default).
+const L2_NORM_EPS: f32 = 1e-6;
+
+/// How a run of tokens goes through the DeltaNet layers. Both give the same result up to rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The chunked prompt algorithm (chunks of 64 tokens).
+    Prefill,
+    /// The one-token recurrence, token after token.
+    Step,
+}
+
+/// A loaded Qwen3-Next model with f32 weights.
+pub struct Model {
+    pub config: Config,
+    pub weights: Weights,
+}
+
+impl Model {
+    /// Open a GGUF file and load its weights.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path.as_ref())?;
+        Model::from_gguf(&file)
+    }
+
+    pub fn from_gguf(file: &GgufFile) -> Result<Model, ModelError> {
+        let config = Config::from_gguf(file)?;
+        let weights = Weights::load(file, &config)?;
+        Ok(Model { config, weights })
+    }
+
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::new(&self.config)
+    }
+
+    pub fn new_mtp_state(&self) -> MtpState {
+        MtpState::new(&self.config)
+    }
+
+    pub fn has_mtp(&self) -> bool {
+        self.weights.mtp.is_some()
+    }
+
+    /// Row `id` of the token embedding.
+    pub fn embed(&self, id: u32) -> Result<Vec<f32>, ModelError> {
+        if id as usize >= self.config.vocab {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: self.config.vocab,
+            });
+        }
+        Ok(self.weights.token_embd.row(id as usize).to_vec())
+    }
+
+    /// Run `tokens` after what `state` already holds; returns the final hidden state (after the
+    /// output norm) of each token, `[tokens.len()][hidden]`.
+    pub fn forward_hidden(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        mode: Mode,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cfg = &self.config;
+        let mut x = tokens
+            .iter()
+            .map(|&t| self.embed(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pos0 = state.pos;
+        for (w, st) in self.weights.layers.iter().zip(state.layers.iter_mut()) {
+            decoder_layer(cfg, w, st, &mut x, pos0, mode);
+        }
+        state.pos += tokens.len();
+        Ok(x.iter()
+            .map(|h| rms_norm(h, &self.weights.output_norm, cfg.rms_eps))
+            .collect())
+    }
+
+    /// The lm_head: logits over the vocabulary for one final hidden state.
+    pub fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
+        self.weights.output.matvec(hidden)
+    }
+
+    /// Logits of every token, `[tokens.len()][vocab]`.
+    pub fn forward(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        mode: Mode,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        Ok(self
+            .forward_hidden(state, tokens, mode)?
+            .iter()
+            .map(|h| self.lm_head(h))
+            .collect())
+    }
+
+    /// MTP draft logits for token t+2 from `hidden_t` (the trunk's final hidden state at position t)
+    /// and `next_token` (token t+1). The MTP decoder layer runs at RoPE position `t`, the slot's
+    /// position in `mtp_state` (its KV cache must hold the slots 0..t).
+    pub fn mtp_logits(
+        &self,
+        mtp_state: &mut MtpState,
+        hidden_t: &[f32],
+        next_token: u32,
+        t: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.config;
+        let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        if mtp_state.kv.len() != t {
+            return Err(ModelError::State(format!(
+                "MTP slot {t} needs the {t} earlier slots in its cache, found {}",
+                mtp_state.kv.len()
+            )));
+        }
+        let e = rms_norm(&self.embed(next_token)?, &mtp.enorm, cfg.rms_eps);
+        let h = rms_norm(hidden_t, &mtp.hnorm, cfg.rms_eps);
+        let u = mtp.eh_proj.matvec(&[e, h].concat());
+        let mut layer_state = LayerState::Attention(std::mem::take(&mut mtp_state.kv));
+        let mut x = vec![u];
+        decoder_layer(cfg, &mtp.layer, &mut layer_state, &mut x, t, Mode::Step);
+        if let LayerState::Attention(kv) = layer_state {
+            mtp_state.kv = kv;
+        }
+        Ok(self.lm_head(&rms_norm(&x[0], &mtp.shared_head_norm, cfg.rms_eps)))
+    }
+}
+
+/// One decoder layer over a run of tokens at positions `pos0..`, updating `x` in place.
+fn decoder_layer(
+    cfg: &Config,
+    w: &LayerWeights,
+    st: &mut LayerState,
+    x: &mut [Vec<f32>],
+    pos0: usize,
+    mode: Mode,
+) {
+    let normed: Vec<Vec<f32>> = x
+        .iter()
+        .map(|h| rms_norm(h, &w.attn_norm, cfg.rms_eps))
+        .collect();
+    let mixed = match (&w.mixer, st) {
+        (MixerWeights::Attention(a), LayerState::Attention(kv)) => {
+            gated_attention(cfg, a, kv, &normed, pos0)
+        }
+        (MixerWeights::DeltaNet(d), LayerState::DeltaNet(s)) => {
+            gated_delta_net(cfg, d, s, &normed, mode)
+        }
+        _ => unreachable!("layer state kind follows the config"),
+    };
+    for (h, m) in x.iter_mut().zip(&mixed) {
+        add_in_place(h, m);
+        let post = rms_norm(h, &w.post_attention_norm, cfg.rms_eps);
+        add_in_place(h, &moe(cfg, &w.moe, &post));
+    }
+}
+
+fn add_in_place(a: &mut [f32], b: &[f32]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+/// Gated full attention. Per query head the projection holds `[query | gate]`; q and k are
+/// RMS-normed per head (QK-norm), then partially rotated (NeoX RoPE on the first `rope_dims`);
+/// causal softmax attention with GQA; the output is multiplied by `sigmoid(gate)` before `wo`.
+fn gated_attention(
+    cfg: &Config,
+    w: &AttentionWeights,
+    kv: &mut KvCache,
+    xs: &[Vec<f32>],
+    pos0: usize,
+) -> Vec<Vec<f32>> {
+    let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+    let group = nh / nkv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut outs = Vec::with_capacity(xs.len());
+    for (t, x) in xs.iter().enumerate() {
+        let pos = pos0 + t;
+        let qg = w.wq.matvec(x); // [nh, 2, hd]
+        let mut q = vec![0.0f32; nh * hd];
+        let mut gate = vec![0.0f32; nh * hd];
+        for h in 0..nh {
+            let head = &qg[h * 2 * hd..(h + 1) * 2 * hd];
+            let qh = &mut q[h * hd..(h + 1) * hd];
+            qh.copy_from_slice(&rms_norm(&head[..hd], &w.q_norm, cfg.rms_eps));
+            rope_neox(qh, pos, cfg.rope_dims, cfg.rope_theta);
+            gate[h * hd..(h + 1) * hd].copy_from_slice(&head[hd..]);
+        }
+        let mut k = w.wk.matvec(x); // [nkv, hd]
+        let v = w.wv.matvec(x);
+        for kh in k.chunks_exact_mut(hd) {
+            let normed = rms_norm(kh, &w.k_norm, cfg.rms_eps);
+            kh.copy_from_slice(&normed);
+            rope_neox(kh, pos, cfg.rope_dims, cfg.rope_theta);
+        }
+        kv.push(&k, &v);
+
+        // Causal attention over positions 0..=pos (everything in the cache).
+        let n = kv.len();
+        let mut o = vec![0.0f32; nh * hd];
+        for h in 0..nh {
+            let g = h / group;
+            let qh = &q[h * hd..(h + 1) * hd];
+            let mut p: Vec<f32> = (0..n)
+                .map(|j| dot(qh, &kv.key(j)[g * hd..(g + 1) * hd]) * scale)
+                .collect();
+            softmax(&mut p);
+            let oh = &mut o[h * hd..(h + 1) * hd];
+            for (j, pj) in p.iter().enumerate() {
+                for (od, vd) in oh.iter_mut().zip(&kv.value(j)[g * hd..(g + 1) * hd]) {
+                    *od += pj * vd;
+                }
+            }
+        }
+        for (od, gd) in o.iter_mut().zip(&gate) {
+            *od *= sigmoid(*gd);
+        }
+        outs.push(w.wo.matvec(&o));
+    }
+    outs
+}
+
+/// Gated DeltaNet over a run of tokens.
+/// 1. `qkv = W_qkv·x` (conv channels [q | k | v]), `z = W_z·x`, `[β-logits, a-logits] = W_ba·x`.
+/// 2. Causal depthwise conv (kernel K, the last K−1 inputs kept in the state), then SiLU.
+/// 3. L2-normalise q and k per head, scale q by 1/√dk; V head h reads QK head h / (nv/nk).
+/// 4. β = sigmoid(b), g = A·softplus(a + dt_bias) (A = −exp(A_log), stored as is).
+/// 5. The gated delta rule per V head (chunked for prompts, recurrent for steps).
+/// 6. Gated RMSNorm per head, `RMSNorm(o)·w ⊙ SiLU(z)`, then `W_out`.
+fn gated_delta_net(
+    cfg: &Config,
+    w: &DeltaNetWeights,
+    st: &mut DeltaNetState,
+    xs: &[Vec<f32>],
+    mode: Mode,
+) -> Vec<Vec<f32>> {
+    let n = xs.len();
+    let (nk, nv, dk, dv) = (cfg.dn_k_heads, cfg.dn_v_heads, cfg.dn_k_dim, cfg.dn_v_dim);
+    let r = nv / nk;
+    let ch = cfg.dn_conv_channels();
+    let kern = cfg.conv_kernel;
+
+    // 1. Projections.
+    let qkv: Vec<Vec<f32>> = xs.iter().map(|x| w.qkv.matvec(x)).collect();
+    let z: Vec<Vec<f32>> = xs.iter().map(|x| w.z.matvec(x)).collect();
+    let ba: Vec<Vec<f32>> = xs.iter().map(|x| w.ba.matvec(x)).collect();
+
+    // 2. Causal conv over [state history (K−1 rows) | this run's inputs], then SiLU.
+    let mut history = st.conv.clone();
+    for row in &qkv {
+        history.extend_from_slice(row);
+    }
+    let conv_out: Vec<Vec<f32>> = (0..n)
+        .map(|t| {
+            (0..ch)
+                .map(|c| {
+                    let mut y = 0.0f32;
+                    for j in 0..kern {
+                        y += w.conv[c * kern + j] * history[(t + j) * ch + c];
+                    }
+                    silu(y)
+                })
+                .collect()
+        })
+        .collect();
+    st.conv.copy_from_slice(&history[n * ch..]);
+
+    // 3./4. Per-head q, k, v, β, g, laid out per V head for the delta rule: q/k [nv][n][dk], v [nv][n][dv].
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    let mut q = vec![0.0f32; nv * n * dk];
+    let mut k = vec![0.0f32; nv * n * dk];
+    let mut v = vec![0.0f32; nv * n * dv];
+    let mut beta = vec![0.0f32; nv * n];
+    let mut g = vec![0.0f32; nv * n];
+    for t in 0..n {
+        let y = &conv_out[t];
+        for h in 0..nv {
+            let kh = h / r;
+            let mut qh = y[kh * dk..(kh + 1) * dk].to_vec();
+            let mut khv = y[nk * dk + kh * dk..nk * dk + (kh + 1) * dk].to_vec();
+            l2_normalize(&mut qh, L2_NORM_EPS);
+            l2_normalize(&mut khv, L2_NORM_EPS);
+            for x in qh.iter_mut() {
+                *x *= q_scale;
+            }
+            let at = (h * n + t) * dk;
+            q[at..at + dk].copy_from_slice(&qh);
+            k[at..at + dk].copy_from_slice(&khv);
+            let vo = 2 * nk * dk + h * dv;
+            v[(h * n + t) * dv..(h * n + t + 1) * dv].copy_from_slice(&y[vo..vo + dv]);
+            // ba is grouped per QK head: [β-logits of its r V heads | a-logits of its r V heads].
+            let (grp, j) = (h / r, h % r);
+            let b_logit = ba[t][grp * 2 * r + j];
+            let a_logit = ba[t][grp * 2 * r + r + j];
+            beta[h * n + t] = sigmoid(b_logit);
+            g[h * n + t] = w.a[h] * softplus(a_logit + w.dt_bias[h]);
+        }
+    }
+
+    // 5. The delta rule, one V head at a time.
+    let mut o = vec![0.0f32; nv * n * dv]; // [nv][n][dv]
+    for h in 0..nv {
+        let inp = HeadInputs {
+            q: &q[h * n * dk..(h + 1) * n * dk],
+            k: &k[h * n * dk..(h + 1) * n * dk],
+            v: &v[h * n * dv..(h + 1) * n * dv],
+            beta: &beta[h * n..(h + 1) * n],
+            g: &g[h * n..(h + 1) * n],
+            dk,
+            dv,
+        };
+        let s = &mut st.s[h * dk * dv..(h + 1) * dk * dv];
+        let oh = match mode {
+            Mode::Prefill if n > 1 => delta_rule_chunked(&inp, s),
+            _ => delta_rule_step(&inp, s),
+        };
+        o[h * n * dv..(h + 1) * n * dv].copy_from_slice(&oh);
+    }
+
+    // 6. Gated RMSNorm per head, then the output projection.
+    (0..n)
+        .map(|t| {
+            let mut gated = vec![0.0f32; nv * dv];
+            for h in 0..nv {
+                let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
+                let normed = rms_norm(oh, &w.norm, cfg.rms_eps);
+                for d in 0..dv {
+                    gated[h * dv + d] = normed[d] * silu(z[t][h * dv + d]);
+                }
+            }
+            w.out.matvec(&gated)
+        })
+        .collect()
+}
+
+/// One SwiGLU feed-forward: `down(silu(gate·x) ⊙ up·x)`.
+fn swiglu(w: &FfnWeights, x: &[f32]) -> Vec<f32> {
+    let gate = w.gate.matvec(x);
+    let up = w.up.matvec(x);
+    let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+    w.down.matvec(&act)
+}
+
+/// The routed experts: softmax over the router logits, top-k, weights renormalised to sum to 1.
+fn routed_experts(cfg: &Config, w: &MoeWeights, x: &[f32]) -> Vec<f32> {
+    let mut probs = w.router.matvec(x);
+    softmax(&mut probs);
+    let mut chosen = top_k(&probs, cfg.n_experts_used);
+    let total: f32 = chosen.iter().map(|&e| probs[e]).sum();
+    chosen.sort_unstable(); // sum in expert order, as the reference does
+    let mut out = vec![0.0f32; x.len()];
+    for e in chosen {
+        let y = swiglu(&w.experts[e], x);
+        let weight = probs[e] / total;
+        for (o, v) in out.iter_mut().zip(&y) {
+            *o += weight * v;
+        }
+    }
+    out
+}
+
+/// The shared expert, scaled by its scalar sigmoid gate.
+fn shared_expert(w: &MoeWeights, x: &[f32]) -> Vec<f32> {
+    let gate = sigmoid(dot(&w.shared_gate, x));
+    swiglu(&w.shared, x).iter().map(|v| gate * v).collect()
+}
+
+/// MoE block: routed experts plus the gated shared expert.
+fn moe(cfg: &Config, w: &MoeWeights, x: &[f32]) -> Vec<f32> {
+    let mut out = routed_experts(cfg, w, x);
+    add_in_place(&mut out, &shared_expert(w, x));
+    out
+}
