@@ -144,12 +144,8 @@ fn mtp_logits_match_exact_reference() {
             .unwrap();
         let mut mtp = model.new_mtp_state();
         let mut logits = Vec::new();
-        for t in 0..e.tokens.len() - 1 {
-            logits.extend(
-                model
-                    .mtp_logits(&mut mtp, &hidden[t], e.tokens[t + 1], t)
-                    .unwrap(),
-            );
+        for (t, h) in hidden.iter().enumerate().take(e.tokens.len() - 1) {
+            logits.extend(model.mtp_logits(&mut mtp, h, e.tokens[t + 1], t).unwrap());
         }
         let err = rel_err(&logits, &read_f32(path));
         println!(
