@@ -317,3 +317,26 @@ fn reader_rejects_what_writer_cannot_express() {
         assert!(GgufFile::from_bytes(&bytes[..n]).is_err());
     }
 }
+
+#[test]
+fn open_reports_io_errors_and_handles_empty_files() {
+    let missing = std::env::temp_dir().join("redlite-gguf-definitely-missing.gguf");
+    let e = GgufFile::open(&missing).unwrap_err();
+    assert!(matches!(e.kind(), GgufErrorKind::Io(_)));
+    assert!(e.to_string().contains("definitely-missing"), "{e}");
+
+    let dir = std::env::temp_dir().join(format!("redlite-gguf-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    let e = GgufFile::open(&empty).unwrap_err();
+    assert!(matches!(
+        e.kind(),
+        GgufErrorKind::UnexpectedEof {
+            needed: 4,
+            available: 0
+        }
+    ));
+    assert_eq!(e.field_name(), Some("header.magic"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
