@@ -8,6 +8,7 @@ pub mod config;
 pub mod delta_rule;
 pub mod ops;
 pub mod qwen3next;
+pub mod sizing;
 pub mod state;
 pub mod weights;
 
