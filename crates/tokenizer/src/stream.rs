@@ -11,6 +11,17 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// Incremental detokenizer. It does not borrow the tokenizer, so it can live next to an
 /// `Arc<Tokenizer>` in a session; pass the tokenizer to [`StreamDecoder::push`].
+///
+/// ```no_run
+/// # fn demo(tok: &redlite_tokenizer::tokenizer::Tokenizer, ids: &[u32]) {
+/// use redlite_tokenizer::stream::StreamDecoder;
+/// let mut stream = StreamDecoder::new().with_skip_special(true);
+/// for &id in ids {
+///     print!("{}", stream.push(tok, id));
+/// }
+/// print!("{}", stream.finish());
+/// # }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct StreamDecoder {
     /// Bytes of a character that is not complete yet (at most 3).
@@ -19,16 +30,26 @@ pub struct StreamDecoder {
 }
 
 impl StreamDecoder {
-    /// A decoder that drops special (CONTROL) tokens when `skip_special` is set.
-    pub fn new(skip_special: bool) -> StreamDecoder {
-        StreamDecoder {
-            pending: Vec::new(),
-            skip_special,
-        }
+    /// A decoder that keeps special tokens, like `Tokenizer::decode(.., false)`.
+    pub fn new() -> StreamDecoder {
+        StreamDecoder::default()
     }
 
-    /// Feeds one token id; returns the text that became complete (possibly empty).
-    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+    /// Sets whether special (CONTROL) tokens such as `<|im_end|>` are dropped.
+    pub fn with_skip_special(mut self, skip_special: bool) -> StreamDecoder {
+        self.skip_special = skip_special;
+        self
+    }
+
+    /// Feeds one token id; returns the text that became complete (possibly empty). An id
+    /// outside the vocabulary contributes nothing (as in Hugging Face's decode); use
+    /// [`StreamDecoder::try_push`] to get an error instead.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> String {
+        self.try_push(tokenizer, id).unwrap_or_default()
+    }
+
+    /// Like [`StreamDecoder::push`], but an id outside the vocabulary is an error.
+    pub fn try_push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         let piece = tokenizer.piece(id)?;
         if self.skip_special && tokenizer.is_special(id) {
             return Ok(String::new());
@@ -93,7 +114,7 @@ mod tests {
 
     /// Feeds `bytes` in the given chunk sizes and checks the pieces and the total.
     fn stream(bytes: &[u8], chunks: &[usize]) -> Vec<String> {
-        let mut d = StreamDecoder::new(false);
+        let mut d = StreamDecoder::new();
         let mut out = Vec::new();
         let mut at = 0;
         for &n in chunks {

@@ -109,10 +109,10 @@ fn round_trips_and_streaming() {
             c.ids,
             "case {i} re-encode"
         );
-        let mut stream = StreamDecoder::new(false);
+        let mut stream = StreamDecoder::new();
         let mut streamed = String::new();
         for &id in &c.ids {
-            streamed += &stream.push(tok, id).unwrap();
+            streamed += &stream.push(tok, id);
         }
         streamed += &stream.finish();
         assert_eq!(streamed, c.decoded, "case {i} streamed");
@@ -139,21 +139,15 @@ fn stream_holds_back_split_characters() {
     let text = "中文🦙é";
     let ids = tok.encode(text, true).unwrap();
     assert!(ids.len() > 4, "{ids:?}");
-    let mut stream = StreamDecoder::new(false);
-    let pieces: Vec<String> = ids
-        .iter()
-        .map(|&id| stream.push(tok, id).unwrap())
-        .collect();
+    let mut stream = StreamDecoder::new();
+    let pieces: Vec<String> = ids.iter().map(|&id| stream.push(tok, id)).collect();
     assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{pieces:?}");
     assert!(pieces.iter().any(String::is_empty), "{pieces:?}");
     assert_eq!(pieces.concat() + &stream.finish(), text);
 
     // A stream cut in the middle of a character flushes one replacement character.
-    let mut stream = StreamDecoder::new(false);
-    let partial: String = ids[..1]
-        .iter()
-        .map(|&id| stream.push(tok, id).unwrap())
-        .collect();
+    let mut stream = StreamDecoder::new();
+    let partial: String = ids[..1].iter().map(|&id| stream.push(tok, id)).collect();
     assert_eq!(partial, "");
     assert!(stream.has_pending());
     assert_eq!(stream.finish(), "\u{fffd}");
