@@ -1,12 +1,161 @@
-//! `redlite generate`.
+//! `redlite generate`: stream a continuation of a prompt and report prompt and decode speed.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use redlite_engine::sampler::{Sampler, SamplerConfig};
+use redlite_engine::{generate, GenerateOptions};
+use redlite_gguf::GgufFile;
+use redlite_model::Model;
+use redlite_tokenizer::chat_template::{ChatTemplate, RenderOptions};
+use redlite_tokenizer::stream::StreamDecoder;
+use redlite_tokenizer::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model file (GGUF).
     #[arg(short = 'm', long = "model")]
-    pub model: std::path::PathBuf,
+    pub model: PathBuf,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt", conflicts_with_all = ["file", "ids"])]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file", conflicts_with = "ids")]
+    pub file: Option<PathBuf>,
+    /// Prompt as token ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub ids: Option<Vec<u32>>,
+    /// Wrap the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (sampling is reproducible for a given seed).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print the generated ids as a JSON array at the end.
+    #[arg(long)]
+    pub print_ids: bool,
+    /// Compute backend.
+    #[arg(long, default_value = "oracle")]
+    pub backend: String,
 }
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`redlite generate` is not implemented yet")
+pub fn run(args: Args) -> Result<()> {
+    if args.backend != "oracle" {
+        bail!("unknown backend '{}' (available: oracle)", args.backend);
+    }
+    let file =
+        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
+    let model =
+        Model::from_gguf(&file).with_context(|| format!("loading {}", args.model.display()))?;
+
+    let prompt_ids = match (&args.prompt, &args.file, &args.ids) {
+        (_, _, Some(ids)) => ids.clone(),
+        (Some(_), _, _) | (_, Some(_), _) => {
+            let text = match (&args.prompt, &args.file) {
+                (Some(p), _) => p.clone(),
+                (_, Some(f)) => std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                _ => unreachable!(),
+            };
+            let text = if args.chat {
+                let template =
+                    ChatTemplate::from_gguf(&file).context("reading the chat template")?;
+                let mut messages = Vec::new();
+                if let Some(s) = &args.system {
+                    messages.push(serde_json::json!({"role": "system", "content": s}));
+                }
+                messages.push(serde_json::json!({"role": "user", "content": text}));
+                let opts = RenderOptions {
+                    add_generation_prompt: true,
+                    ..Default::default()
+                };
+                template.render(&serde_json::Value::Array(messages), &opts)?
+            } else {
+                text
+            };
+            tokenizer.encode(&text, true)?
+        }
+        _ => bail!("give a prompt with -p TEXT, -f FILE or --ids 1,2,3"),
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed: args.seed,
+        ..Default::default()
+    });
+    let stop_ids = if args.ignore_eos {
+        Vec::new()
+    } else {
+        tokenizer.stop_token_ids().to_vec()
+    };
+    let opts = GenerateOptions {
+        max_tokens: args.n,
+        stop_ids,
+    };
+
+    let mut stream = StreamDecoder::new();
+    let stdout = std::io::stdout();
+    let mut err: Option<std::io::Error> = None;
+    let mut state = model.new_state();
+    let (ids, stats) = generate(&model, &mut state, &prompt_ids, &mut sampler, &opts, |id| {
+        let text = stream.push(&tokenizer, id);
+        let mut out = stdout.lock();
+        if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+            err = Some(e);
+            return false;
+        }
+        true
+    })?;
+    if let Some(e) = err {
+        return Err(e).context("writing to stdout");
+    }
+    let tail = stream.finish();
+    print!("{tail}");
+    println!();
+    if args.print_ids {
+        println!("{}", serde_json::to_string(&ids)?);
+    }
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+        stats.prompt_tokens,
+        stats.prompt_tok_per_s(),
+        stats.generated_tokens,
+        stats.decode_tok_per_s()
+    );
+    Ok(())
 }

@@ -1,0 +1,86 @@
+//! The generation loop: ingest a prompt, then sample one token per step until a stop token or
+//! the token budget, reporting each token as it is produced.
+
+use std::time::{Duration, Instant};
+
+use redlite_model::{Mode, Model, ModelError, SequenceState};
+
+use crate::sampler::Sampler;
+
+/// What one call to [`generate`] did.
+#[derive(Debug, Clone, Default)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated_tokens: usize,
+    pub decode_time: Duration,
+    /// True when generation ended on a stop token (false: the budget ran out or the callback stopped it).
+    pub stopped_on_eos: bool,
+}
+
+impl GenerationStats {
+    pub fn prompt_tok_per_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Decode speed over the tokens that needed a forward step (the first comes from the prompt pass).
+    pub fn decode_tok_per_s(&self) -> f64 {
+        let steps = self.generated_tokens.saturating_sub(1);
+        steps as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generation limits.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    /// Tokens that end generation (not included in the output).
+    pub stop_ids: Vec<u32>,
+}
+
+/// Run `prompt` after whatever `state` holds, then generate up to `opts.max_tokens` tokens.
+/// `on_token` sees each generated token and returns `false` to stop early.
+pub fn generate(
+    model: &Model,
+    state: &mut SequenceState,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, GenerationStats), ModelError> {
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut out = Vec::new();
+    if prompt.is_empty() || opts.max_tokens == 0 {
+        return Ok((out, stats));
+    }
+    let t0 = Instant::now();
+    let mut logits = model
+        .forward(state, prompt, Mode::Prefill)?
+        .pop()
+        .expect("non-empty prompt");
+    stats.prompt_time = t0.elapsed();
+    let t1 = Instant::now();
+    loop {
+        let token = sampler.sample(&logits, &history);
+        if opts.stop_ids.contains(&token) {
+            stats.stopped_on_eos = true;
+            break;
+        }
+        out.push(token);
+        history.push(token);
+        if !on_token(token) || out.len() >= opts.max_tokens {
+            break;
+        }
+        logits = model
+            .forward(state, &[token], Mode::Step)?
+            .pop()
+            .expect("one token");
+    }
+    stats.generated_tokens = out.len();
+    stats.decode_time = t1.elapsed();
+    Ok((out, stats))
+}
