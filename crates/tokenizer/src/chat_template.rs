@@ -1265,4 +1265,30 @@ mod tests {
         opts.tools = Some(json!([{"a": 1}]));
         assert_eq!(t.render(&json!([]), &opts).unwrap(), "False True True yes");
     }
+
+    #[test]
+    fn python_dict_and_list_methods() {
+        let ctx = json!({"d": {"b": 1, "a": [1, 2]}, "l": ["x", "y", "x"]});
+        assert_eq!(
+            r(
+                "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}",
+                ctx.clone()
+            ),
+            "b=1;a=[1, 2];"
+        );
+        assert_eq!(
+            r(
+                "{{ d.get('a') }} {{ d.get('zz', 'dflt') }} {{ d.get('zz') }} {{ d.keys()|list }}",
+                ctx.clone()
+            ),
+            "[1, 2] dflt None ['b', 'a']"
+        );
+        assert_eq!(
+            r(
+                "{{ l.index('y') }} {{ l.count('x') }} {{ ', '.join(l) }}",
+                ctx
+            ),
+            "1 2 x, y, x"
+        );
+    }
 }
