@@ -15,6 +15,7 @@ struct Case {
     text: String,
     ids: Vec<u32>,
     ids_plain: Vec<u32>,
+    llamacpp_ids: Vec<u32>,
     llamacpp_ids_plain: Vec<u32>,
     decoded: String,
 }
@@ -93,6 +94,27 @@ fn plain_ids_equal_hugging_face_except_gguf_control_fim_tokens() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// llama.cpp does not NFC-normalize; on every case whose text is already NFC (HF's decode
+/// gives the text back unchanged) our ids equal llama.cpp's too. README §1: 16 cases differ.
+#[test]
+fn ids_equal_llama_cpp_where_nfc_changes_nothing() {
+    let tok = tokenizer();
+    let (mut compared, mut non_nfc) = (0, 0);
+    for (i, c) in cases().iter().enumerate() {
+        if c.decoded != c.text {
+            non_nfc += 1;
+            continue;
+        }
+        compared += 1;
+        assert_eq!(
+            tok.encode(&c.text, true).unwrap(),
+            c.llamacpp_ids,
+            "case {i}"
+        );
+    }
+    assert_eq!((compared, non_nfc), (284, 16));
 }
 
 #[test]
@@ -193,4 +215,34 @@ fn decode_rejects_unknown_ids() {
     assert!(stream.try_push(tok, u32::MAX).is_err());
     assert_eq!(stream.push(tok, u32::MAX), "");
     assert!(tok.token_bytes(u32::MAX).is_empty());
+}
+
+/// The rendered chat prompts of `chat_cases.jsonl` tokenize to HF's `rendered_ids`.
+#[test]
+fn rendered_chat_prompts_tokenize_like_hugging_face() {
+    #[derive(Deserialize)]
+    struct ChatCase {
+        rendered: String,
+        rendered_ids: Vec<u32>,
+    }
+    let path = format!("{REFERENCE}/tokenizer/chat_cases.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let tok = tokenizer();
+    let mut n = 0;
+    for (i, line) in text.lines().enumerate() {
+        let c: ChatCase =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{path}:{}: {e}", i + 1));
+        assert_eq!(
+            tok.encode(&c.rendered, true).unwrap(),
+            c.rendered_ids,
+            "chat case {i}"
+        );
+        assert_eq!(
+            tok.decode(&c.rendered_ids, false).unwrap(),
+            c.rendered,
+            "chat case {i}"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 21);
 }

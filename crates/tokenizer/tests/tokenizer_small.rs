@@ -152,3 +152,35 @@ fn stream_holds_back_split_characters() {
     assert!(stream.has_pending());
     assert_eq!(stream.finish(), "\u{fffd}");
 }
+
+/// Every shipped model file carries the same small vocabulary, so testing one covers all.
+#[test]
+fn every_model_file_has_the_same_vocabulary() {
+    let reference = GgufFile::open(format!("{REFERENCE}/models/tiny-Q8_0.gguf")).unwrap();
+    let keys = [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+    ];
+    let mut n = 0;
+    for entry in std::fs::read_dir(format!("{REFERENCE}/models")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("tiny-") && name.ends_with(".gguf")) {
+            continue;
+        }
+        let file = GgufFile::open(&path).unwrap();
+        for key in keys {
+            assert_eq!(file.get(key), reference.get(key), "{name}: {key}");
+        }
+        n += 1;
+    }
+    assert!(n >= 10, "only {n} model files");
+}
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<StreamDecoder>();
+}
