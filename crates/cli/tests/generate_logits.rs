@@ -1,0 +1,132 @@
+//! End-to-end checks of `redlite logits` and `redlite generate` against the float64 reference.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn reference() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/reference"
+    ))
+}
+
+fn entry(model: &str, prompt: &str) -> Value {
+    let index: Value = serde_json::from_str(
+        &std::fs::read_to_string(reference().join("logits/index.json")).unwrap(),
+    )
+    .unwrap();
+    index["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["model"] == model && e["prompt"] == prompt)
+        .unwrap()
+        .clone()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn join(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn read_f32(path: &PathBuf) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn logits_command_matches_exact_reference() {
+    let e = entry("F16", "P1");
+    let tokens = ids(&e["token_ids"]);
+    let vocab = e["vocab"].as_u64().unwrap() as usize;
+    let reference_rows = read_f32(
+        &reference()
+            .join("logits")
+            .join(e["exact_path"].as_str().unwrap()),
+    );
+    for mode in ["prefill", "step"] {
+        let out = std::env::temp_dir().join(format!(
+            "redlite-logits-test-{}-{mode}.bin",
+            std::process::id()
+        ));
+        let status = Command::new(env!("CARGO_BIN_EXE_redlite"))
+            .args(["logits", "-m"])
+            .arg(reference().join("models/tiny-F16.gguf"))
+            .args(["--ids", &join(&tokens), "--mode", mode, "--out"])
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let ours = read_f32(&out);
+        std::fs::remove_file(&out).ok();
+        assert_eq!(ours.len(), tokens.len() * vocab, "[n_ids, vocab] f32");
+        // P1 stores every position, so the files line up row for row.
+        let max_ref = reference_rows.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let max_d = ours
+            .iter()
+            .zip(&reference_rows)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(max_d / max_ref <= 1e-4, "{mode}: {}", max_d / max_ref);
+    }
+}
+
+#[test]
+fn greedy_generate_matches_exact_reference() {
+    let e = entry("Q4_K_M", "P3");
+    let out = Command::new(env!("CARGO_BIN_EXE_redlite"))
+        .args(["generate", "-m"])
+        .arg(reference().join("models/tiny-Q4_K_M.gguf"))
+        .args([
+            "--ids",
+            &join(&ids(&e["token_ids"])),
+            "-n",
+            "24",
+            "--ignore-eos",
+            "--print-ids",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let got: Vec<u32> = serde_json::from_str(last).unwrap();
+    assert_eq!(got, ids(&e["greedy_exact"])[..24]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tok/s"));
+}
+
+#[test]
+fn unknown_backend_and_missing_file_are_clear_errors() {
+    let out = Command::new(env!("CARGO_BIN_EXE_redlite"))
+        .args([
+            "logits",
+            "-m",
+            "/nonexistent.gguf",
+            "--ids",
+            "1,2",
+            "--out",
+            "/tmp/x.bin",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent.gguf"));
+}
