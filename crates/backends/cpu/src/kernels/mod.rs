@@ -1,0 +1,1 @@
+//! Quantized dot-product kernels, one module per family, with run-time ISA dispatch.
