@@ -42,6 +42,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    match run_inner(args) {
+        // `redlite inspect … | head` closes stdout early: not an error.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        r => r,
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn run_inner(args: Args) -> Result<()> {
     let path = args
         .file
         .as_deref()
@@ -61,8 +76,8 @@ pub fn run(args: Args) -> Result<()> {
         if args.tensors {
             v["tensors"] = file.tensors().iter().map(tensor_json).collect();
         }
-        serde_json::to_writer_pretty(&mut out, &v).context("writing JSON")?;
-        writeln!(out)?;
+        let text = serde_json::to_string_pretty(&v).context("encoding JSON")?;
+        writeln!(out, "{text}")?;
     } else {
         report.print(&mut out, args.layers)?;
         if args.tensors {
@@ -96,7 +111,8 @@ fn run_tensor(
             v["dequantized_to"] = json!(p.display().to_string());
             v["dequantized_bytes"] = json!(t.n_elements * 4);
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        let text = serde_json::to_string_pretty(&v)?;
+        writeln!(std::io::stdout().lock(), "{text}")?;
     } else {
         let mut out = std::io::stdout().lock();
         print_tensors(&mut out, std::slice::from_ref(t))?;
@@ -456,13 +472,13 @@ fn print_layers(out: &mut impl Write, s: &ModelSizes) -> Result<()> {
 fn print_tensors(out: &mut impl Write, tensors: &[TensorInfo]) -> Result<()> {
     writeln!(
         out,
-        "\n{:<40} {:<8} {:<22} {:>14} {:>16}",
+        "\n{:<40} {:<8} {:<24} {:>14} {:>16}",
         "tensor", "type", "dims", "bytes", "offset"
     )?;
     for t in tensors {
         writeln!(
             out,
-            "{:<40} {:<8} {:<22} {:>14} {:>16}",
+            "{:<40} {:<8} {:<24} {:>14} {:>16}",
             t.name,
             t.ty.name(),
             format!("{:?}", t.dims),
