@@ -1,1 +1,163 @@
 //! Quantized dot-product kernels, one module per family, with run-time ISA dispatch.
+//!
+//! A *row kernel* computes the dot product of one weight row (the raw GGUF bytes of `cols`
+//! elements) with one activation row. Quantized weights are multiplied with 8-bit activations
+//! ([`q8`]), float weights with the f32 activations themselves; [`RowDot`] says which.
+//!
+//! # Dispatch
+//! [`lookup`] is the one dispatch point: `(type, Isa) → RowDot`. It tries the requested level and
+//! falls back to lower ones (AVX-512 → AVX2 → scalar) for types without a kernel at that level.
+//! SIMD kernels are only handed out for levels the running CPU supports ([`Isa::supported`]),
+//! which is what makes the safe `fn` pointers sound. [`Isa::active`] is the level chosen once per
+//! process: the best one available, or the one forced by `REDLITE_ISA=scalar|avx2|avx512`.
+//!
+//! # Adding kernels from another module
+//! Every kernel module exposes `fn kernel(ty: GgmlType, isa: Isa) -> Option<RowDot>` answering
+//! for exactly the given level (no fallback: [`lookup`] does that) and is listed in [`MODULES`].
+//! An x86 kernel for a level must only be returned when `isa` is that level; `lookup` only asks
+//! for supported levels.
+
+pub mod q8;
+
+use redlite_gguf::quant::GgmlType;
+use std::sync::OnceLock;
+
+pub use q8::{BlockQ8K, BlockQ8_0};
+
+/// A row kernel, by activation format. `w` is one weight row (`cols / block_elems` blocks of raw
+/// GGUF bytes); the activation slice holds the matching `cols` values in its format. Kernels
+/// never read past either slice: they process `min(w blocks, activation blocks)` blocks (the
+/// driver checks that the two agree).
+#[derive(Clone, Copy, Debug)]
+pub enum RowDot {
+    /// Weight row · Q8_K activations (k-quants and most IQ types).
+    Q8K(fn(w: &[u8], x: &[BlockQ8K]) -> f32),
+    /// Weight row · Q8_0 activations (Q8_0, Q4_0, IQ4_NL).
+    Q8_0(fn(w: &[u8], x: &[BlockQ8_0]) -> f32),
+    /// Weight row · f32 activations (F32, F16, BF16).
+    F32(fn(w: &[u8], x: &[f32]) -> f32),
+}
+
+/// Instruction-set level of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust; the reference for the SIMD kernels.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL (+ AVX2, FMA, F16C); VNNI used where present.
+    Avx512,
+}
+
+impl Isa {
+    /// All levels, lowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// Lower-case name, as accepted by `REDLITE_ISA`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses `scalar`, `avx2` or `avx512` (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether the running CPU can execute kernels of this level.
+    pub fn supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            Isa::Avx512 => {
+                Isa::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+            _ => false,
+        }
+    }
+
+    /// Every level the running CPU supports, lowest first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.supported()).collect()
+    }
+
+    /// The best supported level.
+    pub fn best() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|i| i.supported())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// The level used by the driver: `REDLITE_ISA` if set (clamped to the best supported level;
+    /// an unknown value is ignored), else [`Isa::best`]. Chosen once per process.
+    pub fn active() -> Isa {
+        static ACTIVE: OnceLock<Isa> = OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let best = Isa::best();
+            match std::env::var("REDLITE_ISA").ok().and_then(|v| Isa::from_name(&v)) {
+                Some(forced) => forced.min(best),
+                None => best,
+            }
+        })
+    }
+}
+
+/// Whether the running CPU has AVX-512 VNNI (`vpdpbusd`/`vpdpwssd`).
+pub fn has_vnni() -> bool {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        Isa::Avx512.supported() && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+    {
+        false
+    }
+}
+
+/// One kernel module's answer for exactly one level (see the module docs).
+type KernelFn = fn(GgmlType, Isa) -> Option<RowDot>;
+
+/// The kernel modules, searched in order.
+const MODULES: &[KernelFn] = &[];
+
+/// The row kernel for `ty` at level `isa` or the best lower level that has one; `None` when the
+/// type has no kernel at all. A level the CPU does not support is treated as the best one it does.
+pub fn lookup(ty: GgmlType, isa: Isa) -> Option<RowDot> {
+    let top = isa.min(Isa::best());
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .filter(|&level| level <= top)
+        .find_map(|level| MODULES.iter().find_map(|k| k(ty, level)))
+}
+
+/// Whether [`lookup`] finds a kernel for `ty` (at any level).
+pub fn supported(ty: GgmlType) -> bool {
+    lookup(ty, Isa::Scalar).is_some()
+}
+
+/// The kernel for `ty` at exactly level `isa` (no fallback); `None` if there is none or the CPU
+/// does not support `isa`.
+pub fn lookup_exact(ty: GgmlType, isa: Isa) -> Option<RowDot> {
+    if !isa.supported() {
+        return None;
+    }
+    MODULES.iter().find_map(|k| k(ty, isa))
+}
