@@ -2,12 +2,13 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use redlite_engine::sampler::{Sampler, SamplerConfig};
 use redlite_engine::{generate, GenerateOptions};
 use redlite_gguf::GgufFile;
-use redlite_model::Model;
+use redlite_model::{Model, Oracle};
 use redlite_tokenizer::chat_template::{ChatTemplate, RenderOptions};
 use redlite_tokenizer::stream::StreamDecoder;
 use redlite_tokenizer::tokenizer::Tokenizer;
@@ -68,11 +69,12 @@ pub fn run(args: Args) -> Result<()> {
     if args.backend != "oracle" {
         bail!("unknown backend '{}' (available: oracle)", args.backend);
     }
-    let file =
-        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?;
+    let file = Arc::new(
+        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
+    );
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
-    let model =
-        Model::from_gguf(&file).with_context(|| format!("loading {}", args.model.display()))?;
+    let model = Model::from_gguf(file.clone(), Oracle)
+        .with_context(|| format!("loading {}", args.model.display()))?;
 
     let prompt_ids = match (&args.prompt, &args.file, &args.ids) {
         (_, _, Some(ids)) => ids.clone(),

@@ -4,6 +4,7 @@
 // The oracle is written as index loops that mirror the formulas; iterator chains would hide them.
 #![allow(clippy::needless_range_loop)]
 
+pub mod backend;
 pub mod config;
 pub mod delta_rule;
 pub mod ops;
@@ -12,6 +13,7 @@ pub mod sizing;
 pub mod state;
 pub mod weights;
 
+pub use backend::{Backend, LinearData, LinearSource, Oracle};
 pub use config::{Config, LayerKind};
 pub use qwen3next::{Mode, Model};
 pub use state::{MtpState, SequenceState, Snapshot};

@@ -5,15 +5,17 @@
 //! After the last layer: final RMSNorm, then the lm_head.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use redlite_gguf::GgufFile;
 
+use crate::backend::{matvec, matvec_rows, swiglu, Backend, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{delta_rule_chunked, delta_rule_step, HeadInputs};
 use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
 use crate::state::{DeltaNetState, KvCache, LayerState, MtpState, SequenceState};
 use crate::weights::{
-    AttentionWeights, DeltaNetWeights, FfnWeights, LayerWeights, MixerWeights, MoeWeights, Weights,
+    AttentionWeights, DeltaNetWeights, LayerWeights, MixerWeights, MoeWeights, Weights,
 };
 use crate::ModelError;
 
@@ -29,23 +31,37 @@ pub enum Mode {
     Step,
 }
 
-/// A loaded Qwen3-Next model with f32 weights.
-pub struct Model {
+/// A loaded Qwen3-Next model running on backend `B` (the f32 [`Oracle`] unless chosen).
+pub struct Model<B: Backend = Oracle> {
     pub config: Config,
-    pub weights: Weights,
+    pub weights: Weights<B>,
+    pub backend: B,
+    pub file: Arc<GgufFile>,
 }
 
-impl Model {
-    /// Open a GGUF file and load its weights.
-    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        let file = GgufFile::open(path.as_ref())?;
-        Model::from_gguf(&file)
+impl Model<Oracle> {
+    /// Open a GGUF file and load it on the oracle backend.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model<Oracle>, ModelError> {
+        Model::load_with(path, Oracle)
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Open a GGUF file and load it on `backend`.
+    pub fn load_with(path: impl AsRef<Path>, backend: B) -> Result<Model<B>, ModelError> {
+        let file = Arc::new(GgufFile::open(path.as_ref())?);
+        Model::from_gguf(file, backend)
     }
 
-    pub fn from_gguf(file: &GgufFile) -> Result<Model, ModelError> {
-        let config = Config::from_gguf(file)?;
-        let weights = Weights::load(file, &config)?;
-        Ok(Model { config, weights })
+    pub fn from_gguf(file: Arc<GgufFile>, backend: B) -> Result<Model<B>, ModelError> {
+        let config = Config::from_gguf(&file)?;
+        let weights = Weights::load(&file, &config, &backend)?;
+        Ok(Model {
+            config,
+            weights,
+            backend,
+            file,
+        })
     }
 
     pub fn new_state(&self) -> SequenceState {
@@ -62,13 +78,7 @@ impl Model {
 
     /// Row `id` of the token embedding.
     pub fn embed(&self, id: u32) -> Result<Vec<f32>, ModelError> {
-        if id as usize >= self.config.vocab {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                vocab: self.config.vocab,
-            });
-        }
-        Ok(self.weights.token_embd.row(id as usize).to_vec())
+        self.weights.token_embd.row(id)
     }
 
     /// Run `tokens` after what `state` already holds; returns the final hidden state (after the
@@ -86,7 +96,7 @@ impl Model {
             .collect::<Result<Vec<_>, _>>()?;
         let pos0 = state.pos;
         for (w, st) in self.weights.layers.iter().zip(state.layers.iter_mut()) {
-            decoder_layer(cfg, w, st, &mut x, pos0, mode);
+            decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode);
         }
         state.pos += tokens.len();
         Ok(x.iter()
@@ -94,9 +104,9 @@ impl Model {
             .collect())
     }
 
-    /// The lm_head: logits over the vocabulary for one final hidden state.
-    pub fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
-        self.weights.output.matvec(hidden)
+    /// The lm_head: logits over the vocabulary for each final hidden state.
+    pub fn lm_head(&self, hidden: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        matvec_rows(&self.backend, &self.weights.output, hidden)
     }
 
     /// Logits of every token, `[tokens.len()][vocab]`.
@@ -106,11 +116,8 @@ impl Model {
         tokens: &[u32],
         mode: Mode,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(self
-            .forward_hidden(state, tokens, mode)?
-            .iter()
-            .map(|h| self.lm_head(h))
-            .collect())
+        let hidden = self.forward_hidden(state, tokens, mode)?;
+        Ok(self.lm_head(&hidden))
     }
 
     /// MTP draft logits for token t+2 from `hidden_t` (the trunk's final hidden state at position t)
@@ -133,21 +140,31 @@ impl Model {
         }
         let e = rms_norm(&self.embed(next_token)?, &mtp.enorm, cfg.rms_eps);
         let h = rms_norm(hidden_t, &mtp.hnorm, cfg.rms_eps);
-        let u = mtp.eh_proj.matvec(&[e, h].concat());
+        let u = matvec(&self.backend, &mtp.eh_proj, &[e, h].concat());
         let mut layer_state = LayerState::Attention(std::mem::take(&mut mtp_state.kv));
         let mut x = vec![u];
-        decoder_layer(cfg, &mtp.layer, &mut layer_state, &mut x, t, Mode::Step);
+        decoder_layer(
+            &self.backend,
+            cfg,
+            &mtp.layer,
+            &mut layer_state,
+            &mut x,
+            t,
+            Mode::Step,
+        );
         if let LayerState::Attention(kv) = layer_state {
             mtp_state.kv = kv;
         }
-        Ok(self.lm_head(&rms_norm(&x[0], &mtp.shared_head_norm, cfg.rms_eps)))
+        let out = rms_norm(&x[0], &mtp.shared_head_norm, cfg.rms_eps);
+        Ok(matvec(&self.backend, &self.weights.output, &out))
     }
 }
 
 /// One decoder layer over a run of tokens at positions `pos0..`, updating `x` in place.
-fn decoder_layer(
+fn decoder_layer<B: Backend>(
+    b: &B,
     cfg: &Config,
-    w: &LayerWeights,
+    w: &LayerWeights<B>,
     st: &mut LayerState,
     x: &mut [Vec<f32>],
     pos0: usize,
@@ -159,17 +176,22 @@ fn decoder_layer(
         .collect();
     let mixed = match (&w.mixer, st) {
         (MixerWeights::Attention(a), LayerState::Attention(kv)) => {
-            gated_attention(cfg, a, kv, &normed, pos0)
+            gated_attention(b, cfg, a, kv, &normed, pos0)
         }
         (MixerWeights::DeltaNet(d), LayerState::DeltaNet(s)) => {
-            gated_delta_net(cfg, d, s, &normed, mode)
+            gated_delta_net(b, cfg, d, s, &normed, mode)
         }
         _ => unreachable!("layer state kind follows the config"),
     };
     for (h, m) in x.iter_mut().zip(&mixed) {
         add_in_place(h, m);
-        let post = rms_norm(h, &w.post_attention_norm, cfg.rms_eps);
-        add_in_place(h, &moe(cfg, &w.moe, &post));
+    }
+    let post: Vec<Vec<f32>> = x
+        .iter()
+        .map(|h| rms_norm(h, &w.post_attention_norm, cfg.rms_eps))
+        .collect();
+    for (h, m) in x.iter_mut().zip(moe(b, cfg, &w.moe, &post)) {
+        add_in_place(h, &m);
     }
 }
 
@@ -182,9 +204,10 @@ fn add_in_place(a: &mut [f32], b: &[f32]) {
 /// Gated full attention. Per query head the projection holds `[query | gate]`; q and k are
 /// RMS-normed per head (QK-norm), then partially rotated (NeoX RoPE on the first `rope_dims`);
 /// causal softmax attention with GQA; the output is multiplied by `sigmoid(gate)` before `wo`.
-fn gated_attention(
+fn gated_attention<B: Backend>(
+    b: &B,
     cfg: &Config,
-    w: &AttentionWeights,
+    w: &AttentionWeights<B>,
     kv: &mut KvCache,
     xs: &[Vec<f32>],
     pos0: usize,
@@ -192,10 +215,12 @@ fn gated_attention(
     let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut outs = Vec::with_capacity(xs.len());
-    for (t, x) in xs.iter().enumerate() {
+    let qg_all = matvec_rows(b, &w.wq, xs); // [t][nh, 2, hd]
+    let k_all = matvec_rows(b, &w.wk, xs); // [t][nkv, hd]
+    let v_all = matvec_rows(b, &w.wv, xs);
+    let mut attn_out = Vec::with_capacity(xs.len());
+    for (t, ((qg, mut k), v)) in qg_all.into_iter().zip(k_all).zip(v_all).enumerate() {
         let pos = pos0 + t;
-        let qg = w.wq.matvec(x); // [nh, 2, hd]
         let mut q = vec![0.0f32; nh * hd];
         let mut gate = vec![0.0f32; nh * hd];
         for h in 0..nh {
@@ -205,8 +230,6 @@ fn gated_attention(
             rope_neox(qh, pos, cfg.rope_dims, cfg.rope_theta);
             gate[h * hd..(h + 1) * hd].copy_from_slice(&head[hd..]);
         }
-        let mut k = w.wk.matvec(x); // [nkv, hd]
-        let v = w.wv.matvec(x);
         for kh in k.chunks_exact_mut(hd) {
             let normed = rms_norm(kh, &w.k_norm, cfg.rms_eps);
             kh.copy_from_slice(&normed);
@@ -234,9 +257,9 @@ fn gated_attention(
         for (od, gd) in o.iter_mut().zip(&gate) {
             *od *= sigmoid(*gd);
         }
-        outs.push(w.wo.matvec(&o));
+        attn_out.push(o);
     }
-    outs
+    matvec_rows(b, &w.wo, &attn_out)
 }
 
 /// Gated DeltaNet over a run of tokens.
@@ -246,9 +269,10 @@ fn gated_attention(
 /// 4. β = sigmoid(b), g = A·softplus(a + dt_bias) (A = −exp(A_log), stored as is).
 /// 5. The gated delta rule per V head (chunked for prompts, recurrent for steps).
 /// 6. Gated RMSNorm per head, `RMSNorm(o)·w ⊙ SiLU(z)`, then `W_out`.
-fn gated_delta_net(
+fn gated_delta_net<B: Backend>(
+    b: &B,
     cfg: &Config,
-    w: &DeltaNetWeights,
+    w: &DeltaNetWeights<B>,
     st: &mut DeltaNetState,
     xs: &[Vec<f32>],
     mode: Mode,
@@ -260,9 +284,9 @@ fn gated_delta_net(
     let kern = cfg.conv_kernel;
 
     // 1. Projections.
-    let qkv: Vec<Vec<f32>> = xs.iter().map(|x| w.qkv.matvec(x)).collect();
-    let z: Vec<Vec<f32>> = xs.iter().map(|x| w.z.matvec(x)).collect();
-    let ba: Vec<Vec<f32>> = xs.iter().map(|x| w.ba.matvec(x)).collect();
+    let qkv = matvec_rows(b, &w.qkv, xs);
+    let z = matvec_rows(b, &w.z, xs);
+    let ba = matvec_rows(b, &w.ba, xs);
 
     // 2. Causal conv over [state history (K−1 rows) | this run's inputs], then SiLU.
     let mut history = st.conv.clone();
@@ -337,7 +361,7 @@ fn gated_delta_net(
     }
 
     // 6. Gated RMSNorm per head, then the output projection.
-    (0..n)
+    let gated: Vec<Vec<f32>> = (0..n)
         .map(|t| {
             let mut gated = vec![0.0f32; nv * dv];
             for h in 0..nv {
@@ -347,46 +371,39 @@ fn gated_delta_net(
                     gated[h * dv + d] = normed[d] * silu(z[t][h * dv + d]);
                 }
             }
-            w.out.matvec(&gated)
+            gated
         })
-        .collect()
+        .collect();
+    matvec_rows(b, &w.out, &gated)
 }
 
-/// One SwiGLU feed-forward: `down(silu(gate·x) ⊙ up·x)`.
-fn swiglu(w: &FfnWeights, x: &[f32]) -> Vec<f32> {
-    let gate = w.gate.matvec(x);
-    let up = w.up.matvec(x);
-    let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-    w.down.matvec(&act)
-}
-
-/// The routed experts: softmax over the router logits, top-k, weights renormalised to sum to 1.
-fn routed_experts(cfg: &Config, w: &MoeWeights, x: &[f32]) -> Vec<f32> {
-    let mut probs = w.router.matvec(x);
+/// The routed experts of one token: softmax over the router logits, top-k, weights renormalised to
+/// sum to 1; the chosen experts are summed in expert order (as the reference does).
+fn expert_choice(cfg: &Config, router_logits: &[f32]) -> Vec<(usize, f32)> {
+    let mut probs = router_logits.to_vec();
     softmax(&mut probs);
     let mut chosen = top_k(&probs, cfg.n_experts_used);
     let total: f32 = chosen.iter().map(|&e| probs[e]).sum();
-    chosen.sort_unstable(); // sum in expert order, as the reference does
-    let mut out = vec![0.0f32; x.len()];
-    for e in chosen {
-        let y = swiglu(&w.experts[e], x);
-        let weight = probs[e] / total;
-        for (o, v) in out.iter_mut().zip(&y) {
-            *o += weight * v;
-        }
-    }
-    out
+    chosen.sort_unstable();
+    chosen.into_iter().map(|e| (e, probs[e] / total)).collect()
 }
 
 /// The shared expert, scaled by its scalar sigmoid gate.
-fn shared_expert(w: &MoeWeights, x: &[f32]) -> Vec<f32> {
+fn shared_expert<B: Backend>(b: &B, w: &MoeWeights<B>, x: &[f32]) -> Vec<f32> {
     let gate = sigmoid(dot(&w.shared_gate, x));
-    swiglu(&w.shared, x).iter().map(|v| gate * v).collect()
+    swiglu(b, &w.shared, x).iter().map(|v| gate * v).collect()
 }
 
-/// MoE block: routed experts plus the gated shared expert.
-fn moe(cfg: &Config, w: &MoeWeights, x: &[f32]) -> Vec<f32> {
-    let mut out = routed_experts(cfg, w, x);
-    add_in_place(&mut out, &shared_expert(w, x));
-    out
+/// MoE block: routed experts plus the gated shared expert, for each token.
+fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let router_logits = matvec_rows(b, &w.router, xs);
+    xs.iter()
+        .zip(&router_logits)
+        .map(|(x, logits)| {
+            let chosen = expert_choice(cfg, logits);
+            let mut out = b.routed_experts(&w.experts, &chosen, x);
+            add_in_place(&mut out, &shared_expert(b, w, x));
+            out
+        })
+        .collect()
 }

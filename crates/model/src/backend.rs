@@ -1,0 +1,157 @@
+//! The interface between the model and the hardware that runs it.
+//!
+//! The model's forward pass (in [`crate::qwen3next`]) is written once; a backend decides how
+//! weights are held (dequantized f32, quantized in place in the memory map, on a GPU) and how the
+//! heavy operations run. [`Oracle`] is the reference backend: every weight dequantized to f32 and
+//! plain loops, obviously correct and slow.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use redlite_gguf::{GgmlType, GgufFile};
+
+use crate::ops::Matrix;
+use crate::weights::FfnWeights;
+use crate::ModelError;
+
+/// The bytes of one linear layer's weight: `rows` output rows of `cols` inputs, each row
+/// `cols / block_elems` quant blocks of type `ty`.
+pub struct LinearSource<'a> {
+    /// Tensor name, for error messages (`blk.0.ffn_up_exps.weight[3]` for one expert's slab).
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: LinearData<'a>,
+}
+
+/// Where the weight bytes are: in place in the memory-mapped file (a backend may keep using them
+/// there, holding the `Arc`), or an owned buffer (a layout the loader had to rearrange).
+pub enum LinearData<'a> {
+    Mapped {
+        file: &'a Arc<GgufFile>,
+        range: Range<usize>,
+    },
+    Owned(Vec<u8>),
+}
+
+impl LinearSource<'_> {
+    /// The raw bytes of this weight.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.data {
+            LinearData::Mapped { file, range } => &file.bytes()[range.clone()],
+            LinearData::Owned(v) => v,
+        }
+    }
+}
+
+/// A compute backend.
+pub trait Backend: Send + Sync + Sized {
+    /// A linear layer's weight in this backend's form.
+    type Linear: Send + Sync;
+
+    /// Short name (`oracle`, `cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+
+    /// Prepare one linear layer.
+    fn load_linear(&self, src: LinearSource) -> Result<Self::Linear, ModelError>;
+
+    /// `ys[i] = W · xs[i]` for `n` rows: `xs` is `[n, cols]`, `ys` is `[n, rows]`, both row-major.
+    /// Each output row must not depend on the other rows (same arithmetic as `n = 1`).
+    fn linear(&self, w: &Self::Linear, xs: &[f32], n: usize, ys: &mut [f32]);
+
+    /// `(rows, cols)` of a prepared weight.
+    fn linear_shape(&self, w: &Self::Linear) -> (usize, usize);
+
+    /// The routed experts of one token: `Σ weight_e · down_e(silu(gate_e·x) ⊙ up_e·x)` over the
+    /// chosen `(expert, weight)` pairs, summed in the given order. Backends fuse this.
+    fn routed_experts(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[(usize, f32)],
+        x: &[f32],
+    ) -> Vec<f32> {
+        let mut out = vec![0.0f32; x.len()];
+        for &(e, weight) in chosen {
+            let y = swiglu(self, &experts[e], x);
+            for (o, v) in out.iter_mut().zip(&y) {
+                *o += weight * v;
+            }
+        }
+        out
+    }
+}
+
+/// `y = W · x` for one vector.
+pub fn matvec<B: Backend>(b: &B, w: &B::Linear, x: &[f32]) -> Vec<f32> {
+    let (rows, _) = b.linear_shape(w);
+    let mut y = vec![0.0f32; rows];
+    b.linear(w, x, 1, &mut y);
+    y
+}
+
+/// `W · x` for every row of `xs`.
+pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    if xs.is_empty() {
+        return Vec::new();
+    }
+    let (rows, _) = b.linear_shape(w);
+    let flat: Vec<f32> = xs.concat();
+    let mut ys = vec![0.0f32; rows * xs.len()];
+    b.linear(w, &flat, xs.len(), &mut ys);
+    ys.chunks_exact(rows).map(|r| r.to_vec()).collect()
+}
+
+/// One SwiGLU feed-forward: `down(silu(gate·x) ⊙ up·x)`.
+pub fn swiglu<B: Backend>(b: &B, w: &FfnWeights<B>, x: &[f32]) -> Vec<f32> {
+    let gate = matvec(b, &w.gate, x);
+    let up = matvec(b, &w.up, x);
+    let act: Vec<f32> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&g, &u)| crate::ops::silu(g) * u)
+        .collect();
+    matvec(b, &w.down, &act)
+}
+
+/// The reference backend: every weight dequantized to f32 at load, plain loops.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Oracle;
+
+impl Backend for Oracle {
+    type Linear = Matrix;
+
+    fn name(&self) -> &'static str {
+        "oracle"
+    }
+
+    fn load_linear(&self, src: LinearSource) -> Result<Matrix, ModelError> {
+        let data = redlite_gguf::quant::dequantize_to_vec(src.ty, src.bytes()).map_err(|e| {
+            ModelError::Tensor {
+                tensor: src.name.clone(),
+                message: e.to_string(),
+            }
+        })?;
+        Ok(Matrix {
+            rows: src.rows,
+            cols: src.cols,
+            data,
+        })
+    }
+
+    fn linear(&self, w: &Matrix, xs: &[f32], n: usize, ys: &mut [f32]) {
+        for (x, y) in xs
+            .chunks_exact(w.cols)
+            .zip(ys.chunks_exact_mut(w.rows))
+            .take(n)
+        {
+            for (r, yr) in y.iter_mut().enumerate() {
+                *yr = crate::ops::dot(w.row(r), x);
+            }
+        }
+    }
+
+    fn linear_shape(&self, w: &Matrix) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+}
