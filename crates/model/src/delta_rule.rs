@@ -68,13 +68,17 @@ pub const CHUNK: usize = 64;
 /// `T = (I + strictly_lower(diag(β)·K·Kᵀ ⊙ D))⁻¹`, `U = T·diag(β)·V`, `W = T·diag(β·exp(G))·K`;
 /// then `V' = U − W·S`, `O = diag(exp(G))·Q·S + lower(Q·Kᵀ ⊙ D)·V'`,
 /// `S ← exp(G_C)·S + (diag(exp(G_C − G))·K)ᵀ·V'`.
-pub fn delta_rule_chunked(inp: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
+///
+/// Chunks are aligned to absolute positions: `pos0` is the position of the first token, and chunk
+/// boundaries fall on multiples of [`CHUNK`], so a prompt computed in pieces split at such
+/// multiples is bit-identical to the prompt computed at once.
+pub fn delta_rule_chunked(inp: &HeadInputs, pos0: usize, s: &mut [f32]) -> Vec<f32> {
     let (dk, dv) = (inp.dk, inp.dv);
     let n = inp.len();
     let mut out = vec![0.0f32; n * dv];
     let mut start = 0;
     while start < n {
-        let c = CHUNK.min(n - start);
+        let c = (CHUNK - (pos0 + start) % CHUNK).min(n - start);
         let rows = start..start + c;
         let q = &inp.q[rows.start * dk..rows.end * dk];
         let k = &inp.k[rows.start * dk..rows.end * dk];
@@ -231,7 +235,7 @@ mod tests {
             };
             let (mut s1, mut s2) = (s0.clone(), s0.clone());
             let o1 = delta_rule_step(&inp, &mut s1);
-            let o2 = delta_rule_chunked(&inp, &mut s2);
+            let o2 = delta_rule_chunked(&inp, 7, &mut s2);
             let max_ref = o1.iter().fold(0f32, |m, x| m.max(x.abs()));
             let max_d = o1
                 .iter()

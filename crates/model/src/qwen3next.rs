@@ -179,7 +179,7 @@ fn decoder_layer<B: Backend>(
             gated_attention(b, cfg, a, kv, &normed, pos0)
         }
         (MixerWeights::DeltaNet(d), LayerState::DeltaNet(s)) => {
-            gated_delta_net(b, cfg, d, s, &normed, mode)
+            gated_delta_net(b, cfg, d, s, &normed, pos0, mode)
         }
         _ => unreachable!("layer state kind follows the config"),
     };
@@ -267,7 +267,8 @@ fn gated_attention<B: Backend>(
 /// 2. Causal depthwise conv (kernel K, the last K−1 inputs kept in the state), then SiLU.
 /// 3. L2-normalise q and k per head, scale q by 1/√dk; V head h reads QK head h / (nv/nk).
 /// 4. β = sigmoid(b), g = A·softplus(a + dt_bias) (A = −exp(A_log), stored as is).
-/// 5. The gated delta rule per V head (chunked for prompts, recurrent for steps).
+/// 5. The gated delta rule per V head (chunked for prompts, with chunks on absolute multiples of
+///    64 positions; recurrent for steps).
 /// 6. Gated RMSNorm per head, `RMSNorm(o)·w ⊙ SiLU(z)`, then `W_out`.
 fn gated_delta_net<B: Backend>(
     b: &B,
@@ -275,6 +276,7 @@ fn gated_delta_net<B: Backend>(
     w: &DeltaNetWeights<B>,
     st: &mut DeltaNetState,
     xs: &[Vec<f32>],
+    pos0: usize,
     mode: Mode,
 ) -> Vec<Vec<f32>> {
     let n = xs.len();
@@ -354,7 +356,7 @@ fn gated_delta_net<B: Backend>(
         };
         let s = &mut st.s[h * dk * dv..(h + 1) * dk * dv];
         let oh = match mode {
-            Mode::Prefill if n > 1 => delta_rule_chunked(&inp, s),
+            Mode::Prefill if n > 1 => delta_rule_chunked(&inp, pos0, s),
             _ => delta_rule_step(&inp, s),
         };
         o[h * n * dv..(h + 1) * n * dv].copy_from_slice(&oh);

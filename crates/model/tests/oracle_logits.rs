@@ -292,3 +292,30 @@ fn bad_token_id_is_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains("99999"), "{err}");
 }
+
+#[test]
+fn prefill_in_aligned_pieces_is_bit_identical() {
+    let model = Model::load(reference().join("models/tiny-Q4_K_M.gguf")).unwrap();
+    let e = entries()
+        .into_iter()
+        .find(|e| e.model == "Q4_K_M" && e.prompt == "P2")
+        .unwrap();
+    let at_once = model
+        .forward(&mut model.new_state(), &e.tokens, Mode::Prefill)
+        .unwrap();
+    // Pieces split at multiples of the 64-token chunk (including a piece that starts mid-way
+    // through nothing but ends on a boundary) reproduce the single pass exactly.
+    let mut state = model.new_state();
+    let mut pieces = Vec::new();
+    for r in [0..64, 64..192, 192..e.tokens.len()] {
+        pieces.extend(
+            model
+                .forward(&mut state, &e.tokens[r], Mode::Prefill)
+                .unwrap(),
+        );
+    }
+    assert!(
+        pieces == at_once,
+        "aligned pieces must equal the single prefill bit for bit"
+    );
+}
