@@ -920,3 +920,65 @@ impl GgufFile {
         self.get_str("general.architecture")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_file_is_send_and_sync() {
+        fn assert<T: Send + Sync>() {}
+        assert::<GgufFile>();
+        assert::<GgufError>();
+    }
+
+    #[test]
+    fn align_up_rounds_and_detects_overflow() {
+        assert_eq!(align_up(0, 32), Some(0));
+        assert_eq!(align_up(1, 32), Some(32));
+        assert_eq!(align_up(64, 32), Some(64));
+        assert_eq!(align_up(5, 1), Some(5));
+        assert_eq!(align_up(u64::MAX, 2), None);
+    }
+
+    #[test]
+    fn tensor_size_checks() {
+        assert_eq!(tensor_size(&[], GgmlType::F32).unwrap(), (1, 4));
+        assert_eq!(tensor_size(&[0, 7], GgmlType::Q4K).unwrap(), (0, 0));
+        assert_eq!(
+            tensor_size(&[256, 3], GgmlType::Q4K).unwrap(),
+            (768, 3 * 144)
+        );
+        assert!(matches!(
+            tensor_size(&[1 << 63], GgmlType::F32),
+            Err(GgufErrorKind::ElementCountOverflow { .. })
+        ));
+        assert!(matches!(
+            tensor_size(&[1 << 62, 2], GgmlType::F32),
+            Err(GgufErrorKind::ElementCountOverflow { .. })
+        ));
+        assert!(matches!(
+            tensor_size(&[1 << 62], GgmlType::F32),
+            Err(GgufErrorKind::TensorSizeOverflow)
+        ));
+        assert!(matches!(
+            tensor_size(&[1; 5], GgmlType::F32),
+            Err(GgufErrorKind::TooManyDims { n_dims: 5 })
+        ));
+    }
+
+    #[test]
+    fn alignment_values() {
+        assert_eq!(check_alignment(&MetaValue::U32(32)).unwrap(), 32);
+        assert_eq!(check_alignment(&MetaValue::U64(1)).unwrap(), 1);
+        for bad in [
+            MetaValue::U32(0),
+            MetaValue::U32(48),
+            MetaValue::I32(-32),
+            MetaValue::U64(1 << 32),
+            MetaValue::String("32".into()),
+        ] {
+            assert!(check_alignment(&bad).is_err(), "{bad:?}");
+        }
+    }
+}
