@@ -17,6 +17,9 @@
 //! An x86 kernel for a level must only be returned when `isa` is that level; `lookup` only asks
 //! for supported levels.
 
+pub mod iquants;
+#[cfg(target_arch = "x86_64")]
+pub mod iquants_avx512;
 pub mod q8;
 
 use redlite_gguf::quant::GgmlType;
@@ -135,7 +138,7 @@ pub fn has_vnni() -> bool {
 type KernelFn = fn(GgmlType, Isa) -> Option<RowDot>;
 
 /// The kernel modules, searched in order.
-const MODULES: &[KernelFn] = &[];
+const MODULES: &[KernelFn] = &[iquants::kernel];
 
 /// The row kernel for `ty` at level `isa` or the best lower level that has one; `None` when the
 /// type has no kernel at all. A level the CPU does not support is treated as the best one it does.
