@@ -50,3 +50,22 @@ fn q8_0_quantizer_matches_ggml_bitwise() {
         assert_eq!(&b.to_bytes()[..], w, "Q8_0 block {i} differs from ggml");
     }
 }
+
+/// The built-in self-test: every kernel at every supported ISA level against the reference
+/// dequantizers, SIMD vs scalar, and matmul rows bit-identical to matvec.
+#[test]
+fn selftest_passes() {
+    let results = redlite_cpu::kernels::selftest::selftest_all();
+    let mut failed = 0;
+    for r in &results {
+        println!("{r}");
+        if !r.passed {
+            failed += 1;
+        }
+    }
+    assert!(!results.is_empty());
+    assert_eq!(
+        failed, 0,
+        "{failed} self-test comparisons failed (see the output)"
+    );
+}

@@ -17,14 +17,19 @@
 //! An x86 kernel for a level must only be returned when `isa` is that level; `lookup` only asks
 //! for supported levels.
 
+pub mod driver;
 pub mod iquants;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx512;
+mod kquants;
 pub mod q8;
+pub mod selftest;
+mod simple;
 
 use redlite_gguf::quant::GgmlType;
 use std::sync::OnceLock;
 
+pub use driver::{init_threads, matmul, matvec, KernelError};
 pub use q8::{BlockQ8K, BlockQ8_0};
 
 /// A row kernel, by activation format. `w` is one weight row (`cols / block_elems` blocks of raw
@@ -114,7 +119,10 @@ impl Isa {
         static ACTIVE: OnceLock<Isa> = OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let best = Isa::best();
-            match std::env::var("REDLITE_ISA").ok().and_then(|v| Isa::from_name(&v)) {
+            match std::env::var("REDLITE_ISA")
+                .ok()
+                .and_then(|v| Isa::from_name(&v))
+            {
                 Some(forced) => forced.min(best),
                 None => best,
             }
@@ -138,7 +146,7 @@ pub fn has_vnni() -> bool {
 type KernelFn = fn(GgmlType, Isa) -> Option<RowDot>;
 
 /// The kernel modules, searched in order.
-const MODULES: &[KernelFn] = &[iquants::kernel];
+const MODULES: &[KernelFn] = &[simple::kernel, kquants::kernel, iquants::kernel];
 
 /// The row kernel for `ty` at level `isa` or the best lower level that has one; `None` when the
 /// type has no kernel at all. A level the CPU does not support is treated as the best one it does.

@@ -1,0 +1,428 @@
+//! Matrix-vector and matrix-matrix products over quantized weight matrices, on the rayon pool.
+//!
+//! A weight matrix is `rows` rows of `cols` elements in GGUF layout (row `r` is the bytes
+//! `r·row_bytes .. (r+1)·row_bytes`). The activation row is quantized once per call to the
+//! kernel's activation format ([`RowDot`]); rows are then split into chunks across the global
+//! rayon pool (persistent threads, no per-call thread creation).
+//!
+//! **Determinism:** output element `(j, r)` of [`matmul`] is computed by the same kernel call as
+//! [`matvec`] of activation row `j` (the same quantized activations, the same weight bytes, the
+//! same summation order), so the two are bit-identical, whatever the thread count.
+
+use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
+use super::{lookup, Isa, RowDot};
+use rayon::prelude::*;
+use redlite_gguf::quant::GgmlType;
+use std::sync::OnceLock;
+
+/// Why a product could not be computed. Every check happens before any output is written.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("no CPU kernel for weight type {0:?}")]
+    Unsupported(GgmlType),
+    #[error("{ty:?}: {cols} columns is not a multiple of the block size {block}")]
+    BadCols {
+        ty: GgmlType,
+        cols: usize,
+        block: usize,
+    },
+    #[error("{what}: expected {expected} elements/bytes, got {got}")]
+    BadLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error("matrix size overflows usize ({rows} x {cols})")]
+    Overflow { rows: usize, cols: usize },
+    #[error("thread pool: {0}")]
+    ThreadPool(String),
+}
+
+/// Number of physical cores (distinct `core_cpus`/`thread_siblings` sets in Linux sysfs), or the
+/// logical CPU count where that is not available.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut sets = std::collections::BTreeSet::new();
+    for cpu in 0..logical.max(1) * 4 {
+        let base = format!("/sys/devices/system/cpu/cpu{cpu}/topology/");
+        let read = |f: &str| std::fs::read_to_string(format!("{base}{f}")).ok();
+        let package = read("physical_package_id").unwrap_or_default();
+        match read("core_cpus_list").or_else(|| read("thread_siblings_list")) {
+            Some(s) => {
+                sets.insert((package.trim().to_string(), s.trim().to_string()));
+            }
+            None if cpu >= logical => break,
+            None => {}
+        }
+    }
+    if sets.is_empty() {
+        logical
+    } else {
+        sets.len().min(logical).max(1)
+    }
+}
+
+/// Builds the global rayon pool with `n` threads (`0` = [`physical_cores`]). Fails if the global
+/// pool already exists (it is created on first use with the default size).
+pub fn init_threads(n: usize) -> Result<(), KernelError> {
+    let n = if n == 0 { physical_cores() } else { n };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("redlite-cpu-{i}"))
+        .build_global()
+        .map_err(|e| KernelError::ThreadPool(e.to_string()))
+}
+
+/// Makes sure the global pool exists, sized to the physical cores unless [`init_threads`] (or
+/// another rayon user) created it first.
+fn ensure_pool() {
+    static INIT: OnceLock<()> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // An error only means that the pool already exists, which is fine.
+        let _ = init_threads(0);
+    });
+}
+
+/// The number of threads products are split over.
+pub fn num_threads() -> usize {
+    ensure_pool();
+    rayon::current_num_threads()
+}
+
+/// Whether a kernel exists for weight type `ty`.
+pub fn supported(ty: GgmlType) -> bool {
+    super::supported(ty)
+}
+
+/// Activations quantized for one kernel: `n` rows, each `per_row` blocks (or f32 values).
+enum Acts {
+    Q8K(Vec<BlockQ8K>, usize),
+    Q8_0(Vec<BlockQ8_0>, usize),
+    F32(Vec<f32>, usize),
+}
+
+impl Acts {
+    /// Quantizes `n` activation rows of `cols` values for `kernel`.
+    fn quantize(kernel: RowDot, xs: &[f32], cols: usize, n: usize) -> Acts {
+        match kernel {
+            RowDot::Q8K(_) => {
+                let per = cols / QK_K;
+                let mut q = vec![BlockQ8K::ZERO; per * n];
+                for (x, out) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(per.max(1))) {
+                    quantize_row_q8_k(x, out);
+                }
+                Acts::Q8K(q, per)
+            }
+            RowDot::Q8_0(_) => {
+                let per = cols / QK8_0;
+                let mut q = vec![BlockQ8_0::ZERO; per * n];
+                for (x, out) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(per.max(1))) {
+                    quantize_row_q8_0(x, out);
+                }
+                Acts::Q8_0(q, per)
+            }
+            RowDot::F32(_) => Acts::F32(xs[..cols * n].to_vec(), cols),
+        }
+    }
+
+    /// Dot of weight row `w` with activation row `j`.
+    #[inline(always)]
+    fn dot(&self, kernel: RowDot, w: &[u8], j: usize) -> f32 {
+        match (kernel, self) {
+            (RowDot::Q8K(f), Acts::Q8K(q, per)) => f(w, &q[j * per..(j + 1) * per]),
+            (RowDot::Q8_0(f), Acts::Q8_0(q, per)) => f(w, &q[j * per..(j + 1) * per]),
+            (RowDot::F32(f), Acts::F32(x, per)) => f(w, &x[j * per..(j + 1) * per]),
+            // `quantize` builds the variant matching the kernel.
+            _ => unreachable!("activation format matches the kernel"),
+        }
+    }
+}
+
+/// Checked shape facts of a product.
+struct Shape {
+    row_bytes: usize,
+}
+
+fn check(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x_len: usize,
+    y_len: usize,
+    n: usize,
+) -> Result<(RowDot, Shape), KernelError> {
+    let kernel = lookup(ty, Isa::active()).ok_or(KernelError::Unsupported(ty))?;
+    check_with(kernel, ty, w, rows, cols, x_len, y_len, n)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_with(
+    kernel: RowDot,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x_len: usize,
+    y_len: usize,
+    n: usize,
+) -> Result<(RowDot, Shape), KernelError> {
+    let block = ty.block_elems();
+    if !cols.is_multiple_of(block) {
+        return Err(KernelError::BadCols { ty, cols, block });
+    }
+    // Activation formats need whole activation blocks too.
+    let act_block = match kernel {
+        RowDot::Q8K(_) => QK_K,
+        RowDot::Q8_0(_) => QK8_0,
+        RowDot::F32(_) => 1,
+    };
+    if !cols.is_multiple_of(act_block) {
+        return Err(KernelError::BadCols {
+            ty,
+            cols,
+            block: act_block,
+        });
+    }
+    let overflow = KernelError::Overflow { rows, cols };
+    let row_bytes = (cols / block)
+        .checked_mul(ty.block_bytes())
+        .ok_or(overflow.clone())?;
+    let w_bytes = row_bytes.checked_mul(rows).ok_or(overflow.clone())?;
+    let x_want = cols.checked_mul(n).ok_or(overflow.clone())?;
+    let y_want = rows.checked_mul(n).ok_or(overflow)?;
+    let len = |what, expected, got| {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(KernelError::BadLength {
+                what,
+                expected,
+                got,
+            })
+        }
+    };
+    len("weight bytes", w_bytes, w.len())?;
+    len("activations", x_want, x_len)?;
+    len("outputs", y_want, y_len)?;
+    Ok((kernel, Shape { row_bytes }))
+}
+
+/// Below this many weight bytes a product runs on the calling thread (splitting costs more).
+const PARALLEL_MIN_BYTES: usize = 256 * 1024;
+
+/// Rows per parallel task for a matrix of `rows` rows of `row_bytes` bytes: about 4 tasks per
+/// thread for load balance, at least 64 KiB of weights per task.
+fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    let threads = num_threads().max(1);
+    let by_balance = rows.div_ceil(threads * 4);
+    let by_size = (64 * 1024usize).div_ceil(row_bytes.max(1));
+    by_balance.max(by_size).clamp(1, rows.max(1))
+}
+
+/// `y = W · x`: `W` is `rows × cols` of type `ty` (raw GGUF bytes), `x` has `cols` values, `y`
+/// gets `rows`. Uses the kernel level of [`Isa::active`].
+pub fn matvec(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    let (kernel, shape) = check(ty, w, rows, cols, x.len(), y.len(), 1)?;
+    run_matvec(kernel, shape, w, cols, x, y);
+    Ok(())
+}
+
+/// [`matvec`] with the kernel of level `isa` (or the best lower one): for tests and benchmarks.
+pub fn matvec_isa(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    let kernel = lookup(ty, isa).ok_or(KernelError::Unsupported(ty))?;
+    let (kernel, shape) = check_with(kernel, ty, w, rows, cols, x.len(), y.len(), 1)?;
+    run_matvec(kernel, shape, w, cols, x, y);
+    Ok(())
+}
+
+fn run_matvec(kernel: RowDot, shape: Shape, w: &[u8], cols: usize, x: &[f32], y: &mut [f32]) {
+    if y.is_empty() {
+        return;
+    }
+    let rb = shape.row_bytes;
+    if rb == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let acts = Acts::quantize(kernel, x, cols, 1);
+    if w.len() < PARALLEL_MIN_BYTES {
+        for (out, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+            *out = acts.dot(kernel, wr, 0);
+        }
+        return;
+    }
+    let per = rows_per_task(y.len(), rb);
+    y.par_chunks_mut(per)
+        .zip(w.par_chunks(per * rb))
+        .for_each(|(ys, ws)| {
+            for (out, wr) in ys.iter_mut().zip(ws.chunks_exact(rb)) {
+                *out = acts.dot(kernel, wr, 0);
+            }
+        });
+}
+
+/// `Y = X · Wᵀ`: `xs` holds `n` activation rows of `cols` values, `ys` gets `n` rows of `rows`
+/// values (`ys[j·rows + r] = W_r · x_j`). Every weight row is read once for all `n` activation
+/// rows. Row `j` of the result is bit-identical to `matvec` of `x_j`.
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) -> Result<(), KernelError> {
+    let (kernel, shape) = check(ty, w, rows, cols, xs.len(), ys.len(), n)?;
+    run_matmul(kernel, shape, w, rows, cols, xs, n, ys);
+    Ok(())
+}
+
+/// [`matmul`] with the kernel of level `isa` (or the best lower one): for tests and benchmarks.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_isa(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) -> Result<(), KernelError> {
+    let kernel = lookup(ty, isa).ok_or(KernelError::Unsupported(ty))?;
+    let (kernel, shape) = check_with(kernel, ty, w, rows, cols, xs.len(), ys.len(), n)?;
+    run_matmul(kernel, shape, w, rows, cols, xs, n, ys);
+    Ok(())
+}
+
+/// Weight bytes per row tile of [`matmul`]: a tile stays in L2 while it meets every activation.
+const TILE_BYTES: usize = 128 * 1024;
+
+#[allow(clippy::too_many_arguments)]
+fn run_matmul(
+    kernel: RowDot,
+    shape: Shape,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) {
+    if rows == 0 || n == 0 {
+        return;
+    }
+    if n == 1 {
+        return run_matvec(kernel, shape, w, cols, xs, ys);
+    }
+    let rb = shape.row_bytes;
+    if rb == 0 {
+        ys.fill(0.0);
+        return;
+    }
+    let acts = Acts::quantize(kernel, xs, cols, n);
+    let tile = (TILE_BYTES / rb).clamp(1, rows);
+    // Row-major by weight row ("transposed"): each task owns whole weight rows.
+    let mut yt = vec![0.0f32; rows * n];
+    let work = |(yts, ws): (&mut [f32], &[u8])| {
+        for (ytile, wtile) in yts.chunks_mut(tile * n).zip(ws.chunks(tile * rb)) {
+            for j in 0..n {
+                for (r, wr) in wtile.chunks_exact(rb).enumerate() {
+                    ytile[r * n + j] = acts.dot(kernel, wr, j);
+                }
+            }
+        }
+    };
+    if w.len().saturating_mul(n) < PARALLEL_MIN_BYTES {
+        work((&mut yt[..], w));
+    } else {
+        let per = rows_per_task(rows, rb);
+        yt.par_chunks_mut(per * n)
+            .zip(w.par_chunks(per * rb))
+            .for_each(work);
+    }
+    for (r, row) in yt.chunks_exact(n).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            ys[j * rows + r] = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_shapes_and_types() {
+        let w = vec![0u8; 144 * 2];
+        let x = vec![0.0f32; 256];
+        let mut y = vec![0.0f32; 2];
+        assert!(matvec(GgmlType::Q4K, &w, 2, 256, &x, &mut y).is_ok());
+        assert_eq!(
+            matvec(GgmlType::Q4K, &w, 2, 128, &x[..128], &mut y),
+            Err(KernelError::BadCols {
+                ty: GgmlType::Q4K,
+                cols: 128,
+                block: 256
+            })
+        );
+        assert!(matches!(
+            matvec(GgmlType::Q4K, &w[..100], 2, 256, &x, &mut y),
+            Err(KernelError::BadLength { .. })
+        ));
+        assert!(matches!(
+            matvec(GgmlType::Q4K, &w, 2, 256, &x, &mut y[..1]),
+            Err(KernelError::BadLength { .. })
+        ));
+        assert_eq!(
+            matvec(GgmlType::Q8K, &w, 1, 256, &x, &mut y[..1]),
+            Err(KernelError::Unsupported(GgmlType::Q8K))
+        );
+        assert!(matches!(
+            matvec(GgmlType::Q4K, &w, usize::MAX, 256, &x, &mut y),
+            Err(KernelError::Overflow { .. })
+        ));
+        let mut ys = vec![0.0f32; 4];
+        assert!(matches!(
+            matmul(GgmlType::Q4K, &w, 2, 256, &x, 2, &mut ys),
+            Err(KernelError::BadLength { .. })
+        ));
+    }
+
+    #[test]
+    fn empty_products() {
+        let mut y: Vec<f32> = vec![];
+        assert!(matvec(GgmlType::F32, &[], 0, 8, &[0.0; 8], &mut y).is_ok());
+        assert!(matmul(GgmlType::F32, &[], 0, 8, &[0.0; 16], 2, &mut y).is_ok());
+    }
+
+    #[test]
+    fn physical_cores_is_sane() {
+        let p = physical_cores();
+        assert!(p >= 1);
+        assert!(
+            p <= std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        );
+    }
+}
