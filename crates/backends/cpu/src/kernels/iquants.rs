@@ -74,7 +74,7 @@ pub(crate) fn block_count(
 ) -> usize {
     let nb = n / block_elems;
     debug_assert!(
-        n % block_elems == 0 && w_len >= nb * block_bytes && x_blocks >= nb,
+        n.is_multiple_of(block_elems) && w_len >= nb * block_bytes && x_blocks >= nb,
         "row kernel: n = {n} (blocks of {block_elems}), {w_len} weight bytes \
          ({block_bytes} per block), {x_blocks} activation blocks"
     );

@@ -1,0 +1,489 @@
+//! Tests of the i-quant row kernels (`redlite_cpu::kernels::iquants*`):
+//! (a) every kernel against an f64 dot product of the reference-dequantized weights
+//!     (`redlite_gguf::quant::dequantize`) with the dequantized Q8 activations, on random blocks;
+//! (b) every SIMD level the CPU supports against the scalar kernel;
+//! (c) the kernels over the real and synthetic blocks of `shared/reference/quant/<T>.blocks`,
+//!     checked against ggml's own dequantization of those blocks (`<T>.f32`).
+//!
+//! The integer part of every kernel is exact, so the only error is f32 rounding of block sums and
+//! of the accumulation: the bound is 1e-5 relative to the exact result.
+//!
+//! `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture` runs the
+//! IQ2_XXS bandwidth measurement.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use redlite_cpu::kernels::iquants::{
+    vec_dot_iq1_m_q8_k_scalar, vec_dot_iq1_s_q8_k_scalar, vec_dot_iq2_s_q8_k_scalar,
+    vec_dot_iq2_xs_q8_k_scalar, vec_dot_iq2_xxs_q8_k_scalar, vec_dot_iq3_s_q8_k_scalar,
+    vec_dot_iq3_xxs_q8_k_scalar, vec_dot_iq4_nl_q8_0_scalar, vec_dot_iq4_xs_q8_k_scalar,
+};
+use redlite_cpu::kernels::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0};
+use redlite_cpu::kernels::{lookup_exact, Isa, RowDot};
+use redlite_gguf::quant::{dequantize, GgmlType};
+use std::path::PathBuf;
+
+/// Relative error bound of a kernel against the exact (f64) dot product.
+const REL_TOL: f64 = 1e-5;
+
+/// Activations of one row in both Q8 formats.
+struct Acts {
+    q8k: Vec<BlockQ8K>,
+    q80: Vec<BlockQ8_0>,
+}
+
+/// One weight type under test.
+struct Case {
+    ty: GgmlType,
+    name: &'static str,
+    /// Elements per block.
+    qk: usize,
+    /// Bytes per block.
+    bytes: usize,
+    /// Byte offsets of the f16 scale(s) to patch in random blocks (not IQ1_M).
+    scale_at: &'static [usize],
+    /// The scalar reference kernel.
+    scalar: fn(usize, &[u8], &Acts) -> f32,
+}
+
+macro_rules! q8k {
+    ($f:path) => {
+        |n: usize, w: &[u8], a: &Acts| $f(n, w, &a.q8k)
+    };
+}
+
+const CASES: &[Case] = &[
+    Case {
+        ty: GgmlType::IQ2XXS,
+        name: "IQ2_XXS",
+        qk: 256,
+        bytes: 66,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ2XS,
+        name: "IQ2_XS",
+        qk: 256,
+        bytes: 74,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq2_xs_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ2S,
+        name: "IQ2_S",
+        qk: 256,
+        bytes: 82,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq2_s_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ3XXS,
+        name: "IQ3_XXS",
+        qk: 256,
+        bytes: 98,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq3_xxs_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ3S,
+        name: "IQ3_S",
+        qk: 256,
+        bytes: 110,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq3_s_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ1S,
+        name: "IQ1_S",
+        qk: 256,
+        bytes: 50,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq1_s_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ1M,
+        name: "IQ1_M",
+        qk: 256,
+        bytes: 56,
+        scale_at: &[],
+        scalar: q8k!(vec_dot_iq1_m_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ4XS,
+        name: "IQ4_XS",
+        qk: 256,
+        bytes: 136,
+        scale_at: &[0],
+        scalar: q8k!(vec_dot_iq4_xs_q8_k_scalar),
+    },
+    Case {
+        ty: GgmlType::IQ4NL,
+        name: "IQ4_NL",
+        qk: 32,
+        bytes: 18,
+        scale_at: &[0],
+        scalar: |n, w, a| vec_dot_iq4_nl_q8_0_scalar(n, w, &a.q80),
+    },
+];
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../../shared/reference/quant"
+    ))
+}
+
+fn read_fixture(name: &str) -> Vec<u8> {
+    let path = fixture_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("reading fixture {}: {e}", path.display()))
+}
+
+fn read_f32(name: &str) -> Vec<f32> {
+    read_fixture(name)
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Random activations: mostly N(0,1)-like values with a few outliers, quantized to both formats.
+fn random_acts(rng: &mut StdRng, n: usize) -> Acts {
+    let x: Vec<f32> = (0..n)
+        .map(|_| {
+            // Sum of uniforms: cheap, roughly normal.
+            let v: f32 = (0..4).map(|_| rng.random_range(-1.0f32..1.0)).sum();
+            if rng.random_range(0..64) == 0 {
+                v * 8.0
+            } else {
+                v
+            }
+        })
+        .collect();
+    acts_from(&x)
+}
+
+fn acts_from(x: &[f32]) -> Acts {
+    let mut q8k = vec![BlockQ8K::ZERO; x.len() / 256];
+    quantize_row_q8_k(x, &mut q8k);
+    let mut q80 = vec![BlockQ8_0::ZERO; x.len() / 32];
+    quantize_row_q8_0(x, &mut q80);
+    Acts { q8k, q80 }
+}
+
+/// The activations the kernel of `case` sees, dequantized exactly (f64 products of scale and q).
+fn exact_acts(case: &Case, a: &Acts) -> Vec<f64> {
+    if case.qk == 32 {
+        a.q80
+            .iter()
+            .flat_map(|b| {
+                let d = f64::from(b.scale());
+                b.qs.iter().map(move |&q| d * f64::from(q))
+            })
+            .collect()
+    } else {
+        a.q8k
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| f64::from(b.d) * f64::from(q)))
+            .collect()
+    }
+}
+
+fn dot_f64(w: &[f32], x: &[f64]) -> f64 {
+    assert_eq!(w.len(), x.len());
+    w.iter().zip(x).map(|(&a, &b)| f64::from(a) * b).sum()
+}
+
+/// A random f16 in [2^-10, 2^-6): small positive scales, as real files have.
+fn small_f16(rng: &mut StdRng) -> u16 {
+    half::f16::from_f32(rng.random_range(0.001f32..0.015)).to_bits()
+}
+
+/// `nb` random blocks of `case`'s type: random bytes with the f16 scale fields patched.
+fn random_blocks(rng: &mut StdRng, case: &Case, nb: usize) -> Vec<u8> {
+    let mut w = vec![0u8; nb * case.bytes];
+    rng.fill(&mut w[..]);
+    for b in w.chunks_exact_mut(case.bytes) {
+        for &at in case.scale_at {
+            b[at..at + 2].copy_from_slice(&small_f16(rng).to_le_bytes());
+        }
+        if case.ty == GgmlType::IQ1M {
+            // d lives in the top nibbles of the four scale u16s (bytes 49, 51, 53, 55).
+            let d = small_f16(rng);
+            for k in 0..4 {
+                let nib = ((d >> (4 * k)) & 15) as u8;
+                b[49 + 2 * k] = (b[49 + 2 * k] & 0x0F) | (nib << 4);
+            }
+        }
+    }
+    w
+}
+
+fn dequant(case: &Case, w: &[u8]) -> Vec<f32> {
+    let mut out = vec![0.0f32; w.len() / case.bytes * case.qk];
+    dequantize(case.ty, w, &mut out)
+        .unwrap_or_else(|e| panic!("{}: reference dequantization failed: {e}", case.name));
+    out
+}
+
+/// Runs a dispatch-table kernel on one row.
+fn run_row_dot(k: RowDot, w: &[u8], a: &Acts) -> f32 {
+    match k {
+        RowDot::Q8K(f) => f(w, &a.q8k),
+        RowDot::Q8_0(f) => f(w, &a.q80),
+        RowDot::F32(_) => panic!("an i-quant kernel must take Q8 activations"),
+    }
+}
+
+fn check_close(what: &str, got: f32, want: f64) {
+    let err = (f64::from(got) - want).abs();
+    assert!(
+        err <= REL_TOL * want.abs(),
+        "{what}: got {got:e}, exact {want:e}, relative error {:e}",
+        err / want.abs()
+    );
+}
+
+/// The SIMD levels (above scalar) this CPU supports that have a kernel of their own for `ty`.
+fn simd_kernels(ty: GgmlType) -> Vec<(Isa, RowDot)> {
+    Isa::available()
+        .into_iter()
+        .filter(|&isa| isa != Isa::Scalar)
+        .filter_map(|isa| lookup_exact(ty, isa).map(|k| (isa, k)))
+        .collect()
+}
+
+/// (a) + (b) on random blocks: rows of 1, 3 and 16 super-blocks (IQ4_NL: 8, 24, 128 blocks).
+#[test]
+fn random_blocks_match_exact_dot_at_every_level() {
+    let mut rng = StdRng::seed_from_u64(0x1d5);
+    for case in CASES {
+        let simd = simd_kernels(case.ty);
+        let scalar_entry = lookup_exact(case.ty, Isa::Scalar)
+            .unwrap_or_else(|| panic!("{}: no scalar", case.name));
+        for (row, &elems) in [256usize, 768, 4096, 4096, 4096].iter().enumerate() {
+            let nb = elems / case.qk;
+            let w = random_blocks(&mut rng, case, nb);
+            let a = random_acts(&mut rng, elems);
+            let want = dot_f64(&dequant(case, &w), &exact_acts(case, &a));
+            let got = (case.scalar)(elems, &w, &a);
+            check_close(&format!("{} row {row} scalar", case.name), got, want);
+            let via_table = run_row_dot(scalar_entry, &w, &a);
+            assert_eq!(
+                got.to_bits(),
+                via_table.to_bits(),
+                "{}: table entry",
+                case.name
+            );
+            for &(isa, k) in &simd {
+                let got_simd = run_row_dot(k, &w, &a);
+                let what = format!("{} row {row} {}", case.name, isa.name());
+                check_close(&what, got_simd, want);
+                let diff = f64::from(got_simd - got).abs();
+                assert!(
+                    diff <= REL_TOL * f64::from(got.abs()),
+                    "{what}: {got_simd:e} vs scalar {got:e}"
+                );
+            }
+        }
+    }
+}
+
+/// Every sub-block scale and sign path: single-block rows whose activations are all +1 except one
+/// −1 at a moving position; exact comparison per block.
+#[test]
+fn single_block_rows_with_sparse_sign_flips() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for case in CASES {
+        let simd = simd_kernels(case.ty);
+        let qk = if case.qk == 32 { 256 } else { case.qk };
+        let w = random_blocks(&mut rng, case, qk / case.qk);
+        let deq = dequant(case, &w);
+        for pos in (0..qk).step_by(7) {
+            let mut x = vec![0.5f32; qk];
+            x[pos] = -1.0;
+            let a = acts_from(&x);
+            let want = dot_f64(&deq, &exact_acts(case, &a));
+            let got = (case.scalar)(qk, &w, &a);
+            check_close(&format!("{} flip {pos} scalar", case.name), got, want);
+            for &(isa, k) in &simd {
+                let what = format!("{} flip {pos} {}", case.name, isa.name());
+                check_close(&what, run_row_dot(k, &w, &a), want);
+            }
+        }
+    }
+}
+
+/// Activations with −128 in Q8_K (ggml's own Q8_K rounding never makes it, but the format allows
+/// it): SIMD kernels must not lose the sign of −(−128).
+#[test]
+fn q8_k_minus_128_is_handled_exactly() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for case in CASES.iter().filter(|c| c.qk == 256) {
+        let w = random_blocks(&mut rng, case, 2);
+        let mut a = random_acts(&mut rng, 512);
+        for b in &mut a.q8k {
+            for q in b.qs.iter_mut().step_by(3) {
+                *q = -128;
+            }
+        }
+        let want = dot_f64(&dequant(case, &w), &exact_acts(case, &a));
+        check_close(
+            &format!("{} −128 scalar", case.name),
+            (case.scalar)(512, &w, &a),
+            want,
+        );
+        for (isa, k) in simd_kernels(case.ty) {
+            let what = format!("{} −128 {}", case.name, isa.name());
+            check_close(&what, run_row_dot(k, &w, &a), want);
+        }
+    }
+}
+
+/// (c) The fixture blocks (real blocks from the model files, then all-zero, max-scale,
+/// negative-scale, subnormal-scale and all-0xFF synthetic blocks), against ggml's dequantization
+/// of them: each block alone, and all 64 as one row.
+#[test]
+fn fixture_blocks_match_ggml_dequantization() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for case in CASES {
+        let w = read_fixture(&format!("{}.blocks", case.name));
+        let deq = read_f32(&format!("{}.f32", case.name));
+        let nb = w.len() / case.bytes;
+        assert_eq!(nb, 64, "{}: fixture block count", case.name);
+        assert_eq!(deq.len(), nb * case.qk);
+        // Our reference dequantizer agrees with ggml's, bit for bit.
+        let ours = dequant(case, &w);
+        assert!(
+            ours.iter()
+                .zip(&deq)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: redlite dequantization differs from the fixture",
+            case.name
+        );
+        let simd = simd_kernels(case.ty);
+        let n = nb * case.qk;
+        let a = random_acts(&mut rng, n);
+        let xa = exact_acts(case, &a);
+        // The whole row.
+        let want = dot_f64(&deq, &xa);
+        check_close(
+            &format!("{} fixture row scalar", case.name),
+            (case.scalar)(n, &w, &a),
+            want,
+        );
+        for &(isa, k) in &simd {
+            let what = format!("{} fixture row {}", case.name, isa.name());
+            check_close(&what, run_row_dot(k, &w, &a), want);
+        }
+        // Block by block (IQ4_NL: groups of 8 blocks, one Q8_K-sized span).
+        let per = if case.qk == 32 { 8 } else { 1 };
+        for i in (0..nb).step_by(per) {
+            let span = per * case.qk;
+            let wb = &w[i * case.bytes..(i + per) * case.bytes];
+            let xs = &xa[i * case.qk..i * case.qk + span];
+            let want = dot_f64(&deq[i * case.qk..i * case.qk + span], xs);
+            let sub = Acts {
+                q8k: a.q8k[i * case.qk / 256..(i * case.qk + span).div_ceil(256)].to_vec(),
+                q80: a.q80[i * case.qk / 32..(i * case.qk + span) / 32].to_vec(),
+            };
+            let got = (case.scalar)(span, wb, &sub);
+            if want == 0.0 {
+                assert_eq!(got, 0.0, "{} fixture block {i} scalar", case.name);
+            } else {
+                check_close(
+                    &format!("{} fixture block {i} scalar", case.name),
+                    got,
+                    want,
+                );
+            }
+            for &(isa, k) in &simd {
+                let got = run_row_dot(k, wb, &sub);
+                let what = format!("{} fixture block {i} {}", case.name, isa.name());
+                if want == 0.0 {
+                    assert_eq!(got, 0.0, "{what}");
+                } else {
+                    check_close(&what, got, want);
+                }
+            }
+        }
+    }
+}
+
+/// The kernels never read past a short slice: they stop at the shorter of the two rows.
+#[test]
+fn dispatch_entries_stop_at_the_shorter_slice() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for case in CASES {
+        let elems = 1024;
+        let w = random_blocks(&mut rng, case, elems / case.qk);
+        let a = random_acts(&mut rng, elems);
+        let half = Acts {
+            q8k: a.q8k[..a.q8k.len() / 2].to_vec(),
+            q80: a.q80[..a.q80.len() / 2].to_vec(),
+        };
+        let want = (case.scalar)(elems / 2, &w[..w.len() / 2], &half);
+        for isa in Isa::available() {
+            if let Some(k) = lookup_exact(case.ty, isa) {
+                let got = run_row_dot(k, &w, &half);
+                let what = format!("{} short activations {}", case.name, isa.name());
+                check_close(&what, got, f64::from(want));
+            }
+        }
+    }
+}
+
+/// IQ2_XXS matrix-vector bandwidth on a matrix larger than the caches, against a plain read of
+/// the same bytes. Run with `--release -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark"]
+fn bench_iq2_xxs_bandwidth() {
+    use std::time::Instant;
+    let cols = 4096;
+    let rows = 64 * 1024; // × 1056 bytes per row ≈ 69 MB, twice the L3 of the test machine
+    let row_bytes = cols / 256 * 66;
+    let mut rng = StdRng::seed_from_u64(1);
+    let case = &CASES[0];
+    let w = random_blocks(&mut rng, case, rows * cols / 256);
+    let a = random_acts(&mut rng, cols);
+    let total = (rows * row_bytes) as f64;
+    println!("matrix {rows} × {cols} IQ2_XXS: {:.1} MB", total / 1e6);
+
+    let reps = 5;
+    let best = |f: &dyn Fn() -> f32| {
+        let mut best = f64::INFINITY;
+        let mut sink = 0.0f32;
+        for _ in 0..reps {
+            let t = Instant::now();
+            sink += f();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        std::hint::black_box(sink);
+        best
+    };
+    let plain = best(&|| {
+        let mut acc = 0u64;
+        for c in w.chunks_exact(8) {
+            acc ^= u64::from_le_bytes(c.try_into().unwrap());
+        }
+        acc as f32
+    });
+    println!("plain read (xor of u64):  {:6.2} GB/s", total / plain / 1e9);
+    for isa in Isa::available() {
+        let Some(RowDot::Q8K(k)) = lookup_exact(case.ty, isa) else {
+            continue;
+        };
+        let t = best(&|| {
+            let mut s = 0.0f32;
+            for r in w.chunks_exact(row_bytes) {
+                s += k(r, &a.q8k);
+            }
+            s
+        });
+        println!(
+            "IQ2_XXS {:7} kernel: {:6.2} GB/s ({:.1} ns per block)",
+            isa.name(),
+            total / t / 1e9,
+            t * 1e9 / (rows * cols / 256) as f64
+        );
+    }
+}
