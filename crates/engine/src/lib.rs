@@ -1,6 +1,10 @@
 //! The engine: sampling, sessions and the generation loop over a model.
 
+pub mod backends;
 pub mod generate;
+pub mod parity;
+pub mod perplexity;
 pub mod sampler;
 
+pub use backends::{load_model, load_model_from, AnyModel, BackendChoice};
 pub use generate::{generate, GenerateOptions, GenerationStats};
