@@ -9,7 +9,7 @@
 //! of the accumulation: the bound is 1e-5 relative to the exact result.
 //!
 //! `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture` runs the
-//! IQ2_XXS bandwidth measurement.
+//! bandwidth measurement of the hot types.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -432,22 +432,39 @@ fn dispatch_entries_stop_at_the_shorter_slice() {
     }
 }
 
-/// IQ2_XXS matrix-vector bandwidth on a matrix larger than the caches, against a plain read of
-/// the same bytes. Run with `--release -- --ignored --nocapture`.
+/// On a CPU with everything the AVX-512 kernels need, the hot types get one.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_kernels_are_registered_when_supported() {
+    use redlite_cpu::kernels::iquants_avx512;
+    let hot = [
+        GgmlType::IQ2XXS,
+        GgmlType::IQ3XXS,
+        GgmlType::IQ1M,
+        GgmlType::IQ4XS,
+    ];
+    for ty in hot {
+        let got = lookup_exact(ty, Isa::Avx512).is_some();
+        let want = iquants_avx512::supported() && Isa::Avx512.supported();
+        assert_eq!(got, want, "{ty:?}: AVX-512 kernel registered = {got}");
+    }
+    if !iquants_avx512::supported() {
+        eprintln!(
+            "note: this CPU lacks AVX-512 VBMI/VNNI; the AVX-512 i-quant kernels were not run"
+        );
+    }
+}
+
+/// Matrix-vector bandwidth of the hot types on a matrix larger than the caches (≈ 64 MiB of
+/// weights per type), single-threaded, against a plain read of the same bytes. Run with
+/// `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark"]
-fn bench_iq2_xxs_bandwidth() {
+fn bench_bandwidth() {
     use std::time::Instant;
     let cols = 4096;
-    let rows = 64 * 1024; // × 1056 bytes per row ≈ 69 MB, twice the L3 of the test machine
-    let row_bytes = cols / 256 * 66;
     let mut rng = StdRng::seed_from_u64(1);
-    let case = &CASES[0];
-    let w = random_blocks(&mut rng, case, rows * cols / 256);
     let a = random_acts(&mut rng, cols);
-    let total = (rows * row_bytes) as f64;
-    println!("matrix {rows} × {cols} IQ2_XXS: {:.1} MB", total / 1e6);
-
     let reps = 5;
     let best = |f: &dyn Fn() -> f32| {
         let mut best = f64::INFINITY;
@@ -460,30 +477,41 @@ fn bench_iq2_xxs_bandwidth() {
         std::hint::black_box(sink);
         best
     };
-    let plain = best(&|| {
-        let mut acc = 0u64;
-        for c in w.chunks_exact(8) {
-            acc ^= u64::from_le_bytes(c.try_into().unwrap());
-        }
-        acc as f32
-    });
-    println!("plain read (xor of u64):  {:6.2} GB/s", total / plain / 1e9);
-    for isa in Isa::available() {
-        let Some(RowDot::Q8K(k)) = lookup_exact(case.ty, isa) else {
-            continue;
-        };
-        let t = best(&|| {
-            let mut s = 0.0f32;
-            for r in w.chunks_exact(row_bytes) {
-                s += k(r, &a.q8k);
+    for name in ["IQ2_XXS", "IQ3_XXS", "IQ1_M", "IQ4_XS"] {
+        let case = CASES.iter().find(|c| c.name == name).unwrap();
+        let row_bytes = cols / 256 * case.bytes;
+        let rows = (64 << 20) / row_bytes;
+        let w = random_blocks(&mut rng, case, rows * cols / 256);
+        let total = (rows * row_bytes) as f64;
+        println!("{name}: {rows} × {cols} matrix, {:.1} MB", total / 1e6);
+        let plain = best(&|| {
+            let mut acc = 0u64;
+            for c in w.chunks_exact(8) {
+                acc ^= u64::from_le_bytes(c.try_into().unwrap());
             }
-            s
+            acc as f32
         });
         println!(
-            "IQ2_XXS {:7} kernel: {:6.2} GB/s ({:.1} ns per block)",
-            isa.name(),
-            total / t / 1e9,
-            t * 1e9 / (rows * cols / 256) as f64
+            "  plain read (xor of u64): {:6.2} GB/s",
+            total / plain / 1e9
         );
+        for isa in Isa::available() {
+            let Some(RowDot::Q8K(k)) = lookup_exact(case.ty, isa) else {
+                continue;
+            };
+            let t = best(&|| {
+                let mut s = 0.0f32;
+                for r in w.chunks_exact(row_bytes) {
+                    s += k(r, &a.q8k);
+                }
+                s
+            });
+            println!(
+                "  {:7} kernel: {:6.2} GB/s, {:5.1} ns per 256-element block",
+                isa.name(),
+                total / t / 1e9,
+                t * 1e9 / (rows * cols / 256) as f64
+            );
+        }
     }
 }

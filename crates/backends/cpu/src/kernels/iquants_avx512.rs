@@ -31,9 +31,7 @@ use super::iquants::{IQ1_M_BYTES, IQ2_XXS_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES};
 use super::q8::{BlockQ8K, QK_K};
 use super::RowDot;
 use core::arch::x86_64::*;
-use redlite_gguf::quant::grids::{
-    IQ1S_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL,
-};
+use redlite_gguf::quant::grids::{IQ1S_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KVALUES_IQ4NL};
 use redlite_gguf::quant::GgmlType;
 
 /// Whether the running CPU has everything the kernels of this module use.
@@ -56,6 +54,9 @@ pub fn kernel(ty: GgmlType) -> Option<RowDot> {
     }
     Some(match ty {
         GgmlType::IQ2XXS => RowDot::Q8K(iq2_xxs_row),
+        GgmlType::IQ3XXS => RowDot::Q8K(iq3_xxs_row),
+        GgmlType::IQ4XS => RowDot::Q8K(iq4_xs_row),
+        GgmlType::IQ1M => RowDot::Q8K(iq1_m_row),
         _ => return None,
     })
 }
@@ -167,22 +168,6 @@ static IQ4_VALUES: V64 = {
     V64(t)
 };
 
-/// The sign table, 128 bytes (two registers) for `vpermi2b`.
-static KSIGNS: [V64; 2] = {
-    let mut lo = [0u8; 64];
-    let mut hi = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        lo[i] = KSIGNS_IQ2XS[i];
-        hi[i] = KSIGNS_IQ2XS[64 + i];
-        i += 1;
-    }
-    [V64(lo), V64(hi)]
-};
-
-/// Byte `j` of every 64-bit lane = `1 << j`: tests bit `j` of a sign byte for element `j`.
-const BIT_SELECT: i64 = 0x8040_2010_0804_0201_u64 as i64;
-
 /// Builds a `V64` whose byte `8g + j` is `$e` (with `g` and `j` bound).
 macro_rules! lanes {
     (|$g:ident, $j:ident| $e:expr) => {{
@@ -241,22 +226,6 @@ static SHIFT_IQ3: V64 = lanes!(|_g, j| if j < 4 {
 } else {
     (16 + 4 * (j - 4)) as u8
 });
-
-/// IQ2_XXS, chunk `c`: 64-bit lane `g` takes the block's lane `2c + g / 4` (the one holding the
-/// aux word of its sub-block in its upper half).
-static IQ2XXS_AUX_LANES: [V64; 4] = {
-    const fn chunk(c: usize) -> V64 {
-        lanes!(|g, j| if j == 0 { (2 * c + g / 4) as u8 } else { 0 })
-    }
-    [chunk(0), chunk(1), chunk(2), chunk(3)]
-};
-
-/// `vpmultishiftqb` control: every byte of lane `g` takes the 7-bit sign index of group `g % 4`,
-/// at bit `32 + 7·(g % 4)` (the aux word is the lane's upper half).
-static SHIFT_SIGNS_HI: V64 = lanes!(|g, _j| (32 + 7 * (g % 4)) as u8);
-
-/// As [`SHIFT_SIGNS_HI`] with the aux word in the lane's lower half.
-static SHIFT_SIGNS_LO: V64 = lanes!(|g, _j| (7 * (g % 4)) as u8);
 
 /// IQ2_XXS, chunk `c`: words 0..16 take word `4·2c` (the scale of sub-block `2c`, in the low word
 /// of its 64-bit lane), words 16..32 word `4·(2c + 1)`.
@@ -325,6 +294,20 @@ fn load_q8(y: &BlockQ8K, c: usize) -> __m512i {
     unsafe { _mm512_loadu_si512(q.as_ptr().cast()) }
 }
 
+/// The 64-bit flip mask of eight 8-element groups from their eight 7-bit sign indices (packed
+/// in the low 56 bits of `idx7`): byte `g` = `KSIGNS[index g]` = the index plus an even-parity
+/// bit 7.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn sign_mask(idx7: u64) -> u64 {
+    let m = _pdep_u64(idx7, 0x7F7F_7F7F_7F7F_7F7F);
+    // Bit 0 of every byte of `p` becomes the parity of that byte of `m`.
+    let mut p = m ^ (m >> 4);
+    p ^= p >> 2;
+    p ^= p >> 1;
+    m | ((p & 0x0101_0101_0101_0101) << 7)
+}
+
 // ---------------------------------------------------------------------------------------------
 // IQ2_XXS
 // ---------------------------------------------------------------------------------------------
@@ -340,12 +323,8 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
     let code_hi = load256(&IQ2XXS_CODE_HI);
     let values = load64(&IQ2_VALUES);
     let shift_2j = load64(&SHIFT_2J);
-    let shift_signs = load64(&SHIFT_SIGNS_HI);
-    let ksigns = [load64(&KSIGNS[0]), load64(&KSIGNS[1])];
-    let bit_select = _mm512_set1_epi64(BIT_SELECT);
     let one = _mm512_set1_epi64(1);
     let row_codes = IQ2XXS_ROW_CODES.each_ref().map(|v| load64(v));
-    let aux_lanes = IQ2XXS_AUX_LANES.each_ref().map(|v| load64(v));
     let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
 
     let mut accf = _mm512_setzero_ps();
@@ -365,10 +344,19 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
             let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
             let grid =
                 _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift_2j, codes), values);
-            let aux = _mm512_permutexvar_epi64(aux_lanes[c], q);
-            let sign_idx = _mm512_multishift_epi64_epi8(shift_signs, aux);
-            let signs = _mm512_permutex2var_epi8(ksigns[0], sign_idx, ksigns[1]);
-            let flip = _mm512_test_epi8_mask(signs, bit_select);
+            let a0 = u32::from_le_bytes([
+                qs[16 * c + 4],
+                qs[16 * c + 5],
+                qs[16 * c + 6],
+                qs[16 * c + 7],
+            ]);
+            let a1 = u32::from_le_bytes([
+                qs[16 * c + 12],
+                qs[16 * c + 13],
+                qs[16 * c + 14],
+                qs[16 * c + 15],
+            ]);
+            let flip = sign_mask(u64::from(a0 & 0x0FFF_FFFF) | u64::from(a1) << 28);
             let pairs = signed_pairs(grid, flip, load_q8(y, c));
             let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
             acc = _mm512_dpwssd_epi32(acc, pairs, ls);
@@ -382,4 +370,259 @@ fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let n = (w.len() / IQ2_XXS_BYTES).min(x.len()) * QK_K;
     // SAFETY: handed out by `kernel` only when `supported()` holds.
     unsafe { vec_dot_iq2_xxs_q8_k_avx512(n, w, x) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ3_XXS
+// ---------------------------------------------------------------------------------------------
+
+/// IQ3_XXS, chunk `c` (sub-blocks `2c`, `2c + 1`, grid rows `16c..16c + 16`): lane `g` gathers
+/// the low and high code bytes of rows `16c + 2g` and `16c + 2g + 1` (its 8 elements).
+static IQ3XXS_ROW_CODES: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
+        lanes!(|g, j| {
+            let row = (16 * c + 2 * g + (j / 2) % 2) as u8;
+            if j % 2 == 1 {
+                64 + row
+            } else {
+                row
+            }
+        })
+    }
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
+};
+
+/// Chunk `c`: words 0..16 take word `2·2c` (the low word of dword `2c`, sub-block `2c`'s scale),
+/// words 16..32 word `2·(2c + 1)`.
+static DWORD_SCALE_WORDS: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
+        words!(|k| (2 * (2 * c + k / 16)) as u16)
+    }
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
+};
+
+/// IQ3_XXS row · Q8_K row over `min(n / 256, w.len() / 98, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support the features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+pub unsafe fn vec_dot_iq3_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ3_XXS_BYTES, x.len());
+    let code_lo = load256(&IQ3XXS_CODE_LO);
+    let code_hi = load256(&IQ3XXS_CODE_HI);
+    let values = load64(&IQ3_VALUES);
+    let shift = load64(&SHIFT_IQ3);
+    let row_codes = IQ3XXS_ROW_CODES.each_ref().map(|v| load64(v));
+    let scale_words = DWORD_SCALE_WORDS.each_ref().map(|v| load64(v));
+
+    let mut accf = _mm512_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ3_XXS_BYTES).zip(x).take(nb) {
+        let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])) * y.d;
+        let qs = &b[2..66];
+        let aux = &b[66..98];
+        // SAFETY: `qs` is 64 readable bytes, `aux` 32.
+        let (q, aux_v) = unsafe {
+            (
+                _mm512_loadu_si512(qs.as_ptr().cast()),
+                _mm256_loadu_si256(aux.as_ptr().cast()),
+            )
+        };
+        let high_half = _mm512_movepi8_mask(q);
+        let lo = lookup256(&code_lo, q, high_half);
+        let hi = lookup256(&code_hi, q, high_half);
+        // Dword sb: (aux >> 27) | 1 = 2·(aux >> 28) + 1.
+        let scales = _mm512_zextsi256_si512(_mm256_or_si256(
+            _mm256_srli_epi32::<27>(aux_v),
+            _mm256_set1_epi32(1),
+        ));
+        let mut acc = _mm512_setzero_si512();
+        for c in 0..4 {
+            let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
+            let grid = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift, codes), values);
+            let a0 =
+                u32::from_le_bytes([aux[8 * c], aux[8 * c + 1], aux[8 * c + 2], aux[8 * c + 3]]);
+            let a1 = u32::from_le_bytes([
+                aux[8 * c + 4],
+                aux[8 * c + 5],
+                aux[8 * c + 6],
+                aux[8 * c + 7],
+            ]);
+            let flip = sign_mask(u64::from(a0 & 0x0FFF_FFFF) | u64::from(a1) << 28);
+            let pairs = signed_pairs(grid, flip, load_q8(y, c));
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            acc = _mm512_dpwssd_epi32(acc, pairs, ls);
+        }
+        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+    }
+    0.25 * _mm512_reduce_add_ps(accf)
+}
+
+fn iq3_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ3_XXS_BYTES).min(x.len()) * QK_K;
+    // SAFETY: handed out by `kernel` only when `supported()` holds.
+    unsafe { vec_dot_iq3_xxs_q8_k_avx512(n, w, x) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_XS
+// ---------------------------------------------------------------------------------------------
+
+/// Chunk `c`: words 0..16 take word `2c` (sub-block `2c`'s scale), words 16..32 word `2c + 1`.
+static WORD_SCALE_WORDS: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
+        words!(|k| (2 * c + k / 16) as u16)
+    }
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
+};
+
+/// IQ4_XS row · Q8_K row over `min(n / 256, w.len() / 136, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support the features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+pub unsafe fn vec_dot_iq4_xs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ4_XS_BYTES, x.len());
+    let values = load64(&IQ4_VALUES);
+    let scale_words = WORD_SCALE_WORDS.each_ref().map(|v| load64(v));
+    // 16 bytes of packed nibbles per sub-block: lanes 0-1 low nibbles of bytes 0..16, lanes 2-3
+    // their high nibbles, lanes 4-7 the same for bytes 16..32.
+    let spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+    // 16-bit elements of lanes 2-3 and 6-7: words 8..16 and 24..32.
+    let high_nibbles: __mmask32 = 0xFF00_FF00;
+
+    let mut accf = _mm512_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ4_XS_BYTES).zip(x).take(nb) {
+        let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])) * y.d;
+        let scales_h = u64::from(u16::from_le_bytes([b[2], b[3]]));
+        let scales_l = u64::from(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+        // Byte ib = the 6-bit scale of sub-block ib: low nibble from scales_l (nibble ib), two
+        // high bits from scales_h (bits 2ib..2ib + 2).
+        let ls =
+            _pdep_u64(scales_l, 0x0F0F_0F0F_0F0F_0F0F) | _pdep_u64(scales_h, 0x3030_3030_3030_3030);
+        let ls = _mm_sub_epi8(_mm_cvtsi64_si128(ls as i64), _mm_set1_epi8(32));
+        let scales = _mm512_castsi128_si512(_mm_cvtepi8_epi16(ls));
+        let mut acc = _mm512_setzero_si512();
+        for c in 0..4 {
+            let qs = &b[8 + 32 * c..8 + 32 * c + 32];
+            // SAFETY: `qs` is 32 readable bytes.
+            let packed = unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) };
+            let nibbles = _mm512_permutexvar_epi64(spread, _mm512_castsi256_si512(packed));
+            let nibbles = _mm512_mask_srli_epi16(nibbles, high_nibbles, nibbles, 4);
+            let kv = _mm512_permutexvar_epi8(nibbles, values);
+            let pairs = signed_pairs(kv, 0, load_q8(y, c));
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            acc = _mm512_dpwssd_epi32(acc, pairs, ls);
+        }
+        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+    }
+    _mm512_reduce_add_ps(accf)
+}
+
+fn iq4_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ4_XS_BYTES).min(x.len()) * QK_K;
+    // SAFETY: handed out by `kernel` only when `supported()` holds.
+    unsafe { vec_dot_iq4_xs_q8_k_avx512(n, w, x) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ1_M
+// ---------------------------------------------------------------------------------------------
+
+/// IQ1 grid byte (−1, 0, +1; `vpermb` sees 63, 0, 1) → `8·g + 1`, the weight code for a
+/// positive delta (a negative delta subtracts 2 afterwards).
+static IQ1_CODES: V64 = {
+    let mut t = [0u8; 64];
+    t[0] = 1;
+    t[1] = 9;
+    t[63] = (-7i8) as u8;
+    V64(t)
+};
+
+/// Word `i` (< 16) takes word `i / 4` (the scale u16 holding 16-element scale `i`).
+static IQ1M_SCALE_SPREAD: V64 = words!(|k| (k / 4 % 4) as u16);
+
+/// Word `i` (< 16) is shifted right by `3·(i % 4)` (the 3-bit field of scale `i`).
+static IQ1M_SCALE_SHIFTS: V64 = words!(|k| (3 * (k % 4)) as u16);
+
+/// Chunk `c`: word `k` takes scale `4c + k / 8` (8 pair sums per 16 elements).
+static IQ1M_SCALE_WORDS: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
+        words!(|k| (4 * c + k / 8) as u16)
+    }
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
+};
+
+/// IQ1_M row · Q8_K row over `min(n / 256, w.len() / 56, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support the features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+pub unsafe fn vec_dot_iq1_m_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ1_M_BYTES, x.len());
+    let codes = load64(&IQ1_CODES);
+    let scale_spread = load64(&IQ1M_SCALE_SPREAD);
+    let scale_shifts = load64(&IQ1M_SCALE_SHIFTS);
+    let scale_words = IQ1M_SCALE_WORDS.each_ref().map(|v| load64(v));
+    let two = _mm512_set1_epi8(2);
+    let grid = IQ1S_GRID.as_ptr().cast::<i64>();
+
+    let mut accf = _mm512_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ1_M_BYTES).zip(x).take(nb) {
+        let sc = u64::from_le_bytes([b[48], b[49], b[50], b[51], b[52], b[53], b[54], b[55]]);
+        // d's f16 bits are the top nibbles of the four scale u16s.
+        let d = f16_to_f32(_pext_u64(sc, 0xF000_F000_F000_F000) as u16) * y.d;
+        // SAFETY: bytes 0..32 (qs) and 32..48 (qh) of the block are readable.
+        let (qs, qh) = unsafe {
+            (
+                _mm256_loadu_si256(b.as_ptr().cast()),
+                _mm_loadu_si128(b[32..48].as_ptr().cast()),
+            )
+        };
+        // Word k = row index of group k: qs[k] | (nibble k of qh & 7) << 8; nibble k is the low
+        // (k even) or high (k odd) nibble of qh[k / 2]. Dword i of `h` = qh[i].
+        let h = _mm512_cvtepu8_epi32(qh);
+        let nib = _mm512_or_si512(_mm512_slli_epi32::<8>(h), _mm512_slli_epi32::<20>(h));
+        let rows = _mm512_or_si512(
+            _mm512_cvtepu8_epi16(qs),
+            _mm512_and_si512(nib, _mm512_set1_epi32(0x0700_0700)),
+        );
+        // Bit k: group k has a negative delta (bit 3 of its nibble).
+        let neg_delta = _mm512_test_epi16_mask(nib, _mm512_set1_epi32(0x0800_0800));
+        let rows_lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(rows));
+        let rows_hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(rows));
+        let row_idx = [
+            _mm512_castsi512_si256(rows_lo),
+            _mm512_extracti64x4_epi64::<1>(rows_lo),
+            _mm512_castsi512_si256(rows_hi),
+            _mm512_extracti64x4_epi64::<1>(rows_hi),
+        ];
+        // Word i (< 16) = 2·s_i + 1 for the 16-element scales.
+        let s = _mm512_srlv_epi16(
+            _mm512_permutexvar_epi16(scale_spread, _mm512_set1_epi64(sc as i64)),
+            scale_shifts,
+        );
+        let scales = _mm512_or_si512(
+            _mm512_slli_epi16::<1>(_mm512_and_si512(s, _mm512_set1_epi16(7))),
+            _mm512_set1_epi16(1),
+        );
+        let mut acc = _mm512_setzero_si512();
+        for c in 0..4 {
+            // SAFETY: every index is < 2048 = the grid's length.
+            let g = unsafe { _mm512_i32gather_epi64::<8>(row_idx[c], grid) };
+            let wv = _mm512_permutexvar_epi8(g, codes);
+            let neg = (neg_delta >> (8 * c)) as u8;
+            let wv = _mm512_sub_epi8(wv, _mm512_maskz_mov_epi64(neg, two));
+            let pairs = signed_pairs(wv, 0, load_q8(y, c));
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            acc = _mm512_dpwssd_epi32(acc, pairs, ls);
+        }
+        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+    }
+    0.125 * _mm512_reduce_add_ps(accf)
+}
+
+fn iq1_m_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ1_M_BYTES).min(x.len()) * QK_K;
+    // SAFETY: handed out by `kernel` only when `supported()` holds.
+    unsafe { vec_dot_iq1_m_q8_k_avx512(n, w, x) }
 }
