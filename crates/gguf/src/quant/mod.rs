@@ -10,6 +10,7 @@ mod dequant;
 pub mod grids;
 mod iquants;
 mod kquants;
+pub mod random;
 mod simple;
 pub mod types;
 
