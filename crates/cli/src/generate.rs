@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use redlite_engine::sampler::{Sampler, SamplerConfig};
-use redlite_engine::{generate, GenerateOptions};
+use redlite_engine::{generate, load_model_from, with_model, BackendChoice, GenerateOptions};
 use redlite_gguf::GgufFile;
-use redlite_model::{Model, Oracle};
 use redlite_tokenizer::chat_template::{ChatTemplate, RenderOptions};
 use redlite_tokenizer::stream::StreamDecoder;
 use redlite_tokenizer::tokenizer::Tokenizer;
@@ -60,20 +59,21 @@ pub struct Args {
     /// Print the generated ids as a JSON array at the end.
     #[arg(long)]
     pub print_ids: bool,
-    /// Compute backend.
-    #[arg(long, default_value = "oracle")]
+    /// Compute backend: cpu (fast, quantized kernels) or oracle (f32 reference).
+    #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// CPU threads (0: one per physical core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.backend != "oracle" {
-        bail!("unknown backend '{}' (available: oracle)", args.backend);
-    }
+    let choice = BackendChoice::parse(&args.backend)?;
     let file = Arc::new(
         GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
     );
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
-    let model = Model::from_gguf(file.clone(), Oracle)
+    let model = load_model_from(file.clone(), choice, args.threads)
         .with_context(|| format!("loading {}", args.model.display()))?;
 
     let prompt_ids = match (&args.prompt, &args.file, &args.ids) {
@@ -133,8 +133,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut stream = StreamDecoder::new();
     let stdout = std::io::stdout();
     let mut err: Option<std::io::Error> = None;
-    let mut state = model.new_state();
-    let (ids, stats) = generate(&model, &mut state, &prompt_ids, &mut sampler, &opts, |id| {
+    let (ids, stats) = with_model!(&model, m => generate(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, |id| {
         let text = stream.push(&tokenizer, id);
         let mut out = stdout.lock();
         if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
@@ -142,7 +141,7 @@ pub fn run(args: Args) -> Result<()> {
             return false;
         }
         true
-    })?;
+    }))?;
     if let Some(e) = err {
         return Err(e).context("writing to stdout");
     }

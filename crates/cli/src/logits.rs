@@ -4,8 +4,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use redlite_model::{Mode, Model};
+use anyhow::{Context, Result};
+use redlite_engine::{load_model, with_model, BackendChoice};
+use redlite_model::Mode;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,30 +19,34 @@ pub struct Args {
     /// Output file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Compute backend.
+    /// Compute backend: cpu (fast, quantized kernels) or oracle (f32 reference).
     #[arg(long, default_value = "oracle")]
     pub backend: String,
+    /// CPU threads (0: one per physical core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
     /// `prefill` runs the ids as one prompt (chunked DeltaNet); `step` feeds them one at a time.
     #[arg(long, default_value = "prefill", value_parser = ["prefill", "step"])]
     pub mode: String,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.backend != "oracle" {
-        bail!("unknown backend '{}' (available: oracle)", args.backend);
-    }
-    let model =
-        Model::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let mut state = model.new_state();
-    let logits = if args.mode == "step" {
-        let mut rows = Vec::with_capacity(args.ids.len());
-        for &id in &args.ids {
-            rows.extend(model.forward(&mut state, &[id], Mode::Step)?);
-        }
-        rows
-    } else {
-        model.forward(&mut state, &args.ids, Mode::Prefill)?
-    };
+    let choice = BackendChoice::parse(&args.backend)?;
+    let model = load_model(&args.model, choice, args.threads)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let (logits, vocab) = with_model!(&model, m => {
+        let mut state = m.new_state();
+        let rows = if args.mode == "step" {
+            let mut rows = Vec::with_capacity(args.ids.len());
+            for &id in &args.ids {
+                rows.extend(m.forward(&mut state, &[id], Mode::Step)?);
+            }
+            rows
+        } else {
+            m.forward(&mut state, &args.ids, Mode::Prefill)?
+        };
+        (rows, m.config.vocab)
+    });
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(&args.out)
             .with_context(|| format!("creating {}", args.out.display()))?,
@@ -56,7 +61,7 @@ pub fn run(args: Args) -> Result<()> {
     eprintln!(
         "wrote {} × {} logits to {}",
         logits.len(),
-        model.config.vocab,
+        vocab,
         args.out.display()
     );
     Ok(())

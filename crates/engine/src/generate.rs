@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redlite_model::{Mode, Model, ModelError, SequenceState};
+use redlite_model::{Backend, Mode, Model, ModelError, SequenceState};
 
 use crate::sampler::Sampler;
 
@@ -40,8 +40,8 @@ pub struct GenerateOptions {
 
 /// Run `prompt` after whatever `state` holds, then generate up to `opts.max_tokens` tokens.
 /// `on_token` sees each generated token and returns `false` to stop early.
-pub fn generate(
-    model: &Model,
+pub fn generate<B: Backend>(
+    model: &Model<B>,
     state: &mut SequenceState,
     prompt: &[u32],
     sampler: &mut Sampler,

@@ -1,4 +1,7 @@
 //! The fast CPU backend: quantized matrix-vector and matrix-matrix kernels chosen at run time
 //! (AVX-512, AVX2, portable scalar) behind one dispatch point, a persistent thread pool, and fused MoE.
 
+pub mod backend;
 pub mod kernels;
+
+pub use backend::{CpuBackend, CpuLinear};

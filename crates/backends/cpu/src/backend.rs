@@ -1,0 +1,148 @@
+//! [`CpuBackend`]: the model's [`Backend`] on the fast CPU kernels. Weights stay in their quantized
+//! GGUF form, read in place from the memory map (the routed experts of a 20 GB file are never
+//! copied); activations are quantized to 8 bits per product where the weight type calls for it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use redlite_gguf::{GgmlType, GgufFile};
+use redlite_model::backend::{Backend, LinearData, LinearSource};
+use redlite_model::weights::FfnWeights;
+use redlite_model::ModelError;
+
+use crate::kernels::driver;
+
+/// Where a weight's bytes live.
+enum Bytes {
+    /// In place in the memory-mapped file.
+    Mapped(Arc<GgufFile>, Range<usize>),
+    /// Rearranged at load (the legacy DeltaNet layout).
+    Owned(Vec<u8>),
+}
+
+/// One linear layer, quantized.
+pub struct CpuLinear {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    bytes: Bytes,
+}
+
+impl CpuLinear {
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped(file, range) => &file.bytes()[range.clone()],
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// The fast CPU backend. Threads come from one persistent pool (rayon's global pool, sized by
+/// [`CpuBackend::with_threads`] or to the physical cores).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// A backend whose pool has `threads` threads (0: one per physical core). The pool is process-wide
+    /// and can be sized once; later calls keep the first size.
+    pub fn with_threads(threads: usize) -> CpuBackend {
+        let n = if threads == 0 {
+            driver::physical_cores()
+        } else {
+            threads
+        };
+        // An already-built pool is not an error for us: it is the one persistent pool.
+        let _ = driver::init_threads(n);
+        CpuBackend
+    }
+}
+
+impl Backend for CpuBackend {
+    type Linear = CpuLinear;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn load_linear(&self, src: LinearSource) -> Result<CpuLinear, ModelError> {
+        let unsupported = |message: String| ModelError::Tensor {
+            tensor: src.name.clone(),
+            message,
+        };
+        if !driver::supported(src.ty) {
+            return Err(unsupported(format!(
+                "the CPU backend has no kernel for {}",
+                src.ty
+            )));
+        }
+        let expected = src
+            .ty
+            .row_bytes(src.cols as u64)
+            .and_then(|rb| rb.checked_mul(src.rows as u64))
+            .ok_or_else(|| {
+                unsupported(format!(
+                    "{} columns is not a whole number of {} blocks",
+                    src.cols, src.ty
+                ))
+            })?;
+        if src.bytes().len() as u64 != expected {
+            return Err(unsupported(format!(
+                "{} bytes, expected {expected}",
+                src.bytes().len()
+            )));
+        }
+        let bytes = match src.data {
+            LinearData::Mapped { file, range } => Bytes::Mapped(file.clone(), range),
+            LinearData::Owned(v) => Bytes::Owned(v),
+        };
+        Ok(CpuLinear {
+            ty: src.ty,
+            rows: src.rows,
+            cols: src.cols,
+            bytes,
+        })
+    }
+
+    fn linear(&self, w: &CpuLinear, xs: &[f32], n: usize, ys: &mut [f32]) {
+        // Shapes were checked at load; the model passes matching activation lengths.
+        let result = if n == 1 {
+            driver::matvec(w.ty, w.bytes(), w.rows, w.cols, xs, ys)
+        } else {
+            driver::matmul(w.ty, w.bytes(), w.rows, w.cols, xs, n, ys)
+        };
+        if let Err(e) = result {
+            panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty);
+        }
+    }
+
+    fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn routed_experts(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[(usize, f32)],
+        x: &[f32],
+    ) -> Vec<f32> {
+        let mut out = vec![0.0f32; x.len()];
+        for &(e, weight) in chosen {
+            let ffn = &experts[e];
+            let mut gate = vec![0.0f32; ffn.gate.rows];
+            let mut up = vec![0.0f32; ffn.up.rows];
+            self.linear(&ffn.gate, x, 1, &mut gate);
+            self.linear(&ffn.up, x, 1, &mut up);
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let mut y = vec![0.0f32; ffn.down.rows];
+            self.linear(&ffn.down, &act, 1, &mut y);
+            for (o, v) in out.iter_mut().zip(&y) {
+                *o += weight * v;
+            }
+        }
+        out
+    }
+}
