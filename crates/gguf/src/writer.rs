@@ -16,12 +16,43 @@ use crate::GgmlType;
 
 type Result<T, E = GgufError> = std::result::Result<T, E>;
 
-/// A tensor queued for writing; its data is borrowed or owned.
+/// A tensor queued for writing; its data is borrowed or owned, or produced while writing.
 struct PendingTensor<'a> {
     name: String,
     dims: Vec<u64>,
     ty: GgmlType,
-    data: Cow<'a, [u8]>,
+    data: TensorBytes<'a>,
+}
+
+/// Where a queued tensor's bytes come from.
+enum TensorBytes<'a> {
+    /// Held (borrowed or owned) by the writer.
+    Held(Cow<'a, [u8]>),
+    /// Produced at write time by the callback of [`GgufWriter::write_streaming_to`]; the size
+    /// in bytes is known from the dims and type.
+    Deferred(u64),
+}
+
+impl TensorBytes<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            TensorBytes::Held(d) => d.len() as u64,
+            TensorBytes::Deferred(n) => *n,
+        }
+    }
+}
+
+/// A tensor whose bytes the caller of [`GgufWriter::write_streaming_to`] writes.
+#[derive(Debug, Clone, Copy)]
+pub struct DeferredTensor<'w> {
+    /// Position among all the writer's tensors (held ones included).
+    pub index: usize,
+    pub name: &'w str,
+    /// ne0 first.
+    pub dims: &'w [u64],
+    pub ty: GgmlType,
+    /// Exactly this many bytes must be written.
+    pub n_bytes: u64,
 }
 
 /// Builds a GGUF file. Defaults: version 3, alignment 32.
@@ -166,6 +197,30 @@ impl<'a> GgufWriter<'a> {
                 name,
             ));
         }
+        self.push_tensor(name, dims, ty, TensorBytes::Held(data))
+    }
+
+    /// Queues a tensor whose bytes are not held by the writer but produced while the file is
+    /// written, by the callback of [`GgufWriter::write_streaming_to`]: a file of any size can
+    /// then be written with little memory. `dims` are ne0 first.
+    pub fn add_tensor_deferred(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+    ) -> Result<()> {
+        let name = name.into();
+        let (_, n_bytes) = tensor_size(dims, ty).map_err(|k| GgufError::field(k, &name))?;
+        self.push_tensor(name, dims, ty, TensorBytes::Deferred(n_bytes))
+    }
+
+    fn push_tensor(
+        &mut self,
+        name: String,
+        dims: &[u64],
+        ty: GgmlType,
+        data: TensorBytes<'a>,
+    ) -> Result<()> {
         if self.tensor_names.contains_key(&name) {
             return Err(GgufError::field(
                 GgufErrorKind::DuplicateTensorName { name: name.clone() },
@@ -182,12 +237,62 @@ impl<'a> GgufWriter<'a> {
         Ok(())
     }
 
-    /// Writes the file to `w`; returns the number of bytes written.
+    /// Number of tensors queued so far.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Total bytes of tensor data (without alignment padding).
+    pub fn tensor_data_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.data.len()).sum()
+    }
+
+    /// Writes the file to `w`; returns the number of bytes written. Fails when a tensor was
+    /// added with [`GgufWriter::add_tensor_deferred`] (use [`GgufWriter::write_streaming_to`]).
     pub fn write_to<W: Write>(&self, w: W) -> Result<u64> {
+        self.write_streaming_to(w, |t, _| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "tensor '{}' has deferred data: write it with write_streaming_to",
+                    t.name
+                ),
+            ))
+        })
+    }
+
+    /// Writes the file to `w`, calling `fill` for each tensor added with
+    /// [`GgufWriter::add_tensor_deferred`], in file order, with the tensor's description and the
+    /// output. `fill` must write exactly `n_bytes` bytes (padding is the writer's job); more or
+    /// fewer is an error. Returns the number of bytes written.
+    pub fn write_streaming_to<W, F>(&self, w: W, mut fill: F) -> Result<u64>
+    where
+        W: Write,
+        F: FnMut(DeferredTensor<'_>, &mut dyn Write) -> std::io::Result<()>,
+    {
         let mut out = Counting { inner: w, n: 0 };
-        self.write_all(&mut out)?;
+        self.write_all(&mut out, &mut fill)?;
         out.flush()?;
         Ok(out.n)
+    }
+
+    /// [`GgufWriter::write_streaming_to`] into `path` (created or truncated), buffered and
+    /// synced to disk at the end.
+    pub fn write_streaming_to_path<F>(&self, path: impl AsRef<Path>, fill: F) -> Result<u64>
+    where
+        F: FnMut(DeferredTensor<'_>, &mut dyn Write) -> std::io::Result<()>,
+    {
+        let path = path.as_ref();
+        let run = || -> Result<u64> {
+            let f = std::fs::File::create(path)?;
+            let mut bw = std::io::BufWriter::with_capacity(1 << 20, f);
+            let n = self.write_streaming_to(&mut bw, fill)?;
+            bw.into_inner()
+                .map_err(|e| GgufError::from(e.into_error()))?
+                .sync_all()?;
+            Ok(n)
+        };
+        run().map_err(|e| e.with_path(path))
     }
 
     /// Writes the file to `path` (created or truncated).
@@ -212,7 +317,11 @@ impl<'a> GgufWriter<'a> {
         Ok(v)
     }
 
-    fn write_all<W: Write>(&self, out: &mut Counting<W>) -> Result<()> {
+    fn write_all<W: Write>(
+        &self,
+        out: &mut Counting<W>,
+        fill: &mut dyn FnMut(DeferredTensor<'_>, &mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<()> {
         out.write_all(&GGUF_MAGIC)?;
         out.write_all(&self.version.to_le_bytes())?;
         out.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
@@ -234,14 +343,41 @@ impl<'a> GgufWriter<'a> {
             out.write_all(&t.ty.id().to_le_bytes())?;
             out.write_all(&offset.to_le_bytes())?;
             offset = align_up(offset, self.alignment)
-                .and_then(|o| align_up(o.checked_add(t.data.len() as u64)?, self.alignment))
+                .and_then(|o| align_up(o.checked_add(t.data.len())?, self.alignment))
                 .ok_or_else(overflow)?;
         }
 
         if !self.tensors.is_empty() {
             out.pad_to(self.alignment)?;
-            for t in &self.tensors {
-                out.write_all(&t.data)?;
+            for (index, t) in self.tensors.iter().enumerate() {
+                match &t.data {
+                    TensorBytes::Held(d) => out.write_all(d)?,
+                    TensorBytes::Deferred(n_bytes) => {
+                        let desc = DeferredTensor {
+                            index,
+                            name: &t.name,
+                            dims: &t.dims,
+                            ty: t.ty,
+                            n_bytes: *n_bytes,
+                        };
+                        let mut sink = Limited {
+                            inner: &mut *out,
+                            left: *n_bytes,
+                        };
+                        fill(desc, &mut sink).map_err(|e| GgufError::field(e.into(), &t.name))?;
+                        if sink.left != 0 {
+                            return Err(GgufError::field(
+                                GgufErrorKind::TensorDataSizeMismatch {
+                                    dims: t.dims.clone(),
+                                    ty: t.ty,
+                                    expected: *n_bytes,
+                                    actual: *n_bytes - sink.left,
+                                },
+                                &t.name,
+                            ));
+                        }
+                    }
+                }
                 out.pad_to(self.alignment)?;
             }
         }
@@ -254,6 +390,34 @@ fn array_depth(a: &MetaArray) -> usize {
     match a {
         MetaArray::Array(items) => 1 + items.iter().map(array_depth).max().unwrap_or(0),
         _ => 1,
+    }
+}
+
+/// The output handed to a deferred tensor's callback: accepts at most `left` more bytes.
+struct Limited<'o, W> {
+    inner: &'o mut Counting<W>,
+    left: u64,
+}
+
+impl<W: Write> Write for Limited<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "tensor data overflows its size: {} more bytes offered, {} left",
+                    buf.len(),
+                    self.left
+                ),
+            ));
+        }
+        self.inner.write_all(buf)?;
+        self.left -= buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -350,5 +514,71 @@ fn write_array<W: Write>(out: &mut Counting<W>, a: &MetaArray) -> std::io::Resul
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_and_deferred() -> (GgufWriter<'static>, GgufWriter<'static>, Vec<Vec<u8>>) {
+        let datas: Vec<Vec<u8>> = vec![(0..40u8).collect(), (0..144u8).collect(), vec![7; 12]];
+        let specs: [(&str, Vec<u64>, GgmlType); 3] = [
+            ("a", vec![10], GgmlType::F32),
+            ("b", vec![256], GgmlType::Q4K),
+            ("c", vec![3, 2], GgmlType::F16),
+        ];
+        let mut held = GgufWriter::new();
+        let mut deferred = GgufWriter::new();
+        for w in [&mut held, &mut deferred] {
+            w.add_kv("general.architecture", MetaValue::String("x".into()))
+                .unwrap();
+        }
+        for ((name, dims, ty), d) in specs.iter().zip(&datas) {
+            held.add_tensor(*name, dims, *ty, d.clone()).unwrap();
+            deferred.add_tensor_deferred(*name, dims, *ty).unwrap();
+        }
+        (held, deferred, datas)
+    }
+
+    #[test]
+    fn deferred_tensors_write_the_same_bytes() {
+        let (held, deferred, datas) = held_and_deferred();
+        assert_eq!(deferred.tensor_count(), 3);
+        assert_eq!(deferred.tensor_data_bytes(), 40 + 144 + 12);
+        let expected = held.to_bytes().unwrap();
+        let mut got = Vec::new();
+        let mut seen = Vec::new();
+        let n = deferred
+            .write_streaming_to(&mut got, |t, out| {
+                seen.push(t.name.to_string());
+                // Write in two pieces to exercise the limit bookkeeping.
+                let d = &datas[t.index];
+                out.write_all(&d[..d.len() / 2])?;
+                out.write_all(&d[d.len() / 2..])
+            })
+            .unwrap();
+        assert_eq!(n as usize, got.len());
+        assert_eq!(got, expected);
+        assert_eq!(seen, ["a", "b", "c"]);
+        let f = GgufFile::from_bytes(got).unwrap();
+        assert_eq!(f.tensor_bytes("b").unwrap(), &datas[1][..]);
+    }
+
+    #[test]
+    fn deferred_size_mismatch_and_plain_write_fail() {
+        let (_, deferred, datas) = held_and_deferred();
+        assert!(deferred.to_bytes().is_err());
+        let short =
+            deferred.write_streaming_to(Vec::new(), |t, out| out.write_all(&datas[t.index][1..]));
+        assert!(matches!(
+            short.unwrap_err().kind(),
+            GgufErrorKind::TensorDataSizeMismatch { .. }
+        ));
+        let long = deferred.write_streaming_to(Vec::new(), |t, out| {
+            out.write_all(&datas[t.index])?;
+            out.write_all(&[0])
+        });
+        assert!(long.is_err());
     }
 }
