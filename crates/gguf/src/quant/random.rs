@@ -130,7 +130,7 @@ pub fn fill_random_blocks(
     out: &mut [u8],
     rng: &mut QuantRng,
 ) -> Result<(), RandomBlocksError> {
-    if out.len() % ty.block_bytes() != 0 {
+    if !out.len().is_multiple_of(ty.block_bytes()) {
         return Err(RandomBlocksError { ty, len: out.len() });
     }
     fill_whole_blocks(ty, out, rng);
