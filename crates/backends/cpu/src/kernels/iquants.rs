@@ -104,8 +104,10 @@ fn signed_group_dot(row: u64, signs: u8, q: &[i8]) -> i32 {
     let g = row.to_le_bytes();
     let mut s = 0i32;
     for j in 0..8 {
+        // Branch-free sign: m = 0 or −1, (p ^ m) − m = p or −p.
+        let m = -i32::from((signs >> j) & 1);
         let p = i32::from(g[j]) * i32::from(q[j]);
-        s += if (signs >> j) & 1 != 0 { -p } else { p };
+        s += (p ^ m) - m;
     }
     s
 }
