@@ -22,9 +22,15 @@ pub mod iquants;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx512;
 mod kquants;
+#[cfg(target_arch = "x86_64")]
+mod kquants_x86;
 pub mod q8;
 pub mod selftest;
 mod simple;
+#[cfg(target_arch = "x86_64")]
+mod simple_x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_util;
 
 use redlite_gguf::quant::GgmlType;
 use std::sync::OnceLock;
@@ -81,20 +87,20 @@ impl Isa {
     pub fn supported(self) -> bool {
         match self {
             Isa::Scalar => true,
-            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 is_x86_feature_detected!("avx2")
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
-            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 Isa::Avx2.supported()
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
             }
-            #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+            #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
@@ -132,11 +138,11 @@ impl Isa {
 
 /// Whether the running CPU has AVX-512 VNNI (`vpdpbusd`/`vpdpwssd`).
 pub fn has_vnni() -> bool {
-    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    #[cfg(target_arch = "x86_64")]
     {
         Isa::Avx512.supported() && is_x86_feature_detected!("avx512vnni")
     }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+    #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
@@ -146,7 +152,25 @@ pub fn has_vnni() -> bool {
 type KernelFn = fn(GgmlType, Isa) -> Option<RowDot>;
 
 /// The kernel modules, searched in order.
-const MODULES: &[KernelFn] = &[simple::kernel, kquants::kernel, iquants::kernel];
+const MODULES: &[KernelFn] = &[
+    simple::kernel,
+    kquants::kernel,
+    x86_kernels,
+    iquants::kernel,
+];
+
+/// The x86-64 SIMD kernels of [`simple_x86`] and [`kquants_x86`]; none on other architectures.
+fn x86_kernels(ty: GgmlType, isa: Isa) -> Option<RowDot> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simple_x86::kernel(ty, isa).or_else(|| kquants_x86::kernel(ty, isa))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, isa);
+        None
+    }
+}
 
 /// The row kernel for `ty` at level `isa` or the best lower level that has one; `None` when the
 /// type has no kernel at all. A level the CPU does not support is treated as the best one it does.

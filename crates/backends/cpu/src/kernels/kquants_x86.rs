@@ -1,0 +1,408 @@
+//! x86-64 SIMD row kernels for Q4_K, Q5_K and Q6_K · Q8_K activations: AVX2 and AVX-512
+//! (F/BW/VL, with VNNI's `vpdpwssd` where present).
+//!
+//! They compute the same exact integer block sums as the scalar kernels in [`super::kquants`]
+//! (see there), with `vpmaddubsw` (unsigned weight codes × signed activations, pairs summed to
+//! i16, which cannot saturate for these code ranges) and `vpmaddwd`/`vpdpwssd` against the
+//! broadcast sub-block scales. The blocks' f32 terms are accumulated in vector lanes with fused
+//! multiply-adds, so results differ from the scalar kernels by f32 rounding only.
+//!
+//! Safety: the `#[target_feature]` functions may only run on CPUs with those features. They are
+//! reachable only through [`kernel`], which hands them out only when [`Isa::supported`] (and
+//! [`has_vnni`](super::has_vnni) for the VNNI variants) says so.
+
+use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES};
+use super::q8::BlockQ8K;
+use super::x86_util::{f16_hw, hsum256_ps, hsum512_ps, read_u16};
+use super::{has_vnni, Isa, RowDot};
+use core::arch::x86_64::*;
+use redlite_gguf::quant::GgmlType;
+
+/// The SIMD kernels of this module for exactly level `isa`.
+pub(crate) fn kernel(ty: GgmlType, isa: Isa) -> Option<RowDot> {
+    if !isa.supported() {
+        return None;
+    }
+    let vnni = has_vnni();
+    let f: fn(&[u8], &[BlockQ8K]) -> f32 = match (isa, ty, vnni) {
+        (Isa::Avx512, GgmlType::Q4K, true) => q4k_avx512_vnni,
+        (Isa::Avx512, GgmlType::Q4K, false) => q4k_avx512,
+        (Isa::Avx512, GgmlType::Q5K, true) => q5k_avx512_vnni,
+        (Isa::Avx512, GgmlType::Q5K, false) => q5k_avx512,
+        (Isa::Avx512, GgmlType::Q6K, true) => q6k_avx512_vnni,
+        (Isa::Avx512, GgmlType::Q6K, false) => q6k_avx512,
+        (Isa::Avx2, GgmlType::Q4K, _) => q4k_avx2,
+        (Isa::Avx2, GgmlType::Q5K, _) => q5k_avx2,
+        (Isa::Avx2, GgmlType::Q6K, _) => q6k_avx2,
+        _ => return None,
+    };
+    Some(RowDot::Q8K(f))
+}
+
+/// Declares a safe wrapper `$name` around `$body::<$vnni>` compiled with `$features`.
+macro_rules! simd_kernel {
+    ($name:ident, $inner:ident, $body:ident, $vnni:expr, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $inner(w: &[u8], x: &[BlockQ8K]) -> f32 {
+            $body::<$vnni>(w, x)
+        }
+        fn $name(w: &[u8], x: &[BlockQ8K]) -> f32 {
+            // SAFETY: only reachable through `kernel`, after the CPU features were checked.
+            unsafe { $inner(w, x) }
+        }
+    };
+}
+
+simd_kernel!(
+    q4k_avx512,
+    q4k_avx512_i,
+    q4k_512,
+    false,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+);
+simd_kernel!(
+    q4k_avx512_vnni,
+    q4k_avx512_vnni_i,
+    q4k_512,
+    true,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+);
+simd_kernel!(
+    q5k_avx512,
+    q5k_avx512_i,
+    q5k_512,
+    false,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+);
+simd_kernel!(
+    q5k_avx512_vnni,
+    q5k_avx512_vnni_i,
+    q5k_512,
+    true,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+);
+simd_kernel!(
+    q6k_avx512,
+    q6k_avx512_i,
+    q6k_512,
+    false,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+);
+simd_kernel!(
+    q6k_avx512_vnni,
+    q6k_avx512_vnni_i,
+    q6k_512,
+    true,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+);
+simd_kernel!(q4k_avx2, q4k_avx2_i, q4k_256, false, "avx2,fma,f16c");
+simd_kernel!(q5k_avx2, q5k_avx2_i, q5k_256, false, "avx2,fma,f16c");
+simd_kernel!(q6k_avx2, q6k_avx2_i, q6k_256, false, "avx2,fma,f16c");
+
+/// `acc + Σ pairs(p · s)` in i32 lanes: `vpdpwssd` with VNNI, else `vpmaddwd` + `vpaddd`.
+#[inline(always)]
+unsafe fn dot16_acc<const VNNI: bool>(acc: __m512i, p: __m512i, s: __m512i) -> __m512i {
+    if VNNI {
+        _mm512_dpwssd_epi32(acc, p, s)
+    } else {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(p, s))
+    }
+}
+
+/// `vpshufb` indices that broadcast byte `i` of each 128-bit lane into the low byte of every
+/// i16 (high byte zero): `i = lo_sel` in the low 256 bits, `hi_sel` in the high 256 bits.
+#[inline(always)]
+unsafe fn bcast16_index512(lo_sel: u8, hi_sel: u8) -> __m512i {
+    let lo = i16::from(lo_sel) | (0x80u8 as i8 as i16) << 8;
+    let hi = i16::from(hi_sel) | (0x80u8 as i8 as i16) << 8;
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+        _mm256_set1_epi16(hi),
+    )
+}
+
+/// The 8 six-bit minimums (one u64, byte j = sub-block j) as 16 i16 `[m0, m0, m1, m1, …]`,
+/// matching the 16 `bsums` of the activation block.
+#[inline(always)]
+unsafe fn mins_pairs(m: u64) -> __m256i {
+    let v = _mm_cvtsi64_si128(m as i64);
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v))
+}
+
+/// The 32 weight bytes at `q` as a 64-byte vector: low nibbles in the low half, high nibbles in
+/// the high half (i.e. sub-blocks `2c` and `2c + 1` of a Q4_K/Q5_K chunk).
+#[inline(always)]
+unsafe fn nibbles512(q: *const u8) -> __m512i {
+    let v = _mm256_loadu_si256(q as *const __m256i);
+    let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v), _mm256_srli_epi16::<4>(v));
+    _mm512_and_si512(both, _mm512_set1_epi8(0x0F))
+}
+
+/// Q4_K · Q8_K, AVX-512: per 32-byte chunk `c`, one 64-lane vector holds sub-blocks `2c` and
+/// `2c + 1`, lined up with activation bytes `64c .. 64c + 64`.
+#[inline(always)]
+unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = (w.len() / Q4K_BYTES).min(x.len());
+    let idx = [
+        bcast16_index512(0, 1),
+        bcast16_index512(2, 3),
+        bcast16_index512(4, 5),
+        bcast16_index512(6, 7),
+    ];
+    let mut acc = _mm512_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    for (i, y) in x.iter().enumerate().take(nb) {
+        let b = w.as_ptr().add(i * Q4K_BYTES);
+        let d = f16_hw(read_u16(b));
+        let dmin = f16_hw(read_u16(b.add(2)));
+        let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
+        let scb = _mm512_set1_epi64(sc as i64);
+        let q = b.add(16);
+        let yq = y.qs.as_ptr();
+        let mut isum = _mm512_setzero_si512();
+        for (c, ix) in idx.iter().enumerate() {
+            let wv = nibbles512(q.add(32 * c));
+            let yv = _mm512_loadu_si512(yq.add(64 * c) as *const _);
+            let p = _mm512_maddubs_epi16(wv, yv);
+            isum = dot16_acc::<VNNI>(isum, p, _mm512_shuffle_epi8(scb, *ix));
+        }
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let pm = _mm256_madd_epi16(bs, mins_pairs(m));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * d), _mm512_cvtepi32_ps(isum), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dmin), _mm256_cvtepi32_ps(pm), accm);
+    }
+    hsum512_ps(acc) - hsum256_ps(accm)
+}
+
+/// Q5_K · Q8_K, AVX-512: as Q4_K, plus the fifth bit: `qh` broadcast to both halves, tested
+/// against bit `2c` (low half) / `2c + 1` (high half), adding 16 where set.
+#[inline(always)]
+unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = (w.len() / Q5K_BYTES).min(x.len());
+    let idx = [
+        bcast16_index512(0, 1),
+        bcast16_index512(2, 3),
+        bcast16_index512(4, 5),
+        bcast16_index512(6, 7),
+    ];
+    let bit = |c: i32| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi8((1u8 << (2 * c)) as i8)),
+            _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8),
+        )
+    };
+    let bits = [bit(0), bit(1), bit(2), bit(3)];
+    let sixteen = _mm512_set1_epi8(16);
+    let mut acc = _mm512_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    for (i, y) in x.iter().enumerate().take(nb) {
+        let b = w.as_ptr().add(i * Q5K_BYTES);
+        let d = f16_hw(read_u16(b));
+        let dmin = f16_hw(read_u16(b.add(2)));
+        let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
+        let scb = _mm512_set1_epi64(sc as i64);
+        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
+        let q = b.add(48);
+        let yq = y.qs.as_ptr();
+        let mut isum = _mm512_setzero_si512();
+        for c in 0..4 {
+            let wv = nibbles512(q.add(32 * c));
+            let high = _mm512_test_epi8_mask(qh, bits[c]);
+            let wv = _mm512_mask_add_epi8(wv, high, wv, sixteen);
+            let yv = _mm512_loadu_si512(yq.add(64 * c) as *const _);
+            let p = _mm512_maddubs_epi16(wv, yv);
+            isum = dot16_acc::<VNNI>(isum, p, _mm512_shuffle_epi8(scb, idx[c]));
+        }
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let pm = _mm256_madd_epi16(bs, mins_pairs(m));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * d), _mm512_cvtepi32_ps(isum), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dmin), _mm256_cvtepi32_ps(pm), accm);
+    }
+    hsum512_ps(acc) - hsum256_ps(accm)
+}
+
+/// `vpermw` indices giving, in 128-bit lane `k`, the i16 scale `g0 + k` (4 groups of 16 elements).
+#[inline(always)]
+unsafe fn group_index512(g0: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(g0 + 1), _mm_set1_epi16(g0))),
+        _mm256_set_m128i(_mm_set1_epi16(g0 + 3), _mm_set1_epi16(g0 + 2)),
+    )
+}
+
+/// Q6_K · Q8_K, AVX-512. Per half `c`: vector A = elements 0..64 (low nibbles of `ql[64c..]`,
+/// high-bit pairs 0/1 of `qh`), B = elements 64..128 (high nibbles, pairs 2/3). The codes are
+/// used unsigned (0..63); the `−32` offset is applied once per block as `32 · Σ scale_g · bsum_g`.
+#[inline(always)]
+unsafe fn q6k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = (w.len() / Q6K_BYTES).min(x.len());
+    let idx = [
+        group_index512(0),
+        group_index512(4),
+        group_index512(8),
+        group_index512(12),
+    ];
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let mut acc = _mm512_setzero_ps();
+    for (i, y) in x.iter().enumerate().take(nb) {
+        let b = w.as_ptr().add(i * Q6K_BYTES);
+        let d = f16_hw(read_u16(b.add(208)));
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+        let scz = _mm512_castsi256_si512(sc16);
+        let yq = y.qs.as_ptr();
+        let mut isum = _mm512_setzero_si512();
+        for c in 0..2 {
+            let l = _mm512_loadu_si512(b.add(64 * c) as *const _);
+            let h = _mm256_loadu_si256(b.add(128 + 32 * c) as *const __m256i);
+            let hz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), _mm256_srli_epi16::<2>(h));
+            let va = _mm512_or_si512(
+                _mm512_and_si512(l, m4),
+                _mm512_and_si512(_mm512_slli_epi16::<4>(hz), m30),
+            );
+            let vb = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
+                _mm512_and_si512(hz, m30),
+            );
+            let pa = _mm512_maddubs_epi16(va, _mm512_loadu_si512(yq.add(128 * c) as *const _));
+            let pb = _mm512_maddubs_epi16(vb, _mm512_loadu_si512(yq.add(128 * c + 64) as *const _));
+            isum = dot16_acc::<VNNI>(isum, pa, _mm512_permutexvar_epi16(idx[2 * c], scz));
+            isum = dot16_acc::<VNNI>(isum, pb, _mm512_permutexvar_epi16(idx[2 * c + 1], scz));
+        }
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
+        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    hsum512_ps(acc)
+}
+
+/// `vpshufb` indices broadcasting byte `i` of each 128-bit lane to every i16 (high byte zero).
+#[inline(always)]
+unsafe fn bcast16_index256(i: u8) -> __m256i {
+    _mm256_set1_epi16(i16::from(i) | (0x80u8 as i8 as i16) << 8)
+}
+
+/// Q4_K · Q8_K, AVX2: per chunk, low and high nibbles in two 32-lane vectors.
+#[inline(always)]
+unsafe fn q4k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    q45k_256::<false>(w, x)
+}
+
+/// Q5_K · Q8_K, AVX2.
+#[inline(always)]
+unsafe fn q5k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    q45k_256::<true>(w, x)
+}
+
+/// Q4_K (`Q5 = false`) or Q5_K (`Q5 = true`) · Q8_K with AVX2. The fifth bits are shifted down
+/// one bit per sub-block from a copy of `qh`.
+#[inline(always)]
+unsafe fn q45k_256<const Q5: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let bytes = if Q5 { Q5K_BYTES } else { Q4K_BYTES };
+    let nb = (w.len() / bytes).min(x.len());
+    let idx: [__m256i; 8] = std::array::from_fn(|j| bcast16_index256(j as u8));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m16 = _mm256_set1_epi8(0x10);
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    for (i, y) in x.iter().enumerate().take(nb) {
+        let b = w.as_ptr().add(i * bytes);
+        let d = f16_hw(read_u16(b));
+        let dmin = f16_hw(read_u16(b.add(2)));
+        let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
+        let scb = _mm256_set1_epi64x(sc as i64);
+        let q = b.add(if Q5 { 48 } else { 16 });
+        let mut qh = if Q5 {
+            _mm256_loadu_si256(b.add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let yq = y.qs.as_ptr();
+        let mut isum = _mm256_setzero_si256();
+        for c in 0..4 {
+            let v = _mm256_loadu_si256(q.add(32 * c) as *const __m256i);
+            let mut lo = _mm256_and_si256(v, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            if Q5 {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m16));
+                qh = _mm256_srli_epi16::<1>(qh);
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m16));
+                qh = _mm256_srli_epi16::<1>(qh);
+            }
+            let p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(yq.add(64 * c) as *const __m256i));
+            let p1 = _mm256_maddubs_epi16(
+                hi,
+                _mm256_loadu_si256(yq.add(64 * c + 32) as *const __m256i),
+            );
+            let s0 = _mm256_shuffle_epi8(scb, idx[2 * c]);
+            let s1 = _mm256_shuffle_epi8(scb, idx[2 * c + 1]);
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, s0));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, s1));
+        }
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let pm = _mm256_madd_epi16(bs, mins_pairs(m));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(isum), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dmin), _mm256_cvtepi32_ps(pm), accm);
+    }
+    hsum256_ps(acc) - hsum256_ps(accm)
+}
+
+/// Q6_K · Q8_K, AVX2: four 32-element vectors per half; scale bytes are broadcast per 128-bit
+/// lane with `vpshufb` (into both bytes of each i16) and sign-extended by an arithmetic shift.
+#[inline(always)]
+unsafe fn q6k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = (w.len() / Q6K_BYTES).min(x.len());
+    // Group pair (2k, 2k + 1) → lanes: low lane all bytes 2k, high lane all bytes 2k + 1.
+    let idx: [__m256i; 8] = std::array::from_fn(|k| {
+        _mm256_set_m128i(
+            _mm_set1_epi8((2 * k + 1) as i8),
+            _mm_set1_epi8((2 * k) as i8),
+        )
+    });
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = _mm256_setzero_ps();
+    for (i, y) in x.iter().enumerate().take(nb) {
+        let b = w.as_ptr().add(i * Q6K_BYTES);
+        let d = f16_hw(read_u16(b.add(208)));
+        let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
+        let scb = _mm256_broadcastsi128_si256(sc);
+        let yq = y.qs.as_ptr();
+        let mut isum = _mm256_setzero_si256();
+        for c in 0..2 {
+            let l0 = _mm256_loadu_si256(b.add(64 * c) as *const __m256i);
+            let l1 = _mm256_loadu_si256(b.add(64 * c + 32) as *const __m256i);
+            let h = _mm256_loadu_si256(b.add(128 + 32 * c) as *const __m256i);
+            let e = [
+                _mm256_or_si256(
+                    _mm256_and_si256(l0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                    _mm256_and_si256(h, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
+                ),
+            ];
+            for (k, ek) in e.iter().enumerate() {
+                let yv = _mm256_loadu_si256(yq.add(128 * c + 32 * k) as *const __m256i);
+                let p = _mm256_maddubs_epi16(*ek, yv);
+                let s = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(scb, idx[4 * c + k]));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+            }
+        }
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let corr = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc));
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(corr));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    hsum256_ps(acc)
+}

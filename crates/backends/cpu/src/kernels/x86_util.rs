@@ -1,0 +1,35 @@
+//! Small x86-64 helpers shared by the SIMD kernels. Every function here is `#[inline(always)]`
+//! and meant to be called from a `#[target_feature]` kernel that enables at least AVX2, FMA and
+//! F16C (the features the intrinsics below need); the caller's features are what make the
+//! inlined intrinsics legal.
+
+use core::arch::x86_64::*;
+
+/// f16 bits → f32 with F16C (exact, like the software conversion).
+#[inline(always)]
+pub(crate) unsafe fn f16_hw(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The little-endian u16 at `p` (unaligned).
+#[inline(always)]
+pub(crate) unsafe fn read_u16(p: *const u8) -> u16 {
+    u16::from_le_bytes([*p, *p.add(1)])
+}
+
+/// Sum of the 8 lanes of `v`: (lo128 + hi128), then pairwise within the 128 bits.
+#[inline(always)]
+pub(crate) unsafe fn hsum256_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Sum of the 16 lanes of `v` (halves added first, then as [`hsum256_ps`]).
+#[inline(always)]
+pub(crate) unsafe fn hsum512_ps(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    hsum256_ps(_mm256_add_ps(lo, hi))
+}
