@@ -1,0 +1,77 @@
+// redlite CUDA kernels: helpers shared by every family.
+//
+// The sources are compiled by NVRTC at start-up without the CUDA include tree, so nothing here
+// includes a header: the integer types, the f16 conversion and the reductions are written out.
+// Every kernel file is concatenated after this one into a single module.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define NEG_INF __int_as_float(0xff800000)
+
+// IEEE half (as stored in GGUF) to f32, through the hardware conversion.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// bfloat16 to f32: the top half of the f32 bit pattern.
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// Little-endian loads at any byte offset (quant blocks are not aligned).
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+__device__ __forceinline__ u32 ld_u32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+__device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole thread block (blockDim.x a multiple of 32, at most 1024). Every thread gets
+// the result. `scratch` holds at least 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : NEG_INF;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+
+// The IQ lookup tables. Filled from the host (redlite_gguf::quant::grids) right after the module
+// loads, so the values are never retyped here.
+__device__ u64 g_iq2xxs_grid[256];
+__device__ u64 g_iq2xs_grid[512];
+__device__ u64 g_iq2s_grid[1024];
+__device__ u32 g_iq3xxs_grid[256];
+__device__ u32 g_iq3s_grid[512];
+__device__ u64 g_iq1s_grid[2048];
+__device__ u8 g_ksigns_iq2xs[128];
+__device__ i8 g_kvalues_iq4nl[16];

@@ -1,0 +1,123 @@
+// Mixture of experts: the router (softmax + top-k on the GPU) and the routed-expert FFN over the
+// chosen experts only (gate + up + SwiGLU, then down + weighted sum).
+
+// moe_router(logits, n_expert, k, idx, weight): per token (blockIdx.x), softmax over the
+// router logits, the k most probable experts (ties: lower index), their probabilities
+// renormalised to sum to 1; written in ascending expert order (the order the reference sums in).
+// Launch: grid = n tokens, block = 256 threads, dynamic shared memory = n_expert floats.
+extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_expert, int k,
+                                      int* __restrict__ idx_out, float* __restrict__ w_out) {
+    extern __shared__ float probs[];
+    __shared__ float scratch[WARP];
+    __shared__ int chosen[64];
+    __shared__ float best_v[WARP];
+    __shared__ int best_i[WARP];
+    const float* l = logits + (size_t)blockIdx.x * n_expert;
+
+    float m = NEG_INF;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) m = fmaxf(m, l[e]);
+    m = block_max(m, scratch);
+    float s = 0.0f;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        const float p = expf(l[e] - m);
+        probs[e] = p;
+        s += p;
+    }
+    s = block_sum(s, scratch);
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) probs[e] = probs[e] / s;
+    __syncthreads();
+
+    // k rounds of a block-wide argmax; a taken expert is marked with -inf.
+    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    for (int r = 0; r < k; ++r) {
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+            const float p = probs[e];
+            if (p > bv || (p == bv && e < bi)) { bv = p; bi = e; }
+        }
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { best_v[wid] = bv; best_i[wid] = bi; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v = best_v[0];  // only the index is needed; v breaks ties
+            int i = best_i[0];
+            for (int w = 1; w < nw; ++w) {
+                if (best_v[w] > v || (best_v[w] == v && best_i[w] < i)) { v = best_v[w]; i = best_i[w]; }
+            }
+            chosen[r] = i;
+            probs[i] = -probs[i] - 1.0f;  // mark taken (probabilities are >= 0), recoverable
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        // Sum of the chosen probabilities in rank order, like the reference; then ascending ids.
+        float total = 0.0f;
+        for (int r = 0; r < k; ++r) total += -(probs[chosen[r]] + 1.0f);
+        for (int a = 1; a < k; ++a) {
+            const int v = chosen[a];
+            int b = a - 1;
+            while (b >= 0 && chosen[b] > v) { chosen[b + 1] = chosen[b]; --b; }
+            chosen[b + 1] = v;
+        }
+        for (int r = 0; r < k; ++r) {
+            idx_out[(size_t)blockIdx.x * k + r] = chosen[r];
+            w_out[(size_t)blockIdx.x * k + r] = -(probs[chosen[r]] + 1.0f) / total;
+        }
+    }
+}
+
+// moe_gate_up_<type>(gate, up, x, act, ff, hidden): for chosen expert e = blockIdx.y,
+// act[e][r] = silu(gate_e[r] . x) * (up_e[r] . x). gate/up hold the device addresses of the
+// chosen experts' [ff, hidden] weights (both of this type).
+// Launch: block = 32 * warps, grid = (ceil(ff / warps), k).
+template <typename T>
+__device__ __forceinline__ void moe_gate_up_body(const u64* __restrict__ gate, const u64* __restrict__ up,
+                                                 const float* __restrict__ x, float* __restrict__ act,
+                                                 int ff, int hidden) {
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const int e = blockIdx.y;
+    if (row >= ff) return;
+    const size_t rb = row_bytes<T>(hidden);
+    const float g = row_dot<T>((const u8*)gate[e] + (size_t)row * rb, x, hidden, lane);
+    const float u = row_dot<T>((const u8*)up[e] + (size_t)row * rb, x, hidden, lane);
+    if (lane == 0) act[(size_t)e * ff + row] = siluf_(g) * u;
+}
+
+// moe_down_<type>(down, act, weight, out, hidden, ff, k): out[r] = sum over e < k, in order, of
+// weight[e] * (down_e[r] . act[e]). Launch: block = 32 * warps, grid = ceil(hidden / warps).
+template <typename T>
+__device__ __forceinline__ void moe_down_body(const u64* __restrict__ down, const float* __restrict__ act,
+                                              const float* __restrict__ weight, float* __restrict__ out,
+                                              int hidden, int ff, int k) {
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (row >= hidden) return;
+    const size_t rb = row_bytes<T>(ff);
+    float s = 0.0f;
+    for (int e = 0; e < k; ++e) {
+        const float d = row_dot<T>((const u8*)down[e] + (size_t)row * rb, act + (size_t)e * ff, ff, lane);
+        s += weight[e] * d;
+    }
+    if (lane == 0) out[row] = s;
+}
+
+#define MOE_KERNELS(name, T)                                                                         \
+    extern "C" __global__ void moe_gate_up_##name(const u64* gate, const u64* up, const float* x,    \
+                                                  float* act, int ff, int hidden) {                  \
+        moe_gate_up_body<T>(gate, up, x, act, ff, hidden);                                           \
+    }                                                                                                \
+    extern "C" __global__ void moe_down_##name(const u64* down, const float* act, const float* weight, \
+                                               float* out, int hidden, int ff, int k) {              \
+        moe_down_body<T>(down, act, weight, out, hidden, ff, k);                                     \
+    }
+
+FOR_EACH_TYPE(MOE_KERNELS)

@@ -1,0 +1,172 @@
+//! The device: context, stream, the loaded kernel module and its functions.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::{kernels, nvrtc, CudaError};
+
+/// What was found and how the kernels were obtained.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    /// The NVRTC target, e.g. `sm_90a`.
+    pub arch: String,
+    pub total_mem: usize,
+    pub nvrtc_version: (i32, i32),
+    /// Whether the cubin came from the disk cache.
+    pub cubin_cached: bool,
+    pub cubin_bytes: usize,
+    /// Start-up time spent compiling (or reading the cache) and loading the module.
+    pub compile_ms: f64,
+    pub load_ms: f64,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU {}: {} (sm_{}{}, {:.1} GiB), kernels for {} via NVRTC {}.{} ({} KiB cubin, {}, {:.0} ms; load {:.0} ms)",
+            self.ordinal,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.total_mem as f64 / (1u64 << 30) as f64,
+            self.arch,
+            self.nvrtc_version.0,
+            self.nvrtc_version.1,
+            self.cubin_bytes / 1024,
+            if self.cubin_cached { "cached" } else { "compiled" },
+            self.compile_ms,
+            self.load_ms,
+        )
+    }
+}
+
+/// The NVRTC architecture for a compute capability: the `a` variant (all of the chip's own
+/// instructions) from Hopper on, plain `sm_XY` before.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    if major >= 9 {
+        format!("sm_{major}{minor}a")
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+/// Whether libcuda (the driver) can be loaded. Checked before any driver call: cudarc's dynamic
+/// loading panics when the library is missing.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One GPU with the kernel module loaded.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    pub info: DeviceInfo,
+}
+
+impl Gpu {
+    /// Open GPU `ordinal`, compile (or read from the cache) and load the kernels, fill the tables.
+    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+        if !driver_available() {
+            return Err(CudaError::NoDriver);
+        }
+        if !nvrtc::available() {
+            return Err(CudaError::NoNvrtc);
+        }
+        let count = CudaContext::device_count()
+            .map_err(|e| CudaError::NoDevice(format!("cuDeviceGetCount: {e}")))?;
+        if count <= 0 {
+            return Err(CudaError::NoDevice("the driver sees no CUDA device".into()));
+        }
+        if ordinal >= count as usize {
+            return Err(CudaError::NoDevice(format!(
+                "device {ordinal} asked for, {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            CudaError::NoDevice(format!("creating a context on device {ordinal}: {e}"))
+        })?;
+        let name = ctx
+            .name()
+            .map_err(|e| CudaError::driver("cuDeviceGetName", e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| CudaError::driver("compute capability", e))?;
+        let total_mem = ctx
+            .total_mem()
+            .map_err(|e| CudaError::driver("cuDeviceTotalMem", e))?;
+        let arch = arch_for(cc.0, cc.1);
+        let nvrtc_version = nvrtc::version()?;
+
+        let t0 = Instant::now();
+        let compiled = nvrtc::compile_cached(&kernels::module_source(), &arch)?;
+        let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let cubin_bytes = compiled.cubin.len();
+        let module = ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .map_err(|e| CudaError::driver(format!("loading the {arch} kernel module"), e))?;
+        let stream = ctx.default_stream();
+        let mut funcs = HashMap::new();
+        for name in kernels::kernel_names() {
+            let f = module
+                .load_function(&name)
+                .map_err(|e| CudaError::driver(format!("kernel {name}"), e))?;
+            funcs.insert(name, f);
+        }
+        for (symbol, bytes) in kernels::grid_tables() {
+            let mut dst = module
+                .get_global(symbol, &stream)
+                .map_err(|e| CudaError::driver(format!("table {symbol}"), e))?;
+            if dst.len() != bytes.len() {
+                return Err(CudaError::Invalid(format!(
+                    "table {symbol}: device holds {} bytes, host has {}",
+                    dst.len(),
+                    bytes.len()
+                )));
+            }
+            stream
+                .memcpy_htod(&bytes, &mut dst)
+                .map_err(|e| CudaError::driver(format!("uploading {symbol}"), e))?;
+        }
+        stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronize after load", e))?;
+        let load_ms = t1.elapsed().as_secs_f64() * 1e3;
+        Ok(Gpu {
+            ctx,
+            stream,
+            _module: module,
+            funcs,
+            info: DeviceInfo {
+                ordinal,
+                name,
+                compute_capability: cc,
+                arch,
+                total_mem,
+                nvrtc_version,
+                cubin_cached: compiled.cached,
+                cubin_bytes,
+                compile_ms,
+                load_ms,
+            },
+        })
+    }
+
+    /// A kernel by name.
+    pub fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| CudaError::Invalid(format!("no kernel named {name}")))
+    }
+}

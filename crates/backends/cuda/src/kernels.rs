@@ -1,0 +1,197 @@
+//! The CUDA C kernel sources, one file per family, and how they are put together.
+//!
+//! Every family is compiled as one translation unit after the files it builds on (`common.cu`
+//! first; `dequant.cu` for anything that decodes quant blocks). At run time all families go into
+//! one module ([`module_source`]); the NVRTC test also compiles each family on its own
+//! ([`family_source`]) so a broken file is named by the failure.
+
+use redlite_gguf::GgmlType;
+
+/// `(file name, source)` of every kernel file, in concatenation order.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("common.cu", include_str!("../kernels/common.cu")),
+    ("dequant.cu", include_str!("../kernels/dequant.cu")),
+    ("matvec.cu", include_str!("../kernels/matvec.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("norm.cu", include_str!("../kernels/norm.cu")),
+    ("rope.cu", include_str!("../kernels/rope.cu")),
+    ("deltanet.cu", include_str!("../kernels/deltanet.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("sampling.cu", include_str!("../kernels/sampling.cu")),
+];
+
+/// The files each family needs before it (besides itself).
+fn prerequisites(file: &str) -> &'static [&'static str] {
+    match file {
+        "common.cu" => &[],
+        "dequant.cu" => &["common.cu"],
+        "matvec.cu" => &["common.cu", "dequant.cu"],
+        "moe.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
+        _ => &["common.cu"],
+    }
+}
+
+fn source_of(file: &str) -> Option<&'static str> {
+    SOURCES.iter().find(|(n, _)| *n == file).map(|(_, s)| *s)
+}
+
+fn append(out: &mut String, file: &str, src: &str) {
+    // `#line` keeps NVRTC's messages pointing at the right file and line.
+    out.push_str(&format!("#line 1 \"{file}\"\n"));
+    out.push_str(src);
+    out.push('\n');
+}
+
+/// All kernel files as one translation unit: what the backend loads.
+pub fn module_source() -> String {
+    let mut out = String::new();
+    for (name, src) in SOURCES {
+        append(&mut out, name, src);
+    }
+    out
+}
+
+/// One family with the files it builds on, or `None` for an unknown file name.
+pub fn family_source(file: &str) -> Option<String> {
+    let own = source_of(file)?;
+    let mut out = String::new();
+    for pre in prerequisites(file) {
+        append(&mut out, pre, source_of(pre)?);
+    }
+    append(&mut out, file, own);
+    Some(out)
+}
+
+/// Every ggml type has a kernel of each per-type family.
+pub const ALL_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+    GgmlType::IQ4NL,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8K,
+    GgmlType::IQ4XS,
+    GgmlType::IQ3XXS,
+    GgmlType::IQ3S,
+    GgmlType::IQ2XXS,
+    GgmlType::IQ2XS,
+    GgmlType::IQ2S,
+    GgmlType::IQ1S,
+    GgmlType::IQ1M,
+];
+
+/// The suffix of a type's kernels: ggml's name in lower case (`q4_k`, `iq2_xxs`).
+pub fn type_suffix(ty: GgmlType) -> String {
+    ty.name().to_ascii_lowercase()
+}
+
+/// The per-type kernel families (prefixes).
+pub const PER_TYPE_KERNELS: &[&str] = &["matvec", "embed", "moe_gate_up", "moe_down"];
+
+/// The kernels that do not depend on a weight type.
+pub const PLAIN_KERNELS: &[&str] = &[
+    "moe_router",
+    "rms_norm",
+    "rms_norm_gated",
+    "l2_normalize",
+    "add_inplace",
+    "sigmoid_mul",
+    "swiglu",
+    "rope_neox",
+    "dn_conv_step",
+    "dn_gates",
+    "dn_delta_step",
+    "attn_decode",
+    "argmax",
+];
+
+/// The name of every kernel entry point in the module.
+pub fn kernel_names() -> Vec<String> {
+    let mut names: Vec<String> = PLAIN_KERNELS.iter().map(|s| s.to_string()).collect();
+    for prefix in PER_TYPE_KERNELS {
+        for &ty in ALL_TYPES {
+            names.push(format!("{prefix}_{}", type_suffix(ty)));
+        }
+    }
+    names
+}
+
+/// The `__device__` tables the host fills after loading: `(symbol, little-endian bytes)`, straight
+/// from `redlite_gguf::quant::grids`.
+pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
+    use redlite_gguf::quant::grids::*;
+    fn bytes64(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+    fn bytes32(v: &[u32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+    vec![
+        ("g_iq2xxs_grid", bytes64(&IQ2XXS_GRID)),
+        ("g_iq2xs_grid", bytes64(&IQ2XS_GRID)),
+        ("g_iq2s_grid", bytes64(&IQ2S_GRID)),
+        ("g_iq3xxs_grid", bytes32(&IQ3XXS_GRID)),
+        ("g_iq3s_grid", bytes32(&IQ3S_GRID)),
+        ("g_iq1s_grid", bytes64(&IQ1S_GRID)),
+        ("g_ksigns_iq2xs", KSIGNS_IQ2XS.to_vec()),
+        (
+            "g_kvalues_iq4nl",
+            KVALUES_IQ4NL.iter().map(|&v| v as u8).collect(),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_per_type_kernel_is_instantiated_in_the_source() {
+        let src = module_source();
+        // The X-macro list must name every type the backend dispatches to.
+        for &ty in ALL_TYPES {
+            let needle = format!("X({}, ", type_suffix(ty));
+            assert!(src.contains(&needle), "FOR_EACH_TYPE lacks {}", ty.name());
+        }
+        for k in PLAIN_KERNELS {
+            assert!(
+                src.contains(&format!("void {k}(")),
+                "kernel {k} missing from the sources"
+            );
+        }
+        assert_eq!(ALL_TYPES.len(), redlite_gguf::TYPE_TRAITS.len());
+    }
+
+    #[test]
+    fn families_resolve() {
+        for (name, _) in SOURCES {
+            let src = family_source(name).expect("known family");
+            assert!(src.starts_with("#line 1 \"common.cu\""));
+        }
+        assert!(family_source("nope.cu").is_none());
+    }
+
+    #[test]
+    fn grid_tables_have_the_declared_sizes() {
+        let sizes: Vec<(&str, usize)> = grid_tables().iter().map(|(n, b)| (*n, b.len())).collect();
+        assert_eq!(
+            sizes,
+            vec![
+                ("g_iq2xxs_grid", 256 * 8),
+                ("g_iq2xs_grid", 512 * 8),
+                ("g_iq2s_grid", 1024 * 8),
+                ("g_iq3xxs_grid", 256 * 4),
+                ("g_iq3s_grid", 512 * 4),
+                ("g_iq1s_grid", 2048 * 8),
+                ("g_ksigns_iq2xs", 128),
+                ("g_kvalues_iq4nl", 16),
+            ]
+        );
+    }
+}

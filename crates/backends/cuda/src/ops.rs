@@ -1,0 +1,551 @@
+//! Host-side wrappers of every kernel: upload the inputs, launch, download the outputs.
+//!
+//! Part 1 keeps activations on the host between kernels (simple and checkable); each wrapper is
+//! one or two launches. Outputs are poisoned (all bits set: NaN for f32, -1 for i32) before the
+//! launch, so an element a kernel fails to write shows up in every comparison.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use redlite_gguf::GgmlType;
+
+use crate::kernels::type_suffix;
+use crate::{CudaError, Gpu};
+
+/// Warps (output rows) per block of the matvec-style kernels.
+pub const MATVEC_WARPS: u32 = 4;
+/// gridDim.y limit: a longer batch is split.
+const MAX_GRID_Y: usize = 65_535;
+
+fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::driver(what, e))
+}
+
+/// Copy host data to a new device buffer.
+pub fn upload<T: DeviceRepr>(gpu: &Gpu, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+    drv("host-to-device copy", gpu.stream.clone_htod(data))
+}
+
+/// Copy a device buffer back (waits for the stream).
+pub fn download<T: DeviceRepr>(gpu: &Gpu, data: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+    drv("device-to-host copy", gpu.stream.clone_dtoh(data))
+}
+
+/// A new device buffer of `len` elements with every byte 0xFF.
+pub fn alloc_poisoned<T: DeviceRepr>(gpu: &Gpu, len: usize) -> Result<CudaSlice<T>, CudaError> {
+    // SAFETY: the memory is fully written by the memset before anything reads it.
+    let mut buf = drv("cuMemAlloc", unsafe { gpu.stream.alloc::<T>(len.max(1)) })?;
+    let bytes = buf.num_bytes();
+    let (ptr, _guard) = buf.device_ptr_mut(&gpu.stream);
+    // SAFETY: `ptr` addresses `bytes` bytes owned by `buf`, ordered on this stream.
+    drv("cuMemsetD8Async", unsafe {
+        cudarc::driver::result::memset_d8_async(ptr, 0xff, bytes, gpu.stream.cu_stream())
+    })?;
+    drop(_guard);
+    Ok(buf)
+}
+
+/// The device address of a buffer (for pointer tables).
+pub fn device_address<T>(gpu: &Gpu, buf: &CudaSlice<T>) -> u64 {
+    let (ptr, _guard) = buf.device_ptr(&gpu.stream);
+    ptr
+}
+
+fn i32_arg(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v)
+        .map_err(|_| CudaError::Invalid(format!("{what} = {v} does not fit a kernel int")))
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32, shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: shared,
+    }
+}
+
+fn blocks(n: usize, per: u32) -> u32 {
+    n.div_ceil(per as usize).max(1) as u32
+}
+
+/// Bytes of one row of `cols` values of type `ty`, or an error if `cols` is not whole blocks.
+pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, CudaError> {
+    if cols % ty.block_elems() != 0 {
+        return Err(CudaError::Invalid(format!(
+            "{} rows of {cols} values are not whole blocks of {}",
+            ty.name(),
+            ty.block_elems()
+        )));
+    }
+    Ok(cols / ty.block_elems() * ty.block_bytes())
+}
+
+/// Launch a kernel with its arguments in declared order.
+///
+/// SAFETY (of the expansion): every kernel's arguments are pushed in its declared order with
+/// matching types, and the buffers outlive the launch (they are dropped after the synchronizing
+/// download).
+macro_rules! launch {
+    ($gpu:expr, $f:expr, $what:expr, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let mut b = $gpu.stream.launch_builder($f);
+        $( b.arg($arg); )*
+        drv($what, unsafe { b.launch($cfg) }).map(|_| ())
+    }};
+}
+
+/// `ys[t] = W · xs[t]` for `n` rows, W of type `ty` on the device (`rows × cols`).
+pub fn matvec(
+    gpu: &Gpu,
+    ty: GgmlType,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+) -> Result<Vec<f32>, CudaError> {
+    if xs.len() < n * cols {
+        return Err(CudaError::Invalid(format!(
+            "matvec: {} inputs for {n} rows of {cols}",
+            xs.len()
+        )));
+    }
+    let name = format!("matvec_{}", type_suffix(ty));
+    let f = gpu.func(&name)?;
+    let x = upload(gpu, &xs[..n * cols])?;
+    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let mut t0 = 0;
+    while t0 < n {
+        let nt = (n - t0).min(MAX_GRID_Y);
+        let xv = x.slice(t0 * cols..(t0 + nt) * cols);
+        let mut yv = y.slice_mut(t0 * rows..(t0 + nt) * rows);
+        launch!(
+            gpu,
+            f,
+            &name,
+            cfg(
+                (blocks(rows, MATVEC_WARPS), nt as u32, 1),
+                32 * MATVEC_WARPS,
+                0
+            ),
+            [w, &xv, &mut yv, &r, &c]
+        )?;
+        t0 += nt;
+    }
+    download(gpu, &y)
+}
+
+/// Rows `ids` of an embedding table of type `ty` (`cols` values per row), dequantized.
+pub fn embed(
+    gpu: &Gpu,
+    ty: GgmlType,
+    table: &CudaSlice<u8>,
+    cols: usize,
+    ids: &[i32],
+) -> Result<Vec<f32>, CudaError> {
+    let name = format!("embed_{}", type_suffix(ty));
+    let f = gpu.func(&name)?;
+    let ids_d = upload(gpu, ids)?;
+    let mut out = alloc_poisoned::<f32>(gpu, ids.len() * cols)?;
+    let c = i32_arg(cols, "cols")?;
+    launch!(
+        gpu,
+        f,
+        &name,
+        cfg((ids.len() as u32, 1, 1), 256, 0),
+        [table, &ids_d, &mut out, &c]
+    )?;
+    download(gpu, &out)
+}
+
+/// Router of `tokens` tokens: softmax, top-k, renormalised weights, ascending expert ids.
+pub fn moe_router(
+    gpu: &Gpu,
+    logits: &[f32],
+    n_expert: usize,
+    k: usize,
+) -> Result<(Vec<i32>, Vec<f32>), CudaError> {
+    if k == 0 || k > 64 || k > n_expert || logits.len() % n_expert != 0 {
+        return Err(CudaError::Invalid(format!(
+            "router: k = {k} of {n_expert} experts, {} logits",
+            logits.len()
+        )));
+    }
+    let tokens = logits.len() / n_expert;
+    let f = gpu.func("moe_router")?;
+    let l = upload(gpu, logits)?;
+    let mut idx = alloc_poisoned::<i32>(gpu, tokens * k)?;
+    let mut w = alloc_poisoned::<f32>(gpu, tokens * k)?;
+    let (ne, kk) = (i32_arg(n_expert, "experts")?, i32_arg(k, "k")?);
+    launch!(
+        gpu,
+        f,
+        "moe_router",
+        cfg((tokens as u32, 1, 1), 256, (4 * n_expert) as u32),
+        [&l, &ne, &kk, &mut idx, &mut w]
+    )?;
+    Ok((download(gpu, &idx)?, download(gpu, &w)?))
+}
+
+/// Device addresses and types of the chosen experts' weights.
+pub struct ExpertSet<'a> {
+    pub gate_up_ty: GgmlType,
+    pub down_ty: GgmlType,
+    pub gate: Vec<&'a CudaSlice<u8>>,
+    pub up: Vec<&'a CudaSlice<u8>>,
+    pub down: Vec<&'a CudaSlice<u8>>,
+}
+
+/// `Σ_e weight_e · down_e(silu(gate_e·x) ⊙ up_e·x)` over the chosen experts, summed in order.
+pub fn moe_experts(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    weights: &[f32],
+    x: &[f32],
+    ff: usize,
+) -> Result<Vec<f32>, CudaError> {
+    let k = weights.len();
+    let hidden = x.len();
+    if set.gate.len() != k || set.up.len() != k || set.down.len() != k || k == 0 {
+        return Err(CudaError::Invalid(format!(
+            "experts: {k} weights for {} experts",
+            set.gate.len()
+        )));
+    }
+    let ptrs =
+        |v: &[&CudaSlice<u8>]| -> Vec<u64> { v.iter().map(|s| device_address(gpu, s)).collect() };
+    let gate_p = upload(gpu, &ptrs(&set.gate))?;
+    let up_p = upload(gpu, &ptrs(&set.up))?;
+    let down_p = upload(gpu, &ptrs(&set.down))?;
+    let x_d = upload(gpu, x)?;
+    let w_d = upload(gpu, weights)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut out = alloc_poisoned::<f32>(gpu, hidden)?;
+    let (ffi, hi, ki) = (
+        i32_arg(ff, "ff")?,
+        i32_arg(hidden, "hidden")?,
+        i32_arg(k, "k")?,
+    );
+    let gu = format!("moe_gate_up_{}", type_suffix(set.gate_up_ty));
+    launch!(
+        gpu,
+        gpu.func(&gu)?,
+        &gu,
+        cfg(
+            (blocks(ff, MATVEC_WARPS), k as u32, 1),
+            32 * MATVEC_WARPS,
+            0
+        ),
+        [&gate_p, &up_p, &x_d, &mut act, &ffi, &hi]
+    )?;
+    let dn = format!("moe_down_{}", type_suffix(set.down_ty));
+    launch!(
+        gpu,
+        gpu.func(&dn)?,
+        &dn,
+        cfg((blocks(hidden, MATVEC_WARPS), 1, 1), 32 * MATVEC_WARPS, 0),
+        [&down_p, &act, &w_d, &mut out, &hi, &ffi, &ki]
+    )?;
+    download(gpu, &out)
+}
+
+fn check_rows(len: usize, n: usize, what: &str) -> Result<usize, CudaError> {
+    if n == 0 || len % n != 0 {
+        return Err(CudaError::Invalid(format!(
+            "{what}: {len} values are not rows of {n}"
+        )));
+    }
+    Ok(len / n)
+}
+
+/// RMSNorm of each row of `n` values with weight `w`.
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    eps: f32,
+) -> Result<Vec<f32>, CudaError> {
+    let rows = check_rows(x.len(), n, "rms_norm")?;
+    let (xd, wd) = (upload(gpu, x)?, upload(gpu, w)?);
+    let mut y = alloc_poisoned::<f32>(gpu, x.len())?;
+    let ni = i32_arg(n, "n")?;
+    launch!(
+        gpu,
+        gpu.func("rms_norm")?,
+        "rms_norm",
+        cfg((rows as u32, 1, 1), 256, 0),
+        [&xd, &wd, &mut y, &ni, &eps]
+    )?;
+    download(gpu, &y)
+}
+
+/// `RMSNorm(o)·w ⊙ silu(z)` per row of `n`.
+pub fn rms_norm_gated(
+    gpu: &Gpu,
+    o: &[f32],
+    w: &[f32],
+    z: &[f32],
+    n: usize,
+    eps: f32,
+) -> Result<Vec<f32>, CudaError> {
+    let rows = check_rows(o.len(), n, "rms_norm_gated")?;
+    let (od, wd, zd) = (upload(gpu, o)?, upload(gpu, w)?, upload(gpu, z)?);
+    let mut y = alloc_poisoned::<f32>(gpu, o.len())?;
+    let ni = i32_arg(n, "n")?;
+    launch!(
+        gpu,
+        gpu.func("rms_norm_gated")?,
+        "rms_norm_gated",
+        cfg((rows as u32, 1, 1), 128, 0),
+        [&od, &wd, &zd, &mut y, &ni, &eps]
+    )?;
+    download(gpu, &y)
+}
+
+/// L2-normalise each row of `n`, then scale.
+pub fn l2_normalize(
+    gpu: &Gpu,
+    x: &[f32],
+    n: usize,
+    eps: f32,
+    scale: f32,
+) -> Result<Vec<f32>, CudaError> {
+    let rows = check_rows(x.len(), n, "l2_normalize")?;
+    let mut xd = upload(gpu, x)?;
+    let ni = i32_arg(n, "n")?;
+    launch!(
+        gpu,
+        gpu.func("l2_normalize")?,
+        "l2_normalize",
+        cfg((rows as u32, 1, 1), 128, 0),
+        [&mut xd, &ni, &eps, &scale]
+    )?;
+    download(gpu, &xd)
+}
+
+fn elementwise(
+    gpu: &Gpu,
+    name: &str,
+    a: &[f32],
+    b_in: &[f32],
+    out_separate: bool,
+) -> Result<Vec<f32>, CudaError> {
+    if a.len() != b_in.len() {
+        return Err(CudaError::Invalid(format!(
+            "{name}: lengths {} and {}",
+            a.len(),
+            b_in.len()
+        )));
+    }
+    let n = i32_arg(a.len(), "n")?;
+    let mut ad = upload(gpu, a)?;
+    let bd = upload(gpu, b_in)?;
+    let c = cfg((blocks(a.len(), 256), 1, 1), 256, 0);
+    if out_separate {
+        let mut out = alloc_poisoned::<f32>(gpu, a.len())?;
+        launch!(gpu, gpu.func(name)?, name, c, [&ad, &bd, &mut out, &n])?;
+        download(gpu, &out)
+    } else {
+        launch!(gpu, gpu.func(name)?, name, c, [&mut ad, &bd, &n])?;
+        download(gpu, &ad)
+    }
+}
+
+/// `a + b` (the residual add kernel, in place on a copy of `a`).
+pub fn add(gpu: &Gpu, a: &[f32], b: &[f32]) -> Result<Vec<f32>, CudaError> {
+    elementwise(gpu, "add_inplace", a, b, false)
+}
+
+/// `a ⊙ sigmoid(gate)`.
+pub fn sigmoid_mul(gpu: &Gpu, a: &[f32], gate: &[f32]) -> Result<Vec<f32>, CudaError> {
+    elementwise(gpu, "sigmoid_mul", a, gate, false)
+}
+
+/// `silu(gate) ⊙ up`.
+pub fn swiglu(gpu: &Gpu, gate: &[f32], up: &[f32]) -> Result<Vec<f32>, CudaError> {
+    elementwise(gpu, "swiglu", gate, up, true)
+}
+
+/// NeoX RoPE on `[tokens][heads][head_dim]`, token t at position `pos0 + t`.
+pub fn rope_neox(
+    gpu: &Gpu,
+    x: &[f32],
+    heads: usize,
+    head_dim: usize,
+    rope_dims: usize,
+    pos0: usize,
+    theta: f64,
+) -> Result<Vec<f32>, CudaError> {
+    let tokens = check_rows(x.len(), heads * head_dim, "rope")?;
+    if rope_dims > head_dim || rope_dims % 2 != 0 {
+        return Err(CudaError::Invalid(format!(
+            "rope: {rope_dims} rotary dims of {head_dim}"
+        )));
+    }
+    let mut xd = upload(gpu, x)?;
+    let (hd, rd, p0) = (
+        i32_arg(head_dim, "head_dim")?,
+        i32_arg(rope_dims, "rope_dims")?,
+        i32_arg(pos0, "pos")?,
+    );
+    launch!(
+        gpu,
+        gpu.func("rope_neox")?,
+        "rope_neox",
+        cfg((heads as u32, tokens as u32, 1), 64, 0),
+        [&mut xd, &hd, &rd, &p0, &theta]
+    )?;
+    download(gpu, &xd)
+}
+
+/// One DeltaNet conv step: returns `(silu(conv) output, new state)`.
+pub fn dn_conv_step(
+    gpu: &Gpu,
+    x: &[f32],
+    state: &[f32],
+    w: &[f32],
+    kern: usize,
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    let ch = x.len();
+    if state.len() != (kern - 1) * ch || w.len() != kern * ch {
+        return Err(CudaError::Invalid(
+            "dn_conv_step: state or weight size".into(),
+        ));
+    }
+    let (xd, wd) = (upload(gpu, x)?, upload(gpu, w)?);
+    let mut sd = upload(gpu, state)?;
+    let mut y = alloc_poisoned::<f32>(gpu, ch)?;
+    let (chi, ki) = (i32_arg(ch, "ch")?, i32_arg(kern, "kern")?);
+    launch!(
+        gpu,
+        gpu.func("dn_conv_step")?,
+        "dn_conv_step",
+        cfg((blocks(ch, 128), 1, 1), 128, 0),
+        [&xd, &mut sd, &wd, &mut y, &chi, &ki]
+    )?;
+    Ok((download(gpu, &y)?, download(gpu, &sd)?))
+}
+
+/// DeltaNet gates: `(β, g)` per V head.
+pub fn dn_gates(
+    gpu: &Gpu,
+    ba: &[f32],
+    a: &[f32],
+    dt_bias: &[f32],
+    r: usize,
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    let nv = a.len();
+    if ba.len() != 2 * nv || dt_bias.len() != nv || r == 0 || nv % r != 0 {
+        return Err(CudaError::Invalid("dn_gates: sizes".into()));
+    }
+    let (bad, ad, dd) = (upload(gpu, ba)?, upload(gpu, a)?, upload(gpu, dt_bias)?);
+    let mut beta = alloc_poisoned::<f32>(gpu, nv)?;
+    let mut g = alloc_poisoned::<f32>(gpu, nv)?;
+    let (nvi, ri) = (i32_arg(nv, "nv")?, i32_arg(r, "r")?);
+    launch!(
+        gpu,
+        gpu.func("dn_gates")?,
+        "dn_gates",
+        cfg((blocks(nv, 64), 1, 1), 64, 0),
+        [&bad, &ad, &dd, &mut beta, &mut g, &nvi, &ri]
+    )?;
+    Ok((download(gpu, &beta)?, download(gpu, &g)?))
+}
+
+/// Shapes of the DeltaNet recurrence.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaDims {
+    pub nk: usize,
+    pub nv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// One token of the delta rule for every V head: returns `(o [nv][dv], new state)`.
+pub fn dn_delta_step(
+    gpu: &Gpu,
+    qkv: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    state: &[f32],
+    d: DeltaDims,
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    if qkv.len() != 2 * d.nk * d.dk + d.nv * d.dv
+        || state.len() != d.nv * d.dk * d.dv
+        || d.dv > 1024
+        || d.nv % d.nk != 0
+    {
+        return Err(CudaError::Invalid(format!("dn_delta_step: sizes {d:?}")));
+    }
+    let (qd, bd, gd) = (upload(gpu, qkv)?, upload(gpu, beta)?, upload(gpu, g)?);
+    let mut sd = upload(gpu, state)?;
+    let mut o = alloc_poisoned::<f32>(gpu, d.nv * d.dv)?;
+    let (nki, dki, dvi) = (
+        i32_arg(d.nk, "nk")?,
+        i32_arg(d.dk, "dk")?,
+        i32_arg(d.dv, "dv")?,
+    );
+    let block = (d.dv as u32).div_ceil(32) * 32;
+    launch!(
+        gpu,
+        gpu.func("dn_delta_step")?,
+        "dn_delta_step",
+        cfg((d.nv as u32, 1, 1), block, (8 * d.dk) as u32),
+        [&qd, &bd, &gd, &mut sd, &mut o, &nki, &dki, &dvi]
+    )?;
+    Ok((download(gpu, &o)?, download(gpu, &sd)?))
+}
+
+/// Attention of one token over `n` cached positions: `q [heads][hd]`, caches `[n][nkv][hd]`.
+pub fn attn_decode(
+    gpu: &Gpu,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    heads: usize,
+    nkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(kc.len(), nkv * hd, "attn k cache")?;
+    if q.len() != heads * hd || vc.len() != kc.len() || heads % nkv != 0 {
+        return Err(CudaError::Invalid("attn_decode: sizes".into()));
+    }
+    let (qd, kd, vd) = (upload(gpu, q)?, upload(gpu, kc)?, upload(gpu, vc)?);
+    let mut scratch = alloc_poisoned::<f32>(gpu, heads * n)?;
+    let mut o = alloc_poisoned::<f32>(gpu, heads * hd)?;
+    let (ni, nkvi, hdi) = (i32_arg(n, "n")?, i32_arg(nkv, "nkv")?, i32_arg(hd, "hd")?);
+    launch!(
+        gpu,
+        gpu.func("attn_decode")?,
+        "attn_decode",
+        cfg((heads as u32, 1, 1), 256, 0),
+        [
+            &qd,
+            &kd,
+            &vd,
+            &mut scratch,
+            &mut o,
+            &ni,
+            &nkvi,
+            &hdi,
+            &scale
+        ]
+    )?;
+    download(gpu, &o)
+}
+
+/// Index of the largest value of each row of `n` (lowest index on ties).
+pub fn argmax(gpu: &Gpu, x: &[f32], n: usize) -> Result<Vec<i32>, CudaError> {
+    let rows = check_rows(x.len(), n, "argmax")?;
+    let xd = upload(gpu, x)?;
+    let mut out = alloc_poisoned::<i32>(gpu, rows)?;
+    let ni = i32_arg(n, "n")?;
+    launch!(
+        gpu,
+        gpu.func("argmax")?,
+        "argmax",
+        cfg((rows as u32, 1, 1), 1024, 0),
+        [&xd, &ni, &mut out]
+    )?;
+    download(gpu, &out)
+}

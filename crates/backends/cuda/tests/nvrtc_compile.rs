@@ -1,0 +1,50 @@
+//! Every kernel source compiles with NVRTC for `sm_90a` (the H200), on a machine without a GPU:
+//! only libnvrtc is needed (`pip install "nvidia-cuda-nvrtc>=13,<14"`, then put its
+//! `nvidia/cu13/lib` on `LD_LIBRARY_PATH`). Skipped, saying so, when libnvrtc is absent.
+#![cfg(feature = "cuda")]
+
+use redlite_cuda::kernels::{family_source, kernel_names, module_source, SOURCES};
+use redlite_cuda::nvrtc;
+
+const ARCH: &str = "sm_90a";
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn every_kernel_source_compiles_for_sm_90a() {
+    if !nvrtc::available() {
+        eprintln!(
+            "SKIPPED: libnvrtc not found; install it with `pip install \"nvidia-cuda-nvrtc>=13,<14\"` \
+             and add its nvidia/cu13/lib folder to LD_LIBRARY_PATH"
+        );
+        return;
+    }
+    let (major, minor) = nvrtc::version().expect("nvrtc version");
+    eprintln!("NVRTC {major}.{minor}");
+
+    // Each family on its own (with the files it builds on), so a failure names the file.
+    for (file, _) in SOURCES {
+        let src = family_source(file).expect("family");
+        match nvrtc::compile_cubin(&src, ARCH) {
+            Ok((cubin, log)) => {
+                assert!(!cubin.is_empty(), "{file}: empty cubin");
+                assert!(
+                    !log.contains("warning"),
+                    "{file}: NVRTC warnings for {ARCH}:\n{log}"
+                );
+            }
+            Err(e) => panic!("{file}: {e}"),
+        }
+    }
+
+    // The whole module, as the backend loads it: every entry point must be in the cubin.
+    let (cubin, _) = nvrtc::compile_cubin(&module_source(), ARCH).expect("module compiles");
+    for name in kernel_names() {
+        assert!(
+            contains(&cubin, name.as_bytes()),
+            "kernel {name} missing from the {ARCH} cubin"
+        );
+    }
+}
