@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod delta_rule;
+pub mod layout;
 pub mod ops;
 pub mod qwen3next;
 pub mod sizing;
