@@ -478,8 +478,8 @@ fn thread_cpu_ns() -> Option<u64> {
     None
 }
 
-/// Matrix-vector bandwidth of the hot types on a matrix larger than the caches (≈ 64 MiB of
-/// weights per type), single-threaded, against a plain read of the same bytes. Run with
+/// Matrix-vector bandwidth of the hot types on a matrix larger than the caches (64 MiB of
+/// weights per type, see `REDLITE_BENCH_MIB` below), single-threaded, against a plain read of the same bytes. Run with
 /// `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark"]
@@ -488,6 +488,12 @@ fn bench_bandwidth() {
     let cols = 4096;
     let mut rng = StdRng::seed_from_u64(1);
     let a = random_acts(&mut rng, cols);
+    // Matrix size per type in MiB (`REDLITE_BENCH_MIB`, default 64: well beyond the caches; a
+    // size that fits in L2 measures the kernels' compute rate instead).
+    let mib: usize = std::env::var("REDLITE_BENCH_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
     let reps = 10;
     // The best of `reps` runs, timed by this thread's on-CPU time where available (robust to
     // other processes on a busy machine), else by wall time.
@@ -509,7 +515,7 @@ fn bench_bandwidth() {
     for name in ["IQ2_XXS", "IQ3_XXS", "IQ1_M", "IQ4_XS"] {
         let case = CASES.iter().find(|c| c.name == name).unwrap();
         let row_bytes = cols / 256 * case.bytes;
-        let rows = (64 << 20) / row_bytes;
+        let rows = (mib << 20) / row_bytes;
         let w = random_blocks(&mut rng, case, rows * cols / 256);
         let total = (rows * row_bytes) as f64;
         println!("{name}: {rows} × {cols} matrix, {:.1} MB", total / 1e6);
