@@ -27,7 +27,8 @@
 //! * `vec_dot_<type>_q8_k_scalar(n, w, x)` (and `vec_dot_iq4_nl_q8_0_scalar`): portable
 //!   reference kernels; `n` is the number of elements, `w` the raw GGUF bytes of the row.
 //! * On x86-64, [`super::iquants_avx512`] holds the AVX-512 (VBMI + VNNI) versions of the hot
-//!   types.
+//!   types (IQ2_XXS, IQ3_XXS, IQ1_M, IQ4_XS) and [`super::iquants_avx2`] AVX2 versions of
+//!   IQ2_XXS, IQ3_XXS and IQ4_XS.
 //! * [`kernel`] answers the dispatch table in [`super::lookup`].
 //!
 //! The grids and sign tables are the ones of `redlite_gguf::quant::grids` (generated from
@@ -393,7 +394,10 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Option<RowDot> {
     match isa {
         Isa::Scalar => scalar_kernel(ty),
         #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => super::iquants_avx2::kernel(ty),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => super::iquants_avx512::kernel(ty),
+        #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }
 }

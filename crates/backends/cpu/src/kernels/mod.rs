@@ -20,6 +20,8 @@
 pub mod driver;
 pub mod iquants;
 #[cfg(target_arch = "x86_64")]
+pub mod iquants_avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod iquants_avx512;
 mod kquants;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,208 @@
+//! AVX2 versions of the hot i-quant kernels (x86-64 only): IQ2_XXS, IQ3_XXS, IQ4_XS, for CPUs
+//! without the AVX-512 VBMI/VNNI kernels of [`super::iquants_avx512`]. They need AVX2, FMA and
+//! F16C (the [`Isa::Avx2`](super::Isa::Avx2) level) and nothing else (no BMI2: `pdep` is slow on
+//! AMD Zen 1/2).
+//!
+//! Same arithmetic as the scalar kernels, 32 elements (one sub-block) per 256-bit register:
+//! grid rows are loaded from the tables and assembled with `_mm256_set_epi64x`/`_mm256_set_epi32`,
+//! signs come from a 128-entry table of ±1 byte patterns derived from `KSIGNS`, and products are
+//! `vpmaddubsw(|q8|, ±weight)` (the sign of `q8` moved onto the weight, so −128 is exact),
+//! weighted by the sub-block scale with `vpmaddwd`.
+
+use super::iquants::{f16_le, IQ2_XXS_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES};
+use super::q8::{BlockQ8K, QK_K};
+use super::RowDot;
+use core::arch::x86_64::*;
+use redlite_gguf::quant::grids::{IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL};
+use redlite_gguf::quant::GgmlType;
+
+/// The AVX2 kernel for `ty`, if there is one. Only asked for by the dispatch when the CPU
+/// supports the AVX2 level (AVX2 + FMA + F16C).
+pub fn kernel(ty: GgmlType) -> Option<RowDot> {
+    Some(match ty {
+        GgmlType::IQ2XXS => RowDot::Q8K(iq2_xxs_row),
+        GgmlType::IQ3XXS => RowDot::Q8K(iq3_xxs_row),
+        GgmlType::IQ4XS => RowDot::Q8K(iq4_xs_row),
+        _ => return None,
+    })
+}
+
+/// `KSIGNS[i]` as 8 bytes of −1 (bit set) or +1, for `vpsignb`.
+static SIGN_BYTES: [i64; 128] = {
+    let mut t = [0i64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let mut v = 0u64;
+        let mut j = 0;
+        while j < 8 {
+            let byte: u64 = if (KSIGNS_IQ2XS[i] >> j) & 1 != 0 {
+                0xFF
+            } else {
+                0x01
+            };
+            v |= byte << (8 * j);
+            j += 1;
+        }
+        t[i] = v as i64;
+        i += 1;
+    }
+    t
+};
+
+/// The sign pattern of the four 8-element groups of one IQ2_XXS / IQ3_XXS sub-block (`aux`:
+/// four 7-bit sign indices).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_signs(aux: u32) -> __m256i {
+    let s = |l: u32| SIGN_BYTES[((aux >> (7 * l)) & 127) as usize];
+    _mm256_set_epi64x(s(3), s(2), s(1), s(0))
+}
+
+/// 32 activation bytes `32·ib..32·ib + 32` of a Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_q8(y: &BlockQ8K, ib: usize) -> __m256i {
+    let q = &y.qs[32 * ib..32 * ib + 32];
+    // SAFETY: `q` is 32 readable bytes.
+    unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }
+}
+
+/// 16 i16 pair sums of `w_e · s_e · q8_e` over 32 elements: `w` signed bytes (|w| ≤ 127) with
+/// signs `s` (±1 bytes); `|q8|` is the unsigned operand, exact also for −128.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn signed_pairs(w: __m256i, s: __m256i, q8: __m256i) -> __m256i {
+    let ws = _mm256_sign_epi8(_mm256_sign_epi8(w, s), q8);
+    _mm256_maddubs_epi16(_mm256_abs_epi8(q8), ws)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// IQ2_XXS row · Q8_K row over `min(n / 256, w.len() / 66, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq2_xxs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_XXS_BYTES, x.len());
+    let grid = |i: u8| IQ2XXS_GRID[usize::from(i)] as i64;
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ2_XXS_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let g = &b[2 + 8 * ib..2 + 8 * ib + 8];
+            let aux = u32::from_le_bytes([g[4], g[5], g[6], g[7]]);
+            let rows = _mm256_set_epi64x(grid(g[3]), grid(g[2]), grid(g[1]), grid(g[0]));
+            let pairs = signed_pairs(rows, group_signs(aux), load_q8(y, ib));
+            let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    0.125 * hsum(accf)
+}
+
+fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ2_XXS_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq2_xxs_q8_k_avx2(n, w, x) }
+}
+
+/// IQ3_XXS row · Q8_K row over `min(n / 256, w.len() / 98, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq3_xxs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ3_XXS_BYTES, x.len());
+    let grid = |i: u8| IQ3XXS_GRID[usize::from(i)] as i32;
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ3_XXS_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let g = &b[2 + 8 * ib..2 + 8 * ib + 8];
+            let at = 66 + 4 * ib;
+            let aux = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            let rows = _mm256_set_epi32(
+                grid(g[7]),
+                grid(g[6]),
+                grid(g[5]),
+                grid(g[4]),
+                grid(g[3]),
+                grid(g[2]),
+                grid(g[1]),
+                grid(g[0]),
+            );
+            let pairs = signed_pairs(rows, group_signs(aux), load_q8(y, ib));
+            let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    0.25 * hsum(accf)
+}
+
+fn iq3_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ3_XXS_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq3_xxs_q8_k_avx2(n, w, x) }
+}
+
+/// IQ4_XS row · Q8_K row over `min(n / 256, w.len() / 136, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq4_xs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ4_XS_BYTES, x.len());
+    // SAFETY: KVALUES_IQ4NL is 16 readable bytes.
+    let kv = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+    let kv = _mm256_set_m128i(kv, kv);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ4_XS_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let scales_h = u16::from_le_bytes([b[2], b[3]]);
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..4 {
+            // Sub-blocks 2c (lane 0 of `packed`) and 2c + 1 (lane 1), 16 bytes each.
+            let qs = &b[8 + 32 * c..8 + 32 * c + 32];
+            // SAFETY: `qs` is 32 readable bytes.
+            let packed = unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) };
+            let lo = _mm256_and_si256(packed, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low4);
+            for h in 0..2 {
+                let ib = 2 * c + h;
+                // Elements 0..16 = low nibbles, 16..32 = high nibbles of the sub-block's bytes.
+                let nibbles = if h == 0 {
+                    _mm256_permute2x128_si256::<0x20>(lo, hi)
+                } else {
+                    _mm256_permute2x128_si256::<0x31>(lo, hi)
+                };
+                let values = _mm256_shuffle_epi8(kv, nibbles);
+                let q8 = load_q8(y, ib);
+                let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q8), _mm256_sign_epi8(values, q8));
+                let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+                let high = ((scales_h >> (2 * ib)) & 3) as u8;
+                let ls = _mm256_set1_epi16(i16::from(low | (high << 4)) - 32);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+            }
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    hsum(accf)
+}
+
+fn iq4_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ4_XS_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq4_xs_q8_k_avx2(n, w, x) }
+}
