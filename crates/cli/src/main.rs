@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod generate;
 mod inspect;
 mod logits;
+mod selftest;
 mod tokenize;
 
 #[derive(Parser)]
@@ -31,6 +32,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Turn token ids back into text.
     Detokenize(tokenize::DetokenizeArgs),
+    /// Check every fast kernel against the oracle on fresh random data.
+    Selftest(selftest::Args),
 }
 
 fn main() {
@@ -41,6 +44,7 @@ fn main() {
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => tokenize::run_tokenize(a),
         Command::Detokenize(a) => tokenize::run_detokenize(a),
+        Command::Selftest(a) => selftest::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
