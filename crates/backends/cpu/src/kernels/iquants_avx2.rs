@@ -1,5 +1,5 @@
-//! AVX2 versions of the hot i-quant kernels (x86-64 only): IQ2_XXS, IQ3_XXS, IQ4_XS, for CPUs
-//! without the AVX-512 VBMI/VNNI kernels of [`super::iquants_avx512`]. They need AVX2, FMA and
+//! AVX2 versions of every i-quant kernel (x86-64 only), for CPUs without the AVX-512 VBMI/VNNI
+//! kernels of [`super::iquants_avx512`] and for the types that have none there. They need AVX2, FMA and
 //! F16C (the [`Isa::Avx2`](super::Isa::Avx2) level) and nothing else (no BMI2: `pdep` is slow on
 //! AMD Zen 1/2).
 //!
@@ -9,11 +9,18 @@
 //! `vpmaddubsw(|q8|, ±weight)` (the sign of `q8` moved onto the weight, so −128 is exact),
 //! weighted by the sub-block scale with `vpmaddwd`.
 
-use super::iquants::{f16_le, IQ2_XXS_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES};
-use super::q8::{BlockQ8K, QK_K};
+use super::iquants::{
+    f16_le, iq1_m_scale, IQ1_M_BYTES, IQ1_S_BYTES, IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES,
+    IQ3_S_BYTES, IQ3_XXS_BYTES, IQ4_NL_BYTES, IQ4_XS_BYTES,
+};
+use super::q8::{BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use super::RowDot;
 use core::arch::x86_64::*;
-use redlite_gguf::quant::grids::{IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL};
+use redlite_gguf::quant::f16_bits_to_f32;
+use redlite_gguf::quant::grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+    KVALUES_IQ4NL,
+};
 use redlite_gguf::quant::GgmlType;
 
 /// The AVX2 kernel for `ty`, if there is one. Only asked for by the dispatch when the CPU
@@ -23,6 +30,12 @@ pub fn kernel(ty: GgmlType) -> Option<RowDot> {
         GgmlType::IQ2XXS => RowDot::Q8K(iq2_xxs_row),
         GgmlType::IQ3XXS => RowDot::Q8K(iq3_xxs_row),
         GgmlType::IQ4XS => RowDot::Q8K(iq4_xs_row),
+        GgmlType::IQ2XS => RowDot::Q8K(iq2_xs_row),
+        GgmlType::IQ2S => RowDot::Q8K(iq2_s_row),
+        GgmlType::IQ3S => RowDot::Q8K(iq3_s_row),
+        GgmlType::IQ1S => RowDot::Q8K(iq1_s_row),
+        GgmlType::IQ1M => RowDot::Q8K(iq1_m_row),
+        GgmlType::IQ4NL => RowDot::Q8_0(iq4_nl_row),
         _ => return None,
     })
 }
@@ -40,6 +53,24 @@ static SIGN_BYTES: [i64; 128] = {
             } else {
                 0x01
             };
+            v |= byte << (8 * j);
+            j += 1;
+        }
+        t[i] = v as i64;
+        i += 1;
+    }
+    t
+};
+
+/// Byte value `s` as 8 bytes of −1 (bit `j` of `s` set) or +1, for `vpsignb`.
+static BIT_SIGNS: [i64; 256] = {
+    let mut t = [0i64; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut v = 0u64;
+        let mut j = 0;
+        while j < 8 {
+            let byte: u64 = if (i >> j) & 1 != 0 { 0xFF } else { 0x01 };
             v |= byte << (8 * j);
             j += 1;
         }
@@ -205,4 +236,269 @@ fn iq4_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let n = (w.len() / IQ4_XS_BYTES).min(x.len()) * QK_K;
     // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
     unsafe { vec_dot_iq4_xs_q8_k_avx2(n, w, x) }
+}
+
+/// A 256-bit vector of 16 i16 words: words 0..8 = `a`, words 8..16 = `b` (the scales of the two
+/// 16-element halves of a sub-block).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn two_scales(a: i32, b: i32) -> __m256i {
+    let a = i64::from(a as u16) * 0x0001_0001_0001_0001;
+    let b = i64::from(b as u16) * 0x0001_0001_0001_0001;
+    _mm256_set_epi64x(b, b, a, a)
+}
+
+/// IQ2_XS row · Q8_K row over `min(n / 256, w.len() / 74, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq2_xs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_XS_BYTES, x.len());
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ2_XS_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let v = |g: usize| u16::from_le_bytes([b[2 + 2 * g], b[3 + 2 * g]]);
+        let row = |g: usize| IQ2XS_GRID[usize::from(v(g) & 511)] as i64;
+        let sign = |g: usize| SIGN_BYTES[usize::from(v(g) >> 9)];
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let g = 4 * ib;
+            let rows = _mm256_set_epi64x(row(g + 3), row(g + 2), row(g + 1), row(g));
+            let signs = _mm256_set_epi64x(sign(g + 3), sign(g + 2), sign(g + 1), sign(g));
+            let pairs = signed_pairs(rows, signs, load_q8(y, ib));
+            let sc = b[66 + ib];
+            let ls = two_scales(2 * i32::from(sc & 15) + 1, 2 * i32::from(sc >> 4) + 1);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    0.125 * hsum(accf)
+}
+
+fn iq2_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ2_XS_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq2_xs_q8_k_avx2(n, w, x) }
+}
+
+/// IQ2_S row · Q8_K row over `min(n / 256, w.len() / 82, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq2_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_S_BYTES, x.len());
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ2_S_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let row = |g: usize| {
+            let high = usize::from((b[66 + g / 4] >> (2 * (g % 4))) & 3);
+            IQ2S_GRID[usize::from(b[2 + g]) | (high << 8)] as i64
+        };
+        let sign = |g: usize| BIT_SIGNS[usize::from(b[34 + g])];
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let g = 4 * ib;
+            let rows = _mm256_set_epi64x(row(g + 3), row(g + 2), row(g + 1), row(g));
+            let signs = _mm256_set_epi64x(sign(g + 3), sign(g + 2), sign(g + 1), sign(g));
+            let pairs = signed_pairs(rows, signs, load_q8(y, ib));
+            let sc = b[74 + ib];
+            let ls = two_scales(2 * i32::from(sc & 15) + 1, 2 * i32::from(sc >> 4) + 1);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    0.125 * hsum(accf)
+}
+
+fn iq2_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ2_S_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq2_s_q8_k_avx2(n, w, x) }
+}
+
+/// IQ3_S row · Q8_K row over `min(n / 256, w.len() / 110, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq3_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ3_S_BYTES, x.len());
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ3_S_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let qh = b[66 + ib];
+            // 4-group k of the sub-block: row qs[8ib + k] | (bit k of qh[ib]) << 8.
+            let row = |k: usize| {
+                let high = usize::from((qh >> k) & 1);
+                IQ3S_GRID[usize::from(b[2 + 8 * ib + k]) | (high << 8)] as i32
+            };
+            let rows = _mm256_set_epi32(
+                row(7),
+                row(6),
+                row(5),
+                row(4),
+                row(3),
+                row(2),
+                row(1),
+                row(0),
+            );
+            let sign = |l: usize| BIT_SIGNS[usize::from(b[74 + 4 * ib + l])];
+            let signs = _mm256_set_epi64x(sign(3), sign(2), sign(1), sign(0));
+            let pairs = signed_pairs(rows, signs, load_q8(y, ib));
+            let s = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15;
+            let ls = _mm256_set1_epi16(2 * i16::from(s) + 1);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    hsum(accf)
+}
+
+fn iq3_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ3_S_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq3_s_q8_k_avx2(n, w, x) }
+}
+
+/// `8·g + 1` for IQ1 grid bytes `g` (−1, 0, +1) plus one, as `vpshufb` indices 0, 1, 2 (both
+/// 128-bit lanes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1_codes_positive() -> __m256i {
+    _mm256_setr_epi8(
+        -7, 1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -7, 1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0,
+    )
+}
+
+/// IQ1 weight codes `8·g ± 1` of 32 grid bytes: `+1` everywhere, then `−2` where `minus_two`
+/// holds 2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1_codes(rows: __m256i, minus_two: __m256i, table: __m256i) -> __m256i {
+    let idx = _mm256_add_epi8(rows, _mm256_set1_epi8(1));
+    _mm256_sub_epi8(_mm256_shuffle_epi8(table, idx), minus_two)
+}
+
+/// IQ1_S row · Q8_K row over `min(n / 256, w.len() / 50, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq1_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ1_S_BYTES, x.len());
+    let table = iq1_codes_positive();
+    let no_signs = _mm256_set1_epi8(1);
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ1_S_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * y.d;
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let qh = u16::from_le_bytes([b[34 + 2 * ib], b[35 + 2 * ib]]);
+            let row = |l: usize| {
+                let high = usize::from((qh >> (3 * l)) & 7);
+                IQ1S_GRID[usize::from(b[2 + 4 * ib + l]) | (high << 8)] as i64
+            };
+            let rows = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
+            let minus_two = _mm256_set1_epi8(if qh & 0x8000 != 0 { 2 } else { 0 });
+            let codes = iq1_codes(rows, minus_two, table);
+            let pairs = signed_pairs(codes, no_signs, load_q8(y, ib));
+            let ls = _mm256_set1_epi16(2 * ((qh >> 12) & 7) as i16 + 1);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    0.125 * hsum(accf)
+}
+
+fn iq1_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ1_S_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq1_s_q8_k_avx2(n, w, x) }
+}
+
+/// IQ1_M row · Q8_K row over `min(n / 256, w.len() / 56, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq1_m_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ1_M_BYTES, x.len());
+    let table = iq1_codes_positive();
+    let no_signs = _mm256_set1_epi8(1);
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ1_M_BYTES).zip(x).take(nb) {
+        let d = iq1_m_scale(b) * y.d;
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            // Groups k = 4ib..4ib + 4; nibble k of qh: low 3 bits = high row bits, bit 3 = sign
+            // of the delta.
+            let nibble = |k: usize| (b[32 + k / 2] >> (4 * (k % 2))) & 15;
+            let row =
+                |k: usize| IQ1S_GRID[usize::from(b[k]) | (usize::from(nibble(k) & 7) << 8)] as i64;
+            let two = |k: usize| i64::from(nibble(k) >> 3) * 0x0202_0202_0202_0202;
+            let k = 4 * ib;
+            let rows = _mm256_set_epi64x(row(k + 3), row(k + 2), row(k + 1), row(k));
+            let minus_two = _mm256_set_epi64x(two(k + 3), two(k + 2), two(k + 1), two(k));
+            let codes = iq1_codes(rows, minus_two, table);
+            let pairs = signed_pairs(codes, no_signs, load_q8(y, ib));
+            // 16-element scales 2ib and 2ib + 1: 3-bit fields of scale u16 ib / 2.
+            let sc = u16::from_le_bytes([b[48 + 2 * (ib / 2)], b[49 + 2 * (ib / 2)]]);
+            let s = |i: usize| 2 * i32::from((sc >> (3 * (i % 4))) & 7) + 1;
+            let ls = two_scales(s(2 * ib), s(2 * ib + 1));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
+        }
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+    }
+    0.125 * hsum(accf)
+}
+
+fn iq1_m_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ1_M_BYTES).min(x.len()) * QK_K;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq1_m_q8_k_avx2(n, w, x) }
+}
+
+/// IQ4_NL row · Q8_0 row over `min(n / 32, w.len() / 18, x.len())` blocks.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_iq4_nl_q8_0_avx2(n: usize, w: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let nb = super::iquants::block_count(n, QK8_0, w.len(), IQ4_NL_BYTES, x.len());
+    // SAFETY: KVALUES_IQ4NL is 16 readable bytes.
+    let kv = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+    let kv = _mm256_set_m128i(kv, kv);
+    let low4 = _mm_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut accf = _mm256_setzero_ps();
+    for (b, y) in w.chunks_exact(IQ4_NL_BYTES).zip(x).take(nb) {
+        let d = f16_le(b, 0) * f16_bits_to_f32(y.d);
+        // SAFETY: bytes 2..18 of the block and the 32 activation bytes are readable.
+        let (packed, q8) = unsafe {
+            (
+                _mm_loadu_si128(b[2..18].as_ptr().cast()),
+                _mm256_loadu_si256(y.qs.as_ptr().cast()),
+            )
+        };
+        let nibbles = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16::<4>(packed), low4),
+            _mm_and_si128(packed, low4),
+        );
+        let values = _mm256_shuffle_epi8(kv, nibbles);
+        let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q8), _mm256_sign_epi8(values, q8));
+        let sums = _mm256_madd_epi16(pairs, ones);
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d), accf);
+    }
+    hsum(accf)
+}
+
+fn iq4_nl_row(w: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let n = (w.len() / IQ4_NL_BYTES).min(x.len()) * QK8_0;
+    // SAFETY: the dispatch only asks for AVX2 kernels on CPUs with the AVX2 level.
+    unsafe { vec_dot_iq4_nl_q8_0_avx2(n, w, x) }
 }
