@@ -9,7 +9,7 @@
 //! of the accumulation: the bound is 1e-5 relative to the exact result.
 //!
 //! `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture` runs the
-//! bandwidth measurement of the hot types.
+//! bandwidth measurement.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -478,7 +478,7 @@ fn thread_cpu_ns() -> Option<u64> {
     None
 }
 
-/// Matrix-vector bandwidth of the hot types on a matrix larger than the caches (64 MiB of
+/// Matrix-vector bandwidth of every i-quant type on a matrix larger than the caches (64 MiB of
 /// weights per type, see `REDLITE_BENCH_MIB` below), single-threaded, against a plain read of the same bytes. Run with
 /// `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture`.
 #[test]
@@ -512,11 +512,11 @@ fn bench_bandwidth() {
         std::hint::black_box(sink);
         best
     };
-    for name in ["IQ2_XXS", "IQ3_XXS", "IQ1_M", "IQ4_XS"] {
-        let case = CASES.iter().find(|c| c.name == name).unwrap();
-        let row_bytes = cols / 256 * case.bytes;
+    for case in CASES {
+        let name = case.name;
+        let row_bytes = cols / case.qk * case.bytes;
         let rows = (mib << 20) / row_bytes;
-        let w = random_blocks(&mut rng, case, rows * cols / 256);
+        let w = random_blocks(&mut rng, case, rows * cols / case.qk);
         let total = (rows * row_bytes) as f64;
         println!("{name}: {rows} × {cols} matrix, {:.1} MB", total / 1e6);
         let plain = best(&|| {
@@ -531,18 +531,18 @@ fn bench_bandwidth() {
             total / plain / 1e9
         );
         for isa in Isa::available() {
-            let Some(RowDot::Q8K(k)) = lookup_exact(case.ty, isa) else {
+            let Some(k) = lookup_exact(case.ty, isa) else {
                 continue;
             };
             let t = best(&|| {
                 let mut s = 0.0f32;
                 for r in w.chunks_exact(row_bytes) {
-                    s += k(r, &a.q8k);
+                    s += run_row_dot(k, r, &a);
                 }
                 s
             });
             println!(
-                "  {:7} kernel: {:6.2} GB/s, {:5.1} ns per 256-element block",
+                "  {:7} kernel: {:6.2} GB/s, {:5.1} ns per 256 weights",
                 isa.name(),
                 total / t / 1e9,
                 t * 1e9 / (rows * cols / 256) as f64
