@@ -25,6 +25,16 @@ impl HeadInputs<'_> {
 
 /// Token-by-token recurrence. Returns `o` as `[t, dv]` and updates `s` in place.
 pub fn delta_rule_step(inp: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
+    delta_rule_step_traced(inp, s, None)
+}
+
+/// [`delta_rule_step`], appending a copy of the state after every token to `trace` when given
+/// (`[t, dk, dv]`; speculative verification rolls back to any of them).
+pub fn delta_rule_step_traced(
+    inp: &HeadInputs,
+    s: &mut [f32],
+    mut trace: Option<&mut Vec<f32>>,
+) -> Vec<f32> {
     let (dk, dv) = (inp.dk, inp.dv);
     let mut out = vec![0.0f32; inp.len() * dv];
     let mut m = vec![0.0f32; dv];
@@ -55,6 +65,9 @@ pub fn delta_rule_step(inp: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
             for (oj, sj) in o.iter_mut().zip(row) {
                 *oj += sj * qi;
             }
+        }
+        if let Some(trace) = trace.as_deref_mut() {
+            trace.extend_from_slice(s);
         }
     }
     out

@@ -17,7 +17,7 @@ pub mod weights;
 pub use backend::{Backend, LinearData, LinearSource, Oracle};
 pub use config::{Config, LayerKind};
 pub use qwen3next::{Mode, Model};
-pub use state::{MtpState, SequenceState, Snapshot};
+pub use state::{MtpState, SequenceState, Snapshot, StepTrace};
 
 /// Errors from loading or running a model.
 #[derive(Debug, thiserror::Error)]

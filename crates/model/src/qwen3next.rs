@@ -11,7 +11,7 @@ use redlite_gguf::GgufFile;
 
 use crate::backend::{matvec, matvec_rows, swiglu, Backend, Oracle};
 use crate::config::Config;
-use crate::delta_rule::{delta_rule_chunked, delta_rule_step, HeadInputs};
+use crate::delta_rule::{delta_rule_chunked, delta_rule_step_traced, HeadInputs};
 use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
 use crate::state::{DeltaNetState, KvCache, LayerState, MtpState, SequenceState};
 use crate::weights::{
@@ -95,8 +95,19 @@ impl<B: Backend> Model<B> {
             .map(|&t| self.embed(t))
             .collect::<Result<Vec<_>, _>>()?;
         let pos0 = state.pos;
-        for (w, st) in self.weights.layers.iter().zip(state.layers.iter_mut()) {
-            decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode);
+        let mut trace = state.trace.as_mut();
+        for (i, (w, st)) in self
+            .weights
+            .layers
+            .iter()
+            .zip(state.layers.iter_mut())
+            .enumerate()
+        {
+            let recorder = match (&mut trace, mode) {
+                (Some(t), Mode::Step) => Some(&mut t.states[i]),
+                _ => None,
+            };
+            decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode, recorder);
         }
         state.pos += tokens.len();
         Ok(x.iter()
@@ -151,6 +162,7 @@ impl<B: Backend> Model<B> {
             &mut x,
             t,
             Mode::Step,
+            None,
         );
         if let LayerState::Attention(kv) = layer_state {
             mtp_state.kv = kv;
@@ -161,6 +173,7 @@ impl<B: Backend> Model<B> {
 }
 
 /// One decoder layer over a run of tokens at positions `pos0..`, updating `x` in place.
+#[allow(clippy::too_many_arguments)]
 fn decoder_layer<B: Backend>(
     b: &B,
     cfg: &Config,
@@ -169,6 +182,7 @@ fn decoder_layer<B: Backend>(
     x: &mut [Vec<f32>],
     pos0: usize,
     mode: Mode,
+    recorder: Option<&mut Vec<DeltaNetState>>,
 ) {
     let normed: Vec<Vec<f32>> = x
         .iter()
@@ -179,7 +193,7 @@ fn decoder_layer<B: Backend>(
             gated_attention(b, cfg, a, kv, &normed, pos0)
         }
         (MixerWeights::DeltaNet(d), LayerState::DeltaNet(s)) => {
-            gated_delta_net(b, cfg, d, s, &normed, pos0, mode)
+            gated_delta_net(b, cfg, d, s, &normed, pos0, mode, recorder)
         }
         _ => unreachable!("layer state kind follows the config"),
     };
@@ -270,6 +284,7 @@ fn gated_attention<B: Backend>(
 /// 5. The gated delta rule per V head (chunked for prompts, with chunks on absolute multiples of
 ///    64 positions; recurrent for steps).
 /// 6. Gated RMSNorm per head, `RMSNorm(o)·w ⊙ SiLU(z)`, then `W_out`.
+#[allow(clippy::too_many_arguments)]
 fn gated_delta_net<B: Backend>(
     b: &B,
     cfg: &Config,
@@ -278,6 +293,7 @@ fn gated_delta_net<B: Backend>(
     xs: &[Vec<f32>],
     pos0: usize,
     mode: Mode,
+    recorder: Option<&mut Vec<DeltaNetState>>,
 ) -> Vec<Vec<f32>> {
     let n = xs.len();
     let (nk, nv, dk, dv) = (cfg.dn_k_heads, cfg.dn_v_heads, cfg.dn_k_dim, cfg.dn_v_dim);
@@ -309,6 +325,7 @@ fn gated_delta_net<B: Backend>(
         })
         .collect();
     st.conv.copy_from_slice(&history[n * ch..]);
+    let conv_after = |t: usize| history[(t + 1) * ch..(t + kern) * ch].to_vec();
 
     // 3./4. Per-head q, k, v, β, g, laid out per V head for the delta rule: q/k [nv][n][dk], v [nv][n][dv].
     let q_scale = 1.0 / (dk as f32).sqrt();
@@ -342,7 +359,10 @@ fn gated_delta_net<B: Backend>(
         }
     }
 
-    // 5. The delta rule, one V head at a time.
+    // 5. The delta rule, one V head at a time. When recording (speculative verification), the
+    //    state after every token is kept: traces[h] is `[n, dk, dv]`.
+    let recording = recorder.is_some() && mode == Mode::Step;
+    let mut traces: Vec<Vec<f32>> = vec![Vec::new(); if recording { nv } else { 0 }];
     let mut o = vec![0.0f32; nv * n * dv]; // [nv][n][dv]
     for h in 0..nv {
         let inp = HeadInputs {
@@ -357,9 +377,22 @@ fn gated_delta_net<B: Backend>(
         let s = &mut st.s[h * dk * dv..(h + 1) * dk * dv];
         let oh = match mode {
             Mode::Prefill if n > 1 => delta_rule_chunked(&inp, pos0, s),
-            _ => delta_rule_step(&inp, s),
+            _ => delta_rule_step_traced(&inp, s, traces.get_mut(h)),
         };
         o[h * n * dv..(h + 1) * n * dv].copy_from_slice(&oh);
+    }
+    if let Some(rec) = recorder.filter(|_| recording) {
+        let per = dk * dv;
+        for t in 0..n {
+            let mut s_t = Vec::with_capacity(nv * per);
+            for tr in &traces {
+                s_t.extend_from_slice(&tr[t * per..(t + 1) * per]);
+            }
+            rec.push(DeltaNetState {
+                conv: conv_after(t),
+                s: s_t,
+            });
+        }
     }
 
     // 6. Gated RMSNorm per head, then the output projection.

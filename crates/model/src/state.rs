@@ -70,6 +70,19 @@ pub struct SequenceState {
     pub layers: Vec<LayerState>,
     /// Tokens processed so far (the position of the next token).
     pub pos: usize,
+    /// While verifying speculative drafts: the DeltaNet states after every stepped token.
+    pub trace: Option<StepTrace>,
+}
+
+/// DeltaNet states recorded after every token of a run of `Mode::Step` tokens, so that
+/// [`SequenceState::keep`] can roll back to any of them without recomputing.
+#[derive(Debug, Clone)]
+pub struct StepTrace {
+    /// The state when recording began.
+    pub initial: Snapshot,
+    /// `states[layer][t]`: the state of DeltaNet layer `layer` after the `t`-th recorded token
+    /// (empty for attention layers).
+    pub states: Vec<Vec<DeltaNetState>>,
 }
 
 /// The recurrent part of a [`SequenceState`] at some position; KV caches are not copied.
@@ -94,7 +107,54 @@ impl SequenceState {
                 }),
             })
             .collect();
-        SequenceState { layers, pos: 0 }
+        SequenceState {
+            layers,
+            pos: 0,
+            trace: None,
+        }
+    }
+
+    /// Start recording the DeltaNet state after every token stepped from here on (speculative
+    /// verification). Only `Mode::Step` runs are recorded.
+    pub fn begin_trace(&mut self) {
+        self.trace = Some(StepTrace {
+            initial: self.snapshot(),
+            states: vec![Vec::new(); self.layers.len()],
+        });
+    }
+
+    /// Keep the first `n` tokens processed since [`SequenceState::begin_trace`] and drop the rest:
+    /// recurrent states come from the recording, KV caches are truncated. Ends the recording.
+    pub fn keep(&mut self, n: usize) -> Result<(), ModelError> {
+        let trace = self
+            .trace
+            .take()
+            .ok_or_else(|| ModelError::State("keep() without begin_trace()".into()))?;
+        let start = trace.initial.pos;
+        let processed = self.pos - start;
+        if n > processed {
+            return Err(ModelError::State(format!(
+                "cannot keep {n} tokens: only {processed} were processed"
+            )));
+        }
+        if n == processed {
+            return Ok(());
+        }
+        if n == 0 {
+            return self.restore(&trace.initial);
+        }
+        for (layer, recorded) in self.layers.iter_mut().zip(trace.states) {
+            if let LayerState::DeltaNet(d) = layer {
+                let saved = recorded.into_iter().nth(n - 1).ok_or_else(|| {
+                    ModelError::State(
+                        "the verified tokens were not run in Mode::Step while recording".into(),
+                    )
+                })?;
+                *d = saved;
+            }
+        }
+        self.truncate_kv(start + n);
+        Ok(())
     }
 
     /// Back to an empty sequence.
@@ -109,6 +169,7 @@ impl SequenceState {
             }
         }
         self.pos = 0;
+        self.trace = None;
     }
 
     fn has_recurrent_layers(&self) -> bool {

@@ -319,3 +319,42 @@ fn prefill_in_aligned_pieces_is_bit_identical() {
         "aligned pieces must equal the single prefill bit for bit"
     );
 }
+
+#[test]
+fn multi_row_step_is_bit_identical_and_rolls_back_exactly() {
+    let model = Model::load(reference().join("models/tiny-IQ2_XXS.gguf")).unwrap();
+    let e = entries()
+        .into_iter()
+        .find(|e| e.model == "IQ2_XXS" && e.prompt == "P1")
+        .unwrap();
+    let (head, tail) = e.tokens.split_at(12);
+    let tail = &tail[..8];
+    // One token at a time.
+    let mut one = model.new_state();
+    model.forward(&mut one, head, Mode::Prefill).unwrap();
+    let singles: Vec<Vec<f32>> = tail
+        .iter()
+        .flat_map(|&t| model.forward(&mut one, &[t], Mode::Step).unwrap())
+        .collect();
+    // All 8 rows in one stepped pass while recording, then keep 5 and continue.
+    let mut multi = model.new_state();
+    model.forward(&mut multi, head, Mode::Prefill).unwrap();
+    multi.begin_trace();
+    let rows = model.forward(&mut multi, tail, Mode::Step).unwrap();
+    assert!(
+        rows == singles,
+        "each row of a multi-row step equals the one-token step bit for bit"
+    );
+    multi.keep(5).unwrap();
+    assert_eq!(multi.pos, 12 + 5);
+    let resumed = model.forward(&mut multi, &tail[5..], Mode::Step).unwrap();
+    assert!(
+        resumed[..] == singles[5..],
+        "rolled-back state continues exactly"
+    );
+    // keep(0) returns to where recording began.
+    multi.begin_trace();
+    model.forward(&mut multi, &tail[..2], Mode::Step).unwrap();
+    multi.keep(0).unwrap();
+    assert_eq!(multi.pos, 12 + 8);
+}
