@@ -11,12 +11,30 @@ pub struct Args {
     /// Print every comparison, not only failures and the summary.
     #[arg(short, long)]
     pub verbose: bool,
+    /// cuda: fixture folder for the GPU parity run (logits/index.json, logits/*__exact.bin,
+    /// models/*.gguf).
+    #[arg(long)]
+    pub fixtures: Option<std::path::PathBuf>,
+    /// cuda: seed of the random test data (default: from the clock, printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// cuda: skip the CPU oracle in the parity run (no argmax check, no oracle KL).
+    #[arg(long)]
+    pub no_oracle: bool,
+    /// cuda: also run each fixture model's first prompt token by token (the decode path).
+    #[arg(long)]
+    pub step: bool,
 }
+
+/// The CUDA branch (`--backend cuda`), in its own file.
+#[path = "selftest_cuda.rs"]
+mod cuda;
 
 pub fn run(args: Args) -> Result<()> {
     match args.backend.as_str() {
         "cpu" => cpu(args.verbose),
-        other => bail!("no self-test for backend '{other}' (available: cpu)"),
+        "cuda" => cuda::run(args),
+        other => bail!("no self-test for backend '{other}' (available: cpu, cuda)"),
     }
 }
 

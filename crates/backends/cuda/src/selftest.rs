@@ -1,1 +1,671 @@
-//! placeholder
+//! The GPU self-test: every kernel against a CPU reference on fresh random data.
+//!
+//! References are computed in f64 from the same inputs: weights through the reference
+//! dequantizers of `redlite_gguf::quant`, the other kernels by their formulas (those of the
+//! oracle in `redlite_model`). The error measure is `‖gpu − ref‖ / ‖ref‖` over the whole output;
+//! a NaN anywhere (outputs are poisoned before each launch) fails the check. Index outputs
+//! (router choice, argmax) must match exactly.
+
+use redlite_gguf::quant::dequantize_to_vec;
+use redlite_gguf::GgmlType;
+
+use crate::kernels::ALL_TYPES;
+use crate::ops::{self, DeltaDims, ExpertSet};
+use crate::{CudaError, Gpu};
+
+/// Relative error allowed for kernels that compute in f32 (far above f32 rounding on these sizes,
+/// far below any indexing or formula mistake).
+pub const TOL_F32: f64 = 1e-5;
+
+/// One comparison.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub kernel: String,
+    pub case: String,
+    /// Relative L2 error (or mismatch count for index outputs).
+    pub err: f64,
+    pub tol: f64,
+    pub pass: bool,
+    pub note: String,
+}
+
+/// SplitMix64: small, seedable, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+    pub fn normals(&mut self, n: usize, scale: f64) -> Vec<f32> {
+        (0..n).map(|_| (self.normal() * scale) as f32).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// f32 to f16 bits (round to nearest even), for test data only (normal, in-range values).
+fn f16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    if exp <= 0 {
+        return sign; // flush tiny values to zero: fine for test data
+    }
+    if exp >= 31 {
+        return sign | 0x7bff;
+    }
+    let mant = b & 0x7f_ffff;
+    let mut h = (sign as u32) | ((exp as u32) << 10) | (mant >> 13);
+    let rest = mant & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && (h & 1) == 1) {
+        h += 1;
+    }
+    h as u16
+}
+
+/// Byte offsets of the f16 scales of one block, patched to sane values in random data.
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        GgmlType::IQ1M | GgmlType::Q8K => &[],
+        _ => &[0],
+    }
+}
+
+/// `rows × cols` random weights of type `ty` as raw GGUF bytes: random bits everywhere except the
+/// scales, which get small positive values (so products stay finite and comparable).
+pub fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| (rng.normal() as f32).to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| f16_bits(rng.normal() as f32).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| (((rng.normal() as f32).to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        _ => {
+            let (bb, nb) = (ty.block_bytes(), n / ty.block_elems());
+            let mut out: Vec<u8> = (0..nb * bb).map(|_| rng.next_u64() as u8).collect();
+            for block in out.chunks_exact_mut(bb) {
+                for &off in scale_offsets(ty) {
+                    let d = f16_bits((0.5e-3 + 1.5e-3 * rng.uniform()) as f32);
+                    block[off..off + 2].copy_from_slice(&d.to_le_bytes());
+                }
+                match ty {
+                    GgmlType::Q8K => {
+                        let d = (0.5e-3 + 1.5e-3 * rng.uniform()) as f32;
+                        block[0..4].copy_from_slice(&d.to_le_bytes());
+                    }
+                    GgmlType::IQ1M => {
+                        // The f16 super-scale lives in the top nibbles of the 4 u16 scales at 48.
+                        let d = f16_bits((0.5e-3 + 1.5e-3 * rng.uniform()) as f32);
+                        for i in 0..4 {
+                            let at = 48 + 2 * i;
+                            let v = u16::from_le_bytes([block[at], block[at + 1]]);
+                            let v = (v & 0x0fff) | (((d >> (4 * i)) & 0xf) << 12);
+                            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            out
+        }
+    }
+}
+
+/// `‖a − b‖ / ‖b‖`, infinite when `a` has a NaN or the lengths differ.
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (f64::from(x) - y).powi(2);
+        den += y * y;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn dot64(w: &[f32], x: &[f32]) -> f64 {
+    w.iter()
+        .zip(x)
+        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+        .sum()
+}
+
+fn silu64(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+struct Runner<'a> {
+    gpu: &'a Gpu,
+    rng: Rng,
+    out: Vec<Check>,
+}
+
+impl Runner<'_> {
+    fn record(&mut self, kernel: &str, case: String, r: Result<(f64, f64), CudaError>) {
+        let (err, tol, note) = match r {
+            Ok((err, tol)) => (err, tol, String::new()),
+            Err(e) => (f64::INFINITY, 0.0, e.to_string()),
+        };
+        self.out.push(Check {
+            kernel: kernel.to_string(),
+            case,
+            err,
+            tol,
+            pass: err <= tol,
+            note,
+        });
+    }
+
+    fn matvec(&mut self, ty: GgmlType) {
+        let be = ty.block_elems();
+        let cases: Vec<(usize, usize, usize)> = if be == 1 {
+            vec![(5, 100, 2), (37, 2304, 1), (512, 4096, 1), (64, 1024, 3)]
+        } else {
+            vec![(1, be, 1), (37, 2304, 1), (512, 4096, 1), (64, 1024, 3)]
+        };
+        for (rows, cols, n) in cases {
+            let bytes = random_weights(&mut self.rng, ty, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let y = ops::matvec(self.gpu, ty, &w, rows, cols, &xs, n)?;
+                let wf =
+                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let mut reference = Vec::with_capacity(n * rows);
+                for t in 0..n {
+                    for r in 0..rows {
+                        reference.push(dot64(
+                            &wf[r * cols..(r + 1) * cols],
+                            &xs[t * cols..(t + 1) * cols],
+                        ));
+                    }
+                }
+                Ok((rel_err(&y, &reference), TOL_F32))
+            })();
+            self.record(
+                &format!("matvec {}", ty.name()),
+                format!("{rows}x{cols} n={n}"),
+                r,
+            );
+        }
+    }
+
+    fn embed(&mut self, ty: GgmlType) {
+        let cols = if ty.block_elems() == 1 { 200 } else { 2304 };
+        let rows = 50;
+        let bytes = random_weights(&mut self.rng, ty, rows, cols);
+        let ids: Vec<i32> = vec![0, 49, self.rng.below(rows) as i32, 7, 7];
+        let r = (|| {
+            let t = ops::upload(self.gpu, &bytes)?;
+            let y = ops::embed(self.gpu, ty, &t, cols, &ids)?;
+            let wf =
+                dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
+            let reference: Vec<f64> = ids
+                .iter()
+                .flat_map(|&i| {
+                    wf[i as usize * cols..(i as usize + 1) * cols]
+                        .iter()
+                        .map(|&v| f64::from(v))
+                })
+                .collect();
+            Ok((rel_err(&y, &reference), 1e-6))
+        })();
+        self.record(
+            &format!("embed {}", ty.name()),
+            format!("{} ids of {rows}x{cols}", ids.len()),
+            r,
+        );
+    }
+
+    fn experts(&mut self, ty: GgmlType) {
+        let (n_exp, k, hidden, ff) = (8usize, 3usize, 512usize, 512usize);
+        let gate: Vec<Vec<u8>> = (0..n_exp)
+            .map(|_| random_weights(&mut self.rng, ty, ff, hidden))
+            .collect();
+        let up: Vec<Vec<u8>> = (0..n_exp)
+            .map(|_| random_weights(&mut self.rng, ty, ff, hidden))
+            .collect();
+        let down: Vec<Vec<u8>> = (0..n_exp)
+            .map(|_| random_weights(&mut self.rng, ty, hidden, ff))
+            .collect();
+        let chosen = [1usize, 4, 6];
+        let weights = [0.5f32, 0.3, 0.2];
+        let x = self.rng.normals(hidden, 1.0);
+        let r = (|| {
+            let up_d = |v: &Vec<Vec<u8>>| -> Result<Vec<_>, CudaError> {
+                chosen
+                    .iter()
+                    .map(|&e| ops::upload(self.gpu, &v[e]))
+                    .collect()
+            };
+            let (g_d, u_d, d_d) = (up_d(&gate)?, up_d(&up)?, up_d(&down)?);
+            let set = ExpertSet {
+                gate_up_ty: ty,
+                down_ty: ty,
+                gate: g_d.iter().collect(),
+                up: u_d.iter().collect(),
+                down: d_d.iter().collect(),
+            };
+            let y = ops::moe_experts(self.gpu, &set, &weights, &x, ff)?;
+            let deq =
+                |b: &[u8]| dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()));
+            let mut reference = vec![0.0f64; hidden];
+            for (i, &e) in chosen.iter().enumerate() {
+                let (g, u, d) = (deq(&gate[e])?, deq(&up[e])?, deq(&down[e])?);
+                let act: Vec<f32> = (0..ff)
+                    .map(|r| {
+                        let gv = dot64(&g[r * hidden..(r + 1) * hidden], &x);
+                        let uv = dot64(&u[r * hidden..(r + 1) * hidden], &x);
+                        (silu64(gv) * uv) as f32
+                    })
+                    .collect();
+                for (r, o) in reference.iter_mut().enumerate() {
+                    *o += f64::from(weights[i]) * dot64(&d[r * ff..(r + 1) * ff], &act);
+                }
+            }
+            Ok((rel_err(&y, &reference), TOL_F32))
+        })();
+        self.record(
+            &format!("experts {}", ty.name()),
+            format!("k={k} of {n_exp}, {hidden}/{ff}"),
+            r,
+        );
+    }
+
+    fn router(&mut self) {
+        let (n_expert, k, tokens) = (512usize, 10usize, 3usize);
+        let logits = self.rng.normals(tokens * n_expert, 2.0);
+        let r = (|| {
+            let (idx, w) = ops::moe_router(self.gpu, &logits, n_expert, k)?;
+            let mut ref_w = Vec::new();
+            let mut mismatches = 0usize;
+            for t in 0..tokens {
+                let l = &logits[t * n_expert..(t + 1) * n_expert];
+                let m = l
+                    .iter()
+                    .fold(f64::NEG_INFINITY, |a, &b| a.max(f64::from(b)));
+                let p: Vec<f64> = l.iter().map(|&v| (f64::from(v) - m).exp()).collect();
+                let s: f64 = p.iter().sum();
+                let mut order: Vec<usize> = (0..n_expert).collect();
+                order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+                let mut top: Vec<usize> = order[..k].to_vec();
+                let total: f64 = top.iter().map(|&e| p[e] / s).sum();
+                top.sort_unstable();
+                for (j, &e) in top.iter().enumerate() {
+                    if idx[t * k + j] != e as i32 {
+                        mismatches += 1;
+                    }
+                    ref_w.push(p[e] / s / total);
+                }
+            }
+            if mismatches > 0 {
+                return Ok((mismatches as f64, 0.0));
+            }
+            Ok((rel_err(&w, &ref_w), TOL_F32))
+        })();
+        self.record(
+            "moe_router",
+            format!("{tokens} tokens, top-{k} of {n_expert}"),
+            r,
+        );
+    }
+
+    fn norms(&mut self) {
+        // RMSNorm.
+        let (rows, n, eps) = (4usize, 2048usize, 1e-6f32);
+        let x = self.rng.normals(rows * n, 1.0);
+        let w = self.rng.normals(n, 1.0);
+        let r = ops::rms_norm(self.gpu, &x, &w, n, eps).map(|y| {
+            let reference: Vec<f64> = x
+                .chunks_exact(n)
+                .flat_map(|row| {
+                    let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+                    let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+                    row.iter()
+                        .zip(&w)
+                        .map(move |(&v, &g)| f64::from(v) * inv * f64::from(g))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (rel_err(&y, &reference), TOL_F32)
+        });
+        self.record("rms_norm", format!("{rows}x{n}"), r);
+
+        // Gated RMSNorm (DeltaNet output).
+        let (rows, n) = (32usize, 128usize);
+        let o = self.rng.normals(rows * n, 0.1);
+        let z = self.rng.normals(rows * n, 1.0);
+        let w = self.rng.normals(n, 1.0);
+        let r = ops::rms_norm_gated(self.gpu, &o, &w, &z, n, eps).map(|y| {
+            let mut reference = Vec::new();
+            for (orow, zrow) in o.chunks_exact(n).zip(z.chunks_exact(n)) {
+                let ms = orow.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+                let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+                for i in 0..n {
+                    reference.push(
+                        f64::from(orow[i]) * inv * f64::from(w[i]) * silu64(f64::from(zrow[i])),
+                    );
+                }
+            }
+            (rel_err(&y, &reference), TOL_F32)
+        });
+        self.record("rms_norm_gated", format!("{rows}x{n}"), r);
+
+        // L2 normalisation with a scale (DeltaNet q).
+        let (rows, n) = (16usize, 128usize);
+        let x = self.rng.normals(rows * n, 3.0);
+        let scale = 1.0 / (n as f32).sqrt();
+        let r = ops::l2_normalize(self.gpu, &x, n, 1e-6, scale).map(|y| {
+            let reference: Vec<f64> = x
+                .chunks_exact(n)
+                .flat_map(|row| {
+                    let ss = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>();
+                    let inv = 1.0 / (ss + 1e-6).sqrt();
+                    row.iter()
+                        .map(move |&v| f64::from(v) * inv * f64::from(scale))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (rel_err(&y, &reference), TOL_F32)
+        });
+        self.record("l2_normalize", format!("{rows}x{n}"), r);
+
+        // Element-wise kernels.
+        let n = 10_007usize;
+        let a = self.rng.normals(n, 1.0);
+        let b = self.rng.normals(n, 2.0);
+        let pairs = |f: &dyn Fn(f64, f64) -> f64| -> Vec<f64> {
+            a.iter()
+                .zip(&b)
+                .map(|(&x, &y)| f(f64::from(x), f64::from(y)))
+                .collect()
+        };
+        let r = ops::add(self.gpu, &a, &b).map(|y| (rel_err(&y, &pairs(&|x, y| x + y)), TOL_F32));
+        self.record("add_inplace", format!("n={n}"), r);
+        let r = ops::sigmoid_mul(self.gpu, &a, &b)
+            .map(|y| (rel_err(&y, &pairs(&|x, g| x / (1.0 + (-g).exp()))), TOL_F32));
+        self.record("sigmoid_mul", format!("n={n}"), r);
+        let r = ops::swiglu(self.gpu, &a, &b)
+            .map(|y| (rel_err(&y, &pairs(&|g, u| silu64(g) * u)), TOL_F32));
+        self.record("swiglu", format!("n={n}"), r);
+    }
+
+    fn rope(&mut self) {
+        let (heads, hd, rd, theta) = (16usize, 256usize, 64usize, 10_000_000.0f64);
+        for (tokens, pos0) in [(1usize, 0usize), (3, 100), (2, 70_000)] {
+            let x = self.rng.normals(tokens * heads * hd, 1.0);
+            let r = ops::rope_neox(self.gpu, &x, heads, hd, rd, pos0, theta).map(|y| {
+                let mut reference: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+                let half = rd / 2;
+                for (i, head) in reference.chunks_exact_mut(hd).enumerate() {
+                    let pos = (pos0 + i / heads) as f64;
+                    for j in 0..half {
+                        let angle = pos * theta.powf(-2.0 * j as f64 / rd as f64);
+                        // The kernel rounds sin and cos to f32, as the oracle does.
+                        let (s, c) = (f64::from(angle.sin() as f32), f64::from(angle.cos() as f32));
+                        let (a, b) = (head[j], head[j + half]);
+                        head[j] = a * c - b * s;
+                        head[j + half] = b * c + a * s;
+                    }
+                }
+                (rel_err(&y, &reference), TOL_F32)
+            });
+            self.record(
+                "rope_neox",
+                format!("{tokens}x{heads}x{hd}, rot {rd}, pos {pos0}"),
+                r,
+            );
+        }
+    }
+
+    fn deltanet(&mut self) {
+        let d = DeltaDims {
+            nk: 16,
+            nv: 32,
+            dk: 128,
+            dv: 128,
+        };
+        let kern = 4usize;
+        let ch = 2 * d.nk * d.dk + d.nv * d.dv;
+
+        // Conv step.
+        let x = self.rng.normals(ch, 1.0);
+        let state = self.rng.normals((kern - 1) * ch, 1.0);
+        let w = self.rng.normals(kern * ch, 0.5);
+        let r = ops::dn_conv_step(self.gpu, &x, &state, &w, kern).map(|(y, st)| {
+            let mut reference = Vec::with_capacity(ch);
+            for c in 0..ch {
+                let mut acc = 0.0f64;
+                for j in 0..kern - 1 {
+                    acc += f64::from(w[c * kern + j]) * f64::from(state[j * ch + c]);
+                }
+                acc += f64::from(w[c * kern + kern - 1]) * f64::from(x[c]);
+                reference.push(silu64(acc));
+            }
+            let mut ref_state: Vec<f64> = state[ch..].iter().map(|&v| f64::from(v)).collect();
+            ref_state.extend(x.iter().map(|&v| f64::from(v)));
+            (
+                rel_err(&y, &reference).max(rel_err(&st, &ref_state)),
+                TOL_F32,
+            )
+        });
+        self.record("dn_conv_step", format!("{ch} ch, kernel {kern}"), r);
+
+        // Gates.
+        let r_ = d.nv / d.nk;
+        let ba = self.rng.normals(2 * d.nv, 2.0);
+        let a: Vec<f32> = (0..d.nv)
+            .map(|_| -(self.rng.uniform() * 8.0 + 0.1) as f32)
+            .collect();
+        let dt = self.rng.normals(d.nv, 1.0);
+        let r = ops::dn_gates(self.gpu, &ba, &a, &dt, r_).map(|(beta, g)| {
+            let mut rb = Vec::new();
+            let mut rg = Vec::new();
+            for h in 0..d.nv {
+                let (grp, j) = (h / r_, h % r_);
+                rb.push(1.0 / (1.0 + (-f64::from(ba[grp * 2 * r_ + j])).exp()));
+                let z = f64::from(ba[grp * 2 * r_ + r_ + j]) + f64::from(dt[h]);
+                let sp = if z > 20.0 { z } else { z.exp().ln_1p() };
+                rg.push(f64::from(a[h]) * sp);
+            }
+            (rel_err(&beta, &rb).max(rel_err(&g, &rg)), TOL_F32)
+        });
+        self.record("dn_gates", format!("{} V heads", d.nv), r);
+
+        // Delta rule step, on L2-normalised q and k like the model's.
+        let mut qkv = self.rng.normals(ch, 1.0);
+        for head in qkv[..2 * d.nk * d.dk].chunks_exact_mut(d.dk) {
+            let n = head.iter().map(|v| v * v).sum::<f32>().sqrt();
+            head.iter_mut().for_each(|v| *v /= n);
+        }
+        let beta: Vec<f32> = (0..d.nv).map(|_| self.rng.uniform() as f32).collect();
+        let g: Vec<f32> = (0..d.nv)
+            .map(|_| -(self.rng.uniform() * 2.0) as f32)
+            .collect();
+        let s0 = self.rng.normals(d.nv * d.dk * d.dv, 0.1);
+        let r = ops::dn_delta_step(self.gpu, &qkv, &beta, &g, &s0, d).map(|(o, s1)| {
+            let mut ro = vec![0.0f64; d.nv * d.dv];
+            let mut rs: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
+            for h in 0..d.nv {
+                let kh = h / (d.nv / d.nk);
+                let q = &qkv[kh * d.dk..(kh + 1) * d.dk];
+                let k = &qkv[d.nk * d.dk + kh * d.dk..d.nk * d.dk + (kh + 1) * d.dk];
+                let v = &qkv[2 * d.nk * d.dk + h * d.dv..2 * d.nk * d.dk + (h + 1) * d.dv];
+                let s = &mut rs[h * d.dk * d.dv..(h + 1) * d.dk * d.dv];
+                let alpha = f64::from(g[h]).exp();
+                s.iter_mut().for_each(|x| *x *= alpha);
+                for j in 0..d.dv {
+                    let m: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * f64::from(k[i])).sum();
+                    let delta = f64::from(beta[h]) * (f64::from(v[j]) - m);
+                    for i in 0..d.dk {
+                        s[i * d.dv + j] += f64::from(k[i]) * delta;
+                    }
+                    ro[h * d.dv + j] = (0..d.dk).map(|i| s[i * d.dv + j] * f64::from(q[i])).sum();
+                }
+            }
+            (rel_err(&o, &ro).max(rel_err(&s1, &rs)), TOL_F32)
+        });
+        self.record(
+            "dn_delta_step",
+            format!("{}/{} heads, {}x{}", d.nk, d.nv, d.dk, d.dv),
+            r,
+        );
+    }
+
+    fn attention(&mut self) {
+        let (heads, nkv, hd) = (16usize, 2usize, 256usize);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for n in [1usize, 37, 1000] {
+            let q = self.rng.normals(heads * hd, 1.0);
+            let kc = self.rng.normals(n * nkv * hd, 1.0);
+            let vc = self.rng.normals(n * nkv * hd, 1.0);
+            let r = ops::attn_decode(self.gpu, &q, &kc, &vc, heads, nkv, hd, scale).map(|o| {
+                let mut reference = vec![0.0f64; heads * hd];
+                for h in 0..heads {
+                    let g = h / (heads / nkv);
+                    let qh = &q[h * hd..(h + 1) * hd];
+                    let sc: Vec<f64> = (0..n)
+                        .map(|j| {
+                            dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let sum: f64 = p.iter().sum();
+                    for (j, pj) in p.iter().enumerate() {
+                        for i in 0..hd {
+                            reference[h * hd + i] +=
+                                pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
+                        }
+                    }
+                }
+                (rel_err(&o, &reference), TOL_F32)
+            });
+            self.record(
+                "attn_decode",
+                format!("{heads}/{nkv} heads x{hd}, {n} positions"),
+                r,
+            );
+        }
+    }
+
+    fn argmax(&mut self) {
+        let (rows, n) = (3usize, 151_936usize);
+        let mut x = self.rng.normals(rows * n, 3.0);
+        // Row 1: a tie between two maxima; the lower index must win.
+        let (a, b) = (1000 + self.rng.below(1000), 100_000 + self.rng.below(1000));
+        x[n + a] = 100.0;
+        x[n + b] = 100.0;
+        let r = ops::argmax(self.gpu, &x, n).map(|got| {
+            let mut mismatches = 0;
+            for (r, &g) in got.iter().enumerate() {
+                let row = &x[r * n..(r + 1) * n];
+                let mut best = 0;
+                for (i, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = i;
+                    }
+                }
+                if g != best as i32 {
+                    mismatches += 1;
+                }
+            }
+            (f64::from(mismatches), 0.0)
+        });
+        self.record("argmax", format!("{rows}x{n}, with a tie"), r);
+    }
+}
+
+/// Run every check with the given seed.
+pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
+    let mut r = Runner {
+        gpu,
+        rng: Rng::new(seed),
+        out: Vec::new(),
+    };
+    for &ty in ALL_TYPES {
+        r.matvec(ty);
+    }
+    for &ty in ALL_TYPES {
+        r.embed(ty);
+    }
+    for &ty in ALL_TYPES {
+        r.experts(ty);
+    }
+    r.router();
+    r.norms();
+    r.rope();
+    r.deltanet();
+    r.attention();
+    r.argmax();
+    r.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_bits_round_trip_common_values() {
+        for (x, h) in [
+            (1.0f32, 0x3c00u16),
+            (-2.0, 0xc000),
+            (0.5, 0x3800),
+            (65504.0, 0x7bff),
+        ] {
+            assert_eq!(f16_bits(x), h, "{x}");
+        }
+    }
+
+    #[test]
+    fn random_weights_dequantize_to_finite_values() {
+        let mut rng = Rng::new(7);
+        for &ty in ALL_TYPES {
+            let cols = ty.block_elems().max(64) * 2;
+            let b = random_weights(&mut rng, ty, 3, cols);
+            let v = dequantize_to_vec(ty, &b).expect("dequantize");
+            assert_eq!(v.len(), 3 * cols);
+            assert!(v.iter().all(|x| x.is_finite()), "{}", ty.name());
+            assert!(v.iter().any(|&x| x != 0.0), "{}", ty.name());
+        }
+    }
+
+    #[test]
+    fn rel_err_flags_nan() {
+        assert_eq!(rel_err(&[f32::NAN], &[1.0]), f64::INFINITY);
+        assert!(rel_err(&[1.0, 2.0], &[1.0, 2.0]) == 0.0);
+    }
+}
