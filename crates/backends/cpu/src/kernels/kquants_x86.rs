@@ -13,7 +13,7 @@
 
 use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES};
 use super::q8::BlockQ8K;
-use super::x86_util::{f16_hw, hsum256_ps, hsum512_ps, read_u16};
+use super::x86_util::{f16x2_hw, hsum256_ps, hsum512_ps, read_u32};
 use super::{has_vnni, Isa, RowDot};
 use core::arch::x86_64::*;
 use redlite_gguf::quant::GgmlType;
@@ -153,8 +153,8 @@ unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut accm = _mm256_setzero_ps();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q4K_BYTES);
-        let d = f16_hw(read_u16(b));
-        let dmin = f16_hw(read_u16(b.add(2)));
+        // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
+        let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
         let scb = _mm512_set1_epi64(sc as i64);
         let q = b.add(16);
@@ -168,8 +168,9 @@ unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         }
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let pm = _mm256_madd_epi16(bs, mins_pairs(m));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * d), _mm512_cvtepi32_ps(isum), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dmin), _mm256_cvtepi32_ps(pm), accm);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
+        let dm = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+        accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(pm), accm);
     }
     hsum512_ps(acc) - hsum256_ps(accm)
 }
@@ -197,8 +198,8 @@ unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut accm = _mm256_setzero_ps();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q5K_BYTES);
-        let d = f16_hw(read_u16(b));
-        let dmin = f16_hw(read_u16(b.add(2)));
+        // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
+        let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
         let scb = _mm512_set1_epi64(sc as i64);
         let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
@@ -215,8 +216,9 @@ unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         }
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let pm = _mm256_madd_epi16(bs, mins_pairs(m));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * d), _mm512_cvtepi32_ps(isum), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dmin), _mm256_cvtepi32_ps(pm), accm);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
+        let dm = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+        accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(pm), accm);
     }
     hsum512_ps(acc) - hsum256_ps(accm)
 }
@@ -228,6 +230,16 @@ unsafe fn group_index512(g0: i16) -> __m512i {
         _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(g0 + 1), _mm_set1_epi16(g0))),
         _mm256_set_m128i(_mm_set1_epi16(g0 + 3), _mm_set1_epi16(g0 + 2)),
     )
+}
+
+/// `y_d · d` of a Q6_K block in all 8 lanes. `d` (the last two bytes) is converted together
+/// with the 7 f16-sized words before it and then broadcast; the one-value forms get compiled
+/// to a `vpinsrw` into a live register, a false dependency across loop iterations.
+#[inline(always)]
+unsafe fn q6k_scale(b: *const u8, y_d: f32) -> __m256 {
+    let h = _mm256_cvtph_ps(_mm_loadu_si128(b.add(Q6K_BYTES - 16) as *const __m128i));
+    let d = _mm256_permutevar8x32_ps(h, _mm256_set1_epi32(7));
+    _mm256_mul_ps(_mm256_set1_ps(y_d), d)
 }
 
 /// Q6_K · Q8_K, AVX-512. Per half `c`: vector A = elements 0..64 (low nibbles of `ql[64c..]`,
@@ -247,7 +259,7 @@ unsafe fn q6k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut acc = _mm512_setzero_ps();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q6K_BYTES);
-        let d = f16_hw(read_u16(b.add(208)));
+        let dd = _mm256_castps256_ps128(q6k_scale(b, y.d));
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let scz = _mm512_castsi256_si512(sc16);
         let yq = y.qs.as_ptr();
@@ -272,7 +284,7 @@ unsafe fn q6k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
         isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * d), _mm512_cvtepi32_ps(isum), acc);
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
     }
     hsum512_ps(acc)
 }
@@ -308,8 +320,8 @@ unsafe fn q45k_256<const Q5: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut accm = _mm256_setzero_ps();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * bytes);
-        let d = f16_hw(read_u16(b));
-        let dmin = f16_hw(read_u16(b.add(2)));
+        // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
+        let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
         let scb = _mm256_set1_epi64x(sc as i64);
         let q = b.add(if Q5 { 48 } else { 16 });
@@ -342,8 +354,9 @@ unsafe fn q45k_256<const Q5: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         }
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let pm = _mm256_madd_epi16(bs, mins_pairs(m));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(isum), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dmin), _mm256_cvtepi32_ps(pm), accm);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), acc);
+        let dm = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+        accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(pm), accm);
     }
     hsum256_ps(acc) - hsum256_ps(accm)
 }
@@ -365,7 +378,7 @@ unsafe fn q6k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q6K_BYTES);
-        let d = f16_hw(read_u16(b.add(208)));
+        let dd = _mm256_castps256_ps128(q6k_scale(b, y.d));
         let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
         let scb = _mm256_broadcastsi128_si256(sc);
         let yq = y.qs.as_ptr();
@@ -402,7 +415,7 @@ unsafe fn q6k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let corr = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc));
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(corr));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), acc);
     }
     hsum256_ps(acc)
 }

@@ -235,39 +235,74 @@ unsafe fn sdot32<const VNNI: bool>(wv: __m256i, yv: __m256i) -> __m256i {
     }
 }
 
-/// Q8_0 · Q8_0 (34-byte weight blocks), two accumulators over alternating blocks.
+/// `d_w · d_y` broadcast to 8 lanes, from two f16 bit patterns converted together (one
+/// `vcvtph2ps` on a register written whole, which avoids a false dependency on an old value).
+#[inline(always)]
+unsafe fn dd8(dw: u16, dy: u16) -> __m256 {
+    let both = _mm_cvtph_ps(_mm_cvtsi32_si128(
+        (u32::from(dw) | (u32::from(dy) << 16)) as i32,
+    ));
+    _mm256_broadcastss_ps(_mm_mul_ss(both, _mm_movehdup_ps(both)))
+}
+
+/// One Q8_0/Q4_0 block term `(d_w · d_y) · Σ w·y` added to `acc`; `wv` holds the 32 signed
+/// weight values.
+#[inline(always)]
+unsafe fn block_fma<const VNNI: bool>(acc: __m256, wv: __m256i, dw: u16, y: &BlockQ8_0) -> __m256 {
+    let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+    let s = _mm256_cvtepi32_ps(sdot32::<VNNI>(wv, yv));
+    _mm256_fmadd_ps(dd8(dw, y.d), s, acc)
+}
+
+/// Q8_0 · Q8_0 (34-byte weight blocks): even blocks into one accumulator, odd into another.
 #[inline(always)]
 unsafe fn q8_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     let nb = (w.len() / 34).min(x.len());
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (i, y) in x.iter().enumerate().take(nb) {
+    let load = |i: usize| {
         let b = w.as_ptr().add(34 * i);
-        let dd = f16_hw(read_u16(b)) * f16_hw(y.d);
-        let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
-        let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-        let s = _mm256_cvtepi32_ps(sdot32::<VNNI>(wv, yv));
-        acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(dd), s, acc[i & 1]);
+        (_mm256_loadu_si256(b.add(2) as *const __m256i), read_u16(b))
+    };
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 2 <= nb {
+        let (w0, d0) = load(i);
+        let (w1, d1) = load(i + 1);
+        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
+        acc1 = block_fma::<VNNI>(acc1, w1, d1, &x[i + 1]);
+        i += 2;
     }
-    hsum256_ps(_mm256_add_ps(acc[0], acc[1]))
+    if i < nb {
+        let (w0, d0) = load(i);
+        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
+    }
+    hsum256_ps(_mm256_add_ps(acc0, acc1))
 }
 
-/// Q4_0 · Q8_0 (18-byte weight blocks; nibble − 8, low nibbles first).
+/// Q4_0 · Q8_0 (18-byte weight blocks; nibble − 8, low nibbles first), even/odd accumulators.
 #[inline(always)]
 unsafe fn q4_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     let nb = (w.len() / 18).min(x.len());
-    let m4 = _mm_set1_epi8(0x0F);
-    let eight = _mm256_set1_epi8(8);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (i, y) in x.iter().enumerate().take(nb) {
+    let load = |i: usize| {
         let b = w.as_ptr().add(18 * i);
-        let dd = f16_hw(read_u16(b)) * f16_hw(y.d);
+        let m4 = _mm_set1_epi8(0x0F);
         let q = _mm_loadu_si128(b.add(2) as *const __m128i);
         let lo = _mm_and_si128(q, m4);
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
-        let wv = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
-        let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-        let s = _mm256_cvtepi32_ps(sdot32::<VNNI>(wv, yv));
-        acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(dd), s, acc[i & 1]);
+        let wv = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+        (wv, read_u16(b))
+    };
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 2 <= nb {
+        let (w0, d0) = load(i);
+        let (w1, d1) = load(i + 1);
+        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
+        acc1 = block_fma::<VNNI>(acc1, w1, d1, &x[i + 1]);
+        i += 2;
     }
-    hsum256_ps(_mm256_add_ps(acc[0], acc[1]))
+    if i < nb {
+        let (w0, d0) = load(i);
+        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
+    }
+    hsum256_ps(_mm256_add_ps(acc0, acc1))
 }

@@ -11,6 +11,20 @@ pub(crate) unsafe fn f16_hw(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
+/// Two f16 packed in `bits` (low half → lane 0, high half → lane 1) → f32, lanes 2-3 zero.
+/// The register is written whole (`vmovd`), so there is no false dependency on an older value,
+/// which the one-value form invites (LLVM turns it into `vpinsrw` into a live register).
+#[inline(always)]
+pub(crate) unsafe fn f16x2_hw(bits: u32) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))
+}
+
+/// The little-endian u32 at `p` (unaligned).
+#[inline(always)]
+pub(crate) unsafe fn read_u32(p: *const u8) -> u32 {
+    u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
+}
+
 /// The little-endian u16 at `p` (unaligned).
 #[inline(always)]
 pub(crate) unsafe fn read_u16(p: *const u8) -> u16 {
