@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod generate;
 mod inspect;
 mod logits;
+mod serve;
 mod selftest;
 mod tokenize;
 
@@ -32,6 +33,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Turn token ids back into text.
     Detokenize(tokenize::DetokenizeArgs),
+    /// Serve the model over HTTP (OpenAI-compatible API).
+    Serve(serve::Args),
     /// Check every fast kernel against the oracle on fresh random data.
     Selftest(selftest::Args),
 }
@@ -44,6 +47,7 @@ fn main() {
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => tokenize::run_tokenize(a),
         Command::Detokenize(a) => tokenize::run_detokenize(a),
+        Command::Serve(a) => serve::run(a),
         Command::Selftest(a) => selftest::run(a),
     };
     if let Err(e) = result {

@@ -489,7 +489,8 @@ fn bench_bandwidth() {
     let mut rng = StdRng::seed_from_u64(1);
     let a = random_acts(&mut rng, cols);
     // Matrix size per type in MiB (`REDLITE_BENCH_MIB`, default 64: well beyond the caches; a
-    // size that fits in L2 measures the kernels' compute rate instead).
+    // size that fits in L2 measures the kernels' compute rate instead). Single-threaded rates are
+    // followed by a run on every core.
     let mib: usize = std::env::var("REDLITE_BENCH_MIB")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -512,8 +513,31 @@ fn bench_bandwidth() {
         std::hint::black_box(sink);
         best
     };
+    // Types to measure (`REDLITE_BENCH_TYPES=IQ2_XXS,IQ4_XS`; default all).
+    let only = std::env::var("REDLITE_BENCH_TYPES").unwrap_or_default();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Wall time of the best of `reps` runs of `f` over `threads` contiguous row ranges at once.
+    let best_parallel = |rows: usize, f: &(dyn Fn(std::ops::Range<usize>) -> f32 + Sync)| {
+        let mut best = f64::INFINITY;
+        for _ in 0..reps {
+            let t = Instant::now();
+            std::thread::scope(|sc| {
+                let per = rows.div_ceil(threads);
+                let parts: Vec<_> = (0..threads)
+                    .map(|i| sc.spawn(move || f(i * per..((i + 1) * per).min(rows))))
+                    .collect();
+                let sum: f32 = parts.into_iter().map(|p| p.join().unwrap()).sum();
+                std::hint::black_box(sum);
+            });
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        best
+    };
     for case in CASES {
         let name = case.name;
+        if !only.is_empty() && !only.split(',').any(|t| t.trim().eq_ignore_ascii_case(name)) {
+            continue;
+        }
         let row_bytes = cols / case.qk * case.bytes;
         let rows = (mib << 20) / row_bytes;
         let w = random_blocks(&mut rng, case, rows * cols / case.qk);
@@ -546,6 +570,29 @@ fn bench_bandwidth() {
                 isa.name(),
                 total / t / 1e9,
                 t * 1e9 / (rows * cols / 256) as f64
+            );
+        }
+        if threads > 1 {
+            let plain = best_parallel(rows, &|r| {
+                let mut acc = 0u64;
+                for c in w[r.start * row_bytes..r.end * row_bytes].chunks_exact(8) {
+                    acc ^= u64::from_le_bytes(c.try_into().unwrap());
+                }
+                acc as f32
+            });
+            let isa = Isa::best();
+            let k = redlite_cpu::kernels::lookup(case.ty, isa).expect("i-quant kernel");
+            let t = best_parallel(rows, &|r| {
+                let mut s = 0.0f32;
+                for row in w[r.start * row_bytes..r.end * row_bytes].chunks_exact(row_bytes) {
+                    s += run_row_dot(k, row, &a);
+                }
+                s
+            });
+            println!(
+                "  {threads} threads (wall time): plain read {:6.2} GB/s, best kernel {:6.2} GB/s",
+                total / plain / 1e9,
+                total / t / 1e9
             );
         }
     }
