@@ -1,0 +1,77 @@
+//! `redlite serve`: the HTTP server (OpenAI-compatible API) for a model file.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use redlite_model::{Model, Oracle};
+use redlite_server::ServerOptions;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on API requests.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Context size in tokens (default: the model's, at most 32768).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Model id reported by the API.
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_body: usize,
+    /// Conversations kept in the prefix cache.
+    #[arg(long, default_value_t = 4)]
+    pub cache_entries: usize,
+    /// Prefix cache memory budget in MiB.
+    #[arg(long, default_value_t = 8192)]
+    pub cache_mb: usize,
+    /// Checkpoint spacing in tokens inside a conversation (a multiple of 64).
+    #[arg(long, default_value_t = 1024)]
+    pub checkpoint_interval: usize,
+    /// Replay the replies in this JSON file (an array of strings) instead of sampling, one per
+    /// request (testing).
+    #[arg(long)]
+    pub replay: Option<PathBuf>,
+    /// Compute backend.
+    #[arg(long, default_value = "oracle")]
+    pub backend: String,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.backend != "oracle" {
+        bail!("unknown backend '{}' (available: oracle)", args.backend);
+    }
+    let replay = match &args.replay {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str::<Vec<String>>(&text)
+                .with_context(|| format!("{}: expected a JSON array of strings", p.display()))?
+        }
+        None => Vec::new(),
+    };
+    let model = Model::load_with(&args.model, Oracle)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let opts = ServerOptions {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key,
+        ctx: args.ctx,
+        model_name: args.alias,
+        max_body_bytes: args.max_body,
+        cache_entries: args.cache_entries,
+        cache_bytes: args.cache_mb << 20,
+        checkpoint_interval: args.checkpoint_interval,
+        replay,
+        ..ServerOptions::default()
+    };
+    redlite_server::run_blocking(model, opts)
+}

@@ -1,0 +1,144 @@
+//! Counters for `GET /metrics` (Prometheus text format).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Server-wide counters, updated by the handlers and the worker.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    pub reprefill_tokens: AtomicU64,
+    pub prompt_micros: AtomicU64,
+    pub decode_micros: AtomicU64,
+    pub reprefill_micros: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_bytes: AtomicUsize,
+}
+
+impl Metrics {
+    pub fn add_prompt(&self, computed: usize, cached: usize, time: Duration) {
+        self.prompt_tokens
+            .fetch_add((computed + cached) as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        if cached > 0 {
+            self.cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.prompt_micros
+            .fetch_add(time.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn add_decode(&self, tokens: usize, time: Duration) {
+        self.completion_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.decode_micros
+            .fetch_add(time.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn add_reprefill(&self, tokens: usize, time: Duration) {
+        self.reprefill_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.reprefill_micros
+            .fetch_add(time.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// The Prometheus exposition text.
+    pub fn render(&self, queue_depth: usize) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(s, "# HELP redlite_{name} {help}");
+            let _ = writeln!(s, "# TYPE redlite_{name} {kind}");
+            let _ = writeln!(s, "redlite_{name} {value}");
+        };
+        let prompt = get(&self.prompt_tokens);
+        let cached = get(&self.cached_tokens);
+        let computed = prompt - cached;
+        let rate = |tokens: u64, micros: u64| {
+            if micros == 0 {
+                0.0
+            } else {
+                tokens as f64 / (micros as f64 / 1e6)
+            }
+        };
+        metric(
+            "requests_total",
+            "counter",
+            "HTTP API requests received.",
+            get(&self.requests) as f64,
+        );
+        metric(
+            "request_errors_total",
+            "counter",
+            "Requests answered with an error.",
+            get(&self.errors) as f64,
+        );
+        metric(
+            "requests_cancelled_total",
+            "counter",
+            "Generations cancelled by a client disconnect.",
+            get(&self.cancelled) as f64,
+        );
+        metric(
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens received (computed plus cached).",
+            prompt as f64,
+        );
+        metric(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens resumed from the prefix cache.",
+            cached as f64,
+        );
+        metric(
+            "completion_tokens_total",
+            "counter",
+            "Tokens generated.",
+            get(&self.completion_tokens) as f64,
+        );
+        metric(
+            "reprefill_tokens_total",
+            "counter",
+            "Tokens re-run in prefill mode to align cache checkpoints.",
+            get(&self.reprefill_tokens) as f64,
+        );
+        metric(
+            "prompt_tokens_per_second",
+            "gauge",
+            "Average prefill speed over computed prompt tokens.",
+            rate(computed, get(&self.prompt_micros)),
+        );
+        metric(
+            "decode_tokens_per_second",
+            "gauge",
+            "Average decode speed.",
+            rate(get(&self.completion_tokens), get(&self.decode_micros)),
+        );
+        metric(
+            "prompt_cache_hits_total",
+            "counter",
+            "Requests that resumed a cached prefix.",
+            get(&self.cache_hits) as f64,
+        );
+        metric(
+            "prompt_cache_bytes",
+            "gauge",
+            "Bytes held by the prefix cache (estimate).",
+            self.cache_bytes.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            "queue_depth",
+            "gauge",
+            "Generation requests waiting or running.",
+            queue_depth as f64,
+        );
+        s
+    }
+}
