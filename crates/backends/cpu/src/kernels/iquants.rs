@@ -98,19 +98,44 @@ fn u32_le(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// `Σ_j grid[j] · q[j] · (bit j of signs ? −1 : +1)` over one 8-element group whose unsigned grid
-/// values are the bytes of `row`.
-#[inline]
-fn signed_group_dot(row: u64, signs: u8, q: &[i8]) -> i32 {
-    let g = row.to_le_bytes();
-    let mut s = 0i32;
-    for j in 0..8 {
-        // Branch-free sign: m = 0 or −1, (p ^ m) − m = p or −p.
-        let m = -i32::from((signs >> j) & 1);
-        let p = i32::from(g[j]) * i32::from(q[j]);
-        s += (p ^ m) - m;
+/// Sign byte `s` → 8 bytes of 0xFF (bit `j` of `s` set) or 0x00.
+static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if (i >> j) & 1 != 0 {
+                t[i] |= 0xFF << (8 * j);
+            }
+            j += 1;
+        }
+        i += 1;
     }
-    s
+    t
+};
+
+/// The grid row `row` (8 unsigned values in 1..=127, one per byte) with the bytes flagged in
+/// `signs` negated, as 8 i8 bytes. `(g ^ 0xFF) + 1 = −g` per byte, without carries since no
+/// value is 0.
+#[inline]
+fn signed_row(row: u64, signs: u8) -> u64 {
+    let m = SIGN_MASKS[usize::from(signs)];
+    (row ^ m) + (m & 0x0101_0101_0101_0101)
+}
+
+/// `Σ_e w_e · q_e` over `8·R` elements: `rows` holds the i8 weights, 8 per u64.
+#[inline]
+fn dot_rows<const R: usize>(rows: [u64; R], q: &[i8]) -> i32 {
+    let mut w = [[0i8; 8]; R];
+    for (wk, row) in w.iter_mut().zip(rows) {
+        *wk = row.to_le_bytes().map(|b| b as i8);
+    }
+    w.as_flattened()
+        .iter()
+        .zip(&q[..8 * R])
+        .map(|(&a, &b)| i32::from(a) * i32::from(b))
+        .sum()
 }
 
 /// `Σ_j (8·grid[j] + delta) · q[j]` over one 8-element IQ1 group (grid bytes are −1, 0 or +1 as
@@ -138,14 +163,11 @@ pub fn vec_dot_iq2_xxs_q8_k_scalar(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
             let at = 2 + 8 * ib;
             let aux = u32_le(b, at + 4);
             let ls = 2 * (aux >> 28) as i32 + 1;
-            let mut sumi = 0i32;
-            for l in 0..4 {
-                let row = IQ2XXS_GRID[usize::from(b[at + l])];
+            let rows: [u64; 4] = core::array::from_fn(|l| {
                 let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-                let q = &y.qs[32 * ib + 8 * l..32 * ib + 8 * l + 8];
-                sumi += signed_group_dot(row, signs, q);
-            }
-            bsum += sumi * ls;
+                signed_row(IQ2XXS_GRID[usize::from(b[at + l])], signs)
+            });
+            bsum += ls * dot_rows(rows, &y.qs[32 * ib..]);
         }
         sumf += d * bsum as f32;
     }
@@ -163,12 +185,16 @@ pub fn vec_dot_iq2_xs_q8_k_scalar(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
         for ib in 0..8 {
             let sc = b[66 + ib];
             let ls = [2 * i32::from(sc & 15) + 1, 2 * i32::from(sc >> 4) + 1];
-            for l in 0..4 {
-                let g = 4 * ib + l;
-                let v = u16_le(b, 2 + 2 * g);
-                let row = IQ2XS_GRID[usize::from(v & 511)];
-                let signs = KSIGNS_IQ2XS[usize::from(v >> 9)];
-                bsum += ls[l / 2] * signed_group_dot(row, signs, &y.qs[8 * g..8 * g + 8]);
+            // Groups 4ib, 4ib + 1 (scale ls[0]) and 4ib + 2, 4ib + 3 (ls[1]).
+            for (h, ls) in ls.into_iter().enumerate() {
+                let rows: [u64; 2] = core::array::from_fn(|l| {
+                    let v = u16_le(b, 2 + 2 * (4 * ib + 2 * h + l));
+                    signed_row(
+                        IQ2XS_GRID[usize::from(v & 511)],
+                        KSIGNS_IQ2XS[usize::from(v >> 9)],
+                    )
+                });
+                bsum += ls * dot_rows(rows, &y.qs[32 * ib + 16 * h..]);
             }
         }
         sumf += d * bsum as f32;
@@ -188,11 +214,14 @@ pub fn vec_dot_iq2_s_q8_k_scalar(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
         for ib in 0..8 {
             let sc = b[74 + ib];
             let ls = [2 * i32::from(sc & 15) + 1, 2 * i32::from(sc >> 4) + 1];
-            for l in 0..4 {
-                let g = 4 * ib + l;
-                let high = usize::from((b[66 + g / 4] >> (2 * (g % 4))) & 3);
-                let row = IQ2S_GRID[usize::from(b[2 + g]) | (high << 8)];
-                bsum += ls[l / 2] * signed_group_dot(row, b[34 + g], &y.qs[8 * g..8 * g + 8]);
+            // Groups 4ib, 4ib + 1 (scale ls[0]) and 4ib + 2, 4ib + 3 (ls[1]).
+            for (h, ls) in ls.into_iter().enumerate() {
+                let rows: [u64; 2] = core::array::from_fn(|l| {
+                    let g = 4 * ib + 2 * h + l;
+                    let high = usize::from((b[66 + g / 4] >> (2 * (g % 4))) & 3);
+                    signed_row(IQ2S_GRID[usize::from(b[2 + g]) | (high << 8)], b[34 + g])
+                });
+                bsum += ls * dot_rows(rows, &y.qs[32 * ib + 16 * h..]);
             }
         }
         sumf += d * bsum as f32;
@@ -212,16 +241,13 @@ pub fn vec_dot_iq3_xxs_q8_k_scalar(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
         for ib in 0..8 {
             let aux = u32_le(b, 66 + 4 * ib);
             let ls = 2 * (aux >> 28) as i32 + 1;
-            let mut sumi = 0i32;
-            for l in 0..4 {
+            let rows: [u64; 4] = core::array::from_fn(|l| {
                 let at = 2 + 8 * ib + 2 * l;
                 let row = u64::from(IQ3XXS_GRID[usize::from(b[at])])
                     | u64::from(IQ3XXS_GRID[usize::from(b[at + 1])]) << 32;
-                let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-                let q = &y.qs[32 * ib + 8 * l..32 * ib + 8 * l + 8];
-                sumi += signed_group_dot(row, signs, q);
-            }
-            bsum += sumi * ls;
+                signed_row(row, KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize])
+            });
+            bsum += ls * dot_rows(rows, &y.qs[32 * ib..]);
         }
         sumf += d * bsum as f32;
     }
@@ -240,19 +266,16 @@ pub fn vec_dot_iq3_s_q8_k_scalar(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
         for ib in 0..8 {
             let s = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15;
             let ls = 2 * i32::from(s) + 1;
-            let mut sumi = 0i32;
-            for l in 0..4 {
-                // Group of 8 = 4-groups k and k + 1.
+            let row_of = |k: usize| {
+                let high = usize::from((b[66 + k / 8] >> (k % 8)) & 1);
+                u64::from(IQ3S_GRID[usize::from(b[2 + k]) | (high << 8)])
+            };
+            // Group l of 8 = 4-groups k = 8ib + 2l and k + 1.
+            let rows: [u64; 4] = core::array::from_fn(|l| {
                 let k = 8 * ib + 2 * l;
-                let row_of = |k: usize| {
-                    let high = usize::from((b[66 + k / 8] >> (k % 8)) & 1);
-                    u64::from(IQ3S_GRID[usize::from(b[2 + k]) | (high << 8)])
-                };
-                let row = row_of(k) | row_of(k + 1) << 32;
-                let g = 4 * ib + l;
-                sumi += signed_group_dot(row, b[74 + g], &y.qs[8 * g..8 * g + 8]);
-            }
-            bsum += sumi * ls;
+                signed_row(row_of(k) | row_of(k + 1) << 32, b[74 + 4 * ib + l])
+            });
+            bsum += ls * dot_rows(rows, &y.qs[32 * ib..]);
         }
         sumf += d * bsum as f32;
     }
