@@ -455,6 +455,46 @@ fn avx512_kernels_are_registered_when_supported() {
     }
 }
 
+/// The multi-row AVX-512 IQ2_XXS kernel gives each activation row what the single-row kernel
+/// gives it (same blocks, same f32 operations per row: bit-identical).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn iq2_xxs_multi_row_matches_single_rows() {
+    use redlite_cpu::kernels::iquants_avx512::{
+        supported, vec_dot_iq2_xxs_q8_k_avx512, vec_dot_iq2_xxs_q8_k_avx512_multi,
+    };
+    if !supported() {
+        eprintln!("note: no AVX-512 VBMI/VNNI here; multi-row IQ2_XXS kernel not run");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(17);
+    let case = &CASES[0];
+    let n = 2048;
+    let w = random_blocks(&mut rng, case, n / 256);
+    let acts: Vec<Acts> = (0..4).map(|_| random_acts(&mut rng, n)).collect();
+    let deq = dequant(case, &w);
+    for rows in 0..=4 {
+        let xs: Vec<&[BlockQ8K]> = acts[..rows].iter().map(|a| &a.q8k[..]).collect();
+        let mut out = [f32::NAN; 4];
+        // SAFETY: `supported()` holds.
+        unsafe { vec_dot_iq2_xxs_q8_k_avx512_multi(n, &w, &xs, &mut out) };
+        for (r, a) in acts[..rows].iter().enumerate() {
+            // SAFETY: `supported()` holds.
+            let single = unsafe { vec_dot_iq2_xxs_q8_k_avx512(n, &w, &a.q8k) };
+            assert_eq!(out[r].to_bits(), single.to_bits(), "{rows} rows, row {r}");
+            check_close(
+                "IQ2_XXS multi-row",
+                out[r],
+                dot_f64(&deq, &exact_acts(case, a)),
+            );
+        }
+        assert!(
+            out[rows..].iter().all(|v| v.is_nan()),
+            "wrote past the rows"
+        );
+    }
+}
+
 /// This thread's time on a CPU so far, in ns (`CLOCK_THREAD_CPUTIME_ID`, Linux), else `None`.
 #[cfg(target_os = "linux")]
 fn thread_cpu_ns() -> Option<u64> {
@@ -570,6 +610,27 @@ fn bench_bandwidth() {
                 isa.name(),
                 total / t / 1e9,
                 t * 1e9 / (rows * cols / 256) as f64
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
+        if case.ty == GgmlType::IQ2XXS && redlite_cpu::kernels::iquants_avx512::supported() {
+            use redlite_cpu::kernels::iquants_avx512::vec_dot_iq2_xxs_q8_k_avx512_multi;
+            let more: Vec<Acts> = (0..3).map(|_| random_acts(&mut rng, cols)).collect();
+            let xs = [&a.q8k[..], &more[0].q8k, &more[1].q8k, &more[2].q8k];
+            let t = best(&|| {
+                let mut out = [0.0f32; 4];
+                let mut s = 0.0f32;
+                for r in w.chunks_exact(row_bytes) {
+                    // SAFETY: `supported()` holds.
+                    unsafe { vec_dot_iq2_xxs_q8_k_avx512_multi(cols, r, &xs, &mut out) };
+                    s += out.iter().sum::<f32>();
+                }
+                s
+            });
+            println!(
+                "  avx512 ×4 activation rows: {:6.2} GB/s, {:5.1} ns per 256 weights per row",
+                total / t / 1e9,
+                t * 1e9 / (rows * cols / 256 * 4) as f64
             );
         }
         if threads > 1 {

@@ -313,7 +313,7 @@ fn sign_mask(idx7: u64) -> u64 {
 // IQ2_XXS
 // ---------------------------------------------------------------------------------------------
 
-/// IQ2_XXS row · Q8_K row over `nb = min(w.len() / 66, x.len())` blocks.
+/// IQ2_XXS row · Q8_K row over `min(n / 256, w.len() / 66, x.len())` blocks.
 ///
 /// # Safety
 /// The CPU must support the features of [`supported`].
@@ -365,6 +365,90 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
         accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
     }
     0.125 * _mm512_reduce_add_ps(accf)
+}
+
+/// One IQ2_XXS weight row against up to four activation rows at once (`xs.len()` ≤ 4 rows, one
+/// result each in `out`): each weight block is decoded once for all of them, which makes a row
+/// of a batched product (prefill) cheaper than separate [`vec_dot_iq2_xxs_q8_k_avx512`] calls.
+/// Blocks: `min(n / 256, w.len() / 66, every xs[r].len())`.
+///
+/// # Safety
+/// The CPU must support the features of [`supported`].
+///
+/// # Panics
+/// If `xs` has more than 4 rows or `out` fewer entries than `xs`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512_multi(
+    n: usize,
+    w: &[u8],
+    xs: &[&[BlockQ8K]],
+    out: &mut [f32],
+) {
+    let Some(x_blocks) = xs.iter().map(|x| x.len()).min() else {
+        return;
+    };
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_XXS_BYTES, x_blocks);
+    let w = &w[..nb * IQ2_XXS_BYTES];
+    match *xs {
+        [] => {}
+        [a] => out[..1].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb]])),
+        [a, b] => out[..2].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb], &b[..nb]])),
+        [a, b, c] => out[..3].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb], &b[..nb], &c[..nb]])),
+        [a, b, c, d] => {
+            out[..4].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb], &b[..nb], &c[..nb], &d[..nb]]))
+        }
+        _ => panic!("vec_dot_iq2_xxs_q8_k_avx512_multi: at most 4 activation rows"),
+    }
+}
+
+/// The IQ2_XXS kernel for `R` activation rows (`w` and every `xs[r]` hold the same number of
+/// blocks).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn iq2_xxs_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
+    let code_lo = load256(&IQ2XXS_CODE_LO);
+    let code_hi = load256(&IQ2XXS_CODE_HI);
+    let values = load64(&IQ2_VALUES);
+    let shift_2j = load64(&SHIFT_2J);
+    let one = _mm512_set1_epi64(1);
+    let row_codes = IQ2XXS_ROW_CODES.each_ref().map(|v| load64(v));
+    let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
+
+    let mut accf = [_mm512_setzero_ps(); R];
+    for (i, b) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
+        let dw = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        // The 64 bytes after d: 8 × { 4 grid-row indices, u32 aux }.
+        let qs = &b[2..66];
+        // SAFETY: `qs` is 64 readable bytes.
+        let q = unsafe { _mm512_loadu_si512(qs.as_ptr().cast()) };
+        let high_half = _mm512_movepi8_mask(q);
+        let lo = lookup256(&code_lo, q, high_half);
+        let hi = lookup256(&code_hi, q, high_half);
+        // Lane sb: (aux >> 59) | 1 = 2·(aux >> 28) + 1, the scale of sub-block sb.
+        let scales = _mm512_or_si512(_mm512_srli_epi64::<59>(q), one);
+        let aux = |sb: usize| {
+            let at = 8 * sb + 4;
+            u32::from_le_bytes([qs[at], qs[at + 1], qs[at + 2], qs[at + 3]])
+        };
+        let mut acc = [_mm512_setzero_si512(); R];
+        for c in 0..4 {
+            let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
+            let grid =
+                _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift_2j, codes), values);
+            let flip =
+                sign_mask(u64::from(aux(2 * c) & 0x0FFF_FFFF) | u64::from(aux(2 * c + 1)) << 28);
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            for r in 0..R {
+                let pairs = signed_pairs(grid, flip, load_q8(&xs[r][i], c));
+                acc[r] = _mm512_dpwssd_epi32(acc[r], pairs, ls);
+            }
+        }
+        for r in 0..R {
+            let d = _mm512_set1_ps(dw * xs[r][i].d);
+            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), d, accf[r]);
+        }
+    }
+    accf.map(|a| 0.125 * _mm512_reduce_add_ps(a))
 }
 
 fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
