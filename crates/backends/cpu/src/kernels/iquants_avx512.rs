@@ -25,6 +25,9 @@
 //! * **Scales** are applied by `vpdpwssd` (i16 pair sums × i16 sub-block scale, accumulated in
 //!   i32); each block ends with one `cvtdq2ps` + FMA with `d_w · d_x` into 16 f32 lanes.
 //!
+//! [`vec_dot_iq2_xxs_q8_k_avx512_multi`] decodes each IQ2_XXS weight block once for up to four
+//! activation rows (batched products).
+//!
 //! IQ1_M has a 2048-row grid of {−1, 0, +1}: its rows are loaded one by one (row indices are
 //! computed in a vector register, then stored) and assembled with `_mm512_set_epi64`.
 
