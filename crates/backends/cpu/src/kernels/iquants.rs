@@ -322,9 +322,10 @@ pub(crate) fn iq1_m_scale(b: &[u8]) -> f32 {
     f16_bits_to_f32(sc(0) | sc(1) << 4 | sc(2) << 8 | sc(3) << 12)
 }
 
-/// IQ1_M row · Q8_K row. Block: `qs: [u8; 32] | qh: [u8; 16] | sc: [u16; 4]` (no separate `d`,
-/// it is assembled from the top nibbles of the scale u16s); group `k` uses nibble `k % 2` of `qh[k / 2]` (low 3 bits: high row bits,
-/// bit 3: delta sign), the 16-element scale `i = k / 2` is `2·((sc[i/4] >> 3(i%4)) & 7) + 1`.
+/// IQ1_M row · Q8_K row. Block: `qs: [u8; 32] | qh: [u8; 16] | sc: [u16; 4]` (no separate `d`:
+/// it is assembled from the top nibbles of the scale u16s); group `k` uses nibble `k % 2` of
+/// `qh[k / 2]` (low 3 bits: high row bits, bit 3: delta sign), the 16-element scale `i = k / 2`
+/// is `2·((sc[i/4] >> 3(i%4)) & 7) + 1`.
 pub fn vec_dot_iq1_m_q8_k_scalar(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = block_count(n, QK_K, w.len(), IQ1_M_BYTES, x.len());
     let mut sumf = 0.0f32;
