@@ -170,6 +170,53 @@ impl<B: Backend> Model<B> {
         let out = rms_norm(&x[0], &mtp.shared_head_norm, cfg.rms_eps);
         Ok(matvec(&self.backend, &self.weights.output, &out))
     }
+
+    /// The MTP block over a run of slots `t0, t0+1, ..` at once, without the lm_head: row `i`
+    /// takes `hidden[i]` (a final hidden state) and `next_tokens[i]` and returns the MTP's own
+    /// output hidden state (after its shared-head norm), so that [`Model::lm_head`] of it equals
+    /// [`Model::mtp_logits`] for the same inputs and chained drafting can feed it back. Every row
+    /// is computed as a one-row call would (`Mode::Step`); the cache must hold the slots `0..t0`.
+    pub fn mtp_hidden(
+        &self,
+        mtp_state: &mut MtpState,
+        hidden: &[Vec<f32>],
+        next_tokens: &[u32],
+        t0: usize,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cfg = &self.config;
+        let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        if mtp_state.kv.len() != t0 || hidden.len() != next_tokens.len() {
+            return Err(ModelError::State(format!(
+                "MTP slots from {t0}: the cache holds {} slots, {} hidden rows for {} tokens",
+                mtp_state.kv.len(),
+                hidden.len(),
+                next_tokens.len()
+            )));
+        }
+        let mut x = Vec::with_capacity(hidden.len());
+        for (h, &tok) in hidden.iter().zip(next_tokens) {
+            let e = rms_norm(&self.embed(tok)?, &mtp.enorm, cfg.rms_eps);
+            let h = rms_norm(h, &mtp.hnorm, cfg.rms_eps);
+            x.push(matvec(&self.backend, &mtp.eh_proj, &[e, h].concat()));
+        }
+        let mut layer_state = LayerState::Attention(std::mem::take(&mut mtp_state.kv));
+        decoder_layer(
+            &self.backend,
+            cfg,
+            &mtp.layer,
+            &mut layer_state,
+            &mut x,
+            t0,
+            Mode::Step,
+            None,
+        );
+        if let LayerState::Attention(kv) = layer_state {
+            mtp_state.kv = kv;
+        }
+        Ok(x.iter()
+            .map(|h| rms_norm(h, &mtp.shared_head_norm, cfg.rms_eps))
+            .collect())
+    }
 }
 
 /// One decoder layer over a run of tokens at positions `pos0..`, updating `x` in place.
