@@ -519,7 +519,8 @@ fn thread_cpu_ns() -> Option<u64> {
 }
 
 /// Matrix-vector bandwidth of every i-quant type on a matrix larger than the caches (64 MiB of
-/// weights per type, see `REDLITE_BENCH_MIB` below), single-threaded, against a plain read of the same bytes. Run with
+/// weights per type, see `REDLITE_BENCH_MIB` below), single-threaded, against a plain read of
+/// the same bytes. Run with
 /// `cargo test -p redlite-cpu --release --test kernels_iquants -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark"]

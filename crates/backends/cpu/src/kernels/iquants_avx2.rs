@@ -1,7 +1,7 @@
 //! AVX2 versions of every i-quant kernel (x86-64 only), for CPUs without the AVX-512 VBMI/VNNI
-//! kernels of [`super::iquants_avx512`] and for the types that have none there. They need AVX2, FMA and
-//! F16C (the [`Isa::Avx2`](super::Isa::Avx2) level) and nothing else (no BMI2: `pdep` is slow on
-//! AMD Zen 1/2).
+//! kernels of [`super::iquants_avx512`] and for the types that have none there. They need AVX2, FMA
+//! and F16C (the [`Isa::Avx2`](super::Isa::Avx2) level) and nothing else (no BMI2: `pdep` is slow
+//! on AMD Zen 1/2).
 //!
 //! Same arithmetic as the scalar kernels, 32 elements (one sub-block) per 256-bit register:
 //! grid rows are loaded from the tables and assembled with `_mm256_set_epi64x`/`_mm256_set_epi32`,
