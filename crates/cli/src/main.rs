@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 mod generate;
 mod inspect;
 mod logits;
+mod parity;
+mod perplexity;
 mod serve;
 mod selftest;
 mod tokenize;
@@ -37,6 +39,10 @@ enum Command {
     Serve(serve::Args),
     /// Check every fast kernel against the oracle on fresh random data.
     Selftest(selftest::Args),
+    /// Perplexity of a text by llama.cpp's method (chunks, second half of each scored).
+    Perplexity(perplexity::Args),
+    /// Compare redlite's logits with llama.cpp's or the stored references (KL, top-1, greedy).
+    Parity(parity::Args),
 }
 
 fn main() {
@@ -49,6 +55,8 @@ fn main() {
         Command::Detokenize(a) => tokenize::run_detokenize(a),
         Command::Serve(a) => serve::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Parity(a) => parity::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -6,6 +6,8 @@
 //! in nats, the direction `llama-perplexity --kl-divergence` and the reference README use;
 //! `kl_reverse` is KL(candidate ‖ reference), which puts redlite in the reference's place.
 
+use redlite_model::{Backend, Mode, Model, ModelError};
+
 /// Errors from a comparison.
 #[derive(Debug, thiserror::Error)]
 pub enum ParityError {
@@ -254,6 +256,59 @@ pub fn rows_from_le_bytes(bytes: &[u8], width: usize) -> Option<Vec<Vec<f32>>> {
             })
             .collect(),
     )
+}
+
+/// What redlite does with one prompt: the logits of every prompt position and a greedy
+/// continuation.
+#[derive(Debug, Clone, Default)]
+pub struct PromptRun {
+    /// `[prompt.len()][vocab]`: row i predicts token i + 1.
+    pub logits: Vec<Vec<f32>>,
+    /// Greedy tokens after the prompt (argmax, lowest id on ties; no stop token).
+    pub greedy: Vec<u32>,
+    /// At each greedy step, the gap between the top two logits the token was chosen from (a
+    /// divergence at a step whose gap is within float rounding is a tie, not a bug).
+    pub greedy_gaps: Vec<f32>,
+}
+
+/// Runs `prompt` from an empty state (in `mode`: one prefill pass, or one token per step) and
+/// then `n_greedy` greedy tokens, one forward step each, as the reference continuations were made.
+pub fn run_prompt<B: Backend>(
+    model: &Model<B>,
+    prompt: &[u32],
+    mode: Mode,
+    n_greedy: usize,
+) -> Result<PromptRun, ModelError> {
+    let mut state = model.new_state();
+    let logits = match mode {
+        Mode::Prefill => model.forward(&mut state, prompt, Mode::Prefill)?,
+        Mode::Step => {
+            let mut rows = Vec::with_capacity(prompt.len());
+            for &id in prompt {
+                rows.extend(model.forward(&mut state, &[id], Mode::Step)?);
+            }
+            rows
+        }
+    };
+    let mut run = PromptRun {
+        logits,
+        ..Default::default()
+    };
+    let Some(mut last) = run.logits.last().cloned() else {
+        return Ok(run);
+    };
+    for step in 0..n_greedy {
+        let token = argmax(&last).unwrap_or(0) as u32;
+        run.greedy.push(token);
+        run.greedy_gaps.push(top2_gap(&last));
+        if step + 1 < n_greedy {
+            last = model
+                .forward(&mut state, &[token], Mode::Step)?
+                .pop()
+                .unwrap_or_default();
+        }
+    }
+    Ok(run)
 }
 
 #[cfg(test)]
