@@ -1,7 +1,8 @@
 //! Tests of the i-quant row kernels (`redlite_cpu::kernels::iquants*`):
 //! (a) every kernel against an f64 dot product of the reference-dequantized weights
 //!     (`redlite_gguf::quant::dequantize`) with the dequantized Q8 activations, on random blocks;
-//! (b) every SIMD level the CPU supports against the scalar kernel;
+//! (b) every SIMD level the CPU supports against the scalar kernel: bit for bit, since all of them
+//!     reduce a block to an exact integer sum and then run the same f32 operations;
 //! (c) the kernels over the real and synthetic blocks of `shared/reference/quant/<T>.blocks`,
 //!     checked against ggml's own dequantization of those blocks (`<T>.f32`).
 //!
@@ -243,6 +244,16 @@ fn check_close(what: &str, got: f32, want: f64) {
     );
 }
 
+/// (b): a SIMD kernel returns the scalar kernel's result bit for bit (both reduce each block to
+/// an exact integer sum, then run the same f32 operations in the same order).
+fn check_same(what: &str, got: f32, scalar: f32) {
+    assert_eq!(
+        got.to_bits(),
+        scalar.to_bits(),
+        "{what}: {got:e} vs scalar {scalar:e}"
+    );
+}
+
 /// The SIMD levels (above scalar) this CPU supports that have a kernel of their own for `ty`.
 fn simd_kernels(ty: GgmlType) -> Vec<(Isa, RowDot)> {
     Isa::available()
@@ -275,14 +286,8 @@ fn random_blocks_match_exact_dot_at_every_level() {
                 case.name
             );
             for &(isa, k) in &simd {
-                let got_simd = run_row_dot(k, &w, &a);
                 let what = format!("{} row {row} {}", case.name, isa.name());
-                check_close(&what, got_simd, want);
-                let diff = f64::from(got_simd - got).abs();
-                assert!(
-                    diff <= REL_TOL * f64::from(got.abs()),
-                    "{what}: {got_simd:e} vs scalar {got:e}"
-                );
+                check_same(&what, run_row_dot(k, &w, &a), got);
             }
         }
     }
@@ -307,7 +312,7 @@ fn single_block_rows_with_sparse_sign_flips() {
             check_close(&format!("{} flip {pos} scalar", case.name), got, want);
             for &(isa, k) in &simd {
                 let what = format!("{} flip {pos} {}", case.name, isa.name());
-                check_close(&what, run_row_dot(k, &w, &a), want);
+                check_same(&what, run_row_dot(k, &w, &a), got);
             }
         }
     }
@@ -327,14 +332,11 @@ fn q8_k_minus_128_is_handled_exactly() {
             }
         }
         let want = dot_f64(&dequant(case, &w), &exact_acts(case, &a));
-        check_close(
-            &format!("{} −128 scalar", case.name),
-            (case.scalar)(512, &w, &a),
-            want,
-        );
+        let got = (case.scalar)(512, &w, &a);
+        check_close(&format!("{} −128 scalar", case.name), got, want);
         for (isa, k) in simd_kernels(case.ty) {
             let what = format!("{} −128 {}", case.name, isa.name());
-            check_close(&what, run_row_dot(k, &w, &a), want);
+            check_same(&what, run_row_dot(k, &w, &a), got);
         }
     }
 }
@@ -366,14 +368,11 @@ fn fixture_blocks_match_ggml_dequantization() {
         let xa = exact_acts(case, &a);
         // The whole row.
         let want = dot_f64(&deq, &xa);
-        check_close(
-            &format!("{} fixture row scalar", case.name),
-            (case.scalar)(n, &w, &a),
-            want,
-        );
+        let got = (case.scalar)(n, &w, &a);
+        check_close(&format!("{} fixture row scalar", case.name), got, want);
         for &(isa, k) in &simd {
             let what = format!("{} fixture row {}", case.name, isa.name());
-            check_close(&what, run_row_dot(k, &w, &a), want);
+            check_same(&what, run_row_dot(k, &w, &a), got);
         }
         // Block by block (IQ4_NL: groups of 8 blocks, one Q8_K-sized span).
         let per = if case.qk == 32 { 8 } else { 1 };
@@ -397,13 +396,8 @@ fn fixture_blocks_match_ggml_dequantization() {
                 );
             }
             for &(isa, k) in &simd {
-                let got = run_row_dot(k, wb, &sub);
                 let what = format!("{} fixture block {i} {}", case.name, isa.name());
-                if want == 0.0 {
-                    assert_eq!(got, 0.0, "{what}");
-                } else {
-                    check_close(&what, got, want);
-                }
+                check_same(&what, run_row_dot(k, wb, &sub), got);
             }
         }
     }
@@ -424,9 +418,8 @@ fn dispatch_entries_stop_at_the_shorter_slice() {
         let want = (case.scalar)(elems / 2, &w[..w.len() / 2], &half);
         for isa in Isa::available() {
             if let Some(k) = lookup_exact(case.ty, isa) {
-                let got = run_row_dot(k, &w, &half);
                 let what = format!("{} short activations {}", case.name, isa.name());
-                check_close(&what, got, f64::from(want));
+                check_same(&what, run_row_dot(k, &w, &half), want);
             }
         }
     }

@@ -120,12 +120,13 @@ fn signed_pairs(w: __m256i, s: __m256i, q8: __m256i) -> __m256i {
     _mm256_maddubs_epi16(_mm256_abs_epi8(q8), ws)
 }
 
+/// The exact sum of the 8 i32 lanes of `v`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
 
 /// IQ2_XXS row · Q8_K row over `min(n / 256, w.len() / 66, x.len())` blocks.
@@ -136,7 +137,7 @@ fn hsum(v: __m256) -> f32 {
 pub unsafe fn vec_dot_iq2_xxs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_XXS_BYTES, x.len());
     let grid = |i: u8| IQ2XXS_GRID[usize::from(i)] as i64;
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ2_XXS_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let mut acc = _mm256_setzero_si256();
@@ -148,9 +149,9 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f
             let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    0.125 * hsum(accf)
+    0.125 * sumf
 }
 
 fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -167,7 +168,7 @@ fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
 pub unsafe fn vec_dot_iq3_xxs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ3_XXS_BYTES, x.len());
     let grid = |i: u8| IQ3XXS_GRID[usize::from(i)] as i32;
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ3_XXS_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let mut acc = _mm256_setzero_si256();
@@ -189,9 +190,9 @@ pub unsafe fn vec_dot_iq3_xxs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f
             let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    0.25 * hsum(accf)
+    0.25 * sumf
 }
 
 fn iq3_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -211,7 +212,7 @@ pub unsafe fn vec_dot_iq4_xs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f3
     let kv = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
     let kv = _mm256_set_m128i(kv, kv);
     let low4 = _mm256_set1_epi8(0x0F);
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ4_XS_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let scales_h = u16::from_le_bytes([b[2], b[3]]);
@@ -240,9 +241,9 @@ pub unsafe fn vec_dot_iq4_xs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f3
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
             }
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    hsum(accf)
+    sumf
 }
 
 fn iq4_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -268,7 +269,7 @@ fn two_scales(a: i32, b: i32) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn vec_dot_iq2_xs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_XS_BYTES, x.len());
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ2_XS_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let v = |g: usize| u16::from_le_bytes([b[2 + 2 * g], b[3 + 2 * g]]);
@@ -284,9 +285,9 @@ pub unsafe fn vec_dot_iq2_xs_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f3
             let ls = two_scales(2 * i32::from(sc & 15) + 1, 2 * i32::from(sc >> 4) + 1);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    0.125 * hsum(accf)
+    0.125 * sumf
 }
 
 fn iq2_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -302,7 +303,7 @@ fn iq2_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn vec_dot_iq2_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_S_BYTES, x.len());
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ2_S_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let row = |g: usize| {
@@ -320,9 +321,9 @@ pub unsafe fn vec_dot_iq2_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32
             let ls = two_scales(2 * i32::from(sc & 15) + 1, 2 * i32::from(sc >> 4) + 1);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    0.125 * hsum(accf)
+    0.125 * sumf
 }
 
 fn iq2_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -338,7 +339,7 @@ fn iq2_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn vec_dot_iq3_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ3_S_BYTES, x.len());
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ3_S_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let mut acc = _mm256_setzero_si256();
@@ -366,9 +367,9 @@ pub unsafe fn vec_dot_iq3_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32
             let ls = _mm256_set1_epi16(2 * i16::from(s) + 1);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    hsum(accf)
+    sumf
 }
 
 fn iq3_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -406,7 +407,7 @@ pub unsafe fn vec_dot_iq1_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ1_S_BYTES, x.len());
     let table = iq1_codes_positive();
     let no_signs = _mm256_set1_epi8(1);
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ1_S_BYTES).zip(x).take(nb) {
         let d = f16_at(b, 0) * y.d;
         let mut acc = _mm256_setzero_si256();
@@ -423,9 +424,9 @@ pub unsafe fn vec_dot_iq1_s_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32
             let ls = _mm256_set1_epi16(2 * ((qh >> 12) & 7) as i16 + 1);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    0.125 * hsum(accf)
+    0.125 * sumf
 }
 
 fn iq1_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -443,7 +444,7 @@ pub unsafe fn vec_dot_iq1_m_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ1_M_BYTES, x.len());
     let table = iq1_codes_positive();
     let no_signs = _mm256_set1_epi8(1);
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ1_M_BYTES).zip(x).take(nb) {
         // d's f16 bits are the top nibbles of the four scale u16s.
         let sc = |k: usize| u16::from_le_bytes([b[48 + 2 * k], b[49 + 2 * k]]) >> 12;
@@ -467,9 +468,9 @@ pub unsafe fn vec_dot_iq1_m_q8_k_avx2(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32
             let ls = two_scales(s(2 * ib), s(2 * ib + 1));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ls));
         }
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(acc) as f32;
     }
-    0.125 * hsum(accf)
+    0.125 * sumf
 }
 
 fn iq1_m_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -490,7 +491,7 @@ pub unsafe fn vec_dot_iq4_nl_q8_0_avx2(n: usize, w: &[u8], x: &[BlockQ8_0]) -> f
     let kv = _mm256_set_m128i(kv, kv);
     let low4 = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut accf = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ4_NL_BYTES).zip(x).take(nb) {
         // Both f16 scales through F16C at once.
         let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(
@@ -511,9 +512,9 @@ pub unsafe fn vec_dot_iq4_nl_q8_0_avx2(n: usize, w: &[u8], x: &[BlockQ8_0]) -> f
         let values = _mm256_shuffle_epi8(kv, nibbles);
         let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q8), _mm256_sign_epi8(values, q8));
         let sums = _mm256_madd_epi16(pairs, ones);
-        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d), accf);
+        sumf += d * hsum_epi32(sums) as f32;
     }
-    hsum(accf)
+    sumf
 }
 
 fn iq4_nl_row(w: &[u8], x: &[BlockQ8_0]) -> f32 {

@@ -331,7 +331,7 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
     let row_codes = IQ2XXS_ROW_CODES.each_ref().map(|v| load64(v));
     let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
 
-    let mut accf = _mm512_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ2_XXS_BYTES).zip(x).take(nb) {
         let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])) * y.d;
         // The 64 bytes after d: 8 × { 4 grid-row indices, u32 aux }.
@@ -365,9 +365,9 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
             let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
             acc = _mm512_dpwssd_epi32(acc, pairs, ls);
         }
-        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+        sumf += d * _mm512_reduce_add_epi32(acc) as f32;
     }
-    0.125 * _mm512_reduce_add_ps(accf)
+    0.125 * sumf
 }
 
 /// One IQ2_XXS weight row against up to four activation rows at once (`xs.len()` ≤ 4 rows, one
@@ -417,7 +417,7 @@ fn iq2_xxs_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
     let row_codes = IQ2XXS_ROW_CODES.each_ref().map(|v| load64(v));
     let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
 
-    let mut accf = [_mm512_setzero_ps(); R];
+    let mut sumf = [0.0f32; R];
     for (i, b) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
         let dw = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
         // The 64 bytes after d: 8 × { 4 grid-row indices, u32 aux }.
@@ -447,11 +447,11 @@ fn iq2_xxs_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
             }
         }
         for r in 0..R {
-            let d = _mm512_set1_ps(dw * xs[r][i].d);
-            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), d, accf[r]);
+            let d = dw * xs[r][i].d;
+            sumf[r] += d * _mm512_reduce_add_epi32(acc[r]) as f32;
         }
     }
-    accf.map(|a| 0.125 * _mm512_reduce_add_ps(a))
+    sumf.map(|s| 0.125 * s)
 }
 
 fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -503,7 +503,7 @@ pub unsafe fn vec_dot_iq3_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
     let row_codes = IQ3XXS_ROW_CODES.each_ref().map(|v| load64(v));
     let scale_words = DWORD_SCALE_WORDS.each_ref().map(|v| load64(v));
 
-    let mut accf = _mm512_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ3_XXS_BYTES).zip(x).take(nb) {
         let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])) * y.d;
         let qs = &b[2..66];
@@ -540,9 +540,9 @@ pub unsafe fn vec_dot_iq3_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) ->
             let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
             acc = _mm512_dpwssd_epi32(acc, pairs, ls);
         }
-        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+        sumf += d * _mm512_reduce_add_epi32(acc) as f32;
     }
-    0.25 * _mm512_reduce_add_ps(accf)
+    0.25 * sumf
 }
 
 fn iq3_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -578,7 +578,7 @@ pub unsafe fn vec_dot_iq4_xs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> 
     // 16-bit elements of lanes 2-3 and 6-7: words 8..16 and 24..32.
     let high_nibbles: __mmask32 = 0xFF00_FF00;
 
-    let mut accf = _mm512_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ4_XS_BYTES).zip(x).take(nb) {
         let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])) * y.d;
         let scales_h = u64::from(u16::from_le_bytes([b[2], b[3]]));
@@ -601,9 +601,9 @@ pub unsafe fn vec_dot_iq4_xs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> 
             let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
             acc = _mm512_dpwssd_epi32(acc, pairs, ls);
         }
-        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+        sumf += d * _mm512_reduce_add_epi32(acc) as f32;
     }
-    _mm512_reduce_add_ps(accf)
+    sumf
 }
 
 fn iq4_xs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -653,7 +653,7 @@ pub unsafe fn vec_dot_iq1_m_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f
     let scale_words = IQ1M_SCALE_WORDS.each_ref().map(|v| load64(v));
     let two = _mm512_set1_epi8(2);
 
-    let mut accf = _mm512_setzero_ps();
+    let mut sumf = 0.0f32;
     for (b, y) in w.chunks_exact(IQ1_M_BYTES).zip(x).take(nb) {
         let sc = u64::from_le_bytes([b[48], b[49], b[50], b[51], b[52], b[53], b[54], b[55]]);
         // d's f16 bits are the top nibbles of the four scale u16s.
@@ -700,9 +700,9 @@ pub unsafe fn vec_dot_iq1_m_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f
             let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
             acc = _mm512_dpwssd_epi32(acc, pairs, ls);
         }
-        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(d), accf);
+        sumf += d * _mm512_reduce_add_epi32(acc) as f32;
     }
-    0.125 * _mm512_reduce_add_ps(accf)
+    0.125 * sumf
 }
 
 fn iq1_m_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
