@@ -433,6 +433,7 @@ fn avx512_kernels_are_registered_when_supported() {
     let hot = [
         GgmlType::IQ2XXS,
         GgmlType::IQ3XXS,
+        GgmlType::IQ3S,
         GgmlType::IQ1M,
         GgmlType::IQ4XS,
     ];

@@ -27,14 +27,14 @@
 //! * `vec_dot_<type>_q8_k_scalar(n, w, x)` (and `vec_dot_iq4_nl_q8_0_scalar`): portable
 //!   reference kernels; `n` is the number of elements, `w` the raw GGUF bytes of the row.
 //! * On x86-64, [`super::iquants_avx512`] holds the AVX-512 (VBMI + VNNI) versions of the hot
-//!   types (IQ2_XXS, IQ3_XXS, IQ1_M, IQ4_XS) and [`super::iquants_avx2`] AVX2 versions of
-//!   IQ2_XXS, IQ3_XXS and IQ4_XS.
-//! * [`kernel`] answers the dispatch table in [`super::lookup`] (scalar for every type here, AVX2
-//!   for every type, AVX-512 for IQ2_XXS, IQ3_XXS, IQ1_M, IQ4_XS when the CPU has VBMI + VNNI).
+//!   types (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_M, IQ4_XS) and [`super::iquants_avx2`] AVX2 versions
+//!   of all of them.
+//! * [`kernel`] answers the dispatch table in [`super::lookup`]: scalar and AVX2 for every type
+//!   here, AVX-512 for IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_M, IQ4_XS when the CPU has VBMI + VNNI.
 //!
-//! SIMD kernels are exact in their integer part like the scalar ones (also for −128 activations)
-//! but accumulate blocks in 8 or 16 f32 lanes, so they differ from the scalar result by f32
-//! rounding only (≤ 1e-5 relative in the tests).
+//! SIMD kernels compute the same exact integer block sums (also for −128 activations), reduce
+//! them exactly and then run the scalar kernels' f32 operations in the same order: every level
+//! returns the scalar result bit for bit.
 //!
 //! The grids and sign tables are the ones of `redlite_gguf::quant::grids` (generated from
 //! gguf-py's tables, MIT); nothing is duplicated here.

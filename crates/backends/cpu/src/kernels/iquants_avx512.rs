@@ -1,4 +1,5 @@
-//! AVX-512 versions of the hot i-quant kernels (x86-64 only): IQ2_XXS, IQ3_XXS, IQ1_M, IQ4_XS.
+//! AVX-512 versions of the hot i-quant kernels (x86-64 only): IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_M,
+//! IQ4_XS.
 //!
 //! They need AVX-512 F/BW/VL plus **VBMI** (byte permutes, `vpmultishiftqb`) and **VNNI**
 //! (`vpdpwssd`), BMI2 and F16C; [`supported`] checks all of them and [`kernel`] only hands the
@@ -9,21 +10,24 @@
 //! block, one f32 multiply-add per block), laid out for 64 elements (two 32-element sub-blocks) per
 //! 512-bit register:
 //!
-//! * **Grid rows without memory gathers** (IQ2_XXS, IQ3_XXS). The grids have only 3 (IQ2) or 8
-//!   (IQ3) distinct values, so a 256-entry grid row compresses to a 16-bit code of 2- or 4-bit
-//!   value indices. The code tables (256 × 16 bits, split into a low-byte and a high-byte table of
-//!   256 bytes = four registers each) are looked up for all 64 index bytes of a block at once with
-//!   `vpermi2b` (two per table, blended by index bit 7). Per 64 elements one `vpermi2b` moves each
+//! * **Grid rows without memory gathers** (IQ2_XXS, IQ3_XXS, IQ3_S). The grids have only 3 (IQ2)
+//!   or 8 (IQ3) distinct values, so a grid row compresses to a 16-bit code of 2- or 4-bit
+//!   value indices. The code tables (256 or 512 × 16 bits, split into a low-byte and a high-byte
+//!   table of four or eight registers each) are looked up for all 64 index bytes of a block at
+//!   once with `vpermi2b` (two or four per table, blended by the high index bits). Per 64 elements one `vpermi2b` moves each
 //!   row's code into its own 64-bit lane, `vpmultishiftqb` extracts every element's value index
 //!   into its own byte, and a `vpermb` through a 64-byte table turns indices into grid values.
-//! * **Signs as mask registers.** The 7-bit sign indices are extracted with `vpmultishiftqb`,
-//!   mapped through the 128-byte `KSIGNS` table with `vpermi2b` and turned into a 64-bit mask with
-//!   `vptestmb`.
+//! * **Signs as mask registers.** Eight 7-bit sign indices are spread to bytes with `pdep` and
+//!   completed with their parity bit (= `KSIGNS`) in general-purpose registers, giving the 64-bit
+//!   flip mask of 64 elements directly (IQ3_S stores that mask as is). This keeps the vector
+//!   ports, the bottleneck, free of sign work.
 //! * **Exact products with −128.** The signed grid values (|v| ≤ 127) are the signed operand of
 //!   `vpmaddubsw`; the unsigned operand is `|q8|` (so −128 becomes 128, exactly), and the sign of
 //!   `q8` is moved to the weight by XOR-ing the sign masks. Pair sums stay within i16.
 //! * **Scales** are applied by `vpdpwssd` (i16 pair sums × i16 sub-block scale, accumulated in
-//!   i32); each block ends with one `cvtdq2ps` + FMA with `d_w · d_x` into 16 f32 lanes.
+//!   i32). Each block's 16 lanes are then summed exactly and the scalar kernels' f32 operations
+//!   follow (`sumf += d · bsum`), so results are bit-identical to them (a per-lane f32
+//!   accumulation is ~10% faster but lost up to 1e-5 relative on blocks whose lanes cancel).
 //!
 //! [`vec_dot_iq2_xxs_q8_k_avx512_multi`] decodes each IQ2_XXS weight block once for up to four
 //! activation rows (batched products).
@@ -31,11 +35,11 @@
 //! IQ1_M has a 2048-row grid of {−1, 0, +1}: its rows are loaded one by one (row indices are
 //! computed in a vector register, then stored) and assembled with `_mm512_set_epi64`.
 
-use super::iquants::{IQ1_M_BYTES, IQ2_XXS_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES};
+use super::iquants::{IQ1_M_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES};
 use super::q8::{BlockQ8K, QK_K};
 use super::RowDot;
 use core::arch::x86_64::*;
-use redlite_gguf::quant::grids::{IQ1S_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KVALUES_IQ4NL};
+use redlite_gguf::quant::grids::{IQ1S_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KVALUES_IQ4NL};
 use redlite_gguf::quant::GgmlType;
 
 /// Whether the running CPU has everything the kernels of this module use.
@@ -59,6 +63,7 @@ pub fn kernel(ty: GgmlType) -> Option<RowDot> {
     Some(match ty {
         GgmlType::IQ2XXS => RowDot::Q8K(iq2_xxs_row),
         GgmlType::IQ3XXS => RowDot::Q8K(iq3_xxs_row),
+        GgmlType::IQ3S => RowDot::Q8K(iq3_s_row),
         GgmlType::IQ4XS => RowDot::Q8K(iq4_xs_row),
         GgmlType::IQ1M => RowDot::Q8K(iq1_m_row),
         _ => return None,
@@ -156,6 +161,49 @@ static IQ3_VALUES: V64 = {
     let mut i = 0;
     while i < 64 {
         t[i] = [4, 12, 20, 28, 36, 44, 52, 62][i & 7];
+        i += 1;
+    }
+    V64(t)
+};
+
+/// 512 bytes: eight 512-bit registers.
+#[repr(C, align(64))]
+struct V512([u8; 512]);
+
+/// Low or high byte of the 16-bit code of every IQ3_S grid row: element `j`'s value index
+/// (`(v − 1) / 2` for the values 1, 3, …, 15) in bits `4j..4j + 3`.
+const fn iq3s_code_bytes(high: bool) -> V512 {
+    let mut out = [0u8; 512];
+    let mut r = 0;
+    while r < 512 {
+        let row = IQ3S_GRID[r];
+        let mut code = 0u16;
+        let mut j = 0;
+        while j < 4 {
+            let v = (row >> (8 * j)) as u8;
+            assert!(
+                v % 2 == 1 && v <= 15,
+                "IQ3_S grid value outside (1, 3, ..., 15)"
+            );
+            code |= ((v / 2) as u16) << (4 * j);
+            j += 1;
+        }
+        out[r] = if high { (code >> 8) as u8 } else { code as u8 };
+        r += 1;
+    }
+    V512(out)
+}
+
+static IQ3S_CODE_LO: V512 = iq3s_code_bytes(false);
+static IQ3S_CODE_HI: V512 = iq3s_code_bytes(true);
+
+/// Value index → IQ3_S grid value `2i + 1`, for `vpermb` (only the low 3 bits of an index
+/// matter).
+static IQ3S_VALUES: V64 = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = 2 * (i & 7) as u8 + 1;
         i += 1;
     }
     V64(t)
@@ -269,6 +317,27 @@ fn lookup256(t: &[__m512i; 4], idx: __m512i, high_half: __mmask64) -> __m512i {
     let low = _mm512_permutex2var_epi8(t[0], idx, t[1]);
     let high = _mm512_permutex2var_epi8(t[2], idx, t[3]);
     _mm512_mask_blend_epi8(high_half, low, high)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn load512(v: &V512) -> [__m512i; 8] {
+    // SAFETY: `V512` is 512 readable, 64-byte aligned bytes.
+    core::array::from_fn(|i| unsafe { _mm512_load_si512(v.0.as_ptr().add(64 * i).cast()) })
+}
+
+/// Looks 9-bit indices up in a 512-byte table held in eight registers: the low 7 bits are the
+/// bytes of `idx`, bit 7 is in `bit7` and bit 8 in `bit8`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn lookup512(t: &[__m512i; 8], idx: __m512i, bit7: __mmask64, bit8: __mmask64) -> __m512i {
+    let q0 = _mm512_permutex2var_epi8(t[0], idx, t[1]);
+    let q1 = _mm512_permutex2var_epi8(t[2], idx, t[3]);
+    let q2 = _mm512_permutex2var_epi8(t[4], idx, t[5]);
+    let q3 = _mm512_permutex2var_epi8(t[6], idx, t[7]);
+    let low = _mm512_mask_blend_epi8(bit7, q0, q1);
+    let high = _mm512_mask_blend_epi8(bit7, q2, q3);
+    _mm512_mask_blend_epi8(bit8, low, high)
 }
 
 /// f16 bits → f32 via F16C.
@@ -549,6 +618,61 @@ fn iq3_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let n = (w.len() / IQ3_XXS_BYTES).min(x.len()) * QK_K;
     // SAFETY: handed out by `kernel` only when `supported()` holds.
     unsafe { vec_dot_iq3_xxs_q8_k_avx512(n, w, x) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ3_S
+// ---------------------------------------------------------------------------------------------
+
+/// IQ3_S row · Q8_K row over `min(n / 256, w.len() / 110, x.len())` blocks.
+///
+/// Like IQ3_XXS with a 512-row grid (the 9th index bit of row `k` is bit `k` of the 8 `qh` bytes
+/// read as one u64), explicit sign bits (8 bytes per 64 elements: exactly the flip mask) and
+/// 4-bit scales `2s + 1`.
+///
+/// # Safety
+/// The CPU must support the features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+pub unsafe fn vec_dot_iq3_s_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = super::iquants::block_count(n, QK_K, w.len(), IQ3_S_BYTES, x.len());
+    let code_lo = load512(&IQ3S_CODE_LO);
+    let code_hi = load512(&IQ3S_CODE_HI);
+    let values = load64(&IQ3S_VALUES);
+    let shift = load64(&SHIFT_IQ3);
+    let row_codes = IQ3XXS_ROW_CODES.each_ref().map(|v| load64(v));
+    let scale_words = WORD_SCALE_WORDS.each_ref().map(|v| load64(v));
+
+    let mut sumf = 0.0f32;
+    for (b, y) in w.chunks_exact(IQ3_S_BYTES).zip(x).take(nb) {
+        let d = f16_to_f32(u16::from_le_bytes([b[0], b[1]])) * y.d;
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+        // SAFETY: bytes 2..66 (qs) are readable.
+        let q = unsafe { _mm512_loadu_si512(b[2..66].as_ptr().cast()) };
+        let bit7 = _mm512_movepi8_mask(q);
+        let bit8 = u64_at(66);
+        let lo = lookup512(&code_lo, q, bit7, bit8);
+        let hi = lookup512(&code_hi, q, bit7, bit8);
+        // Byte ib = 2·s_ib + 1, s_ib = nibble ib of the 4 scale bytes.
+        let s4 = u64::from(u32::from_le_bytes([b[106], b[107], b[108], b[109]]));
+        let ls = (_pdep_u64(s4, 0x0F0F_0F0F_0F0F_0F0F) << 1) | 0x0101_0101_0101_0101;
+        let scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(ls as i64)));
+        let mut acc = _mm512_setzero_si512();
+        for c in 0..4 {
+            let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
+            let grid = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift, codes), values);
+            let pairs = signed_pairs(grid, u64_at(74 + 8 * c), load_q8(y, c));
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            acc = _mm512_dpwssd_epi32(acc, pairs, ls);
+        }
+        sumf += d * _mm512_reduce_add_epi32(acc) as f32;
+    }
+    sumf
+}
+
+fn iq3_s_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let n = (w.len() / IQ3_S_BYTES).min(x.len()) * QK_K;
+    // SAFETY: handed out by `kernel` only when `supported()` holds.
+    unsafe { vec_dot_iq3_s_q8_k_avx512(n, w, x) }
 }
 
 // ---------------------------------------------------------------------------------------------
