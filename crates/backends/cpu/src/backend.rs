@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::backend::{Backend, LinearData, LinearSource};
+use redlite_model::ops::silu;
 use redlite_model::weights::FfnWeights;
 use redlite_model::ModelError;
 
 use crate::kernels::driver;
+use crate::kernels::fused::{self, Product};
 
 /// Where a weight's bytes live.
 enum Bytes {
@@ -125,21 +127,55 @@ impl Backend for CpuBackend {
         chosen: &[(usize, f32)],
         x: &[f32],
     ) -> Vec<f32> {
+        // Gate and up of every chosen expert in one parallel pass over the same quantized x…
+        let mut products = Vec::with_capacity(2 * chosen.len());
+        for &(e, _) in chosen {
+            for w in [&experts[e].gate, &experts[e].up] {
+                products.push(Product {
+                    ty: w.ty,
+                    w: w.bytes(),
+                    rows: w.rows,
+                    cols: w.cols,
+                    input: 0,
+                });
+            }
+        }
+        let mut gate_up = vec![Vec::new(); products.len()];
+        fused::matvec_batch(&products, &[x], &mut gate_up)
+            .unwrap_or_else(|e| panic!("expert gate/up: {e}"));
+        // …then SwiGLU per expert, and every down projection in a second pass.
+        let acts: Vec<Vec<f32>> = gate_up
+            .chunks_exact(2)
+            .map(|gu| {
+                gu[0]
+                    .iter()
+                    .zip(&gu[1])
+                    .map(|(&g, &u)| silu(g) * u)
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
+        let products: Vec<Product> = chosen
+            .iter()
+            .enumerate()
+            .map(|(i, &(e, _))| {
+                let w = &experts[e].down;
+                Product {
+                    ty: w.ty,
+                    w: w.bytes(),
+                    rows: w.rows,
+                    cols: w.cols,
+                    input: i,
+                }
+            })
+            .collect();
+        let mut downs = vec![Vec::new(); products.len()];
+        fused::matvec_batch(&products, &inputs, &mut downs)
+            .unwrap_or_else(|e| panic!("expert down: {e}"));
+        // Weighted sum in the given order.
         let mut out = vec![0.0f32; x.len()];
-        for &(e, weight) in chosen {
-            let ffn = &experts[e];
-            let mut gate = vec![0.0f32; ffn.gate.rows];
-            let mut up = vec![0.0f32; ffn.up.rows];
-            self.linear(&ffn.gate, x, 1, &mut gate);
-            self.linear(&ffn.up, x, 1, &mut up);
-            let act: Vec<f32> = gate
-                .iter()
-                .zip(&up)
-                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            let mut y = vec![0.0f32; ffn.down.rows];
-            self.linear(&ffn.down, &act, 1, &mut y);
-            for (o, v) in out.iter_mut().zip(&y) {
+        for (y, &(_, weight)) in downs.iter().zip(chosen) {
+            for (o, v) in out.iter_mut().zip(y) {
                 *o += weight * v;
             }
         }

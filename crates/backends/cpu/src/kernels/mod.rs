@@ -18,6 +18,7 @@
 //! for supported levels.
 
 pub mod driver;
+pub mod fused;
 pub mod iquants;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx2;
