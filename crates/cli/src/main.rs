@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod convert;
 mod generate;
 mod inspect;
 mod logits;
@@ -27,6 +28,8 @@ struct Cli {
 enum Command {
     /// Describe a GGUF file: architecture, hyperparameters, tensor bytes, bytes per decode token.
     Inspect(inspect::Args),
+    /// Convert a Hugging Face Qwen3-Next checkpoint folder to GGUF.
+    Convert(convert::Args),
     /// Generate text from a prompt, streaming it as it decodes.
     Generate(generate::Args),
     /// Write the logits of every position of a token sequence as raw f32.
@@ -49,6 +52,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
+        Command::Convert(a) => convert::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => tokenize::run_tokenize(a),
