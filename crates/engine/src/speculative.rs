@@ -1,0 +1,567 @@
+//! Speculative decoding: cheap drafts of the next few tokens, verified by the model in one
+//! batched forward pass, with output identical to plain decoding.
+//!
+//! # Draft sources
+//!
+//! * **Prompt lookup** ([`lookup_draft`]): the last `n` tokens of the context (prompt and
+//!   everything generated so far) are searched for an earlier occurrence, longest `n` first
+//!   (`ngram_max` down to `ngram_min`), most recent occurrence first; the tokens that followed
+//!   it are the draft. Rewriting a file the model has just read makes these drafts long and
+//!   mostly right. The draft length adapts to recent acceptance: a fully accepted draft doubles
+//!   the next one (up to `max_draft`), a rejection shrinks it to one more than was accepted.
+//! * **MTP** (the model's `nextn` block, [`MtpDrafter`]): slot `t` takes the trunk's final hidden
+//!   state `h_t` and token `x_(t+1)` and predicts `x_(t+2)`. Chained drafting follows vLLM's
+//!   MTP proposer: draft `d1` comes from `(h_t, x_(t+1))`; draft `d(j+1)` from the MTP block's
+//!   own output hidden state of the previous slot (after its shared-head norm) and `dj`, at the
+//!   next slot. Chained slots are speculative: their KV entries are dropped after drafting, and
+//!   once the verify pass has produced the trunk's real hidden states the accepted slots are
+//!   recomputed from those (one batched MTP pass, no lm_head). The MTP cache therefore always
+//!   holds exactly what a non-speculative MTP run would.
+//!   `both` uses prompt lookup when it finds a match and MTP otherwise.
+//!
+//! # Verification and exactness
+//!
+//! The pending token and its `K` drafts go through one `Mode::Step` forward of `K + 1` rows.
+//! Each row's logits are bit-identical to a one-token step (a guarantee of the model and its
+//! backends), and [`redlite_model::SequenceState::keep`] rolls the DeltaNet states back to the
+//! last accepted row from a per-row recording and truncates the KV caches, without recomputing.
+//!
+//! # Acceptance rule
+//!
+//! Both draft sources propose tokens deterministically (prompt lookup copies tokens, MTP drafts
+//! are the argmax of the MTP logits): the draft distribution `q` is a point mass on the drafted
+//! token `d`. The standard speculative-sampling rule (accept `d` with probability
+//! `min(1, p(d)/q(d)) = p(d)`; on rejection draw from `norm(max(0, p − q))`, which is `p`
+//! without `d`) is then exactly: *draw `y` from the target distribution `p` with the ordinary
+//! sampler, accept the draft if `y == d`, else emit `y` and stop*. That is what
+//! [`generate_speculative`] does, row after row, with the same sampler, the same history and the
+//! same RNG draws as [`crate::generate`] — so the output distribution is unchanged, and for a
+//! given seed the tokens are the same as without speculation (greedy or not).
+
+use std::time::{Duration, Instant};
+
+use redlite_model::{Backend, Mode, Model, ModelError, MtpState, SequenceState};
+
+use crate::generate::{GenerateOptions, GenerationStats};
+use crate::sampler::{argmax, Sampler};
+
+/// Which draft source(s) to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecMode {
+    /// No drafts: one token per forward pass.
+    #[default]
+    Off,
+    /// Prompt lookup only.
+    Lookup,
+    /// The model's MTP head only.
+    Mtp,
+    /// Prompt lookup when it finds a match, MTP otherwise.
+    Both,
+}
+
+impl SpecMode {
+    pub const NAMES: &'static [&'static str] = &["off", "lookup", "mtp", "both"];
+
+    pub fn parse(name: &str) -> Result<SpecMode, ModelError> {
+        match name {
+            "off" => Ok(SpecMode::Off),
+            "lookup" => Ok(SpecMode::Lookup),
+            "mtp" => Ok(SpecMode::Mtp),
+            "both" => Ok(SpecMode::Both),
+            other => Err(ModelError::BadConfig(format!(
+                "unknown speculation mode '{other}' (available: {})",
+                SpecMode::NAMES.join(", ")
+            ))),
+        }
+    }
+
+    fn uses_lookup(self) -> bool {
+        matches!(self, SpecMode::Lookup | SpecMode::Both)
+    }
+
+    fn uses_mtp(self) -> bool {
+        matches!(self, SpecMode::Mtp | SpecMode::Both)
+    }
+}
+
+/// Speculative decoding settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecConfig {
+    pub mode: SpecMode,
+    /// Longest n-gram prompt lookup tries to match.
+    pub ngram_max: usize,
+    /// Shortest n-gram prompt lookup accepts as a match (at least 1).
+    pub ngram_min: usize,
+    /// Most tokens one prompt-lookup draft may hold.
+    pub max_draft: usize,
+    /// Adapt the prompt-lookup draft length to recent acceptance (otherwise always `max_draft`).
+    pub adaptive: bool,
+    /// MTP drafts per step (chained through the MTP block's own hidden state).
+    pub mtp_draft: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            mode: SpecMode::Off,
+            ngram_max: 4,
+            ngram_min: 2,
+            max_draft: 16,
+            adaptive: true,
+            mtp_draft: 2,
+        }
+    }
+}
+
+impl SpecConfig {
+    /// The defaults with `mode`.
+    pub fn with_mode(mode: SpecMode) -> SpecConfig {
+        SpecConfig {
+            mode,
+            ..SpecConfig::default()
+        }
+    }
+}
+
+/// Counters of one draft source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DraftCounters {
+    /// Verify passes that carried at least one draft of this source.
+    pub steps: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl DraftCounters {
+    /// Accepted over drafted (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted as f64 / (self.drafted.max(1)) as f64
+    }
+
+    /// Mean accepted drafts per verify pass that carried drafts.
+    pub fn mean_accepted(&self) -> f64 {
+        self.accepted as f64 / (self.steps.max(1)) as f64
+    }
+
+    fn add(&mut self, drafted: usize, accepted: usize) {
+        if drafted > 0 {
+            self.steps += 1;
+            self.drafted += drafted;
+            self.accepted += accepted;
+        }
+    }
+}
+
+/// What speculation did during one [`generate_speculative`] call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecStats {
+    pub mode: SpecMode,
+    /// Decode forward passes of the trunk (verify passes, including those without drafts).
+    pub forward_passes: usize,
+    /// Rows those passes computed in total.
+    pub rows: usize,
+    pub lookup: DraftCounters,
+    pub mtp: DraftCounters,
+    /// Time spent drafting (lookup search and MTP passes, including the MTP cache catch-up).
+    pub draft_time: Duration,
+}
+
+impl SpecStats {
+    /// Both sources together.
+    pub fn total(&self) -> DraftCounters {
+        DraftCounters {
+            steps: self.lookup.steps + self.mtp.steps,
+            drafted: self.lookup.drafted + self.mtp.drafted,
+            accepted: self.lookup.accepted + self.mtp.accepted,
+        }
+    }
+
+    /// Tokens emitted per decode forward pass: accepted drafts plus the one token every pass
+    /// samples itself (1.0 without speculation).
+    pub fn tokens_per_pass(&self) -> f64 {
+        (self.forward_passes + self.total().accepted) as f64 / (self.forward_passes.max(1)) as f64
+    }
+
+    /// One line for logs: `spec lookup: 12 passes, 40/52 drafts accepted (76.9%), ...`.
+    pub fn summary(&self) -> String {
+        let t = self.total();
+        format!(
+            "spec {:?}: {} passes ({} rows), drafts accepted {}/{} ({:.1}%), mean accepted length {:.2}, {:.2} tokens/pass [lookup {}/{}, mtp {}/{}], drafting {:.1} ms",
+            self.mode,
+            self.forward_passes,
+            self.rows,
+            t.accepted,
+            t.drafted,
+            100.0 * t.acceptance_rate(),
+            t.mean_accepted(),
+            self.tokens_per_pass(),
+            self.lookup.accepted,
+            self.lookup.drafted,
+            self.mtp.accepted,
+            self.mtp.drafted,
+            self.draft_time.as_secs_f64() * 1e3,
+        )
+    }
+}
+
+/// Prompt lookup: find the most recent earlier occurrence of the last `n` tokens of `context`
+/// (`n` from `ngram_max` down to `ngram_min`, longest first) and return up to `max_len` tokens that
+/// followed it. Empty when nothing matches.
+pub fn lookup_draft(
+    context: &[u32],
+    ngram_max: usize,
+    ngram_min: usize,
+    max_len: usize,
+) -> Vec<u32> {
+    let len = context.len();
+    if max_len == 0 {
+        return Vec::new();
+    }
+    for n in (ngram_min.max(1)..=ngram_max).rev() {
+        if n >= len {
+            continue;
+        }
+        let suffix = &context[len - n..];
+        // Candidate starts `s < len - n` (the suffix itself excluded), most recent first.
+        if let Some(s) = (0..len - n).rev().find(|&s| context[s..s + n] == *suffix) {
+            let start = s + n;
+            let end = (start + max_len).min(len);
+            return context[start..end].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// The MTP head as a draft source, with its KV cache and the slots whose inputs are known but not
+/// yet run (they are run lazily, batched, when the next MTP draft is needed).
+pub struct MtpDrafter {
+    state: MtpState,
+    /// Slots `state.kv.len()..`: (trunk hidden state at position t, token t+1).
+    queue: Vec<(Vec<f32>, u32)>,
+}
+
+impl MtpDrafter {
+    pub fn new<B: Backend>(model: &Model<B>) -> Result<MtpDrafter, ModelError> {
+        if !model.has_mtp() {
+            return Err(ModelError::NoMtp);
+        }
+        Ok(MtpDrafter {
+            state: model.new_mtp_state(),
+            queue: Vec::new(),
+        })
+    }
+
+    /// Slots known so far (run or queued).
+    pub fn slots(&self) -> usize {
+        self.state.kv.len() + self.queue.len()
+    }
+
+    /// Record slot `slots()`: the trunk's hidden state at that position and the token after it.
+    pub fn push(&mut self, hidden: Vec<f32>, next_token: u32) {
+        self.queue.push((hidden, next_token));
+    }
+
+    /// Run the queued slots (one batched MTP pass); returns the MTP output hidden state of the
+    /// last one.
+    fn flush<B: Backend>(&mut self, model: &Model<B>) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.queue.is_empty() {
+            return Ok(None);
+        }
+        let (hidden, tokens): (Vec<Vec<f32>>, Vec<u32>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .unzip();
+        let t0 = self.state.kv.len();
+        let mut out = model.mtp_hidden(&mut self.state, &hidden, &tokens, t0)?;
+        Ok(out.pop())
+    }
+
+    /// Up to `k` chained drafts after the last pushed slot (which must be the newest position:
+    /// the trunk's last hidden state and the token just sampled). The chained slots are removed
+    /// from the cache afterwards.
+    pub fn draft<B: Backend>(&mut self, model: &Model<B>, k: usize) -> Result<Vec<u32>, ModelError> {
+        let mut drafts = Vec::with_capacity(k);
+        let Some(mut hidden) = self.flush(model)? else {
+            return Ok(drafts);
+        };
+        let keep = self.state.kv.len();
+        while drafts.len() < k {
+            let logits = model.lm_head(std::slice::from_ref(&hidden));
+            let Some(d) = argmax(&logits[0]) else { break };
+            drafts.push(d);
+            if drafts.len() == k {
+                break;
+            }
+            let t = self.state.kv.len();
+            hidden = model
+                .mtp_hidden(&mut self.state, &[hidden], &[d], t)?
+                .pop()
+                .ok_or_else(|| ModelError::State("MTP pass returned no row".into()))?;
+        }
+        self.state.kv.truncate(keep);
+        Ok(drafts)
+    }
+}
+
+/// Adaptive prompt-lookup draft length.
+struct DraftLength {
+    current: usize,
+    max: usize,
+    adaptive: bool,
+}
+
+impl DraftLength {
+    fn new(cfg: &SpecConfig) -> DraftLength {
+        let max = cfg.max_draft;
+        DraftLength {
+            current: if cfg.adaptive { max.min(4) } else { max },
+            max,
+            adaptive: cfg.adaptive,
+        }
+    }
+
+    fn update(&mut self, drafted: usize, accepted: usize) {
+        if !self.adaptive || drafted == 0 {
+            return;
+        }
+        self.current = if accepted == drafted {
+            (self.current * 2).min(self.max)
+        } else {
+            (accepted + 1).min(self.max)
+        };
+    }
+}
+
+/// Which source produced the current draft.
+#[derive(Clone, Copy)]
+enum Source {
+    Lookup,
+    Mtp,
+}
+
+/// Like [`crate::generate`], with speculative decoding per `spec`: the same tokens for the same
+/// sampler settings and seed, usually in fewer forward passes. `state` must be empty when MTP
+/// drafting is on (the MTP cache is built from the prompt's hidden states).
+pub fn generate_speculative<B: Backend>(
+    model: &Model<B>,
+    state: &mut SequenceState,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    spec: &SpecConfig,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, GenerationStats, SpecStats), ModelError> {
+    generate_speculative_observed(model, state, prompt, sampler, opts, spec, on_token, |_| {})
+}
+
+/// [`generate_speculative`], also showing `on_logits` the logits each generated token (and the
+/// final stop token, if any) was sampled from, in order — for tests that compare them bit for
+/// bit with plain decoding.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative_observed<B: Backend>(
+    model: &Model<B>,
+    state: &mut SequenceState,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    spec: &SpecConfig,
+    mut on_token: impl FnMut(u32) -> bool,
+    mut on_logits: impl FnMut(&[f32]),
+) -> Result<(Vec<u32>, GenerationStats, SpecStats), ModelError> {
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut sstats = SpecStats {
+        mode: spec.mode,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    if prompt.is_empty() || opts.max_tokens == 0 {
+        return Ok((out, stats, sstats));
+    }
+    let use_mtp = spec.mode.uses_mtp() && spec.mtp_draft > 0;
+    if use_mtp && state.pos != 0 {
+        return Err(ModelError::State(format!(
+            "MTP drafting needs an empty sequence (it holds {} tokens)",
+            state.pos
+        )));
+    }
+    let mut mtp = if use_mtp {
+        Some(MtpDrafter::new(model)?)
+    } else {
+        None
+    };
+    let mut lookup_len = DraftLength::new(spec);
+    let mut history: Vec<u32> = prompt.to_vec();
+
+    // Prompt: every row's hidden state feeds the MTP cache; only the last needs logits.
+    let t0 = Instant::now();
+    let mut hidden = model.forward_hidden(state, prompt, Mode::Prefill)?;
+    let mut last_hidden = hidden.pop().expect("non-empty prompt");
+    if let Some(m) = mtp.as_mut() {
+        for (h, &next) in hidden.into_iter().zip(&prompt[1..]) {
+            m.push(h, next);
+        }
+    }
+    let logits = model
+        .lm_head(std::slice::from_ref(&last_hidden))
+        .pop()
+        .expect("one row");
+    stats.prompt_time = t0.elapsed();
+
+    let t1 = Instant::now();
+    // `pending`: the token sampled last, emitted but not yet fed to the trunk.
+    let mut pending = sampler.sample(&logits, &history);
+    on_logits(&logits);
+    let mut done = false;
+    if opts.stop_ids.contains(&pending) {
+        stats.stopped_on_eos = true;
+        done = true;
+    } else {
+        out.push(pending);
+        history.push(pending);
+        done |= !on_token(pending) || out.len() >= opts.max_tokens;
+    }
+
+    while !done {
+        // Draft: at most the tokens the budget still allows after `pending`'s successor.
+        let budget = opts.max_tokens - out.len();
+        let td = Instant::now();
+        if let Some(m) = mtp.as_mut() {
+            m.push(last_hidden.clone(), pending);
+        }
+        let mut drafts = Vec::new();
+        let mut source = Source::Lookup;
+        if spec.mode.uses_lookup() {
+            let k = lookup_len.current.min(budget.saturating_sub(1));
+            drafts = lookup_draft(&history, spec.ngram_max, spec.ngram_min, k);
+        }
+        if drafts.is_empty() {
+            if let Some(m) = mtp.as_mut() {
+                let k = spec.mtp_draft.min(budget.saturating_sub(1));
+                if k > 0 {
+                    drafts = m.draft(model, k)?;
+                    source = Source::Mtp;
+                }
+            }
+        }
+        sstats.draft_time += td.elapsed();
+
+        // Verify `pending` and the drafts in one stepped pass.
+        let mut rows_in = Vec::with_capacity(drafts.len() + 1);
+        rows_in.push(pending);
+        rows_in.extend_from_slice(&drafts);
+        if !drafts.is_empty() {
+            state.begin_trace();
+        }
+        let rows_hidden = model.forward_hidden(state, &rows_in, Mode::Step)?;
+        let rows_logits = model.lm_head(&rows_hidden);
+        sstats.forward_passes += 1;
+        sstats.rows += rows_in.len();
+
+        // Accept drafts while the sampler agrees; the first disagreement is the next token.
+        let mut accepted = 0;
+        let mut next = None;
+        for (i, row) in rows_logits.iter().enumerate() {
+            let y = sampler.sample(row, &history);
+            on_logits(row);
+            if opts.stop_ids.contains(&y) {
+                stats.stopped_on_eos = true;
+                done = true;
+                break;
+            }
+            out.push(y);
+            history.push(y);
+            if !on_token(y) || out.len() >= opts.max_tokens {
+                done = true;
+            }
+            if i < drafts.len() && y == drafts[i] {
+                accepted += 1;
+                if done {
+                    break;
+                }
+            } else {
+                next = Some(y);
+                break;
+            }
+        }
+        match source {
+            Source::Lookup => sstats.lookup.add(drafts.len(), accepted),
+            Source::Mtp => sstats.mtp.add(drafts.len(), accepted),
+        }
+        if matches!(source, Source::Lookup) {
+            lookup_len.update(drafts.len(), accepted);
+        }
+
+        // Keep the rows whose input tokens are now part of the sequence: `pending` and the
+        // accepted drafts (when the budget ran out on an accepted draft, that draft was emitted
+        // but, as in plain decoding, not fed).
+        let fed = if next.is_some() || stats.stopped_on_eos {
+            accepted + 1
+        } else {
+            accepted
+        }
+        .max(1)
+        .min(rows_in.len());
+        if !drafts.is_empty() {
+            state.keep(fed)?;
+        }
+        if let Some(m) = mtp.as_mut() {
+            // Slots of the newly fed tokens after `pending`: (h at that row, the token after it).
+            for i in 0..fed - 1 {
+                m.push(rows_hidden[i].clone(), rows_in[i + 1]);
+            }
+        }
+        last_hidden.clone_from(&rows_hidden[fed - 1]);
+        if let Some(y) = next {
+            pending = y;
+        }
+    }
+    stats.generated_tokens = out.len();
+    stats.decode_time = t1.elapsed();
+    Ok((out, stats, sstats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_prefers_longest_most_recent_match() {
+        // ... 1 2 3 9 ... 1 2 3 7 8 ... 2 3 → the 2-gram [2 3] last occurred before 7 8.
+        let ctx = [1, 2, 3, 9, 5, 1, 2, 3, 7, 8, 4, 2, 3];
+        assert_eq!(lookup_draft(&ctx, 3, 1, 4), vec![7, 8, 4, 2]);
+        // With the 3-gram [4 2 3] there is no earlier match; 1-grams only: last 3 before end.
+        assert_eq!(lookup_draft(&ctx, 1, 1, 2), vec![7, 8]);
+        assert_eq!(lookup_draft(&ctx, 3, 1, 0), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&[5, 6, 7], 3, 2, 4), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&[], 3, 1, 4), Vec::<u32>::new());
+        // The continuation may run into the suffix itself.
+        assert_eq!(lookup_draft(&[1, 1, 1], 2, 1, 4), vec![1]);
+    }
+
+    #[test]
+    fn draft_length_adapts() {
+        let mut d = DraftLength::new(&SpecConfig::default());
+        assert_eq!(d.current, 4);
+        d.update(4, 4);
+        assert_eq!(d.current, 8);
+        d.update(8, 8);
+        d.update(16, 16);
+        assert_eq!(d.current, 16);
+        d.update(16, 2);
+        assert_eq!(d.current, 3);
+        d.update(0, 0);
+        assert_eq!(d.current, 3);
+    }
+
+    #[test]
+    fn mode_names_parse() {
+        for name in SpecMode::NAMES {
+            SpecMode::parse(name).unwrap();
+        }
+        assert!(SpecMode::parse("sometimes").is_err());
+    }
+}
