@@ -201,23 +201,26 @@ pub fn score_chunk<B: Backend>(
         *t0 = b;
     }
     let mut state = model.new_state();
-    let logits = model
-        .forward(&mut state, &input, Mode::Prefill)
+    let hidden = model
+        .forward_hidden(&mut state, &input, Mode::Prefill)
         .map_err(|source| PerplexityError::Model {
             chunk: index,
             source,
         })?;
-    if logits.len() != tokens.len() {
+    if hidden.len() != tokens.len() {
         return Err(PerplexityError::RowCount {
             chunk: index,
-            got: logits.len(),
+            got: hidden.len(),
             expected: tokens.len(),
         });
     }
+    // Only the scored rows go through the lm_head.
+    let first = first_scored(tokens.len());
+    let logits = model.lm_head(&hidden[first..tokens.len() - 1]);
     let mut stats = NllStats::default();
     // The target is the original token (llama.cpp restores it after swapping in the BOS).
-    for pos in first_scored(tokens.len())..tokens.len() - 1 {
-        stats.push(token_nll(&logits[pos], tokens[pos + 1]));
+    for (row, &target) in logits.iter().zip(&tokens[first + 1..]) {
+        stats.push(token_nll(row, target));
     }
     Ok(stats)
 }
