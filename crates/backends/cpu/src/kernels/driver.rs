@@ -64,10 +64,20 @@ pub fn physical_cores() -> usize {
     }
 }
 
-/// Builds the global rayon pool with `n` threads (`0` = [`physical_cores`]). Fails if the global
-/// pool already exists (it is created on first use with the default size).
+/// The default thread count: `REDLITE_THREADS`, else `RAYON_NUM_THREADS`, else
+/// [`physical_cores`].
+pub fn default_threads() -> usize {
+    ["REDLITE_THREADS", "RAYON_NUM_THREADS"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+        .find(|&n| n > 0)
+        .unwrap_or_else(physical_cores)
+}
+
+/// Builds the global rayon pool with `n` threads (`0` = [`default_threads`]). Fails if the
+/// global pool already exists (it is created on first use with the default size).
 pub fn init_threads(n: usize) -> Result<(), KernelError> {
-    let n = if n == 0 { physical_cores() } else { n };
+    let n = if n == 0 { default_threads() } else { n };
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("redlite-cpu-{i}"))
@@ -75,7 +85,7 @@ pub fn init_threads(n: usize) -> Result<(), KernelError> {
         .map_err(|e| KernelError::ThreadPool(e.to_string()))
 }
 
-/// Makes sure the global pool exists, sized to the physical cores unless [`init_threads`] (or
+/// Makes sure the global pool exists, sized by [`default_threads`] unless [`init_threads`] (or
 /// another rayon user) created it first.
 fn ensure_pool() {
     static INIT: OnceLock<()> = OnceLock::new();

@@ -13,7 +13,9 @@
 
 use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES};
 use super::q8::BlockQ8K;
-use super::x86_util::{f16x2_hw, hsum256_ps, hsum512_ps, read_u32};
+use super::x86_util::{
+    f16x2_hw, hsum256_ps, hsum512_ps, prefetch_ahead, prefetch_distance, read_u32,
+};
 use super::{has_vnni, Isa, RowDot};
 use core::arch::x86_64::*;
 use redlite_gguf::quant::GgmlType;
@@ -151,8 +153,10 @@ unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     ];
     let mut acc = _mm512_setzero_ps();
     let mut accm = _mm256_setzero_ps();
+    let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q4K_BYTES);
+        prefetch_ahead(b, pf, Q4K_BYTES);
         // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
         let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
@@ -196,8 +200,10 @@ unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let sixteen = _mm512_set1_epi8(16);
     let mut acc = _mm512_setzero_ps();
     let mut accm = _mm256_setzero_ps();
+    let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q5K_BYTES);
+        prefetch_ahead(b, pf, Q5K_BYTES);
         // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
         let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
@@ -257,8 +263,10 @@ unsafe fn q6k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
     let mut acc = _mm512_setzero_ps();
+    let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q6K_BYTES);
+        prefetch_ahead(b, pf, Q6K_BYTES);
         let dd = _mm256_castps256_ps128(q6k_scale(b, y.d));
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let scz = _mm512_castsi256_si512(sc16);
@@ -318,8 +326,10 @@ unsafe fn q45k_256<const Q5: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let m16 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
     let mut accm = _mm256_setzero_ps();
+    let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * bytes);
+        prefetch_ahead(b, pf, bytes);
         // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
         let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
@@ -376,8 +386,10 @@ unsafe fn q6k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = _mm256_setzero_ps();
+    let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q6K_BYTES);
+        prefetch_ahead(b, pf, Q6K_BYTES);
         let dd = _mm256_castps256_ps128(q6k_scale(b, y.d));
         let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
         let scb = _mm256_broadcastsi128_si256(sc);

@@ -10,7 +10,9 @@
 //! through [`kernel`], which checks the CPU features first.
 
 use super::q8::BlockQ8_0;
-use super::x86_util::{f16_hw, hsum256_ps, hsum512_ps, read_u16};
+use super::x86_util::{
+    f16_hw, hsum256_ps, hsum512_ps, prefetch_ahead, prefetch_distance, read_u16,
+};
 use super::{has_vnni, Isa, RowDot};
 use core::arch::x86_64::*;
 use redlite_gguf::quant::GgmlType;
@@ -140,8 +142,10 @@ unsafe fn float_512<const KIND: u8>(w: &[u8], x: &[f32]) -> f32 {
     let n = (w.len() / eb).min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm512_setzero_ps(); 4];
+    let pf = prefetch_distance();
     let mut i = 0;
     while i + 64 <= n {
+        prefetch_ahead(wp.add(i * eb), pf, 64 * eb);
         for (k, a) in acc.iter_mut().enumerate() {
             let j = i + 16 * k;
             let wv = load16::<KIND>(wp.add(j * eb), u16::MAX);
@@ -194,8 +198,10 @@ unsafe fn float_256<const KIND: u8>(w: &[u8], x: &[f32]) -> f32 {
     let n = (w.len() / eb).min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
+    let pf = prefetch_distance();
     let mut i = 0;
     while i + 32 <= n {
+        prefetch_ahead(wp.add(i * eb), pf, 32 * eb);
         for (k, a) in acc.iter_mut().enumerate() {
             let j = i + 8 * k;
             *a = _mm256_fmadd_ps(
@@ -258,8 +264,10 @@ unsafe fn block_fma<const VNNI: bool>(acc: __m256, wv: __m256i, dw: u16, y: &Blo
 #[inline(always)]
 unsafe fn q8_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     let nb = (w.len() / 34).min(x.len());
+    let pf = prefetch_distance();
     let load = |i: usize| {
         let b = w.as_ptr().add(34 * i);
+        prefetch_ahead(b, pf, 34);
         (_mm256_loadu_si256(b.add(2) as *const __m256i), read_u16(b))
     };
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -282,8 +290,10 @@ unsafe fn q8_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
 #[inline(always)]
 unsafe fn q4_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     let nb = (w.len() / 18).min(x.len());
+    let pf = prefetch_distance();
     let load = |i: usize| {
         let b = w.as_ptr().add(18 * i);
+        prefetch_ahead(b, pf, 18);
         let m4 = _mm_set1_epi8(0x0F);
         let q = _mm_loadu_si128(b.add(2) as *const __m128i);
         let lo = _mm_and_si128(q, m4);

@@ -47,3 +47,33 @@ pub(crate) unsafe fn hsum512_ps(v: __m512) -> f32 {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     hsum256_ps(_mm256_add_ps(lo, hi))
 }
+
+/// How far ahead of the weight stream the kernels prefetch, in bytes (`REDLITE_PF`, default
+/// [`DEFAULT_PREFETCH`]; 0 turns it off). Read once per process.
+pub(crate) fn prefetch_distance() -> usize {
+    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PF.get_or_init(|| {
+        std::env::var("REDLITE_PF")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_PREFETCH)
+    })
+}
+
+/// Default prefetch distance (bytes). Measured on a 16-core Xeon (Sapphire Rapids class): matvec
+/// went from ~60 GB/s without prefetch to the speed of a plain read (~85-95 GB/s) at 2-8 KiB.
+pub(crate) const DEFAULT_PREFETCH: usize = 4096;
+
+/// Prefetches the cache lines of `bytes` bytes starting `dist` bytes after `p` (consecutive
+/// blocks together cover every line). Never faults, even past the end of the data.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_ahead(p: *const u8, dist: usize, bytes: usize) {
+    if dist == 0 {
+        return;
+    }
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist + off) as *const i8);
+        off += 64;
+    }
+}
