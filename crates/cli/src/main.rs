@@ -3,10 +3,12 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod convert;
 mod generate;
 mod inspect;
 mod logits;
+mod make_model;
 mod parity;
 mod perplexity;
 mod serve;
@@ -38,6 +40,10 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Turn token ids back into text.
     Detokenize(tokenize::DetokenizeArgs),
+    /// Measure speed: kernel, decode or prefill, next to the memory bandwidth.
+    Bench(bench::Args),
+    /// Write a Qwen3-Next layout with random valid weights (for benchmarks only).
+    MakeModel(make_model::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
     Serve(serve::Args),
     /// Check every fast kernel against the oracle on fresh random data.
@@ -57,6 +63,8 @@ fn main() {
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => tokenize::run_tokenize(a),
         Command::Detokenize(a) => tokenize::run_detokenize(a),
+        Command::Bench(a) => bench::run(a),
+        Command::MakeModel(a) => make_model::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Selftest(a) => selftest::run(a),
         Command::Perplexity(a) => perplexity::run(a),

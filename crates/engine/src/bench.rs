@@ -16,7 +16,10 @@ use redlite_gguf::quant::random::{fill_random_blocks, QuantRng};
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::backend::{Backend, LinearData, LinearSource};
 use redlite_model::sizing::ModelSizes;
-use redlite_model::{Mode, Model, ModelError};
+use redlite_model::{Mode, Model, ModelError, Oracle};
+
+use crate::backends::BackendChoice;
+use redlite_cpu::CpuBackend;
 
 /// Progress of a benchmark: `(stage, done, total)`; `total` 0 means unknown.
 pub type Progress<'a> = &'a mut dyn FnMut(&str, u64, u64);
@@ -247,6 +250,32 @@ pub fn bench_kernel<B: Backend>(
     })
 }
 
+/// [`bench_kernel`] on the backend `choice` names (`threads` sizes the CPU pool, 0 = physical
+/// cores). A new backend gets its arm here, next to [`crate::backends::load_model_from`].
+pub fn bench_kernel_on(
+    choice: BackendChoice,
+    threads: usize,
+    spec: KernelSpec,
+    working_set_bytes: u64,
+    passes: usize,
+    seed: u64,
+    progress: Progress,
+) -> Result<KernelResult, ModelError> {
+    match choice {
+        BackendChoice::Oracle => {
+            bench_kernel(&Oracle, spec, working_set_bytes, passes, seed, progress)
+        }
+        BackendChoice::Cpu => bench_kernel(
+            &CpuBackend::with_threads(threads),
+            spec,
+            working_set_bytes,
+            passes,
+            seed,
+            progress,
+        ),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Model decode and prefill.
 
@@ -381,7 +410,6 @@ pub fn bench_prefill<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redlite_model::Oracle;
 
     #[test]
     fn median_and_argmax() {

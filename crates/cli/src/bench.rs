@@ -1,0 +1,327 @@
+//! `redlite bench kernel|decode|prefill`: speed measurements with a progress bar and a final
+//! table. Every run first measures the machine's memory read bandwidth (STREAM-like), so that
+//! GB/s figures can be given as a fraction of what the memory delivers.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use redlite_engine::bench::{
+    bench_decode, bench_kernel_on, bench_prefill, kernel_specs_from_file, measure_read_bandwidth,
+    Bandwidth, KernelResult, KernelSpec,
+};
+use redlite_engine::{load_model_from, with_model, BackendChoice};
+use redlite_gguf::{GgmlType, GgufFile};
+use serde_json::json;
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// Matrix-vector kernels: every weight type of the file (or --type), matrices ≫ cache.
+    Kernel,
+    /// A short prompt, then N timed decode steps.
+    Decode,
+    /// A P-token prompt pass.
+    Prefill,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// What to measure.
+    #[arg(value_enum)]
+    pub kind: Kind,
+    /// Model file (GGUF). Required for decode and prefill; for kernel, its weight types and
+    /// shapes are benchmarked unless --type is given.
+    #[arg(short = 'm', long = "model", value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// Backend: cpu or oracle.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Decode steps (decode, default 32), timed passes (kernel, default 10) or prompt passes
+    /// (prefill, default 1).
+    #[arg(short = 'n', value_name = "N")]
+    pub n: Option<usize>,
+    /// Prompt tokens (prefill default 512; decode default 8).
+    #[arg(short = 'p', long = "prompt", value_name = "P")]
+    pub prompt: Option<usize>,
+    /// Threads (0: one per physical core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+    /// Kernel bench on random data of this type instead of the file's types.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub ty: Option<String>,
+    /// Matrix shape for --type, ROWSxCOLS.
+    #[arg(long, default_value = "4096x8192", value_name = "ROWSxCOLS")]
+    pub shape: String,
+    /// Kernel working set in MiB of quantized weights (default: 512 for cpu, 64 for oracle,
+    /// which holds f32 copies).
+    #[arg(long, value_name = "MIB")]
+    pub working_set_mib: Option<u64>,
+    /// Size of the bandwidth buffer in MiB.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub bw_mib: u64,
+    /// Timed runs of the bandwidth measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub bw_runs: usize,
+    /// Print the results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A progress bar fed by the engine's `(stage, done, total)` callbacks.
+fn progress_bar() -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:32} {bar:30} {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+fn update(bar: &ProgressBar, stage: &str, done: u64, total: u64) {
+    bar.set_message(stage.to_string());
+    bar.set_length(total);
+    bar.set_position(done);
+}
+
+fn parse_shape(s: &str) -> Result<(usize, usize)> {
+    let (r, c) = s
+        .split_once(['x', 'X'])
+        .with_context(|| format!("--shape {s}: expected ROWSxCOLS, e.g. 4096x8192"))?;
+    let rows: usize = r
+        .trim()
+        .parse()
+        .with_context(|| format!("--shape {s}: rows"))?;
+    let cols: usize = c
+        .trim()
+        .parse()
+        .with_context(|| format!("--shape {s}: cols"))?;
+    if rows == 0 || cols == 0 {
+        bail!("--shape {s}: rows and columns must be positive");
+    }
+    Ok((rows, cols))
+}
+
+fn threads_used(args: &Args) -> usize {
+    if args.threads == 0 {
+        redlite_cpu::kernels::driver::physical_cores()
+    } else {
+        args.threads
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let choice = BackendChoice::parse(&args.backend)?;
+    let threads = threads_used(&args);
+    if args.kind != Kind::Kernel && args.model.is_none() {
+        bail!("this benchmark needs a model: -m FILE");
+    }
+    // Open the file before measuring so a bad path fails fast.
+    let file = match &args.model {
+        Some(p) => Some(Arc::new(
+            GgufFile::open(p).with_context(|| format!("opening {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let bar = progress_bar();
+    let mut progress = |stage: &str, done: u64, total: u64| update(&bar, stage, done, total);
+
+    // Bandwidth first, and its buffer freed before the model is touched.
+    let bw = measure_read_bandwidth(
+        (args.bw_mib as usize) << 20,
+        threads,
+        args.bw_runs,
+        &mut progress,
+    );
+
+    let report = match args.kind {
+        Kind::Kernel => {
+            let specs = match (&args.ty, &file) {
+                (Some(t), _) => {
+                    let ty = GgmlType::from_name(t)
+                        .with_context(|| format!("--type {t}: unknown type"))?;
+                    let (rows, cols) = parse_shape(&args.shape)?;
+                    vec![KernelSpec { ty, rows, cols }]
+                }
+                (None, Some(f)) => kernel_specs_from_file(f),
+                (None, None) => bail!("kernel bench: give -m FILE or --type TYPE"),
+            };
+            let ws_mib = args.working_set_mib.unwrap_or(match choice {
+                BackendChoice::Oracle => 64,
+                _ => 512,
+            });
+            let passes = args.n.unwrap_or(10);
+            let mut results = Vec::new();
+            for spec in specs {
+                let r = bench_kernel_on(
+                    choice,
+                    args.threads,
+                    spec,
+                    ws_mib << 20,
+                    passes,
+                    0x5eed,
+                    &mut progress,
+                )
+                .with_context(|| format!("kernel {} {}x{}", spec.ty, spec.rows, spec.cols))?;
+                results.push(r);
+            }
+            bar.finish_and_clear();
+            Report::Kernel(results)
+        }
+        Kind::Decode => {
+            let file = file.context("decode needs -m FILE")?;
+            progress("loading the model", 0, 0);
+            let model = load_model_from(file, choice, args.threads)?;
+            let prompt = args.prompt.unwrap_or(8);
+            let steps = args.n.unwrap_or(32);
+            let r = with_model!(&model, m => bench_decode(m, prompt, steps, &mut progress))?;
+            bar.finish_and_clear();
+            Report::Decode(r)
+        }
+        Kind::Prefill => {
+            let file = file.context("prefill needs -m FILE")?;
+            progress("loading the model", 0, 0);
+            let model = load_model_from(file, choice, args.threads)?;
+            let tokens = args.prompt.unwrap_or(512);
+            let runs = args.n.unwrap_or(1);
+            let r = with_model!(&model, m => bench_prefill(m, tokens, runs, &mut progress))?;
+            bar.finish_and_clear();
+            Report::Prefill(r)
+        }
+    };
+
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report.json(&args, &bw, threads))?
+        );
+    } else {
+        print_table(&report, &args, &bw, threads);
+    }
+    Ok(())
+}
+
+enum Report {
+    Kernel(Vec<KernelResult>),
+    Decode(redlite_engine::bench::DecodeResult),
+    Prefill(redlite_engine::bench::PrefillResult),
+}
+
+fn pct(gbps: f64, bw: &Bandwidth) -> f64 {
+    100.0 * gbps / bw.gbps.max(1e-12)
+}
+
+impl Report {
+    fn json(&self, args: &Args, bw: &Bandwidth, threads: usize) -> serde_json::Value {
+        let bandwidth = json!({
+            "gbps": bw.gbps,
+            "runs_gbps": bw.runs_gbps,
+            "buffer_bytes": bw.buffer_bytes,
+            "threads": bw.threads,
+        });
+        let model = args.model.as_ref().map(|p| p.display().to_string());
+        match self {
+            Report::Kernel(rs) => json!({
+                "bench": "kernel", "backend": args.backend, "threads": threads, "model": model,
+                "bandwidth": bandwidth,
+                "kernels": rs.iter().map(|r| json!({
+                    "type": r.spec.ty.name(), "rows": r.spec.rows, "cols": r.spec.cols,
+                    "matrices": r.matrices, "bytes_per_pass": r.bytes_per_pass, "passes": r.passes,
+                    "us_per_matvec": r.per_matvec.as_secs_f64() * 1e6,
+                    "gbps": r.gbps, "fraction_of_bandwidth": r.gbps / bw.gbps.max(1e-12),
+                })).collect::<Vec<_>>(),
+            }),
+            Report::Decode(r) => json!({
+                "bench": "decode", "backend": r.backend, "threads": threads, "model": model,
+                "bandwidth": bandwidth,
+                "prompt_tokens": r.prompt_tokens, "prompt_s": r.prompt_time.as_secs_f64(),
+                "steps": r.steps, "decode_s": r.decode_time.as_secs_f64(),
+                "median_step_ms": r.median_step.as_secs_f64() * 1e3,
+                "tok_per_s": r.tok_per_s, "bytes_per_token": r.bytes_per_token, "gbps": r.gbps,
+                "fraction_of_bandwidth": r.gbps / bw.gbps.max(1e-12),
+            }),
+            Report::Prefill(r) => json!({
+                "bench": "prefill", "backend": r.backend, "threads": threads, "model": model,
+                "bandwidth": bandwidth,
+                "tokens": r.tokens, "runs": r.runs, "median_s": r.time.as_secs_f64(),
+                "tok_per_s": r.tok_per_s,
+            }),
+        }
+    }
+}
+
+fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize) {
+    if let Some(m) = &args.model {
+        println!("model: {}", m.display());
+    }
+    println!(
+        "memory read bandwidth: {:.2} GB/s (median of {} runs over {} MiB, {} threads)",
+        bw.gbps,
+        bw.runs_gbps.len(),
+        bw.buffer_bytes >> 20,
+        bw.threads
+    );
+    println!();
+    match report {
+        Report::Kernel(rs) => {
+            println!(
+                "{:<8} {:>12} {:>8} {:>10} {:>12} {:>9} {:>8}",
+                "type", "shape", "matrices", "set MiB", "us/matvec", "GB/s", "% bw"
+            );
+            for r in rs {
+                println!(
+                    "{:<8} {:>12} {:>8} {:>10.1} {:>12.1} {:>9.2} {:>7.1}%",
+                    r.spec.ty.name(),
+                    format!("{}x{}", r.spec.rows, r.spec.cols),
+                    r.matrices,
+                    r.bytes_per_pass as f64 / (1u64 << 20) as f64,
+                    r.per_matvec.as_secs_f64() * 1e6,
+                    r.gbps,
+                    pct(r.gbps, bw)
+                );
+            }
+            println!("\nbackend {}, {threads} threads", args.backend);
+        }
+        Report::Decode(r) => {
+            println!(
+                "{:<8} {:>7} {:>7} {:>6} {:>9} {:>10} {:>9} {:>8} {:>7}",
+                "backend",
+                "threads",
+                "prompt",
+                "steps",
+                "tok/s",
+                "ms/token",
+                "MB/token",
+                "GB/s",
+                "% bw"
+            );
+            println!(
+                "{:<8} {:>7} {:>7} {:>6} {:>9.2} {:>10.2} {:>9.1} {:>8.2} {:>6.1}%",
+                r.backend,
+                threads,
+                r.prompt_tokens,
+                r.steps,
+                r.tok_per_s,
+                r.median_step.as_secs_f64() * 1e3,
+                r.bytes_per_token as f64 / 1e6,
+                r.gbps,
+                pct(r.gbps, bw)
+            );
+        }
+        Report::Prefill(r) => {
+            println!(
+                "{:<8} {:>7} {:>7} {:>5} {:>10} {:>9}",
+                "backend", "threads", "tokens", "runs", "time s", "tok/s"
+            );
+            println!(
+                "{:<8} {:>7} {:>7} {:>5} {:>10.3} {:>9.2}",
+                r.backend,
+                threads,
+                r.tokens,
+                r.runs,
+                r.time.as_secs_f64(),
+                r.tok_per_s
+            );
+        }
+    }
+}
