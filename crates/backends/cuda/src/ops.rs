@@ -68,7 +68,7 @@ fn blocks(n: usize, per: u32) -> u32 {
 
 /// Bytes of one row of `cols` values of type `ty`, or an error if `cols` is not whole blocks.
 pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, CudaError> {
-    if cols % ty.block_elems() != 0 {
+    if !cols.is_multiple_of(ty.block_elems()) {
         return Err(CudaError::Invalid(format!(
             "{} rows of {cols} values are not whole blocks of {}",
             ty.name(),
@@ -163,7 +163,7 @@ pub fn moe_router(
     n_expert: usize,
     k: usize,
 ) -> Result<(Vec<i32>, Vec<f32>), CudaError> {
-    if k == 0 || k > 64 || k > n_expert || logits.len() % n_expert != 0 {
+    if k == 0 || k > 64 || k > n_expert || !logits.len().is_multiple_of(n_expert) {
         return Err(CudaError::Invalid(format!(
             "router: k = {k} of {n_expert} experts, {} logits",
             logits.len()
@@ -248,7 +248,7 @@ pub fn moe_experts(
 }
 
 fn check_rows(len: usize, n: usize, what: &str) -> Result<usize, CudaError> {
-    if n == 0 || len % n != 0 {
+    if n == 0 || !len.is_multiple_of(n) {
         return Err(CudaError::Invalid(format!(
             "{what}: {len} values are not rows of {n}"
         )));
@@ -376,7 +376,7 @@ pub fn rope_neox(
     theta: f64,
 ) -> Result<Vec<f32>, CudaError> {
     let tokens = check_rows(x.len(), heads * head_dim, "rope")?;
-    if rope_dims > head_dim || rope_dims % 2 != 0 {
+    if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
         return Err(CudaError::Invalid(format!(
             "rope: {rope_dims} rotary dims of {head_dim}"
         )));
@@ -434,7 +434,7 @@ pub fn dn_gates(
     r: usize,
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let nv = a.len();
-    if ba.len() != 2 * nv || dt_bias.len() != nv || r == 0 || nv % r != 0 {
+    if ba.len() != 2 * nv || dt_bias.len() != nv || r == 0 || !nv.is_multiple_of(r) {
         return Err(CudaError::Invalid("dn_gates: sizes".into()));
     }
     let (bad, ad, dd) = (upload(gpu, ba)?, upload(gpu, a)?, upload(gpu, dt_bias)?);
@@ -472,7 +472,7 @@ pub fn dn_delta_step(
     if qkv.len() != 2 * d.nk * d.dk + d.nv * d.dv
         || state.len() != d.nv * d.dk * d.dv
         || d.dv > 1024
-        || d.nv % d.nk != 0
+        || !d.nv.is_multiple_of(d.nk)
     {
         return Err(CudaError::Invalid(format!("dn_delta_step: sizes {d:?}")));
     }
@@ -496,6 +496,7 @@ pub fn dn_delta_step(
 }
 
 /// Attention of one token over `n` cached positions: `q [heads][hd]`, caches `[n][nkv][hd]`.
+#[allow(clippy::too_many_arguments)] // the kernel's own shape parameters
 pub fn attn_decode(
     gpu: &Gpu,
     q: &[f32],
@@ -507,7 +508,7 @@ pub fn attn_decode(
     scale: f32,
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(kc.len(), nkv * hd, "attn k cache")?;
-    if q.len() != heads * hd || vc.len() != kc.len() || heads % nkv != 0 {
+    if q.len() != heads * hd || vc.len() != kc.len() || !heads.is_multiple_of(nkv) {
         return Err(CudaError::Invalid("attn_decode: sizes".into()));
     }
     let (qd, kd, vd) = (upload(gpu, q)?, upload(gpu, kc)?, upload(gpu, vc)?);
