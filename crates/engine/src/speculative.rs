@@ -269,9 +269,8 @@ impl MtpDrafter {
         if self.queue.is_empty() {
             return Ok(None);
         }
-        let (hidden, tokens): (Vec<Vec<f32>>, Vec<u32>) = std::mem::take(&mut self.queue)
-            .into_iter()
-            .unzip();
+        let (hidden, tokens): (Vec<Vec<f32>>, Vec<u32>) =
+            std::mem::take(&mut self.queue).into_iter().unzip();
         let t0 = self.state.kv.len();
         let mut out = model.mtp_hidden(&mut self.state, &hidden, &tokens, t0)?;
         Ok(out.pop())
@@ -280,7 +279,11 @@ impl MtpDrafter {
     /// Up to `k` chained drafts after the last pushed slot (which must be the newest position:
     /// the trunk's last hidden state and the token just sampled). The chained slots are removed
     /// from the cache afterwards.
-    pub fn draft<B: Backend>(&mut self, model: &Model<B>, k: usize) -> Result<Vec<u32>, ModelError> {
+    pub fn draft<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        k: usize,
+    ) -> Result<Vec<u32>, ModelError> {
         let mut drafts = Vec::with_capacity(k);
         let Some(mut hidden) = self.flush(model)? else {
             return Ok(drafts);

@@ -1,0 +1,361 @@
+//! Speculative decoding is exact: with prompt lookup, MTP or both, every generated token is
+//! sampled from logits bit-identical to plain one-token decoding, the tokens are the same (greedy
+//! and seeded sampling), and after rejections the sequence state equals that of a run that never
+//! drafted.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use redlite_engine::sampler::{argmax, Sampler, SamplerConfig};
+use redlite_engine::speculative::{
+    generate_speculative, generate_speculative_observed, SpecConfig, SpecMode, SpecStats,
+};
+use redlite_engine::{generate, load_model_from, with_model, BackendChoice, GenerateOptions};
+use redlite_gguf::GgufFile;
+use redlite_model::state::LayerState;
+use redlite_model::{Backend, Mode, Model, SequenceState};
+use redlite_tokenizer::tokenizer::Tokenizer;
+
+fn reference() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/reference"
+    ))
+}
+
+const MODES: [SpecMode; 3] = [SpecMode::Lookup, SpecMode::Mtp, SpecMode::Both];
+
+/// A prompt built to trigger long lookups: a code block, an instruction, and the start of the
+/// block again (the model tends to copy it).
+fn rewrite_prompt(tokenizer: &Tokenizer) -> Vec<u32> {
+    let text = std::fs::read_to_string(reference().join("logits/heldout.txt")).unwrap();
+    let block: String = text
+        .lines()
+        .skip(27)
+        .take(14)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let head: String = block.lines().take(3).collect::<Vec<_>>().join("\n");
+    let prompt =
+        format!("{block}\n\n# The same code again:\n\n{block}\n\n# Once more:\n\n{head}\n");
+    tokenizer.encode(&prompt, false).unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Plain decoding, one token per step, as `redlite_engine::generate` does; returns the tokens,
+/// the logits each was chosen from, and the final state (the last token not fed).
+fn plain<B: Backend>(
+    model: &Model<B>,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>, SequenceState) {
+    let mut state = model.new_state();
+    let mut logits = model
+        .forward(&mut state, prompt, Mode::Prefill)
+        .unwrap()
+        .pop()
+        .unwrap();
+    let mut tokens = Vec::new();
+    let mut seen = Vec::new();
+    loop {
+        let t = argmax(&logits).unwrap();
+        seen.push(logits.clone());
+        tokens.push(t);
+        if tokens.len() == n {
+            break;
+        }
+        logits = model
+            .forward(&mut state, &[t], Mode::Step)
+            .unwrap()
+            .pop()
+            .unwrap();
+    }
+    (tokens, seen, state)
+}
+
+/// Two sequence states hold the same tokens with bit-identical KV caches and recurrent states.
+fn assert_same_state(a: &SequenceState, b: &SequenceState, what: &str) {
+    assert_eq!(a.pos, b.pos, "{what}: position");
+    for (i, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
+        match (la, lb) {
+            (LayerState::Attention(x), LayerState::Attention(y)) => {
+                assert!(bits(&x.k) == bits(&y.k), "{what}: layer {i} keys differ");
+                assert!(bits(&x.v) == bits(&y.v), "{what}: layer {i} values differ");
+            }
+            (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
+                assert!(
+                    bits(&x.conv) == bits(&y.conv),
+                    "{what}: layer {i} conv differs"
+                );
+                assert!(
+                    bits(&x.s) == bits(&y.s),
+                    "{what}: layer {i} delta state differs"
+                );
+            }
+            _ => panic!("{what}: layer {i} kinds differ"),
+        }
+    }
+}
+
+fn greedy_opts(n: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: n,
+        stop_ids: Vec::new(),
+    }
+}
+
+/// Greedy speculative decoding against plain decoding on one model, every mode.
+fn check_greedy_identity<B: Backend>(model: &Model<B>, prompt: &[u32], n: usize, label: &str) {
+    let (want, want_logits, want_state) = plain(model, prompt, n);
+    for mode in MODES {
+        let what = format!("{label} {mode:?}");
+        let mut state = model.new_state();
+        let mut seen = Vec::new();
+        let (got, _, stats) = generate_speculative_observed(
+            model,
+            &mut state,
+            prompt,
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &greedy_opts(n),
+            &SpecConfig::with_mode(mode),
+            |_| true,
+            |l| seen.push(bits(l)),
+        )
+        .unwrap();
+        assert_eq!(got, want, "{what}: tokens");
+        assert_eq!(seen.len(), want_logits.len(), "{what}: logits rows");
+        for (i, (s, w)) in seen.iter().zip(&want_logits).enumerate() {
+            assert!(
+                *s == bits(w),
+                "{what}: logits of token {i} are not bit-identical"
+            );
+        }
+        assert_same_state(&state, &want_state, &what);
+        eprintln!("{what}: {}", stats.summary());
+        let drafted = stats.total().drafted;
+        assert!(drafted > 0, "{what}: nothing was drafted");
+        assert!(
+            stats.forward_passes < n,
+            "{what}: speculation saved no forward pass"
+        );
+    }
+}
+
+fn load(name: &str, backend: BackendChoice) -> (redlite_engine::AnyModel, Tokenizer) {
+    let file = Arc::new(GgufFile::open(reference().join("models").join(name)).unwrap());
+    let tokenizer = Tokenizer::from_gguf(&file).unwrap();
+    (load_model_from(file, backend, 2).unwrap(), tokenizer)
+}
+
+#[test]
+fn greedy_identical_on_mtp_fixtures_oracle() {
+    for name in ["tiny-F16.gguf", "tiny-Q8_0.gguf"] {
+        let (model, tok) = load(name, BackendChoice::Oracle);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => {
+            assert!(m.has_mtp(), "{name} has an MTP block");
+            check_greedy_identity(m, &prompt, 40, &format!("{name} oracle"))
+        });
+    }
+}
+
+#[test]
+fn greedy_identical_on_mtp_fixtures_cpu() {
+    for name in [
+        "tiny-F16.gguf",
+        "tiny-Q8_0.gguf",
+        "tiny-Q4_K_M.gguf",
+        "tiny-IQ2_XXS.gguf",
+    ] {
+        let (model, tok) = load(name, BackendChoice::Cpu);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => check_greedy_identity(m, &prompt, 40, &format!("{name} cpu")));
+    }
+}
+
+/// Short and unrepetitive prompts: few or no lookups; MTP still drafts every step.
+#[test]
+fn greedy_identical_on_a_short_prompt() {
+    let (model, tok) = load("tiny-Q8_0.gguf", BackendChoice::Cpu);
+    let prompt = tok.encode("def main():\n", false).unwrap();
+    with_model!(&model, m => {
+        let (want, _, _) = plain(m, &prompt, 24);
+        for mode in MODES {
+            let (got, _, _) = generate_speculative(
+                m,
+                &mut m.new_state(),
+                &prompt,
+                &mut Sampler::new(SamplerConfig::greedy()),
+                &greedy_opts(24),
+                &SpecConfig::with_mode(mode),
+                |_| true,
+            )
+            .unwrap();
+            assert_eq!(got, want, "{mode:?}");
+        }
+    });
+}
+
+/// With sampling, the acceptance rule draws from the target with the ordinary sampler, so a
+/// seeded run gives exactly the tokens of plain `generate`.
+#[test]
+fn sampling_matches_plain_generate_for_a_seed() {
+    let (model, tok) = load("tiny-F16.gguf", BackendChoice::Cpu);
+    let prompt = rewrite_prompt(&tok);
+    let cfg = SamplerConfig {
+        temperature: 0.7,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.05,
+        seed: 7,
+        ..Default::default()
+    };
+    let opts = GenerateOptions {
+        max_tokens: 48,
+        stop_ids: tok.stop_token_ids().to_vec(),
+    };
+    with_model!(&model, m => {
+        let (want, _) = generate(m, &mut m.new_state(), &prompt, &mut Sampler::new(cfg.clone()), &opts, |_| true).unwrap();
+        for mode in MODES {
+            let (got, _, stats) = generate_speculative(
+                m,
+                &mut m.new_state(),
+                &prompt,
+                &mut Sampler::new(cfg.clone()),
+                &opts,
+                &SpecConfig::with_mode(mode),
+                |_| true,
+            )
+            .unwrap();
+            assert_eq!(got, want, "{mode:?}: {}", stats.summary());
+        }
+    });
+}
+
+/// The callback can stop generation in the middle of an accepted draft; the state then holds
+/// exactly what plain decoding would hold (the last emitted token not fed).
+#[test]
+fn early_stop_inside_a_draft_leaves_the_plain_state() {
+    let (model, tok) = load("tiny-F16.gguf", BackendChoice::Cpu);
+    let prompt = rewrite_prompt(&tok);
+    with_model!(&model, m => {
+        for stop_after in [5usize, 13, 22] {
+            let (want, _, want_state) = plain(m, &prompt, stop_after);
+            let mut state = m.new_state();
+            let mut count = 0;
+            let (got, _, _) = generate_speculative(
+                m,
+                &mut state,
+                &prompt,
+                &mut Sampler::new(SamplerConfig::greedy()),
+                &greedy_opts(100),
+                &SpecConfig::with_mode(SpecMode::Both),
+                |_| {
+                    count += 1;
+                    count < stop_after
+                },
+            )
+            .unwrap();
+            assert_eq!(got, want);
+            assert_same_state(&state, &want_state, &format!("stop after {stop_after}"));
+        }
+    });
+}
+
+/// A draft rejected in the middle: verify `[x, good, bad, bad, bad]`, keep the first two rows,
+/// and the state is bit-identical to a run that stepped `x, good` one at a time; so are the
+/// logits of every later step.
+#[test]
+fn rejection_mid_draft_rolls_back_exactly() {
+    for backend in [BackendChoice::Oracle, BackendChoice::Cpu] {
+        let (model, tok) = load("tiny-Q8_0.gguf", backend);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => {
+            let (want, want_logits, _) = plain(m, &prompt, 8);
+            // Reference: prompt, then x = want[0], good = want[1] one at a time, then the rest.
+            let mut plain_state = m.new_state();
+            m.forward(&mut plain_state, &prompt, Mode::Prefill).unwrap();
+            m.forward(&mut plain_state, &want[..1], Mode::Step).unwrap();
+            m.forward(&mut plain_state, &want[1..2], Mode::Step).unwrap();
+
+            let mut spec = m.new_state();
+            m.forward(&mut spec, &prompt, Mode::Prefill).unwrap();
+            let bad = (want[2] + 1) % 4000;
+            spec.begin_trace();
+            let rows = m
+                .forward(&mut spec, &[want[0], want[1], bad, bad, want[3]], Mode::Step)
+                .unwrap();
+            assert!(bits(&rows[0]) == bits(&want_logits[1]));
+            assert!(bits(&rows[1]) == bits(&want_logits[2]));
+            spec.keep(2).unwrap();
+            assert_same_state(&spec, &plain_state, &format!("{backend:?} after rollback"));
+            // Continue both with the true tokens: logits stay bit-identical.
+            let a = m.forward(&mut spec, &want[2..6], Mode::Step).unwrap();
+            let b: Vec<Vec<f32>> = want[2..6]
+                .iter()
+                .flat_map(|&t| m.forward(&mut plain_state, &[t], Mode::Step).unwrap())
+                .collect();
+            for (x, y) in a.iter().zip(&b) {
+                assert!(bits(x) == bits(y), "{backend:?}: logits after rollback differ");
+            }
+            assert!(bits(&b[0]) == bits(&want_logits[3]));
+        });
+    }
+}
+
+/// `mtp_hidden` over several slots followed by the lm_head equals `mtp_logits` slot by slot.
+#[test]
+fn batched_mtp_hidden_matches_mtp_logits() {
+    let (model, tok) = load("tiny-F16.gguf", BackendChoice::Oracle);
+    let prompt = rewrite_prompt(&tok);
+    let prompt = &prompt[..20];
+    with_model!(&model, m => {
+        let mut st = m.new_state();
+        let hidden = m.forward_hidden(&mut st, prompt, Mode::Prefill).unwrap();
+        let mut one = m.new_mtp_state();
+        let singles: Vec<Vec<u32>> = (0..prompt.len() - 1)
+            .map(|t| bits(&m.mtp_logits(&mut one, &hidden[t], prompt[t + 1], t).unwrap()))
+            .collect();
+        let mut batched = m.new_mtp_state();
+        let a = m.mtp_hidden(&mut batched, &hidden[..7], &prompt[1..8], 0).unwrap();
+        let b = m
+            .mtp_hidden(&mut batched, &hidden[7..prompt.len() - 1], &prompt[8..], 7)
+            .unwrap();
+        let logits = m.lm_head(&[a, b].concat());
+        for (t, (l, s)) in logits.iter().zip(&singles).enumerate() {
+            assert!(bits(l) == *s, "slot {t}");
+        }
+    });
+}
+
+/// The statistics add up.
+#[test]
+fn statistics_are_consistent() {
+    let (model, tok) = load("tiny-Q8_0.gguf", BackendChoice::Cpu);
+    let prompt = rewrite_prompt(&tok);
+    with_model!(&model, m => {
+        let n = 40;
+        let (out, _, s): (Vec<u32>, _, SpecStats) = generate_speculative(
+            m,
+            &mut m.new_state(),
+            &prompt,
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &greedy_opts(n),
+            &SpecConfig::with_mode(SpecMode::Both),
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(out.len(), n);
+        let t = s.total();
+        assert!(t.accepted <= t.drafted);
+        // The first token comes from the prompt pass; every decode pass emits its accepted
+        // drafts plus one token, except that the budget may end on an accepted draft.
+        assert!(s.forward_passes + t.accepted >= n - 1);
+        assert!(s.forward_passes + t.accepted <= n);
+        assert_eq!(s.rows, s.forward_passes + t.drafted);
+        assert!((s.tokens_per_pass() - (s.forward_passes + t.accepted) as f64 / s.forward_passes as f64).abs() < 1e-12);
+    });
+}
