@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use redlite_gguf::{GgmlType, GgufFile};
 
+use crate::delta_rule::{delta_rule_heads, DeltaRule, HeadInputs};
 use crate::ops::Matrix;
 use crate::weights::FfnWeights;
 use crate::ModelError;
@@ -62,6 +63,20 @@ pub trait Backend: Send + Sync + Sized {
 
     /// `(rows, cols)` of a prepared weight.
     fn linear_shape(&self, w: &Self::Linear) -> (usize, usize);
+
+    /// The gated delta rule for every V head of one DeltaNet layer (see
+    /// [`crate::delta_rule::delta_rule_heads`], the default, for the contract). Backends run the
+    /// heads in parallel; any implementation must give the same result for a row whether it is
+    /// stepped alone or with others.
+    fn delta_rule(
+        &self,
+        heads: &[HeadInputs],
+        states: &mut [f32],
+        rule: DeltaRule,
+        traces: Option<&mut [Vec<f32>]>,
+    ) -> Vec<Vec<f32>> {
+        delta_rule_heads(heads, states, rule, traces)
+    }
 
     /// The routed experts of one token: `Σ weight_e · down_e(silu(gate_e·x) ⊙ up_e·x)` over the
     /// chosen `(expert, weight)` pairs, summed in the given order. Backends fuse this.

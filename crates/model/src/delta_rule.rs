@@ -5,6 +5,38 @@
 //! The chunked form (HF `torch_chunk_gated_delta_rule`, chunk 64) computes the same outputs and final
 //! state for a run of tokens with matrix products inside each chunk.
 
+/// Which form of the delta rule a run of tokens uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaRule {
+    /// The one-token recurrence, token after token.
+    Step,
+    /// The chunked prompt algorithm; `pos0` is the absolute position of the first token.
+    Chunked { pos0: usize },
+}
+
+/// The delta rule for every V head of a layer, one head after another (the oracle's way; fast
+/// backends run heads in parallel). `states` is `[heads, dk, dv]`; `traces`, when given (step
+/// form only), receives each head's state after every token. Returns each head's `o`, `[t, dv]`.
+pub fn delta_rule_heads(
+    heads: &[HeadInputs],
+    states: &mut [f32],
+    rule: DeltaRule,
+    mut traces: Option<&mut [Vec<f32>]>,
+) -> Vec<Vec<f32>> {
+    let per = heads.first().map_or(0, |h| h.dk * h.dv);
+    heads
+        .iter()
+        .zip(states.chunks_exact_mut(per.max(1)))
+        .enumerate()
+        .map(|(h, (inp, s))| match rule {
+            DeltaRule::Chunked { pos0 } => delta_rule_chunked(inp, pos0, s),
+            DeltaRule::Step => {
+                delta_rule_step_traced(inp, s, traces.as_deref_mut().and_then(|t| t.get_mut(h)))
+            }
+        })
+        .collect()
+}
+
 /// Inputs of one V head for `t` tokens: q and k are `[t, dk]` (already L2-normalised, q scaled),
 /// v is `[t, dv]`, β and g are `[t]`.
 pub struct HeadInputs<'a> {
@@ -30,6 +62,7 @@ pub fn delta_rule_step(inp: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
 
 /// [`delta_rule_step`], appending a copy of the state after every token to `trace` when given
 /// (`[t, dk, dv]`; speculative verification rolls back to any of them).
+#[inline(always)]
 pub fn delta_rule_step_traced(
     inp: &HeadInputs,
     s: &mut [f32],
@@ -85,6 +118,7 @@ pub const CHUNK: usize = 64;
 /// Chunks are aligned to absolute positions: `pos0` is the position of the first token, and chunk
 /// boundaries fall on multiples of [`CHUNK`], so a prompt computed in pieces split at such
 /// multiples is bit-identical to the prompt computed at once.
+#[inline(always)]
 pub fn delta_rule_chunked(inp: &HeadInputs, pos0: usize, s: &mut [f32]) -> Vec<f32> {
     let (dk, dv) = (inp.dk, inp.dv);
     let n = inp.len();

@@ -11,7 +11,7 @@ use redlite_gguf::GgufFile;
 
 use crate::backend::{matvec, matvec_rows, swiglu, Backend, Oracle};
 use crate::config::Config;
-use crate::delta_rule::{delta_rule_chunked, delta_rule_step_traced, HeadInputs};
+use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
 use crate::state::{DeltaNetState, KvCache, LayerState, MtpState, SequenceState};
 use crate::weights::{
@@ -410,9 +410,8 @@ fn gated_delta_net<B: Backend>(
     //    state after every token is kept: traces[h] is `[n, dk, dv]`.
     let recording = recorder.is_some() && mode == Mode::Step;
     let mut traces: Vec<Vec<f32>> = vec![Vec::new(); if recording { nv } else { 0 }];
-    let mut o = vec![0.0f32; nv * n * dv]; // [nv][n][dv]
-    for h in 0..nv {
-        let inp = HeadInputs {
+    let heads: Vec<HeadInputs> = (0..nv)
+        .map(|h| HeadInputs {
             q: &q[h * n * dk..(h + 1) * n * dk],
             k: &k[h * n * dk..(h + 1) * n * dk],
             v: &v[h * n * dv..(h + 1) * n * dv],
@@ -420,14 +419,18 @@ fn gated_delta_net<B: Backend>(
             g: &g[h * n..(h + 1) * n],
             dk,
             dv,
-        };
-        let s = &mut st.s[h * dk * dv..(h + 1) * dk * dv];
-        let oh = match mode {
-            Mode::Prefill if n > 1 => delta_rule_chunked(&inp, pos0, s),
-            _ => delta_rule_step_traced(&inp, s, traces.get_mut(h)),
-        };
-        o[h * n * dv..(h + 1) * n * dv].copy_from_slice(&oh);
-    }
+        })
+        .collect();
+    let rule = match mode {
+        Mode::Prefill if n > 1 => DeltaRule::Chunked { pos0 },
+        _ => DeltaRule::Step,
+    };
+    let traces_arg = if recording {
+        Some(traces.as_mut_slice())
+    } else {
+        None
+    };
+    let o = b.delta_rule(&heads, &mut st.s, rule, traces_arg).concat(); // [nv][n][dv]
     if let Some(rec) = recorder.filter(|_| recording) {
         let per = dk * dv;
         for t in 0..n {
