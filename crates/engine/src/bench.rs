@@ -164,7 +164,8 @@ pub struct KernelResult {
 pub fn kernel_specs_from_file(file: &GgufFile) -> Vec<KernelSpec> {
     let mut best: std::collections::BTreeMap<u32, (u64, KernelSpec)> = Default::default();
     for t in file.tensors() {
-        if t.dims.len() < 2 || t.dims[1] < 2 {
+        // Matrices only: the conv taps are 2-D but never multiplied as a matrix.
+        if t.dims.len() < 2 || t.dims[1] < 2 || t.name.contains("ssm_conv1d") {
             continue;
         }
         let spec = KernelSpec {
