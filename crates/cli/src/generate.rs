@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use redlite_engine::sampler::{Sampler, SamplerConfig};
+use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
 use redlite_engine::{generate, load_model_from, with_model, BackendChoice, GenerateOptions};
 use redlite_gguf::GgufFile;
 use redlite_tokenizer::chat_template::{ChatTemplate, RenderOptions};
@@ -65,6 +66,25 @@ pub struct Args {
     /// CPU threads (0: one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    /// Speculative decoding: off, lookup (prompt n-gram lookup), mtp (the model's MTP head), or
+    /// both (lookup when it matches, MTP otherwise). The output is the same as without.
+    #[arg(long, default_value = "off")]
+    pub spec: String,
+    /// Prompt lookup: longest n-gram to match.
+    #[arg(long, default_value_t = 4)]
+    pub spec_ngram_max: usize,
+    /// Prompt lookup: shortest n-gram to match.
+    #[arg(long, default_value_t = 2)]
+    pub spec_ngram_min: usize,
+    /// Prompt lookup: most tokens per draft.
+    #[arg(long, default_value_t = 16)]
+    pub spec_max_draft: usize,
+    /// Prompt lookup: always draft --spec-max-draft tokens instead of adapting to acceptance.
+    #[arg(long)]
+    pub spec_fixed: bool,
+    /// MTP: chained draft tokens per step.
+    #[arg(long, default_value_t = 2)]
+    pub spec_mtp_draft: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -130,10 +150,19 @@ pub fn run(args: Args) -> Result<()> {
         stop_ids,
     };
 
+    let spec = SpecConfig {
+        mode: SpecMode::parse(&args.spec)?,
+        ngram_max: args.spec_ngram_max,
+        ngram_min: args.spec_ngram_min,
+        max_draft: args.spec_max_draft,
+        adaptive: !args.spec_fixed,
+        mtp_draft: args.spec_mtp_draft,
+    };
+
     let mut stream = StreamDecoder::new();
     let stdout = std::io::stdout();
     let mut err: Option<std::io::Error> = None;
-    let (ids, stats) = with_model!(&model, m => generate(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, |id| {
+    let mut emit = |id| {
         let text = stream.push(&tokenizer, id);
         let mut out = stdout.lock();
         if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
@@ -141,7 +170,16 @@ pub fn run(args: Args) -> Result<()> {
             return false;
         }
         true
-    }))?;
+    };
+    let (ids, stats, spec_stats) = with_model!(&model, m => {
+        if spec.mode == SpecMode::Off {
+            generate(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, &mut emit)
+                .map(|(ids, stats)| (ids, stats, None))
+        } else {
+            generate_speculative(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, &spec, &mut emit)
+                .map(|(ids, stats, s)| (ids, stats, Some(s)))
+        }
+    })?;
     if let Some(e) = err {
         return Err(e).context("writing to stdout");
     }
@@ -158,5 +196,8 @@ pub fn run(args: Args) -> Result<()> {
         stats.generated_tokens,
         stats.decode_tok_per_s()
     );
+    if let Some(s) = spec_stats {
+        eprintln!("{}", s.summary());
+    }
     Ok(())
 }
