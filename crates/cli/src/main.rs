@@ -13,6 +13,7 @@ mod parity;
 mod perplexity;
 mod serve;
 mod selftest;
+mod spec_bench;
 mod tokenize;
 
 #[derive(Parser)]
@@ -46,6 +47,8 @@ enum Command {
     MakeModel(make_model::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
     Serve(serve::Args),
+    /// Speculative decoding benchmarks: verify cost per draft length, file-rewrite speed.
+    SpecBench(spec_bench::Args),
     /// Check every fast kernel against the oracle on fresh random data.
     Selftest(selftest::Args),
     /// Perplexity of a text by llama.cpp's method (chunks, second half of each scored).
@@ -67,6 +70,7 @@ fn main() {
         Command::MakeModel(a) => make_model::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::SpecBench(a) => spec_bench::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Parity(a) => parity::run(a),
     };

@@ -6,6 +6,7 @@ pub mod generate;
 pub mod parity;
 pub mod perplexity;
 pub mod sampler;
+pub mod spec_bench;
 pub mod speculative;
 
 pub use backends::{load_model, load_model_from, AnyModel, BackendChoice};

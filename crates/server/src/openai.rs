@@ -80,6 +80,9 @@ pub struct CommonParams {
     /// Extension: return prompt/completion token ids and logits hashes under `redlite`.
     #[serde(default)]
     pub return_token_ids: Option<bool>,
+    /// Extension (as llama.cpp): keep generating past stop tokens.
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
 }
 
 /// What the common parameters turn into.
@@ -90,6 +93,7 @@ pub struct Settings {
     pub sampling: SamplerConfig,
     pub stop: Vec<String>,
     pub debug: bool,
+    pub ignore_eos: bool,
 }
 
 fn check_range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<(), ApiError> {
@@ -174,6 +178,7 @@ impl CommonParams {
             sampling,
             stop,
             debug: self.return_token_ids.unwrap_or(false),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
         })
     }
 }
@@ -334,6 +339,7 @@ pub async fn start_job(
         stop: settings.stop.clone(),
         logprobs,
         debug: settings.debug,
+        ignore_eos: settings.ignore_eos,
         events: tx,
     })?;
     match rx.recv().await {

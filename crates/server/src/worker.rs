@@ -51,6 +51,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Also report the token ids and a hash of each step's logits (debugging, tests).
     pub debug: bool,
+    /// Keep generating past stop tokens.
+    pub ignore_eos: bool,
     pub events: UnboundedSender<Event>,
 }
 
@@ -390,6 +392,9 @@ impl<B: Backend> Worker<B> {
             debug,
         });
         let extend = finish != Finish::Cancelled;
+        if !extend {
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
         self.save(prompt, generated, state, snaps, n, extend);
         Ok(())
     }
@@ -465,7 +470,7 @@ impl<B: Backend> Worker<B> {
             let logprob = job.logprobs.map(|top| token_logprob(logits, id, top));
             generated.push(id);
             history.push(id);
-            if stop_ids.contains(&id) {
+            if stop_ids.contains(&id) && !job.ignore_eos {
                 finish = Finish::Stop;
                 break;
             }

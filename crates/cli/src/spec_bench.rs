@@ -1,0 +1,214 @@
+//! `redlite spec-bench`: speculative-decoding benchmarks.
+//!
+//! * `redlite spec-bench verify -m MODEL --backend cpu --ks 1,3,7,15`: time of a K+1-row verify
+//!   pass against a 1-row decode step.
+//! * `redlite spec-bench rewrite -m MODEL -f FILE`: ask the model to rewrite a file with a small
+//!   edit; decode tok/s plainly and with each speculation mode (outputs checked identical).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use redlite_engine::spec_bench::{file_rewrite, rewrite_prompt, verify_cost};
+use redlite_engine::speculative::{SpecConfig, SpecMode};
+use redlite_engine::{load_model_from, with_model, BackendChoice};
+use redlite_gguf::GgufFile;
+use redlite_tokenizer::tokenizer::Tokenizer;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub which: Which,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Which {
+    /// K+1-row verify pass vs 1-row decode step.
+    Verify(VerifyArgs),
+    /// File rewrite: decode speed with and without speculation.
+    Rewrite(RewriteArgs),
+}
+
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Draft lengths K to time (the pass has K+1 rows).
+    #[arg(long, value_delimiter = ',', default_value = "1,3,7,15")]
+    pub ks: Vec<usize>,
+    /// Context tokens before the measured passes.
+    #[arg(long, default_value_t = 16)]
+    pub context: usize,
+    /// Timed repetitions per K (medians are reported; one more untimed warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Compute backend: cpu or oracle.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// CPU threads (0: one per physical core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+#[derive(clap::Args)]
+pub struct RewriteArgs {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// The source file to rewrite.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Use only the first N lines of the file.
+    #[arg(long)]
+    pub lines: Option<usize>,
+    /// The edit to ask for.
+    #[arg(
+        long,
+        default_value = "Rewrite this file with one change: add a comment line at the top saying it was reviewed."
+    )]
+    pub edit: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n: usize,
+    /// Speculation modes to compare with plain decoding.
+    #[arg(long, value_delimiter = ',', default_value = "lookup,mtp,both")]
+    pub modes: Vec<String>,
+    /// Prompt lookup: most tokens per draft.
+    #[arg(long, default_value_t = 16)]
+    pub spec_max_draft: usize,
+    /// MTP: chained draft tokens per step.
+    #[arg(long, default_value_t = 2)]
+    pub spec_mtp_draft: usize,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Compute backend: cpu or oracle.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// CPU threads (0: one per physical core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    match args.which {
+        Which::Verify(a) => run_verify(a),
+        Which::Rewrite(a) => run_rewrite(a),
+    }
+}
+
+fn open(path: &PathBuf) -> Result<Arc<GgufFile>> {
+    Ok(Arc::new(
+        GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?,
+    ))
+}
+
+fn run_verify(args: VerifyArgs) -> Result<()> {
+    let choice = BackendChoice::parse(&args.backend)?;
+    let file = open(&args.model)?;
+    let model = load_model_from(file, choice, args.threads)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    if args.ks.is_empty() || args.reps == 0 {
+        bail!("give at least one K and one repetition");
+    }
+    // Fixed, spread-out token ids (the vocabulary of any Qwen3 file holds them).
+    let tokens: Vec<u32> = (0..64u32).map(|i| 100 + i * 37).collect();
+    println!(
+        "verify cost: {} (backend {}), context {} tokens, median of {} reps",
+        args.model.display(),
+        args.backend,
+        args.context,
+        args.reps
+    );
+    println!("| K | rows | verify ms | 1-row decode ms | ratio | per row |");
+    println!("|---|------|-----------|-----------------|-------|---------|");
+    with_model!(&model, m => verify_cost(m, &tokens, args.context, &args.ks, args.reps, |r| {
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.2}x |",
+            r.k,
+            r.k + 1,
+            r.verify.as_secs_f64() * 1e3,
+            r.decode.as_secs_f64() * 1e3,
+            r.ratio(),
+            r.ratio() / (r.k + 1) as f64
+        );
+    }))?;
+    Ok(())
+}
+
+fn run_rewrite(args: RewriteArgs) -> Result<()> {
+    let choice = BackendChoice::parse(&args.backend)?;
+    let file = open(&args.model)?;
+    let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
+    let model = load_model_from(file, choice, args.threads)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let text = match args.lines {
+        Some(n) => text.lines().take(n).collect::<Vec<_>>().join("\n"),
+        None => text,
+    };
+    let prompt = tokenizer.encode(&rewrite_prompt(&text, &args.edit), false)?;
+    let modes = args
+        .modes
+        .iter()
+        .map(|m| SpecMode::parse(m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = SpecConfig {
+        max_draft: args.spec_max_draft,
+        mtp_draft: args.spec_mtp_draft,
+        ..SpecConfig::default()
+    };
+    let stop_ids = if args.ignore_eos {
+        Vec::new()
+    } else {
+        tokenizer.stop_token_ids().to_vec()
+    };
+    println!(
+        "file rewrite: {} on {} (backend {}), prompt {} tokens, up to {} generated, greedy",
+        args.file.display(),
+        args.model.display(),
+        args.backend,
+        prompt.len(),
+        args.n
+    );
+    println!("| spec | tokens | decode tok/s | speed-up | passes | acceptance | mean accepted | tokens/pass | same output |");
+    println!("|------|--------|--------------|----------|--------|------------|---------------|-------------|-------------|");
+    let mut base = 0.0;
+    let runs = with_model!(&model, m => file_rewrite(m, &prompt, args.n, &stop_ids, &modes, &spec, |r| {
+        if r.spec.is_none() {
+            base = r.decode_tok_per_s;
+        }
+        let (passes, acc, mean, tpp) = match &r.spec {
+            Some(s) => (
+                s.forward_passes.to_string(),
+                format!("{:.1}%", 100.0 * s.total().acceptance_rate()),
+                format!("{:.2}", s.total().mean_accepted()),
+                format!("{:.2}", s.tokens_per_pass()),
+            ),
+            None => (
+                r.generated.saturating_sub(1).to_string(),
+                "-".into(),
+                "-".into(),
+                "1.00".into(),
+            ),
+        };
+        println!(
+            "| {:?} | {} | {:.2} | {:.2}x | {} | {} | {} | {} | {} |",
+            r.mode,
+            r.generated,
+            r.decode_tok_per_s,
+            r.decode_tok_per_s / base.max(1e-12),
+            passes,
+            acc,
+            mean,
+            tpp,
+            if r.identical { "yes" } else { "NO" }
+        );
+    }))?;
+    if runs.iter().any(|r| !r.identical) {
+        bail!("a speculative run's output differs from plain decoding");
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Benchmarks of speculative decoding.
+//!
+//! * [`verify_cost`]: the time of one `K + 1`-row verify pass (`Mode::Step` with the DeltaNet
+//!   states recorded per row, logits of every row, then the rollback) against a 1-row decode
+//!   step, on whatever context the state holds. The weights dominate a decode step, so a
+//!   multi-row pass that reads each weight once should cost far less than `K + 1` steps.
+//! * [`file_rewrite`]: give the model a source file and ask for it back with a small edit;
+//!   decode speed with and without speculation, the outputs checked identical.
+
+use std::time::{Duration, Instant};
+
+use redlite_model::{Backend, Mode, Model, ModelError};
+
+use crate::generate::{generate, GenerateOptions};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::speculative::{generate_speculative, SpecConfig, SpecMode, SpecStats};
+
+/// One row of the verify-cost table.
+#[derive(Debug, Clone)]
+pub struct VerifyCost {
+    /// Drafted tokens; the pass has `k + 1` rows.
+    pub k: usize,
+    /// Median time of the `k + 1`-row pass (trace, forward with logits, rollback).
+    pub verify: Duration,
+    /// Median time of a 1-row decode step measured alongside.
+    pub decode: Duration,
+}
+
+impl VerifyCost {
+    /// Verify time over 1-row decode time.
+    pub fn ratio(&self) -> f64 {
+        self.verify.as_secs_f64() / self.decode.as_secs_f64().max(1e-12)
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// Prefill `context` tokens (token ids `tokens` cycled), then for each `k` time `reps` verify
+/// passes of `k + 1` rows and `reps` 1-row steps, each rolled back so every measurement starts
+/// from the same state. `on_row` sees each finished row (for progress output).
+pub fn verify_cost<B: Backend>(
+    model: &Model<B>,
+    tokens: &[u32],
+    context: usize,
+    ks: &[usize],
+    reps: usize,
+    mut on_row: impl FnMut(&VerifyCost),
+) -> Result<Vec<VerifyCost>, ModelError> {
+    if tokens.is_empty() {
+        return Err(ModelError::BadConfig("verify_cost needs token ids".into()));
+    }
+    let pick = |i: usize| tokens[i % tokens.len()];
+    let mut state = model.new_state();
+    let prompt: Vec<u32> = (0..context.max(1)).map(pick).collect();
+    model.forward(&mut state, &prompt, Mode::Prefill)?;
+    let mut out = Vec::with_capacity(ks.len());
+    for &k in ks {
+        let rows: Vec<u32> = (0..=k).map(|i| pick(context + i)).collect();
+        let mut verify = Vec::with_capacity(reps);
+        let mut decode = Vec::with_capacity(reps);
+        // Repetition 0 is a warm-up (it touches the pages the measurement reads).
+        for rep in 0..=reps {
+            let t = Instant::now();
+            state.begin_trace();
+            model.forward(&mut state, &rows, Mode::Step)?;
+            state.keep(0)?;
+            let tv = t.elapsed();
+            let t = Instant::now();
+            state.begin_trace();
+            model.forward(&mut state, &rows[..1], Mode::Step)?;
+            state.keep(0)?;
+            let td = t.elapsed();
+            if rep > 0 {
+                verify.push(tv);
+                decode.push(td);
+            }
+        }
+        let row = VerifyCost {
+            k,
+            verify: median(verify),
+            decode: median(decode),
+        };
+        on_row(&row);
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// One row of the file-rewrite table.
+#[derive(Debug, Clone)]
+pub struct RewriteRun {
+    pub mode: SpecMode,
+    pub generated: usize,
+    pub decode: Duration,
+    pub decode_tok_per_s: f64,
+    /// `None` for the plain run.
+    pub spec: Option<SpecStats>,
+    /// The tokens equal the plain run's.
+    pub identical: bool,
+}
+
+/// The file-rewrite prompt: the file, an instruction, and the opening of the answer.
+pub fn rewrite_prompt(file_text: &str, edit: &str) -> String {
+    format!(
+        "Here is a source file:\n\n```\n{file_text}\n```\n\n{edit} Reply with the whole file and nothing else.\n\n```\n"
+    )
+}
+
+/// Greedy generation of up to `max_tokens` after `prompt`, plainly and with each of `modes`
+/// (`SpecMode::Off` is always run first as the baseline).
+pub fn file_rewrite<B: Backend>(
+    model: &Model<B>,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop_ids: &[u32],
+    modes: &[SpecMode],
+    spec: &SpecConfig,
+    mut on_run: impl FnMut(&RewriteRun),
+) -> Result<Vec<RewriteRun>, ModelError> {
+    let opts = GenerateOptions {
+        max_tokens,
+        stop_ids: stop_ids.to_vec(),
+    };
+    let (base, stats) = generate(
+        model,
+        &mut model.new_state(),
+        prompt,
+        &mut Sampler::new(SamplerConfig::greedy()),
+        &opts,
+        |_| true,
+    )?;
+    let plain = RewriteRun {
+        mode: SpecMode::Off,
+        generated: stats.generated_tokens,
+        decode: stats.decode_time,
+        decode_tok_per_s: stats.decode_tok_per_s(),
+        spec: None,
+        identical: true,
+    };
+    on_run(&plain);
+    let mut out = vec![plain];
+    for &mode in modes.iter().filter(|m| **m != SpecMode::Off) {
+        if matches!(mode, SpecMode::Mtp | SpecMode::Both) && !model.has_mtp() {
+            continue;
+        }
+        let cfg = SpecConfig {
+            mode,
+            ..spec.clone()
+        };
+        let (ids, stats, s) = generate_speculative(
+            model,
+            &mut model.new_state(),
+            prompt,
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &opts,
+            &cfg,
+            |_| true,
+        )?;
+        let run = RewriteRun {
+            mode,
+            generated: stats.generated_tokens,
+            decode: stats.decode_time,
+            decode_tok_per_s: stats.decode_tok_per_s(),
+            spec: Some(s),
+            identical: ids == base,
+        };
+        on_run(&run);
+        out.push(run);
+    }
+    Ok(out)
+}
