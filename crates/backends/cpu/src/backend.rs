@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::backend::{Backend, LinearData, LinearSource};
+use redlite_model::delta_rule::{DeltaRule, HeadInputs};
 use redlite_model::ops::silu;
 use redlite_model::weights::FfnWeights;
 use redlite_model::ModelError;
@@ -119,6 +120,16 @@ impl Backend for CpuBackend {
 
     fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
         (w.rows, w.cols)
+    }
+
+    fn delta_rule(
+        &self,
+        heads: &[HeadInputs],
+        states: &mut [f32],
+        rule: DeltaRule,
+        traces: Option<&mut [Vec<f32>]>,
+    ) -> Vec<Vec<f32>> {
+        crate::delta_rule::delta_rule_parallel(heads, states, rule, traces)
     }
 
     fn routed_experts(

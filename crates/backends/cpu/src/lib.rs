@@ -2,6 +2,7 @@
 //! (AVX-512, AVX2, portable scalar) behind one dispatch point, a persistent thread pool, and fused MoE.
 
 pub mod backend;
+pub mod delta_rule;
 pub mod kernels;
 
 pub use backend::{CpuBackend, CpuLinear};

@@ -30,3 +30,40 @@ fn fused_routed_experts_equal_per_product_matvecs_bit_for_bit() {
         assert!(fused == reference);
     }
 }
+
+#[test]
+fn cpu_delta_rule_equals_the_oracle_bit_for_bit() {
+    use redlite_model::delta_rule::{delta_rule_heads, DeltaRule, HeadInputs};
+    let (nv, dk, dv, n) = (4, 64, 48, 70);
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    let q: Vec<f32> = (0..nv * n * dk).map(|_| next() * 0.2).collect();
+    let k: Vec<f32> = (0..nv * n * dk).map(|_| next() * 0.2).collect();
+    let v: Vec<f32> = (0..nv * n * dv).map(|_| next()).collect();
+    let beta: Vec<f32> = (0..nv * n).map(|_| next() + 0.5).collect();
+    let g: Vec<f32> = (0..nv * n).map(|_| -next().abs()).collect();
+    let heads: Vec<HeadInputs> = (0..nv)
+        .map(|h| HeadInputs {
+            q: &q[h * n * dk..(h + 1) * n * dk],
+            k: &k[h * n * dk..(h + 1) * n * dk],
+            v: &v[h * n * dv..(h + 1) * n * dv],
+            beta: &beta[h * n..(h + 1) * n],
+            g: &g[h * n..(h + 1) * n],
+            dk,
+            dv,
+        })
+        .collect();
+    let s0: Vec<f32> = (0..nv * dk * dv).map(|_| next() * 0.1).collect();
+    let b = CpuBackend::with_threads(0);
+    for rule in [DeltaRule::Step, DeltaRule::Chunked { pos0: 5 }] {
+        let (mut s1, mut s2) = (s0.clone(), s0.clone());
+        let oracle = delta_rule_heads(&heads, &mut s1, rule, None);
+        let cpu = b.delta_rule(&heads, &mut s2, rule, None);
+        assert!(oracle == cpu && s1 == s2, "{rule:?}");
+    }
+}
