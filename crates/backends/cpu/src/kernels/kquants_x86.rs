@@ -4,8 +4,9 @@
 //! They compute the same exact integer block sums as the scalar kernels in [`super::kquants`]
 //! (see there), with `vpmaddubsw` (unsigned weight codes × signed activations, pairs summed to
 //! i16, which cannot saturate for these code ranges) and `vpmaddwd`/`vpdpwssd` against the
-//! broadcast sub-block scales. The blocks' f32 terms are accumulated in vector lanes with fused
-//! multiply-adds, so results differ from the scalar kernels by f32 rounding only.
+//! broadcast sub-block scales, reduce them to one i32 per block, and accumulate the block terms
+//! with the scalar kernels' f32 expression in block order: results are bit-identical to the
+//! scalar kernels.
 //!
 //! Safety: the `#[target_feature]` functions may only run on CPUs with those features. They are
 //! reachable only through [`kernel`], which hands them out only when [`Isa::supported`] (and
@@ -14,7 +15,7 @@
 use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES};
 use super::q8::BlockQ8K;
 use super::x86_util::{
-    f16x2_hw, hsum256_ps, hsum512_ps, prefetch_ahead, prefetch_distance, read_u32,
+    f16x2_hw, hsum256_epi32, hsum512_epi32, prefetch_ahead, prefetch_distance, read_u32,
 };
 use super::{has_vnni, Isa, RowDot};
 use core::arch::x86_64::*;
@@ -151,14 +152,14 @@ unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         bcast16_index512(4, 5),
         bcast16_index512(6, 7),
     ];
-    let mut acc = _mm512_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+    let mut acc = 0.0f32;
     let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q4K_BYTES);
         prefetch_ahead(b, pf, Q4K_BYTES);
         // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
-        let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
+        let dh = f16x2_hw(read_u32(b));
+        let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
         let scb = _mm512_set1_epi64(sc as i64);
         let q = b.add(16);
@@ -172,11 +173,10 @@ unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         }
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let pm = _mm256_madd_epi16(bs, mins_pairs(m));
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
-        let dm = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(pm), accm);
+        let (isum, isumm) = (hsum512_epi32(isum), hsum256_epi32(pm));
+        acc += (y.d * d) * isum as f32 - (y.d * dmin) * isumm as f32;
     }
-    hsum512_ps(acc) - hsum256_ps(accm)
+    acc
 }
 
 /// Q5_K · Q8_K, AVX-512: as Q4_K, plus the fifth bit: `qh` broadcast to both halves, tested
@@ -198,14 +198,14 @@ unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     };
     let bits = [bit(0), bit(1), bit(2), bit(3)];
     let sixteen = _mm512_set1_epi8(16);
-    let mut acc = _mm512_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+    let mut acc = 0.0f32;
     let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q5K_BYTES);
         prefetch_ahead(b, pf, Q5K_BYTES);
         // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
-        let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
+        let dh = f16x2_hw(read_u32(b));
+        let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
         let scb = _mm512_set1_epi64(sc as i64);
         let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
@@ -222,11 +222,10 @@ unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         }
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let pm = _mm256_madd_epi16(bs, mins_pairs(m));
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
-        let dm = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(pm), accm);
+        let (isum, isumm) = (hsum512_epi32(isum), hsum256_epi32(pm));
+        acc += (y.d * d) * isum as f32 - (y.d * dmin) * isumm as f32;
     }
-    hsum512_ps(acc) - hsum256_ps(accm)
+    acc
 }
 
 /// `vpermw` indices giving, in 128-bit lane `k`, the i16 scale `g0 + k` (4 groups of 16 elements).
@@ -238,14 +237,13 @@ unsafe fn group_index512(g0: i16) -> __m512i {
     )
 }
 
-/// `y_d · d` of a Q6_K block in all 8 lanes. `d` (the last two bytes) is converted together
-/// with the 7 f16-sized words before it and then broadcast; the one-value forms get compiled
-/// to a `vpinsrw` into a live register, a false dependency across loop iterations.
+/// The f16 scale `d` of a Q6_K block (its last two bytes) as f32. It is converted together with
+/// the 7 f16-sized words before it and then extracted: the one-value forms get compiled to a
+/// `vpinsrw` into a live register, a false dependency across loop iterations.
 #[inline(always)]
-unsafe fn q6k_scale(b: *const u8, y_d: f32) -> __m256 {
+unsafe fn q6k_d(b: *const u8) -> f32 {
     let h = _mm256_cvtph_ps(_mm_loadu_si128(b.add(Q6K_BYTES - 16) as *const __m128i));
-    let d = _mm256_permutevar8x32_ps(h, _mm256_set1_epi32(7));
-    _mm256_mul_ps(_mm256_set1_ps(y_d), d)
+    _mm256_cvtss_f32(_mm256_permutevar8x32_ps(h, _mm256_set1_epi32(7)))
 }
 
 /// Q6_K · Q8_K, AVX-512. Per half `c`: vector A = elements 0..64 (low nibbles of `ql[64c..]`,
@@ -262,12 +260,12 @@ unsafe fn q6k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     ];
     let m4 = _mm512_set1_epi8(0x0F);
     let m30 = _mm512_set1_epi8(0x30);
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = 0.0f32;
     let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q6K_BYTES);
         prefetch_ahead(b, pf, Q6K_BYTES);
-        let dd = _mm256_castps256_ps128(q6k_scale(b, y.d));
+        let d = q6k_d(b);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let scz = _mm512_castsi256_si512(sc16);
         let yq = y.qs.as_ptr();
@@ -292,9 +290,9 @@ unsafe fn q6k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
         isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(isum), acc);
+        acc += (y.d * d) * hsum512_epi32(isum) as f32;
     }
-    hsum512_ps(acc)
+    acc
 }
 
 /// `vpshufb` indices broadcasting byte `i` of each 128-bit lane to every i16 (high byte zero).
@@ -324,14 +322,14 @@ unsafe fn q45k_256<const Q5: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let idx: [__m256i; 8] = std::array::from_fn(|j| bcast16_index256(j as u8));
     let m4 = _mm256_set1_epi8(0x0F);
     let m16 = _mm256_set1_epi8(0x10);
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+    let mut acc = 0.0f32;
     let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * bytes);
         prefetch_ahead(b, pf, bytes);
         // [y.d · d, y.d · dmin] (d and dmin are the block's first two f16).
-        let dd = _mm_mul_ps(_mm_set1_ps(y.d), f16x2_hw(read_u32(b)));
+        let dh = f16x2_hw(read_u32(b));
+        let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
         let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
         let scb = _mm256_set1_epi64x(sc as i64);
         let q = b.add(if Q5 { 48 } else { 16 });
@@ -364,11 +362,10 @@ unsafe fn q45k_256<const Q5: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         }
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let pm = _mm256_madd_epi16(bs, mins_pairs(m));
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), acc);
-        let dm = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(pm), accm);
+        let (isum, isumm) = (hsum256_epi32(isum), hsum256_epi32(pm));
+        acc += (y.d * d) * isum as f32 - (y.d * dmin) * isumm as f32;
     }
-    hsum256_ps(acc) - hsum256_ps(accm)
+    acc
 }
 
 /// Q6_K · Q8_K, AVX2: four 32-element vectors per half; scale bytes are broadcast per 128-bit
@@ -385,12 +382,12 @@ unsafe fn q6k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     });
     let m4 = _mm256_set1_epi8(0x0F);
     let m30 = _mm256_set1_epi8(0x30);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = 0.0f32;
     let pf = prefetch_distance();
     for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(i * Q6K_BYTES);
         prefetch_ahead(b, pf, Q6K_BYTES);
-        let dd = _mm256_castps256_ps128(q6k_scale(b, y.d));
+        let d = q6k_d(b);
         let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
         let scb = _mm256_broadcastsi128_si256(sc);
         let yq = y.qs.as_ptr();
@@ -427,7 +424,7 @@ unsafe fn q6k_256<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
         let corr = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc));
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(corr));
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(isum), acc);
+        acc += (y.d * d) * hsum256_epi32(isum) as f32;
     }
-    hsum256_ps(acc)
+    acc
 }

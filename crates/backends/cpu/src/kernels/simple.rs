@@ -2,9 +2,9 @@
 //! quants Q8_0 and Q4_0 (dot with Q8_0 activations). Scalar versions here; the x86 SIMD versions
 //! are in [`super::simple_x86`].
 //!
-//! Scalar semantics (the reference for the SIMD kernels, which only differ in f32 rounding):
-//! * float rows: each product `w·x` in f32, summed into 8 interleaved f32 partial sums
-//!   (element `i` into sum `i % 8`), reduced pairwise at the end;
+//! Scalar semantics, which the SIMD kernels reproduce bit for bit:
+//! * float rows: each product `w·x` rounded to f32 (no fused multiply-add), added into 16
+//!   interleaved f32 partial sums (element `i` into sum `i % 16`), reduced by [`reduce16`];
 //! * Q8_0/Q4_0: the integer dot of each 32-block is exact (i32); the block adds
 //!   `(d_w · d_x) · isum` to one f32 accumulator, blocks in order.
 
@@ -24,27 +24,25 @@ pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 
-/// Sums 8 partial sums pairwise: ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)).
+/// Reduces 16 partial sums by halving: `t[k] = s[k] + s[k + 8]`, then `t[k] + t[k + 4]`,
+/// `t[k] + t[k + 2]`, `t[0] + t[1]` — the order of the SIMD horizontal sums (one 16-lane
+/// register, or two 8-lane ones).
 #[inline]
-fn reduce8(s: [f32; 8]) -> f32 {
-    let a = [s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]];
-    (a[0] + a[2]) + (a[1] + a[3])
+pub(crate) fn reduce16(s: [f32; 16]) -> f32 {
+    let t8: [f32; 8] = std::array::from_fn(|k| s[k] + s[k + 8]);
+    let t4: [f32; 4] = std::array::from_fn(|k| t8[k] + t8[k + 4]);
+    let t2 = [t4[0] + t4[2], t4[1] + t4[3]];
+    t2[0] + t2[1]
 }
 
-/// Dot of `n = min(w.len() / 4, x.len())` float values decoded by `get` with `x`.
+/// Dot of `n` float values decoded by `get` with `x[..n]`, in the canonical order.
 #[inline(always)]
 fn float_dot(n: usize, x: &[f32], get: impl Fn(usize) -> f32) -> f32 {
-    let mut s = [0.0f32; 8];
-    let full = n / 8 * 8;
-    for i in (0..full).step_by(8) {
-        for (k, sk) in s.iter_mut().enumerate() {
-            *sk += get(i + k) * x[i + k];
-        }
+    let mut s = [0.0f32; 16];
+    for i in 0..n {
+        s[i % 16] += get(i) * x[i];
     }
-    for i in full..n {
-        s[i % 8] += get(i) * x[i];
-    }
-    reduce8(s)
+    reduce16(s)
 }
 
 /// F32 row · f32 activations.

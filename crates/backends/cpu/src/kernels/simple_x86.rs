@@ -1,18 +1,18 @@
 //! x86-64 SIMD row kernels for the float types (F32, F16, BF16 · f32, AVX2 and AVX-512) and the
 //! 32-element quants (Q8_0 · Q8_0 with AVX2 and AVX-512 VNNI, Q4_0 · Q8_0 with AVX2).
 //!
-//! Float rows: products accumulated with FMA into four vector accumulators (the last partial
-//! vector with masked loads on AVX-512, scalar on AVX2). Q8_0/Q4_0: the exact i32 block sum via
-//! the sign trick (`|w|` as unsigned × `y·sign(w)`, `vpmaddubsw` or VNNI `vpdpbusd`), then one
-//! FMA per block with `d_w · d_y`. Results differ from [`super::simple`] by f32 rounding only.
+//! All of them are bit-identical to the scalar kernels of [`super::simple`]: float rows keep the
+//! scalar's 16 partial sums in vector lanes (multiply, then add: no FMA) and reduce them in the
+//! same order; Q8_0/Q4_0 compute each block's exact i32 sum with the sign trick (`|w|` as
+//! unsigned × `y·sign(w)`, `vpmaddubsw` or VNNI `vpdpbusd`), reduce it, and accumulate
+//! `(d_w · d_y) · isum` in block order like the scalar code.
 //!
 //! Safety: as in [`super::kquants_x86`], the `#[target_feature]` functions are reachable only
 //! through [`kernel`], which checks the CPU features first.
 
 use super::q8::BlockQ8_0;
-use super::x86_util::{
-    f16_hw, hsum256_ps, hsum512_ps, prefetch_ahead, prefetch_distance, read_u16,
-};
+use super::simple::reduce16;
+use super::x86_util::{f16_hw, hsum256_epi32, prefetch_ahead, prefetch_distance, read_u16};
 use super::{has_vnni, Isa, RowDot};
 use core::arch::x86_64::*;
 use redlite_gguf::quant::GgmlType;
@@ -123,50 +123,54 @@ const fn elem_bytes(kind: u8) -> usize {
     }
 }
 
-/// 16 elements of kind `KIND` at `p` as f32, the lanes outside `mask` zero (not read).
+/// 16 elements of kind `KIND` at `p` as f32.
 #[inline(always)]
-unsafe fn load16<const KIND: u8>(p: *const u8, mask: u16) -> __m512 {
+unsafe fn load16<const KIND: u8>(p: *const u8) -> __m512 {
     match KIND {
-        F32 => _mm512_maskz_loadu_ps(mask, p as *const f32),
-        F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16)),
+        F32 => _mm512_loadu_ps(p as *const f32),
+        F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
         _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-            _mm256_maskz_loadu_epi16(mask, p as *const i16),
+            _mm256_loadu_si256(p as *const __m256i),
         ))),
     }
 }
 
-/// Float row · f32 activations, AVX-512.
+/// Float row · f32 activations, AVX-512: lane `k` of the one accumulator is partial sum `k`
+/// of the scalar order (products rounded, then added: no FMA); the tail and the final
+/// reduction run in scalar code on the stored lanes.
 #[inline(always)]
 unsafe fn float_512<const KIND: u8>(w: &[u8], x: &[f32]) -> f32 {
     let eb = elem_bytes(KIND);
     let n = (w.len() / eb).min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 4];
     let pf = prefetch_distance();
+    let mut acc = _mm512_setzero_ps();
     let mut i = 0;
     while i + 64 <= n {
         prefetch_ahead(wp.add(i * eb), pf, 64 * eb);
-        for (k, a) in acc.iter_mut().enumerate() {
+        // The four products are independent; only the additions form the chain.
+        let p: [__m512; 4] = std::array::from_fn(|k| {
             let j = i + 16 * k;
-            let wv = load16::<KIND>(wp.add(j * eb), u16::MAX);
-            *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(j)), *a);
-        }
+            _mm512_mul_ps(load16::<KIND>(wp.add(j * eb)), _mm512_loadu_ps(xp.add(j)))
+        });
+        acc = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc, p[0]), p[1]), p[2]),
+            p[3],
+        );
         i += 64;
     }
-    while i < n {
-        let left = n - i;
-        let mask = if left >= 16 {
-            u16::MAX
-        } else {
-            (1u16 << left) - 1
-        };
-        let wv = load16::<KIND>(wp.add(i * eb), mask);
-        let xv = _mm512_maskz_loadu_ps(mask, xp.add(i));
-        acc[0] = _mm512_fmadd_ps(wv, xv, acc[0]);
+    while i + 16 <= n {
+        let p = _mm512_mul_ps(load16::<KIND>(wp.add(i * eb)), _mm512_loadu_ps(xp.add(i)));
+        acc = _mm512_add_ps(acc, p);
         i += 16;
     }
-    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-    hsum512_ps(s)
+    let mut s = [0.0f32; 16];
+    _mm512_storeu_ps(s.as_mut_ptr(), acc);
+    while i < n {
+        s[i % 16] += load1::<KIND>(wp.add(i * eb)) * *xp.add(i);
+        i += 1;
+    }
+    reduce16(s)
 }
 
 /// 8 elements of kind `KIND` at `p` as f32.
@@ -191,42 +195,37 @@ unsafe fn load1<const KIND: u8>(p: *const u8) -> f32 {
     }
 }
 
-/// Float row · f32 activations, AVX2 (the last < 8 elements in scalar).
+/// Float row · f32 activations, AVX2: two 8-lane accumulators hold partial sums 0-7 and
+/// 8-15 of the scalar order (no FMA); tail and reduction in scalar code.
 #[inline(always)]
 unsafe fn float_256<const KIND: u8>(w: &[u8], x: &[f32]) -> f32 {
     let eb = elem_bytes(KIND);
     let n = (w.len() / eb).min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
     let pf = prefetch_distance();
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
-    while i + 32 <= n {
-        prefetch_ahead(wp.add(i * eb), pf, 32 * eb);
-        for (k, a) in acc.iter_mut().enumerate() {
-            let j = i + 8 * k;
-            *a = _mm256_fmadd_ps(
-                load8::<KIND>(wp.add(j * eb)),
-                _mm256_loadu_ps(xp.add(j)),
-                *a,
-            );
+    while i + 16 <= n {
+        if i % 64 == 0 {
+            prefetch_ahead(wp.add(i * eb), pf, 64 * eb);
         }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(
-            load8::<KIND>(wp.add(i * eb)),
-            _mm256_loadu_ps(xp.add(i)),
-            acc[0],
+        let p0 = _mm256_mul_ps(load8::<KIND>(wp.add(i * eb)), _mm256_loadu_ps(xp.add(i)));
+        let p1 = _mm256_mul_ps(
+            load8::<KIND>(wp.add((i + 8) * eb)),
+            _mm256_loadu_ps(xp.add(i + 8)),
         );
-        i += 8;
+        lo = _mm256_add_ps(lo, p0);
+        hi = _mm256_add_ps(hi, p1);
+        i += 16;
     }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-    let mut tail = 0.0f32;
+    let mut s = [0.0f32; 16];
+    _mm256_storeu_ps(s.as_mut_ptr(), lo);
+    _mm256_storeu_ps(s.as_mut_ptr().add(8), hi);
     while i < n {
-        tail += load1::<KIND>(wp.add(i * eb)) * *xp.add(i);
+        s[i % 16] += load1::<KIND>(wp.add(i * eb)) * *xp.add(i);
         i += 1;
     }
-    hsum256_ps(s) + tail
+    reduce16(s)
 }
 
 /// Σ w·y over 32 signed bytes, exact in i32 lanes: `|w|` (unsigned) × `y·sign(w)`.
@@ -241,78 +240,51 @@ unsafe fn sdot32<const VNNI: bool>(wv: __m256i, yv: __m256i) -> __m256i {
     }
 }
 
-/// `d_w · d_y` broadcast to 8 lanes, from two f16 bit patterns converted together (one
-/// `vcvtph2ps` on a register written whole, which avoids a false dependency on an old value).
+/// `d_w · d_y` as f32, both f16 converted in one `vcvtph2ps` on a register written whole (the
+/// one-value form gets compiled to a `vpinsrw` into a live register: a false dependency).
 #[inline(always)]
-unsafe fn dd8(dw: u16, dy: u16) -> __m256 {
+unsafe fn dd(dw: u16, dy: u16) -> f32 {
     let both = _mm_cvtph_ps(_mm_cvtsi32_si128(
         (u32::from(dw) | (u32::from(dy) << 16)) as i32,
     ));
-    _mm256_broadcastss_ps(_mm_mul_ss(both, _mm_movehdup_ps(both)))
+    _mm_cvtss_f32(_mm_mul_ss(both, _mm_movehdup_ps(both)))
 }
 
-/// One Q8_0/Q4_0 block term `(d_w · d_y) · Σ w·y` added to `acc`; `wv` holds the 32 signed
-/// weight values.
-#[inline(always)]
-unsafe fn block_fma<const VNNI: bool>(acc: __m256, wv: __m256i, dw: u16, y: &BlockQ8_0) -> __m256 {
-    let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
-    let s = _mm256_cvtepi32_ps(sdot32::<VNNI>(wv, yv));
-    _mm256_fmadd_ps(dd8(dw, y.d), s, acc)
-}
-
-/// Q8_0 · Q8_0 (34-byte weight blocks): even blocks into one accumulator, odd into another.
+/// Q8_0 · Q8_0 (34-byte weight blocks). Each block's integer sum is reduced exactly and added
+/// as `(d_w · d_y) · isum` in block order, as in the scalar kernel.
 #[inline(always)]
 unsafe fn q8_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     let nb = (w.len() / 34).min(x.len());
     let pf = prefetch_distance();
-    let load = |i: usize| {
+    let mut acc = 0.0f32;
+    for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(34 * i);
         prefetch_ahead(b, pf, 34);
-        (_mm256_loadu_si256(b.add(2) as *const __m256i), read_u16(b))
-    };
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (w0, d0) = load(i);
-        let (w1, d1) = load(i + 1);
-        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
-        acc1 = block_fma::<VNNI>(acc1, w1, d1, &x[i + 1]);
-        i += 2;
+        let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+        let isum = hsum256_epi32(sdot32::<VNNI>(wv, yv));
+        acc += dd(read_u16(b), y.d) * isum as f32;
     }
-    if i < nb {
-        let (w0, d0) = load(i);
-        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
-    }
-    hsum256_ps(_mm256_add_ps(acc0, acc1))
+    acc
 }
 
-/// Q4_0 · Q8_0 (18-byte weight blocks; nibble − 8, low nibbles first), even/odd accumulators.
+/// Q4_0 · Q8_0 (18-byte weight blocks; nibble − 8, low nibbles first), accumulated like Q8_0.
 #[inline(always)]
 unsafe fn q4_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     let nb = (w.len() / 18).min(x.len());
     let pf = prefetch_distance();
-    let load = |i: usize| {
+    let m4 = _mm_set1_epi8(0x0F);
+    let mut acc = 0.0f32;
+    for (i, y) in x.iter().enumerate().take(nb) {
         let b = w.as_ptr().add(18 * i);
         prefetch_ahead(b, pf, 18);
-        let m4 = _mm_set1_epi8(0x0F);
         let q = _mm_loadu_si128(b.add(2) as *const __m128i);
         let lo = _mm_and_si128(q, m4);
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
         let wv = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
-        (wv, read_u16(b))
-    };
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (w0, d0) = load(i);
-        let (w1, d1) = load(i + 1);
-        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
-        acc1 = block_fma::<VNNI>(acc1, w1, d1, &x[i + 1]);
-        i += 2;
+        let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+        let isum = hsum256_epi32(sdot32::<VNNI>(wv, yv));
+        acc += dd(read_u16(b), y.d) * isum as f32;
     }
-    if i < nb {
-        let (w0, d0) = load(i);
-        acc0 = block_fma::<VNNI>(acc0, w0, d0, &x[i]);
-    }
-    hsum256_ps(_mm256_add_ps(acc0, acc1))
+    acc
 }

@@ -31,21 +31,22 @@ pub(crate) unsafe fn read_u16(p: *const u8) -> u16 {
     u16::from_le_bytes([*p, *p.add(1)])
 }
 
-/// Sum of the 8 lanes of `v`: (lo128 + hi128), then pairwise within the 128 bits.
+/// Sum of the 8 i32 lanes of `v` (exact; integer addition does not depend on the order).
 #[inline(always)]
-pub(crate) unsafe fn hsum256_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
+pub(crate) unsafe fn hsum256_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }
 
-/// Sum of the 16 lanes of `v` (halves added first, then as [`hsum256_ps`]).
+/// Sum of the 16 i32 lanes of `v` (exact).
 #[inline(always)]
-pub(crate) unsafe fn hsum512_ps(v: __m512) -> f32 {
-    let lo = _mm512_castps512_ps256(v);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    hsum256_ps(_mm256_add_ps(lo, hi))
+pub(crate) unsafe fn hsum512_epi32(v: __m512i) -> i32 {
+    hsum256_epi32(_mm256_add_epi32(
+        _mm512_castsi512_si256(v),
+        _mm512_extracti64x4_epi64::<1>(v),
+    ))
 }
 
 /// How far ahead of the weight stream the kernels prefetch, in bytes (`REDLITE_PF`, default
