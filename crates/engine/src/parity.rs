@@ -243,7 +243,7 @@ pub fn first_divergence(a: &[u32], b: &[u32]) -> Option<usize> {
 /// Splits a flat little-endian f32 buffer into rows of `width`. Errors when the length does not
 /// divide.
 pub fn rows_from_le_bytes(bytes: &[u8], width: usize) -> Option<Vec<Vec<f32>>> {
-    if width == 0 || bytes.len() % (4 * width) != 0 {
+    if width == 0 || !bytes.len().is_multiple_of(4 * width) {
         return None;
     }
     Some(

@@ -52,7 +52,10 @@ fn check(model_file: &str, llama_ppl: f64, llama_err: f64) {
         100.0 * rel
     );
     // The error estimate is the same formula over the same tokens: it should agree closely too.
-    assert!((err - llama_err).abs() / llama_err <= 0.01, "stderr {err} vs {llama_err}");
+    assert!(
+        (err - llama_err).abs() / llama_err <= 0.01,
+        "stderr {err} vs {llama_err}"
+    );
 }
 
 #[test]
@@ -63,4 +66,55 @@ fn heldout_ppl_f16_matches_llama_cpp() {
 #[test]
 fn heldout_ppl_q8_0_matches_llama_cpp() {
     check("tiny-Q8_0.gguf", 64.5198, 2.06178);
+}
+
+/// Chunks are independent: running them side by side changes nothing, the running estimates
+/// end at the final figure, and a BOS swap changes only the first token's input.
+#[test]
+fn parallel_chunks_and_running_estimates_are_consistent() {
+    let file = Arc::new(GgufFile::open(reference().join("models/tiny-Q4_K_M.gguf")).unwrap());
+    let tokenizer = Tokenizer::from_gguf(&file).unwrap();
+    let model = Model::from_gguf(file, Oracle).unwrap();
+    let text = std::fs::read_to_string(reference().join("logits/heldout.txt")).unwrap();
+    let tokens = tokenizer.encode(&text, false).unwrap();
+    let run = |parallel_chunks, bos| {
+        let opts = PerplexityOptions {
+            ctx: 32,
+            max_chunks: Some(4),
+            bos,
+            parallel_chunks,
+        };
+        let mut seen = Vec::new();
+        let r = perplexity(&model, &tokens, &opts, |c| {
+            seen.push((c.index, c.total, c.chunk.count))
+        })
+        .unwrap();
+        (r, seen)
+    };
+    let (serial, seen) = run(1, None);
+    let (parallel, _) = run(2, None);
+    assert_eq!(seen, (0..4).map(|i| (i, 4, 15)).collect::<Vec<_>>());
+    assert_eq!(serial.stats, parallel.stats);
+    assert_eq!(serial.running_ppl, parallel.running_ppl);
+    assert_eq!(*serial.running_ppl.last().unwrap(), serial.ppl());
+    assert_eq!(serial.stats.count, 4 * 15);
+    let (with_bos, _) = run(1, Some(4096));
+    assert_ne!(with_bos.stats, serial.stats);
+    assert!(with_bos.ppl().is_finite());
+}
+
+#[test]
+fn too_short_text_is_an_error() {
+    let model = Model::load(reference().join("models/tiny-Q4_K_M.gguf")).unwrap();
+    let opts = PerplexityOptions {
+        ctx: 64,
+        ..Default::default()
+    };
+    let err = perplexity(&model, &[1; 100], &opts, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("at least 128"), "{err}");
+    let opts = PerplexityOptions {
+        ctx: 2,
+        ..Default::default()
+    };
+    assert!(perplexity(&model, &[1; 100], &opts, |_| {}).is_err());
 }
