@@ -85,10 +85,9 @@ pub fn measure_read_bandwidth(
 ) -> Bandwidth {
     let threads = threads.max(1);
     let words = (buffer_bytes / 8).max(threads * 8);
-    let mut buf: Vec<u64> = Vec::with_capacity(words);
-    // SAFETY-free initialisation: write every word from the thread that will read it (vec![0; n]
-    // would map the shared zero page and measure nothing).
-    buf.resize(words, 0);
+    // A zeroed allocation maps the shared zero page: each thread then writes its own share, so
+    // the pages are real (and first touched by the thread that reads them).
+    let mut buf: Vec<u64> = vec![0; words];
     let per = words.div_ceil(threads);
     std::thread::scope(|s| {
         for (t, part) in buf.chunks_mut(per).enumerate() {
