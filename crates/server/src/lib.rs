@@ -1,7 +1,8 @@
 //! `redlite-server`: an HTTP server for coding agents.
 //!
 //! - OpenAI API: `POST /v1/chat/completions` (streaming or not, tool calls), `POST /v1/completions`,
-//!   `GET /v1/models`; `GET /health`, `GET /metrics` (Prometheus text).
+//!   `GET /v1/models`; Anthropic API: `POST /v1/messages` (text, `tool_use` / `tool_result`,
+//!   SSE events), `POST /v1/messages/count_tokens`; `GET /health`, `GET /metrics` (Prometheus).
 //! - One model worker thread runs one generation at a time; requests queue in front of it and a
 //!   client that disconnects cancels its generation.
 //! - Prefix-state reuse across turns (see [`cache`] and [`worker`]): a conversation that extends
@@ -19,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod anthropic;
 pub mod cache;
 pub mod error;
 pub mod metrics;
@@ -200,6 +202,8 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(openai::models))
         .route("/models", get(openai::models))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));

@@ -324,13 +324,14 @@ pub struct Collected {
     pub debug: Option<DebugInfo>,
 }
 
-/// Queue a job and wait until its prompt is processed (or it failed).
+/// Queue a job and wait until its prompt is processed (or it failed). Returns the event
+/// receiver, the prompt's tokens and how many of them were resumed from the cache.
 pub async fn start_job(
     app: &AppState,
     prompt: Prompt,
     settings: &Settings,
     logprobs: Option<usize>,
-) -> Result<UnboundedReceiver<Event>, ApiError> {
+) -> Result<(UnboundedReceiver<Event>, usize, usize), ApiError> {
     let (tx, mut rx) = unbounded_channel();
     app.worker.submit(Job {
         prompt,
@@ -343,7 +344,10 @@ pub async fn start_job(
         events: tx,
     })?;
     match rx.recv().await {
-        Some(Event::Started { .. }) => Ok(rx),
+        Some(Event::Started {
+            prompt_tokens,
+            cached_tokens,
+        }) => Ok((rx, prompt_tokens, cached_tokens)),
         Some(Event::Error(e)) => Err(e),
         _ => Err(ApiError::internal("the model worker stopped")),
     }
@@ -479,7 +483,7 @@ async fn chat_inner(
     let schemas = ToolSchemas::from_tools(&tools);
 
     let id = app.next_id("chatcmpl");
-    let mut rx = start_job(&app, Prompt::Text(prompt), &settings, logprobs).await?;
+    let (mut rx, _, _) = start_job(&app, Prompt::Text(prompt), &settings, logprobs).await?;
     if settings.stream {
         let streamer = ChatStreamer {
             app: app.clone(),
@@ -787,7 +791,7 @@ async fn completions_inner(
         }
     };
     let id = app.next_id("cmpl");
-    let mut rx = start_job(&app, prompt, &settings, logprobs).await?;
+    let (mut rx, _, _) = start_job(&app, prompt, &settings, logprobs).await?;
     if settings.stream {
         let streamer = CompletionStreamer {
             app: app.clone(),

@@ -93,6 +93,8 @@ pub struct Usage {
     pub cached_tokens: usize,
     /// Generated tokens (a stop token is not counted).
     pub completion_tokens: usize,
+    /// The stop string that ended generation, if one did.
+    pub stop_string: Option<String>,
     pub prompt_time: Duration,
     pub decode_time: Duration,
 }
@@ -369,7 +371,7 @@ impl<B: Backend> Worker<B> {
         let t1 = Instant::now();
         let out = self.decode(job, &mut state, &prompt, &mut logits);
         let decode_time = t1.elapsed();
-        let (generated, finish, debug) = out?;
+        let (generated, finish, debug, stop_string) = out?;
         let completion_tokens = generated
             .iter()
             .filter(|id| !self.tokenizer.stop_token_ids().contains(id))
@@ -383,6 +385,7 @@ impl<B: Backend> Worker<B> {
             prompt_tokens: n,
             cached_tokens: start,
             completion_tokens,
+            stop_string,
             prompt_time,
             decode_time,
         };
@@ -442,7 +445,7 @@ impl<B: Backend> Worker<B> {
         state: &mut SequenceState,
         prompt: &[u32],
         logits: &mut Vec<f32>,
-    ) -> Result<(Vec<u32>, Finish, Option<DebugInfo>), Abort> {
+    ) -> Result<(Vec<u32>, Finish, Option<DebugInfo>, Option<String>), Abort> {
         let tok = self.tokenizer.clone();
         let stop_ids = tok.stop_token_ids().to_vec();
         let budget = self.opts.ctx - prompt.len();
@@ -488,7 +491,7 @@ impl<B: Backend> Worker<B> {
                 })
                 .is_err()
             {
-                return Ok((generated, Finish::Cancelled, debug));
+                return Ok((generated, Finish::Cancelled, debug, None));
             }
             if hit_stop {
                 finish = Finish::Stop;
@@ -498,7 +501,7 @@ impl<B: Backend> Worker<B> {
                 break;
             }
             if job.events.is_closed() {
-                return Ok((generated, Finish::Cancelled, debug));
+                return Ok((generated, Finish::Cancelled, debug, None));
             }
             let mut hidden = self.model.forward_hidden(state, &[id], Mode::Step)?;
             *logits = self
@@ -518,7 +521,7 @@ impl<B: Backend> Worker<B> {
                 });
             }
         }
-        Ok((generated, finish, debug))
+        Ok((generated, finish, debug, text.matched()))
     }
 
     /// The next replay reply as ids, if replaying.
@@ -620,6 +623,7 @@ pub struct TextStream {
     text: String,
     emitted: usize,
     stopped: bool,
+    matched: Option<String>,
 }
 
 impl TextStream {
@@ -629,6 +633,7 @@ impl TextStream {
             text: String::new(),
             emitted: 0,
             stopped: false,
+            matched: None,
         }
     }
 
@@ -647,9 +652,10 @@ impl TextStream {
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
-            .min();
-        if let Some(at) = hit {
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
+            .min_by_key(|(i, _)| *i);
+        if let Some((at, s)) = hit {
+            self.matched = Some(s.clone());
             let at = at.max(self.emitted);
             let out = self.text[self.emitted..at].to_string();
             self.emitted = at;
@@ -683,6 +689,11 @@ impl TextStream {
 
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The stop string that was reached.
+    pub fn matched(&self) -> Option<String> {
+        self.matched.clone()
     }
 }
 
