@@ -219,3 +219,149 @@ fn bench_hot_kernels() {
         println!();
     }
 }
+
+/// Dequantized values of `n` activations as the kernel of `ty` sees them (f64, exact).
+fn seen_activations(ty: redlite_gguf::quant::GgmlType, x: &[f32]) -> Vec<f64> {
+    use redlite_cpu::kernels::{lookup, Isa, RowDot};
+    match lookup(ty, Isa::Scalar).expect("kernel") {
+        RowDot::Q8K(_) => {
+            let mut q = vec![BlockQ8K::ZERO; x.len() / 256];
+            quantize_row_q8_k(x, &mut q);
+            q.iter()
+                .flat_map(|b| b.qs.iter().map(move |&v| f64::from(b.d) * f64::from(v)))
+                .collect()
+        }
+        RowDot::Q8_0(_) => {
+            let mut q = vec![BlockQ8_0::ZERO; x.len() / 32];
+            quantize_row_q8_0(x, &mut q);
+            q.iter()
+                .flat_map(|b| {
+                    b.qs.iter()
+                        .map(move |&v| f64::from(b.scale()) * f64::from(v))
+                })
+                .collect()
+        }
+        RowDot::F32(_) => x.iter().map(|&v| f64::from(v)).collect(),
+    }
+}
+
+/// Checks `matvec` at every ISA level on a matrix of `rows` rows against `wf` (its dequantized
+/// values, from ggml): within 1e-5 of `Σ|w·x|` of the exact dot with the activations the kernel
+/// sees (non-finite results must match in kind), and bit-identical to the scalar level.
+fn check_matrix(
+    what: &str,
+    ty: redlite_gguf::quant::GgmlType,
+    w: &[u8],
+    wf: &[f32],
+    rows: usize,
+    x: &[f32],
+) {
+    use redlite_cpu::kernels::driver::matvec_isa;
+    use redlite_cpu::kernels::Isa;
+    let cols = x.len();
+    let seen = seen_activations(ty, x);
+    let mut scalar = vec![0.0f32; rows];
+    matvec_isa(Isa::Scalar, ty, w, rows, cols, x, &mut scalar).unwrap();
+    for isa in Isa::available() {
+        let mut y = vec![0.0f32; rows];
+        matvec_isa(isa, ty, w, rows, cols, x, &mut y).unwrap();
+        for r in 0..rows {
+            let wr = &wf[r * cols..(r + 1) * cols];
+            let exact: f64 = wr.iter().zip(&seen).map(|(&a, b)| f64::from(a) * b).sum();
+            let scale: f64 = wr
+                .iter()
+                .zip(&seen)
+                .map(|(&a, b)| (f64::from(a) * b).abs())
+                .sum();
+            let got = f64::from(y[r]);
+            if exact.is_finite() && scale.is_finite() {
+                let err = (got - exact).abs() / scale.max(f64::MIN_POSITIVE);
+                assert!(
+                    err <= 1e-5,
+                    "{what} {} row {r}: got {got}, exact {exact}, rel err {err:.3e}",
+                    isa.name()
+                );
+            } else {
+                assert!(
+                    if exact.is_nan() {
+                        got.is_nan()
+                    } else {
+                        got == exact
+                    },
+                    "{what} {} row {r}: got {got}, exact {exact}",
+                    isa.name()
+                );
+            }
+            assert!(
+                y[r].to_bits() == scalar[r].to_bits() || (y[r].is_nan() && scalar[r].is_nan()),
+                "{what} {} row {r}: {} differs from scalar {}",
+                isa.name(),
+                y[r],
+                scalar[r]
+            );
+        }
+    }
+}
+
+/// Every kernel on ggml's fixture blocks (real blocks from model files plus synthetic edge
+/// cases: zero block, max/negative/subnormal scales, all-0xFF) one block per row, and on the
+/// ggml-quantized `<T>.quant` matrices (16 × 512), against ggml's own dequantization.
+#[test]
+fn kernels_match_ggml_fixtures() {
+    use redlite_gguf::quant::{dequantize_to_vec, GgmlType};
+    let x_all = read_f32("Q8_K.src.f32");
+    for name in [
+        "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "Q8_0", "Q4_0", "F16", "BF16",
+    ] {
+        let ty = GgmlType::from_name(name).unwrap();
+        // The sampled blocks, with ggml's dequantization: one block (or 256 floats) per row.
+        let blocks = read_fixture(&format!("{name}.blocks"));
+        let wf = read_f32(&format!("{name}.f32"));
+        let cols = ty.block_elems().max(256);
+        let rows = wf.len() / cols;
+        check_matrix(
+            &format!("{name}.blocks"),
+            ty,
+            &blocks,
+            &wf,
+            rows,
+            &x_all[..cols],
+        );
+        // ggml's quantization of 16 × 512 random normals.
+        let q = read_fixture(&format!("{name}.quant"));
+        let qf = dequantize_to_vec(ty, &q).unwrap();
+        check_matrix(
+            &format!("{name}.quant"),
+            ty,
+            &q,
+            &qf,
+            16,
+            &x_all[1000..1512],
+        );
+    }
+}
+
+/// Float kernels at lengths that are not multiples of the vector widths: every level
+/// bit-identical to scalar.
+#[test]
+fn float_kernels_any_length() {
+    use redlite_cpu::kernels::selftest::{random_activations, random_weights};
+    use redlite_cpu::kernels::{lookup_exact, Isa, RowDot};
+    use redlite_gguf::quant::GgmlType;
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for n in [1usize, 7, 15, 16, 17, 63, 64, 65, 100, 129, 1000] {
+            let w = random_weights(ty, 1, n, n as u64);
+            let x = random_activations(n, 99);
+            let run = |isa| match lookup_exact(ty, isa) {
+                Some(RowDot::F32(f)) => Some(f(&w, &x)),
+                _ => None,
+            };
+            let scalar = run(Isa::Scalar).unwrap();
+            for isa in Isa::available() {
+                if let Some(v) = run(isa) {
+                    assert_eq!(v.to_bits(), scalar.to_bits(), "{ty:?} n={n} {}", isa.name());
+                }
+            }
+        }
+    }
+}

@@ -23,10 +23,25 @@ use redlite_gguf::quant::GgmlType;
 
 /// The SIMD kernels of this module for exactly level `isa`.
 pub(crate) fn kernel(ty: GgmlType, isa: Isa) -> Option<RowDot> {
+    variant(ty, isa, has_vnni())
+}
+
+/// The AVX-512 kernels that [`kernel`] does not pick because the CPU has VNNI (the plain
+/// AVX-512BW versions), so that tests can check them too; `None` without VNNI.
+pub(crate) fn alternate(ty: GgmlType, isa: Isa) -> Option<RowDot> {
+    if isa == Isa::Avx512 && has_vnni() {
+        variant(ty, isa, false)
+    } else {
+        None
+    }
+}
+
+/// The kernel for `ty` at level `isa`, with or without VNNI (`vnni` must only be true when the
+/// CPU has it).
+fn variant(ty: GgmlType, isa: Isa, vnni: bool) -> Option<RowDot> {
     if !isa.supported() {
         return None;
     }
-    let vnni = has_vnni();
     let f: fn(&[u8], &[BlockQ8K]) -> f32 = match (isa, ty, vnni) {
         (Isa::Avx512, GgmlType::Q4K, true) => q4k_avx512_vnni,
         (Isa::Avx512, GgmlType::Q4K, false) => q4k_avx512,

@@ -191,6 +191,20 @@ pub fn supported(ty: GgmlType) -> bool {
     lookup(ty, Isa::Scalar).is_some()
 }
 
+/// Kernels for `ty` at level `isa` that [`lookup_exact`] does not return but that the CPU can
+/// run (e.g. the AVX-512 k-quant kernels without VNNI on a CPU with VNNI), for testing.
+pub fn lookup_alternates(ty: GgmlType, isa: Isa) -> Vec<RowDot> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        kquants_x86::alternate(ty, isa).into_iter().collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, isa);
+        Vec::new()
+    }
+}
+
 /// The kernel for `ty` at exactly level `isa` (no fallback); `None` if there is none or the CPU
 /// does not support `isa`.
 pub fn lookup_exact(ty: GgmlType, isa: Isa) -> Option<RowDot> {

@@ -22,7 +22,7 @@
 use super::driver::{matmul_isa, matvec_isa};
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k};
 use super::q8::{BlockQ8K, BlockQ8_0, QK8_0, QK_K};
-use super::{lookup_exact, Isa, RowDot};
+use super::{lookup_alternates, lookup_exact, Isa, RowDot};
 use redlite_gguf::quant::{dequantize, GgmlType, TYPE_TRAITS};
 use std::fmt;
 
@@ -48,6 +48,9 @@ pub enum Check {
 pub struct SelftestResult {
     pub ty: GgmlType,
     pub isa: Isa,
+    /// `""` for the kernel the dispatch picks, `"alternate"` for another kernel of the same
+    /// level (see [`lookup_alternates`](super::lookup_alternates)).
+    pub variant: &'static str,
     pub check: Check,
     pub rows: usize,
     pub cols: usize,
@@ -62,9 +65,14 @@ impl fmt::Display for SelftestResult {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:<8} {:<7} {:<19} {}x{:<5} err {:.3e} (limit {:.0e}) {}",
+            "{:<8} {:<17} {:<19} {}x{:<5} err {:.3e} (limit {:.0e}) {}",
             self.ty.name(),
-            self.isa.name(),
+            format!(
+                "{}{}{}",
+                self.isa.name(),
+                if self.variant.is_empty() { "" } else { " " },
+                self.variant
+            ),
             format!("{:?}", self.check),
             self.rows,
             self.cols,
@@ -269,6 +277,7 @@ fn selftest_shape(
     let result = |isa, check, error: f64, tolerance| SelftestResult {
         ty,
         isa,
+        variant: "",
         check,
         rows,
         cols,
@@ -311,6 +320,18 @@ fn selftest_shape(
         });
         if isa != Isa::Scalar {
             report(result(isa, Check::VsScalar, differ_scalar as f64, 0.0));
+        }
+        // Kernels of this level that the dispatch does not pick here (AVX-512 without VNNI).
+        for alt in lookup_alternates(ty, isa) {
+            let differ = w
+                .chunks_exact(row_bytes)
+                .zip(&scalar_out)
+                .filter(|(wr, s)| call(alt, wr, x).to_bits() != s.to_bits())
+                .count();
+            report(SelftestResult {
+                variant: "alternate",
+                ..result(isa, Check::VsScalar, differ as f64, 0.0)
+            });
         }
 
         // matmul over 3 activation rows vs matvec of each, bit for bit.
