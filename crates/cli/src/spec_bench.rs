@@ -121,17 +121,19 @@ fn run_verify(args: VerifyArgs) -> Result<()> {
         args.context,
         args.reps
     );
-    println!("| K | rows | verify ms | 1-row decode ms | ratio | per row |");
-    println!("|---|------|-----------|-----------------|-------|---------|");
+    println!("| K | rows | verify ms | 1-row decode ms | ratio | per row | untraced ms | untraced ratio |");
+    println!("|---|------|-----------|-----------------|-------|---------|-------------|----------------|");
     with_model!(&model, m => verify_cost(m, &tokens, args.context, &args.ks, args.reps, |r| {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.2}x |",
+            "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.2}x | {:.1} | {:.2}x |",
             r.k,
             r.k + 1,
             r.verify.as_secs_f64() * 1e3,
             r.decode.as_secs_f64() * 1e3,
             r.ratio(),
-            r.ratio() / (r.k + 1) as f64
+            r.ratio() / (r.k + 1) as f64,
+            r.untraced.as_secs_f64() * 1e3,
+            r.untraced.as_secs_f64() / r.decode.as_secs_f64().max(1e-12)
         );
     }))?;
     Ok(())

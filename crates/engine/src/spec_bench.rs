@@ -24,6 +24,9 @@ pub struct VerifyCost {
     pub verify: Duration,
     /// Median time of a 1-row decode step measured alongside.
     pub decode: Duration,
+    /// Median time of the same `k + 1`-row forward without recording DeltaNet states (the
+    /// difference to `verify` is the cost of the per-row checkpoints).
+    pub untraced: Duration,
 }
 
 impl VerifyCost {
@@ -61,6 +64,7 @@ pub fn verify_cost<B: Backend>(
         let rows: Vec<u32> = (0..=k).map(|i| pick(context + i)).collect();
         let mut verify = Vec::with_capacity(reps);
         let mut decode = Vec::with_capacity(reps);
+        let mut untraced = Vec::with_capacity(reps);
         // Repetition 0 is a warm-up (it touches the pages the measurement reads).
         for rep in 0..=reps {
             let t = Instant::now();
@@ -73,15 +77,22 @@ pub fn verify_cost<B: Backend>(
             model.forward(&mut state, &rows[..1], Mode::Step)?;
             state.keep(0)?;
             let td = t.elapsed();
+            let snap = state.snapshot();
+            let t = Instant::now();
+            model.forward(&mut state, &rows, Mode::Step)?;
+            let tu = t.elapsed();
+            state.restore(&snap)?;
             if rep > 0 {
                 verify.push(tv);
                 decode.push(td);
+                untraced.push(tu);
             }
         }
         let row = VerifyCost {
             k,
             verify: median(verify),
             decode: median(decode),
+            untraced: median(untraced),
         };
         on_row(&row);
         out.push(row);
