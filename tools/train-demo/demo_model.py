@@ -71,8 +71,12 @@ class MtpHead(nn.Module):
     def forward(self, next_embeds: torch.Tensor, hidden: torch.Tensor, position_embeddings, position_ids):
         """next_embeds = embed(x_{t+1}), hidden = h_t (post-norm), both [B, S, H]; returns pre-lm_head states."""
         u = self.fc(torch.cat([self.pre_fc_norm_embedding(next_embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        # Causal over the slots. An explicit additive mask works with every attention implementation
+        # (training ran sdpa with mask None, which sdpa treats as causal: the same thing).
+        s = u.shape[1]
+        mask = torch.full((s, s), float("-inf"), dtype=u.dtype, device=u.device).triu(1)[None, None]
         for layer in self.layers:
-            u = layer(u, position_embeddings=position_embeddings, attention_mask=None, position_ids=position_ids)
+            u = layer(u, position_embeddings=position_embeddings, attention_mask=mask, position_ids=position_ids)
         return self.norm(u)
 
 
