@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Run the CUDA checks on the GPU machine with a binary built elsewhere (that machine has no Rust
-# toolchain and no network). Everything it needs travels in the git-ignored folder .device/:
+# toolchain and no network). Everything it needs travels in the git-ignored folder .device/cuda/
+# (`run` with `carry: [".device/cuda"]`):
 #
-#   .device/redlite                       built with `cargo build --release -p redlite --features cuda`
-#   .device/fixtures/logits/index.json    from shared/reference/logits/
-#   .device/fixtures/logits/<M>__P{1,2,3}__exact.bin
-#   .device/fixtures/models/tiny-<M>.gguf
+#   .device/cuda/redlite                       built with `cargo build --release -p redlite --features cuda`
+#   .device/cuda/fixtures/logits/index.json    from shared/reference/logits/
+#   .device/cuda/fixtures/logits/<M>__P{1,2,3}__exact.bin
+#   .device/cuda/fixtures/models/tiny-<M>.gguf
 #
 # (bench/prepare_device.sh fills it.) In one go: the kernel self-test (every kernel and type
 # against the CPU reference on fresh random data, twice: compile then disk cache), then the
 # fixture parity run (prefill on every prompt, plus the first prompt token by token). Full logs go
-# to $OUT (or .device/out); the summary table is printed last.
+# to $OUT (or .device/cuda/out); the summary table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEV=${DEV:-.device}
+DEV=${DEV:-.device/cuda}
 LOGS=${OUT:-$DEV/out}
 mkdir -p "$LOGS"
 

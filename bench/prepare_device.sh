@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Fill .device/ (git-ignored) for bench/gpu.sh: the CUDA build of redlite (stripped) and the
+# Fill .device/cuda/ (git-ignored; other runs keep their own folders in .device/) for bench/gpu.sh: the CUDA build of redlite (stripped) and the
 # fixtures the parity run needs. Usage: bench/prepare_device.sh [path/to/redlite] [MODEL...]
 # Default models: F16 Q4_K_M IQ2_XXS CF2 (the run carries at most 64 MiB in all).
+# Run it there with `run` and `carry: [".device/cuda"]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/redlite}
 shift || true
 MODELS=${*:-F16 Q4_K_M IQ2_XXS CF2}
 REF=../shared/reference
-rm -rf .device && mkdir -p .device/fixtures/logits .device/fixtures/models
-cp "$BIN" .device/redlite
-strip .device/redlite 2>/dev/null || true
-cp "$REF/logits/index.json" .device/fixtures/logits/
+D=.device/cuda
+rm -rf "$D" && mkdir -p "$D/fixtures/logits" "$D/fixtures/models"
+cp "$BIN" "$D/redlite"
+strip "$D/redlite" 2>/dev/null || true
+cp "$REF/logits/index.json" "$D/fixtures/logits/"
 for m in $MODELS; do
-    cp "$REF/models/tiny-$m.gguf" .device/fixtures/models/
-    cp "$REF"/logits/"$m"__P?__exact.bin .device/fixtures/logits/
+    cp "$REF/models/tiny-$m.gguf" "$D/fixtures/models/"
+    cp "$REF"/logits/"$m"__P?__exact.bin "$D/fixtures/logits/"
 done
-du -sh .device
+du -sh "$D"
