@@ -2,7 +2,7 @@
 //! vocabulary: the file loads in the oracle and runs tokens to finite logits; `inspect` reads it;
 //! errors (unknown type/layout, existing output) are reported, not panics.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use redlite_gguf::GgufFile;
@@ -33,7 +33,7 @@ fn temp_path(tag: &str) -> PathBuf {
     p
 }
 
-fn make(out: &PathBuf, extra: &[&str]) -> Output {
+fn make(out: &Path, extra: &[&str]) -> Output {
     let vocab = reference("tokenizer/qwen3-vocab.gguf");
     let mut args = vec![
         "make-model",
@@ -47,7 +47,7 @@ fn make(out: &PathBuf, extra: &[&str]) -> Output {
     redlite(&args)
 }
 
-fn run_tokens(path: &PathBuf) {
+fn run_tokens(path: &Path) {
     let model = Model::load(path).expect("oracle loads the file");
     let tokens = [151644u32, 872, 198, 9707, 11, 1879];
     for mode in [Mode::Prefill, Mode::Step] {
