@@ -61,6 +61,21 @@ pub trait Backend: Send + Sync + Sized {
     /// Each output row must not depend on the other rows (same arithmetic as `n = 1`).
     fn linear(&self, w: &Self::Linear, xs: &[f32], n: usize, ys: &mut [f32]);
 
+    /// [`Backend::routed_experts`] for several tokens, each with its own choice. Backends group
+    /// the tokens by expert so each expert's weights are read once; each token's result must be
+    /// exactly what `routed_experts` gives for it alone.
+    fn routed_experts_rows(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[Vec<(usize, f32)>],
+        xs: &[Vec<f32>],
+    ) -> Vec<Vec<f32>> {
+        xs.iter()
+            .zip(chosen)
+            .map(|(x, c)| self.routed_experts(experts, c, x))
+            .collect()
+    }
+
     /// `(rows, cols)` of a prepared weight.
     fn linear_shape(&self, w: &Self::Linear) -> (usize, usize);
 

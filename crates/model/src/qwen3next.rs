@@ -482,13 +482,17 @@ fn shared_expert<B: Backend>(b: &B, w: &MoeWeights<B>, x: &[f32]) -> Vec<f32> {
 /// MoE block: routed experts plus the gated shared expert, for each token.
 fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let router_logits = matvec_rows(b, &w.router, xs);
-    xs.iter()
-        .zip(&router_logits)
-        .map(|(x, logits)| {
-            let chosen = expert_choice(cfg, logits);
-            let mut out = b.routed_experts(&w.experts, &chosen, x);
-            add_in_place(&mut out, &shared_expert(b, w, x));
-            out
-        })
-        .collect()
+    let chosen: Vec<Vec<(usize, f32)>> = router_logits
+        .iter()
+        .map(|l| expert_choice(cfg, l))
+        .collect();
+    let mut out = if xs.len() == 1 {
+        vec![b.routed_experts(&w.experts, &chosen[0], &xs[0])]
+    } else {
+        b.routed_experts_rows(&w.experts, &chosen, xs)
+    };
+    for (o, x) in out.iter_mut().zip(xs) {
+        add_in_place(o, &shared_expert(b, w, x));
+    }
+    out
 }

@@ -2,9 +2,11 @@
 //! GGUF form, read in place from the memory map (the routed experts of a 20 GB file are never
 //! copied); activations are quantized to 8 bits per product where the weight type calls for it.
 
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::backend::{Backend, LinearData, LinearSource};
 use redlite_model::delta_rule::{DeltaRule, HeadInputs};
@@ -130,6 +132,62 @@ impl Backend for CpuBackend {
         traces: Option<&mut [Vec<f32>]>,
     ) -> Vec<Vec<f32>> {
         crate::delta_rule::delta_rule_parallel(heads, states, rule, traces)
+    }
+
+    fn routed_experts_rows(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[Vec<(usize, f32)>],
+        xs: &[Vec<f32>],
+    ) -> Vec<Vec<f32>> {
+        // Tokens per expert, so each expert's weights are read once for all its tokens.
+        let mut tokens_of: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (t, c) in chosen.iter().enumerate() {
+            for &(e, _) in c {
+                tokens_of.entry(e).or_default().push(t);
+            }
+        }
+        let groups: Vec<(usize, Vec<usize>)> = tokens_of.into_iter().collect();
+        // down(silu(gate·x) ⊙ up·x) for every (expert, token) pair; matmul rows are bit-identical
+        // to matvec, so each token gets exactly what `routed_experts` computes for it alone.
+        let outputs: Vec<Vec<Vec<f32>>> = groups
+            .par_iter()
+            .map(|(e, toks)| {
+                let ffn = &experts[*e];
+                let n = toks.len();
+                let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
+                let mut gate = vec![0.0f32; n * ffn.gate.rows];
+                let mut up = vec![0.0f32; n * ffn.up.rows];
+                self.linear(&ffn.gate, &x, n, &mut gate);
+                self.linear(&ffn.up, &x, n, &mut up);
+                let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                let mut down = vec![0.0f32; n * ffn.down.rows];
+                self.linear(&ffn.down, &act, n, &mut down);
+                down.chunks_exact(ffn.down.rows)
+                    .map(|r| r.to_vec())
+                    .collect()
+            })
+            .collect();
+        let mut per_pair: HashMap<(usize, usize), &[f32]> = HashMap::new();
+        for ((e, toks), outs) in groups.iter().zip(&outputs) {
+            for (&t, y) in toks.iter().zip(outs) {
+                per_pair.insert((*e, t), y);
+            }
+        }
+        // Weighted sum per token, in its chosen order.
+        chosen
+            .iter()
+            .enumerate()
+            .map(|(t, c)| {
+                let mut out = vec![0.0f32; xs[t].len()];
+                for &(e, weight) in c {
+                    for (o, v) in out.iter_mut().zip(per_pair[&(e, t)]) {
+                        *o += weight * v;
+                    }
+                }
+                out
+            })
+            .collect()
     }
 
     fn routed_experts(

@@ -67,3 +67,33 @@ fn cpu_delta_rule_equals_the_oracle_bit_for_bit() {
         assert!(oracle == cpu && s1 == s2, "{rule:?}");
     }
 }
+
+#[test]
+fn batched_routed_experts_equal_per_token_bit_for_bit() {
+    let path = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../../shared/reference/models/tiny-Q4_K_M.gguf"
+    ));
+    let model = Model::load_with(path, CpuBackend::with_threads(0)).unwrap();
+    let b = &model.backend;
+    let h = model.config.hidden;
+    let xs: Vec<Vec<f32>> = (0..5)
+        .map(|t| {
+            (0..h)
+                .map(|i| (((i + 7 * t) * 37 % 101) as f32 - 50.0) / 40.0)
+                .collect()
+        })
+        .collect();
+    let chosen: Vec<Vec<(usize, f32)>> = vec![
+        vec![(0, 0.5), (1, 0.5)],
+        vec![(3, 0.9), (0, 0.1)],
+        vec![(1, 0.3), (2, 0.7)],
+        vec![(2, 0.6), (3, 0.4)],
+        vec![(0, 0.2), (3, 0.8)],
+    ];
+    let experts = &model.weights.layers[0].moe.experts;
+    let batched = b.routed_experts_rows(experts, &chosen, &xs);
+    for ((x, c), got) in xs.iter().zip(&chosen).zip(&batched) {
+        assert!(*got == b.routed_experts(experts, c, x));
+    }
+}
