@@ -351,7 +351,7 @@ impl<B: Backend> Worker<B> {
 
         let turn_end = align_down(n);
         let interval = self.opts.checkpoint_interval;
-        let keep = |p: usize| p == turn_end || p % interval == 0;
+        let keep = |p: usize| p == turn_end || p.is_multiple_of(interval);
         let cancel = || job.events.is_closed();
         let hidden = match self.prefill(&mut state, &mut snaps, &prompt, n, keep, &cancel) {
             Ok(h) => h,
@@ -426,7 +426,7 @@ impl<B: Backend> Worker<B> {
                 .model
                 .forward_hidden(state, &ids[pos..stop], Mode::Prefill)?;
             last = hidden.pop().unwrap_or_default();
-            if stop % CHUNK == 0 && keep(stop) {
+            if stop.is_multiple_of(CHUNK) && keep(stop) {
                 snaps.insert(stop, state.snapshot());
             }
             if cancel() {
@@ -563,7 +563,7 @@ impl<B: Backend> Worker<B> {
         }
         let end = if extend { align_down(ids.len()) } else { from };
         let interval = self.opts.checkpoint_interval;
-        let keep = |p: usize| p == end || p % interval == 0;
+        let keep = |p: usize| p == end || p.is_multiple_of(interval);
         if state.pos < end {
             let t = Instant::now();
             if self

@@ -50,7 +50,7 @@ async fn health_models_chat_and_completions() {
     let usage = &r["usage"];
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 5);
     let n = usage["completion_tokens"].as_u64().unwrap();
-    assert!(n >= 1 && n <= 12);
+    assert!((1..=12).contains(&n));
     assert_eq!(
         usage["total_tokens"].as_u64().unwrap(),
         usage["prompt_tokens"].as_u64().unwrap() + n
@@ -81,7 +81,7 @@ async fn health_models_chat_and_completions() {
         .iter()
         .filter(|e| {
             !e["choices"][0]["finish_reason"].is_null()
-                && e["choices"].as_array().map_or(false, |a| !a.is_empty())
+                && e["choices"].as_array().is_some_and(|a| !a.is_empty())
         })
         .collect();
     assert_eq!(fin.len(), 1);

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_turn_resumes_and_matches_a_fresh_server() {
@@ -63,7 +63,10 @@ async fn second_turn_resumes_and_matches_a_fresh_server() {
         computed <= new_tokens + 64,
         "turn 2 computed {computed} prompt tokens for {new_tokens} new ones"
     );
-    assert!(cached2 > 0 && cached2 % 64 == 0, "cached {cached2}");
+    assert!(
+        cached2 > 0 && cached2.is_multiple_of(64),
+        "cached {cached2}"
+    );
 
     // A fresh server given the same token sequence computes it in one pass.
     let (fresh, fbase) = start(options()).await;
