@@ -20,7 +20,8 @@ use crate::speculative::{generate_speculative, SpecConfig, SpecMode, SpecStats};
 pub struct VerifyCost {
     /// Drafted tokens; the pass has `k + 1` rows.
     pub k: usize,
-    /// Median time of the `k + 1`-row pass (trace, forward with logits, rollback).
+    /// Median time of the `k + 1`-row pass (checkpoints, forward with logits, rollback to one
+    /// kept row).
     pub verify: Duration,
     /// Median time of a 1-row decode step measured alongside.
     pub decode: Duration,
@@ -42,8 +43,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// Prefill `context` tokens (token ids `tokens` cycled), then for each `k` time `reps` verify
-/// passes of `k + 1` rows and `reps` 1-row steps, each rolled back so every measurement starts
-/// from the same state. `on_row` sees each finished row (for progress output).
+/// passes of `k + 1` rows, `reps` plain 1-row steps and `reps` untraced `k + 1`-row passes, each
+/// restored from a snapshot (outside the timing) so every measurement starts from the same state. `on_row` sees each finished row (for progress output).
 pub fn verify_cost<B: Backend>(
     model: &Model<B>,
     tokens: &[u32],
@@ -66,18 +67,21 @@ pub fn verify_cost<B: Backend>(
         let mut decode = Vec::with_capacity(reps);
         let mut untraced = Vec::with_capacity(reps);
         // Repetition 0 is a warm-up (it touches the pages the measurement reads).
+        let snap = state.snapshot();
         for rep in 0..=reps {
+            // A verify that keeps one row (the first draft rejected): checkpoints, rows, rollback.
             let t = Instant::now();
             state.begin_trace();
             model.forward(&mut state, &rows, Mode::Step)?;
-            state.keep(0)?;
+            state.keep(1)?;
             let tv = t.elapsed();
+            state.restore(&snap)?;
+            // A plain decode step.
             let t = Instant::now();
-            state.begin_trace();
             model.forward(&mut state, &rows[..1], Mode::Step)?;
-            state.keep(0)?;
             let td = t.elapsed();
-            let snap = state.snapshot();
+            state.restore(&snap)?;
+            // The rows without checkpoints.
             let t = Instant::now();
             model.forward(&mut state, &rows, Mode::Step)?;
             let tu = t.elapsed();

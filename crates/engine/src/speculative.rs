@@ -209,6 +209,11 @@ impl SpecStats {
 /// Prompt lookup: find the most recent earlier occurrence of the last `n` tokens of `context`
 /// (`n` from `ngram_max` down to `ngram_min`, longest first) and return up to `max_len` tokens that
 /// followed it. Empty when nothing matches.
+///
+/// When the continuation reaches the end of the context, it goes on into the draft itself
+/// (token `j` of the draft is the token `start + j` of `context ++ draft`): a match at distance
+/// `d` from the end predicts that the last `d` tokens repeat, so periodic text such as a repeated
+/// line or a token loop gets full-length drafts instead of a single token.
 pub fn lookup_draft(
     context: &[u32],
     ngram_max: usize,
@@ -227,8 +232,12 @@ pub fn lookup_draft(
         // Candidate starts `s < len - n` (the suffix itself excluded), most recent first.
         if let Some(s) = (0..len - n).rev().find(|&s| context[s..s + n] == *suffix) {
             let start = s + n;
-            let end = (start + max_len).min(len);
-            return context[start..end].to_vec();
+            let mut draft = Vec::with_capacity(max_len);
+            for j in 0..max_len {
+                let i = start + j;
+                draft.push(if i < len { context[i] } else { draft[i - len] });
+            }
+            return draft;
         }
     }
     Vec::new()
@@ -536,13 +545,16 @@ mod tests {
         // ... 1 2 3 9 ... 1 2 3 7 8 ... 2 3 → the 2-gram [2 3] last occurred before 7 8.
         let ctx = [1, 2, 3, 9, 5, 1, 2, 3, 7, 8, 4, 2, 3];
         assert_eq!(lookup_draft(&ctx, 3, 1, 4), vec![7, 8, 4, 2]);
-        // With the 3-gram [4 2 3] there is no earlier match; 1-grams only: last 3 before end.
+        // Past the end of the context the continuation repeats the period (here 5 tokens).
+        assert_eq!(lookup_draft(&ctx, 3, 1, 7), vec![7, 8, 4, 2, 3, 7, 8]);
+        // 1-grams only: the most recent earlier 3.
         assert_eq!(lookup_draft(&ctx, 1, 1, 2), vec![7, 8]);
         assert_eq!(lookup_draft(&ctx, 3, 1, 0), Vec::<u32>::new());
         assert_eq!(lookup_draft(&[5, 6, 7], 3, 2, 4), Vec::<u32>::new());
         assert_eq!(lookup_draft(&[], 3, 1, 4), Vec::<u32>::new());
-        // The continuation may run into the suffix itself.
-        assert_eq!(lookup_draft(&[1, 1, 1], 2, 1, 4), vec![1]);
+        // A token loop: the draft keeps repeating it.
+        assert_eq!(lookup_draft(&[1, 1, 1], 2, 1, 4), vec![1, 1, 1, 1]);
+        assert_eq!(lookup_draft(&[5, 1, 2, 1, 2], 2, 2, 5), vec![1, 2, 1, 2, 1]);
     }
 
     #[test]
