@@ -178,6 +178,7 @@ def main():
     ap.add_argument("--bpe-vocab", type=int, default=10176, help="BPE entries (bytes + merges); 7 added tokens follow")
     ap.add_argument("--tok-train-bytes", type=int, default=40_000_000)
     ap.add_argument("--chats", type=int, default=6000)
+    ap.add_argument("--heldout-only", action="store_true", help="reuse the tokenizer in --tok-out; write only the held-out set")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.tok_out, exist_ok=True)
@@ -186,6 +187,18 @@ def main():
     docs = collect(cutoff, args.max_bytes)
     train = [(r, t) for r, t in docs if not held_out(r)]
     held = [(r, t) for r, t in docs if held_out(r)]
+    if args.heldout_only:
+        tok = Tokenizer.from_file(os.path.join(args.tok_out, "tokenizer.json"))
+        eot = tok.token_to_id("<|endoftext|>")
+        ids = []
+        for enc in tok.encode_batch([t for _, t in held], add_special_tokens=False):
+            ids.extend(enc.ids)
+            ids.append(eot)
+        np.asarray(ids, dtype=np.uint16).tofile(os.path.join(args.out, "heldout.bin"))
+        with open(os.path.join(args.out, "heldout_files.txt"), "w") as f:
+            f.write("\n".join(r for r, _ in held) + "\n")
+        print(f"held out: {len(held)} files, {len(ids)} tokens")
+        return
     rng = random.Random(1234)
     chats = chat_examples(train, args.chats, rng)
     print(f"{len(docs)} files ({sum(len(t) for _, t in docs)/1e6:.1f} MB), train {len(train)}, held out {len(held)}, chats {len(chats)}")

@@ -109,11 +109,15 @@ impl HfConfig {
                     .map(|t| match t.as_str() {
                         Some("full_attention") => Ok(true),
                         Some("linear_attention") => Ok(false),
-                        other => Err(ConvertError::Config(format!("unknown layer type {other:?}"))),
+                        other => Err(ConvertError::Config(format!(
+                            "unknown layer type {other:?}"
+                        ))),
                     })
                     .collect::<Result<Vec<bool>>>()?
             }
-            None => (0..num_hidden_layers).map(|i| (i + 1) % interval == 0).collect(),
+            None => (0..num_hidden_layers)
+                .map(|i| (i + 1) % interval == 0)
+                .collect(),
         };
         let rope = v.get("rope_parameters").or_else(|| v.get("rope_scaling"));
         let rope_get = |key: &str| {
@@ -147,7 +151,10 @@ impl HfConfig {
             partial_rotary_factor: rope_get("partial_rotary_factor").unwrap_or(0.25),
             rope_theta: rope_get("rope_theta").unwrap_or(10_000.0),
             max_position_embeddings: get_usize(v, "max_position_embeddings")?,
-            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
+            rms_norm_eps: v
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
             linear_num_key_heads: get_usize(v, "linear_num_key_heads")?,
             linear_num_value_heads: get_usize(v, "linear_num_value_heads")?,
             linear_key_head_dim: get_usize(v, "linear_key_head_dim")?,
@@ -179,11 +186,16 @@ impl HfConfig {
             return bad("num_experts_per_tok exceeds num_experts".into());
         }
         if self.linear_num_key_heads == 0
-            || self.linear_num_value_heads % self.linear_num_key_heads != 0
+            || !self
+                .linear_num_value_heads
+                .is_multiple_of(self.linear_num_key_heads)
         {
             return bad("linear_num_value_heads must be a multiple of linear_num_key_heads".into());
         }
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
+        if self.num_key_value_heads == 0
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
         {
             return bad("num_attention_heads must be a multiple of num_key_value_heads".into());
         }
@@ -309,10 +321,12 @@ impl Checkpoint {
             .get(name)
             .ok_or_else(|| ConvertError::MissingTensor(name.to_string()))?;
         let (path, mmap) = &self.files[e.file];
-        let bytes = mmap.get(e.start..e.end).ok_or_else(|| ConvertError::Safetensors {
-            path: path.clone(),
-            message: format!("tensor '{name}' data lies outside the file"),
-        })?;
+        let bytes = mmap
+            .get(e.start..e.end)
+            .ok_or_else(|| ConvertError::Safetensors {
+                path: path.clone(),
+                message: format!("tensor '{name}' data lies outside the file"),
+            })?;
         let n: usize = e.shape.iter().product();
         let width = match e.dtype {
             Dtype::F32 => 4,
@@ -327,7 +341,12 @@ impl Checkpoint {
         if bytes.len() != n * width {
             return Err(ConvertError::tensor(
                 name,
-                format!("{} data bytes for shape {:?} of {:?}", bytes.len(), e.shape, e.dtype),
+                format!(
+                    "{} data bytes for shape {:?} of {:?}",
+                    bytes.len(),
+                    e.shape,
+                    e.dtype
+                ),
             ));
         }
         let out = match e.dtype {

@@ -130,11 +130,17 @@ enum Recipe {
     NormPlusOne(String),
     NegExp(String),
     /// Un-grouped `in_proj_qkvz` rows: `[q | k | v]` (gate = false) or `z` (gate = true).
-    Qkvz { name: String, gate: bool },
+    Qkvz {
+        name: String,
+        gate: bool,
+    },
     /// Per-expert 2-D tensors stacked along a new outer axis.
     Stack(Vec<String>),
     /// A fused 3-D `[E, rows, cols]` parameter, whole or one half of its rows per expert.
-    Fused { name: String, half: Option<usize> },
+    Fused {
+        name: String,
+        half: Option<usize>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -157,7 +163,7 @@ fn tensor_type(name: &str, dims: &[u64], out: OutType) -> GgmlType {
         return GgmlType::F32;
     }
     match out {
-        OutType::Q8_0 if dims[0] % 32 != 0 => GgmlType::F16,
+        OutType::Q8_0 if !dims[0].is_multiple_of(32) => GgmlType::F16,
         o => o.ggml(),
     }
 }
@@ -197,7 +203,11 @@ impl Planner<'_> {
     /// A linear layer `[out, in]` → GGUF `[in, out]`.
     fn linear(&mut self, hf: &str, gguf: String, out_f: usize, in_f: usize) -> Result<()> {
         self.take(hf, &[out_f, in_f])?;
-        self.push(gguf, vec![in_f as u64, out_f as u64], Recipe::Plain(hf.into()));
+        self.push(
+            gguf,
+            vec![in_f as u64, out_f as u64],
+            Recipe::Plain(hf.into()),
+        );
         Ok(())
     }
 
@@ -212,12 +222,40 @@ impl Planner<'_> {
         let c = self.cfg;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-        self.linear(&format!("{p}self_attn.q_proj.weight"), format!("{b}attn_q.weight"), 2 * nq * hd, h)?;
-        self.linear(&format!("{p}self_attn.k_proj.weight"), format!("{b}attn_k.weight"), nkv * hd, h)?;
-        self.linear(&format!("{p}self_attn.v_proj.weight"), format!("{b}attn_v.weight"), nkv * hd, h)?;
-        self.linear(&format!("{p}self_attn.o_proj.weight"), format!("{b}attn_output.weight"), h, nq * hd)?;
-        self.norm(&format!("{p}self_attn.q_norm.weight"), format!("{b}attn_q_norm.weight"), hd)?;
-        self.norm(&format!("{p}self_attn.k_norm.weight"), format!("{b}attn_k_norm.weight"), hd)?;
+        self.linear(
+            &format!("{p}self_attn.q_proj.weight"),
+            format!("{b}attn_q.weight"),
+            2 * nq * hd,
+            h,
+        )?;
+        self.linear(
+            &format!("{p}self_attn.k_proj.weight"),
+            format!("{b}attn_k.weight"),
+            nkv * hd,
+            h,
+        )?;
+        self.linear(
+            &format!("{p}self_attn.v_proj.weight"),
+            format!("{b}attn_v.weight"),
+            nkv * hd,
+            h,
+        )?;
+        self.linear(
+            &format!("{p}self_attn.o_proj.weight"),
+            format!("{b}attn_output.weight"),
+            h,
+            nq * hd,
+        )?;
+        self.norm(
+            &format!("{p}self_attn.q_norm.weight"),
+            format!("{b}attn_q_norm.weight"),
+            hd,
+        )?;
+        self.norm(
+            &format!("{p}self_attn.k_norm.weight"),
+            format!("{b}attn_k_norm.weight"),
+            hd,
+        )?;
         Ok(())
     }
 
@@ -235,33 +273,66 @@ impl Planner<'_> {
         self.push(
             format!("{b}attn_qkv.weight"),
             vec![h as u64, conv_dim as u64],
-            Recipe::Qkvz { name: qkvz.clone(), gate: false },
+            Recipe::Qkvz {
+                name: qkvz.clone(),
+                gate: false,
+            },
         );
         self.push(
             format!("{b}attn_gate.weight"),
             vec![h as u64, value_dim as u64],
-            Recipe::Qkvz { name: qkvz, gate: true },
+            Recipe::Qkvz {
+                name: qkvz,
+                gate: true,
+            },
         );
-        self.linear(&format!("{p}linear_attn.in_proj_ba.weight"), format!("{b}ssm_ba.weight"), 2 * nv, h)?;
+        self.linear(
+            &format!("{p}linear_attn.in_proj_ba.weight"),
+            format!("{b}ssm_ba.weight"),
+            2 * nv,
+            h,
+        )?;
         let conv = format!("{p}linear_attn.conv1d.weight");
         self.take(&conv, &[conv_dim, 1, kern])?;
-        self.push(format!("{b}ssm_conv1d.weight"), vec![kern as u64, conv_dim as u64], Recipe::Plain(conv));
+        self.push(
+            format!("{b}ssm_conv1d.weight"),
+            vec![kern as u64, conv_dim as u64],
+            Recipe::Plain(conv),
+        );
         let dt = format!("{p}linear_attn.dt_bias");
         self.take(&dt, &[nv])?;
-        self.push(format!("{b}ssm_dt.bias"), vec![nv as u64], Recipe::Plain(dt));
+        self.push(
+            format!("{b}ssm_dt.bias"),
+            vec![nv as u64],
+            Recipe::Plain(dt),
+        );
         let a = format!("{p}linear_attn.A_log");
         self.take(&a, &[nv])?;
         self.push(format!("{b}ssm_a"), vec![nv as u64], Recipe::NegExp(a));
         let norm = format!("{p}linear_attn.norm.weight");
         self.take(&norm, &[dv])?;
-        self.push(format!("{b}ssm_norm.weight"), vec![dv as u64], Recipe::Plain(norm));
-        self.linear(&format!("{p}linear_attn.out_proj.weight"), format!("{b}ssm_out.weight"), h, value_dim)?;
+        self.push(
+            format!("{b}ssm_norm.weight"),
+            vec![dv as u64],
+            Recipe::Plain(norm),
+        );
+        self.linear(
+            &format!("{p}linear_attn.out_proj.weight"),
+            format!("{b}ssm_out.weight"),
+            h,
+            value_dim,
+        )?;
         Ok(())
     }
 
     fn moe(&mut self, p: &str, b: &str) -> Result<()> {
         let c = self.cfg;
-        let (h, e, ff, sff) = (c.hidden_size, c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size);
+        let (h, e, ff, sff) = (
+            c.hidden_size,
+            c.num_experts,
+            c.moe_intermediate_size,
+            c.shared_expert_intermediate_size,
+        );
         let router = format!("{p}mlp.gate.weight");
         self.linear(&router, format!("{b}ffn_gate_inp.weight"), e, h)?;
         let per_expert = format!("{p}mlp.experts.0.gate_proj.weight");
@@ -293,29 +364,77 @@ impl Planner<'_> {
             let down = fused("down_proj");
             self.take(&gate_up, &[e, 2 * ff, h])?;
             self.take(&down, &[e, h, ff])?;
-            self.push(format!("{b}ffn_gate_exps.weight"), vec![eh, ei, ee], Recipe::Fused { name: gate_up.clone(), half: Some(0) });
-            self.push(format!("{b}ffn_up_exps.weight"), vec![eh, ei, ee], Recipe::Fused { name: gate_up, half: Some(1) });
-            self.push(format!("{b}ffn_down_exps.weight"), vec![ei, eh, ee], Recipe::Fused { name: down, half: None });
+            self.push(
+                format!("{b}ffn_gate_exps.weight"),
+                vec![eh, ei, ee],
+                Recipe::Fused {
+                    name: gate_up.clone(),
+                    half: Some(0),
+                },
+            );
+            self.push(
+                format!("{b}ffn_up_exps.weight"),
+                vec![eh, ei, ee],
+                Recipe::Fused {
+                    name: gate_up,
+                    half: Some(1),
+                },
+            );
+            self.push(
+                format!("{b}ffn_down_exps.weight"),
+                vec![ei, eh, ee],
+                Recipe::Fused {
+                    name: down,
+                    half: None,
+                },
+            );
         }
         let gi = format!("{p}mlp.shared_expert_gate.weight");
         self.take(&gi, &[1, h])?;
-        self.push(format!("{b}ffn_gate_inp_shexp.weight"), vec![h as u64, 1], Recipe::Plain(gi));
-        self.linear(&format!("{p}mlp.shared_expert.gate_proj.weight"), format!("{b}ffn_gate_shexp.weight"), sff, h)?;
-        self.linear(&format!("{p}mlp.shared_expert.up_proj.weight"), format!("{b}ffn_up_shexp.weight"), sff, h)?;
-        self.linear(&format!("{p}mlp.shared_expert.down_proj.weight"), format!("{b}ffn_down_shexp.weight"), h, sff)?;
+        self.push(
+            format!("{b}ffn_gate_inp_shexp.weight"),
+            vec![h as u64, 1],
+            Recipe::Plain(gi),
+        );
+        self.linear(
+            &format!("{p}mlp.shared_expert.gate_proj.weight"),
+            format!("{b}ffn_gate_shexp.weight"),
+            sff,
+            h,
+        )?;
+        self.linear(
+            &format!("{p}mlp.shared_expert.up_proj.weight"),
+            format!("{b}ffn_up_shexp.weight"),
+            sff,
+            h,
+        )?;
+        self.linear(
+            &format!("{p}mlp.shared_expert.down_proj.weight"),
+            format!("{b}ffn_down_shexp.weight"),
+            h,
+            sff,
+        )?;
         Ok(())
     }
 
     fn layer(&mut self, p: &str, b: &str, attention: bool) -> Result<()> {
         let h = self.cfg.hidden_size;
-        self.norm(&format!("{p}input_layernorm.weight"), format!("{b}attn_norm.weight"), h)?;
+        self.norm(
+            &format!("{p}input_layernorm.weight"),
+            format!("{b}attn_norm.weight"),
+            h,
+        )?;
         if attention {
             self.attention(p, b)?;
         } else {
             self.delta_net(p, b)?;
         }
         self.moe(p, b)?;
-        self.norm(&format!("{p}post_attention_layernorm.weight"), format!("{b}post_attention_norm.weight"), h)?;
+        self.norm(
+            &format!("{p}post_attention_layernorm.weight"),
+            format!("{b}post_attention_norm.weight"),
+            h,
+        )?;
         Ok(())
     }
 }
@@ -390,21 +509,49 @@ pub fn convert(hf_dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<Conve
         plan: Vec::new(),
     };
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    pl.linear("model.embed_tokens.weight", "token_embd.weight".into(), v, h)?;
+    pl.linear(
+        "model.embed_tokens.weight",
+        "token_embd.weight".into(),
+        v,
+        h,
+    )?;
     for i in 0..cfg.num_hidden_layers {
-        pl.layer(&format!("model.layers.{i}."), &format!("blk.{i}."), cfg.full_attention[i])?;
+        pl.layer(
+            &format!("model.layers.{i}."),
+            &format!("blk.{i}."),
+            cfg.full_attention[i],
+        )?;
     }
     let has_mtp = ckpt.names().any(|n| n.starts_with("mtp."));
     let nextn = if has_mtp && opts.include_mtp {
         if ckpt.names().any(|n| n.starts_with("mtp.layers.1.")) {
-            return Err(ConvertError::Config("more than one MTP layer is not supported".into()));
+            return Err(ConvertError::Config(
+                "more than one MTP layer is not supported".into(),
+            ));
         }
         let b = format!("blk.{}.", cfg.num_hidden_layers);
         pl.layer("mtp.layers.0.", &b, true)?;
-        pl.linear("mtp.fc.weight", format!("{b}nextn.eh_proj.weight"), h, 2 * h)?;
-        pl.norm("mtp.pre_fc_norm_embedding.weight", format!("{b}nextn.enorm.weight"), h)?;
-        pl.norm("mtp.pre_fc_norm_hidden.weight", format!("{b}nextn.hnorm.weight"), h)?;
-        pl.norm("mtp.norm.weight", format!("{b}nextn.shared_head_norm.weight"), h)?;
+        pl.linear(
+            "mtp.fc.weight",
+            format!("{b}nextn.eh_proj.weight"),
+            h,
+            2 * h,
+        )?;
+        pl.norm(
+            "mtp.pre_fc_norm_embedding.weight",
+            format!("{b}nextn.enorm.weight"),
+            h,
+        )?;
+        pl.norm(
+            "mtp.pre_fc_norm_hidden.weight",
+            format!("{b}nextn.hnorm.weight"),
+            h,
+        )?;
+        pl.norm(
+            "mtp.norm.weight",
+            format!("{b}nextn.shared_head_norm.weight"),
+            h,
+        )?;
         1
     } else {
         0
@@ -417,7 +564,7 @@ pub fn convert(hf_dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<Conve
     }
     let unused: Vec<&str> = ckpt
         .names()
-        .filter(|n| !pl.used.contains(*n) && !(n.starts_with("mtp.") && !opts.include_mtp))
+        .filter(|n| !pl.used.contains(*n) && (opts.include_mtp || !n.starts_with("mtp.")))
         .collect();
     if !unused.is_empty() {
         let mut list = unused[..unused.len().min(8)].join(", ");
@@ -446,32 +593,71 @@ pub fn convert(hf_dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<Conve
         ("general.type".into(), MetaValue::String("model".into())),
         ("general.name".into(), MetaValue::String(name)),
         (format!("{a}.block_count"), u(block_count)),
-        (format!("{a}.context_length"), u(cfg.max_position_embeddings)),
+        (
+            format!("{a}.context_length"),
+            u(cfg.max_position_embeddings),
+        ),
         (format!("{a}.embedding_length"), u(h)),
         (format!("{a}.feed_forward_length"), u(cfg.intermediate_size)),
-        (format!("{a}.attention.head_count"), u(cfg.num_attention_heads)),
-        (format!("{a}.attention.head_count_kv"), u(cfg.num_key_value_heads)),
-        (format!("{a}.rope.freq_base"), MetaValue::F32(cfg.rope_theta as f32)),
-        (format!("{a}.attention.layer_norm_rms_epsilon"), MetaValue::F32(cfg.rms_norm_eps as f32)),
+        (
+            format!("{a}.attention.head_count"),
+            u(cfg.num_attention_heads),
+        ),
+        (
+            format!("{a}.attention.head_count_kv"),
+            u(cfg.num_key_value_heads),
+        ),
+        (
+            format!("{a}.rope.freq_base"),
+            MetaValue::F32(cfg.rope_theta as f32),
+        ),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(cfg.rms_norm_eps as f32),
+        ),
         (format!("{a}.expert_count"), u(cfg.num_experts)),
         (format!("{a}.expert_used_count"), u(cfg.num_experts_per_tok)),
         (format!("{a}.attention.key_length"), u(cfg.head_dim)),
         (format!("{a}.attention.value_length"), u(cfg.head_dim)),
-        ("general.file_type".into(), MetaValue::U32(opts.out_type.file_type())),
-        (format!("{a}.expert_feed_forward_length"), u(cfg.moe_intermediate_size)),
-        (format!("{a}.expert_shared_feed_forward_length"), u(cfg.shared_expert_intermediate_size)),
+        (
+            "general.file_type".into(),
+            MetaValue::U32(opts.out_type.file_type()),
+        ),
+        (
+            format!("{a}.expert_feed_forward_length"),
+            u(cfg.moe_intermediate_size),
+        ),
+        (
+            format!("{a}.expert_shared_feed_forward_length"),
+            u(cfg.shared_expert_intermediate_size),
+        ),
     ];
     if nextn > 0 {
         kv.push((format!("{a}.nextn_predict_layers"), u(nextn)));
     }
     kv.extend([
-        (format!("{a}.ssm.conv_kernel"), u(cfg.linear_conv_kernel_dim)),
+        (
+            format!("{a}.ssm.conv_kernel"),
+            u(cfg.linear_conv_kernel_dim),
+        ),
         (format!("{a}.ssm.state_size"), u(cfg.linear_key_head_dim)),
         (format!("{a}.ssm.group_count"), u(cfg.linear_num_key_heads)),
-        (format!("{a}.ssm.time_step_rank"), u(cfg.linear_num_value_heads)),
-        (format!("{a}.ssm.inner_size"), u(cfg.linear_value_head_dim * cfg.linear_num_value_heads)),
-        (format!("{a}.attention.recurrent_layers"), MetaValue::Array(MetaArray::Bool(recurrent))),
-        (format!("{a}.full_attention_interval"), u(cfg.full_attention_interval)),
+        (
+            format!("{a}.ssm.time_step_rank"),
+            u(cfg.linear_num_value_heads),
+        ),
+        (
+            format!("{a}.ssm.inner_size"),
+            u(cfg.linear_value_head_dim * cfg.linear_num_value_heads),
+        ),
+        (
+            format!("{a}.attention.recurrent_layers"),
+            MetaValue::Array(MetaArray::Bool(recurrent)),
+        ),
+        (
+            format!("{a}.full_attention_interval"),
+            u(cfg.full_attention_interval),
+        ),
         (format!("{a}.rope.dimension_count"), u(cfg.rope_dims())),
         ("general.quantization_version".into(), MetaValue::U32(2)),
     ]);
@@ -492,7 +678,10 @@ pub fn convert(hf_dir: &Path, out: &Path, opts: &ConvertOptions) -> Result<Conve
         })?;
         let expected: u64 = t.dims.iter().product();
         if data.len() as u64 != expected {
-            let e = ConvertError::tensor(&t.name, format!("{} values for dims {:?}", data.len(), t.dims));
+            let e = ConvertError::tensor(
+                &t.name,
+                format!("{} values for dims {:?}", data.len(), t.dims),
+            );
             let msg = e.to_string();
             failure = Some(e);
             return Err(std::io::Error::other(msg));

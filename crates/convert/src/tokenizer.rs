@@ -125,9 +125,8 @@ impl HfTokenizer {
                 .collect::<Result<Vec<String>>>()?,
             None => Vec::new(),
         };
-        let find = |text: &str| -> Option<u32> {
-            tokens.iter().position(|t| t == text).map(|i| i as u32)
-        };
+        let find =
+            |text: &str| -> Option<u32> { tokens.iter().position(|t| t == text).map(|i| i as u32) };
         let from_tc = |key: &str| -> Option<u32> {
             tc.as_ref()
                 .and_then(|c| c.get(key))
@@ -181,8 +180,14 @@ impl HfTokenizer {
     /// The `tokenizer.*` metadata entries, in llama.cpp's order.
     pub fn metadata(&self, pre: &str) -> Vec<(String, MetaValue)> {
         let mut kv = vec![
-            ("tokenizer.ggml.model".to_string(), MetaValue::String("gpt2".into())),
-            ("tokenizer.ggml.pre".to_string(), MetaValue::String(pre.into())),
+            (
+                "tokenizer.ggml.model".to_string(),
+                MetaValue::String("gpt2".into()),
+            ),
+            (
+                "tokenizer.ggml.pre".to_string(),
+                MetaValue::String(pre.into()),
+            ),
             (
                 "tokenizer.ggml.tokens".to_string(),
                 MetaValue::Array(MetaArray::String(self.tokens.clone())),
@@ -205,10 +210,19 @@ impl HfTokenizer {
         if let Some(id) = self.bos {
             kv.push(("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(id)));
         }
-        kv.push(("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(self.add_bos)));
-        kv.push(("tokenizer.ggml.add_eos_token".into(), MetaValue::Bool(false)));
+        kv.push((
+            "tokenizer.ggml.add_bos_token".into(),
+            MetaValue::Bool(self.add_bos),
+        ));
+        kv.push((
+            "tokenizer.ggml.add_eos_token".into(),
+            MetaValue::Bool(false),
+        ));
         if let Some(t) = &self.chat_template {
-            kv.push(("tokenizer.chat_template".into(), MetaValue::String(t.clone())));
+            kv.push((
+                "tokenizer.chat_template".into(),
+                MetaValue::String(t.clone()),
+            ));
         }
         kv
     }

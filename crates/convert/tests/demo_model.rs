@@ -58,7 +58,11 @@ fn demo_model_matches_pytorch_reference() {
             for (&t, want) in trunk_rows.iter().zip(&want_trunk) {
                 let e = rel_err(&logits[t], want);
                 worst = worst.max(e);
-                assert!(e <= 1e-4, "{:?} {mode:?} trunk row {t}: rel err {e}", p["text"]);
+                assert!(
+                    e <= 1e-4,
+                    "{:?} {mode:?} trunk row {t}: rel err {e}",
+                    p["text"]
+                );
             }
             let n = ids.len();
             let mut ms = model.new_mtp_state();
@@ -69,7 +73,11 @@ fn demo_model_matches_pytorch_reference() {
             for (&t, want) in mtp_rows.iter().zip(&want_mtp) {
                 let e = rel_err(&mtp_logits[t], want);
                 worst = worst.max(e);
-                assert!(e <= 1e-4, "{:?} {mode:?} MTP slot {t}: rel err {e}", p["text"]);
+                assert!(
+                    e <= 1e-4,
+                    "{:?} {mode:?} MTP slot {t}: rel err {e}",
+                    p["text"]
+                );
             }
         }
         let greedy = p["greedy_next"].as_u64().unwrap() as usize;
@@ -80,6 +88,9 @@ fn demo_model_matches_pytorch_reference() {
             .fold(0, |b, (i, &x)| if x > last[b] { i } else { b });
         assert_eq!(arg, greedy);
     }
-    assert!(rows.next().is_none(), "logits.bin has more rows than ref.json lists");
+    assert!(
+        rows.next().is_none(),
+        "logits.bin has more rows than ref.json lists"
+    );
     eprintln!("worst relative error {worst:e}");
 }
