@@ -32,13 +32,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         tokenizer_pre: a.pre,
         include_mtp: !a.no_mtp,
     };
-    let r = convert(&a.hf_dir, &a.out, &opts).with_context(|| {
-        format!(
-            "converting {} to {}",
-            a.hf_dir.display(),
-            a.out.display()
-        )
-    })?;
+    let r = convert(&a.hf_dir, &a.out, &opts)
+        .with_context(|| format!("converting {} to {}", a.hf_dir.display(), a.out.display()))?;
     let types: Vec<String> = r
         .type_counts
         .iter()
