@@ -7,7 +7,10 @@
 //! fills each block with random bytes and then overwrites its scale fields with a small positive
 //! value (uniform in `[0.5e-3, 2e-3)`, like `tools/make_qwen3next_random.py`). The float types get
 //! small random values instead of random bit patterns, and Q8_K's `bsums` are made consistent
-//! with its quants.
+//! with its quants. The types with a min (Q2_K, Q4_K, Q5_K) get `m = sc` and `dmin = mean(q)·d`
+//! so that their values are centred on zero like every other type's (random mins would add a
+//! large offset to every sub-block, making all matrix products of a random model nearly
+//! token-independent).
 //!
 //! The generator is a seeded xoshiro256++ ([`QuantRng`]): fast (several GB/s of random bytes),
 //! reproducible, not cryptographic.
@@ -103,8 +106,9 @@ fn put_u16(block: &mut [u8], off: usize, v: u16) {
     block[off..off + 2].copy_from_slice(&v.to_le_bytes());
 }
 
-/// Byte offsets of the f16 scale fields (`d`, `dmin`) in one block of `ty`; empty for the float
-/// types (handled separately), IQ1_M (its scale is spread over nibbles) and Q8_K (an f32 scale).
+/// Byte offsets of the f16 scale fields (`d`, then `dmin` where there is one) in one block of
+/// `ty`; empty for the float types (handled separately), IQ1_M (its scale is spread over
+/// nibbles) and Q8_K (an f32 scale).
 pub fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match ty {
@@ -183,6 +187,29 @@ fn fill_whole_blocks(ty: GgmlType, out: &mut [u8], rng: &mut QuantRng) {
                     put_u16(block, off, (sc & 0x0fff) | (nib << 12));
                 }
             }
+            GgmlType::Q4K | GgmlType::Q5K => {
+                // value = d·sc·q − dmin·m with q ≥ 0: random (sc, m) would give every sub-block a
+                // large offset of random sign, and matrix products a token-independent bias.
+                // Setting m = sc and dmin = mean(q)·d centres every sub-block on zero.
+                let mean_q = if ty == GgmlType::Q4K { 7.5 } else { 15.5 };
+                let d = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+                put_u16(block, 2, half::f16::from_f32(mean_q * d).to_bits());
+                let v: [u8; 8] = std::array::from_fn(|_| (rng.next_u64() & 63) as u8);
+                for j in 0..4 {
+                    let low = v[j] | ((v[j + 4] >> 4) << 6);
+                    block[4 + j] = low; // sc_j and the high bits of sc_{j+4}
+                    block[8 + j] = low; // m_j and the high bits of m_{j+4}
+                    block[12 + j] = (v[j + 4] & 15) * 17; // low bits of sc_{j+4} and m_{j+4}
+                }
+            }
+            GgmlType::Q2K => {
+                // value = d·sc·q − dmin·m, q in 0..3: m = sc and dmin = 1.5·d centre it on zero.
+                let d = half::f16::from_bits(u16::from_le_bytes([block[80], block[81]])).to_f32();
+                put_u16(block, 82, half::f16::from_f32(1.5 * d).to_bits());
+                for b in &mut block[..16] {
+                    *b = (*b & 15) * 17;
+                }
+            }
             GgmlType::Q8K => {
                 // d: f32 at 0, qs: 256 × i8 at 4, bsums: 16 × i16 at 260 (sums of 16 quants).
                 let d = rng.uniform(SCALE_MIN, SCALE_MAX);
@@ -245,12 +272,30 @@ mod tests {
     }
 
     #[test]
+    fn values_are_roughly_centred() {
+        // A large common offset would make every matrix product token-independent.
+        let mut rng = QuantRng::new(11);
+        for t in TYPE_TRAITS {
+            let bytes = random_blocks(t.ty, 65536 / t.block_elems.max(1), &mut rng);
+            let v = dequantize_to_vec(t.ty, &bytes).unwrap();
+            let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+            let mean_abs = v.iter().map(|&x| f64::from(x).abs()).sum::<f64>() / v.len() as f64;
+            assert!(
+                mean.abs() < 0.15 * mean_abs,
+                "{}: mean {mean} vs mean |v| {mean_abs}",
+                t.name
+            );
+        }
+    }
+
+    #[test]
     fn scales_are_small_and_positive() {
         let mut rng = QuantRng::new(7);
         for t in TYPE_TRAITS {
             let bytes = random_blocks(t.ty, 64, &mut rng);
             for block in bytes.chunks_exact(t.block_bytes) {
-                for &off in f16_scale_offsets(t.ty) {
+                // `d` (the first field); a `dmin` is set to mean(q)·d afterwards.
+                for &off in f16_scale_offsets(t.ty).iter().take(1) {
                     let d = half::f16::from_bits(u16::from_le_bytes([block[off], block[off + 1]]))
                         .to_f32();
                     assert!(
