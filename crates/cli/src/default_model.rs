@@ -21,7 +21,11 @@ pub fn resolve_model(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Ok(exe) = std::env::current_exe() {
         candidates.extend(exe.ancestors().skip(1).map(|d| d.join(DEMO_MODEL)));
     }
-    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEMO_MODEL));
+    candidates.push(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(DEMO_MODEL),
+    );
     candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
         anyhow::anyhow!(
             "no model given (-m FILE.gguf) and the demo model {DEMO_MODEL} was not found \
