@@ -5,7 +5,6 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod convert;
-mod default_model;
 mod generate;
 mod inspect;
 mod logits;
