@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use redlite_engine::default_model::resolve_model;
 use redlite_engine::sampler::{Sampler, SamplerConfig};
 use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
 use redlite_engine::{generate, load_model_from, with_model, BackendChoice, GenerateOptions};
@@ -15,9 +16,9 @@ use redlite_tokenizer::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model file (GGUF).
+    /// Model file (GGUF); default: the shipped demo model (models/redlite-demo.gguf) or $REDLITE_MODEL.
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Prompt text.
     #[arg(short = 'p', long = "prompt", conflicts_with_all = ["file", "ids"])]
     pub prompt: Option<String>,
@@ -89,12 +90,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let choice = BackendChoice::parse(&args.backend)?;
+    let model_path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
     let file = Arc::new(
-        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
+        GgufFile::open(&model_path).with_context(|| format!("opening {}", model_path.display()))?,
     );
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let model = load_model_from(file.clone(), choice, args.threads)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+        .with_context(|| format!("loading {}", model_path.display()))?;
 
     let prompt_ids = match (&args.prompt, &args.file, &args.ids) {
         (_, _, Some(ids)) => ids.clone(),

@@ -1,6 +1,7 @@
 //! The engine: sampling, sessions and the generation loop over a model.
 
 pub mod backends;
+pub mod default_model;
 pub mod bench;
 pub mod generate;
 pub mod parity;
