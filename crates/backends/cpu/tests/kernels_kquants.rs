@@ -51,6 +51,66 @@ fn q8_0_quantizer_matches_ggml_bitwise() {
     }
 }
 
+/// The dispatched (SIMD) activation quantizers are bit-identical to the scalar ones, also on
+/// ties, signed zeros, subnormals, huge values, infinities and NaN.
+#[test]
+fn quantizers_simd_equal_scalar() {
+    use redlite_cpu::kernels::q8::{quantize_row_q8_0_scalar, quantize_row_q8_k_scalar};
+    use redlite_cpu::kernels::selftest::random_activations;
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for (i, scale) in [1.0f32, 1e-30, 1e30, 3e38, 1e-41].iter().enumerate() {
+        rows.push(
+            random_activations(512, i as u64)
+                .iter()
+                .map(|v| v * scale)
+                .collect(),
+        );
+    }
+    // Ties for both rounding rules, ± extremes of equal magnitude, zeros.
+    let mut ties: Vec<f32> = (0..512).map(|i| (i as f32 - 256.0) * 0.5).collect();
+    ties[3] = -128.0;
+    ties[7] = 128.0;
+    rows.push(ties);
+    let mut t2: Vec<f32> = (0..512).map(|i| ((i % 7) as f32 - 3.0) / 63.5).collect();
+    t2[0] = 2.0 / 63.5 * 63.5;
+    t2[1] = -2.0;
+    rows.push(t2);
+    rows.push(vec![0.0; 512]);
+    rows.push(
+        (0..512)
+            .map(|i| if i % 2 == 0 { -0.0 } else { 0.0 })
+            .collect(),
+    );
+    for special in [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MIN_POSITIVE / 4.0,
+    ] {
+        for pos in [0usize, 5, 31, 32, 200, 255, 300] {
+            let mut r = random_activations(512, pos as u64);
+            r[pos] = special;
+            rows.push(r);
+        }
+    }
+    let nan_row = vec![f32::NAN; 512];
+    rows.push(nan_row);
+    for (i, x) in rows.iter().enumerate() {
+        let (mut a, mut b) = (vec![BlockQ8K::ZERO; 2], vec![BlockQ8K::ZERO; 2]);
+        quantize_row_q8_k(x, &mut a);
+        quantize_row_q8_k_scalar(x, &mut b);
+        for (u, v) in a.iter().zip(&b) {
+            assert_eq!(u.to_bytes()[..], v.to_bytes()[..], "Q8_K row {i}");
+        }
+        let (mut a, mut b) = (vec![BlockQ8_0::ZERO; 16], vec![BlockQ8_0::ZERO; 16]);
+        quantize_row_q8_0(x, &mut a);
+        quantize_row_q8_0_scalar(x, &mut b);
+        for (u, v) in a.iter().zip(&b) {
+            assert_eq!(u.to_bytes()[..], v.to_bytes()[..], "Q8_0 row {i}");
+        }
+    }
+}
+
 /// The built-in self-test: every kernel at every supported ISA level against the reference
 /// dequantizers, SIMD vs scalar, and matmul rows bit-identical to matvec.
 #[test]
@@ -364,4 +424,30 @@ fn float_kernels_any_length() {
             }
         }
     }
+}
+
+/// Activation quantization speed (ns per 4096 values), single thread.
+/// `cargo test --release -p redlite-cpu --test kernels_kquants bench_quant -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_quantize_activations() {
+    use redlite_cpu::kernels::selftest::random_activations;
+    use std::time::Instant;
+    let x = random_activations(4096, 1);
+    let mut qk = vec![BlockQ8K::ZERO; 16];
+    let mut q0 = vec![BlockQ8_0::ZERO; 128];
+    let time = |f: &mut dyn FnMut()| {
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = Instant::now();
+            for _ in 0..1000 {
+                f();
+            }
+            best = best.min(t.elapsed().as_secs_f64() / 1000.0);
+        }
+        best * 1e9
+    };
+    let tk = time(&mut || quantize_row_q8_k(std::hint::black_box(&x), &mut qk));
+    let t0 = time(&mut || quantize_row_q8_0(std::hint::black_box(&x), &mut q0));
+    println!("quantize 4096 values: Q8_K {tk:.0} ns, Q8_0 {t0:.0} ns");
 }

@@ -28,6 +28,8 @@ mod kquants;
 #[cfg(target_arch = "x86_64")]
 mod kquants_x86;
 pub mod q8;
+#[cfg(target_arch = "x86_64")]
+mod q8_x86;
 pub mod selftest;
 mod simple;
 #[cfg(target_arch = "x86_64")]

@@ -127,6 +127,18 @@ fn nearest_int(v: f32) -> i32 {
 /// unwritten there). Only `min(x.len() / 256, out.len())` blocks are written; callers size the
 /// slices (`out.len() == x.len() / 256`).
 pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::Isa::active() >= super::Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C were detected (`Isa::active` never exceeds the CPU's level).
+        unsafe { super::q8_x86::quantize_row_q8_k_avx2(x, out) };
+        return;
+    }
+    quantize_row_q8_k_scalar(x, out)
+}
+
+/// The portable version of [`quantize_row_q8_k`] (the reference for the SIMD one, which is
+/// bit-identical for every input).
+pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [BlockQ8K]) {
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let mut max = 0.0f32;
         let mut amax = 0.0f32;
@@ -161,6 +173,18 @@ pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
 ///
 /// Only `min(x.len() / 32, out.len())` blocks are written.
 pub fn quantize_row_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::Isa::active() >= super::Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C were detected (`Isa::active` never exceeds the CPU's level).
+        unsafe { super::q8_x86::quantize_row_q8_0_avx2(x, out) };
+        return;
+    }
+    quantize_row_q8_0_scalar(x, out)
+}
+
+/// The portable version of [`quantize_row_q8_0`] (the reference for the SIMD one, which is
+/// bit-identical for every input).
+pub fn quantize_row_q8_0_scalar(x: &[f32], out: &mut [BlockQ8_0]) {
     for (xb, yb) in x.chunks_exact(QK8_0).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
         let d = amax / 127.0;
