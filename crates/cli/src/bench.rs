@@ -102,6 +102,14 @@ fn parse_shape(s: &str) -> Result<(usize, usize)> {
     Ok((rows, cols))
 }
 
+/// The backend's name as printed, with the CPU kernels' instruction set (`cpu (avx512)`).
+fn backend_label(choice: BackendChoice, name: &str) -> String {
+    match choice {
+        BackendChoice::Cpu => format!("{name} ({})", redlite_cpu::kernels::Isa::active().name()),
+        _ => name.to_string(),
+    }
+}
+
 fn threads_used(args: &Args) -> usize {
     if args.threads == 0 {
         redlite_cpu::kernels::driver::physical_cores()
@@ -190,13 +198,13 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
 
+    let label = backend_label(choice, &args.backend);
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report.json(&args, &bw, threads))?
-        );
+        let mut v = report.json(&args, &bw, threads);
+        v["backend_label"] = json!(label);
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_table(&report, &args, &bw, threads);
+        print_table(&report, &args, &bw, threads, &label);
     }
     Ok(())
 }
@@ -250,7 +258,7 @@ impl Report {
     }
 }
 
-fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize) {
+fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize, label: &str) {
     if let Some(m) = &args.model {
         println!("model: {}", m.display());
     }
@@ -280,11 +288,11 @@ fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize) {
                     pct(r.gbps, bw)
                 );
             }
-            println!("\nbackend {}, {threads} threads", args.backend);
+            println!("\nbackend {label}, {threads} threads");
         }
         Report::Decode(r) => {
             println!(
-                "{:<8} {:>7} {:>7} {:>6} {:>9} {:>10} {:>9} {:>8} {:>7}",
+                "{:<14} {:>7} {:>7} {:>6} {:>9} {:>10} {:>9} {:>8} {:>7}",
                 "backend",
                 "threads",
                 "prompt",
@@ -296,8 +304,8 @@ fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize) {
                 "% bw"
             );
             println!(
-                "{:<8} {:>7} {:>7} {:>6} {:>9.2} {:>10.2} {:>9.1} {:>8.2} {:>6.1}%",
-                r.backend,
+                "{:<14} {:>7} {:>7} {:>6} {:>9.2} {:>10.2} {:>9.1} {:>8.2} {:>6.1}%",
+                label,
                 threads,
                 r.prompt_tokens,
                 r.steps,
@@ -310,12 +318,12 @@ fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize) {
         }
         Report::Prefill(r) => {
             println!(
-                "{:<8} {:>7} {:>7} {:>5} {:>10} {:>9}",
+                "{:<14} {:>7} {:>7} {:>5} {:>10} {:>9}",
                 "backend", "threads", "tokens", "runs", "time s", "tok/s"
             );
             println!(
-                "{:<8} {:>7} {:>7} {:>5} {:>10.3} {:>9.2}",
-                r.backend,
+                "{:<14} {:>7} {:>7} {:>5} {:>10.3} {:>9.2}",
+                label,
                 threads,
                 r.tokens,
                 r.runs,
