@@ -352,11 +352,11 @@ fn stored_reference(args: &Args, kind: &str, vocab: usize) -> Result<Vec<RefProm
     Ok(out)
 }
 
-/// Prompts to send to llama.cpp: (name, ids, text).
-fn load_prompts(
-    args: &Args,
-    tokenizer: &Tokenizer,
-) -> Result<Vec<(String, Vec<u32>, Option<String>)>> {
+/// A prompt to send to llama.cpp: its name, token ids and (where known) text.
+type PromptInput = (String, Vec<u32>, Option<String>);
+
+/// Prompts to send to llama.cpp.
+fn load_prompts(args: &Args, tokenizer: &Tokenizer) -> Result<Vec<PromptInput>> {
     let path = args
         .prompts
         .clone()
