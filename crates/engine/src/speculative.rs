@@ -206,14 +206,16 @@ impl SpecStats {
     }
 }
 
-/// Prompt lookup: find the most recent earlier occurrence of the last `n` tokens of `context`
-/// (`n` from `ngram_max` down to `ngram_min`, longest first) and return up to `max_len` tokens that
-/// followed it. Empty when nothing matches.
+/// Prompt lookup: find an earlier occurrence of the last `n` tokens of `context` (`n` from
+/// `ngram_max` down to `ngram_min`, longest first) and return the `max_len` tokens that followed
+/// it. Empty when nothing matches.
 ///
-/// When the continuation reaches the end of the context, it goes on into the draft itself
-/// (token `j` of the draft is the token `start + j` of `context ++ draft`): a match at distance
-/// `d` from the end predicts that the last `d` tokens repeat, so periodic text such as a repeated
-/// line or a token loop gets full-length drafts instead of a single token.
+/// Among the occurrences of the longest matching `n`-gram, the most recent one followed by at
+/// least `max_len` tokens of context wins. Failing that, the most recent occurrence is used and
+/// its continuation, on reaching the end of the context, goes on into the draft itself (token `j`
+/// of the draft is token `start + j` of `context ++ draft`): a match at distance `d` from the end
+/// predicts that the last `d` tokens repeat, so a repeated line or a token loop still gets a
+/// full-length draft.
 pub fn lookup_draft(
     context: &[u32],
     ngram_max: usize,
@@ -230,15 +232,21 @@ pub fn lookup_draft(
         }
         let suffix = &context[len - n..];
         // Candidate starts `s < len - n` (the suffix itself excluded), most recent first.
-        if let Some(s) = (0..len - n).rev().find(|&s| context[s..s + n] == *suffix) {
-            let start = s + n;
-            let mut draft = Vec::with_capacity(max_len);
-            for j in 0..max_len {
-                let i = start + j;
-                draft.push(if i < len { context[i] } else { draft[i - len] });
-            }
-            return draft;
+        let mut matches = (0..len - n).rev().filter(|&s| context[s..s + n] == *suffix);
+        let Some(recent) = matches.next() else {
+            continue;
+        };
+        let chosen = std::iter::once(recent)
+            .chain(matches)
+            .find(|&s| s + n + max_len <= len)
+            .unwrap_or(recent);
+        let start = chosen + n;
+        let mut draft = Vec::with_capacity(max_len);
+        for j in 0..max_len {
+            let i = start + j;
+            draft.push(if i < len { context[i] } else { draft[i - len] });
         }
+        return draft;
     }
     Vec::new()
 }
@@ -545,8 +553,11 @@ mod tests {
         // ... 1 2 3 9 ... 1 2 3 7 8 ... 2 3 → the 2-gram [2 3] last occurred before 7 8.
         let ctx = [1, 2, 3, 9, 5, 1, 2, 3, 7, 8, 4, 2, 3];
         assert_eq!(lookup_draft(&ctx, 3, 1, 4), vec![7, 8, 4, 2]);
-        // Past the end of the context the continuation repeats the period (here 5 tokens).
-        assert_eq!(lookup_draft(&ctx, 3, 1, 7), vec![7, 8, 4, 2, 3, 7, 8]);
+        // A longer draft than the recent match's continuation: the older match has room.
+        assert_eq!(lookup_draft(&ctx, 3, 1, 7), vec![9, 5, 1, 2, 3, 7, 8]);
+        // No occurrence has room: the most recent one's continuation repeats its period.
+        assert_eq!(lookup_draft(&ctx, 3, 1, 12).len(), 12);
+        assert_eq!(lookup_draft(&ctx[5..], 3, 1, 7), vec![7, 8, 4, 2, 3, 7, 8]);
         // 1-grams only: the most recent earlier 3.
         assert_eq!(lookup_draft(&ctx, 1, 1, 2), vec![7, 8]);
         assert_eq!(lookup_draft(&ctx, 3, 1, 0), Vec::<u32>::new());
