@@ -489,6 +489,48 @@ fn iq2_xxs_multi_row_matches_single_rows() {
     }
 }
 
+/// Batched products (`matmul`, which uses the multi-row kernels where a type has them) give every
+/// activation row exactly what `matvec` gives it, for every row count around the group size and
+/// at every ISA level.
+#[test]
+fn matmul_rows_match_matvec_bit_for_bit() {
+    use redlite_cpu::kernels::driver::{matmul_isa, matvec_isa};
+    let mut rng = StdRng::seed_from_u64(23);
+    for case in CASES.iter().filter(|c| c.qk == 256) {
+        let (rows, cols) = (5, 1024);
+        let w = random_blocks(&mut rng, case, rows * cols / 256);
+        let xs: Vec<f32> = (0..9 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for isa in Isa::available() {
+            for n in [2, 3, 4, 5, 8, 9] {
+                let mut ys = vec![0.0f32; n * rows];
+                matmul_isa(isa, case.ty, &w, rows, cols, &xs[..n * cols], n, &mut ys).unwrap();
+                for j in 0..n {
+                    let mut y = vec![0.0f32; rows];
+                    matvec_isa(
+                        isa,
+                        case.ty,
+                        &w,
+                        rows,
+                        cols,
+                        &xs[j * cols..][..cols],
+                        &mut y,
+                    )
+                    .unwrap();
+                    for r in 0..rows {
+                        assert_eq!(
+                            ys[j * rows + r].to_bits(),
+                            y[r].to_bits(),
+                            "{} {} n={n} row {j} out {r}",
+                            case.name,
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// This thread's time on a CPU so far, in ns (`CLOCK_THREAD_CPUTIME_ID`, Linux), else `None`.
 #[cfg(target_os = "linux")]
 fn thread_cpu_ns() -> Option<u64> {

@@ -152,6 +152,7 @@ impl Acts {
 
 /// Checked shape facts of a product.
 struct Shape {
+    ty: GgmlType,
     row_bytes: usize,
 }
 
@@ -217,7 +218,7 @@ fn check_with(
     len("weight bytes", w_bytes, w.len())?;
     len("activations", x_want, x_len)?;
     len("outputs", y_want, y_len)?;
-    Ok((kernel, Shape { row_bytes }))
+    Ok((kernel, Shape { ty, row_bytes }))
 }
 
 /// Below this many weight bytes a product runs on the calling thread (splitting costs more).
@@ -302,7 +303,7 @@ pub fn matmul(
     ys: &mut [f32],
 ) -> Result<(), KernelError> {
     let (kernel, shape) = check(ty, w, rows, cols, xs.len(), ys.len(), n)?;
-    run_matmul(kernel, shape, w, rows, cols, xs, n, ys);
+    run_matmul_at(Isa::active(), kernel, shape, w, rows, cols, xs, n, ys);
     Ok(())
 }
 
@@ -320,16 +321,62 @@ pub fn matmul_isa(
 ) -> Result<(), KernelError> {
     let kernel = lookup(ty, isa).ok_or(KernelError::Unsupported(ty))?;
     let (kernel, shape) = check_with(kernel, ty, w, rows, cols, xs.len(), ys.len(), n)?;
-    run_matmul(kernel, shape, w, rows, cols, xs, n, ys);
+    run_matmul_at(isa, kernel, shape, w, rows, cols, xs, n, ys);
     Ok(())
+}
+
+/// A kernel that takes one weight row and up to `MULTI_ROWS` Q8_K activation rows at once (the
+/// weight blocks are decoded once for all of them); each result is bit-identical to the
+/// single-row kernel that [`lookup`] returns for the same type and level.
+#[cfg(target_arch = "x86_64")]
+type MultiRowDot = super::iquants_avx512::MultiRowDot;
+#[cfg(target_arch = "x86_64")]
+const MULTI_ROWS: usize = super::iquants_avx512::MULTI_ROWS;
+#[cfg(not(target_arch = "x86_64"))]
+type MultiRowDot = fn(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]);
+#[cfg(not(target_arch = "x86_64"))]
+const MULTI_ROWS: usize = 1;
+
+/// The multi-row kernel matching `lookup(ty, isa)`, if there is one. At the AVX-512 level the
+/// i-quant types with a multi-row kernel are served by `iquants_avx512` alone (no module before
+/// it in the dispatch table claims them), so its multi-row kernel is the same arithmetic.
+fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<MultiRowDot> {
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(Isa::best()) == Isa::Avx512 {
+        return super::iquants_avx512::multi_kernel(ty);
+    }
+    let _ = (ty, isa);
+    None
 }
 
 /// Weight bytes per row tile of [`matmul`]: a tile stays in L2 while it meets every activation.
 const TILE_BYTES: usize = 128 * 1024;
 
+/// [`run_matmul`], with the multi-row kernel of level `isa` where the type has one.
+#[allow(clippy::too_many_arguments)]
+fn run_matmul_at(
+    isa: Isa,
+    kernel: RowDot,
+    shape: Shape,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) {
+    let multi = if n > 1 && matches!(kernel, RowDot::Q8K(_)) {
+        multi_lookup(shape.ty, isa)
+    } else {
+        None
+    };
+    run_matmul(kernel, multi, shape, w, rows, cols, xs, n, ys)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     kernel: RowDot,
+    multi: Option<MultiRowDot>,
     shape: Shape,
     w: &[u8],
     rows: usize,
@@ -355,6 +402,22 @@ fn run_matmul(
     let mut yt = vec![0.0f32; rows * n];
     let work = |(yts, ws): (&mut [f32], &[u8])| {
         for (ytile, wtile) in yts.chunks_mut(tile * n).zip(ws.chunks(tile * rb)) {
+            if let (Some(multi), Acts::Q8K(q, per)) = (multi, &acts) {
+                // Groups of up to MULTI_ROWS activation rows per weight-row pass.
+                let mut j0 = 0;
+                while j0 < n {
+                    let m = MULTI_ROWS.min(n - j0);
+                    let mut group: [&[BlockQ8K]; MULTI_ROWS] = [&[]; MULTI_ROWS];
+                    for (k, g) in group[..m].iter_mut().enumerate() {
+                        *g = &q[(j0 + k) * per..(j0 + k + 1) * per];
+                    }
+                    for (r, wr) in wtile.chunks_exact(rb).enumerate() {
+                        multi(wr, &group[..m], &mut ytile[r * n + j0..r * n + j0 + m]);
+                    }
+                    j0 += m;
+                }
+                continue;
+            }
             for j in 0..n {
                 for (r, wr) in wtile.chunks_exact(rb).enumerate() {
                     ytile[r * n + j] = acts.dot(kernel, wr, j);
