@@ -30,6 +30,8 @@ pub struct Entry {
     pub state: SequenceState,
     /// Recurrent-state checkpoints by position (multiples of [`CHUNK`], all `<= state.pos`).
     pub snaps: BTreeMap<usize, Snapshot>,
+    /// The state file holding this conversation (with `--state-dir`).
+    pub file: Option<std::path::PathBuf>,
     last_used: u64,
 }
 
@@ -52,6 +54,7 @@ impl Entry {
             ends,
             state,
             snaps,
+            file: None,
             last_used: 0,
         }
     }

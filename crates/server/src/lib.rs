@@ -8,6 +8,7 @@
 //! - Prefix-state reuse across turns (see [`cache`] and [`worker`]): a conversation that extends
 //!   a recent one resumes from an aligned checkpoint instead of recomputing its prompt, with
 //!   results bit-identical to computing it fresh.
+//! - A web chat page at `/` (streaming).
 //! - Every malformed request gets a 4xx JSON error in the API's error shape; unknown fields are
 //!   ignored.
 //!
@@ -25,6 +26,7 @@ pub mod cache;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod persist;
 pub mod toolcall;
 pub mod worker;
 
@@ -73,6 +75,8 @@ pub struct ServerOptions {
     /// Replay these replies (each a text, special tokens parsed) instead of sampling, one per
     /// request in order; afterwards the model samples again. For tests.
     pub replay: Vec<String>,
+    /// Persist prefix states in this directory across restarts.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerOptions {
@@ -89,6 +93,7 @@ impl Default for ServerOptions {
             cache_entries: 4,
             cache_bytes: 8 << 30,
             replay: Vec::new(),
+            state_dir: None,
         }
     }
 }
@@ -118,6 +123,7 @@ impl AppState {
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
+    worker: WorkerHandle,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -134,17 +140,29 @@ impl Server {
         let _ = self.task.await;
     }
 
-    /// Stop accepting connections and wait for the open ones to finish.
+    /// Stop accepting connections and wait for the open ones to finish, then for the worker to
+    /// finish its queue (including writing state files).
     pub async fn shutdown(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
         let _ = self.task.await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while self.worker.queue_depth() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 }
 
 /// Build the router for a model: starts the worker thread.
 pub fn build<B: Backend + 'static>(model: Model<B>, opts: &ServerOptions) -> Result<Router> {
+    Ok(build_app(model, opts)?.0)
+}
+
+fn build_app<B: Backend + 'static>(
+    model: Model<B>,
+    opts: &ServerOptions,
+) -> Result<(Router, WorkerHandle)> {
     let file = model.file.clone();
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).context("building the tokenizer")?);
     let template = match ChatTemplate::from_gguf(&file) {
@@ -174,6 +192,7 @@ pub fn build<B: Backend + 'static>(model: Model<B>, opts: &ServerOptions) -> Res
             cache_entries: opts.cache_entries,
             cache_bytes: opts.cache_bytes,
             replay: opts.replay.clone(),
+            state_dir: opts.state_dir.clone(),
         },
         metrics.clone(),
     )
@@ -193,7 +212,8 @@ pub fn build<B: Backend + 'static>(model: Model<B>, opts: &ServerOptions) -> Res
         created,
         counter: AtomicU64::new(0),
     });
-    Ok(router(state, opts.max_body_bytes))
+    let worker = state.worker.clone();
+    Ok((router(state, opts.max_body_bytes), worker))
 }
 
 fn router(state: Arc<AppState>, max_body: usize) -> Router {
@@ -208,6 +228,7 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/models", get(openai::models))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
+        .route("/", get(index))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .merge(api)
@@ -224,7 +245,7 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
 
 /// Start serving on `opts.host:opts.port`.
 pub async fn start<B: Backend + 'static>(model: Model<B>, opts: ServerOptions) -> Result<Server> {
-    let app = build(model, &opts)?;
+    let (app, worker) = build_app(model, &opts)?;
     let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
         .await
         .with_context(|| format!("binding {}:{}", opts.host, opts.port))?;
@@ -240,6 +261,7 @@ pub async fn start<B: Backend + 'static>(model: Model<B>, opts: ServerOptions) -
     });
     Ok(Server {
         addr,
+        worker,
         shutdown: Some(tx),
         task,
     })
@@ -274,6 +296,11 @@ async fn auth(
         }
     }
     next.run(req).await
+}
+
+/// The web chat page.
+async fn index() -> Response {
+    axum::response::Html(include_str!("../web/index.html")).into_response()
 }
 
 async fn health(State(app): State<Arc<AppState>>) -> Response {

@@ -29,6 +29,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::cache::{align_down, Entry, PrefixCache};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::persist::{snapshots_of, Identity, StateStore};
 
 /// The prompt of a job.
 #[derive(Debug, Clone)]
@@ -144,6 +145,8 @@ pub struct WorkerOptions {
     pub cache_bytes: usize,
     /// Replies to emit instead of sampling, in order (tests); each ends with a stop token.
     pub replay: Vec<String>,
+    /// Persist cached conversations here (and load them at start).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// The handle the HTTP side holds: a queue into the worker thread.
@@ -176,13 +179,21 @@ pub fn spawn<B: Backend + 'static>(
     opts: WorkerOptions,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<WorkerHandle> {
+    let store = match &opts.state_dir {
+        Some(dir) => Some(StateStore::new(
+            dir,
+            Identity::of(&model),
+            opts.cache_entries.max(1),
+        )?),
+        None => None,
+    };
     let (tx, rx) = mpsc::channel::<Job>();
     let queued = Arc::new(AtomicUsize::new(0));
     let q = queued.clone();
     std::thread::Builder::new()
         .name("redlite-worker".into())
         .spawn(move || {
-            let mut w = Worker::new(model, tokenizer, opts, metrics);
+            let mut w = Worker::new(model, tokenizer, opts, metrics, store);
             while let Ok(job) = rx.recv() {
                 let events = job.events.clone();
                 let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| w.run(job)));
@@ -206,6 +217,7 @@ struct Worker<B: Backend> {
     cache: PrefixCache,
     metrics: Arc<Metrics>,
     replay_next: usize,
+    store: Option<StateStore>,
 }
 
 /// Raised inside the worker to abandon a job.
@@ -226,16 +238,26 @@ impl<B: Backend> Worker<B> {
         tokenizer: Arc<Tokenizer>,
         mut opts: WorkerOptions,
         metrics: Arc<Metrics>,
+        store: Option<StateStore>,
     ) -> Worker<B> {
         opts.prefill_batch = align_down(opts.prefill_batch).max(CHUNK);
         opts.checkpoint_interval = align_down(opts.checkpoint_interval).max(CHUNK);
         let cfg = &model.config;
-        let cache = PrefixCache::new(
+        let mut cache = PrefixCache::new(
             opts.cache_entries.max(1),
             opts.cache_bytes,
             cfg.kv_values_per_position() * 4,
             cfg.recurrent_state_values() * 4,
         );
+        if let Some(store) = &store {
+            for (ids, state, file) in store.load_all(&model.new_state()) {
+                let snaps = snapshots_of(&state);
+                let mut entry = Entry::new(&tokenizer, ids, state, snaps);
+                entry.file = Some(file);
+                cache.insert(entry);
+            }
+            metrics.cache_bytes.store(cache.bytes(), Ordering::Relaxed);
+        }
         Worker {
             model,
             tokenizer,
@@ -243,6 +265,7 @@ impl<B: Backend> Worker<B> {
             cache,
             metrics,
             replay_next: 0,
+            store,
         }
     }
 
@@ -328,25 +351,26 @@ impl<B: Backend> Worker<B> {
 
         // Resume from the last checkpoint at or before the shared prefix; at least the last
         // prompt token is always computed (its logits start the reply).
-        let (mut state, mut snaps, start) = match entry {
+        let (mut state, mut snaps, start, file) = match entry {
             Some(e) => {
                 let c = e.checkpoint_at_or_before(shared.min(n - 1));
                 if c == 0 {
                     self.cache.insert(e);
-                    (self.model.new_state(), BTreeMap::new(), 0)
+                    (self.model.new_state(), BTreeMap::new(), 0, None)
                 } else {
                     let Entry {
                         mut state,
                         mut snaps,
+                        file,
                         ..
                     } = e;
                     let snap = snaps.get(&c).expect("checkpoint exists");
                     state.restore(snap)?;
                     snaps.retain(|&p, _| p <= c);
-                    (state, snaps, c)
+                    (state, snaps, c, file)
                 }
             }
-            None => (self.model.new_state(), BTreeMap::new(), 0),
+            None => (self.model.new_state(), BTreeMap::new(), 0, None),
         };
 
         let turn_end = align_down(n);
@@ -356,7 +380,7 @@ impl<B: Backend> Worker<B> {
         let hidden = match self.prefill(&mut state, &mut snaps, &prompt, n, keep, &cancel) {
             Ok(h) => h,
             Err(e) => {
-                self.save(prompt, Vec::new(), state, snaps, n, false);
+                self.save(prompt, n, state, snaps, false, file);
                 return Err(e);
             }
         };
@@ -398,7 +422,9 @@ impl<B: Backend> Worker<B> {
         if !extend {
             self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
-        self.save(prompt, generated, state, snaps, n, extend);
+        let mut ids = prompt;
+        ids.extend_from_slice(&generated);
+        self.save(ids, n, state, snaps, extend, file);
         Ok(())
     }
 
@@ -531,20 +557,18 @@ impl<B: Backend> Worker<B> {
         Some(self.tokenizer.encode(text, true).unwrap_or_default())
     }
 
-    /// Re-prefill the conversation from the prompt's last checkpoint up to its last aligned
+    /// `ids` is the conversation (prompt, then the reply). Re-prefill it from the prompt's last checkpoint up to its last aligned
     /// position (with `extend`; a cancelled job keeps only what it computed) and put it in the
     /// cache.
     fn save(
         &mut self,
-        prompt: Vec<u32>,
-        generated: Vec<u32>,
+        ids: Vec<u32>,
+        prompt_len: usize,
         mut state: SequenceState,
         mut snaps: BTreeMap<usize, Snapshot>,
-        prompt_len: usize,
         extend: bool,
+        file: Option<std::path::PathBuf>,
     ) {
-        let mut ids = prompt;
-        ids.extend_from_slice(&generated);
         // The checkpoint at the prompt's last aligned position (or the latest one before it).
         let from = snaps
             .range(..=align_down(prompt_len))
@@ -574,7 +598,16 @@ impl<B: Backend> Worker<B> {
             }
             self.metrics.add_reprefill(end - from, t.elapsed());
         }
-        let entry = Entry::new(&self.tokenizer, ids, state, snaps);
+        let mut entry = Entry::new(&self.tokenizer, ids, state, snaps);
+        entry.file = file;
+        if let Some(store) = &self.store {
+            if entry.state.pos > 0 {
+                match store.save(&entry.ids, &entry.state, entry.file.as_deref()) {
+                    Ok(path) => entry.file = Some(path),
+                    Err(e) => eprintln!("redlite: cannot write a state file: {e}"),
+                }
+            }
+        }
         self.cache.insert(entry);
         self.metrics
             .cache_bytes
