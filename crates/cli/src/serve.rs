@@ -40,6 +40,9 @@ pub struct Args {
     /// request (testing).
     #[arg(long)]
     pub replay: Option<PathBuf>,
+    /// Keep prefix states in this directory across restarts (state files).
+    #[arg(long = "state-dir")]
+    pub state_dir: Option<PathBuf>,
     /// Compute backend.
     #[arg(long, default_value = "oracle")]
     pub backend: String,
@@ -71,6 +74,7 @@ pub fn run(args: Args) -> Result<()> {
         cache_bytes: args.cache_mb << 20,
         checkpoint_interval: args.checkpoint_interval,
         replay,
+        state_dir: args.state_dir,
         ..ServerOptions::default()
     };
     redlite_server::run_blocking(model, opts)
