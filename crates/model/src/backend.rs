@@ -12,6 +12,7 @@ use redlite_gguf::{GgmlType, GgufFile};
 
 use crate::delta_rule::{delta_rule_heads, DeltaRule, HeadInputs};
 use crate::ops::Matrix;
+use crate::state::KvCache;
 use crate::weights::FfnWeights;
 use crate::ModelError;
 
@@ -93,6 +94,20 @@ pub trait Backend: Send + Sync + Sized {
         delta_rule_heads(heads, states, rule, traces)
     }
 
+    /// Causal softmax attention of one token's query heads `q` (`[n_heads, head_dim]`) over every
+    /// position in `kv` (GQA: query head h reads KV head h / (n_heads / kv_heads)), scores scaled by
+    /// `scale`. Returns `[n_heads, head_dim]`. The default is the oracle's two-pass softmax.
+    fn attention(
+        &self,
+        q: &[f32],
+        kv: &KvCache,
+        n_heads: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        attention_two_pass(q, kv, n_heads, head_dim, scale)
+    }
+
     /// The routed experts of one token: `Σ weight_e · down_e(silu(gate_e·x) ⊙ up_e·x)` over the
     /// chosen `(expert, weight)` pairs, summed in the given order. Backends fuse this.
     fn routed_experts(
@@ -142,6 +157,36 @@ pub fn swiglu<B: Backend>(b: &B, w: &FfnWeights<B>, x: &[f32]) -> Vec<f32> {
         .map(|(&g, &u)| crate::ops::silu(g) * u)
         .collect();
     matvec(b, &w.down, &act)
+}
+
+/// Attention by the book: all scores, softmax, weighted sum of values.
+pub fn attention_two_pass(
+    q: &[f32],
+    kv: &KvCache,
+    n_heads: usize,
+    head_dim: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let hd = head_dim;
+    let kv_heads = kv.width / hd;
+    let group = n_heads / kv_heads.max(1);
+    let n = kv.len();
+    let mut o = vec![0.0f32; n_heads * hd];
+    for h in 0..n_heads {
+        let g = h / group;
+        let qh = &q[h * hd..(h + 1) * hd];
+        let mut p: Vec<f32> = (0..n)
+            .map(|j| crate::ops::dot(qh, &kv.key(j)[g * hd..(g + 1) * hd]) * scale)
+            .collect();
+        crate::ops::softmax(&mut p);
+        let oh = &mut o[h * hd..(h + 1) * hd];
+        for (j, pj) in p.iter().enumerate() {
+            for (od, vd) in oh.iter_mut().zip(&kv.value(j)[g * hd..(g + 1) * hd]) {
+                *od += pj * vd;
+            }
+        }
+    }
+    o
 }
 
 /// The reference backend: every weight dequantized to f32 at load, plain loops.

@@ -273,8 +273,7 @@ fn gated_attention<B: Backend>(
     xs: &[Vec<f32>],
     pos0: usize,
 ) -> Vec<Vec<f32>> {
-    let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
-    let group = nh / nkv;
+    let (nh, hd) = (cfg.n_heads, cfg.head_dim);
     let scale = 1.0 / (hd as f32).sqrt();
     let qg_all = matvec_rows(b, &w.wq, xs); // [t][nh, 2, hd]
     let k_all = matvec_rows(b, &w.wk, xs); // [t][nkv, hd]
@@ -299,22 +298,7 @@ fn gated_attention<B: Backend>(
         kv.push(&k, &v);
 
         // Causal attention over positions 0..=pos (everything in the cache).
-        let n = kv.len();
-        let mut o = vec![0.0f32; nh * hd];
-        for h in 0..nh {
-            let g = h / group;
-            let qh = &q[h * hd..(h + 1) * hd];
-            let mut p: Vec<f32> = (0..n)
-                .map(|j| dot(qh, &kv.key(j)[g * hd..(g + 1) * hd]) * scale)
-                .collect();
-            softmax(&mut p);
-            let oh = &mut o[h * hd..(h + 1) * hd];
-            for (j, pj) in p.iter().enumerate() {
-                for (od, vd) in oh.iter_mut().zip(&kv.value(j)[g * hd..(g + 1) * hd]) {
-                    *od += pj * vd;
-                }
-            }
-        }
+        let mut o = b.attention(&q, kv, nh, hd, scale);
         for (od, gd) in o.iter_mut().zip(&gate) {
             *od *= sigmoid(*gd);
         }

@@ -11,6 +11,7 @@ use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::backend::{Backend, LinearData, LinearSource};
 use redlite_model::delta_rule::{DeltaRule, HeadInputs};
 use redlite_model::ops::silu;
+use redlite_model::state::KvCache;
 use redlite_model::weights::FfnWeights;
 use redlite_model::ModelError;
 
@@ -122,6 +123,17 @@ impl Backend for CpuBackend {
 
     fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
         (w.rows, w.cols)
+    }
+
+    fn attention(
+        &self,
+        q: &[f32],
+        kv: &KvCache,
+        n_heads: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        crate::attention::attention_online(q, kv, n_heads, head_dim, scale)
     }
 
     fn delta_rule(
