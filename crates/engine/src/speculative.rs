@@ -16,7 +16,8 @@
 //!   next slot. Chained slots are speculative: their KV entries are dropped after drafting, and
 //!   once the verify pass has produced the trunk's real hidden states the accepted slots are
 //!   recomputed from those (one batched MTP pass, no lm_head). The MTP cache therefore always
-//!   holds exactly what a non-speculative MTP run would.
+//!   holds exactly what a non-speculative MTP run would. The prompt's slots are run right after
+//!   the prompt pass (counted in the prompt time).
 //!   `both` uses prompt lookup when it finds a match and MTP otherwise.
 //!
 //! # Verification and exactness
@@ -416,7 +417,8 @@ pub fn generate_speculative_observed<B: Backend>(
     let mut lookup_len = DraftLength::new(spec);
     let mut history: Vec<u32> = prompt.to_vec();
 
-    // Prompt: every row's hidden state feeds the MTP cache; only the last needs logits.
+    // Prompt: every row's hidden state feeds the MTP cache (run now, as part of the prompt's
+    // cost: one batched MTP pass); only the last row needs logits.
     let t0 = Instant::now();
     let mut hidden = model.forward_hidden(state, prompt, Mode::Prefill)?;
     let mut last_hidden = hidden.pop().expect("non-empty prompt");
@@ -424,6 +426,7 @@ pub fn generate_speculative_observed<B: Backend>(
         for (h, &next) in hidden.into_iter().zip(&prompt[1..]) {
             m.push(h, next);
         }
+        m.flush(model)?;
     }
     let logits = model
         .lm_head(std::slice::from_ref(&last_hidden))
