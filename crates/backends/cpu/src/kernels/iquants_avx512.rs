@@ -282,6 +282,23 @@ macro_rules! words {
     }};
 }
 
+/// IQ2_XXS, chunk `c` (sub-blocks `2c`, `2c + 1`): lane `g` gathers the low and high code bytes
+/// of grid row `l = g % 4` of sub-block `2c + g / 4`, whose index byte sits at `8·sb + l` of the
+/// 64 bytes after `d` (`vpermi2b`: 0..63 = low table result, 64..127 = high).
+static IQ2XXS_ROW_CODES: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
+        lanes!(|g, j| {
+            let p = (8 * (2 * c + g / 4) + g % 4) as u8;
+            if j == 1 {
+                64 + p
+            } else {
+                p
+            }
+        })
+    }
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
+};
+
 /// `vpmultishiftqb` control: byte `j` of a lane takes bits `2j..` (IQ2 value index of element j).
 static SHIFT_2J: V64 = lanes!(|_g, j| (2 * j) as u8);
 
@@ -434,16 +451,64 @@ pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512_multi(
     match *xs {
         [] => {}
         [a] => out[..1].copy_from_slice(&iq2_xxs_pair_rows(w, [&a[..nb]])),
-        [a, b] => out[..2].copy_from_slice(&iq2_xxs_pair_rows(w, [&a[..nb], &b[..nb]])),
-        [a, b, c] => {
-            out[..3].copy_from_slice(&iq2_xxs_pair_rows(w, [&a[..nb], &b[..nb], &c[..nb]]))
+        [a, b] => out[..2].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb], &b[..nb]])),
+        [a, b, c] => out[..3].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb], &b[..nb], &c[..nb]])),
+        [a, b, c, d] => {
+            out[..4].copy_from_slice(&iq2_xxs_rows(w, [&a[..nb], &b[..nb], &c[..nb], &d[..nb]]))
         }
-        [a, b, c, d] => out[..4].copy_from_slice(&iq2_xxs_pair_rows(
-            w,
-            [&a[..nb], &b[..nb], &c[..nb], &d[..nb]],
-        )),
         _ => panic!("vec_dot_iq2_xxs_q8_k_avx512_multi: at most 4 activation rows"),
     }
+}
+
+/// The IQ2_XXS kernel for `R` activation rows, one block at a time (`w` and every `xs[r]` hold
+/// the same number of blocks). With several rows this beats [`iq2_xxs_pair_rows`], whose two
+/// sets of accumulators no longer fit in registers (4 rows: 8.4 vs 10.8 ns per block and row).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn iq2_xxs_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
+    let code_lo = load256(&IQ2XXS_CODE_LO);
+    let code_hi = load256(&IQ2XXS_CODE_HI);
+    let values = load64(&IQ2_VALUES);
+    let shift_2j = load64(&SHIFT_2J);
+    let one = _mm512_set1_epi64(1);
+    let row_codes = IQ2XXS_ROW_CODES.each_ref().map(|v| load64(v));
+    let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
+
+    let mut sumf = [0.0f32; R];
+    for (i, b) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
+        let dw = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        // The 64 bytes after d: 8 × { 4 grid-row indices, u32 aux }.
+        let qs = &b[2..66];
+        // SAFETY: `qs` is 64 readable bytes.
+        let q = unsafe { _mm512_loadu_si512(qs.as_ptr().cast()) };
+        let high_half = _mm512_movepi8_mask(q);
+        let lo = lookup256(&code_lo, q, high_half);
+        let hi = lookup256(&code_hi, q, high_half);
+        // Lane sb: (aux >> 59) | 1 = 2·(aux >> 28) + 1, the scale of sub-block sb.
+        let scales = _mm512_or_si512(_mm512_srli_epi64::<59>(q), one);
+        let aux = |sb: usize| {
+            let at = 8 * sb + 4;
+            u32::from_le_bytes([qs[at], qs[at + 1], qs[at + 2], qs[at + 3]])
+        };
+        let mut acc = [_mm512_setzero_si512(); R];
+        for c in 0..4 {
+            let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
+            let grid =
+                _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift_2j, codes), values);
+            let flip =
+                sign_mask(u64::from(aux(2 * c) & 0x0FFF_FFFF) | u64::from(aux(2 * c + 1)) << 28);
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            for r in 0..R {
+                let pairs = signed_pairs(grid, flip, load_q8(&xs[r][i], c));
+                acc[r] = _mm512_dpwssd_epi32(acc[r], pairs, ls);
+            }
+        }
+        for r in 0..R {
+            let d = dw * xs[r][i].d;
+            sumf[r] += d * _mm512_reduce_add_epi32(acc[r]) as f32;
+        }
+    }
+    sumf.map(|s| 0.125 * s)
 }
 
 /// IQ2_XXS, a pair of blocks: byte `k < 32` of the packed index register is index byte `k`
