@@ -451,3 +451,74 @@ fn bench_quantize_activations() {
     let t0 = time(&mut || quantize_row_q8_0(std::hint::black_box(&x), &mut q0));
     println!("quantize 4096 values: Q8_K {tk:.0} ns, Q8_0 {t0:.0} ns");
 }
+
+/// Latency of decode-sized products (µs per call, matrix in cache after the first call, so
+/// this is the per-call cost: activation quantization, thread hand-off, compute), and matmul
+/// throughput for a few batch sizes. Not a test:
+/// `cargo test --release -p redlite-cpu --test kernels_kquants bench_shapes -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_shapes() {
+    use redlite_cpu::kernels::driver::{matmul, matvec, num_threads};
+    use redlite_cpu::kernels::selftest::{random_activations, random_weights};
+    use redlite_gguf::quant::GgmlType;
+    use std::time::Instant;
+    println!("threads: {}", num_threads());
+    fn best_of(f: &mut dyn FnMut()) -> f64 {
+        let mut best = f64::INFINITY;
+        for _ in 0..7 {
+            let t = Instant::now();
+            let mut reps = 0;
+            while t.elapsed().as_secs_f64() < 0.02 {
+                f();
+                reps += 1;
+            }
+            best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+        }
+        best
+    }
+    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+        for (rows, cols) in [
+            (512usize, 2048usize),
+            (2048, 2048),
+            (4096, 2048),
+            (2048, 4096),
+        ] {
+            let w = random_weights(ty, rows, cols, 1);
+            let x = random_activations(cols, 2);
+            let mut y = vec![0.0f32; rows];
+            let s = best_of(&mut || matvec(ty, &w, rows, cols, &x, &mut y).unwrap());
+            // The same calls made from inside the pool (as an engine running its decode loop
+            // on a pool thread would): no cold job injection, no wake-up of the caller.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (w2, x2) = (w.clone(), x.clone());
+            rayon::spawn(move || {
+                let mut y = vec![0.0f32; rows];
+                let s = best_of(&mut || matvec(ty, &w2, rows, cols, &x2, &mut y).unwrap());
+                let _ = tx.send(s);
+            });
+            let s_in = rx.recv().unwrap();
+            println!(
+                "{:<5} matvec {rows:>5}x{cols:<5} {:>8.1} us  {:>6.1} GB/s   from a pool thread {:>8.1} us",
+                ty.name(),
+                s * 1e6,
+                w.len() as f64 / s / 1e9,
+                s_in * 1e6
+            );
+        }
+        let (rows, cols) = (8192usize, 4096usize);
+        let w = random_weights(ty, rows, cols, 1);
+        for n in [1usize, 4, 16, 64] {
+            let xs = random_activations(cols * n, 3);
+            let mut ys = vec![0.0f32; rows * n];
+            let s = best_of(&mut || matmul(ty, &w, rows, cols, &xs, n, &mut ys).unwrap());
+            println!(
+                "{:<5} matmul {rows}x{cols} n={n:<3} {:>9.1} us  {:>7.1} us/token  weights {:>6.1} GB/s",
+                ty.name(),
+                s * 1e6,
+                s * 1e6 / n as f64,
+                w.len() as f64 / s / 1e9
+            );
+        }
+    }
+}

@@ -224,12 +224,24 @@ fn check_with(
 /// Below this many weight bytes a product runs on the calling thread (splitting costs more).
 const PARALLEL_MIN_BYTES: usize = 256 * 1024;
 
+/// Smallest parallel task, in weight bytes (`REDLITE_TASK_KB` KiB, default 16).
+fn min_task_bytes() -> usize {
+    static KB: OnceLock<usize> = OnceLock::new();
+    1024 * *KB.get_or_init(|| {
+        std::env::var("REDLITE_TASK_KB")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&kb: &usize| kb > 0)
+            .unwrap_or(16)
+    })
+}
+
 /// Rows per parallel task for a matrix of `rows` rows of `row_bytes` bytes: about 4 tasks per
-/// thread for load balance, at least 64 KiB of weights per task.
+/// thread for load balance, at least [`min_task_bytes`] of weights per task.
 fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
     let threads = num_threads().max(1);
     let by_balance = rows.div_ceil(threads * 4);
-    let by_size = (64 * 1024usize).div_ceil(row_bytes.max(1));
+    let by_size = min_task_bytes().div_ceil(row_bytes.max(1));
     by_balance.max(by_size).clamp(1, rows.max(1))
 }
 
