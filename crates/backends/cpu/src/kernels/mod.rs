@@ -11,6 +11,13 @@
 //! which is what makes the safe `fn` pointers sound. [`Isa::active`] is the level chosen once per
 //! process: the best one available, or the one forced by `REDLITE_ISA=scalar|avx2|avx512`.
 //!
+//! # Exactness
+//! Every SIMD kernel is bit-identical to the scalar kernel of its type (the integer block sums
+//! are exact, and the f32 operations are the scalar ones in the scalar order), so results do not
+//! depend on the CPU. The activation quantizers are bit-exact with ggml's reference ones
+//! (`quantize_row_q8_K_ref`, `quantize_row_q8_0_ref`). [`selftest`] checks all of this at run
+//! time against the reference dequantizers of `redlite-gguf`.
+//!
 //! # Adding kernels from another module
 //! Every kernel module exposes `fn kernel(ty: GgmlType, isa: Isa) -> Option<RowDot>` answering
 //! for exactly the given level (no fallback: [`lookup`] does that) and is listed in [`MODULES`].
@@ -25,6 +32,8 @@ pub mod iquants_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx512;
 mod kquants;
+#[cfg(target_arch = "x86_64")]
+mod kquants_multi_x86;
 #[cfg(target_arch = "x86_64")]
 mod kquants_x86;
 pub mod q8;
