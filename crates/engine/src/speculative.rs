@@ -363,7 +363,8 @@ enum Source {
 
 /// Like [`crate::generate`], with speculative decoding per `spec`: the same tokens for the same
 /// sampler settings and seed, usually in fewer forward passes. `state` must be empty when MTP
-/// drafting is on (the MTP cache is built from the prompt's hidden states).
+/// drafting is on (the MTP cache is built from the prompt's hidden states). `SpecMode::Mtp` on a
+/// model without an MTP block is an error; `SpecMode::Both` then uses prompt lookup alone.
 pub fn generate_speculative<B: Backend>(
     model: &Model<B>,
     state: &mut SequenceState,
@@ -402,7 +403,10 @@ pub fn generate_speculative_observed<B: Backend>(
     if prompt.is_empty() || opts.max_tokens == 0 {
         return Ok((out, stats, sstats));
     }
-    let use_mtp = spec.mode.uses_mtp() && spec.mtp_draft > 0;
+    // `both` on a file without an MTP block falls back to prompt lookup; `mtp` is an error.
+    let use_mtp = spec.mode.uses_mtp()
+        && spec.mtp_draft > 0
+        && (spec.mode == SpecMode::Mtp || model.has_mtp());
     if use_mtp && state.pos != 0 {
         return Err(ModelError::State(format!(
             "MTP drafting needs an empty sequence (it holds {} tokens)",
