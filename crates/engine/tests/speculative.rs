@@ -309,9 +309,19 @@ fn rejection_mid_draft_rolls_back_exactly() {
 /// `mtp_hidden` over several slots followed by the lm_head equals `mtp_logits` slot by slot.
 #[test]
 fn batched_mtp_hidden_matches_mtp_logits() {
-    let (model, tok) = load("tiny-F16.gguf", BackendChoice::Oracle);
+    for (name, backend) in [
+        ("tiny-F16.gguf", BackendChoice::Oracle),
+        ("tiny-F16.gguf", BackendChoice::Cpu),
+        ("tiny-Q8_0.gguf", BackendChoice::Cpu),
+    ] {
+        check_batched_mtp(name, backend);
+    }
+}
+
+fn check_batched_mtp(name: &str, backend: BackendChoice) {
+    let (model, tok) = load(name, backend);
     let prompt = rewrite_prompt(&tok);
-    let prompt = &prompt[..20];
+    let prompt = &prompt[..40];
     with_model!(&model, m => {
         let mut st = m.new_state();
         let hidden = m.forward_hidden(&mut st, prompt, Mode::Prefill).unwrap();
@@ -326,7 +336,7 @@ fn batched_mtp_hidden_matches_mtp_logits() {
             .unwrap();
         let logits = m.lm_head(&[a, b].concat());
         for (t, (l, s)) in logits.iter().zip(&singles).enumerate() {
-            assert!(bits(l) == *s, "slot {t}");
+            assert!(bits(l) == *s, "{name} {backend:?}: slot {t}");
         }
     });
 }
