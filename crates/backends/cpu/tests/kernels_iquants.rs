@@ -496,7 +496,17 @@ fn iq2_xxs_multi_row_matches_single_rows() {
 fn matmul_rows_match_matvec_bit_for_bit() {
     use redlite_cpu::kernels::driver::{matmul_isa, matvec_isa};
     let mut rng = StdRng::seed_from_u64(23);
-    for case in CASES.iter().filter(|c| c.qk == 256) {
+    // Q4_K (multi-row kernel in `kquants_multi_x86`) along with the i-quants; its random blocks
+    // get small f16 scales at bytes 0 and 2 like the i-quants' d.
+    let q4k = Case {
+        ty: GgmlType::Q4K,
+        name: "Q4_K",
+        qk: 256,
+        bytes: 144,
+        scale_at: &[0, 2],
+        scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar), // unused here
+    };
+    for case in CASES.iter().filter(|c| c.qk == 256).chain([&q4k]) {
         let (rows, cols) = (5, 1024);
         let w = random_blocks(&mut rng, case, rows * cols / 256);
         let xs: Vec<f32> = (0..9 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -529,6 +539,83 @@ fn matmul_rows_match_matvec_bit_for_bit() {
             }
         }
     }
+}
+
+/// Batched product cost per weight block and activation row, `matmul` (multi-row kernels where
+/// the type has one) against `n` separate `matvec` calls, on a 2048 × 4096 matrix (in L3: the
+/// kernels' compute rate), medians of alternating runs, timed by the process's CPU time (robust
+/// to other processes on a busy machine). Run with `RAYON_NUM_THREADS=1
+/// cargo test -p redlite-cpu --release --test kernels_iquants bench_matmul -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark"]
+fn bench_matmul_rows() {
+    use redlite_cpu::kernels::driver::{matmul_isa, matvec_isa};
+    let mut rng = StdRng::seed_from_u64(29);
+    let (rows, cols, n) = (2048, 4096, 8);
+    let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+    for (ty, bytes) in [(GgmlType::IQ2XXS, 66), (GgmlType::Q4K, 144)] {
+        let case = Case {
+            ty,
+            name: "",
+            qk: 256,
+            bytes,
+            scale_at: &[0, 2],
+            scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar),
+        };
+        let w = random_blocks(&mut rng, &case, rows * cols / 256);
+        let isa = Isa::best();
+        let per_block = |secs: f64| secs * 1e9 / (rows * cols / 256 * n) as f64;
+        let (mut tm, mut tv) = (vec![], vec![]);
+        let mut ys = vec![0.0f32; n * rows];
+        for _ in 0..9 {
+            let t = process_cpu_ns();
+            matmul_isa(isa, ty, &w, rows, cols, &xs, n, &mut ys).unwrap();
+            tm.push(per_block((process_cpu_ns() - t) as f64 * 1e-9));
+            let t = process_cpu_ns();
+            for j in 0..n {
+                matvec_isa(
+                    isa,
+                    ty,
+                    &w,
+                    rows,
+                    cols,
+                    &xs[j * cols..][..cols],
+                    &mut ys[..rows],
+                )
+                .unwrap();
+            }
+            tv.push(per_block((process_cpu_ns() - t) as f64 * 1e-9));
+        }
+        tm.sort_by(f64::total_cmp);
+        tv.sort_by(f64::total_cmp);
+        println!(
+            "{ty:?}: matmul n={n}: {:.2} ns per block and row; {n} matvecs: {:.2} (medians)",
+            tm[4], tv[4]
+        );
+    }
+}
+
+/// This process's time on all CPUs so far, in ns (`CLOCK_PROCESS_CPUTIME_ID`; Linux only, else
+/// 0).
+fn process_cpu_ns() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+        }
+        let mut t = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: `t` is a valid timespec for the C library's 64-bit Linux layout.
+        let rc = unsafe { clock_gettime(2, &mut t) };
+        if rc == 0 {
+            return t.sec as u64 * 1_000_000_000 + t.nsec as u64;
+        }
+    }
+    0
 }
 
 /// This thread's time on a CPU so far, in ns (`CLOCK_THREAD_CPUTIME_ID`, Linux), else `None`.

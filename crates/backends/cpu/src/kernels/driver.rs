@@ -351,11 +351,14 @@ const MULTI_ROWS: usize = 1;
 
 /// The multi-row kernel matching `lookup(ty, isa)`, if there is one. At the AVX-512 level the
 /// i-quant types with a multi-row kernel are served by `iquants_avx512` alone (no module before
-/// it in the dispatch table claims them), so its multi-row kernel is the same arithmetic.
+/// it in the dispatch table claims them), and Q4_K by `kquants_x86`'s VNNI kernel when the CPU
+/// has VNNI (the only case `kquants_multi_x86` answers), so each multi-row kernel is the same
+/// arithmetic as the single-row one.
 fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<MultiRowDot> {
     #[cfg(target_arch = "x86_64")]
     if isa.min(Isa::best()) == Isa::Avx512 {
-        return super::iquants_avx512::multi_kernel(ty);
+        return super::iquants_avx512::multi_kernel(ty)
+            .or_else(|| super::kquants_multi_x86::multi_kernel(ty));
     }
     let _ = (ty, isa);
     None

@@ -33,6 +33,8 @@ pub mod iquants_avx2;
 pub mod iquants_avx512;
 mod kquants;
 #[cfg(target_arch = "x86_64")]
+mod kquants_multi_x86;
+#[cfg(target_arch = "x86_64")]
 mod kquants_x86;
 pub mod q8;
 #[cfg(target_arch = "x86_64")]

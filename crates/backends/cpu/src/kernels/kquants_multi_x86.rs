@@ -1,0 +1,107 @@
+//! Multi-row Q4_K kernel (x86-64, AVX-512 with VNNI): one weight row against up to
+//! `MULTI_ROWS` (4) Q8_K activation rows, for batched products (prefill).
+//!
+//! The weight block is decoded once (nibbles split into 64-lane vectors, the six-bit scales and
+//! minimums unpacked and broadcast) and then met by every activation row. Per row the arithmetic
+//! is exactly the one of the single-row AVX-512 VNNI kernel in `kquants_x86` (and so of the
+//! scalar kernel): an exact i32 block sum from `vpmaddubsw` + `vpdpwssd`, an exact i32 sum of
+//! `bsums · mins`, and the same f32 expression per block in block order. Results are therefore
+//! bit-identical to that kernel, which is what lets `matmul` rows equal `matvec` rows.
+
+use super::kquants::{unpack_scales_k4, Q4K_BYTES};
+use super::q8::BlockQ8K;
+use super::x86_util::{f16x2_hw, hsum256_epi32, hsum512_epi32, read_u32};
+use super::{has_vnni, Isa};
+use core::arch::x86_64::*;
+use redlite_gguf::quant::GgmlType;
+
+/// The multi-row kernel for `ty` when the single-row kernel at the AVX-512 level is
+/// `kquants_x86`'s VNNI kernel for it (AVX-512 supported and VNNI present), else `None`.
+pub(crate) fn multi_kernel(ty: GgmlType) -> Option<super::iquants_avx512::MultiRowDot> {
+    if !(Isa::Avx512.supported() && has_vnni()) {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4K => Some(q4k_multi_row),
+        _ => None,
+    }
+}
+
+fn q4k_multi_row(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
+    // SAFETY: handed out by `multi_kernel` only when AVX-512 F/BW/VL and VNNI are present.
+    unsafe {
+        match *xs {
+            [] => {}
+            [a] => out[..1].copy_from_slice(&q4k_rows(w, [a])),
+            [a, b] => out[..2].copy_from_slice(&q4k_rows(w, [a, b])),
+            [a, b, c] => out[..3].copy_from_slice(&q4k_rows(w, [a, b, c])),
+            [a, b, c, d] => out[..4].copy_from_slice(&q4k_rows(w, [a, b, c, d])),
+            // The driver never passes more than MULTI_ROWS rows.
+            _ => out.fill(f32::NAN),
+        }
+    }
+}
+
+/// `vpshufb` indices that broadcast byte `lo_sel` (low 256 bits) / `hi_sel` (high 256 bits) of
+/// each 128-bit lane into the low byte of every i16, high byte zero.
+#[inline(always)]
+unsafe fn bcast16_index(lo_sel: u8, hi_sel: u8) -> __m512i {
+    let lo = i16::from(lo_sel) | (0x80u8 as i8 as i16) << 8;
+    let hi = i16::from(hi_sel) | (0x80u8 as i8 as i16) << 8;
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+        _mm256_set1_epi16(hi),
+    )
+}
+
+/// Q4_K · Q8_K for `R` activation rows over `min(w blocks, every xs[r] blocks)` blocks.
+#[allow(clippy::needless_range_loop)] // block `i` of the weights and of every activation row
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
+    let nb = xs
+        .iter()
+        .map(|x| x.len())
+        .fold(w.len() / Q4K_BYTES, usize::min);
+    let idx = [
+        bcast16_index(0, 1),
+        bcast16_index(2, 3),
+        bcast16_index(4, 5),
+        bcast16_index(6, 7),
+    ];
+    let low4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [0.0f32; R];
+    for i in 0..nb {
+        let b = w.as_ptr().add(i * Q4K_BYTES);
+        let dh = f16x2_hw(read_u32(b));
+        let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
+        let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
+        let scb = _mm512_set1_epi64(sc as i64);
+        // Mins as 16 i16 [m0, m0, m1, m1, …], lined up with the 16 bsums.
+        let mv = _mm_cvtsi64_si128(m as i64);
+        let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+        let q = b.add(16);
+        // Chunk c: sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) of 32 weight bytes.
+        let wv: [__m512i; 4] = core::array::from_fn(|c| {
+            let v = _mm256_loadu_si256(q.add(32 * c) as *const __m256i);
+            let both =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v), _mm256_srli_epi16::<4>(v));
+            _mm512_and_si512(both, low4)
+        });
+        let ls: [__m512i; 4] = core::array::from_fn(|c| _mm512_shuffle_epi8(scb, idx[c]));
+        for r in 0..R {
+            let y = &xs[r][i];
+            let yq = y.qs.as_ptr();
+            let mut isum = _mm512_setzero_si512();
+            for c in 0..4 {
+                let yv = _mm512_loadu_si512(yq.add(64 * c) as *const _);
+                let p = _mm512_maddubs_epi16(wv[c], yv);
+                isum = _mm512_dpwssd_epi32(isum, p, ls[c]);
+            }
+            let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let pm = _mm256_madd_epi16(bs, mins);
+            let (isum, isumm) = (hsum512_epi32(isum), hsum256_epi32(pm));
+            acc[r] += (y.d * d) * isum as f32 - (y.d * dmin) * isumm as f32;
+        }
+    }
+    acc
+}
