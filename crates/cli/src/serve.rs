@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8192)]
     pub cache_mb: usize,
     /// Checkpoint spacing in tokens inside a conversation (a multiple of 64).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 4096)]
     pub checkpoint_interval: usize,
     /// Replay the replies in this JSON file (an array of strings) instead of sampling, one per
     /// request (testing).

@@ -217,3 +217,80 @@ impl PrefixCache {
 pub fn align_down(pos: usize) -> usize {
     pos - pos % CHUNK
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redlite_model::Config;
+
+    fn tiny_state(pos: usize) -> SequenceState {
+        let model = redlite_model::Model::load(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/reference/models/tiny-Q8_0.gguf"
+        ))
+        .expect("tiny model");
+        let cfg: &Config = &model.config;
+        let mut s = SequenceState::new(cfg);
+        s.pos = pos;
+        s
+    }
+
+    fn entry(ids: Vec<u32>, pos: usize) -> Entry {
+        let state = tiny_state(pos);
+        let mut snaps = BTreeMap::new();
+        snaps.insert(pos, state.snapshot());
+        Entry {
+            bytes: ids.iter().flat_map(|i| i.to_le_bytes()).collect(),
+            ends: (1..=ids.len()).map(|i| i * 4).collect(),
+            ids,
+            state,
+            snaps,
+            file: None,
+            last_used: 0,
+        }
+    }
+
+    #[test]
+    fn best_match_and_lru_eviction() {
+        let mut c = PrefixCache::new(2, usize::MAX, 0, 0);
+        c.insert(entry(vec![1, 2, 3, 4], 64));
+        c.insert(entry(vec![1, 2, 9], 64));
+        assert_eq!(
+            c.best_id_match(&[1, 2, 3, 7])
+                .map(|(i, k)| (c.entry(i).ids[2], k)),
+            Some((3, 3))
+        );
+        assert_eq!(c.best_id_match(&[5]), None);
+        // A third entry evicts the least recently used (the first).
+        c.insert(entry(vec![7, 7], 64));
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.best_id_match(&[1, 2, 3]).map(|(_, k)| k), Some(2));
+        // Text matching stops at whole tokens and char boundaries.
+        let e = entry(vec![0x41, 0x42], 64);
+        assert_eq!(e.text_match("A\0\0\0B\0\0\0C"), 2);
+        assert_eq!(e.text_match("A\0\0\0X"), 1);
+        assert_eq!(e.checkpoint_at_or_before(63), 0);
+        assert_eq!(e.checkpoint_at_or_before(64), 64);
+    }
+
+    #[test]
+    fn byte_budget_evicts_and_trims_checkpoints() {
+        // Each entry: 64 positions × 10 bytes + snapshots × 1000 bytes (+ token bytes).
+        let mut c = PrefixCache::new(8, 3000, 10, 1000);
+        c.insert(entry(vec![1], 64));
+        c.insert(entry(vec![2], 64));
+        assert_eq!(c.len(), 1, "the older entry is evicted over budget");
+        let mut big = entry(vec![3], 64);
+        for p in [0usize, 1, 2, 3] {
+            big.snaps.insert(p, big.state.snapshot());
+        }
+        c.insert(big);
+        assert_eq!(c.len(), 1);
+        assert!(c.bytes() <= 3000 || c.entry(0).snaps.len() == 1);
+        assert_eq!(
+            c.entry(0).snaps.keys().last(),
+            Some(&64),
+            "the latest checkpoint stays"
+        );
+    }
+}

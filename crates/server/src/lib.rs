@@ -89,7 +89,7 @@ impl Default for ServerOptions {
             model_name: None,
             max_body_bytes: 32 << 20,
             prefill_batch: 512,
-            checkpoint_interval: 1024,
+            checkpoint_interval: 4096,
             cache_entries: 4,
             cache_bytes: 8 << 30,
             replay: Vec::new(),
