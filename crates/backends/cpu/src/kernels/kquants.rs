@@ -112,11 +112,8 @@ pub(crate) fn dot_q3_k(w: &[u8], x: &[BlockQ8K]) -> f32 {
                     let mut dot = 0i32;
                     for l in 16 * h..16 * h + 16 {
                         let low = i32::from((qs[32 * c + l] >> (2 * s)) & 3);
-                        let q = if (hmask[l] >> bit) & 1 == 0 {
-                            low - 4
-                        } else {
-                            low
-                        };
+                        // low − 4 when the high bit is clear (branch-free).
+                        let q = low - 4 + 4 * i32::from((hmask[l] >> bit) & 1);
                         dot += q * i32::from(y.qs[128 * c + 32 * s + l]);
                     }
                     isum += scales[g] * dot;
@@ -205,21 +202,19 @@ pub(crate) fn dot_q6_k(w: &[u8], x: &[BlockQ8K]) -> f32 {
             let lq = &ql[64 * c..64 * c + 64];
             let hq = &qh[32 * c..32 * c + 32];
             let yq = &y.qs[128 * c..128 * c + 128];
-            let mut part = [0i32; 8]; // groups of 16 within the half
-            for l in 0..32 {
-                let e = [
-                    (lq[l] & 0x0F) | ((hq[l] & 3) << 4),
-                    (lq[l + 32] & 0x0F) | (((hq[l] >> 2) & 3) << 4),
-                    (lq[l] >> 4) | (((hq[l] >> 4) & 3) << 4),
-                    (lq[l + 32] >> 4) | ((hq[l] >> 6) << 4),
-                ];
-                for (k, &ek) in e.iter().enumerate() {
-                    let idx = 32 * k + l;
-                    part[idx / 16] += (i32::from(ek) - 32) * i32::from(yq[idx]);
+            // Row k of the half: low nibbles of L[0..32] (k = 0), of L[32..64] (k = 1), high
+            // nibbles of L[0..32] (k = 2), of L[32..64] (k = 3); high bits 2k, 2k + 1 of H.
+            for k in 0..4 {
+                let lsrc = &lq[32 * (k % 2)..32 * (k % 2) + 32];
+                let (lshift, hshift) = (4 * (k / 2), 2 * k);
+                for h in 0..2 {
+                    let mut dot = 0i32;
+                    for l in 16 * h..16 * h + 16 {
+                        let e = ((lsrc[l] >> lshift) & 0x0F) | (((hq[l] >> hshift) & 3) << 4);
+                        dot += (i32::from(e) - 32) * i32::from(yq[32 * k + l]);
+                    }
+                    isum += i32::from(scales[8 * c + 2 * k + h] as i8) * dot;
                 }
-            }
-            for (g, p) in part.iter().enumerate() {
-                isum += i32::from(scales[8 * c + g] as i8) * p;
             }
         }
         acc += (y.d * f16_at(b, 208)) * isum as f32;

@@ -13,8 +13,9 @@
 //!   8-bit activation quantization error (~1e-2 is normal, more when the few rows' dot products
 //!   happen to cancel). Measure: `‖got − exact‖₂ / ‖exact‖₂` over the rows. Report only: this
 //!   error is inherent to quantizing activations (ggml does the same); it passes when finite.
-//! * [`Check::MatmulBitIdentical`]: every row of `matmul` over 3 activation rows equals `matvec`
-//!   of that row bit for bit (error = number of differing outputs).
+//! * [`Check::MatmulBitIdentical`]: every row of `matmul` over 5 activation rows equals `matvec`
+//!   of that row bit for bit (error = number of differing outputs); 5 exercises both a full group
+//!   and a remainder of the multi-row kernels.
 //! * [`Check::VsScalar`]: a SIMD kernel against the scalar kernel of the same type, bit for bit
 //!   (error = number of differing outputs): every level computes the same exact integer block
 //!   sums and the same f32 operations in the same order.
@@ -33,6 +34,8 @@ pub const ORACLE_Q8_TOL: f64 = 1e-5;
 pub const SELFTEST_COLS: [usize; 4] = [256, 512, 2048, 4096];
 /// Rows per checked matrix.
 pub const SELFTEST_ROWS: usize = 4;
+/// Activation rows of the matmul-vs-matvec check.
+const MATMUL_N: usize = 5;
 
 /// What a [`SelftestResult`] compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,7 +257,7 @@ fn selftest_shape(
     report: &mut dyn FnMut(SelftestResult),
 ) {
     let w = random_weights(ty, rows, cols, seed);
-    let xs = random_activations(3 * cols, seed ^ 0xa5a5);
+    let xs = random_activations(MATMUL_N * cols, seed ^ 0xa5a5);
     let x = &xs[..cols];
     let row_bytes = w.len() / rows;
     let wf: Vec<f64> = {
@@ -334,11 +337,11 @@ fn selftest_shape(
             });
         }
 
-        // matmul over 3 activation rows vs matvec of each, bit for bit.
-        let mut ys = vec![0.0f32; 3 * rows];
+        // matmul over MATMUL_N activation rows vs matvec of each, bit for bit.
+        let mut ys = vec![0.0f32; MATMUL_N * rows];
         let mut differing = 0usize;
-        let ok = matmul_isa(isa, ty, &w, rows, cols, &xs, 3, &mut ys).is_ok();
-        for j in 0..3 {
+        let ok = matmul_isa(isa, ty, &w, rows, cols, &xs, MATMUL_N, &mut ys).is_ok();
+        for j in 0..MATMUL_N {
             let mut y = vec![0.0f32; rows];
             let ok_v = matvec_isa(
                 isa,
