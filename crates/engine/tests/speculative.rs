@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use redlite_engine::sampler::{argmax, Sampler, SamplerConfig};
+use redlite_engine::spec_bench;
 use redlite_engine::speculative::{
     generate_speculative, generate_speculative_observed, SpecConfig, SpecMode, SpecStats,
 };
@@ -25,19 +26,17 @@ fn reference() -> PathBuf {
 
 const MODES: [SpecMode; 3] = [SpecMode::Lookup, SpecMode::Mtp, SpecMode::Both];
 
-/// A prompt built to trigger long lookups: a code block, an instruction, and the start of the
-/// block again (the model tends to copy it).
+/// A prompt built to trigger long lookups: the file-rewrite benchmark's request to copy a
+/// source file back with a small edit (the file: 20 lines of held-out Python).
 fn rewrite_prompt(tokenizer: &Tokenizer) -> Vec<u32> {
     let text = std::fs::read_to_string(reference().join("logits/heldout.txt")).unwrap();
-    let block: String = text
+    let file: String = text
         .lines()
         .skip(27)
-        .take(14)
+        .take(20)
         .collect::<Vec<_>>()
         .join("\n");
-    let head: String = block.lines().take(3).collect::<Vec<_>>().join("\n");
-    let prompt =
-        format!("{block}\n\n# The same code again:\n\n{block}\n\n# Once more:\n\n{head}\n");
+    let prompt = spec_bench::rewrite_prompt(&file, "Add a comment line at the top.");
     tokenizer.encode(&prompt, false).unwrap()
 }
 
@@ -163,12 +162,19 @@ fn greedy_identical_on_mtp_fixtures_oracle() {
 }
 
 #[test]
-fn greedy_identical_on_mtp_fixtures_cpu() {
+fn greedy_identical_on_every_fixture_cpu() {
+    // Every fixture has an MTP block (reference README: `blk.4.nextn.*`).
     for name in [
         "tiny-F16.gguf",
         "tiny-Q8_0.gguf",
+        "tiny-Q6_K.gguf",
         "tiny-Q4_K_M.gguf",
+        "tiny-IQ4_XS.gguf",
+        "tiny-IQ3_XXS.gguf",
         "tiny-IQ2_XXS.gguf",
+        "tiny-IQ1_M.gguf",
+        "tiny-CF2.gguf",
+        "tiny-LEGACY_CF2.gguf",
     ] {
         let (model, tok) = load(name, BackendChoice::Cpu);
         let prompt = rewrite_prompt(&tok);
