@@ -113,8 +113,16 @@ pub struct StateStore {
 }
 
 impl StateStore {
+    /// Open (create) the directory and remove temporary files that a crashed writer left
+    /// (one server per state directory).
     pub fn new(dir: &Path, identity: Identity, max_files: usize) -> std::io::Result<StateStore> {
         std::fs::create_dir_all(dir)?;
+        for e in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+            let name = e.file_name();
+            if name.to_string_lossy().contains(&format!(".{EXT}.tmp-")) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         Ok(StateStore {
             dir: dir.to_path_buf(),
             identity,

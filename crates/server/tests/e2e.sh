@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of `redlite serve` with real clients, for CI after `cargo test --release`
 # (which builds target/release/redlite): the openai/anthropic Python SDKs, the web page in
-# headless Chromium, and the pi coding agent. Installs what they need (pip, apt chromium, npm).
+# headless Chromium, the pi coding agent, and kill -9 during state-file writes. Installs what
+# they need (pip, apt chromium, npm).
 # Usage: bash crates/server/tests/e2e.sh [path/to/redlite]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -20,4 +21,6 @@ echo "== server e2e: web page in headless Chromium"
 bash "$here/web/run.sh" "$bin" || status=1
 echo "== server e2e: pi coding agent"
 bash "$here/pi/run.sh" "$bin" || status=1
+echo "== server e2e: kill -9 during state-file writes"
+bash "$here/killstate/run.sh" "$bin" || status=1
 exit $status
