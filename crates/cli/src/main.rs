@@ -11,8 +11,8 @@ mod logits;
 mod make_model;
 mod parity;
 mod perplexity;
-mod serve;
 mod selftest;
+mod serve;
 mod spec_bench;
 mod tokenize;
 
@@ -43,10 +43,10 @@ enum Command {
     Detokenize(tokenize::DetokenizeArgs),
     /// Measure speed: kernel, decode or prefill, next to the memory bandwidth.
     Bench(bench::Args),
-    /// Write a Qwen3-Next layout with random valid weights (for benchmarks only).
-    MakeModel(make_model::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
     Serve(serve::Args),
+    /// Write a Qwen3-Next layout with random valid weights (for benchmarks only).
+    MakeModel(make_model::Args),
     /// Speculative decoding benchmarks: verify cost per draft length, file-rewrite speed.
     SpecBench(spec_bench::Args),
     /// Check every fast kernel against the oracle on fresh random data.
@@ -67,8 +67,8 @@ fn main() {
         Command::Tokenize(a) => tokenize::run_tokenize(a),
         Command::Detokenize(a) => tokenize::run_detokenize(a),
         Command::Bench(a) => bench::run(a),
-        Command::MakeModel(a) => make_model::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::MakeModel(a) => make_model::run(a),
         Command::Selftest(a) => selftest::run(a),
         Command::SpecBench(a) => spec_bench::run(a),
         Command::Perplexity(a) => perplexity::run(a),

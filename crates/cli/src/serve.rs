@@ -2,15 +2,16 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use redlite_model::{Model, Oracle};
+use anyhow::{Context, Result};
+use redlite_engine::default_model::resolve_model;
+use redlite_engine::{load_model, with_model, BackendChoice};
 use redlite_server::ServerOptions;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model file (GGUF).
+    /// Model file (GGUF); default: the shipped demo model (models/redlite-demo.gguf) or $REDLITE_MODEL.
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8080)]
@@ -43,15 +44,17 @@ pub struct Args {
     /// Keep prefix states in this directory across restarts (state files).
     #[arg(long = "state-dir")]
     pub state_dir: Option<PathBuf>,
-    /// Compute backend.
-    #[arg(long, default_value = "oracle")]
+    /// Compute backend: cpu (fast, quantized kernels) or oracle (f32 reference).
+    #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// CPU threads (0: one per physical core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.backend != "oracle" {
-        bail!("unknown backend '{}' (available: oracle)", args.backend);
-    }
+    let choice = BackendChoice::parse(&args.backend)?;
+    let model_path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
     let replay = match &args.replay {
         Some(p) => {
             let text =
@@ -61,8 +64,8 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => Vec::new(),
     };
-    let model = Model::load_with(&args.model, Oracle)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = load_model(&model_path, choice, args.threads)
+        .with_context(|| format!("loading {}", model_path.display()))?;
     let opts = ServerOptions {
         host: args.host,
         port: args.port,
@@ -77,5 +80,5 @@ pub fn run(args: Args) -> Result<()> {
         state_dir: args.state_dir,
         ..ServerOptions::default()
     };
-    redlite_server::run_blocking(model, opts)
+    with_model!(model, m => redlite_server::run_blocking(m, opts))
 }

@@ -1,8 +1,8 @@
 //! The engine: sampling, sessions and the generation loop over a model.
 
 pub mod backends;
-pub mod default_model;
 pub mod bench;
+pub mod default_model;
 pub mod generate;
 pub mod parity;
 pub mod perplexity;
