@@ -11,6 +11,7 @@ use redlite_engine::bench::{
     bench_decode, bench_kernel_on, bench_prefill, kernel_specs_from_file, measure_read_bandwidth,
     Bandwidth, KernelResult, KernelSpec,
 };
+use redlite_engine::default_model::resolve_model;
 use redlite_engine::{load_model_from, with_model, BackendChoice};
 use redlite_gguf::{GgmlType, GgufFile};
 use serde_json::json;
@@ -118,12 +119,16 @@ fn threads_used(args: &Args) -> usize {
     }
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
     let choice = BackendChoice::parse(&args.backend)?;
     let threads = threads_used(&args);
-    if args.kind != Kind::Kernel && args.model.is_none() {
-        bail!("this benchmark needs a model: -m FILE");
-    }
+    // Decode and prefill need a model: the one given, else the shipped demo model.
+    let model_path = if args.kind != Kind::Kernel {
+        Some(resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?)
+    } else {
+        args.model.clone()
+    };
+    args.model = model_path;
     // Open the file before measuring so a bad path fails fast.
     let file = match &args.model {
         Some(p) => Some(Arc::new(
