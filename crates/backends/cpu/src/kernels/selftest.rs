@@ -24,6 +24,7 @@ use super::driver::{matmul_isa, matvec_isa};
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k};
 use super::q8::{BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use super::{lookup_alternates, lookup_exact, Isa, RowDot};
+use redlite_gguf::quant::random::QuantRng;
 use redlite_gguf::quant::{dequantize, GgmlType, TYPE_TRAITS};
 use std::fmt;
 
@@ -109,23 +110,6 @@ impl Rng {
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
-
-    /// A small positive f16 scale in [0.5e-3, 2e-3), as bits.
-    fn scale_f16(&mut self) -> u16 {
-        half::f16::from_f64(0.5e-3 + 1.5e-3 * self.uniform()).to_bits()
-    }
-}
-
-/// Byte offsets of the f16 scale fields in one block of `ty`, to be patched to sane values.
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q2K => &[80, 82],
-        GgmlType::Q3K => &[108],
-        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
-        GgmlType::Q6K => &[208],
-        GgmlType::IQ1M => &[],
-        _ => &[0],
-    }
 }
 
 /// `rows` random rows of `cols` elements of type `ty` (raw GGUF bytes).
@@ -142,27 +126,12 @@ pub fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<
         GgmlType::BF16 => (0..n)
             .flat_map(|_| half::bf16::from_f64(rng.normal()).to_le_bytes())
             .collect(),
-        _ => {
-            let bb = ty.block_bytes();
-            let nb = n / ty.block_elems();
-            let mut out: Vec<u8> = (0..nb * bb).map(|_| rng.next_u64() as u8).collect();
-            for block in out.chunks_exact_mut(bb) {
-                for &off in scale_offsets(ty) {
-                    block[off..off + 2].copy_from_slice(&rng.scale_f16().to_le_bytes());
-                }
-                if ty == GgmlType::IQ1M {
-                    // The f16 super-scale is the top nibbles of the 4 scale u16s at offset 48.
-                    let d = rng.scale_f16();
-                    for i in 0..4 {
-                        let at = 48 + 2 * i;
-                        let v = u16::from_le_bytes([block[at], block[at + 1]]);
-                        let v = (v & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12);
-                        block[at..at + 2].copy_from_slice(&v.to_le_bytes());
-                    }
-                }
-            }
-            out
-        }
+        // Quantized types: random bytes with sane scales (shared with make-model).
+        _ => redlite_gguf::quant::random::random_blocks(
+            ty,
+            n / ty.block_elems(),
+            &mut QuantRng::new(seed),
+        ),
     }
 }
 
