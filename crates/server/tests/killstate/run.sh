@@ -12,7 +12,7 @@ model="$root/../shared/reference/models/tiny-Q8_0.gguf"
 heldout="$root/../shared/reference/logits/heldout.txt"
 tmp="$(mktemp -d)"
 pid=""
-trap '{ [ -n "$pid" ] && kill -9 $pid && wait $pid; } 2>/dev/null; rm -rf "$tmp"' EXIT
+trap '{ [ -n "$pid" ] && kill -9 $pid && wait $pid; } 2>/dev/null || true; rm -rf "$tmp"' EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start() {
   "$bin" serve -m "$model" --port "$port" --state-dir "$tmp/state" 2>> "$tmp/server.log" &
