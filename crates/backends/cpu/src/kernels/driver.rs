@@ -151,12 +151,12 @@ impl Acts {
 }
 
 /// Checked shape facts of a product.
-struct Shape {
+pub(crate) struct Shape {
     ty: GgmlType,
-    row_bytes: usize,
+    pub(crate) row_bytes: usize,
 }
 
-fn check(
+pub(crate) fn check(
     ty: GgmlType,
     w: &[u8],
     rows: usize,

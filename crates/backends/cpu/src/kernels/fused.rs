@@ -10,8 +10,9 @@
 use rayon::prelude::*;
 use redlite_gguf::GgmlType;
 
+use super::driver;
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
-use super::{lookup, Isa, KernelError, RowDot};
+use super::{KernelError, RowDot};
 
 /// One product `y = W · x`: `w` is `rows` rows of `cols` values of type `ty` (raw GGUF bytes).
 #[derive(Clone, Copy)]
@@ -33,49 +34,16 @@ pub fn matvec_batch(
     inputs: &[&[f32]],
     outputs: &mut [Vec<f32>],
 ) -> Result<(), KernelError> {
-    let isa = Isa::active();
-    // Kernel and row size per product, with the same checks as `matvec`.
+    // Kernel and row size per product, with exactly `matvec`'s checks.
     let mut kernels = Vec::with_capacity(products.len());
     for p in products {
-        let kernel = lookup(p.ty, isa).ok_or(KernelError::Unsupported(p.ty))?;
-        let block = p.ty.block_elems();
-        let act_block = match kernel {
-            RowDot::Q8K(_) => QK_K,
-            RowDot::Q8_0(_) => QK8_0,
-            RowDot::F32(_) => 1,
-        };
-        if !p.cols.is_multiple_of(block) || !p.cols.is_multiple_of(act_block) {
-            return Err(KernelError::BadCols {
-                ty: p.ty,
-                cols: p.cols,
-                block: block.max(act_block),
-            });
-        }
-        let row_bytes = p.cols / block * p.ty.block_bytes();
-        let want = row_bytes.checked_mul(p.rows).ok_or(KernelError::Overflow {
-            rows: p.rows,
-            cols: p.cols,
-        })?;
-        if p.w.len() != want {
-            return Err(KernelError::BadLength {
-                what: "weight bytes",
-                expected: want,
-                got: p.w.len(),
-            });
-        }
         let x = inputs.get(p.input).ok_or(KernelError::BadLength {
             what: "input index",
             expected: inputs.len(),
             got: p.input,
         })?;
-        if x.len() != p.cols {
-            return Err(KernelError::BadLength {
-                what: "activations",
-                expected: p.cols,
-                got: x.len(),
-            });
-        }
-        kernels.push((kernel, row_bytes));
+        let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
+        kernels.push((kernel, shape.row_bytes));
     }
     if outputs.len() != products.len() {
         return Err(KernelError::BadLength {
