@@ -10,6 +10,7 @@ mod dequant;
 pub mod grids;
 mod iquants;
 mod kquants;
+pub mod quantize;
 pub mod random;
 mod simple;
 pub mod types;
@@ -24,6 +25,7 @@ pub use kquants::{
     dequantize_block_q2_k, dequantize_block_q3_k, dequantize_block_q4_k, dequantize_block_q5_k,
     dequantize_block_q6_k, dequantize_block_q8_k,
 };
+pub use quantize::{quantize, requires_imatrix, QuantizeError, QUANTIZE_TYPES};
 pub use simple::{
     dequantize_block_bf16, dequantize_block_f16, dequantize_block_f32, dequantize_block_iq4_nl,
     dequantize_block_q4_0, dequantize_block_q8_0, f16_bits_to_f32,
