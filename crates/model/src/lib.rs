@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod delta_rule;
+pub mod kv_type;
 pub mod layout;
 pub mod ops;
 pub mod qwen3next;
@@ -16,6 +17,7 @@ pub mod weights;
 
 pub use backend::{Backend, LinearData, LinearSource, Oracle};
 pub use config::{Config, LayerKind};
+pub use kv_type::KvType;
 pub use qwen3next::{Mode, Model};
 pub use state::{MtpState, SequenceState, Snapshot, StepTrace};
 

@@ -29,7 +29,17 @@ use std::collections::BTreeMap;
 use redlite_gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::config::{Config, LayerKind};
+use crate::kv_type::KvType;
 use crate::ModelError;
+
+/// KV-cache bytes one position takes in the trunk's attention layers with `kv_type` entries:
+/// per attention layer one key row and one value row of `n_kv_heads × head_dim` values each
+/// (full size: 12 layers × 2 × 2 × 256 values = 48 KiB f32, 24 KiB f16, 12.75 KiB q8_0).
+/// The MTP block's own cache is not included ([`ModelSizes::mtp_kv_bytes_per_position`]).
+pub fn kv_bytes_per_position(cfg: &Config, kv_type: KvType) -> u64 {
+    let row = (cfg.n_kv_heads * cfg.head_dim) as u64;
+    cfg.count(LayerKind::Attention) as u64 * 2 * kv_type.bytes_for(row)
+}
 
 /// Name of the token-embedding tensor.
 pub const TOKEN_EMBD: &str = "token_embd.weight";
@@ -302,6 +312,18 @@ impl ModelSizes {
     /// All bytes of the MTP block(s) (0 without MTP).
     pub fn mtp_total_bytes(&self) -> u64 {
         self.mtp.iter().map(LayerSizes::total_bytes).sum()
+    }
+
+    /// KV-cache bytes per position of the trunk with `kv_type` entries (same as the free
+    /// [`kv_bytes_per_position`]; KV rows are whole Q8_0 blocks whenever q8_0 is allowed, see
+    /// [`KvType::check_head_dim`], so counting the values at once is exact).
+    pub fn kv_bytes_per_position(&self, kv_type: KvType) -> u64 {
+        kv_type.bytes_for(self.kv_values_per_position)
+    }
+
+    /// KV-cache bytes per position of the MTP block's own attention with `kv_type` entries.
+    pub fn mtp_kv_bytes_per_position(&self, kv_type: KvType) -> u64 {
+        kv_type.bytes_for(self.mtp_kv_values_per_position)
     }
 
     /// KV-cache bytes per position with f32 entries.

@@ -8,8 +8,10 @@
 use std::path::PathBuf;
 
 use redlite_gguf::{GgmlType, GgufFile, TensorInfo};
-use redlite_model::sizing::{block_index, is_routed_expert, FileSizes, ModelSizes};
-use redlite_model::{Config, LayerKind, ModelError};
+use redlite_model::sizing::{
+    block_index, is_routed_expert, kv_bytes_per_position, FileSizes, ModelSizes,
+};
+use redlite_model::{Config, KvType, LayerKind, ModelError};
 
 fn model_path(file: &str) -> PathBuf {
     PathBuf::from(concat!(
@@ -199,6 +201,12 @@ fn check(file: &str, want: &Expected) {
     assert_eq!(s.kv_values_per_position, 256);
     assert_eq!(s.kv_bytes_per_position_f32(), 1024);
     assert_eq!(s.kv_bytes_per_position_f16(), 512);
+    // Per KV type: f32 4 B, f16 2 B per value, q8_0 34 B per 32 values (256 / 32 × 34 = 272).
+    for (t, bytes) in [(KvType::F32, 1024), (KvType::F16, 512), (KvType::Q8_0, 272)] {
+        assert_eq!(s.kv_bytes_per_position(t), bytes, "{t}");
+        assert_eq!(kv_bytes_per_position(&cfg, t), bytes, "{t}");
+        assert_eq!(s.mtp_kv_bytes_per_position(t), bytes, "{t} (MTP)");
+    }
     assert_eq!(s.mtp_kv_values_per_position, 256);
     // Recurrent state: 3 DeltaNet layers × (3 conv taps × 512 channels + 4 V heads × 64 × 64).
     assert_eq!(s.recurrent_state_values, 3 * (3 * 512 + 4 * 64 * 64));
@@ -379,5 +387,7 @@ fn full_size_layout() {
     // 12 attention layers × 2 KV heads × 256 × {K, V}.
     assert_eq!(s.kv_bytes_per_position_f32(), 49_152);
     assert_eq!(s.kv_bytes_per_position_f16(), 24_576);
+    // q8_0: 12 × 2 × (512 / 32) blocks × 34 bytes.
+    assert_eq!(kv_bytes_per_position(&cfg, KvType::Q8_0), 13_056);
     assert_eq!(s.recurrent_state_bytes_f32(), 79_036_416);
 }
