@@ -1,5 +1,455 @@
-//! Quantizer for IQ2_XXS (placeholder: not written yet).
+//! Quantizer for IQ2_XXS (2.0625 bits per weight), bit-exact with ggml's
+//! `quantize_row_iq2_xxs_impl`.
+//!
+//! Also home of [`IqGrid`], the "nearest grid points" tables that ggml's `iq2xs_init_impl`
+//! builds from a grid and that the IQ1_M quantizer shares.
+//!
+//! Block layout (66 bytes per 256 values): f16 `d`, then 8 sub-blocks of 32 values, each two
+//! little-endian u32: the first holds four 8-bit grid indices (one per group of 8 values), the
+//! second four 7-bit sign masks (bits 0..28) and a 4-bit scale `l` (bits 28..32); a sub-block's
+//! scale is `d·(0.5 + l)·0.25` at decode time.
+//!
+//! All f32 arithmetic below is written in ggml's operation order (no fused multiply-add), so the
+//! bytes match `ggml_quantize_chunk`.
 
-pub(crate) fn quantize_row_iq2_xxs(_row: &[f32], _imatrix: Option<&[f32]>, _out: &mut [u8]) {
-    unimplemented!("IQ2_XXS quantizer not written yet")
+use std::sync::OnceLock;
+
+use crate::quant::grids::IQ2XXS_GRID;
+
+const QK_K: usize = 256;
+const BLOCK_BYTES: usize = 66;
+const GROUP_MAX_EPS: f32 = 1e-15;
+/// Quant levels per element (grid coordinates are `2l + 1`, l in 0..3).
+const K_MAX_Q: i32 = 3;
+
+/// Number of slots in ggml's `kmap`: every 8-element pattern with 2 bits per element that the
+/// quantizers can look up (they clamp elements to 0..=2, so the largest index is 0xAAAA).
+const KMAP_SIZE: usize = 43692;
+
+/// A grid of 8-element points (coordinates in {1, 3, 5, 7}) with, for every lattice point that
+/// is not on the grid, the list of grid points at its `nwant` smallest squared distances: the
+/// tables of ggml's `iq2xs_init_impl` (`kgrid_q2xs`, `kmap_q2xs`, `kneighbors_q2xs`).
+pub(super) struct IqGrid {
+    /// Grid point i, coordinates `2l + 1`.
+    points: Vec<[i8; 8]>,
+    /// Pattern index (2 bits per element) → grid index if ≥ 0, else `-(offset + 1)` into
+    /// `neighbours`, where the list's length is followed by its grid indices.
+    map: Vec<i32>,
+    neighbours: Vec<u16>,
+}
+
+/// What a pattern index maps to: a grid point, or the candidates to search.
+pub(super) enum Lookup<'a> {
+    OnGrid(usize),
+    Neighbours(&'a [u16]),
+}
+
+impl IqGrid {
+    /// Builds the tables for `table` (gguf-py's expanded grid: byte j of entry i is element j,
+    /// one of `levels`) keeping the neighbours at the `nwant` smallest distinct distances.
+    pub(super) fn build(table: &[u64], levels: [u8; 3], nwant: usize) -> Self {
+        let points: Vec<[i8; 8]> = table
+            .iter()
+            .map(|&row| {
+                std::array::from_fn(|j| {
+                    let byte = (row >> (8 * j)) as u8;
+                    let l = levels
+                        .iter()
+                        .position(|&v| v == byte)
+                        .expect("grid byte is one of the grid's levels")
+                        as i8;
+                    2 * l + 1
+                })
+            })
+            .collect();
+        let mut map = vec![-1i32; KMAP_SIZE];
+        for (i, p) in points.iter().enumerate() {
+            map[pattern_index(p.map(|c| (c - 1) / 2))] = i as i32;
+        }
+        // For each off-grid pattern: grid indices sorted by (distance², index), cut after the
+        // `nwant`-th distinct distance (ggml sorts all pairs with qsort; keys are distinct).
+        // Squared distances are small integers, so bucket by distance instead of sorting.
+        let mut neighbours = Vec::new();
+        let mut dist = vec![0u16; points.len()];
+        const MAX_D2: usize = 8 * 36 + 1;
+        let mut count = [0u32; MAX_D2];
+        for (u, slot) in map.iter_mut().enumerate() {
+            let pos: [i8; 8] = std::array::from_fn(|k| 2 * ((u >> (2 * k)) & 3) as i8 + 1);
+            // Patterns with a level-3 element are never looked up; ggml builds lists for them
+            // too, which only shifts offsets, not any list's content.
+            if *slot >= 0 || pos.contains(&7) {
+                continue;
+            }
+            count.fill(0);
+            for (d, p) in dist.iter_mut().zip(&points) {
+                let d2: i32 = (0..8)
+                    .map(|k| (p[k] as i32 - pos[k] as i32) * (p[k] as i32 - pos[k] as i32))
+                    .sum();
+                *d = d2 as u16;
+                count[d2 as usize] += 1;
+            }
+            let offset = neighbours.len();
+            *slot = -(offset as i32 + 1);
+            neighbours.push(0);
+            let mut n = 0u16;
+            for d2 in (0..MAX_D2).filter(|&d| count[d] > 0).take(nwant) {
+                for (j, &d) in dist.iter().enumerate() {
+                    if d as usize == d2 {
+                        neighbours.push(j as u16);
+                        n += 1;
+                    }
+                }
+            }
+            neighbours[offset] = n;
+        }
+        IqGrid {
+            points,
+            map,
+            neighbours,
+        }
+    }
+
+    /// Grid point `i` (coordinates `2l + 1`).
+    pub(super) fn point(&self, i: usize) -> &[i8; 8] {
+        &self.points[i]
+    }
+
+    /// Looks up the pattern of 8 levels `l` (each in 0..=2).
+    pub(super) fn lookup(&self, l: &[i8]) -> Lookup<'_> {
+        let levels: [i8; 8] = std::array::from_fn(|k| l[k]);
+        let m = self.map[pattern_index(levels)];
+        if m >= 0 {
+            Lookup::OnGrid(m as usize)
+        } else {
+            let start = (-m - 1) as usize;
+            let n = self.neighbours[start] as usize;
+            Lookup::Neighbours(&self.neighbours[start + 1..start + 1 + n])
+        }
+    }
+}
+
+/// Index of 8 levels (each 0..=3, 2 bits each, element 0 lowest).
+fn pattern_index(levels: [i8; 8]) -> usize {
+    levels
+        .iter()
+        .enumerate()
+        .fold(0, |u, (k, &l)| u | (((l as usize) & 3) << (2 * k)))
+}
+
+fn iq2_xxs_grid() -> &'static IqGrid {
+    static GRID: OnceLock<IqGrid> = OnceLock::new();
+    GRID.get_or_init(|| IqGrid::build(&IQ2XXS_GRID, [0x08, 0x19, 0x2b], 2))
+}
+
+/// ggml's `nearest_int`: round to nearest (ties to even) via the 1.5·2²³ trick.
+#[inline]
+fn nearest_int(x: f32) -> i32 {
+    let biased = x + 12_582_912.0;
+    (biased.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// C's `MAX(a, b)`: `a > b ? a : b`.
+#[inline]
+fn c_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Quantizes one row (a multiple of 256 values) into `out`. ggml requires an importance matrix
+/// for this type (the dispatcher enforces it); without one, uniform importance is used.
+pub(crate) fn quantize_row_iq2_xxs(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
+    let grid = iq2_xxs_grid();
+    let ones = [1.0f32; QK_K];
+    for (ibl, (xbl, block)) in row
+        .chunks_exact(QK_K)
+        .zip(out.chunks_exact_mut(BLOCK_BYTES))
+        .enumerate()
+    {
+        let qw = imatrix.map_or(&ones[..], |im| &im[QK_K * ibl..QK_K * (ibl + 1)]);
+        quantize_block(grid, xbl, qw, block);
+    }
+}
+
+/// One super-block of 256 values → 66 bytes.
+fn quantize_block(grid: &IqGrid, xbl: &[f32], qw: &[f32], out: &mut [u8]) {
+    let mut q2 = [0u32; 2 * QK_K / 32];
+    let mut scales = [0f32; QK_K / 32];
+    let mut max_scale = 0f32;
+
+    let mut sumx2 = 0f32;
+    for &x in xbl {
+        sumx2 += x * x;
+    }
+    let sigma2 = sumx2 / QK_K as f32;
+
+    for ib in 0..QK_K / 32 {
+        let xb = &xbl[32 * ib..32 * ib + 32];
+        let qwb = &qw[32 * ib..32 * ib + 32];
+        let weight: [f32; 32] = std::array::from_fn(|i| qwb[i] * (sigma2 + xb[i] * xb[i]).sqrt());
+        let waux: [f32; 32] = std::array::from_fn(|i| weight[i].sqrt());
+        let (xval, mut signs) = fold_signs(xb, &weight);
+
+        let max = xval[1..].iter().fold(xval[0], |m, &v| c_max(m, v));
+        if max < GROUP_MAX_EPS {
+            continue;
+        }
+        let Some((scale, levels)) = sub_block_scale(grid, &xval, &weight, &waux) else {
+            continue;
+        };
+        let mut scale = scale;
+        if scale < 0.0 {
+            // ggml: "should never happen"; flip the scale and all signs.
+            scale = -scale;
+            for s in &mut signs {
+                *s = !*s & 127;
+            }
+        }
+        for k in 0..4 {
+            // The levels are on the grid here (ggml aborts otherwise; only NaN input gets there).
+            let gi = match grid.lookup(&levels[8 * k..8 * k + 8]) {
+                Lookup::OnGrid(i) => i as u32,
+                Lookup::Neighbours(_) => 0,
+            };
+            q2[2 * ib] |= gi << (8 * k);
+            q2[2 * ib + 1] |= (signs[k] as u32) << (7 * k);
+        }
+        scales[ib] = scale;
+        max_scale = c_max(max_scale, scale);
+    }
+
+    out.fill(0);
+    if max_scale == 0.0 {
+        return;
+    }
+    let d = max_scale / 31.0;
+    out[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+    let id = 1.0 / d;
+    for (ib, &s) in scales.iter().enumerate() {
+        let l = nearest_int(0.5 * (id * s - 1.0)).clamp(0, 15);
+        q2[2 * ib + 1] |= (l as u32) << 28;
+    }
+    for (dst, q) in out[2..].chunks_exact_mut(4).zip(q2) {
+        dst.copy_from_slice(&q.to_le_bytes());
+    }
+}
+
+/// Makes every group of 8 values non-negative with an even number of flips (the format stores
+/// 7 sign bits; the 8th is implied by parity): if the count is odd, the value with the least
+/// weighted square keeps its wrong sign. Returns the folded values and the 7-bit sign masks.
+fn fold_signs(xb: &[f32], weight: &[f32; 32]) -> ([f32; 32], [u8; 4]) {
+    let mut xval = [0f32; 32];
+    let mut signs = [0u8; 4];
+    for k in 0..4 {
+        let mut nflip = 0;
+        let mut s = 0u8;
+        for i in 0..8 {
+            let x = xb[8 * k + i];
+            if x >= 0.0 {
+                xval[8 * k + i] = x;
+            } else {
+                xval[8 * k + i] = -x;
+                nflip += 1;
+                s |= 1 << i;
+            }
+        }
+        if nflip % 2 == 1 {
+            let wx2 = |i: usize| weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+            let mut imin = 0;
+            let mut min = wx2(0);
+            for i in 1..8 {
+                let ax = wx2(i);
+                if ax < min {
+                    min = ax;
+                    imin = i;
+                }
+            }
+            xval[8 * k + imin] = -xval[8 * k + imin];
+            s ^= 1 << imin;
+        }
+        signs[k] = s & 127;
+    }
+    (xval, signs)
+}
+
+/// The scale and grid levels (0..=2 per value) of one 32-value sub-block: a first guess from
+/// `make_qp_quants`, a search over 13 trial scales snapping each group of 8 to the grid, then one
+/// refinement at the best scale. `None` when the sub-block quantizes to zero.
+fn sub_block_scale(
+    grid: &IqGrid,
+    xval: &[f32; 32],
+    weight: &[f32; 32],
+    waux: &[f32; 32],
+) -> Option<(f32, [i8; 32])> {
+    let mut levels = [0i8; 32];
+    let mut scale = make_qp_quants(K_MAX_Q + 1, xval, weight);
+    let eff_max = scale * K_MAX_Q as f32;
+    if eff_max <= 0.0 {
+        return None;
+    }
+    // Until a trial wins, ggml's L holds make_qp_quants' levels; they can only reach the output
+    // when the scale is NaN (ggml then aborts), so zeros stand in for them here.
+    let mut best = 0f32;
+    let mut laux = [0i8; 32];
+    for is in -6..=6 {
+        let id = ((2 * K_MAX_Q - 1) as f32 + is as f32 * 0.1) / eff_max;
+        let this_scale = 1.0 / id;
+        snap_to_grid(grid, xval, waux, id, this_scale, &mut laux);
+        let (sumqx, sumq2) = weighted_sums(xval, weight, &laux);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            levels = laux;
+        }
+    }
+    if scale > 0.0 {
+        let id = 1.0 / scale;
+        snap_to_grid(grid, xval, waux, id, scale, &mut levels);
+        let (sumqx, sumq2) = weighted_sums(xval, weight, &levels);
+        if sumq2 > 0.0 {
+            scale = sumqx / sumq2;
+        }
+    }
+    Some((scale, levels))
+}
+
+/// Rounds each group of 8 values at inverse scale `id` to levels 0..=2 and, when that pattern
+/// is not on the grid, replaces it by the best neighbour at `scale` (distance weighted by `waux`).
+fn snap_to_grid(
+    grid: &IqGrid,
+    xval: &[f32; 32],
+    waux: &[f32; 32],
+    id: f32,
+    scale: f32,
+    levels: &mut [i8; 32],
+) {
+    for k in 0..4 {
+        let group = &mut levels[8 * k..8 * k + 8];
+        for (i, l) in group.iter_mut().enumerate() {
+            *l = nearest_int(0.5 * (id * xval[8 * k + i] - 1.0)).clamp(0, K_MAX_Q - 1) as i8;
+        }
+        match grid.lookup(group) {
+            Lookup::OnGrid(_) => {}
+            Lookup::Neighbours(list) => {
+                let gi = best_neighbour(
+                    grid,
+                    list,
+                    &xval[8 * k..8 * k + 8],
+                    &waux[8 * k..8 * k + 8],
+                    scale,
+                );
+                for (l, &c) in group.iter_mut().zip(grid.point(gi)) {
+                    *l = (c - 1) / 2;
+                }
+            }
+        }
+    }
+}
+
+/// ggml's `iq2_find_best_neighbour`: the candidate minimising Σ w·(scale·q − x)², first wins
+/// ties. (ggml aborts when every distance is NaN; we then take the first candidate.)
+fn best_neighbour(grid: &IqGrid, list: &[u16], xval: &[f32], w: &[f32], scale: f32) -> usize {
+    let mut best_d2 = f32::MAX;
+    let mut best = list[0] as usize;
+    for &j in list {
+        let p = grid.point(j as usize);
+        let mut d2 = 0f32;
+        for i in 0..8 {
+            let diff = scale * p[i] as f32 - xval[i];
+            d2 += w[i] * diff * diff;
+        }
+        if d2 < best_d2 {
+            best_d2 = d2;
+            best = j as usize;
+        }
+    }
+    best
+}
+
+/// Σ w·x·q and Σ w·q² with q = 2l + 1.
+fn weighted_sums(xval: &[f32; 32], weight: &[f32; 32], levels: &[i8; 32]) -> (f32, f32) {
+    let mut sumqx = 0f32;
+    let mut sumq2 = 0f32;
+    for i in 0..32 {
+        let w = weight[i];
+        let q = (2 * levels[i] as i32 + 1) as f32;
+        sumqx += w * xval[i] * q;
+        sumq2 += w * q * q;
+    }
+    (sumqx, sumq2)
+}
+
+/// ggml's `make_qp_quants` for 32 values: the weighted least-squares scale for non-negative
+/// levels 0..=nmax (a grid of 9 trial scales, then up to 5 rounds of coordinate descent).
+/// Only the returned scale is used. Levels are kept as u8 like ggml's (a negative value wraps).
+fn make_qp_quants(nmax: i32, x: &[f32; 32], w: &[f32; 32]) -> f32 {
+    let max = x.iter().fold(0f32, |m, &v| c_max(m, v));
+    if max < GROUP_MAX_EPS {
+        return 0.0;
+    }
+    let nmaxf = nmax as f32;
+    let mut l = [0u8; 32];
+    let mut iscale = nmaxf / max;
+    for i in 0..32 {
+        l[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0f32;
+    for i in 0..32 {
+        let diff = x[i] - scale * l[i] as f32;
+        best_mse += w[i] * diff * diff;
+    }
+    for is in (-4..=4).filter(|&is| is != 0) {
+        let iscale_is = (0.1 * is as f32 + nmaxf) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0f32;
+        for i in 0..32 {
+            let q = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * q as f32;
+            mse += w[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let mut sumlx = 0f32;
+    let mut suml2 = 0f32;
+    for i in 0..32 {
+        let q = nearest_int(iscale * x[i]).min(nmax);
+        l[i] = q as u8;
+        sumlx += w[i] * x[i] * q as f32;
+        suml2 += w[i] * q as f32 * q as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for i in 0..32 {
+            let li = l[i] as f32;
+            let mut slx = sumlx - w[i] * x[i] * li;
+            let mut sl2 = suml2 - w[i] * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != l[i] as i32 {
+                    slx += w[i] * x[i] * new_l as f32;
+                    sl2 += w[i] * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
 }
