@@ -6,11 +6,13 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod convert;
 mod generate;
+mod imatrix;
 mod inspect;
 mod logits;
 mod make_model;
 mod parity;
 mod perplexity;
+mod plan;
 mod selftest;
 mod serve;
 mod spec_bench;
@@ -51,8 +53,12 @@ enum Command {
     SpecBench(spec_bench::Args),
     /// Check every fast kernel against the oracle on fresh random data.
     Selftest(selftest::Args),
+    /// Importance matrix (llama-imatrix's GGUF format) of a text, for `quantize --imatrix`.
+    Imatrix(imatrix::Args),
     /// Perplexity of a text by llama.cpp's method (chunks, second half of each scored).
     Perplexity(perplexity::Args),
+    /// What is resident under a memory budget; the expert cache size.
+    Plan(plan::Args),
     /// Compare redlite's logits with llama.cpp's or the stored references (KL, top-1, greedy).
     Parity(parity::Args),
 }
@@ -72,7 +78,9 @@ fn main() {
         Command::Selftest(a) => selftest::run(a),
         Command::SpecBench(a) => spec_bench::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Imatrix(a) => imatrix::run(a),
         Command::Parity(a) => parity::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
