@@ -6,7 +6,6 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod convert;
 mod generate;
-mod imatrix;
 mod inspect;
 mod logits;
 mod make_model;
@@ -53,8 +52,6 @@ enum Command {
     SpecBench(spec_bench::Args),
     /// Check every fast kernel against the oracle on fresh random data.
     Selftest(selftest::Args),
-    /// Importance matrix (llama-imatrix's GGUF format) of a text, for `quantize --imatrix`.
-    Imatrix(imatrix::Args),
     /// Perplexity of a text by llama.cpp's method (chunks, second half of each scored).
     Perplexity(perplexity::Args),
     /// What is resident under a memory budget; the expert cache size.
@@ -78,7 +75,6 @@ fn main() {
         Command::Selftest(a) => selftest::run(a),
         Command::SpecBench(a) => spec_bench::run(a),
         Command::Perplexity(a) => perplexity::run(a),
-        Command::Imatrix(a) => imatrix::run(a),
         Command::Parity(a) => parity::run(a),
         Command::Plan(a) => plan::run(a),
     };

@@ -4,7 +4,6 @@ pub mod backends;
 pub mod bench;
 pub mod default_model;
 pub mod generate;
-pub mod imatrix;
 pub mod parity;
 pub mod perplexity;
 pub mod planner;
