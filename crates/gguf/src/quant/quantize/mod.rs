@@ -5,6 +5,7 @@
 //! tensor row (a multiple of the block size), `imatrix` the optional per-column importance
 //! (length = row length) and `out` exactly that row's bytes.
 
+mod common;
 mod iq1_m;
 mod iq2_xxs;
 mod iq4_xs;
@@ -71,14 +72,14 @@ pub fn quantize(
         return Err(QuantizeError::Unsupported(ty));
     }
     let block = ty.block_elems();
-    if n_per_row == 0 || n_per_row % block != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(block) {
         return Err(QuantizeError::RowNotBlockMultiple {
             ty,
             n_per_row,
             block,
         });
     }
-    if src.len() % n_per_row != 0 {
+    if !src.len().is_multiple_of(n_per_row) {
         return Err(QuantizeError::NotWholeRows {
             len: src.len(),
             n_per_row,
