@@ -38,3 +38,138 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
         o[(size_t)h * hd + i] = acc;
     }
 }
+
+// The device-resident model's attention: both work for any number of new tokens (the prompt or one
+// decode step); the position of the first new token is device data (*pos), so a captured decode
+// step replays at any position.
+#define ATTN_MAX_HD 512
+#define ATTN_PER_LANE (ATTN_MAX_HD / WARP)
+#define ATTN_WARPS 4
+
+// NeoX rotation of the pairs (i, i + rope_dims/2) of one head held in shared memory, at position
+// pos; angles in double, sine and cosine rounded once (as rope_neox and the oracle do).
+__device__ __forceinline__ void rope_neox_shared(float* h, int rope_dims, int pos, double theta) {
+    const int half = rope_dims / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double inv_freq = pow(theta, -2.0 * (double)i / (double)rope_dims);
+        const double angle = (double)pos * inv_freq;
+        const float s = (float)sin(angle), c = (float)cos(angle);
+        const float a = h[i], b = h[i + half];
+        h[i] = a * c - b * s;
+        h[i + half] = b * c + a * s;
+    }
+}
+
+// attn_qk_prep(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos, nh, nkv, hd, rope_dims, theta, eps):
+// token t = blockIdx.y at position *pos + t. Block x < nh takes query head x of the projection
+// qg [t][nh][2][hd] ([query | gate] per head): QK-norm (RMSNorm with q_norm), RoPE, into q
+// [t][nh][hd]; the gate half is copied to gate [t][nh][hd]. Block x >= nh takes KV head x - nh
+// of kn, vn [t][nkv][hd]: K gets QK-norm (k_norm) and RoPE, and K and V are written to the caches
+// kc, vc [ctx][nkv][hd] at the token's position. Launch: grid = (nh + nkv, tokens), block = any
+// multiple of 32; hd <= ATTN_MAX_HD.
+extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const float* __restrict__ kn,
+                                        const float* __restrict__ vn, float* __restrict__ q,
+                                        float* __restrict__ gate, float* __restrict__ kc, float* __restrict__ vc,
+                                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                        const int* __restrict__ pos_ptr, int nh, int nkv, int hd, int rope_dims,
+                                        double theta, float eps) {
+    __shared__ float head[ATTN_MAX_HD];
+    __shared__ float scratch[WARP];
+    const int t = blockIdx.y;
+    const int pos = *pos_ptr + t;
+    const float* src;
+    const float* w;
+    float* dst;
+    if ((int)blockIdx.x < nh) {
+        const size_t hh = (size_t)t * nh + blockIdx.x;
+        src = qg + hh * 2 * hd;
+        w = q_norm;
+        dst = q + hh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) gate[hh * hd + i] = src[hd + i];
+    } else {
+        const int g = blockIdx.x - nh;
+        src = kn + ((size_t)t * nkv + g) * hd;
+        w = k_norm;
+        dst = kc + ((size_t)pos * nkv + g) * hd;
+        const float* vs = vn + ((size_t)t * nkv + g) * hd;
+        float* vd = vc + ((size_t)pos * nkv + g) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = vs[i];
+    }
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = src[i] * inv * w[i];
+    __syncthreads();
+    rope_neox_shared(head, rope_dims, pos, theta);
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = head[i];
+}
+
+// attn_causal(q, kc, vc, o, pos, nkv, hd, scale): causal softmax attention of query token
+// t = blockIdx.y (position p = *pos + t) and head h = blockIdx.x (gridDim.x = heads; GQA: KV head
+// h / (heads / nkv)) over cache positions 0..p. q and o are [tokens][heads][hd], kc and vc
+// [ctx][nkv][hd] (already holding this token's K and V). Each warp walks positions wid, wid + 4,
+// ... with a running max, sum and weighted value sum (online softmax); the 4 partial results
+// are merged at the end. No scratch memory, any length.
+// Launch: grid = (heads, tokens), block = 32 * ATTN_WARPS; hd a multiple of 32, <= ATTN_MAX_HD.
+extern "C" __global__ void attn_causal(const float* __restrict__ q, const float* __restrict__ kc,
+                                       const float* __restrict__ vc, float* __restrict__ o,
+                                       const int* __restrict__ pos_ptr, int nkv, int hd, float scale) {
+    __shared__ float part_m[ATTN_WARPS], part_l[ATTN_WARPS];
+    __shared__ float part_acc[ATTN_WARPS * ATTN_MAX_HD];
+    const int h = blockIdx.x, heads = gridDim.x, t = blockIdx.y;
+    const int g = h / (heads / nkv);
+    const int n = *pos_ptr + t + 1;
+    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    const int per = hd / WARP;
+    const float* qh = q + ((size_t)t * heads + h) * hd;
+    float qr[ATTN_PER_LANE], acc[ATTN_PER_LANE];
+#pragma unroll
+    for (int c = 0; c < ATTN_PER_LANE; ++c) {
+        qr[c] = c < per ? qh[c * WARP + lane] : 0.0f;
+        acc[c] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int j = wid; j < n; j += ATTN_WARPS) {
+        const float* kj = kc + ((size_t)j * nkv + g) * hd;
+        float d = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ATTN_PER_LANE; ++c) {
+            if (c < per) d += qr[c] * kj[c * WARP + lane];
+        }
+        d = warp_sum(d) * scale;
+        const float m_new = fmaxf(m, d);
+        const float corr = expf(m - m_new);  // 0 on the first position (m = -inf)
+        const float p = expf(d - m_new);
+        l = l * corr + p;
+        const float* vj = vc + ((size_t)j * nkv + g) * hd;
+#pragma unroll
+        for (int c = 0; c < ATTN_PER_LANE; ++c) {
+            if (c < per) acc[c] = acc[c] * corr + p * vj[c * WARP + lane];
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        part_m[wid] = m;
+        part_l[wid] = l;
+    }
+#pragma unroll
+    for (int c = 0; c < ATTN_PER_LANE; ++c) {
+        if (c < per) part_acc[wid * ATTN_MAX_HD + c * WARP + lane] = acc[c];
+    }
+    __syncthreads();
+    float mm = NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; ++w) mm = fmaxf(mm, part_m[w]);
+    float ll = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        if (part_m[w] != NEG_INF) ll += part_l[w] * expf(part_m[w] - mm);
+    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            if (part_m[w] != NEG_INF) a += part_acc[w * ATTN_MAX_HD + i] * expf(part_m[w] - mm);
+        }
+        o[((size_t)t * heads + h) * hd + i] = a / ll;
+    }
+}

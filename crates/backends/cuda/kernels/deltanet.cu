@@ -4,6 +4,10 @@
 //   dn_gates       beta = sigmoid(b), g = A * softplus(a + dt_bias) per V head
 //   dn_delta_step  S <- exp(g) S; m = S^T k; S += k (beta (v - m))^T; o = S^T q
 //   rms_norm_gated (norm.cu) RMSNorm(o) w * silu(z)
+// and their multi-token forms for the device-resident model (prompt and decode alike):
+//   dn_conv_seq    the conv over n tokens, state carried through
+//   dn_qk_norm     L2 norm of q and k of every QK head of every token, in place in the conv output
+//   dn_delta_seq   the recurrence over n tokens in one launch (tokens in order, heads in parallel)
 
 // dn_conv_step(x, state, w, y, ch, kern): channel c = thread; history = state rows 0..kern-2
 // ([kern-1][ch], oldest first) then x; y[c] = silu(sum_j w[c][j] * history[j][c]); the state then
@@ -24,14 +28,17 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : lo
 
 // dn_gates(ba, a, dt_bias, beta, g, nv, r): ba is grouped per QK head, [b-logits of its r V heads |
 // a-logits of its r V heads]. Launch: ceil(nv / block) blocks.
+// Token t = blockIdx.y reads ba[t] ([2 nv]) and writes beta[t], g[t] ([nv]); gridDim.y = tokens.
 extern "C" __global__ void dn_gates(const float* __restrict__ ba, const float* __restrict__ a,
                                     const float* __restrict__ dt_bias, float* __restrict__ beta,
                                     float* __restrict__ g, int nv, int r) {
     const int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= nv) return;
+    const size_t t = blockIdx.y;
+    const float* bat = ba + t * 2 * nv;
     const int grp = h / r, j = h % r;
-    beta[h] = sigmoidf_(ba[grp * 2 * r + j]);
-    g[h] = a[h] * softplusf_(ba[grp * 2 * r + r + j] + dt_bias[h]);
+    beta[t * nv + h] = sigmoidf_(bat[grp * 2 * r + j]);
+    g[t * nv + h] = a[h] * softplusf_(bat[grp * 2 * r + r + j] + dt_bias[h]);
 }
 
 // dn_delta_step(qkv, beta, g, s, o, nk, dk, dv): one token of the gated delta rule for V head
@@ -68,4 +75,99 @@ extern "C" __global__ void dn_delta_step(const float* __restrict__ qkv, const fl
         out += x * qk[i];
     }
     o[(size_t)h * dv + j] = out;
+}
+
+#define DN_MAX_KERN 8
+
+// dn_conv_seq(x, state, w, y, n, ch, kern): the causal depthwise conv over n tokens, x and y
+// [n][ch]; channel c = thread keeps its window in registers. y[t][c] = silu(sum_j w[c][j] *
+// history[t + j][c]) over [state (kern-1 rows, oldest first) | x]; the state ends as the last kern-1
+// inputs. kern <= DN_MAX_KERN. Launch: ceil(ch / block) blocks.
+extern "C" __global__ void dn_conv_seq(const float* __restrict__ x, float* __restrict__ state,
+                                       const float* __restrict__ w, float* __restrict__ y, int n, int ch,
+                                       int kern) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    float wc[DN_MAX_KERN], hist[DN_MAX_KERN];
+#pragma unroll
+    for (int j = 0; j < DN_MAX_KERN; ++j) {
+        wc[j] = j < kern ? w[(size_t)c * kern + j] : 0.0f;
+        hist[j] = j < kern - 1 ? state[(size_t)j * ch + c] : 0.0f;
+    }
+    for (int t = 0; t < n; ++t) {
+        const float xt = x[(size_t)t * ch + c];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+            if (j < kern - 1) acc += wc[j] * hist[j];
+        }
+        acc += wc[kern - 1] * xt;
+        y[(size_t)t * ch + c] = siluf_(acc);
+#pragma unroll
+        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+            if (j + 1 < kern - 1) hist[j] = hist[j + 1];
+            else if (j + 1 == kern - 1) hist[j] = xt;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+        if (j < kern - 1) state[(size_t)j * ch + c] = hist[j];
+    }
+}
+
+// dn_qk_norm(qkv, ch, nk, dk, eps, q_scale): in place on the conv output [n][ch] (ch starts with
+// q of the nk QK heads, then k): row r = blockIdx.x of token t = blockIdx.y (r < nk: q head r,
+// else k head r - nk) becomes x * rsqrt(sum x^2 + eps), q rows then times q_scale.
+// Launch: grid = (2 nk, n), block = any multiple of 32.
+extern "C" __global__ void dn_qk_norm(float* __restrict__ qkv, int ch, int nk, int dk, float eps, float q_scale) {
+    __shared__ float scratch[WARP];
+    float* xr = qkv + (size_t)blockIdx.y * ch + (size_t)blockIdx.x * dk;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss + eps);
+    const float s = (int)blockIdx.x < nk ? q_scale : 1.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) xr[i] = (xr[i] * inv) * s;
+}
+
+// dn_delta_seq(qkv, beta, g, s, o, n, ch, nk, dk, dv): the gated delta rule over n tokens, in
+// order, for V head h = blockIdx.x (the recurrent form of dn_delta_step, token after token in one
+// launch). qkv [n][ch] is the normalised conv output, beta and g [n][nv], s [nv][dk][dv] is
+// updated, o is [n][nv][dv]. Thread j owns state column j.
+// Launch: grid = nv, block = dv rounded up to 32 (<= 1024), dynamic shared memory = 2 * dk floats.
+extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const float* __restrict__ beta,
+                                        const float* __restrict__ g, float* __restrict__ s,
+                                        float* __restrict__ o, int n, int ch, int nk, int dk, int dv) {
+    extern __shared__ float qk[];  // q then k of this head's QK head, for the current token
+    const int h = blockIdx.x, nv = gridDim.x;
+    const int kh = h / (nv / nk);
+    const int j = threadIdx.x;
+    float* sh = s + (size_t)h * dk * dv;
+    for (int t = 0; t < n; ++t) {
+        const float* row = qkv + (size_t)t * ch;
+        __syncthreads();  // every thread is done with the previous token's q and k
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            qk[i] = row[kh * dk + i];
+            qk[dk + i] = row[nk * dk + kh * dk + i];
+        }
+        __syncthreads();
+        if (j < dv) {
+            const float alpha = expf(g[(size_t)t * nv + h]);
+            const float v = row[2 * nk * dk + h * dv + j];
+            float m = 0.0f;
+            for (int i = 0; i < dk; ++i) {
+                const float x = sh[(size_t)i * dv + j] * alpha;
+                sh[(size_t)i * dv + j] = x;
+                m += x * qk[dk + i];
+            }
+            const float delta = beta[(size_t)t * nv + h] * (v - m);
+            float out = 0.0f;
+            for (int i = 0; i < dk; ++i) {
+                const float x = sh[(size_t)i * dv + j] + qk[dk + i] * delta;
+                sh[(size_t)i * dv + j] = x;
+                out += x * qk[i];
+            }
+            o[((size_t)t * nv + h) * dv + j] = out;
+        }
+    }
 }

@@ -121,3 +121,77 @@ __device__ __forceinline__ void moe_down_body(const u64* __restrict__ down, cons
     }
 
 FOR_EACH_TYPE(MOE_KERNELS)
+
+// The device-resident forms: the router's choice stays on the device. Each expert tensor is one
+// buffer with expert e's [rows][cols] weight at byte offset e * stride (gate and up may share a
+// buffer, as in the fused gate_up layout).
+
+// moe_gate_up_ids_<type>(gate, up, stride, ids, x, act, ff, hidden, k): token t = blockIdx.z,
+// choice e = blockIdx.y (expert ids[t][e]): act[t][e][r] = silu(gate . x[t]) * (up . x[t]).
+// Launch: block = 32 * warps, grid = (ceil(ff / warps), k, tokens).
+template <typename T>
+__device__ __forceinline__ void moe_gate_up_ids_body(const u8* __restrict__ gate, const u8* __restrict__ up,
+                                                     u64 stride, const int* __restrict__ ids,
+                                                     const float* __restrict__ x, float* __restrict__ act,
+                                                     int ff, int hidden, int k) {
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
+    if (row >= ff) return;
+    const size_t off = (size_t)ids[te] * stride + (size_t)row * row_bytes<T>(hidden);
+    const float* xt = x + (size_t)blockIdx.z * hidden;
+    const float gv = row_dot<T>(gate + off, xt, hidden, lane);
+    const float uv = row_dot<T>(up + off, xt, hidden, lane);
+    if (lane == 0) act[te * ff + row] = siluf_(gv) * uv;
+}
+
+// moe_down_ids_<type>(down, stride, ids, weight, act, out, hidden, ff, k): token t = blockIdx.y:
+// out[t][r] = sum over e < k, in order, of weight[t][e] * (down_{ids[t][e]}[r] . act[t][e]).
+// Launch: block = 32 * warps, grid = (ceil(hidden / warps), tokens).
+template <typename T>
+__device__ __forceinline__ void moe_down_ids_body(const u8* __restrict__ down, u64 stride,
+                                                  const int* __restrict__ ids, const float* __restrict__ weight,
+                                                  const float* __restrict__ act, float* __restrict__ out,
+                                                  int hidden, int ff, int k) {
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t t = blockIdx.y;
+    if (row >= hidden) return;
+    const size_t rb = row_bytes<T>(ff);
+    float s = 0.0f;
+    for (int e = 0; e < k; ++e) {
+        const size_t te = t * k + e;
+        const float d = row_dot<T>(down + (size_t)ids[te] * stride + (size_t)row * rb, act + te * ff, ff, lane);
+        s += weight[te] * d;
+    }
+    if (lane == 0) out[t * hidden + row] = s;
+}
+
+#define MOE_IDS_KERNELS(name, T)                                                                      \
+    extern "C" __global__ void moe_gate_up_ids_##name(const u8* gate, const u8* up, u64 stride,       \
+                                                      const int* ids, const float* x, float* act,     \
+                                                      int ff, int hidden, int k) {                     \
+        moe_gate_up_ids_body<T>(gate, up, stride, ids, x, act, ff, hidden, k);                        \
+    }                                                                                                 \
+    extern "C" __global__ void moe_down_ids_##name(const u8* down, u64 stride, const int* ids,        \
+                                                   const float* weight, const float* act, float* out, \
+                                                   int hidden, int ff, int k) {                        \
+        moe_down_ids_body<T>(down, stride, ids, weight, act, out, hidden, ff, k);                     \
+    }
+
+FOR_EACH_TYPE(MOE_IDS_KERNELS)
+
+// moe_combine(x, routed, shared, gate_logit, hidden): the MoE block's residual for token
+// t = blockIdx.y: x[t] += routed[t] + sigmoid(gate_logit[t]) * shared[t] (the shared expert's
+// scalar sigmoid gate). Launch: grid = (ceil(hidden / block), tokens).
+extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ routed,
+                                       const float* __restrict__ shared, const float* __restrict__ gate_logit,
+                                       int hidden) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= hidden) return;
+    const size_t at = (size_t)blockIdx.y * hidden + i;
+    const float gs = sigmoidf_(gate_logit[blockIdx.y]);
+    x[at] += routed[at] + gs * shared[at];
+}

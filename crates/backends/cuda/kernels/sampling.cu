@@ -28,3 +28,91 @@ extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __res
         out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
 }
+
+#define SAMPLE_MAX_K 64
+
+// Whether (v, i) comes before (bv, bi) in the order largest value first, lower index on ties.
+__device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+// sample_topk(logits, vocab, k, inv_temp, top_p, min_p, u, out): a draw per row (blockIdx.x) of
+// n logits (NaN counts as -inf), in the engine sampler's order: temperature, top-k, top-p
+// (smallest prefix of the sorted candidates whose mass reaches top_p), min-p (probability at
+// least min_p times the largest), softmax over what is left; the token where the cumulative mass
+// passes u[row] times the kept mass (u uniform in [0, 1), device data so a captured step can take
+// a fresh one). k <= SAMPLE_MAX_K (<= vocab): k rounds of a block-wide arg-max, each taking the
+// best entry ranked after the previous pick.
+// Launch: grid = rows, block = any multiple of 32 (<= 1024).
+extern "C" __global__ void sample_topk(const float* __restrict__ logits, int vocab, int k, float inv_temp,
+                                       float top_p, float min_p, const float* __restrict__ u,
+                                       int* __restrict__ out) {
+    __shared__ float cand_v[SAMPLE_MAX_K];
+    __shared__ int cand_i[SAMPLE_MAX_K];
+    __shared__ float sv[WARP];
+    __shared__ int si[WARP];
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    float pv = __int_as_float(0x7f800000);  // +inf: everything ranks after it
+    int pi = -1;
+    for (int r = 0; r < k; ++r) {
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = row[i];
+            if (v != v) v = NEG_INF;
+            const bool after = ranks_before(pv, pi, v, i);
+            if (after && ranks_before(v, i, bv, bi)) { bv = v; bi = i; }
+        }
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { sv[wid] = bv; si[wid] = bi; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < nw; ++w) {
+                if (ranks_before(sv[w], si[w], sv[0], si[0])) { sv[0] = sv[w]; si[0] = si[w]; }
+            }
+            cand_v[r] = sv[0];
+            cand_i[r] = si[0];
+        }
+        __syncthreads();
+        pv = cand_v[r];
+        pi = cand_i[r];
+        __syncthreads();  // sv/si are rewritten next round
+    }
+    if (threadIdx.x == 0) {
+        // Probabilities of the candidates at the temperature (the largest is cand_v[0]).
+        float p[SAMPLE_MAX_K];
+        float total = 0.0f;
+        for (int r = 0; r < k; ++r) {
+            p[r] = expf((cand_v[r] - cand_v[0]) * inv_temp);
+            total += p[r];
+        }
+        int keep = k;
+        if (top_p < 1.0f) {
+            float cum = 0.0f;
+            for (int r = 0; r < k; ++r) {
+                cum += p[r] / total;
+                if (cum >= top_p) { keep = r + 1; break; }
+            }
+        }
+        if (min_p > 0.0f) {
+            int r = 1;
+            while (r < keep && p[r] >= min_p * p[0]) ++r;
+            keep = r;
+        }
+        float mass = 0.0f;
+        for (int r = 0; r < keep; ++r) mass += p[r];
+        const float target = u[blockIdx.x] * mass;
+        int pick = keep - 1;
+        float cum = 0.0f;
+        for (int r = 0; r < keep; ++r) {
+            cum += p[r];
+            if (target < cum) { pick = r; break; }
+        }
+        out[blockIdx.x] = cand_i[pick] == 0x7fffffff ? 0 : cand_i[pick];
+    }
+}

@@ -92,7 +92,14 @@ pub fn type_suffix(ty: GgmlType) -> String {
 }
 
 /// The per-type kernel families (prefixes).
-pub const PER_TYPE_KERNELS: &[&str] = &["matvec", "embed", "moe_gate_up", "moe_down"];
+pub const PER_TYPE_KERNELS: &[&str] = &[
+    "matvec",
+    "embed",
+    "moe_gate_up",
+    "moe_down",
+    "moe_gate_up_ids",
+    "moe_down_ids",
+];
 
 /// The kernels that do not depend on a weight type.
 pub const PLAIN_KERNELS: &[&str] = &[
@@ -109,6 +116,14 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "dn_delta_step",
     "attn_decode",
     "argmax",
+    // The device-resident model's multi-token kernels.
+    "dn_conv_seq",
+    "dn_qk_norm",
+    "dn_delta_seq",
+    "attn_qk_prep",
+    "attn_causal",
+    "moe_combine",
+    "sample_topk",
 ];
 
 /// The name of every kernel entry point in the module.

@@ -14,6 +14,8 @@
 //! - [`CudaBackend`] implements [`redlite_model::Backend`]: weights live on the device in their
 //!   quantized form; `linear` copies activations in, runs the matvec kernel and copies out;
 //!   `routed_experts` runs the fused expert kernels over the chosen experts.
+//! - [`CudaModel`] runs the whole forward pass on the device (weights, activations, KV caches
+//!   and recurrent states resident; the decode step replayed as a CUDA graph).
 //! - [`selftest`] checks every kernel against the CPU reference on fresh random data.
 //! - [`parity`] runs fixture models on the GPU and compares their logits with the exact ones.
 
@@ -27,6 +29,10 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub mod host;
+#[cfg(feature = "cuda")]
+pub mod model;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod ops;
@@ -39,6 +45,8 @@ pub mod selftest;
 pub use backend::{CudaBackend, CudaLinear};
 #[cfg(feature = "cuda")]
 pub use device::{DeviceInfo, Gpu};
+#[cfg(feature = "cuda")]
+pub use model::{CudaModel, CudaModelOptions, GpuSampling};
 
 /// Whether this build carries the CUDA backend (the `cuda` feature).
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

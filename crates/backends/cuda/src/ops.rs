@@ -425,7 +425,7 @@ pub fn dn_conv_step(
     Ok((download(gpu, &y)?, download(gpu, &sd)?))
 }
 
-/// DeltaNet gates: `(β, g)` per V head.
+/// DeltaNet gates of `ba.len() / (2·nv)` tokens: `(β, g)`, `[tokens][nv]` each.
 pub fn dn_gates(
     gpu: &Gpu,
     ba: &[f32],
@@ -434,18 +434,25 @@ pub fn dn_gates(
     r: usize,
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let nv = a.len();
-    if ba.len() != 2 * nv || dt_bias.len() != nv || r == 0 || !nv.is_multiple_of(r) {
+    if nv == 0
+        || !ba.len().is_multiple_of(2 * nv)
+        || ba.is_empty()
+        || dt_bias.len() != nv
+        || r == 0
+        || !nv.is_multiple_of(r)
+    {
         return Err(CudaError::Invalid("dn_gates: sizes".into()));
     }
+    let tokens = ba.len() / (2 * nv);
     let (bad, ad, dd) = (upload(gpu, ba)?, upload(gpu, a)?, upload(gpu, dt_bias)?);
-    let mut beta = alloc_poisoned::<f32>(gpu, nv)?;
-    let mut g = alloc_poisoned::<f32>(gpu, nv)?;
+    let mut beta = alloc_poisoned::<f32>(gpu, tokens * nv)?;
+    let mut g = alloc_poisoned::<f32>(gpu, tokens * nv)?;
     let (nvi, ri) = (i32_arg(nv, "nv")?, i32_arg(r, "r")?);
     launch!(
         gpu,
         gpu.func("dn_gates")?,
         "dn_gates",
-        cfg((blocks(nv, 64), 1, 1), 64, 0),
+        cfg((blocks(nv, 64), tokens as u32, 1), 64, 0),
         [&bad, &ad, &dd, &mut beta, &mut g, &nvi, &ri]
     )?;
     Ok((download(gpu, &beta)?, download(gpu, &g)?))
@@ -547,6 +554,362 @@ pub fn argmax(gpu: &Gpu, x: &[f32], n: usize) -> Result<Vec<i32>, CudaError> {
         "argmax",
         cfg((rows as u32, 1, 1), 1024, 0),
         [&xd, &ni, &mut out]
+    )?;
+    download(gpu, &out)
+}
+
+// ----- the device-resident model's multi-token kernels -----
+
+/// The DeltaNet conv over `x.len() / ch` tokens: returns `(silu(conv) [n][ch], new state)`.
+pub fn dn_conv_seq(
+    gpu: &Gpu,
+    x: &[f32],
+    state: &[f32],
+    w: &[f32],
+    ch: usize,
+    kern: usize,
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    let n = check_rows(x.len(), ch, "dn_conv_seq")?;
+    if kern == 0 || kern > 8 || state.len() != (kern - 1) * ch || w.len() != kern * ch {
+        return Err(CudaError::Invalid(
+            "dn_conv_seq: state or weight size".into(),
+        ));
+    }
+    let (xd, wd) = (upload(gpu, x)?, upload(gpu, w)?);
+    // One spare float: a kernel of width 1 has an empty state.
+    let mut sd = upload(gpu, &[state, &[0.0]].concat())?;
+    let mut y = alloc_poisoned::<f32>(gpu, x.len())?;
+    let (ni, chi, ki) = (i32_arg(n, "n")?, i32_arg(ch, "ch")?, i32_arg(kern, "kern")?);
+    launch!(
+        gpu,
+        gpu.func("dn_conv_seq")?,
+        "dn_conv_seq",
+        cfg((blocks(ch, 128), 1, 1), 128, 0),
+        [&xd, &mut sd, &wd, &mut y, &ni, &chi, &ki]
+    )?;
+    let mut st = download(gpu, &sd)?;
+    st.truncate(state.len());
+    Ok((download(gpu, &y)?, st))
+}
+
+/// L2 norm of the q and k heads of every token of a conv output `[n][ch]`, q scaled.
+pub fn dn_qk_norm(
+    gpu: &Gpu,
+    qkv: &[f32],
+    ch: usize,
+    nk: usize,
+    dk: usize,
+    eps: f32,
+    q_scale: f32,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(qkv.len(), ch, "dn_qk_norm")?;
+    if 2 * nk * dk > ch {
+        return Err(CudaError::Invalid(
+            "dn_qk_norm: q and k exceed the row".into(),
+        ));
+    }
+    let mut xd = upload(gpu, qkv)?;
+    let (chi, nki, dki) = (i32_arg(ch, "ch")?, i32_arg(nk, "nk")?, i32_arg(dk, "dk")?);
+    launch!(
+        gpu,
+        gpu.func("dn_qk_norm")?,
+        "dn_qk_norm",
+        cfg(((2 * nk) as u32, n as u32, 1), 128, 0),
+        [&mut xd, &chi, &nki, &dki, &eps, &q_scale]
+    )?;
+    download(gpu, &xd)
+}
+
+/// The delta rule over `n` tokens (conv rows `[n][ch]`, β and g `[n][nv]`): returns
+/// `(o [n][nv][dv], new state)`.
+pub fn dn_delta_seq(
+    gpu: &Gpu,
+    qkv: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    state: &[f32],
+    d: DeltaDims,
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    let ch = 2 * d.nk * d.dk + d.nv * d.dv;
+    let n = check_rows(qkv.len(), ch, "dn_delta_seq")?;
+    if beta.len() != n * d.nv
+        || g.len() != n * d.nv
+        || state.len() != d.nv * d.dk * d.dv
+        || d.dv > 1024
+        || !d.nv.is_multiple_of(d.nk)
+    {
+        return Err(CudaError::Invalid(format!("dn_delta_seq: sizes {d:?}")));
+    }
+    let (qd, bd, gd) = (upload(gpu, qkv)?, upload(gpu, beta)?, upload(gpu, g)?);
+    let mut sd = upload(gpu, state)?;
+    let mut o = alloc_poisoned::<f32>(gpu, n * d.nv * d.dv)?;
+    let (ni, chi, nki, dki, dvi) = (
+        i32_arg(n, "n")?,
+        i32_arg(ch, "ch")?,
+        i32_arg(d.nk, "nk")?,
+        i32_arg(d.dk, "dk")?,
+        i32_arg(d.dv, "dv")?,
+    );
+    let block = (d.dv as u32).div_ceil(32) * 32;
+    launch!(
+        gpu,
+        gpu.func("dn_delta_seq")?,
+        "dn_delta_seq",
+        cfg((d.nv as u32, 1, 1), block, (8 * d.dk) as u32),
+        [&qd, &bd, &gd, &mut sd, &mut o, &ni, &chi, &nki, &dki, &dvi]
+    )?;
+    Ok((download(gpu, &o)?, download(gpu, &sd)?))
+}
+
+/// Shapes of gated attention.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnDims {
+    pub heads: usize,
+    pub nkv: usize,
+    pub hd: usize,
+    pub rope_dims: usize,
+    pub theta: f64,
+    pub eps: f32,
+}
+
+/// `attn_qk_prep` on `n` tokens at positions `pos0..`: returns `(q, gate, k cache, v cache)`
+/// with the caches `[ctx][nkv][hd]` (positions outside `pos0..pos0 + n` keep `kc0` / `vc0`).
+#[allow(clippy::too_many_arguments)]
+#[allow(clippy::type_complexity)]
+pub fn attn_qk_prep(
+    gpu: &Gpu,
+    qg: &[f32],
+    kn: &[f32],
+    vn: &[f32],
+    q_norm: &[f32],
+    k_norm: &[f32],
+    kc0: &[f32],
+    vc0: &[f32],
+    pos0: usize,
+    d: AttnDims,
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>), CudaError> {
+    let n = check_rows(qg.len(), d.heads * 2 * d.hd, "attn_qk_prep q")?;
+    let ctx = check_rows(kc0.len(), d.nkv * d.hd, "attn_qk_prep cache")?;
+    if kn.len() != n * d.nkv * d.hd
+        || vn.len() != kn.len()
+        || vc0.len() != kc0.len()
+        || pos0 + n > ctx
+        || d.hd > 512
+        || q_norm.len() != d.hd
+        || k_norm.len() != d.hd
+    {
+        return Err(CudaError::Invalid("attn_qk_prep: sizes".into()));
+    }
+    let (qgd, knd, vnd) = (upload(gpu, qg)?, upload(gpu, kn)?, upload(gpu, vn)?);
+    let (qnd, knd2) = (upload(gpu, q_norm)?, upload(gpu, k_norm)?);
+    let (mut kc, mut vc) = (upload(gpu, kc0)?, upload(gpu, vc0)?);
+    let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
+    let mut q = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
+    let mut gate = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
+    let (hi, nkvi, hdi, rdi) = (
+        i32_arg(d.heads, "heads")?,
+        i32_arg(d.nkv, "nkv")?,
+        i32_arg(d.hd, "hd")?,
+        i32_arg(d.rope_dims, "rope dims")?,
+    );
+    launch!(
+        gpu,
+        gpu.func("attn_qk_prep")?,
+        "attn_qk_prep",
+        cfg(((d.heads + d.nkv) as u32, n as u32, 1), 128, 0),
+        [
+            &qgd, &knd, &vnd, &mut q, &mut gate, &mut kc, &mut vc, &qnd, &knd2, &pos, &hi, &nkvi,
+            &hdi, &rdi, &d.theta, &d.eps
+        ]
+    )?;
+    Ok((
+        download(gpu, &q)?,
+        download(gpu, &gate)?,
+        download(gpu, &kc)?,
+        download(gpu, &vc)?,
+    ))
+}
+
+/// Causal attention of `n` query tokens at positions `pos0..` (`q [n][heads][hd]`) over caches
+/// `[ctx][nkv][hd]` that hold positions `0..pos0 + n`.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_causal(
+    gpu: &Gpu,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    pos0: usize,
+    heads: usize,
+    nkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(q.len(), heads * hd, "attn_causal q")?;
+    let ctx = check_rows(kc.len(), nkv * hd, "attn_causal cache")?;
+    if vc.len() != kc.len()
+        || pos0 + n > ctx
+        || !hd.is_multiple_of(32)
+        || hd > 512
+        || !heads.is_multiple_of(nkv)
+    {
+        return Err(CudaError::Invalid("attn_causal: sizes".into()));
+    }
+    let (qd, kd, vd) = (upload(gpu, q)?, upload(gpu, kc)?, upload(gpu, vc)?);
+    let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
+    let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
+    let (nkvi, hdi) = (i32_arg(nkv, "nkv")?, i32_arg(hd, "hd")?);
+    launch!(
+        gpu,
+        gpu.func("attn_causal")?,
+        "attn_causal",
+        cfg((heads as u32, n as u32, 1), 128, 0),
+        [&qd, &kd, &vd, &mut o, &pos, &nkvi, &hdi, &scale]
+    )?;
+    download(gpu, &o)
+}
+
+/// Whole expert tensors (`n_exp` experts of type `ty`, one after another) for the id kernels.
+pub struct ExpertTensors<'a> {
+    pub ty: GgmlType,
+    pub gate: &'a [u8],
+    pub up: &'a [u8],
+    pub down: &'a [u8],
+    pub n_exp: usize,
+}
+
+/// The routed experts of `n` tokens with the choice as device data: `ids`, `weights` `[n][k]`,
+/// `x [n][hidden]`; returns `[n][hidden]`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_ids(
+    gpu: &Gpu,
+    t: &ExpertTensors,
+    ids: &[i32],
+    weights: &[f32],
+    x: &[f32],
+    hidden: usize,
+    ff: usize,
+    k: usize,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(x.len(), hidden, "moe_experts_ids x")?;
+    let gu_bytes = row_bytes(t.ty, hidden)? * ff;
+    let dn_bytes = row_bytes(t.ty, ff)? * hidden;
+    if ids.len() != n * k
+        || weights.len() != n * k
+        || t.gate.len() != t.n_exp * gu_bytes
+        || t.up.len() != t.gate.len()
+        || t.down.len() != t.n_exp * dn_bytes
+        || ids.iter().any(|&i| i < 0 || i as usize >= t.n_exp)
+    {
+        return Err(CudaError::Invalid("moe_experts_ids: sizes or ids".into()));
+    }
+    let (gd, ud, dd) = (
+        upload(gpu, t.gate)?,
+        upload(gpu, t.up)?,
+        upload(gpu, t.down)?,
+    );
+    let (idd, wd, xd) = (upload(gpu, ids)?, upload(gpu, weights)?, upload(gpu, x)?);
+    let mut act = alloc_poisoned::<f32>(gpu, n * k * ff)?;
+    let mut out = alloc_poisoned::<f32>(gpu, n * hidden)?;
+    let (ffi, hi, ki) = (
+        i32_arg(ff, "ff")?,
+        i32_arg(hidden, "hidden")?,
+        i32_arg(k, "k")?,
+    );
+    let (gus, dns) = (gu_bytes as u64, dn_bytes as u64);
+    let gu = format!("moe_gate_up_ids_{}", type_suffix(t.ty));
+    launch!(
+        gpu,
+        gpu.func(&gu)?,
+        &gu,
+        cfg(
+            (blocks(ff, MATVEC_WARPS), k as u32, n as u32),
+            32 * MATVEC_WARPS,
+            0
+        ),
+        [&gd, &ud, &gus, &idd, &xd, &mut act, &ffi, &hi, &ki]
+    )?;
+    let dn = format!("moe_down_ids_{}", type_suffix(t.ty));
+    launch!(
+        gpu,
+        gpu.func(&dn)?,
+        &dn,
+        cfg(
+            (blocks(hidden, MATVEC_WARPS), n as u32, 1),
+            32 * MATVEC_WARPS,
+            0
+        ),
+        [&dd, &dns, &idd, &wd, &act, &mut out, &hi, &ffi, &ki]
+    )?;
+    download(gpu, &out)
+}
+
+/// `x + routed + sigmoid(gate_logit[t]) · shared` per token (`[n][hidden]`, `gate_logit [n]`).
+pub fn moe_combine(
+    gpu: &Gpu,
+    x: &[f32],
+    routed: &[f32],
+    shared: &[f32],
+    gate_logit: &[f32],
+) -> Result<Vec<f32>, CudaError> {
+    let n = gate_logit.len();
+    let hidden = check_rows(x.len(), n.max(1), "moe_combine")?;
+    if routed.len() != x.len() || shared.len() != x.len() || n == 0 {
+        return Err(CudaError::Invalid("moe_combine: sizes".into()));
+    }
+    let mut xd = upload(gpu, x)?;
+    let (rd, sd, gd) = (
+        upload(gpu, routed)?,
+        upload(gpu, shared)?,
+        upload(gpu, gate_logit)?,
+    );
+    let hi = i32_arg(hidden, "hidden")?;
+    launch!(
+        gpu,
+        gpu.func("moe_combine")?,
+        "moe_combine",
+        cfg((blocks(hidden, 256), n as u32, 1), 256, 0),
+        [&mut xd, &rd, &sd, &gd, &hi]
+    )?;
+    download(gpu, &xd)
+}
+
+/// On-device sampling of each row of `vocab` logits with the draw `u[row]`.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_topk(
+    gpu: &Gpu,
+    logits: &[f32],
+    vocab: usize,
+    k: usize,
+    temperature: f32,
+    top_p: f32,
+    min_p: f32,
+    u: &[f32],
+) -> Result<Vec<i32>, CudaError> {
+    let rows = check_rows(logits.len(), vocab, "sample_topk")?;
+    if k == 0
+        || k > 64
+        || k > vocab
+        || u.len() != rows
+        || temperature.is_nan()
+        || temperature <= 0.0
+    {
+        return Err(CudaError::Invalid(
+            "sample_topk: k, draws or temperature".into(),
+        ));
+    }
+    let (ld, ud) = (upload(gpu, logits)?, upload(gpu, u)?);
+    let mut out = alloc_poisoned::<i32>(gpu, rows)?;
+    let (vi, ki, inv_t) = (
+        i32_arg(vocab, "vocab")?,
+        i32_arg(k, "k")?,
+        1.0 / temperature,
+    );
+    launch!(
+        gpu,
+        gpu.func("sample_topk")?,
+        "sample_topk",
+        cfg((rows as u32, 1, 1), 1024, 0),
+        [&ld, &vi, &ki, &inv_t, &top_p, &min_p, &ud, &mut out]
     )?;
     download(gpu, &out)
 }

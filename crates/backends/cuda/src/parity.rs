@@ -1,5 +1,9 @@
-//! Fixture parity on the GPU: the logits of the reference models through [`CudaBackend`] against
-//! the stored exact (float64) logits, with the f32 oracle on the CPU alongside.
+//! Fixture parity on the GPU: the logits of the reference models through the device-resident
+//! [`CudaModel`] against the stored exact (float64) logits, with the f32 oracle on the CPU
+//! alongside. `prefill` runs each prompt in one forward call (the multi-token kernels: chunk-free
+//! conv, the delta rule over all tokens in one launch, causal attention over the prompt);
+//! `step` runs the first prompt through [`CudaModel::decode`], token by token (the decode step,
+//! captured as a CUDA graph and replayed), reading each step's logits back.
 //!
 //! Layout of the fixture folder (a copy of the needed part of `shared/reference`):
 //! `logits/index.json`, `logits/<MODEL>__<P>__exact.bin`, `models/tiny-<MODEL>.gguf`. Entries
@@ -16,7 +20,7 @@ use std::time::Instant;
 use redlite_model::{Mode, Model};
 use serde_json::Value;
 
-use crate::{CudaBackend, CudaError, Gpu};
+use crate::{CudaError, CudaModel, CudaModelOptions, Gpu, GpuSampling};
 
 /// Rows where the oracle's top-2 logit margin is above this must have the same argmax.
 pub const ARGMAX_MARGIN: f32 = 0.05;
@@ -39,6 +43,8 @@ pub struct ParityRow {
     pub max_abs_vs_oracle: Option<f64>,
     pub seconds: f64,
     pub pass: bool,
+    /// Kernel launches of one decode step (step mode: the captured graph's size).
+    pub launches_per_step: Option<u64>,
 }
 
 struct Prompt {
@@ -147,7 +153,18 @@ fn fixtures(dir: &Path) -> Result<Vec<(String, PathBuf, Vec<Prompt>)>, CudaError
     Ok(out)
 }
 
-/// Logits at the stored positions of one prompt.
+fn at_positions(all: Vec<Vec<f32>>, p: &Prompt) -> Result<Vec<Vec<f32>>, CudaError> {
+    p.positions
+        .iter()
+        .map(|&i| {
+            all.get(i)
+                .cloned()
+                .ok_or_else(|| bad(format!("position {i} beyond {} tokens", all.len())))
+        })
+        .collect()
+}
+
+/// Logits at the stored positions of one prompt, on the CPU oracle.
 fn run_prompt<B: redlite_model::Backend>(
     model: &Model<B>,
     p: &Prompt,
@@ -168,14 +185,28 @@ fn run_prompt<B: redlite_model::Backend>(
             }
         }
     }
-    p.positions
-        .iter()
-        .map(|&i| {
-            all.get(i)
-                .cloned()
-                .ok_or_else(|| bad(format!("position {i} beyond {} tokens", all.len())))
-        })
-        .collect()
+    at_positions(all, p)
+}
+
+/// Logits at the stored positions of one prompt, on the GPU.
+fn run_prompt_gpu(
+    model: &mut CudaModel,
+    p: &Prompt,
+    mode: Mode,
+) -> Result<Vec<Vec<f32>>, CudaError> {
+    model.reset()?;
+    let all = match mode {
+        Mode::Prefill => model.forward_logits(&p.ids)?,
+        Mode::Step => {
+            let mut all = Vec::with_capacity(p.ids.len());
+            for &id in &p.ids {
+                model.decode(id, &GpuSampling::greedy(), 0.0)?;
+                all.push(model.last_logits()?);
+            }
+            all
+        }
+    };
+    at_positions(all, p)
 }
 
 /// Run every fixture model in `dir` (prefill; `step` also runs each model's first prompt token by
@@ -188,7 +219,7 @@ pub fn run(
 ) -> Result<Vec<ParityRow>, CudaError> {
     let mut rows = Vec::new();
     for (name, path, prompts) in fixtures(dir)? {
-        let cuda = Model::load_with(&path, CudaBackend::with_gpu(gpu.clone()))
+        let mut cuda = CudaModel::load(gpu.clone(), &path, CudaModelOptions::default())
             .map_err(|e| bad(format!("loading {} on the GPU: {e}", path.display())))?;
         let cpu = if oracle {
             Some(Model::load(&path).map_err(|e| bad(format!("loading {}: {e}", path.display())))?)
@@ -212,7 +243,7 @@ pub fn run(
             for p in prompts_here {
                 let exact = read_f32(&p.exact)?;
                 let vocab = exact.len() / p.positions.len().max(1);
-                let got = run_prompt(&cuda, p, mode)?;
+                let got = run_prompt_gpu(&mut cuda, p, mode)?;
                 let ora = match &cpu {
                     Some(m) => Some(run_prompt(m, p, mode)?),
                     None => None,
@@ -261,6 +292,11 @@ pub fn run(
                 max_abs_vs_oracle: cpu.as_ref().map(|_| max_abs),
                 seconds: t0.elapsed().as_secs_f64(),
                 pass: kl_cuda.is_finite() && kl_cuda <= bound && mismatch == 0,
+                launches_per_step: if mode == Mode::Step {
+                    cuda.launches_per_step()
+                } else {
+                    None
+                },
             });
         }
     }

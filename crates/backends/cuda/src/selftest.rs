@@ -13,7 +13,7 @@ use redlite_gguf::quant::dequantize_to_vec;
 use redlite_gguf::GgmlType;
 
 use crate::kernels::ALL_TYPES;
-use crate::ops::{self, DeltaDims, ExpertSet};
+use crate::ops::{self, AttnDims, DeltaDims, ExpertSet, ExpertTensors};
 use crate::{CudaError, Gpu};
 
 /// Relative error allowed for kernels that compute in f32 (far above f32 rounding on these sizes,
@@ -631,6 +631,417 @@ impl Runner<'_> {
     }
 }
 
+/// `x · rsqrt(Σx² + eps) · scale` in f64.
+fn l2_norm64(x: &[f32], eps: f64, scale: f64) -> Vec<f64> {
+    let ss: f64 = x.iter().map(|&v| f64::from(v).powi(2)).sum();
+    let inv = 1.0 / (ss + eps).sqrt();
+    x.iter().map(|&v| f64::from(v) * inv * scale).collect()
+}
+
+/// RMSNorm with weight, then NeoX RoPE at `pos` (sine and cosine rounded to f32 like the kernel).
+fn qk_norm_rope64(x: &[f32], w: &[f32], eps: f64, pos: usize, rd: usize, theta: f64) -> Vec<f64> {
+    let n = x.len();
+    let ms = x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+    let inv = 1.0 / (ms + eps).sqrt();
+    let mut h: Vec<f64> = x
+        .iter()
+        .zip(w)
+        .map(|(&v, &g)| f64::from(v) * inv * f64::from(g))
+        .collect();
+    let half = rd / 2;
+    for j in 0..half {
+        let angle = pos as f64 * theta.powf(-2.0 * j as f64 / rd as f64);
+        let (s, c) = (f64::from(angle.sin() as f32), f64::from(angle.cos() as f32));
+        let (a, b) = (h[j], h[j + half]);
+        h[j] = a * c - b * s;
+        h[j + half] = b * c + a * s;
+    }
+    h
+}
+
+/// The engine sampler's draw (temperature, top-k, top-p, min-p) in f64, on one row.
+fn sample_ref(l: &[f32], k: usize, temp: f64, top_p: f64, min_p: f64, u: f64) -> usize {
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    let top = f64::from(l[order[0]]);
+    let p: Vec<f64> = order
+        .iter()
+        .map(|&i| ((f64::from(l[i]) - top) / temp).exp())
+        .collect();
+    let total: f64 = p.iter().sum();
+    let mut keep = p.len();
+    if top_p < 1.0 {
+        let mut cum = 0.0;
+        for (r, v) in p.iter().enumerate() {
+            cum += v / total;
+            if cum >= top_p {
+                keep = r + 1;
+                break;
+            }
+        }
+    }
+    if min_p > 0.0 {
+        let mut r = 1;
+        while r < keep && p[r] >= min_p * p[0] {
+            r += 1;
+        }
+        keep = r;
+    }
+    let mass: f64 = p[..keep].iter().sum();
+    let target = u * mass;
+    let mut cum = 0.0;
+    for r in 0..keep {
+        cum += p[r];
+        if target < cum {
+            return order[r];
+        }
+    }
+    order[keep - 1]
+}
+
+impl Runner<'_> {
+    /// Routed experts with the choice as device data, several tokens at once.
+    fn experts_ids(&mut self, ty: GgmlType) {
+        let (n_exp, k, hidden, ff, n) = (8usize, 3usize, 256usize, 256usize, 3usize);
+        let gate = random_weights(&mut self.rng, ty, n_exp * ff, hidden);
+        let up = random_weights(&mut self.rng, ty, n_exp * ff, hidden);
+        let down = random_weights(&mut self.rng, ty, n_exp * hidden, ff);
+        let ids: Vec<i32> = vec![1, 4, 6, 0, 2, 7, 7, 3, 5];
+        let weights: Vec<f32> = vec![0.5, 0.3, 0.2, 0.6, 0.3, 0.1, 0.4, 0.4, 0.2];
+        let x = self.rng.normals(n * hidden, 1.0);
+        let r = (|| {
+            let t = ExpertTensors {
+                ty,
+                gate: &gate,
+                up: &up,
+                down: &down,
+                n_exp,
+            };
+            let y = ops::moe_experts_ids(self.gpu, &t, &ids, &weights, &x, hidden, ff, k)?;
+            let deq =
+                |b: &[u8]| dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()));
+            let (g, u, d) = (deq(&gate)?, deq(&up)?, deq(&down)?);
+            let mut reference = vec![0.0f64; n * hidden];
+            for tk in 0..n {
+                let xt = &x[tk * hidden..(tk + 1) * hidden];
+                for j in 0..k {
+                    let e = ids[tk * k + j] as usize;
+                    let act: Vec<f32> = (0..ff)
+                        .map(|r| {
+                            let row = (e * ff + r) * hidden;
+                            let gv = dot64(&g[row..row + hidden], xt);
+                            let uv = dot64(&u[row..row + hidden], xt);
+                            (silu64(gv) * uv) as f32
+                        })
+                        .collect();
+                    for r in 0..hidden {
+                        let row = (e * hidden + r) * ff;
+                        reference[tk * hidden + r] +=
+                            f64::from(weights[tk * k + j]) * dot64(&d[row..row + ff], &act);
+                    }
+                }
+            }
+            Ok((rel_err(&y, &reference), TOL_F32))
+        })();
+        self.record(
+            &format!("experts_ids {}", ty.name()),
+            format!("{n} tokens, k={k} of {n_exp}, {hidden}/{ff}"),
+            r,
+        );
+    }
+
+    fn moe_combine(&mut self) {
+        let (n, hidden) = (3usize, 2048usize);
+        let x = self.rng.normals(n * hidden, 1.0);
+        let routed = self.rng.normals(n * hidden, 1.0);
+        let shared = self.rng.normals(n * hidden, 1.0);
+        let gl = self.rng.normals(n, 2.0);
+        let r = ops::moe_combine(self.gpu, &x, &routed, &shared, &gl).map(|y| {
+            let reference: Vec<f64> = (0..n * hidden)
+                .map(|i| {
+                    let s = 1.0 / (1.0 + (-f64::from(gl[i / hidden])).exp());
+                    f64::from(x[i]) + f64::from(routed[i]) + s * f64::from(shared[i])
+                })
+                .collect();
+            (rel_err(&y, &reference), TOL_F32)
+        });
+        self.record("moe_combine", format!("{n}x{hidden}"), r);
+    }
+
+    /// The DeltaNet chain of the prompt path over several tokens: conv, q/k norm, gates, and the
+    /// delta rule in one launch, each against the token-by-token recurrence in f64.
+    fn deltanet_seq(&mut self) {
+        let d = DeltaDims {
+            nk: 4,
+            nv: 8,
+            dk: 128,
+            dv: 128,
+        };
+        let (kern, n) = (4usize, 7usize);
+        let ch = 2 * d.nk * d.dk + d.nv * d.dv;
+
+        // Conv over n tokens.
+        let x = self.rng.normals(n * ch, 1.0);
+        let state = self.rng.normals((kern - 1) * ch, 1.0);
+        let w = self.rng.normals(kern * ch, 0.5);
+        let r = ops::dn_conv_seq(self.gpu, &x, &state, &w, ch, kern).map(|(y, st)| {
+            let mut hist: Vec<f32> = state.clone();
+            hist.extend_from_slice(&x);
+            let mut reference = Vec::with_capacity(n * ch);
+            for t in 0..n {
+                for c in 0..ch {
+                    let acc: f64 = (0..kern)
+                        .map(|j| f64::from(w[c * kern + j]) * f64::from(hist[(t + j) * ch + c]))
+                        .sum();
+                    reference.push(silu64(acc));
+                }
+            }
+            let ref_state: Vec<f64> = hist[n * ch..].iter().map(|&v| f64::from(v)).collect();
+            (
+                rel_err(&y, &reference).max(rel_err(&st, &ref_state)),
+                TOL_F32,
+            )
+        });
+        self.record(
+            "dn_conv_seq",
+            format!("{n} tokens, {ch} ch, kernel {kern}"),
+            r,
+        );
+
+        // q/k L2 norm in place.
+        let raw = self.rng.normals(n * ch, 2.0);
+        let q_scale = 1.0 / (d.dk as f32).sqrt();
+        let r = ops::dn_qk_norm(self.gpu, &raw, ch, d.nk, d.dk, 1e-6, q_scale).map(|y| {
+            let mut reference: Vec<f64> = raw.iter().map(|&v| f64::from(v)).collect();
+            for t in 0..n {
+                for row in 0..2 * d.nk {
+                    let at = t * ch + row * d.dk;
+                    let s = if row < d.nk { f64::from(q_scale) } else { 1.0 };
+                    let v = l2_norm64(&raw[at..at + d.dk], 1e-6, s);
+                    reference[at..at + d.dk].copy_from_slice(&v);
+                }
+            }
+            (rel_err(&y, &reference), TOL_F32)
+        });
+        self.record(
+            "dn_qk_norm",
+            format!("{n} tokens, 2x{} heads x{}", d.nk, d.dk),
+            r,
+        );
+
+        // Gates of n tokens.
+        let r_ = d.nv / d.nk;
+        let ba = self.rng.normals(n * 2 * d.nv, 2.0);
+        let a: Vec<f32> = (0..d.nv)
+            .map(|_| -(self.rng.uniform() * 8.0 + 0.1) as f32)
+            .collect();
+        let dt = self.rng.normals(d.nv, 1.0);
+        let r = ops::dn_gates(self.gpu, &ba, &a, &dt, r_).map(|(beta, g)| {
+            let (mut rb, mut rg) = (Vec::new(), Vec::new());
+            for t in 0..n {
+                let bat = &ba[t * 2 * d.nv..(t + 1) * 2 * d.nv];
+                for h in 0..d.nv {
+                    let (grp, j) = (h / r_, h % r_);
+                    rb.push(1.0 / (1.0 + (-f64::from(bat[grp * 2 * r_ + j])).exp()));
+                    let z = f64::from(bat[grp * 2 * r_ + r_ + j]) + f64::from(dt[h]);
+                    let sp = if z > 20.0 { z } else { z.exp().ln_1p() };
+                    rg.push(f64::from(a[h]) * sp);
+                }
+            }
+            (rel_err(&beta, &rb).max(rel_err(&g, &rg)), TOL_F32)
+        });
+        self.record("dn_gates", format!("{n} tokens, {} V heads", d.nv), r);
+
+        // The delta rule over n tokens in one launch.
+        let mut qkv = self.rng.normals(n * ch, 1.0);
+        for t in 0..n {
+            for head in qkv[t * ch..t * ch + 2 * d.nk * d.dk].chunks_exact_mut(d.dk) {
+                let norm = head.iter().map(|v| v * v).sum::<f32>().sqrt();
+                head.iter_mut().for_each(|v| *v /= norm);
+            }
+        }
+        let beta: Vec<f32> = (0..n * d.nv).map(|_| self.rng.uniform() as f32).collect();
+        let g: Vec<f32> = (0..n * d.nv)
+            .map(|_| -(self.rng.uniform() * 2.0) as f32)
+            .collect();
+        let s0 = self.rng.normals(d.nv * d.dk * d.dv, 0.1);
+        let r = ops::dn_delta_seq(self.gpu, &qkv, &beta, &g, &s0, d).map(|(o, s1)| {
+            let mut ro = vec![0.0f64; n * d.nv * d.dv];
+            let mut rs: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
+            for t in 0..n {
+                let row = &qkv[t * ch..(t + 1) * ch];
+                for h in 0..d.nv {
+                    let kh = h / (d.nv / d.nk);
+                    let q = &row[kh * d.dk..(kh + 1) * d.dk];
+                    let k = &row[d.nk * d.dk + kh * d.dk..d.nk * d.dk + (kh + 1) * d.dk];
+                    let v = &row[2 * d.nk * d.dk + h * d.dv..2 * d.nk * d.dk + (h + 1) * d.dv];
+                    let s = &mut rs[h * d.dk * d.dv..(h + 1) * d.dk * d.dv];
+                    let alpha = f64::from(g[t * d.nv + h]).exp();
+                    s.iter_mut().for_each(|x| *x *= alpha);
+                    for j in 0..d.dv {
+                        let m: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * f64::from(k[i])).sum();
+                        let delta = f64::from(beta[t * d.nv + h]) * (f64::from(v[j]) - m);
+                        for i in 0..d.dk {
+                            s[i * d.dv + j] += f64::from(k[i]) * delta;
+                        }
+                        ro[(t * d.nv + h) * d.dv + j] =
+                            (0..d.dk).map(|i| s[i * d.dv + j] * f64::from(q[i])).sum();
+                    }
+                }
+            }
+            (rel_err(&o, &ro).max(rel_err(&s1, &rs)), TOL_F32)
+        });
+        self.record(
+            "dn_delta_seq",
+            format!("{n} tokens, {}/{} heads, {}x{}", d.nk, d.nv, d.dk, d.dv),
+            r,
+        );
+    }
+
+    /// QK-norm + RoPE + KV write, then causal attention, for prompt runs and single steps.
+    fn attention_seq(&mut self) {
+        let d = AttnDims {
+            heads: 16,
+            nkv: 2,
+            hd: 256,
+            rope_dims: 64,
+            theta: 10_000_000.0,
+            eps: 1e-6,
+        };
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (n, pos0, ctx) in [(7usize, 0usize, 16usize), (1, 999, 1024), (5, 30, 40)] {
+            let qg = self.rng.normals(n * heads * 2 * hd, 1.0);
+            let kn = self.rng.normals(n * nkv * hd, 1.0);
+            let vn = self.rng.normals(n * nkv * hd, 1.0);
+            let qn: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+            let kw: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+            let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
+            let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
+            let r = ops::attn_qk_prep(self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d).map(
+                |(q, gate, kc, vc)| {
+                    let eps = f64::from(d.eps);
+                    let (mut rq, mut rg) = (Vec::new(), Vec::new());
+                    let mut rk: Vec<f64> = kc0.iter().map(|&v| f64::from(v)).collect();
+                    let mut rv: Vec<f64> = vc0.iter().map(|&v| f64::from(v)).collect();
+                    for t in 0..n {
+                        let pos = pos0 + t;
+                        for h in 0..heads {
+                            let at = (t * heads + h) * 2 * hd;
+                            rq.extend(qk_norm_rope64(
+                                &qg[at..at + hd],
+                                &qn,
+                                eps,
+                                pos,
+                                d.rope_dims,
+                                d.theta,
+                            ));
+                            rg.extend(qg[at + hd..at + 2 * hd].iter().map(|&v| f64::from(v)));
+                        }
+                        for g in 0..nkv {
+                            let at = (t * nkv + g) * hd;
+                            let k = qk_norm_rope64(
+                                &kn[at..at + hd],
+                                &kw,
+                                eps,
+                                pos,
+                                d.rope_dims,
+                                d.theta,
+                            );
+                            let c = (pos * nkv + g) * hd;
+                            rk[c..c + hd].copy_from_slice(&k);
+                            for i in 0..hd {
+                                rv[c + i] = f64::from(vn[at + i]);
+                            }
+                        }
+                    }
+                    let e = rel_err(&q, &rq)
+                        .max(rel_err(&gate, &rg))
+                        .max(rel_err(&kc, &rk))
+                        .max(rel_err(&vc, &rv));
+                    (e, TOL_F32)
+                },
+            );
+            self.record(
+                "attn_qk_prep",
+                format!(
+                    "{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}, rot {}",
+                    d.rope_dims
+                ),
+                r,
+            );
+
+            let q = self.rng.normals(n * heads * hd, 1.0);
+            let kc = self.rng.normals(ctx * nkv * hd, 1.0);
+            let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+            let r =
+                ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale).map(|o| {
+                    let mut reference = vec![0.0f64; n * heads * hd];
+                    for t in 0..n {
+                        let len = pos0 + t + 1;
+                        for h in 0..heads {
+                            let g = h / (heads / nkv);
+                            let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                            let sc: Vec<f64> = (0..len)
+                                .map(|j| {
+                                    dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
+                                        * f64::from(scale)
+                                })
+                                .collect();
+                            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                            let sum: f64 = p.iter().sum();
+                            let out =
+                                &mut reference[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                            for (j, pj) in p.iter().enumerate() {
+                                for i in 0..hd {
+                                    out[i] += pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
+                                }
+                            }
+                        }
+                    }
+                    (rel_err(&o, &reference), TOL_F32)
+                });
+            self.record(
+                "attn_causal",
+                format!("{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}"),
+                r,
+            );
+        }
+    }
+
+    fn sample_topk(&mut self) {
+        let (rows, vocab) = (4usize, 151_936usize);
+        let x = self.rng.normals(rows * vocab, 3.0);
+        let u: Vec<f32> = (0..rows).map(|_| self.rng.uniform() as f32).collect();
+        for (k, temp, top_p, min_p) in [(40usize, 0.8f32, 0.95f32, 0.05f32), (64, 1.5, 1.0, 0.0)] {
+            let r = ops::sample_topk(self.gpu, &x, vocab, k, temp, top_p, min_p, &u).map(|got| {
+                let mut mismatches = 0;
+                for (r, &g) in got.iter().enumerate() {
+                    let want = sample_ref(
+                        &x[r * vocab..(r + 1) * vocab],
+                        k,
+                        f64::from(temp),
+                        f64::from(top_p),
+                        f64::from(min_p),
+                        f64::from(u[r]),
+                    );
+                    if g != want as i32 {
+                        mismatches += 1;
+                    }
+                }
+                (f64::from(mismatches), 0.0)
+            });
+            self.record(
+                "sample_topk",
+                format!("{rows}x{vocab}, k {k}, T {temp}, top-p {top_p}, min-p {min_p}"),
+                r,
+            );
+        }
+    }
+}
+
 /// Run every check with the given seed.
 pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     let mut r = Runner {
@@ -653,6 +1064,14 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.deltanet();
     r.attention();
     r.argmax();
+    // The device-resident model's multi-token kernels.
+    for &ty in ALL_TYPES {
+        r.experts_ids(ty);
+    }
+    r.moe_combine();
+    r.deltanet_seq();
+    r.attention_seq();
+    r.sample_topk();
     r.out
 }
 

@@ -1,0 +1,1383 @@
+//! [`CudaModel`]: the whole Qwen3-Next forward pass on one GPU.
+//!
+//! Weights are uploaded once in the file's quantized layout (the model crate's loader does the
+//! shape checks and layout fix-ups; [`HostLoader`] only records where each weight's bytes are).
+//! Hidden states, KV caches, conv and delta-rule states live on the device. A call uploads the
+//! token ids and the start position, launches kernels only, and downloads the sampled token (or
+//! the logits when asked for them).
+//!
+//! One layer, for n tokens at once (n = 1 for a decode step), as in `redlite_model::qwen3next`:
+//!
+//! ```text
+//! xn = rms_norm(x, attn_norm)
+//! DeltaNet:  qkv, z, ba = W·xn  →  dn_conv_seq  →  dn_qk_norm  →  dn_gates  →  dn_delta_seq
+//!            →  rms_norm_gated(o, norm, z)  →  W_out
+//! attention: qg, k, v = W·xn  →  attn_qk_prep (QK-norm, RoPE, KV write)  →  attn_causal
+//!            →  sigmoid_mul(gate)  →  W_o
+//! x += mixer;  xn = rms_norm(x, post_norm)
+//! MoE:       router = W·xn  →  moe_router (softmax, top-k, renormalise)  →  moe_gate_up_ids
+//!            →  moe_down_ids;  shared = down(swiglu(gate·xn, up·xn));  g = w_sg·xn
+//!            →  moe_combine: x += routed + sigmoid(g)·shared
+//! ```
+//!
+//! then the final norm, the lm_head and `argmax` / `sample_topk`. Every position-dependent kernel
+//! reads the start position from device memory, so the decode step is captured once as a CUDA
+//! graph and replayed for every token (only the token id and position are copied in, and the
+//! chosen id out).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    result as cu, sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig,
+    PushKernelArg,
+};
+use redlite_gguf::{GgmlType, GgufFile};
+use redlite_model::weights::{FfnWeights, LayerWeights, MixerWeights, Weights};
+use redlite_model::{Config, ModelError};
+
+use crate::host::{HostLinear, HostLoader};
+use crate::kernels::type_suffix;
+use crate::ops::{row_bytes, MATVEC_WARPS};
+use crate::{CudaError, Gpu};
+
+/// The ε of the L2 normalisation of DeltaNet q and k (as the model crate).
+const L2_NORM_EPS: f32 = 1e-6;
+/// Largest router top-k the router kernel handles.
+const MAX_EXPERTS_USED: usize = 64;
+/// Largest top-k of on-device sampling (the kernel's `SAMPLE_MAX_K`).
+pub const MAX_SAMPLE_TOP_K: usize = 64;
+/// Largest head dimension of the attention kernels (`ATTN_MAX_HD`).
+const MAX_HEAD_DIM: usize = 512;
+
+/// Sizes fixed at load time.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaModelOptions {
+    /// KV cache positions per attention layer.
+    pub max_context: usize,
+    /// Tokens per forward launch; longer prompts go in chunks of this many.
+    pub max_batch: usize,
+    /// Capture the decode step as a CUDA graph and replay it.
+    pub graphs: bool,
+}
+
+impl Default for CudaModelOptions {
+    fn default() -> Self {
+        CudaModelOptions {
+            max_context: 4096,
+            max_batch: 256,
+            graphs: true,
+        }
+    }
+}
+
+/// On-device sampling: the engine sampler's temperature, top-k, top-p and min-p (no penalties).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuSampling {
+    /// `<= 0`: greedy (arg-max).
+    pub temperature: f32,
+    /// 1..=[`MAX_SAMPLE_TOP_K`] when sampling.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+}
+
+impl GpuSampling {
+    pub fn greedy() -> GpuSampling {
+        GpuSampling {
+            temperature: 0.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature.is_nan() || self.temperature <= 0.0
+    }
+
+    /// Whether the GPU kernel can draw with these settings (else the caller samples on the host).
+    pub fn supported(&self) -> bool {
+        self.is_greedy() || (1..=MAX_SAMPLE_TOP_K).contains(&self.top_k)
+    }
+}
+
+/// Which logits a forward call computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// None (an early prompt chunk).
+    None,
+    /// The last token's only.
+    Last,
+    /// Every token's.
+    All,
+}
+
+/// A kernel argument (pointers are raw device addresses).
+#[derive(Clone, Copy)]
+enum A {
+    P(u64),
+    I(i32),
+    F(f32),
+    D(f64),
+}
+
+/// Device allocations, freed together when the model goes.
+struct Arena {
+    ctx: Arc<CudaContext>,
+    ptrs: Vec<u64>,
+    bytes: usize,
+}
+
+impl Arena {
+    fn alloc(&mut self, bytes: usize) -> Result<u64, CudaError> {
+        // SAFETY: a plain allocation in the bound context; freed once in `drop`.
+        let p = unsafe { cu::malloc_sync(bytes.max(16)) }.map_err(|e| {
+            CudaError::driver(
+                format!(
+                    "allocating {bytes} bytes (model holds {} MiB)",
+                    self.bytes >> 20
+                ),
+                e,
+            )
+        })?;
+        self.ptrs.push(p);
+        self.bytes += bytes;
+        Ok(p)
+    }
+
+    fn upload(&mut self, bytes: &[u8]) -> Result<u64, CudaError> {
+        let p = self.alloc(bytes.len())?;
+        // SAFETY: `p` holds `bytes.len()` bytes; the copy is synchronous.
+        unsafe { cu::memcpy_htod_sync(p, bytes) }
+            .map_err(|e| CudaError::driver("uploading weights", e))?;
+        Ok(p)
+    }
+
+    fn upload_f32(&mut self, v: &[f32]) -> Result<u64, CudaError> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.upload(&bytes)
+    }
+
+    fn f32s(&mut self, n: usize) -> Result<u64, CudaError> {
+        self.alloc(4 * n)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            for &p in &self.ptrs {
+                // SAFETY: each pointer came from `malloc_sync` and is freed once.
+                let _ = unsafe { cu::free_sync(p) };
+            }
+        }
+    }
+}
+
+/// A linear layer on the device and its matvec kernel.
+#[derive(Clone)]
+struct DevLinear {
+    rows: usize,
+    cols: usize,
+    ptr: u64,
+    f: CudaFunction,
+}
+
+/// All experts of one layer: expert e's weight at `base + e · stride` (bytes).
+#[derive(Clone)]
+struct DevExperts {
+    gate: u64,
+    up: u64,
+    gate_up_stride: u64,
+    down: u64,
+    down_stride: u64,
+    gate_up_f: CudaFunction,
+    down_f: CudaFunction,
+}
+
+#[derive(Clone)]
+struct DevMoe {
+    router: DevLinear,
+    experts: DevExperts,
+    sh_gate: DevLinear,
+    sh_up: DevLinear,
+    sh_down: DevLinear,
+    /// The shared expert's gate vector as a 1-row F32 matrix.
+    sh_gate_vec: DevLinear,
+}
+
+#[derive(Clone)]
+enum DevMixer {
+    Attention {
+        wq: DevLinear,
+        wk: DevLinear,
+        wv: DevLinear,
+        wo: DevLinear,
+        q_norm: u64,
+        k_norm: u64,
+        /// `[max_context][kv_heads][head_dim]` each.
+        kc: u64,
+        vc: u64,
+    },
+    DeltaNet {
+        qkv: DevLinear,
+        z: DevLinear,
+        ba: DevLinear,
+        out: DevLinear,
+        conv_w: u64,
+        dt_bias: u64,
+        a: u64,
+        norm: u64,
+        /// `[kernel − 1][channels]`.
+        conv_state: u64,
+        /// `[v_heads][k_dim][v_dim]`.
+        s: u64,
+    },
+}
+
+struct DevLayer {
+    attn_norm: u64,
+    post_norm: u64,
+    mixer: DevMixer,
+    moe: DevMoe,
+}
+
+/// The kernels that do not depend on a weight type.
+struct Kernels {
+    rms_norm: CudaFunction,
+    rms_norm_gated: CudaFunction,
+    add: CudaFunction,
+    sigmoid_mul: CudaFunction,
+    swiglu: CudaFunction,
+    dn_conv_seq: CudaFunction,
+    dn_qk_norm: CudaFunction,
+    dn_gates: CudaFunction,
+    dn_delta_seq: CudaFunction,
+    attn_qk_prep: CudaFunction,
+    attn_causal: CudaFunction,
+    moe_router: CudaFunction,
+    moe_combine: CudaFunction,
+    argmax: CudaFunction,
+    sample_topk: CudaFunction,
+}
+
+/// Activation buffers for `max_batch` tokens.
+struct Scratch {
+    x: u64,
+    xn: u64,
+    mix: u64,
+    // DeltaNet
+    qkv: u64,
+    conv: u64,
+    z: u64,
+    ba: u64,
+    beta: u64,
+    g: u64,
+    o: u64,
+    gated: u64,
+    // attention
+    qg: u64,
+    kn: u64,
+    vn: u64,
+    q: u64,
+    gate: u64,
+    att: u64,
+    // MoE
+    rlog: u64,
+    ids: u64,
+    wts: u64,
+    act: u64,
+    routed: u64,
+    sg: u64,
+    su: u64,
+    sa: u64,
+    shared: u64,
+    gl: u64,
+    // head
+    logits: u64,
+    /// i32 `[1 + max_batch]`: the start position, then the token ids.
+    input: u64,
+    /// i32 `[1]`: the sampled token.
+    out: u64,
+    /// f32 `[1]`: the uniform draw of the sampler.
+    u: u64,
+}
+
+/// The captured decode step and the sampling settings it was captured with.
+struct Captured {
+    graph: CudaGraph,
+    sampling: GpuSampling,
+}
+
+/// A Qwen3-Next model resident on one GPU, with one sequence's state.
+pub struct CudaModel {
+    pub config: Config,
+    opts: CudaModelOptions,
+    gpu: Arc<Gpu>,
+    stream: Arc<CudaStream>,
+    k: Kernels,
+    embed_f: CudaFunction,
+    embed: u64,
+    output_norm: u64,
+    output: DevLinear,
+    layers: Vec<DevLayer>,
+    sc: Scratch,
+    pos: usize,
+    /// Row of the logits buffer that holds the last token's logits.
+    last_row: usize,
+    graph: Option<Captured>,
+    /// Kernel launches so far (a captured step counts as its launches once, at capture).
+    launches: u64,
+    /// Launches in one decode step (measured at the first step).
+    step_launches: Option<u64>,
+    // Last: frees the device memory after everything that may point into it.
+    arena: Arena,
+}
+
+fn model_err(e: ModelError) -> CudaError {
+    CudaError::Invalid(e.to_string())
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds a kernel int")))
+}
+
+fn blocks(n: usize, per: u32) -> u32 {
+    n.div_ceil(per as usize).max(1) as u32
+}
+
+impl CudaModel {
+    /// Open a GGUF file and upload it to `gpu`.
+    pub fn load(
+        gpu: Arc<Gpu>,
+        path: impl AsRef<Path>,
+        opts: CudaModelOptions,
+    ) -> Result<CudaModel, CudaError> {
+        let path = path.as_ref();
+        let file = GgufFile::open(path)
+            .map_err(|e| CudaError::Invalid(format!("opening {}: {e}", path.display())))?;
+        CudaModel::from_gguf(gpu, Arc::new(file), opts)
+    }
+
+    /// Upload an open GGUF file's model to `gpu`.
+    pub fn from_gguf(
+        gpu: Arc<Gpu>,
+        file: Arc<GgufFile>,
+        opts: CudaModelOptions,
+    ) -> Result<CudaModel, CudaError> {
+        let config = Config::from_gguf(&file).map_err(model_err)?;
+        check_config(&config, &opts)?;
+        let weights = Weights::load(&file, &config, &HostLoader).map_err(model_err)?;
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("binding the context", e))?;
+        let stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("creating the model's stream", e))?;
+        let mut arena = Arena {
+            ctx: gpu.ctx.clone(),
+            ptrs: Vec::new(),
+            bytes: 0,
+        };
+        let f = |name: &str| gpu.func(name).cloned();
+        let k = Kernels {
+            rms_norm: f("rms_norm")?,
+            rms_norm_gated: f("rms_norm_gated")?,
+            add: f("add_inplace")?,
+            sigmoid_mul: f("sigmoid_mul")?,
+            swiglu: f("swiglu")?,
+            dn_conv_seq: f("dn_conv_seq")?,
+            dn_qk_norm: f("dn_qk_norm")?,
+            dn_gates: f("dn_gates")?,
+            dn_delta_seq: f("dn_delta_seq")?,
+            attn_qk_prep: f("attn_qk_prep")?,
+            attn_causal: f("attn_causal")?,
+            moe_router: f("moe_router")?,
+            moe_combine: f("moe_combine")?,
+            argmax: f("argmax")?,
+            sample_topk: f("sample_topk")?,
+        };
+
+        // Token embedding, straight from the file.
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| CudaError::Invalid("missing tensor token_embd.weight".into()))?
+            .clone();
+        let embed_f = f(&format!("embed_{}", type_suffix(embd.ty)))?;
+        let embed = arena.upload(file.tensor_data(&embd))?;
+
+        let output_norm = arena.upload_f32(&weights.output_norm)?;
+        let output = dev_linear(&gpu, &mut arena, &weights.output)?;
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for w in &weights.layers {
+            layers.push(dev_layer(&gpu, &mut arena, &config, &opts, w)?);
+        }
+        let sc = scratch(&mut arena, &config, &opts)?;
+        let mut model = CudaModel {
+            config,
+            opts,
+            gpu,
+            stream,
+            k,
+            embed_f,
+            embed,
+            output_norm,
+            output,
+            layers,
+            sc,
+            pos: 0,
+            last_row: 0,
+            graph: None,
+            launches: 0,
+            step_launches: None,
+            arena,
+        };
+        model.reset()?;
+        Ok(model)
+    }
+
+    /// Tokens processed so far (the position of the next one).
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn options(&self) -> &CudaModelOptions {
+        &self.opts
+    }
+
+    /// Device memory the model holds (weights, caches, states, scratch), bytes.
+    pub fn device_bytes(&self) -> usize {
+        self.arena.bytes
+    }
+
+    /// Kernel launches of one decode step (known after the first step).
+    pub fn launches_per_step(&self) -> Option<u64> {
+        self.step_launches
+    }
+
+    /// Kernel launches issued so far (graph replays not counted).
+    pub fn launches(&self) -> u64 {
+        self.launches
+    }
+
+    /// Start a new sequence: position 0, recurrent states zeroed (KV entries are overwritten).
+    pub fn reset(&mut self) -> Result<(), CudaError> {
+        self.bind()?;
+        for l in &self.layers {
+            if let DevMixer::DeltaNet { conv_state, s, .. } = &l.mixer {
+                let c = &self.config;
+                let conv_bytes = 4 * (c.conv_kernel - 1) * c.dn_conv_channels();
+                let s_bytes = 4 * c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
+                for (p, n) in [(*conv_state, conv_bytes), (*s, s_bytes)] {
+                    // SAFETY: `p` holds `n` bytes, ordered on the model's stream.
+                    unsafe { cu::memset_d8_async(p, 0, n, self.stream.cu_stream()) }
+                        .map_err(|e| CudaError::driver("clearing the recurrent state", e))?;
+                }
+            }
+        }
+        self.sync()?;
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// Run `tokens` after what the sequence holds and return every token's logits.
+    pub fn forward_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, CudaError> {
+        let vocab = self.config.vocab;
+        let mut out = Vec::with_capacity(tokens.len());
+        for chunk in tokens.chunks(self.opts.max_batch) {
+            self.run_chunk(chunk, Head::All)?;
+            let mut flat = vec![0.0f32; chunk.len() * vocab];
+            self.download(&mut flat, self.sc.logits)?;
+            out.extend(flat.chunks_exact(vocab).map(|r| r.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Run a prompt; only the last token's logits are computed (they stay on the device, see
+    /// [`CudaModel::last_logits`] and [`CudaModel::sample_last`]).
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
+        let n = tokens.len();
+        let mut start = 0;
+        while start < n {
+            let end = (start + self.opts.max_batch).min(n);
+            let head = if end == n { Head::Last } else { Head::None };
+            self.run_chunk(&tokens[start..end], head)?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// The logits of the last token run.
+    pub fn last_logits(&self) -> Result<Vec<f32>, CudaError> {
+        let vocab = self.config.vocab;
+        let mut row = vec![0.0f32; vocab];
+        self.download(
+            &mut row,
+            self.sc.logits + (4 * self.last_row * vocab) as u64,
+        )?;
+        Ok(row)
+    }
+
+    /// Draw the next token from the last token's logits on the GPU (`u` uniform in [0, 1)).
+    pub fn sample_last(&mut self, s: &GpuSampling, u: f32) -> Result<u32, CudaError> {
+        self.bind()?;
+        self.upload_u(u, s)?;
+        let row = self.sc.logits + (4 * self.last_row * self.config.vocab) as u64;
+        self.enqueue_sample(row, s)?;
+        self.read_out()
+    }
+
+    /// One decode step: run `token` at the current position and draw the next one on the GPU
+    /// (greedy, or top-k sampling with the uniform draw `u`). With graphs on, the step is
+    /// captured at its first use (and again when the sampling settings change), then replayed.
+    pub fn decode(&mut self, token: u32, s: &GpuSampling, u: f32) -> Result<u32, CudaError> {
+        if !s.supported() {
+            return Err(CudaError::Invalid(format!(
+                "GPU sampling needs greedy decoding or top-k in 1..={MAX_SAMPLE_TOP_K} (got {})",
+                s.top_k
+            )));
+        }
+        self.bind()?;
+        self.upload_input(&[token])?;
+        self.upload_u(u, s)?;
+        let before = self.launches;
+        if self.opts.graphs {
+            let stale = self.graph.as_ref().is_none_or(|g| g.sampling != *s);
+            if stale {
+                self.graph = None;
+                self.stream
+                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(|e| CudaError::driver("beginning the graph capture", e))?;
+                let enqueued = self.enqueue_step(s);
+                let captured = self
+                    .stream
+                    .end_capture(sys::CUgraphInstantiate_flags_enum(0))
+                    .map_err(|e| CudaError::driver("ending the graph capture", e))?;
+                enqueued?;
+                let graph = captured.ok_or_else(|| {
+                    CudaError::Invalid("the graph capture came back empty".into())
+                })?;
+                self.graph = Some(Captured {
+                    graph,
+                    sampling: *s,
+                });
+                self.step_launches = Some(self.launches - before);
+            }
+            if let Some(c) = &self.graph {
+                c.graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("replaying the decode graph", e))?;
+            }
+        } else {
+            self.enqueue_step(s)?;
+            self.step_launches = Some(self.launches - before);
+        }
+        self.pos += 1;
+        self.last_row = 0;
+        self.read_out()
+    }
+
+    // ----- host side of a call -----
+
+    fn bind(&self) -> Result<(), CudaError> {
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("binding the context", e))
+    }
+
+    fn sync(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronizing the model's stream", e))
+    }
+
+    fn download(&self, dst: &mut [f32], src: u64) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: `src` addresses at least `dst.len()` floats of a live buffer; synchronized below.
+        unsafe { cu::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("device-to-host copy", e))?;
+        self.sync()
+    }
+
+    fn read_out(&self) -> Result<u32, CudaError> {
+        let mut id = [0i32; 1];
+        // SAFETY: `out` holds one i32; synchronized below.
+        unsafe { cu::memcpy_dtoh_async(&mut id, self.sc.out, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("reading the sampled token", e))?;
+        self.sync()?;
+        Ok(id[0].max(0) as u32)
+    }
+
+    /// Check `tokens` and copy `[pos, ids...]` to the device.
+    fn upload_input(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
+        let c = &self.config;
+        if self.pos + tokens.len() > self.opts.max_context {
+            return Err(CudaError::Invalid(format!(
+                "context full: {} + {} tokens exceed the {} positions allocated (--ctx)",
+                self.pos,
+                tokens.len(),
+                self.opts.max_context
+            )));
+        }
+        let mut input = Vec::with_capacity(tokens.len() + 1);
+        input.push(i32_of(self.pos, "position")?);
+        for &t in tokens {
+            if t as usize >= c.vocab {
+                return Err(CudaError::Invalid(format!(
+                    "token id {t} is outside the vocabulary (size {})",
+                    c.vocab
+                )));
+            }
+            input.push(t as i32);
+        }
+        // SAFETY: `input` holds 1 + max_batch i32 (checked by the callers); pageable memory is
+        // staged before the call returns.
+        unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("uploading the token ids", e))
+    }
+
+    fn upload_u(&mut self, u: f32, s: &GpuSampling) -> Result<(), CudaError> {
+        if s.is_greedy() {
+            return Ok(());
+        }
+        let v = [u.clamp(0.0, 1.0 - f32::EPSILON)];
+        // SAFETY: `u` holds one f32.
+        unsafe { cu::memcpy_htod_async(self.sc.u, &v, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("uploading the sampler draw", e))
+    }
+
+    fn run_chunk(&mut self, tokens: &[u32], head: Head) -> Result<(), CudaError> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        self.upload_input(tokens)?;
+        self.enqueue_forward(tokens.len(), head)?;
+        self.pos += tokens.len();
+        self.last_row = if head == Head::All {
+            tokens.len() - 1
+        } else {
+            0
+        };
+        self.sync()
+    }
+
+    // ----- kernels only from here: nothing below touches the host (capturable) -----
+
+    fn launch(
+        &mut self,
+        what: &str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[A],
+    ) -> Result<(), CudaError> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                A::P(v) => b.arg(v),
+                A::I(v) => b.arg(v),
+                A::F(v) => b.arg(v),
+                A::D(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: shared,
+        };
+        // SAFETY: every kernel's arguments are listed in its declared order with its types
+        // (pointers as u64 device addresses of live buffers sized for `max_batch` tokens).
+        unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(what, e))?;
+        self.launches += 1;
+        Ok(())
+    }
+
+    /// `y[t] = W · x[t]` for `n` rows.
+    fn matvec(&mut self, w: &DevLinear, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
+        let args = [
+            A::P(w.ptr),
+            A::P(x),
+            A::P(y),
+            A::I(w.rows as i32),
+            A::I(w.cols as i32),
+        ];
+        let f = w.f.clone();
+        self.launch(
+            "matvec",
+            &f,
+            (blocks(w.rows, MATVEC_WARPS), n as u32, 1),
+            32 * MATVEC_WARPS,
+            0,
+            &args,
+        )
+    }
+
+    fn rms_norm(&mut self, x: u64, w: u64, y: u64, rows: usize, n: usize) -> Result<(), CudaError> {
+        let f = self.k.rms_norm.clone();
+        let eps = self.config.rms_eps;
+        self.launch(
+            "rms_norm",
+            &f,
+            (rows as u32, 1, 1),
+            256,
+            0,
+            &[A::P(x), A::P(w), A::P(y), A::I(n as i32), A::F(eps)],
+        )
+    }
+
+    fn elementwise(&mut self, f: &CudaFunction, args: &[A], len: usize) -> Result<(), CudaError> {
+        let mut all = args.to_vec();
+        all.push(A::I(len as i32));
+        self.launch("element-wise", f, (blocks(len, 256), 1, 1), 256, 0, &all)
+    }
+
+    /// Embedding, every layer, final norm and the lm_head for `n` tokens whose ids and start
+    /// position are already in `input`.
+    fn enqueue_forward(&mut self, n: usize, head: Head) -> Result<(), CudaError> {
+        let h = self.config.hidden;
+        let (x, xn) = (self.sc.x, self.sc.xn);
+        let ids = self.sc.input + 4;
+        let f = self.embed_f.clone();
+        self.launch(
+            "embedding",
+            &f,
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[A::P(self.embed), A::P(ids), A::P(x), A::I(h as i32)],
+        )?;
+        for i in 0..self.layers.len() {
+            self.enqueue_layer(i, n)?;
+        }
+        match head {
+            Head::None => Ok(()),
+            Head::Last => {
+                let last = x + (4 * (n - 1) * h) as u64;
+                self.rms_norm(last, self.output_norm, xn, 1, h)?;
+                let out = self.output.clone();
+                self.matvec(&out, xn, self.sc.logits, 1)
+            }
+            Head::All => {
+                self.rms_norm(x, self.output_norm, xn, n, h)?;
+                let out = self.output.clone();
+                self.matvec(&out, xn, self.sc.logits, n)
+            }
+        }
+    }
+
+    /// One decode step (the captured part): forward of one token, then the draw into `out`.
+    fn enqueue_step(&mut self, s: &GpuSampling) -> Result<(), CudaError> {
+        self.enqueue_forward(1, Head::Last)?;
+        self.enqueue_sample(self.sc.logits, s)
+    }
+
+    fn enqueue_sample(&mut self, row: u64, s: &GpuSampling) -> Result<(), CudaError> {
+        let vocab = self.config.vocab as i32;
+        if s.is_greedy() {
+            let f = self.k.argmax.clone();
+            return self.launch(
+                "argmax",
+                &f,
+                (1, 1, 1),
+                1024,
+                0,
+                &[A::P(row), A::I(vocab), A::P(self.sc.out)],
+            );
+        }
+        if !s.supported() || s.top_k > self.config.vocab {
+            return Err(CudaError::Invalid(format!(
+                "GPU sampling: top-k {} not in 1..={MAX_SAMPLE_TOP_K}",
+                s.top_k
+            )));
+        }
+        let top_p = if s.top_p > 0.0 && s.top_p <= 1.0 {
+            s.top_p
+        } else {
+            1.0
+        };
+        let min_p = if s.min_p.is_nan() {
+            0.0
+        } else {
+            s.min_p.clamp(0.0, 1.0)
+        };
+        let f = self.k.sample_topk.clone();
+        self.launch(
+            "sample_topk",
+            &f,
+            (1, 1, 1),
+            1024,
+            0,
+            &[
+                A::P(row),
+                A::I(vocab),
+                A::I(s.top_k as i32),
+                A::F(1.0 / s.temperature),
+                A::F(top_p),
+                A::F(min_p),
+                A::P(self.sc.u),
+                A::P(self.sc.out),
+            ],
+        )
+    }
+
+    fn enqueue_layer(&mut self, i: usize, n: usize) -> Result<(), CudaError> {
+        let h = self.config.hidden;
+        let (x, xn, mix) = (self.sc.x, self.sc.xn, self.sc.mix);
+        let (attn_norm, post_norm) = (self.layers[i].attn_norm, self.layers[i].post_norm);
+        self.rms_norm(x, attn_norm, xn, n, h)?;
+        // A clone of the layer's handles (addresses and kernel handles), so `self` stays free.
+        let mixer = self.layers[i].mixer.clone();
+        match &mixer {
+            DevMixer::Attention { .. } => self.enqueue_attention(&mixer, n)?,
+            DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, n)?,
+        }
+        let f = self.k.add.clone();
+        self.elementwise(&f, &[A::P(x), A::P(mix)], n * h)?;
+        self.rms_norm(x, post_norm, xn, n, h)?;
+        let moe = self.layers[i].moe.clone();
+        self.enqueue_moe(&moe, n)
+    }
+
+    fn enqueue_attention(&mut self, m: &DevMixer, n: usize) -> Result<(), CudaError> {
+        let DevMixer::Attention {
+            wq,
+            wk,
+            wv,
+            wo,
+            q_norm,
+            k_norm,
+            kc,
+            vc,
+        } = m
+        else {
+            return Ok(());
+        };
+        let c = &self.config;
+        let (nh, nkv, hd, rd) = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dims);
+        let (theta, eps) = (c.rope_theta, c.rms_eps);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let sc = &self.sc;
+        let (xn, qg, kn, vn, q, gate, att, mix) =
+            (sc.xn, sc.qg, sc.kn, sc.vn, sc.q, sc.gate, sc.att, sc.mix);
+        let pos = sc.input;
+        self.matvec(wq, xn, qg, n)?;
+        self.matvec(wk, xn, kn, n)?;
+        self.matvec(wv, xn, vn, n)?;
+        let f = self.k.attn_qk_prep.clone();
+        self.launch(
+            "attn_qk_prep",
+            &f,
+            ((nh + nkv) as u32, n as u32, 1),
+            128,
+            0,
+            &[
+                A::P(qg),
+                A::P(kn),
+                A::P(vn),
+                A::P(q),
+                A::P(gate),
+                A::P(*kc),
+                A::P(*vc),
+                A::P(*q_norm),
+                A::P(*k_norm),
+                A::P(pos),
+                A::I(nh as i32),
+                A::I(nkv as i32),
+                A::I(hd as i32),
+                A::I(rd as i32),
+                A::D(theta),
+                A::F(eps),
+            ],
+        )?;
+        let f = self.k.attn_causal.clone();
+        self.launch(
+            "attn_causal",
+            &f,
+            (nh as u32, n as u32, 1),
+            128,
+            0,
+            &[
+                A::P(q),
+                A::P(*kc),
+                A::P(*vc),
+                A::P(att),
+                A::P(pos),
+                A::I(nkv as i32),
+                A::I(hd as i32),
+                A::F(scale),
+            ],
+        )?;
+        let f = self.k.sigmoid_mul.clone();
+        self.elementwise(&f, &[A::P(att), A::P(gate)], n * nh * hd)?;
+        self.matvec(wo, att, mix, n)
+    }
+
+    fn enqueue_delta_net(&mut self, m: &DevMixer, n: usize) -> Result<(), CudaError> {
+        let DevMixer::DeltaNet {
+            qkv,
+            z,
+            ba,
+            out,
+            conv_w,
+            dt_bias,
+            a,
+            norm,
+            conv_state,
+            s,
+        } = m
+        else {
+            return Ok(());
+        };
+        let c = &self.config;
+        let (nk, nv, dk, dv) = (c.dn_k_heads, c.dn_v_heads, c.dn_k_dim, c.dn_v_dim);
+        let (ch, kern, eps) = (c.dn_conv_channels(), c.conv_kernel, c.rms_eps);
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        let sc = &self.sc;
+        let (xn, qkv_b, conv, z_b, ba_b, beta, g, o, gated, mix) = (
+            sc.xn, sc.qkv, sc.conv, sc.z, sc.ba, sc.beta, sc.g, sc.o, sc.gated, sc.mix,
+        );
+        self.matvec(qkv, xn, qkv_b, n)?;
+        self.matvec(z, xn, z_b, n)?;
+        self.matvec(ba, xn, ba_b, n)?;
+        let f = self.k.dn_conv_seq.clone();
+        self.launch(
+            "dn_conv_seq",
+            &f,
+            (blocks(ch, 128), 1, 1),
+            128,
+            0,
+            &[
+                A::P(qkv_b),
+                A::P(*conv_state),
+                A::P(*conv_w),
+                A::P(conv),
+                A::I(n as i32),
+                A::I(ch as i32),
+                A::I(kern as i32),
+            ],
+        )?;
+        let f = self.k.dn_qk_norm.clone();
+        self.launch(
+            "dn_qk_norm",
+            &f,
+            ((2 * nk) as u32, n as u32, 1),
+            128,
+            0,
+            &[
+                A::P(conv),
+                A::I(ch as i32),
+                A::I(nk as i32),
+                A::I(dk as i32),
+                A::F(L2_NORM_EPS),
+                A::F(q_scale),
+            ],
+        )?;
+        let f = self.k.dn_gates.clone();
+        self.launch(
+            "dn_gates",
+            &f,
+            (blocks(nv, 64), n as u32, 1),
+            64,
+            0,
+            &[
+                A::P(ba_b),
+                A::P(*a),
+                A::P(*dt_bias),
+                A::P(beta),
+                A::P(g),
+                A::I(nv as i32),
+                A::I((nv / nk) as i32),
+            ],
+        )?;
+        let f = self.k.dn_delta_seq.clone();
+        self.launch(
+            "dn_delta_seq",
+            &f,
+            (nv as u32, 1, 1),
+            (dv as u32).div_ceil(32) * 32,
+            (8 * dk) as u32,
+            &[
+                A::P(conv),
+                A::P(beta),
+                A::P(g),
+                A::P(*s),
+                A::P(o),
+                A::I(n as i32),
+                A::I(ch as i32),
+                A::I(nk as i32),
+                A::I(dk as i32),
+                A::I(dv as i32),
+            ],
+        )?;
+        let f = self.k.rms_norm_gated.clone();
+        self.launch(
+            "rms_norm_gated",
+            &f,
+            ((n * nv) as u32, 1, 1),
+            128,
+            0,
+            &[
+                A::P(o),
+                A::P(*norm),
+                A::P(z_b),
+                A::P(gated),
+                A::I(dv as i32),
+                A::F(eps),
+            ],
+        )?;
+        self.matvec(out, gated, mix, n)
+    }
+
+    fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
+        let c = &self.config;
+        let (h, ne, k, ff, sff) = (
+            c.hidden,
+            c.n_experts,
+            c.n_experts_used,
+            c.expert_ff,
+            c.shared_ff,
+        );
+        let sc = &self.sc;
+        let (x, xn, rlog, ids, wts, act, routed) =
+            (sc.x, sc.xn, sc.rlog, sc.ids, sc.wts, sc.act, sc.routed);
+        let (sg, su, sa, shared, gl) = (sc.sg, sc.su, sc.sa, sc.shared, sc.gl);
+        self.matvec(&m.router, xn, rlog, n)?;
+        let f = self.k.moe_router.clone();
+        self.launch(
+            "moe_router",
+            &f,
+            (n as u32, 1, 1),
+            256,
+            (4 * ne) as u32,
+            &[
+                A::P(rlog),
+                A::I(ne as i32),
+                A::I(k as i32),
+                A::P(ids),
+                A::P(wts),
+            ],
+        )?;
+        let e = &m.experts;
+        self.launch(
+            "moe_gate_up_ids",
+            &e.gate_up_f,
+            (blocks(ff, MATVEC_WARPS), k as u32, n as u32),
+            32 * MATVEC_WARPS,
+            0,
+            &[
+                A::P(e.gate),
+                A::P(e.up),
+                A::P(e.gate_up_stride),
+                A::P(ids),
+                A::P(xn),
+                A::P(act),
+                A::I(ff as i32),
+                A::I(h as i32),
+                A::I(k as i32),
+            ],
+        )?;
+        self.launch(
+            "moe_down_ids",
+            &e.down_f,
+            (blocks(h, MATVEC_WARPS), n as u32, 1),
+            32 * MATVEC_WARPS,
+            0,
+            &[
+                A::P(e.down),
+                A::P(e.down_stride),
+                A::P(ids),
+                A::P(wts),
+                A::P(act),
+                A::P(routed),
+                A::I(h as i32),
+                A::I(ff as i32),
+                A::I(k as i32),
+            ],
+        )?;
+        self.matvec(&m.sh_gate, xn, sg, n)?;
+        self.matvec(&m.sh_up, xn, su, n)?;
+        let f = self.k.swiglu.clone();
+        self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
+        self.matvec(&m.sh_down, sa, shared, n)?;
+        self.matvec(&m.sh_gate_vec, xn, gl, n)?;
+        let f = self.k.moe_combine.clone();
+        self.launch(
+            "moe_combine",
+            &f,
+            (blocks(h, 256), n as u32, 1),
+            256,
+            0,
+            &[
+                A::P(x),
+                A::P(routed),
+                A::P(shared),
+                A::P(gl),
+                A::I(h as i32),
+            ],
+        )
+    }
+}
+
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        // The graph and the stream go before the memory they use (the arena is the last field).
+        self.graph = None;
+        let _ = self.bind();
+        let _ = self.sync();
+    }
+}
+
+/// The shapes the kernels handle.
+fn check_config(c: &Config, o: &CudaModelOptions) -> Result<(), CudaError> {
+    let bad = |m: String| Err(CudaError::Invalid(m));
+    if o.max_batch == 0 || o.max_batch > 65_535 || o.max_context == 0 {
+        return bad(format!(
+            "max batch {} (1..=65535) and max context {} (> 0)",
+            o.max_batch, o.max_context
+        ));
+    }
+    i32_of(o.max_context, "max context")?;
+    if c.n_experts_used == 0 || c.n_experts_used > MAX_EXPERTS_USED.min(c.n_experts) {
+        return bad(format!(
+            "{} experts used of {} (the router kernel takes up to {MAX_EXPERTS_USED})",
+            c.n_experts_used, c.n_experts
+        ));
+    }
+    if !c.head_dim.is_multiple_of(32) || c.head_dim > MAX_HEAD_DIM || c.rope_dims > c.head_dim {
+        return bad(format!(
+            "head dim {} (a multiple of 32, at most {MAX_HEAD_DIM}), rope dims {}",
+            c.head_dim, c.rope_dims
+        ));
+    }
+    if c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
+        return bad(format!(
+            "{} heads over {} KV heads",
+            c.n_heads, c.n_kv_heads
+        ));
+    }
+    if c.conv_kernel == 0 || c.conv_kernel > 8 || c.dn_v_dim > 1024 || c.dn_k_heads == 0 {
+        return bad(format!(
+            "DeltaNet conv kernel {} (1..=8), v dim {} (<= 1024)",
+            c.conv_kernel, c.dn_v_dim
+        ));
+    }
+    if !c.dn_v_heads.is_multiple_of(c.dn_k_heads) {
+        return bad(format!(
+            "{} V heads over {} QK heads",
+            c.dn_v_heads, c.dn_k_heads
+        ));
+    }
+    Ok(())
+}
+
+fn matvec_kernel(gpu: &Gpu, ty: GgmlType) -> Result<CudaFunction, CudaError> {
+    gpu.func(&format!("matvec_{}", type_suffix(ty))).cloned()
+}
+
+/// Upload one linear layer.
+fn dev_linear(gpu: &Gpu, arena: &mut Arena, w: &HostLinear) -> Result<DevLinear, CudaError> {
+    let rb = row_bytes(w.ty, w.cols)?;
+    let bytes = w.bytes();
+    if bytes.len() != w.rows * rb {
+        return Err(CudaError::Invalid(format!(
+            "{}: {} bytes for {} rows of {} {} values",
+            w.name,
+            bytes.len(),
+            w.rows,
+            w.cols,
+            w.ty.name()
+        )));
+    }
+    Ok(DevLinear {
+        rows: w.rows,
+        cols: w.cols,
+        ptr: arena.upload(bytes)?,
+        f: matvec_kernel(gpu, w.ty)?,
+    })
+}
+
+/// A small f32 vector as a 1-row F32 matrix (the shared expert's gate).
+fn dev_row(gpu: &Gpu, arena: &mut Arena, v: &[f32]) -> Result<DevLinear, CudaError> {
+    Ok(DevLinear {
+        rows: 1,
+        cols: v.len(),
+        ptr: arena.upload_f32(v)?,
+        f: matvec_kernel(gpu, GgmlType::F32)?,
+    })
+}
+
+/// One expert tensor (all experts of a layer, same type and shape) as one device buffer:
+/// `(address, stride in bytes)`. When the experts sit in the file at a fixed stride (the slabs of
+/// one 3-D tensor, or the gate or up halves of a fused one) the span is uploaded as it is;
+/// otherwise the slabs are packed.
+fn dev_experts(arena: &mut Arena, ws: &[&HostLinear]) -> Result<(u64, u64), CudaError> {
+    let first = ws
+        .first()
+        .ok_or_else(|| CudaError::Invalid("a MoE layer without experts".into()))?;
+    let len = row_bytes(first.ty, first.cols)? * first.rows;
+    for w in ws {
+        if w.ty != first.ty
+            || w.rows != first.rows
+            || w.cols != first.cols
+            || w.bytes().len() != len
+        {
+            return Err(CudaError::Invalid(format!(
+                "{}: experts of one tensor differ in type or shape ({} vs {})",
+                w.name, w.name, first.name
+            )));
+        }
+    }
+    if let Some((file, r0)) = first.file_range() {
+        let stride = if ws.len() > 1 {
+            ws[1]
+                .file_range()
+                .map(|(_, r)| r.start.wrapping_sub(r0.start))
+        } else {
+            Some(len)
+        };
+        if let Some(stride) = stride.filter(|&s| s >= len) {
+            let regular = ws.iter().enumerate().all(|(e, w)| {
+                w.file_range()
+                    .is_some_and(|(f, r)| Arc::ptr_eq(f, file) && r.start == r0.start + e * stride)
+            });
+            if regular {
+                let end = r0.start + (ws.len() - 1) * stride + len;
+                let ptr = arena.upload(&file.bytes()[r0.start..end])?;
+                return Ok((ptr, stride as u64));
+            }
+        }
+    }
+    let mut packed = Vec::with_capacity(len * ws.len());
+    for w in ws {
+        packed.extend_from_slice(w.bytes());
+    }
+    Ok((arena.upload(&packed)?, len as u64))
+}
+
+fn dev_layer(
+    gpu: &Gpu,
+    arena: &mut Arena,
+    c: &Config,
+    o: &CudaModelOptions,
+    w: &LayerWeights<HostLoader>,
+) -> Result<DevLayer, CudaError> {
+    let mixer = match &w.mixer {
+        MixerWeights::Attention(a) => {
+            let kv = o.max_context * c.n_kv_heads * c.head_dim;
+            DevMixer::Attention {
+                wq: dev_linear(gpu, arena, &a.wq)?,
+                wk: dev_linear(gpu, arena, &a.wk)?,
+                wv: dev_linear(gpu, arena, &a.wv)?,
+                wo: dev_linear(gpu, arena, &a.wo)?,
+                q_norm: arena.upload_f32(&a.q_norm)?,
+                k_norm: arena.upload_f32(&a.k_norm)?,
+                kc: arena.f32s(kv)?,
+                vc: arena.f32s(kv)?,
+            }
+        }
+        MixerWeights::DeltaNet(d) => DevMixer::DeltaNet {
+            qkv: dev_linear(gpu, arena, &d.qkv)?,
+            z: dev_linear(gpu, arena, &d.z)?,
+            ba: dev_linear(gpu, arena, &d.ba)?,
+            out: dev_linear(gpu, arena, &d.out)?,
+            conv_w: arena.upload_f32(&d.conv)?,
+            dt_bias: arena.upload_f32(&d.dt_bias)?,
+            a: arena.upload_f32(&d.a)?,
+            norm: arena.upload_f32(&d.norm)?,
+            conv_state: arena.f32s((c.conv_kernel - 1) * c.dn_conv_channels())?,
+            s: arena.f32s(c.dn_v_heads * c.dn_k_dim * c.dn_v_dim)?,
+        },
+    };
+    let m = &w.moe;
+    let pick = |f: fn(&FfnWeights<HostLoader>) -> &HostLinear| -> Vec<&HostLinear> {
+        m.experts.iter().map(f).collect()
+    };
+    let (gates, ups, downs) = (pick(|e| &e.gate), pick(|e| &e.up), pick(|e| &e.down));
+    let (gate, gate_stride) = dev_experts(arena, &gates)?;
+    let (up, up_stride) = dev_experts(arena, &ups)?;
+    let (down, down_stride) = dev_experts(arena, &downs)?;
+    if gates[0].ty != ups[0].ty || gate_stride != up_stride {
+        return Err(CudaError::Invalid(format!(
+            "{} and {}: gate and up experts differ in type or layout",
+            gates[0].name, ups[0].name
+        )));
+    }
+    let experts = DevExperts {
+        gate,
+        up,
+        gate_up_stride: gate_stride,
+        down,
+        down_stride,
+        gate_up_f: gpu
+            .func(&format!("moe_gate_up_ids_{}", type_suffix(gates[0].ty)))?
+            .clone(),
+        down_f: gpu
+            .func(&format!("moe_down_ids_{}", type_suffix(downs[0].ty)))?
+            .clone(),
+    };
+    Ok(DevLayer {
+        attn_norm: arena.upload_f32(&w.attn_norm)?,
+        post_norm: arena.upload_f32(&w.post_attention_norm)?,
+        mixer,
+        moe: DevMoe {
+            router: dev_linear(gpu, arena, &m.router)?,
+            experts,
+            sh_gate: dev_linear(gpu, arena, &m.shared.gate)?,
+            sh_up: dev_linear(gpu, arena, &m.shared.up)?,
+            sh_down: dev_linear(gpu, arena, &m.shared.down)?,
+            sh_gate_vec: dev_row(gpu, arena, &m.shared_gate)?,
+        },
+    })
+}
+
+/// Activation buffers for `max_batch` tokens.
+fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratch, CudaError> {
+    let b = o.max_batch;
+    let (h, ch, vw, nv) = (
+        c.hidden,
+        c.dn_conv_channels(),
+        c.dn_value_width(),
+        c.dn_v_heads,
+    );
+    let (qw, kvw) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let (ne, k, ff, sff) = (c.n_experts, c.n_experts_used, c.expert_ff, c.shared_ff);
+    let mut f = |n: usize| arena.f32s(b * n);
+    Ok(Scratch {
+        x: f(h)?,
+        xn: f(h)?,
+        mix: f(h)?,
+        qkv: f(ch)?,
+        conv: f(ch)?,
+        z: f(vw)?,
+        ba: f(2 * nv)?,
+        beta: f(nv)?,
+        g: f(nv)?,
+        o: f(vw)?,
+        gated: f(vw)?,
+        qg: f(2 * qw)?,
+        kn: f(kvw)?,
+        vn: f(kvw)?,
+        q: f(qw)?,
+        gate: f(qw)?,
+        att: f(qw)?,
+        rlog: f(ne)?,
+        ids: f(k)?,
+        wts: f(k)?,
+        act: f(k * ff)?,
+        routed: f(h)?,
+        sg: f(sff)?,
+        su: f(sff)?,
+        sa: f(sff)?,
+        shared: f(h)?,
+        gl: f(1)?,
+        logits: f(c.vocab)?,
+        input: arena.alloc(4 * (b + 1))?,
+        out: arena.alloc(4)?,
+        u: arena.alloc(4)?,
+    })
+}
