@@ -13,9 +13,13 @@ writes to crates/gguf/tests/data/quant_iq/:
   * index.json        shapes, seed and library.
 crates/gguf/tests/quantize_iq.rs compares redlite's quantizers with these bytes.
 
-Usage (repository root; needs numpy and llama-cpp-python 0.3.36):  python3 tools/gen_quant_iq_fixtures.py
+Usage (repository root; needs numpy and llama-cpp-python 0.3.36):
+    python3 tools/gen_quant_iq_fixtures.py [--repeat R] [--seed S] [--out DIR]
+A larger set (--repeat: each kind of row R times) written elsewhere is checked with
+    REDLITE_QUANT_IQ_FIXTURES=DIR cargo test --release -p redlite-gguf --test quantize_iq -- --ignored
 """
 
+import argparse
 import ctypes
 import importlib.metadata
 import json
@@ -29,7 +33,7 @@ SEED = 2911
 TYPES = {"IQ2_XXS": (16, 66), "IQ1_M": (29, 56)}
 
 
-def rows(rng):
+def rows(rng, repeat):
     f16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731 (real weights are f16)
     zero_sub = rng.standard_normal(N)
     zero_sub[32:64] = 0.0  # one all-zero sub-block for both types
@@ -47,10 +51,16 @@ def rows(rng):
         rng.standard_normal(N) * 1e-4,
         rng.standard_normal(N) + 2.0,
     ]
-    return np.stack(kinds).astype(np.float32)
+    more = [rows(rng, 1) for _ in range(repeat - 1)]
+    return np.concatenate([np.stack(kinds).astype(np.float32), *more])
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
     import llama_cpp  # noqa: PLC0415 (for its lib directory)
 
     lib_path = Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"
@@ -60,13 +70,13 @@ def main():
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
 
-    rng = np.random.default_rng(SEED)
-    src = np.ascontiguousarray(rows(rng))
+    rng = np.random.default_rng(args.seed)
+    src = np.ascontiguousarray(rows(rng, args.repeat))
     imatrix = np.exp(rng.normal(0.0, 2.0, N)).astype(np.float32)
     imatrix[rng.choice(N, 6, replace=False)] = 0.0
-    OUT.mkdir(parents=True, exist_ok=True)
-    src.tofile(OUT / "src.f32")
-    imatrix.tofile(OUT / "imatrix.f32")
+    args.out.mkdir(parents=True, exist_ok=True)
+    src.tofile(args.out / "src.f32")
+    imatrix.tofile(args.out / "imatrix.f32")
 
     def run(ty, block_bytes, im):
         dst = np.zeros(src.shape[0] * N // 256 * block_bytes, dtype=np.uint8)
@@ -75,17 +85,17 @@ def main():
                                 None if im is None else im.ctypes.data)
         return dst.tobytes()
 
-    (OUT / "IQ2_XXS.im.quant").write_bytes(run(*TYPES["IQ2_XXS"], imatrix))
-    (OUT / "IQ1_M.quant").write_bytes(run(*TYPES["IQ1_M"], None))
-    (OUT / "IQ1_M.im.quant").write_bytes(run(*TYPES["IQ1_M"], imatrix))
+    (args.out / "IQ2_XXS.im.quant").write_bytes(run(*TYPES["IQ2_XXS"], imatrix))
+    (args.out / "IQ1_M.quant").write_bytes(run(*TYPES["IQ1_M"], None))
+    (args.out / "IQ1_M.im.quant").write_bytes(run(*TYPES["IQ1_M"], imatrix))
     index = {
-        "rows": int(src.shape[0]), "n_per_row": N, "seed": SEED,
+        "rows": int(src.shape[0]), "n_per_row": N, "seed": args.seed,
         "files": ["IQ2_XXS.im.quant", "IQ1_M.quant", "IQ1_M.im.quant"],
         "generator": "tools/gen_quant_iq_fixtures.py",
         "ggml": f"libggml-base.so from llama-cpp-python {importlib.metadata.version('llama_cpp_python')}"
                 " (llama.cpp 0c1e570)",
     }
-    (OUT / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (args.out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
 
 
 if __name__ == "__main__":

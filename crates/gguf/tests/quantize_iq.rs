@@ -145,3 +145,70 @@ fn all_zero_rows_quantize_to_zero_bytes() {
         assert!(out.iter().all(|&b| b == 0), "{ty:?}");
     }
 }
+
+/// A larger set from `tools/gen_quant_iq_fixtures.py --repeat R --out DIR`, checked with
+/// `REDLITE_QUANT_IQ_FIXTURES=DIR cargo test --release -p redlite-gguf --test quantize_iq -- --ignored`.
+#[test]
+#[ignore = "needs REDLITE_QUANT_IQ_FIXTURES=DIR made by tools/gen_quant_iq_fixtures.py"]
+fn larger_generated_set_matches_ggml() {
+    let dir = PathBuf::from(
+        std::env::var("REDLITE_QUANT_IQ_FIXTURES").expect("set REDLITE_QUANT_IQ_FIXTURES=DIR"),
+    );
+    let src = read_f32(&dir.join("src.f32"));
+    let imatrix = read_f32(&dir.join("imatrix.f32"));
+    for (file, ty, im) in [
+        ("IQ2_XXS.im.quant", GgmlType::IQ2XXS, Some(&imatrix[..])),
+        ("IQ1_M.quant", GgmlType::IQ1M, None),
+        ("IQ1_M.im.quant", GgmlType::IQ1M, Some(&imatrix[..])),
+    ] {
+        let t = std::time::Instant::now();
+        assert_bit_exact(file, ty, &src, im, &read(&dir.join(file)));
+        eprintln!(
+            "{file}: {} values bit-exact in {:?}",
+            src.len(),
+            t.elapsed()
+        );
+    }
+}
+
+/// Single-thread throughput on 512 rows × 2048 normal values with a log-normal imatrix (tables
+/// built before timing), extrapolated to one 80B routed-expert tensor (512 × 2048 × 512 values):
+/// `cargo test --release -p redlite-gguf --test quantize_iq -- --ignored throughput --nocapture`.
+#[test]
+#[ignore = "timing, not a check"]
+fn throughput() {
+    let n_per_row = 2048;
+    let rows = 512;
+    // Deterministic normal-ish data (sum of uniforms) and importances spanning decades.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let src: Vec<f32> = (0..rows * n_per_row)
+        .map(|_| ((0..4).map(|_| uniform()).sum::<f32>() - 2.0) * 0.05)
+        .collect();
+    let imatrix: Vec<f32> = (0..n_per_row)
+        .map(|_| (uniform() * 8.0 - 4.0).exp())
+        .collect();
+    let expert_values = 512.0 * 2048.0 * 512.0;
+    for (ty, im) in [
+        (GgmlType::IQ2XXS, Some(&imatrix[..])),
+        (GgmlType::IQ1M, Some(&imatrix[..])),
+        (GgmlType::IQ1M, None),
+    ] {
+        quantize(ty, &src[..n_per_row], n_per_row, im).unwrap(); // build the tables
+        let t = std::time::Instant::now();
+        quantize(ty, &src, n_per_row, im).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        let rate = src.len() as f64 / secs;
+        eprintln!(
+            "{ty:?} imatrix={}: {:.2} M values/s, one 80B expert tensor ≈ {:.0} s single-threaded",
+            im.is_some(),
+            rate / 1e6,
+            expert_values / rate
+        );
+    }
+}

@@ -289,8 +289,8 @@ fn sort_order(xb: &[f32]) -> [usize; SUB] {
 }
 
 /// ggml's `iq1_find_best_neighbour2`: the candidate minimising Σ w·(scale·xx[l] − x)², first wins
-/// ties. When no candidate has a finite distance ggml scans the whole grid (reading past its
-/// input, a bug); we then take the first candidate.
+/// ties. When no candidate has a distance below `f32::MAX` ggml scans the whole grid (reading
+/// past its input, a bug); we then take the first candidate.
 fn best_neighbour(
     grid: &IqGrid,
     list: &[u16],
@@ -299,19 +299,12 @@ fn best_neighbour(
     scale: f32,
     xx: &[f32; 3],
 ) -> usize {
-    let mut best_d2 = f32::MAX;
-    let mut best = list[0] as usize;
-    for &j in list {
-        let mut d2 = 0f32;
-        for (i, &c) in grid.point(j as usize).iter().enumerate() {
-            let q = xx[((c - 1) / 2) as usize];
-            let diff = scale * q - xval[i];
-            d2 += weight[i] * diff * diff;
-        }
-        if d2 < best_d2 {
-            best_d2 = d2;
-            best = j as usize;
-        }
-    }
-    best
+    // The 24 possible terms w·diff·diff, the same f32 values ggml computes per candidate.
+    let terms: [[f32; 3]; 8] = std::array::from_fn(|i| {
+        std::array::from_fn(|l| {
+            let diff = scale * xx[l] - xval[i];
+            weight[i] * diff * diff
+        })
+    });
+    grid.closest(list, &terms)
 }

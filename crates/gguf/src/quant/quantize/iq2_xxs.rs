@@ -32,6 +32,8 @@ const KMAP_SIZE: usize = 43692;
 pub(super) struct IqGrid {
     /// Grid point i, coordinates `2l + 1`.
     points: Vec<[i8; 8]>,
+    /// Grid point i as levels l (0..=2).
+    levels: Vec<[u8; 8]>,
     /// Pattern index (2 bits per element) → grid index if ≥ 0, else `-(offset + 1)` into
     /// `neighbours`, where the list's length is followed by its grid indices.
     map: Vec<i32>,
@@ -103,6 +105,10 @@ impl IqGrid {
             neighbours[offset] = n;
         }
         IqGrid {
+            levels: points
+                .iter()
+                .map(|p| p.map(|c| ((c - 1) / 2) as u8))
+                .collect(),
             points,
             map,
             neighbours,
@@ -112,6 +118,26 @@ impl IqGrid {
     /// Grid point `i` (coordinates `2l + 1`).
     pub(super) fn point(&self, i: usize) -> &[i8; 8] {
         &self.points[i]
+    }
+
+    /// The grid point of `list` with the least Σᵢ terms[i][level of element i], summed in
+    /// element order from 0 (as ggml's neighbour searches do); the first wins ties, and the first
+    /// is returned when no sum is below `f32::MAX` (ggml aborts or falls back there).
+    pub(super) fn closest(&self, list: &[u16], terms: &[[f32; 3]; 8]) -> usize {
+        let mut best_d2 = f32::MAX;
+        let mut best = list[0] as usize;
+        for &j in list {
+            let lv = &self.levels[j as usize];
+            let mut d2 = 0f32;
+            for i in 0..8 {
+                d2 += terms[i][lv[i] as usize];
+            }
+            if d2 < best_d2 {
+                best_d2 = d2;
+                best = j as usize;
+            }
+        }
+        best
     }
 
     /// Looks up the pattern of 8 levels `l` (each in 0..=2).
@@ -351,21 +377,15 @@ fn snap_to_grid(
 /// ggml's `iq2_find_best_neighbour`: the candidate minimising Σ w·(scale·q − x)², first wins
 /// ties. (ggml aborts when every distance is NaN; we then take the first candidate.)
 fn best_neighbour(grid: &IqGrid, list: &[u16], xval: &[f32], w: &[f32], scale: f32) -> usize {
-    let mut best_d2 = f32::MAX;
-    let mut best = list[0] as usize;
-    for &j in list {
-        let p = grid.point(j as usize);
-        let mut d2 = 0f32;
-        for i in 0..8 {
-            let diff = scale * p[i] as f32 - xval[i];
-            d2 += w[i] * diff * diff;
-        }
-        if d2 < best_d2 {
-            best_d2 = d2;
-            best = j as usize;
-        }
-    }
-    best
+    // Each element has 3 possible levels: tabulate the 24 terms w·diff·diff once (the same f32
+    // values ggml computes per candidate), then every candidate's sum is 8 lookups + adds.
+    let terms: [[f32; 3]; 8] = std::array::from_fn(|i| {
+        std::array::from_fn(|l| {
+            let diff = scale * (2 * l + 1) as f32 - xval[i];
+            w[i] * diff * diff
+        })
+    });
+    grid.closest(list, &terms)
 }
 
 /// Σ w·x·q and Σ w·q² with q = 2l + 1.
