@@ -50,6 +50,9 @@ def rows(rng, repeat):
         rng.standard_normal(N) * 1e3,
         rng.standard_normal(N) * 1e-4,
         rng.standard_normal(N) + 2.0,
+        rng.standard_normal(N) * 3e-7,  # near IQ1_M's 1e-7 group threshold
+        rng.standard_normal(N) * 2e-14,  # sums of squares underflow
+        np.where(rng.uniform(size=N) < 0.02, 1.0, rng.standard_normal(N) * 1e-18),  # tiny + spikes
     ]
     more = [rows(rng, 1) for _ in range(repeat - 1)]
     return np.concatenate([np.stack(kinds).astype(np.float32), *more])

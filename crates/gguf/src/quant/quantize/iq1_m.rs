@@ -11,7 +11,8 @@
 
 use std::sync::OnceLock;
 
-use super::iq2_xxs::{IqGrid, Lookup};
+use super::common::nearest_int;
+use super::iq_grid::{c_max, IqGrid, Lookup};
 use crate::quant::grids::IQ1S_GRID;
 
 const QK_K: usize = 256;
@@ -29,23 +30,6 @@ const SHIFT_MASKS: [u8; 4] = [0x00, 0x80, 0x08, 0x88];
 fn iq1_grid() -> &'static IqGrid {
     static GRID: OnceLock<IqGrid> = OnceLock::new();
     GRID.get_or_init(|| IqGrid::build(&IQ1S_GRID, [0xff, 0x00, 0x01], 3))
-}
-
-/// ggml's `nearest_int`: round to nearest (ties to even) via the 1.5·2²³ trick.
-#[inline]
-fn nearest_int(x: f32) -> i32 {
-    let biased = x + 12_582_912.0;
-    (biased.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
-}
-
-/// C's `MAX(a, b)`: `a > b ? a : b`.
-#[inline]
-fn c_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
 }
 
 /// The level values of group `k` (0 or 1) of a sub-block with shift code `shift`

@@ -1,9 +1,6 @@
 //! Quantizer for IQ2_XXS (2.0625 bits per weight), bit-exact with ggml's
 //! `quantize_row_iq2_xxs_impl`.
 //!
-//! Also home of [`IqGrid`], the "nearest grid points" tables that ggml's `iq2xs_init_impl`
-//! builds from a grid and that the IQ1_M quantizer shares.
-//!
 //! Block layout (66 bytes per 256 values): f16 `d`, then 8 sub-blocks of 32 values, each two
 //! little-endian u32: the first holds four 8-bit grid indices (one per group of 8 values), the
 //! second four 7-bit sign masks (bits 0..28) and a 4-bit scale `l` (bits 28..32); a sub-block's
@@ -14,6 +11,8 @@
 
 use std::sync::OnceLock;
 
+use super::common::nearest_int;
+use super::iq_grid::{c_max, IqGrid, Lookup};
 use crate::quant::grids::IQ2XXS_GRID;
 
 const QK_K: usize = 256;
@@ -22,166 +21,9 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 /// Quant levels per element (grid coordinates are `2l + 1`, l in 0..3).
 const K_MAX_Q: i32 = 3;
 
-/// Number of slots in ggml's `kmap`: every 8-element pattern with 2 bits per element that the
-/// quantizers can look up (they clamp elements to 0..=2, so the largest index is 0xAAAA).
-const KMAP_SIZE: usize = 43692;
-
-/// A grid of 8-element points (coordinates in {1, 3, 5, 7}) with, for every lattice point that
-/// is not on the grid, the list of grid points at its `nwant` smallest squared distances: the
-/// tables of ggml's `iq2xs_init_impl` (`kgrid_q2xs`, `kmap_q2xs`, `kneighbors_q2xs`).
-pub(super) struct IqGrid {
-    /// Grid point i, coordinates `2l + 1`.
-    points: Vec<[i8; 8]>,
-    /// Grid point i as levels l (0..=2).
-    levels: Vec<[u8; 8]>,
-    /// Pattern index (2 bits per element) → grid index if ≥ 0, else `-(offset + 1)` into
-    /// `neighbours`, where the list's length is followed by its grid indices.
-    map: Vec<i32>,
-    neighbours: Vec<u16>,
-}
-
-/// What a pattern index maps to: a grid point, or the candidates to search.
-pub(super) enum Lookup<'a> {
-    OnGrid(usize),
-    Neighbours(&'a [u16]),
-}
-
-impl IqGrid {
-    /// Builds the tables for `table` (gguf-py's expanded grid: byte j of entry i is element j,
-    /// one of `levels`) keeping the neighbours at the `nwant` smallest distinct distances.
-    pub(super) fn build(table: &[u64], levels: [u8; 3], nwant: usize) -> Self {
-        let points: Vec<[i8; 8]> = table
-            .iter()
-            .map(|&row| {
-                std::array::from_fn(|j| {
-                    let byte = (row >> (8 * j)) as u8;
-                    let l = levels
-                        .iter()
-                        .position(|&v| v == byte)
-                        .expect("grid byte is one of the grid's levels")
-                        as i8;
-                    2 * l + 1
-                })
-            })
-            .collect();
-        let mut map = vec![-1i32; KMAP_SIZE];
-        for (i, p) in points.iter().enumerate() {
-            map[pattern_index(p.map(|c| (c - 1) / 2))] = i as i32;
-        }
-        // For each off-grid pattern: grid indices sorted by (distance², index), cut after the
-        // `nwant`-th distinct distance (ggml sorts all pairs with qsort; keys are distinct).
-        // Squared distances are small integers, so bucket by distance instead of sorting.
-        let mut neighbours = Vec::new();
-        let mut dist = vec![0u16; points.len()];
-        const MAX_D2: usize = 8 * 36 + 1;
-        let mut count = [0u32; MAX_D2];
-        for (u, slot) in map.iter_mut().enumerate() {
-            let pos: [i8; 8] = std::array::from_fn(|k| 2 * ((u >> (2 * k)) & 3) as i8 + 1);
-            // Patterns with a level-3 element are never looked up; ggml builds lists for them
-            // too, which only shifts offsets, not any list's content.
-            if *slot >= 0 || pos.contains(&7) {
-                continue;
-            }
-            count.fill(0);
-            for (d, p) in dist.iter_mut().zip(&points) {
-                let d2: i32 = (0..8)
-                    .map(|k| (p[k] as i32 - pos[k] as i32) * (p[k] as i32 - pos[k] as i32))
-                    .sum();
-                *d = d2 as u16;
-                count[d2 as usize] += 1;
-            }
-            let offset = neighbours.len();
-            *slot = -(offset as i32 + 1);
-            neighbours.push(0);
-            let mut n = 0u16;
-            for d2 in (0..MAX_D2).filter(|&d| count[d] > 0).take(nwant) {
-                for (j, &d) in dist.iter().enumerate() {
-                    if d as usize == d2 {
-                        neighbours.push(j as u16);
-                        n += 1;
-                    }
-                }
-            }
-            neighbours[offset] = n;
-        }
-        IqGrid {
-            levels: points
-                .iter()
-                .map(|p| p.map(|c| ((c - 1) / 2) as u8))
-                .collect(),
-            points,
-            map,
-            neighbours,
-        }
-    }
-
-    /// Grid point `i` (coordinates `2l + 1`).
-    pub(super) fn point(&self, i: usize) -> &[i8; 8] {
-        &self.points[i]
-    }
-
-    /// The grid point of `list` with the least Σᵢ terms[i][level of element i], summed in
-    /// element order from 0 (as ggml's neighbour searches do); the first wins ties, and the first
-    /// is returned when no sum is below `f32::MAX` (ggml aborts or falls back there).
-    pub(super) fn closest(&self, list: &[u16], terms: &[[f32; 3]; 8]) -> usize {
-        let mut best_d2 = f32::MAX;
-        let mut best = list[0] as usize;
-        for &j in list {
-            let lv = &self.levels[j as usize];
-            let mut d2 = 0f32;
-            for i in 0..8 {
-                d2 += terms[i][lv[i] as usize];
-            }
-            if d2 < best_d2 {
-                best_d2 = d2;
-                best = j as usize;
-            }
-        }
-        best
-    }
-
-    /// Looks up the pattern of 8 levels `l` (each in 0..=2).
-    pub(super) fn lookup(&self, l: &[i8]) -> Lookup<'_> {
-        let levels: [i8; 8] = std::array::from_fn(|k| l[k]);
-        let m = self.map[pattern_index(levels)];
-        if m >= 0 {
-            Lookup::OnGrid(m as usize)
-        } else {
-            let start = (-m - 1) as usize;
-            let n = self.neighbours[start] as usize;
-            Lookup::Neighbours(&self.neighbours[start + 1..start + 1 + n])
-        }
-    }
-}
-
-/// Index of 8 levels (each 0..=3, 2 bits each, element 0 lowest).
-fn pattern_index(levels: [i8; 8]) -> usize {
-    levels
-        .iter()
-        .enumerate()
-        .fold(0, |u, (k, &l)| u | (((l as usize) & 3) << (2 * k)))
-}
-
 fn iq2_xxs_grid() -> &'static IqGrid {
     static GRID: OnceLock<IqGrid> = OnceLock::new();
     GRID.get_or_init(|| IqGrid::build(&IQ2XXS_GRID, [0x08, 0x19, 0x2b], 2))
-}
-
-/// ggml's `nearest_int`: round to nearest (ties to even) via the 1.5·2²³ trick.
-#[inline]
-fn nearest_int(x: f32) -> i32 {
-    let biased = x + 12_582_912.0;
-    (biased.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
-}
-
-/// C's `MAX(a, b)`: `a > b ? a : b`.
-#[inline]
-fn c_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
 }
 
 /// Quantizes one row (a multiple of 256 values) into `out`. ggml requires an importance matrix

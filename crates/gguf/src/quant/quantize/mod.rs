@@ -9,6 +9,7 @@ mod common;
 mod iq1_m;
 mod iq2_xxs;
 mod iq4_xs;
+mod iq_grid;
 mod kquants;
 mod q8_0;
 
