@@ -146,6 +146,25 @@ fn all_zero_rows_quantize_to_zero_bytes() {
     }
 }
 
+#[test]
+fn non_finite_input_does_not_panic() {
+    // ggml aborts on some of these (IQ2_XXS asserts); we only promise no panic and full output.
+    let mut src: Vec<f32> = (0..N_PER_ROW).map(|i| (i as f32 * 0.37).sin()).collect();
+    src[3] = f32::NAN;
+    src[40] = f32::INFINITY;
+    src[300] = f32::NEG_INFINITY;
+    src[400] = f32::MAX;
+    let ones = vec![1f32; N_PER_ROW];
+    for (ty, im) in [
+        (GgmlType::IQ2XXS, Some(&ones[..])),
+        (GgmlType::IQ1M, None),
+        (GgmlType::IQ1M, Some(&ones[..])),
+    ] {
+        let out = quantize(ty, &src, N_PER_ROW, im).unwrap();
+        assert_eq!(out.len(), N_PER_ROW / 256 * ty.block_bytes(), "{ty:?}");
+    }
+}
+
 /// A larger set from `tools/gen_quant_iq_fixtures.py --repeat R --out DIR`, checked with
 /// `REDLITE_QUANT_IQ_FIXTURES=DIR cargo test --release -p redlite-gguf --test quantize_iq -- --ignored`.
 #[test]
