@@ -3,15 +3,19 @@
 # toolchain and no network). Everything it needs travels in the git-ignored folder .device/cuda/
 # (`run` with `carry: [".device/cuda"]`):
 #
-#   .device/cuda/redlite                       built with `cargo build --release -p redlite --features cuda`
+#   .device/cuda/redlite.gz                    built with `cargo build --release -p redlite --features cuda`
+#   .device/cuda/qwen3-vocab.gguf.gz           (optional) for the full-size bench
 #   .device/cuda/fixtures/logits/index.json    from shared/reference/logits/
 #   .device/cuda/fixtures/logits/<M>__P{1,2,3}__exact.bin
 #   .device/cuda/fixtures/models/tiny-<M>.gguf
 #
 # (bench/prepare_device.sh fills it.) In one go: the kernel self-test (every kernel and type
 # against the CPU reference on fresh random data, twice: compile then disk cache), then the
-# fixture parity run (prefill on every prompt, plus the first prompt token by token). Full logs go
-# to $OUT (or .device/cuda/out); the summary table is printed last.
+# fixture parity run through the device-resident model (prefill on every prompt, plus the first
+# prompt token by token through the captured decode graph), then the CLI on the GPU (logits and
+# generate --backend cuda, greedy ids against the CPU backend's). With the vocabulary present: a
+# full-size layout made there with `redlite make-model` and `bench decode|prefill --backend cuda`
+# on it (graph on and off). Full logs go to $OUT (or .device/cuda/out); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/cuda}
@@ -27,15 +31,57 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
     fi
 done
 export REDLITE_CUDA_CACHE="$LOGS/cache"   # a fresh cache: the first run compiles, the second reads it
+BIN=/tmp/redlite-cuda/redlite
+mkdir -p /tmp/redlite-cuda
+if [ -f "$DEV/redlite.gz" ]; then gunzip -c "$DEV/redlite.gz" >"$BIN"; else cp "$DEV/redlite" "$BIN"; fi
+chmod +x "$BIN"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$LOGS/gpu.txt"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
 status=0
 echo "== kernel self-test (compile)"
-"$DEV/redlite" selftest --backend cuda >"$LOGS/selftest1.log" 2>&1 || status=1
+"$BIN" selftest --backend cuda >"$LOGS/selftest1.log" 2>&1 || status=1
 echo "== kernel self-test (cached) + fixture parity"
-"$DEV/redlite" selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest2.log" 2>&1 || status=1
+"$BIN" selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest2.log" 2>&1 || status=1
+
+echo "== CLI on the GPU"
+M=$(ls "$DEV"/fixtures/models/*.gguf | head -1)
+IDS=$(python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["entries"][0]; print(",".join(map(str,e["token_ids"])))' "$DEV/fixtures/logits/index.json")
+{
+    echo "model $M, prompt ids $IDS"
+    "$BIN" logits --backend cuda -m "$M" --ids "$IDS" --out "$LOGS/l_cuda.bin" 2>&1
+    "$BIN" logits --backend cuda --mode step -m "$M" --ids "$IDS" --out "$LOGS/l_cuda_step.bin" 2>&1
+    "$BIN" logits --backend cpu -m "$M" --ids "$IDS" --out "$LOGS/l_cpu.bin" 2>&1
+    python3 - "$LOGS" <<'PY'
+import array, sys
+d = sys.argv[1]
+rd = lambda n: array.array("f", open(f"{d}/{n}", "rb").read())
+c, s, p = rd("l_cuda.bin"), rd("l_cuda_step.bin"), rd("l_cpu.bin")
+print("logits cli: max |cuda prefill - cpu| = %.3g, max |cuda step - cpu| = %.3g over %d values"
+      % (max(abs(a - b) for a, b in zip(c, p)), max(abs(a - b) for a, b in zip(s, p)), len(p)))
+PY
+    for be in cuda cpu; do
+        "$BIN" generate --backend $be -m "$M" --ids "$IDS" -n 32 --ignore-eos --print-ids 2>"$LOGS/gen_$be.err" | tail -1 >"$LOGS/gen_$be.ids"
+        echo "generate $be: $(cat "$LOGS/gen_$be.ids") | $(grep -h 'tok/s\|launches' "$LOGS/gen_$be.err" | tr '\n' ' ')"
+    done
+    if cmp -s "$LOGS/gen_cuda.ids" "$LOGS/gen_cpu.ids"; then echo "greedy ids: cuda = cpu"; else echo "greedy ids: cuda != cpu"; fi
+    "$BIN" generate --backend cuda -m "$M" --ids "$IDS" -n 32 --ignore-eos --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --seed 7 --print-ids 2>&1 | tail -2
+} >"$LOGS/cli.log" 2>&1 || status=1
+
+if [ -f "$DEV/qwen3-vocab.gguf.gz" ]; then
+    echo "== full-size layout: make-model + bench --backend cuda"
+    gunzip -c "$DEV/qwen3-vocab.gguf.gz" >/tmp/redlite-cuda/vocab.gguf
+    FULLM=/tmp/redlite-cuda/full.gguf
+    {
+        t0=$SECONDS
+        "$BIN" make-model "$FULLM" --vocab /tmp/redlite-cuda/vocab.gguf --force 2>&1 | tail -3
+        echo "make-model: $((SECONDS - t0)) s, $(du -h "$FULLM" | cut -f1)"
+        "$BIN" bench decode --backend cuda -m "$FULLM" -p 8 -n 128 2>&1
+        "$BIN" bench decode --backend cuda -m "$FULLM" -p 8 -n 32 --no-graphs 2>&1
+        "$BIN" bench prefill --backend cuda -m "$FULLM" -p 64 -n 3 2>&1
+    } >"$LOGS/full.log" 2>&1 || status=1
+fi
 
 echo
 echo "################ summary ################"
@@ -56,4 +102,7 @@ grep -h "FAIL" "$LOGS/selftest1.log" "$LOGS/selftest2.log" | head -40
 echo
 sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest2.log"
 grep -h "^kernels:\|^selftest:\|^error" "$LOGS/selftest1.log" "$LOGS/selftest2.log"
+echo
+cat "$LOGS/cli.log"
+[ -f "$LOGS/full.log" ] && { echo; cat "$LOGS/full.log"; }
 exit $status

@@ -35,7 +35,8 @@ pub struct Args {
     /// shapes are benchmarked unless --type is given.
     #[arg(short = 'm', long = "model", value_name = "FILE")]
     pub model: Option<PathBuf>,
-    /// Backend: cpu or oracle.
+    /// Backend: cpu, oracle, or cuda (decode and prefill on the device-resident GPU model; needs
+    /// the `cuda` feature and a GPU).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Decode steps (decode, default 32), timed passes (kernel, default 10) or prompt passes
@@ -67,6 +68,9 @@ pub struct Args {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// cuda: run the decode step without the CUDA graph (every kernel launched each step).
+    #[arg(long)]
+    pub no_graphs: bool,
 }
 
 /// A progress bar fed by the engine's `(stage, done, total)` callbacks.
@@ -120,6 +124,9 @@ fn threads_used(args: &Args) -> usize {
 }
 
 pub fn run(mut args: Args) -> Result<()> {
+    if args.backend == "cuda" {
+        return run_cuda(args);
+    }
     let choice = BackendChoice::parse(&args.backend)?;
     let threads = threads_used(&args);
     // Decode and prefill need a model: the one given, else the shipped demo model.
@@ -337,4 +344,88 @@ fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize, lab
             );
         }
     }
+}
+
+/// `bench decode|prefill --backend cuda`: the device-resident model (crate::cuda_cmd). No host
+/// bandwidth run; GB/s is weight bytes per token × tok/s.
+fn run_cuda(args: Args) -> Result<()> {
+    if args.kind == Kind::Kernel {
+        bail!("bench kernel is not available with --backend cuda yet (decode and prefill are)");
+    }
+    let path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
+    let file =
+        Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    let bar = progress_bar();
+    let mut progress = |stage: &str, done: u64, total: u64| update(&bar, stage, done, total);
+    println!("model: {}", path.display());
+    if args.kind == Kind::Decode {
+        let prompt = args.prompt.unwrap_or(8);
+        let steps = args.n.unwrap_or(32);
+        let (r, info) =
+            crate::cuda_cmd::bench_decode(file, prompt, steps, !args.no_graphs, &mut progress)?;
+        bar.finish_and_clear();
+        let launches = info
+            .launches_per_step
+            .map_or("?".to_string(), |n| n.to_string());
+        if args.json {
+            let v = json!({
+                "bench": "decode", "backend": "cuda", "device": info.device,
+                "graphs": info.graphs, "launches_per_step": info.launches_per_step,
+                "device_mib": info.device_mib, "prompt_tokens": r.prompt_tokens,
+                "prompt_s": r.prompt_time.as_secs_f64(), "steps": r.steps,
+                "decode_s": r.decode_time.as_secs_f64(),
+                "median_step_ms": r.median_step.as_secs_f64() * 1e3,
+                "tok_per_s": r.tok_per_s, "bytes_per_token": r.bytes_per_token, "gbps": r.gbps,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(());
+        }
+        println!(
+            "device: {}, {} MiB on the GPU, CUDA graph {}, {launches} kernel launches per decode step",
+            info.device,
+            info.device_mib,
+            if info.graphs { "on" } else { "off" }
+        );
+        println!(
+            "{:<8} {:>7} {:>6} {:>9} {:>10} {:>9} {:>8}",
+            "backend", "prompt", "steps", "tok/s", "ms/token", "MB/token", "GB/s"
+        );
+        println!(
+            "{:<8} {:>7} {:>6} {:>9.2} {:>10.3} {:>9.1} {:>8.1}",
+            "cuda",
+            r.prompt_tokens,
+            r.steps,
+            r.tok_per_s,
+            r.median_step.as_secs_f64() * 1e3,
+            r.bytes_per_token as f64 / 1e6,
+            r.gbps
+        );
+    } else {
+        let tokens = args.prompt.unwrap_or(512);
+        let runs = args.n.unwrap_or(1);
+        let (r, note) = crate::cuda_cmd::bench_prefill(file, tokens, runs, &mut progress)?;
+        bar.finish_and_clear();
+        if args.json {
+            let v = json!({
+                "bench": "prefill", "backend": "cuda", "tokens": r.tokens, "runs": r.runs,
+                "median_s": r.time.as_secs_f64(), "tok_per_s": r.tok_per_s,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(());
+        }
+        println!("{note}");
+        println!(
+            "{:<8} {:>7} {:>5} {:>10} {:>9}",
+            "backend", "tokens", "runs", "time s", "tok/s"
+        );
+        println!(
+            "{:<8} {:>7} {:>5} {:>10.3} {:>9.2}",
+            "cuda",
+            r.tokens,
+            r.runs,
+            r.time.as_secs_f64(),
+            r.tok_per_s
+        );
+    }
+    Ok(())
 }

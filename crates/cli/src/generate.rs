@@ -61,7 +61,8 @@ pub struct Args {
     /// Print the generated ids as a JSON array at the end.
     #[arg(long)]
     pub print_ids: bool,
-    /// Compute backend: cpu (fast, quantized kernels) or oracle (f32 reference).
+    /// Compute backend: cpu (fast, quantized kernels), oracle (f32 reference) or cuda (the
+    /// device-resident GPU model; needs the `cuda` feature and a GPU).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// CPU threads (0: one per physical core).
@@ -89,14 +90,23 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let choice = BackendChoice::parse(&args.backend)?;
+    // `cuda` is the device-resident GPU model (crate::cuda_cmd), not a host-side backend.
+    let choice = match args.backend.as_str() {
+        "cuda" => None,
+        name => Some(BackendChoice::parse(name)?),
+    };
     let model_path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
     let file = Arc::new(
         GgufFile::open(&model_path).with_context(|| format!("opening {}", model_path.display()))?,
     );
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
-    let model = load_model_from(file.clone(), choice, args.threads)
-        .with_context(|| format!("loading {}", model_path.display()))?;
+    let model = match choice {
+        Some(choice) => Some(
+            load_model_from(file.clone(), choice, args.threads)
+                .with_context(|| format!("loading {}", model_path.display()))?,
+        ),
+        None => None,
+    };
 
     let prompt_ids = match (&args.prompt, &args.file, &args.ids) {
         (_, _, Some(ids)) => ids.clone(),
@@ -173,15 +183,30 @@ pub fn run(args: Args) -> Result<()> {
         }
         true
     };
-    let (ids, stats, spec_stats) = with_model!(&model, m => {
-        if spec.mode == SpecMode::Off {
-            generate(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, &mut emit)
-                .map(|(ids, stats)| (ids, stats, None))
-        } else {
-            generate_speculative(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, &spec, &mut emit)
-                .map(|(ids, stats, s)| (ids, stats, Some(s)))
+    let (ids, stats, spec_stats) = match &model {
+        None => {
+            if spec.mode != SpecMode::Off {
+                bail!("--spec is not available with --backend cuda yet");
+            }
+            let (ids, stats) = crate::cuda_cmd::generate(
+                file.clone(),
+                &prompt_ids,
+                &mut sampler,
+                &opts,
+                &mut emit,
+            )?;
+            (ids, stats, None)
         }
-    })?;
+        Some(model) => with_model!(model, m => {
+            if spec.mode == SpecMode::Off {
+                generate(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, &mut emit)
+                    .map(|(ids, stats)| (ids, stats, None))
+            } else {
+                generate_speculative(m, &mut m.new_state(), &prompt_ids, &mut sampler, &opts, &spec, &mut emit)
+                    .map(|(ids, stats, s)| (ids, stats, Some(s)))
+            }
+        })?,
+    };
     if let Some(e) = err {
         return Err(e).context("writing to stdout");
     }

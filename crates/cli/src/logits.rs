@@ -19,7 +19,8 @@ pub struct Args {
     /// Output file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Compute backend: cpu (fast, quantized kernels) or oracle (f32 reference).
+    /// Compute backend: cpu (fast, quantized kernels), oracle (f32 reference) or cuda (the
+    /// device-resident GPU model; needs the `cuda` feature and a GPU).
     #[arg(long, default_value = "oracle")]
     pub backend: String,
     /// CPU threads (0: one per physical core).
@@ -31,22 +32,32 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let choice = BackendChoice::parse(&args.backend)?;
-    let model = load_model(&args.model, choice, args.threads)
-        .with_context(|| format!("loading {}", args.model.display()))?;
-    let (logits, vocab) = with_model!(&model, m => {
-        let mut state = m.new_state();
-        let rows = if args.mode == "step" {
-            let mut rows = Vec::with_capacity(args.ids.len());
-            for &id in &args.ids {
-                rows.extend(m.forward(&mut state, &[id], Mode::Step)?);
-            }
-            rows
-        } else {
-            m.forward(&mut state, &args.ids, Mode::Prefill)?
-        };
-        (rows, m.config.vocab)
-    });
+    let (logits, vocab) = if args.backend == "cuda" {
+        let file = std::sync::Arc::new(
+            redlite_gguf::GgufFile::open(&args.model)
+                .with_context(|| format!("opening {}", args.model.display()))?,
+        );
+        let rows = crate::cuda_cmd::logits(file, &args.ids, args.mode == "step")?;
+        let vocab = rows.first().map_or(0, Vec::len);
+        (rows, vocab)
+    } else {
+        let choice = BackendChoice::parse(&args.backend)?;
+        let model = load_model(&args.model, choice, args.threads)
+            .with_context(|| format!("loading {}", args.model.display()))?;
+        with_model!(&model, m => {
+            let mut state = m.new_state();
+            let rows = if args.mode == "step" {
+                let mut rows = Vec::with_capacity(args.ids.len());
+                for &id in &args.ids {
+                    rows.extend(m.forward(&mut state, &[id], Mode::Step)?);
+                }
+                rows
+            } else {
+                m.forward(&mut state, &args.ids, Mode::Prefill)?
+            };
+            (rows, m.config.vocab)
+        })
+    };
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(&args.out)
             .with_context(|| format!("creating {}", args.out.display()))?,

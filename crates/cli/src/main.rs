@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod convert;
+mod cuda_cmd;
 mod generate;
 mod inspect;
 mod logits;

@@ -79,6 +79,13 @@ mod imp {
                     if r.pass { "ok" } else { "FAIL" }
                 );
             }
+            for r in rows.iter().filter(|r| r.launches_per_step.is_some()) {
+                println!(
+                    "decode step of {}: {} kernel launches, replayed as one CUDA graph",
+                    r.model,
+                    r.launches_per_step.unwrap_or(0)
+                );
+            }
             if rows.is_empty() {
                 println!(
                     "(no fixture with a model file and exact logits in {})",

@@ -443,6 +443,11 @@ impl CudaModel {
         self.pos
     }
 
+    /// The GPU the model is on.
+    pub fn device_info(&self) -> &crate::DeviceInfo {
+        &self.gpu.info
+    }
+
     pub fn options(&self) -> &CudaModelOptions {
         &self.opts
     }

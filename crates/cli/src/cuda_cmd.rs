@@ -1,0 +1,290 @@
+//! `--backend cuda` for `generate`, `logits` and `bench decode|prefill`: the device-resident
+//! [`redlite_cuda::CudaModel`] (weights, activations, KV caches and recurrent states on the GPU;
+//! the decode step replayed as a CUDA graph). It is not a `redlite_model::Backend` (those run the
+//! forward pass on the host), so these commands branch to it here. Without the `cuda` feature, or
+//! without a GPU, every entry fails with a message that says which and how to proceed.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use redlite_engine::bench::{DecodeResult, PrefillResult, Progress};
+use redlite_engine::sampler::Sampler;
+use redlite_engine::{GenerateOptions, GenerationStats};
+use redlite_gguf::GgufFile;
+
+/// What a CUDA decode bench measured besides the engine's figures.
+pub struct CudaDecodeInfo {
+    pub device: String,
+    pub launches_per_step: Option<u64>,
+    pub graphs: bool,
+    pub device_mib: usize,
+}
+
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use super::*;
+
+    fn not_built<T>() -> Result<T> {
+        anyhow::bail!(
+            "{} (or choose --backend cpu)",
+            redlite_cuda::CudaError::NotBuilt
+        )
+    }
+
+    pub fn logits(_file: Arc<GgufFile>, _ids: &[u32], _step: bool) -> Result<Vec<Vec<f32>>> {
+        not_built()
+    }
+
+    pub fn generate(
+        _file: Arc<GgufFile>,
+        _prompt: &[u32],
+        _sampler: &mut Sampler,
+        _opts: &GenerateOptions,
+        _on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenerationStats)> {
+        not_built()
+    }
+
+    pub fn bench_decode(
+        _file: Arc<GgufFile>,
+        _prompt: usize,
+        _steps: usize,
+        _graphs: bool,
+        _progress: Progress,
+    ) -> Result<(DecodeResult, CudaDecodeInfo)> {
+        not_built()
+    }
+
+    pub fn bench_prefill(
+        _file: Arc<GgufFile>,
+        _tokens: usize,
+        _runs: usize,
+        _progress: Progress,
+    ) -> Result<(PrefillResult, String)> {
+        not_built()
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use std::time::{Duration, Instant};
+
+    use anyhow::Context;
+    use redlite_cuda::selftest::Rng;
+    use redlite_cuda::{CudaModel, CudaModelOptions, Gpu, GpuSampling};
+    use redlite_engine::bench::{bench_tokens, median};
+    use redlite_model::sizing::ModelSizes;
+
+    use super::*;
+
+    fn open(file: Arc<GgufFile>, opts: CudaModelOptions) -> Result<CudaModel> {
+        let gpu = Gpu::new(0)
+            .context("opening the CUDA device (use --backend cpu on a machine without a GPU)")?;
+        eprintln!("{}", gpu.info);
+        let t0 = Instant::now();
+        let model = CudaModel::from_gguf(Arc::new(gpu), file, opts)
+            .context("loading the model onto the GPU")?;
+        eprintln!(
+            "model on the GPU: {} MiB in {:.1} s",
+            model.device_bytes() >> 20,
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(model)
+    }
+
+    fn options(context: usize, batch: usize) -> CudaModelOptions {
+        CudaModelOptions {
+            max_context: context.max(1),
+            max_batch: batch.clamp(1, 512),
+            ..CudaModelOptions::default()
+        }
+    }
+
+    /// Logits of every id: one forward call (`step == false`) or one decode step per id.
+    pub fn logits(file: Arc<GgufFile>, ids: &[u32], step: bool) -> Result<Vec<Vec<f32>>> {
+        let mut model = open(file, options(ids.len(), ids.len()))?;
+        if !step {
+            return Ok(model.forward_logits(ids)?);
+        }
+        let mut rows = Vec::with_capacity(ids.len());
+        for &id in ids {
+            model.decode(id, &GpuSampling::greedy(), 0.0)?;
+            rows.push(model.last_logits()?);
+        }
+        Ok(rows)
+    }
+
+    /// The engine's sampler settings as GPU sampling, when the GPU kernel can draw with them
+    /// (greedy, or top-k 1..=64 with no penalties).
+    fn gpu_sampling(sampler: &Sampler) -> Option<GpuSampling> {
+        let c = sampler.config();
+        let penalties = c.penalty_last_n != 0
+            && (c.repeat_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0);
+        let s = GpuSampling {
+            temperature: c.temperature,
+            top_k: if c.is_greedy() { 1 } else { c.top_k },
+            top_p: c.top_p,
+            min_p: c.min_p,
+        };
+        (!penalties && s.supported()).then_some(s)
+    }
+
+    /// The generation loop of `redlite_engine::generate` on the GPU. Tokens are drawn on the GPU
+    /// when the settings allow it (only the id comes back); otherwise the logits are read back
+    /// and the engine's sampler draws.
+    pub fn generate(
+        file: Arc<GgufFile>,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenerationStats)> {
+        let mut model = open(
+            file,
+            options(prompt.len() + opts.max_tokens + 1, prompt.len()),
+        )?;
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        if prompt.is_empty() || opts.max_tokens == 0 {
+            return Ok((out, stats));
+        }
+        let on_gpu = gpu_sampling(sampler);
+        if on_gpu.is_none() {
+            eprintln!("cuda: these sampling settings are drawn on the host (logits read back)");
+        }
+        let mut rng = Rng::new(sampler.config().seed);
+        let mut history = prompt.to_vec();
+        let t0 = Instant::now();
+        model.prefill(prompt)?;
+        let mut token = match &on_gpu {
+            Some(s) => model.sample_last(s, rng.uniform() as f32)?,
+            None => sampler.sample(&model.last_logits()?, &history),
+        };
+        stats.prompt_time = t0.elapsed();
+        let t1 = Instant::now();
+        loop {
+            if opts.stop_ids.contains(&token) {
+                stats.stopped_on_eos = true;
+                break;
+            }
+            out.push(token);
+            history.push(token);
+            if !on_token(token) || out.len() >= opts.max_tokens {
+                break;
+            }
+            token = match &on_gpu {
+                Some(s) => model.decode(token, s, rng.uniform() as f32)?,
+                None => {
+                    model.prefill(&[token])?;
+                    sampler.sample(&model.last_logits()?, &history)
+                }
+            };
+        }
+        stats.generated_tokens = out.len();
+        stats.decode_time = t1.elapsed();
+        if let Some(n) = model.launches_per_step() {
+            eprintln!("cuda: {n} kernel launches per decode step (captured once as a CUDA graph)");
+        }
+        Ok((out, stats))
+    }
+
+    /// `bench decode` on the GPU: a `prompt`-token prefill, one untimed step (it captures the
+    /// graph), then `steps` timed greedy steps (each ends with the token id read back).
+    pub fn bench_decode(
+        file: Arc<GgufFile>,
+        prompt_len: usize,
+        steps: usize,
+        graphs: bool,
+        progress: Progress,
+    ) -> Result<(DecodeResult, CudaDecodeInfo)> {
+        progress("loading the model", 0, 0);
+        let mut opts = options(prompt_len + steps + 2, prompt_len);
+        opts.graphs = graphs;
+        let mut model = open(file.clone(), opts)?;
+        let sizes = ModelSizes::new(&file, &model.config)?;
+        let prompt = bench_tokens(prompt_len.max(1), model.config.vocab, 1);
+        let greedy = GpuSampling::greedy();
+
+        progress("prompt", 0, 0);
+        let t0 = Instant::now();
+        model.prefill(&prompt)?;
+        let mut token = model.sample_last(&greedy, 0.0)?;
+        let prompt_time = t0.elapsed();
+        token = model.decode(token, &greedy, 0.0)?; // warm-up: graph capture
+        let mut step_secs = Vec::with_capacity(steps);
+        for s in 0..steps {
+            progress("decode", s as u64, steps as u64);
+            let t = Instant::now();
+            token = model.decode(token, &greedy, 0.0)?;
+            step_secs.push(t.elapsed().as_secs_f64());
+        }
+        progress("decode", steps as u64, steps as u64);
+        let total: f64 = step_secs.iter().sum();
+        let tok_per_s = if steps == 0 {
+            0.0
+        } else {
+            steps as f64 / total.max(1e-12)
+        };
+        let bytes_per_token = sizes.decode.total();
+        let info = CudaDecodeInfo {
+            device: model.device_info().name.clone(),
+            launches_per_step: model.launches_per_step(),
+            graphs,
+            device_mib: model.device_bytes() >> 20,
+        };
+        Ok((
+            DecodeResult {
+                backend: "cuda",
+                prompt_tokens: prompt.len(),
+                prompt_time,
+                steps,
+                decode_time: Duration::from_secs_f64(total),
+                median_step: Duration::from_secs_f64(median(&step_secs)),
+                tok_per_s,
+                bytes_per_token,
+                gbps: bytes_per_token as f64 * tok_per_s / 1e9,
+            },
+            info,
+        ))
+    }
+
+    /// `bench prefill` on the GPU: `runs` passes of a `tokens`-token prompt from an empty state
+    /// (last token's logits only), median time.
+    pub fn bench_prefill(
+        file: Arc<GgufFile>,
+        tokens: usize,
+        runs: usize,
+        progress: Progress,
+    ) -> Result<(PrefillResult, String)> {
+        progress("loading the model", 0, 0);
+        let mut model = open(file, options(tokens + 1, tokens))?;
+        let prompt = bench_tokens(tokens.max(1), model.config.vocab, 2);
+        let runs = runs.max(1);
+        let mut secs = Vec::with_capacity(runs);
+        for r in 0..runs {
+            progress("prefill", r as u64, runs as u64);
+            model.reset()?;
+            let t0 = Instant::now();
+            model.prefill(&prompt)?;
+            secs.push(t0.elapsed().as_secs_f64());
+        }
+        progress("prefill", runs as u64, runs as u64);
+        let time = median(&secs);
+        let batch = model.options().max_batch;
+        Ok((
+            PrefillResult {
+                backend: "cuda",
+                tokens: prompt.len(),
+                runs,
+                time: Duration::from_secs_f64(time),
+                tok_per_s: prompt.len() as f64 / time.max(1e-12),
+            },
+            format!("{batch} tokens per forward call"),
+        ))
+    }
+}
+
+pub use imp::*;
