@@ -7,12 +7,14 @@ mod bench;
 mod convert;
 mod cuda_cmd;
 mod generate;
+mod imatrix;
 mod inspect;
 mod logits;
 mod make_model;
 mod parity;
 mod perplexity;
 mod plan;
+mod quantize;
 mod selftest;
 mod serve;
 mod spec_bench;
@@ -53,6 +55,10 @@ enum Command {
     SpecBench(spec_bench::Args),
     /// Check every fast kernel against the oracle on fresh random data.
     Selftest(selftest::Args),
+    /// Importance matrix (llama-imatrix's GGUF format) of a text, for `quantize --imatrix`.
+    Imatrix(imatrix::Args),
+    /// Quantize a GGUF file by a recipe (cf2, q4_k_m) or to one type.
+    Quantize(quantize::Args),
     /// Perplexity of a text by llama.cpp's method (chunks, second half of each scored).
     Perplexity(perplexity::Args),
     /// What is resident under a memory budget; the expert cache size.
@@ -76,6 +82,8 @@ fn main() {
         Command::Selftest(a) => selftest::run(a),
         Command::SpecBench(a) => spec_bench::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Imatrix(a) => imatrix::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::Parity(a) => parity::run(a),
         Command::Plan(a) => plan::run(a),
     };
