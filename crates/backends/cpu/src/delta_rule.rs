@@ -3,12 +3,14 @@
 //! apply), with the V heads of a layer spread over the thread pool.
 //!
 //! The inner loops run across the value dimension (independent lanes, no reassociation), so the
-//! vectorised code computes exactly what the oracle computes.
+//! vectorised code computes exactly what the oracle computes. The chunked prompt algorithm is the
+//! oracle's, rearranged into register-tiled products ([`gemm_acc`]) whose every element still
+//! sees the oracle's operations in the oracle's order.
 
 use rayon::prelude::*;
-use redlite_model::delta_rule::{
-    delta_rule_chunked, delta_rule_step_traced, DeltaRule, HeadInputs,
-};
+#[cfg(doc)]
+use redlite_model::delta_rule::delta_rule_chunked;
+use redlite_model::delta_rule::{delta_rule_step_traced, DeltaRule, HeadInputs, CHUNK};
 
 use crate::kernels::Isa;
 
@@ -42,7 +44,7 @@ fn one_head_portable(
 ) -> Vec<f32> {
     match rule {
         DeltaRule::Step => delta_rule_step_traced(inp, s, trace),
-        DeltaRule::Chunked { pos0 } => delta_rule_chunked(inp, pos0, s),
+        DeltaRule::Chunked { pos0 } => chunked_fast(inp, pos0, s),
     }
 }
 
@@ -68,6 +70,264 @@ unsafe fn one_head_avx2(
     one_head_portable(inp, s, rule, trace)
 }
 
+/// The chunked algorithm of [`delta_rule_chunked`], rearranged for the vector unit and
+/// bit-identical to it: every output element sees the same f32 operations in the same order
+/// (products are formed once and reused, inner products run across independent outputs instead
+/// of one sequential reduction at a time). Returns `o` as `[t, dv]` and updates `s` in place.
+#[inline(always)]
+fn chunked_fast(inp: &HeadInputs, pos0: usize, s: &mut [f32]) -> Vec<f32> {
+    let (dk, dv) = (inp.dk, inp.dv);
+    let n = inp.beta.len();
+    let mut out = vec![0.0f32; n * dv];
+    let mut start = 0;
+    while start < n {
+        let c = (CHUNK - (pos0 + start) % CHUNK).min(n - start);
+        let rows = start..start + c;
+        chunk(
+            ChunkInputs {
+                q: &inp.q[rows.start * dk..rows.end * dk],
+                k: &inp.k[rows.start * dk..rows.end * dk],
+                v: &inp.v[rows.start * dv..rows.end * dv],
+                beta: &inp.beta[rows.clone()],
+                g: &inp.g[rows.clone()],
+                dk,
+                dv,
+            },
+            s,
+            &mut out[rows.start * dv..rows.end * dv],
+        );
+        start += c;
+    }
+    out
+}
+
+/// One chunk of `c` rows of a head.
+struct ChunkInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    beta: &'a [f32],
+    g: &'a [f32],
+    dk: usize,
+    dv: usize,
+}
+
+/// One chunk (see [`delta_rule_chunked`] for the maths): `o` (`[c, dv]`, zero on entry) gets the
+/// chunk's outputs, `s` goes from the state before the chunk to the state after it.
+#[inline(always)]
+fn chunk(x: ChunkInputs, s: &mut [f32], o: &mut [f32]) {
+    let (dk, dv, c) = (x.dk, x.dv, x.beta.len());
+    // Cumulative log-decay and the decays D_ij = exp(G_i − G_j) (j ≤ i), each exp taken once.
+    let mut gcum = vec![0.0f32; c];
+    let mut acc = 0.0f32;
+    for (gc, &g) in gcum.iter_mut().zip(x.g) {
+        acc += g;
+        *gc = acc;
+    }
+    let mut decay = vec![0.0f32; c * c];
+    for i in 0..c {
+        for j in 0..=i {
+            decay[i * c + j] = (gcum[i] - gcum[j]).exp();
+        }
+    }
+    // Kᵀ, `[dk, c]`: the right operand of Kβ·Kᵀ and Q·Kᵀ.
+    let mut kt = vec![0.0f32; dk * c];
+    for i in 0..c {
+        for e in 0..dk {
+            kt[e * c + i] = x.k[i * dk + e];
+        }
+    }
+
+    // A = −(Kβ·Kᵀ ⊙ D), strictly lower; each inner product a sum from −0.0 in element order (as
+    // `Iterator::sum`), the factor β_i·k_ie formed first.
+    let mut kb = vec![0.0f32; c * dk];
+    for i in 0..c {
+        for e in 0..dk {
+            kb[i * dk + e] = x.beta[i] * x.k[i * dk + e];
+        }
+    }
+    let mut a = vec![-0.0f32; c * c];
+    gemm_acc::<false>(&mut a, c, &kb, dk, &kt, c, |_| dk);
+    for i in 0..c {
+        for j in 0..c {
+            a[i * c + j] = if j < i {
+                -(a[i * c + j] * decay[i * c + j])
+            } else {
+                0.0
+            };
+        }
+    }
+    // Forward substitution: row i += Σ_m row_i[m]·(updated row m), sums from 0.0 in m order,
+    // across all j of the row at once. Then T = A + I.
+    let mut row = vec![0.0f32; c];
+    let mut sums = vec![0.0f32; c];
+    for i in 1..c {
+        row[..i].copy_from_slice(&a[i * c..i * c + i]);
+        sums[..i].fill(0.0);
+        for m in 0..i {
+            let r = row[m];
+            for (sj, &amj) in sums[..i].iter_mut().zip(&a[m * c..m * c + i]) {
+                *sj += r * amj;
+            }
+        }
+        for (aij, (&rj, &sj)) in a[i * c..i * c + i].iter_mut().zip(row.iter().zip(&sums)) {
+            *aij = rj + sj;
+        }
+    }
+    for i in 0..c {
+        a[i * c + i] = 1.0;
+    }
+    let t = a;
+
+    // U = T·(β⊙V), W = T·(β⊙exp(G)⊙K) (zero entries of T skipped, as the reference does).
+    let mut vb = vec![0.0f32; c * dv];
+    let mut kbg = vec![0.0f32; c * dk];
+    for j in 0..c {
+        for y in 0..dv {
+            vb[j * dv + y] = x.v[j * dv + y] * x.beta[j];
+        }
+        let bg = x.beta[j] * gcum[j].exp();
+        for e in 0..dk {
+            kbg[j * dk + e] = x.k[j * dk + e] * bg;
+        }
+    }
+    let mut u = vec![0.0f32; c * dv];
+    let mut w = vec![0.0f32; c * dk];
+    for i in 0..c {
+        for j in 0..=i {
+            let tij = t[i * c + j];
+            if tij == 0.0 {
+                continue;
+            }
+            for (uy, &vy) in u[i * dv..(i + 1) * dv]
+                .iter_mut()
+                .zip(&vb[j * dv..(j + 1) * dv])
+            {
+                *uy += tij * vy;
+            }
+            for (we, &ke) in w[i * dk..(i + 1) * dk]
+                .iter_mut()
+                .zip(&kbg[j * dk..(j + 1) * dk])
+            {
+                *we += tij * ke;
+            }
+        }
+    }
+
+    // V' = U − W·S.
+    let mut vnew = u;
+    gemm_acc::<true>(&mut vnew, dv, &w, dk, s, dv, |_| dk);
+
+    // O = (Q⊙exp(G))·S + (Q·Kᵀ ⊙ D, lower incl. diagonal)·V'.
+    let mut qe = vec![0.0f32; c * dk];
+    for i in 0..c {
+        let eg = gcum[i].exp();
+        for e in 0..dk {
+            qe[i * dk + e] = x.q[i * dk + e] * eg;
+        }
+    }
+    gemm_acc::<false>(o, dv, &qe, dk, s, dv, |_| dk);
+    let mut p = vec![-0.0f32; c * c];
+    gemm_acc::<false>(&mut p, c, x.q, dk, &kt, c, |_| dk);
+    for i in 0..c {
+        for j in 0..=i {
+            p[i * c + j] *= decay[i * c + j];
+        }
+    }
+    gemm_acc::<false>(o, dv, &p, c, &vnew, dv, |i| i + 1);
+
+    // S ← exp(G_last)·S + Σ_j (k_j·exp(G_last − G_j)) ⊗ V'_j.
+    let glast = gcum[c - 1];
+    let el = glast.exp();
+    for v in s.iter_mut() {
+        *v *= el;
+    }
+    let f: Vec<f32> = gcum.iter().map(|&gj| (glast - gj).exp()).collect();
+    let mut kf = vec![0.0f32; dk * c];
+    for j in 0..c {
+        for e in 0..dk {
+            kf[e * c + j] = x.k[j * dk + e] * f[j];
+        }
+    }
+    gemm_acc::<false>(s, dv, &kf, c, &vnew, dv, |_| c);
+}
+
+/// Rows of a register tile of [`gemm_acc`].
+const TILE_ROWS: usize = 4;
+/// Columns of a register tile of [`gemm_acc`] (one 512-bit vector of f32).
+const TILE_COLS: usize = 16;
+
+/// `C[i][y] ±= Σ_{x < inner(i)} A[i][x]·B[x][y]`, for every element one product and one add (or
+/// subtract, `SUB`) per x, in x order, starting from the value C holds (no fused multiply-add, no
+/// reassociation: exactly the scalar loop `for x { c = c ± a·b }`). `C` is `rows × ldc` with
+/// `ldc` columns used, `A` is `rows × lda`, `B` is `inner × ldb` with `ldc` columns used.
+/// `inner` must not decrease with `i`.
+#[inline(always)]
+fn gemm_acc<const SUB: bool>(
+    cm: &mut [f32],
+    ldc: usize,
+    am: &[f32],
+    lda: usize,
+    bm: &[f32],
+    ldb: usize,
+    inner: impl Fn(usize) -> usize,
+) {
+    let rows = cm.len() / ldc;
+    let step = |acc: f32, a: f32, b: f32| if SUB { acc - a * b } else { acc + a * b };
+    let mut i0 = 0;
+    while i0 < rows {
+        let ri = TILE_ROWS.min(rows - i0);
+        let common = inner(i0);
+        let mut y0 = 0;
+        while y0 < ldc {
+            let cy = TILE_COLS.min(ldc - y0);
+            if ri == TILE_ROWS && cy == TILE_COLS {
+                // Full register tile over the x range every row has.
+                let mut acc = [[0.0f32; TILE_COLS]; TILE_ROWS];
+                for (r, accr) in acc.iter_mut().enumerate() {
+                    accr.copy_from_slice(&cm[(i0 + r) * ldc + y0..][..TILE_COLS]);
+                }
+                for xx in 0..common {
+                    let b: &[f32; TILE_COLS] =
+                        bm[xx * ldb + y0..][..TILE_COLS].try_into().expect("tile");
+                    for (r, accr) in acc.iter_mut().enumerate() {
+                        let a = am[(i0 + r) * lda + xx];
+                        for l in 0..TILE_COLS {
+                            accr[l] = step(accr[l], a, b[l]);
+                        }
+                    }
+                }
+                for (r, accr) in acc.iter().enumerate() {
+                    cm[(i0 + r) * ldc + y0..][..TILE_COLS].copy_from_slice(accr);
+                }
+                // Rows whose x range goes further.
+                for r in 0..TILE_ROWS {
+                    let i = i0 + r;
+                    let crow = &mut cm[i * ldc + y0..][..TILE_COLS];
+                    for xx in common..inner(i) {
+                        let a = am[i * lda + xx];
+                        for (cv, &b) in crow.iter_mut().zip(&bm[xx * ldb + y0..][..TILE_COLS]) {
+                            *cv = step(*cv, a, b);
+                        }
+                    }
+                }
+            } else {
+                for i in i0..i0 + ri {
+                    let crow = &mut cm[i * ldc + y0..][..cy];
+                    for xx in 0..inner(i) {
+                        let a = am[i * lda + xx];
+                        for (cv, &b) in crow.iter_mut().zip(&bm[xx * ldb + y0..][..cy]) {
+                            *cv = step(*cv, a, b);
+                        }
+                    }
+                }
+            }
+            y0 += cy;
+        }
+        i0 += ri;
+    }
+}
+
 /// Every head of a layer, in parallel.
 pub fn delta_rule_parallel(
     heads: &[HeadInputs],
@@ -88,5 +348,108 @@ pub fn delta_rule_parallel(
             .zip(states.par_chunks_mut(per))
             .map(|(inp, s)| one_head(inp, s, rule, None))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redlite_model::delta_rule::delta_rule_chunked;
+
+    /// The rearranged chunked algorithm equals the oracle's bit for bit, on full 128×128 heads
+    /// and on odd shapes (partial tiles, chunks of 1 row, prompts not starting on a boundary).
+    #[test]
+    fn chunked_fast_equals_the_oracle_bit_for_bit() {
+        let mut seed = 11u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (dk, dv, n, pos0) in [
+            (128, 128, 150, 0),
+            (64, 48, 70, 5),
+            (24, 20, 9, 63),
+            (16, 7, 2, 0),
+        ] {
+            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
+            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
+            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+            let inp = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                beta: &beta,
+                g: &g,
+                dk,
+                dv,
+            };
+            let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
+            let (mut s1, mut s2) = (s0.clone(), s0.clone());
+            let oracle = delta_rule_chunked(&inp, pos0, &mut s1);
+            let fast = one_head(&inp, &mut s2, DeltaRule::Chunked { pos0 }, None);
+            let same = |a: &[f32], b: &[f32]| {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
+            assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use redlite_model::delta_rule::delta_rule_chunked;
+    use std::time::Instant;
+
+    /// Time per 512-token head, oracle vs rearranged (one thread):
+    /// `cargo test --release -p redlite-cpu --lib delta_rule::bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn chunked_head_time() {
+        let (dk, dv, n) = (128, 128, 512);
+        let mut seed = 3u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
+        let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
+        let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
+        let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
+        let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+        let inp = HeadInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            beta: &beta,
+            g: &g,
+            dk,
+            dv,
+        };
+        for round in 0..8 {
+            let mut s = vec![0.0f32; dk * dv];
+            let t0 = Instant::now();
+            std::hint::black_box(one_head_portable(
+                &inp,
+                &mut s,
+                DeltaRule::Chunked { pos0: 0 },
+                None,
+            ));
+            let t_fast_portable = t0.elapsed();
+            let t0 = Instant::now();
+            std::hint::black_box(one_head(&inp, &mut s, DeltaRule::Chunked { pos0: 0 }, None));
+            let t_fast = t0.elapsed();
+            let t0 = Instant::now();
+            std::hint::black_box(delta_rule_chunked(&inp, 0, &mut s));
+            let t_oracle = t0.elapsed();
+            println!("round {round}: oracle {t_oracle:?}, fast {t_fast:?} (portable build {t_fast_portable:?})");
+        }
     }
 }
