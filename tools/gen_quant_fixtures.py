@@ -7,7 +7,7 @@ IQ4_XS without an imatrix only, on plain normal data. This script calls libggml'
 i.e. llama.cpp commit 0c1e570, the same build as the reference fixtures) on harder inputs and a
 strongly non-uniform imatrix, and writes to crates/gguf/tests/data/quant/:
   * src.f32      : ROWS x N_PER_ROW float32, one kind of data per row (see `make_rows`);
-  * imatrix.f32  : N_PER_ROW float32 importances (log-normal, spanning ~6 decades, a few zeros);
+  * imatrix.f32  : N_PER_ROW float32 importances (log-normal, spanning ~6 decades, some zeros);
   * <T>.quant    : ggml_quantize_chunk(T, src, ..., imatrix=NULL);
   * <T>.im.quant : ggml_quantize_chunk(T, src, ..., imatrix);
   * index.json   : shapes, seed, type list, library path and version.
@@ -67,6 +67,8 @@ def make_rows(rng: np.random.Generator, rows: int) -> np.ndarray:
         lambda: np.round(rng.standard_normal(n) * 4) / 4,  # many exact ties
         lambda: rng.standard_normal(n) + 3.0,  # offset
         lambda: rng.laplace(0.0, 0.02, n),
+        lambda: rng.standard_normal(n) * 1e-37,  # Q8_0: subnormal d, infinite 1/d
+        lambda: rng.standard_normal(n) * 1e20,  # huge: x² overflows f32 to inf
     ]
     return np.stack([kinds[i % len(kinds)]() for i in range(rows)]).astype(np.float32)
 
@@ -74,6 +76,7 @@ def make_rows(rng: np.random.Generator, rows: int) -> np.ndarray:
 def make_imatrix(rng: np.random.Generator) -> np.ndarray:
     im = np.exp(rng.normal(0.0, 2.5, N_PER_ROW))
     im[rng.choice(N_PER_ROW, 8, replace=False)] = 0.0
+    im[64:96] = 0.0  # a whole sub-block without importance
     return im.astype(np.float32)
 
 
@@ -88,7 +91,7 @@ def quantize(lib: ctypes.CDLL, ty: int, src: np.ndarray, imatrix: np.ndarray | N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=12)
+    ap.add_argument("--rows", type=int, default=14)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()

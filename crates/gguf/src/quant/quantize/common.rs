@@ -15,6 +15,18 @@ pub(crate) fn f32_to_f16_bits(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
 }
 
+/// C's float → int conversion as x86 compilers emit it (`cvttss2si`): truncation toward zero,
+/// and the "integer indefinite" `i32::MIN` for NaN and out-of-range values (where Rust's `as`
+/// would saturate). ggml relies on it when a tiny block's inverse scale overflows to infinity.
+#[inline]
+pub(crate) fn c_f32_to_i32(v: f32) -> i32 {
+    if v >= -2_147_483_648.0 && v < 2_147_483_648.0 {
+        v as i32
+    } else {
+        i32::MIN
+    }
+}
+
 /// Writes `bits` little-endian at `out[at..at + 2]`.
 #[inline]
 pub(crate) fn put_u16(out: &mut [u8], at: usize, bits: u16) {
@@ -44,5 +56,14 @@ mod tests {
         assert_eq!(f32_to_f16_bits(1.0 + 3.0 / 2048.0), 0x3c02);
         assert_eq!(f32_to_f16_bits(65504.0), 0x7bff);
         assert_eq!(f32_to_f16_bits(1e-8), 0x0000);
+    }
+
+    #[test]
+    fn float_to_int_follows_x86() {
+        assert_eq!(c_f32_to_i32(-3.9), -3);
+        assert_eq!(c_f32_to_i32(f32::INFINITY), i32::MIN);
+        assert_eq!(c_f32_to_i32(f32::NAN), i32::MIN);
+        assert_eq!(c_f32_to_i32(3e9), i32::MIN);
+        assert_eq!(c_f32_to_i32(128.0) as i8, -128);
     }
 }

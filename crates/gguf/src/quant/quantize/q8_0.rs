@@ -2,7 +2,7 @@
 //!
 //! Block (34 bytes, 32 values): f16 scale `d = amax / 127`, then 32 × i8 `round(x / d)`.
 
-use super::common::{f32_to_f16_bits, put_u16};
+use super::common::{c_f32_to_i32, f32_to_f16_bits, put_u16};
 
 const QK: usize = 32;
 const BLOCK_BYTES: usize = 34;
@@ -22,7 +22,8 @@ fn quantize_block(x: &[f32], y: &mut [u8]) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     put_u16(y, 0, f32_to_f16_bits(d));
     for (q, v) in y[2..].iter_mut().zip(x) {
-        // C's float → int8_t conversion of roundf's result (|v·id| ≤ 127 by construction).
-        *q = ((v * id).round() as i8) as u8;
+        // C's `(int8_t)roundf(v·id)`: |v·id| ≤ 127 except when d is subnormal and id overflows
+        // (then x86 gives the low byte of i32::MIN, i.e. 0, or wraps 128 to −128).
+        *q = c_f32_to_i32((v * id).round()) as u8;
     }
 }
