@@ -219,6 +219,7 @@ pub fn bench_kernel<B: Backend>(
             rows: spec.rows,
             cols: spec.cols,
             data: LinearData::Owned(data),
+            expert: None,
         })?);
     }
     let x: Vec<f32> = (0..spec.cols).map(|_| rng.normal(0.0, 1.0)).collect();

@@ -572,6 +572,8 @@ impl Backing {
 /// data is known to lie inside the file, so [`GgufFile::tensor_data`] cannot fail.
 pub struct GgufFile {
     backing: Backing,
+    /// The path it was opened from (`None` for in-memory files).
+    path: Option<std::path::PathBuf>,
     version: u32,
     alignment: u64,
     data_offset: u64,
@@ -613,7 +615,9 @@ impl GgufFile {
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ctx(e.into()))?;
             Backing::Mmap(map)
         };
-        Self::from_backing(backing).map_err(ctx)
+        let mut f = Self::from_backing(backing).map_err(ctx)?;
+        f.path = Some(path.to_path_buf());
+        Ok(f)
     }
 
     /// Validates an in-memory file (accepts `Vec<u8>` or `&[u8]`).
@@ -625,6 +629,7 @@ impl GgufFile {
         let p = parse(backing.bytes())?;
         Ok(GgufFile {
             backing,
+            path: None,
             version: p.version,
             alignment: p.alignment,
             data_offset: p.data_offset,
@@ -634,6 +639,12 @@ impl GgufFile {
             tensors: p.tensors,
             tensor_index: p.tensor_index,
         })
+    }
+
+    /// The path the file was opened from (`None` for [`GgufFile::from_bytes`]), for readers that
+    /// bypass the map (the expert cache reads experts with `pread`/`O_DIRECT`).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// Header version (2 or 3).

@@ -25,6 +25,25 @@ pub struct LinearSource<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: LinearData<'a>,
+    /// Set for the slabs of a routed expert: which block and expert they belong to, so that a
+    /// backend with an expert cache can fetch them by expert rather than keep them resident.
+    pub expert: Option<ExpertTag>,
+}
+
+/// One routed expert of one block (trunk layer or MTP block): the unit of the expert cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExpertTag {
+    pub layer: usize,
+    pub expert: usize,
+    pub part: ExpertPart,
+}
+
+/// Which of an expert's three matrices a slab is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpertPart {
+    Gate = 0,
+    Up = 1,
+    Down = 2,
 }
 
 /// Where the weight bytes are: in place in the memory-mapped file (a backend may keep using them
@@ -57,6 +76,13 @@ pub trait Backend: Send + Sync + Sized {
 
     /// Prepare one linear layer.
     fn load_linear(&self, src: LinearSource) -> Result<Self::Linear, ModelError>;
+
+    /// Called once every weight of `file` has gone through [`Backend::load_linear`]: a backend
+    /// with an expert cache sizes and allocates it here, so that errors surface at load.
+    fn weights_loaded(&self, file: &Arc<GgufFile>) -> Result<(), ModelError> {
+        let _ = file;
+        Ok(())
+    }
 
     /// `ys[i] = W · xs[i]` for `n` rows: `xs` is `[n, cols]`, `ys` is `[n, rows]`, both row-major.
     /// Each output row must not depend on the other rows (same arithmetic as `n = 1`).

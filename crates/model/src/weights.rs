@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use redlite_gguf::{GgufFile, TensorInfo};
 
-use crate::backend::{Backend, LinearData, LinearSource};
+use crate::backend::{Backend, ExpertPart, ExpertTag, LinearData, LinearSource};
 use crate::config::{Config, LayerKind};
 use crate::ModelError;
 
@@ -198,12 +198,15 @@ impl<B: Backend> Loader<'_, B> {
                 file: self.file,
                 range: self.file_range(t),
             },
+            expert: None,
         })
     }
 
     /// Stacked experts `[in, out, n]`: one linear layer per expert, each its own contiguous slab.
     fn experts(
         &self,
+        layer: usize,
+        part: ExpertPart,
         name: &str,
         inp: usize,
         out: usize,
@@ -223,6 +226,11 @@ impl<B: Backend> Loader<'_, B> {
                         file: self.file,
                         range: range.start + e * slab..range.start + (e + 1) * slab,
                     },
+                    expert: Some(ExpertTag {
+                        layer,
+                        expert: e,
+                        part,
+                    }),
                 })
             })
             .collect()
@@ -263,6 +271,7 @@ impl<B: Backend> Weights<B> {
         } else {
             None
         };
+        backend.weights_loaded(file)?;
         Ok(Weights {
             token_embd: Embedding {
                 file: file.clone(),
@@ -333,6 +342,7 @@ fn load_delta_net<B: Backend>(
             rows,
             cols: h,
             data: LinearData::Owned(bytes),
+            expert: None,
         };
         (
             l.backend
@@ -400,8 +410,8 @@ fn load_moe<B: Backend>(
     let (ne, ff) = (cfg.n_experts, cfg.expert_ff);
     let (gates, ups) = if l.has(&p("ffn_gate_exps.weight")) {
         (
-            l.experts(&p("ffn_gate_exps.weight"), h, ff, ne)?,
-            l.experts(&p("ffn_up_exps.weight"), h, ff, ne)?,
+            l.experts(i, ExpertPart::Gate, &p("ffn_gate_exps.weight"), h, ff, ne)?,
+            l.experts(i, ExpertPart::Up, &p("ffn_up_exps.weight"), h, ff, ne)?,
         )
     } else {
         // The fused form `[h, 2·ff, n]`: per expert, `ff` gate rows then `ff` up rows.
@@ -409,7 +419,7 @@ fn load_moe<B: Backend>(
         let range = l.file_range(t);
         let slab = range.len() / ne;
         let half = slab / 2;
-        let part = |e: usize, k: usize, what: &str| {
+        let part = |e: usize, k: usize, what: &str, which: ExpertPart| {
             let start = range.start + e * slab + k * half;
             l.backend.load_linear(LinearSource {
                 name: format!("{}[{e}].{what}", t.name),
@@ -420,17 +430,22 @@ fn load_moe<B: Backend>(
                     file: l.file,
                     range: start..start + half,
                 },
+                expert: Some(ExpertTag {
+                    layer: i,
+                    expert: e,
+                    part: which,
+                }),
             })
         };
         let mut gates = Vec::with_capacity(ne);
         let mut ups = Vec::with_capacity(ne);
         for e in 0..ne {
-            gates.push(part(e, 0, "gate")?);
-            ups.push(part(e, 1, "up")?);
+            gates.push(part(e, 0, "gate", ExpertPart::Gate)?);
+            ups.push(part(e, 1, "up", ExpertPart::Up)?);
         }
         (gates, ups)
     };
-    let downs = l.experts(&p("ffn_down_exps.weight"), ff, h, ne)?;
+    let downs = l.experts(i, ExpertPart::Down, &p("ffn_down_exps.weight"), ff, h, ne)?;
     let experts = gates
         .into_iter()
         .zip(ups)

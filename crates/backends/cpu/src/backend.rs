@@ -1,14 +1,19 @@
 //! [`CpuBackend`]: the model's [`Backend`] on the fast CPU kernels. Weights stay in their quantized
-//! GGUF form, read in place from the memory map (the routed experts of a 20 GB file are never
-//! copied); activations are quantized to 8 bits per product where the weight type calls for it.
+//! GGUF form, read in place from the memory map; activations are quantized to 8 bits per product
+//! where the weight type calls for it. Routed experts come through the expert cache
+//! (`redlite-expert-cache`): unbounded (the default), it hands out the map's bytes, so the experts
+//! of a 20 GB file are never copied; bounded, it streams them into RAM slots from the file.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rayon::prelude::*;
+use redlite_expert_cache::{
+    CacheConfig, CacheShape, CacheStats, ExpertBytes, ExpertCache, ExpertRequest, Key,
+};
 use redlite_gguf::{GgmlType, GgufFile};
-use redlite_model::backend::{Backend, LinearData, LinearSource};
+use redlite_model::backend::{Backend, ExpertTag, LinearData, LinearSource};
 use redlite_model::delta_rule::{DeltaRule, HeadInputs};
 use redlite_model::ops::silu;
 use redlite_model::state::KvCache;
@@ -32,9 +37,12 @@ pub struct CpuLinear {
     pub rows: usize,
     pub cols: usize,
     bytes: Bytes,
+    /// Set for routed-expert slabs, which are read through the expert cache.
+    expert: Option<ExpertTag>,
 }
 
 impl CpuLinear {
+    /// The bytes in the map (for a routed expert, the kernels read the expert cache's copy).
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped(file, range) => &file.bytes()[range.clone()],
@@ -44,14 +52,45 @@ impl CpuLinear {
 }
 
 /// The fast CPU backend. Threads come from one persistent pool (rayon's global pool, sized by
-/// [`CpuBackend::with_threads`] or to the physical cores).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CpuBackend;
+/// [`CpuBackend::with_threads`] or to the physical cores). A backend serves one model: its expert
+/// cache is built when that model's weights are loaded; a clone has the same settings and its
+/// own (unbuilt) cache.
+pub struct CpuBackend {
+    config: CacheConfig,
+    /// The experts' shape, gathered by `load_linear`.
+    shape: Mutex<CacheShape>,
+    cache: OnceLock<ExpertCache>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::with_cache_config(CacheConfig::default())
+    }
+}
+
+impl Clone for CpuBackend {
+    fn clone(&self) -> Self {
+        CpuBackend::with_cache_config(self.config)
+    }
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("expert_cache", &self.config)
+            .finish()
+    }
+}
 
 impl CpuBackend {
     /// A backend whose pool has `threads` threads (0: one per physical core). The pool is process-wide
-    /// and can be sized once; later calls keep the first size.
+    /// and can be sized once; later calls keep the first size. Every expert resident.
     pub fn with_threads(threads: usize) -> CpuBackend {
+        CpuBackend::with_threads_and_cache(threads, CacheConfig::default())
+    }
+
+    /// [`CpuBackend::with_threads`] with an expert cache of the given settings.
+    pub fn with_threads_and_cache(threads: usize, config: CacheConfig) -> CpuBackend {
         let n = if threads == 0 {
             driver::physical_cores()
         } else {
@@ -59,7 +98,139 @@ impl CpuBackend {
         };
         // An already-built pool is not an error for us: it is the one persistent pool.
         let _ = driver::init_threads(n);
-        CpuBackend
+        CpuBackend::with_cache_config(config)
+    }
+
+    fn with_cache_config(config: CacheConfig) -> CpuBackend {
+        CpuBackend {
+            config,
+            shape: Mutex::new(CacheShape::default()),
+            cache: OnceLock::new(),
+        }
+    }
+
+    /// The expert cache's counters (`None` before the weights are loaded).
+    pub fn expert_cache_stats(&self) -> Option<CacheStats> {
+        self.cache.get().map(ExpertCache::stats)
+    }
+
+    /// Runs `f` over the experts `ids` of one block in rounds of experts resident together
+    /// (indices into `ids`, their gate/up/down bytes). Without a cache (weights not loaded
+    /// through `Weights::load`) the bytes are the linears' own.
+    fn with_experts<F>(&self, experts: &[FfnWeights<Self>], ids: &[usize], mut f: F)
+    where
+        F: FnMut(&[usize], &[ExpertBytes]),
+    {
+        let requests: Option<Vec<ExpertRequest>> =
+            ids.iter().map(|&e| expert_request(&experts[e])).collect();
+        match (self.cache.get(), requests) {
+            (Some(cache), Some(requests)) => cache
+                .run(&requests, f)
+                .unwrap_or_else(|e| panic!("expert cache: {e}")),
+            _ => {
+                let bytes: Vec<ExpertBytes> = ids
+                    .iter()
+                    .map(|&e| {
+                        let w = &experts[e];
+                        [w.gate.bytes(), w.up.bytes(), w.down.bytes()]
+                    })
+                    .collect();
+                let idx: Vec<usize> = (0..ids.len()).collect();
+                f(&idx, &bytes);
+            }
+        }
+    }
+
+    /// `down_e(silu(gate_e·x) ⊙ up_e·x)` for each expert `e` of `ids`, its weights in `bytes`: gate
+    /// and up of every expert in one parallel pass over the same quantized x, then every down.
+    fn expert_outputs(
+        &self,
+        experts: &[FfnWeights<Self>],
+        ids: &[usize],
+        bytes: &[ExpertBytes],
+        x: &[f32],
+    ) -> Vec<Vec<f32>> {
+        let mut products = Vec::with_capacity(2 * ids.len());
+        for (&e, b) in ids.iter().zip(bytes) {
+            for (w, wb) in [(&experts[e].gate, b[0]), (&experts[e].up, b[1])] {
+                products.push(Product {
+                    ty: w.ty,
+                    w: wb,
+                    rows: w.rows,
+                    cols: w.cols,
+                    input: 0,
+                });
+            }
+        }
+        let mut gate_up = vec![Vec::new(); products.len()];
+        fused::matvec_batch(&products, &[x], &mut gate_up)
+            .unwrap_or_else(|e| panic!("expert gate/up: {e}"));
+        let acts: Vec<Vec<f32>> = gate_up
+            .chunks_exact(2)
+            .map(|gu| {
+                gu[0]
+                    .iter()
+                    .zip(&gu[1])
+                    .map(|(&g, &u)| silu(g) * u)
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
+        let products: Vec<Product> = ids
+            .iter()
+            .zip(bytes)
+            .enumerate()
+            .map(|(i, (&e, b))| {
+                let w = &experts[e].down;
+                Product {
+                    ty: w.ty,
+                    w: b[2],
+                    rows: w.rows,
+                    cols: w.cols,
+                    input: i,
+                }
+            })
+            .collect();
+        let mut downs = vec![Vec::new(); products.len()];
+        fused::matvec_batch(&products, &inputs, &mut downs)
+            .unwrap_or_else(|e| panic!("expert down: {e}"));
+        downs
+    }
+}
+
+/// The file ranges of an expert's three slabs, when all three are tagged slabs of the map.
+fn expert_request(w: &FfnWeights<CpuBackend>) -> Option<ExpertRequest> {
+    let tag = w.gate.expert?;
+    let range = |l: &CpuLinear| match &l.bytes {
+        Bytes::Mapped(_, r) if l.expert.is_some() => Some(r.clone()),
+        _ => None,
+    };
+    Some(ExpertRequest {
+        key: Key {
+            layer: tag.layer as u32,
+            expert: tag.expert as u32,
+        },
+        parts: [range(&w.gate)?, range(&w.up)?, range(&w.down)?],
+    })
+}
+
+/// `ys = W · xs` for `n` rows of a weight given by its bytes.
+fn run_linear(
+    ty: GgmlType,
+    w: &[u8],
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) {
+    // Shapes were checked at load; the model passes matching activation lengths.
+    let result = if n == 1 {
+        driver::matvec(ty, w, rows, cols, xs, ys)
+    } else {
+        driver::matmul(ty, w, rows, cols, xs, n, ys)
+    };
+    if let Err(e) = result {
+        panic!("CPU linear {rows}×{cols} {ty}: {e}");
     }
 }
 
@@ -97,6 +268,13 @@ impl Backend for CpuBackend {
                 src.bytes().len()
             )));
         }
+        if let Some(tag) = src.expert {
+            let mut shape = self.shape.lock().unwrap_or_else(|e| e.into_inner());
+            shape.layers = shape.layers.max(tag.layer + 1);
+            let part = &mut shape.part_bytes[tag.part as usize];
+            *part = (*part).max(expected);
+            shape.all_expert_bytes += expected;
+        }
         let bytes = match src.data {
             LinearData::Mapped { file, range } => Bytes::Mapped(file.clone(), range),
             LinearData::Owned(v) => Bytes::Owned(v),
@@ -106,19 +284,23 @@ impl Backend for CpuBackend {
             rows: src.rows,
             cols: src.cols,
             bytes,
+            expert: src.expert,
+        })
+    }
+
+    fn weights_loaded(&self, file: &Arc<GgufFile>) -> Result<(), ModelError> {
+        let shape = *self.shape.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = ExpertCache::new(file.clone(), shape, &self.config)
+            .map_err(|e| ModelError::BadConfig(format!("expert cache: {e}")))?;
+        self.cache.set(cache).map_err(|_| {
+            ModelError::BadConfig(
+                "this CPU backend already serves a model (clone it for another)".into(),
+            )
         })
     }
 
     fn linear(&self, w: &CpuLinear, xs: &[f32], n: usize, ys: &mut [f32]) {
-        // Shapes were checked at load; the model passes matching activation lengths.
-        let result = if n == 1 {
-            driver::matvec(w.ty, w.bytes(), w.rows, w.cols, xs, ys)
-        } else {
-            driver::matmul(w.ty, w.bytes(), w.rows, w.cols, xs, n, ys)
-        };
-        if let Err(e) = result {
-            panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty);
-        }
+        run_linear(w.ty, w.bytes(), (w.rows, w.cols), xs, n, ys);
     }
 
     fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
@@ -160,26 +342,43 @@ impl Backend for CpuBackend {
             }
         }
         let groups: Vec<(usize, Vec<usize>)> = tokens_of.into_iter().collect();
+        let ids: Vec<usize> = groups.iter().map(|(e, _)| *e).collect();
         // down(silu(gate·x) ⊙ up·x) for every (expert, token) pair; matmul rows are bit-identical
         // to matvec, so each token gets exactly what `routed_experts` computes for it alone.
-        let outputs: Vec<Vec<Vec<f32>>> = groups
-            .par_iter()
-            .map(|(e, toks)| {
-                let ffn = &experts[*e];
-                let n = toks.len();
-                let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
-                let mut gate = vec![0.0f32; n * ffn.gate.rows];
-                let mut up = vec![0.0f32; n * ffn.up.rows];
-                self.linear(&ffn.gate, &x, n, &mut gate);
-                self.linear(&ffn.up, &x, n, &mut up);
-                let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-                let mut down = vec![0.0f32; n * ffn.down.rows];
-                self.linear(&ffn.down, &act, n, &mut down);
-                down.chunks_exact(ffn.down.rows)
-                    .map(|r| r.to_vec())
-                    .collect()
-            })
-            .collect();
+        let mut outputs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); groups.len()];
+        self.with_experts(experts, &ids, |idx, bytes| {
+            let round: Vec<Vec<Vec<f32>>> = idx
+                .par_iter()
+                .zip(bytes)
+                .map(|(&g, b)| {
+                    let (e, toks) = &groups[g];
+                    let ffn = &experts[*e];
+                    let n = toks.len();
+                    let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
+                    let mut gate = vec![0.0f32; n * ffn.gate.rows];
+                    let mut up = vec![0.0f32; n * ffn.up.rows];
+                    run_linear(
+                        ffn.gate.ty,
+                        b[0],
+                        (ffn.gate.rows, ffn.gate.cols),
+                        &x,
+                        n,
+                        &mut gate,
+                    );
+                    run_linear(ffn.up.ty, b[1], (ffn.up.rows, ffn.up.cols), &x, n, &mut up);
+                    let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                    let mut down = vec![0.0f32; n * ffn.down.rows];
+                    let shape = (ffn.down.rows, ffn.down.cols);
+                    run_linear(ffn.down.ty, b[2], shape, &act, n, &mut down);
+                    down.chunks_exact(ffn.down.rows)
+                        .map(|r| r.to_vec())
+                        .collect()
+                })
+                .collect();
+            for (&g, out) in idx.iter().zip(round) {
+                outputs[g] = out;
+            }
+        });
         let mut per_pair: HashMap<(usize, usize), &[f32]> = HashMap::new();
         for ((e, toks), outs) in groups.iter().zip(&outputs) {
             for (&t, y) in toks.iter().zip(outs) {
@@ -208,51 +407,17 @@ impl Backend for CpuBackend {
         chosen: &[(usize, f32)],
         x: &[f32],
     ) -> Vec<f32> {
-        // Gate and up of every chosen expert in one parallel pass over the same quantized x…
-        let mut products = Vec::with_capacity(2 * chosen.len());
-        for &(e, _) in chosen {
-            for w in [&experts[e].gate, &experts[e].up] {
-                products.push(Product {
-                    ty: w.ty,
-                    w: w.bytes(),
-                    rows: w.rows,
-                    cols: w.cols,
-                    input: 0,
-                });
+        let ids: Vec<usize> = chosen.iter().map(|&(e, _)| e).collect();
+        let mut downs = vec![Vec::new(); ids.len()];
+        self.with_experts(experts, &ids, |idx, bytes| {
+            let round: Vec<usize> = idx.iter().map(|&i| ids[i]).collect();
+            for (&i, y) in idx
+                .iter()
+                .zip(self.expert_outputs(experts, &round, bytes, x))
+            {
+                downs[i] = y;
             }
-        }
-        let mut gate_up = vec![Vec::new(); products.len()];
-        fused::matvec_batch(&products, &[x], &mut gate_up)
-            .unwrap_or_else(|e| panic!("expert gate/up: {e}"));
-        // …then SwiGLU per expert, and every down projection in a second pass.
-        let acts: Vec<Vec<f32>> = gate_up
-            .chunks_exact(2)
-            .map(|gu| {
-                gu[0]
-                    .iter()
-                    .zip(&gu[1])
-                    .map(|(&g, &u)| silu(g) * u)
-                    .collect()
-            })
-            .collect();
-        let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
-        let products: Vec<Product> = chosen
-            .iter()
-            .enumerate()
-            .map(|(i, &(e, _))| {
-                let w = &experts[e].down;
-                Product {
-                    ty: w.ty,
-                    w: w.bytes(),
-                    rows: w.rows,
-                    cols: w.cols,
-                    input: i,
-                }
-            })
-            .collect();
-        let mut downs = vec![Vec::new(); products.len()];
-        fused::matvec_batch(&products, &inputs, &mut downs)
-            .unwrap_or_else(|e| panic!("expert down: {e}"));
+        });
         // Weighted sum in the given order.
         let mut out = vec![0.0f32; x.len()];
         for (y, &(_, weight)) in downs.iter().zip(chosen) {

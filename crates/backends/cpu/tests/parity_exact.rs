@@ -60,7 +60,11 @@ fn cpu_backend_is_at_least_as_close_to_exact_as_llama_cpp() {
     {
         let name = e["model"].as_str().unwrap().to_string();
         let model = loaded.entry(name.clone()).or_insert_with(|| {
-            Model::load_with(root.join(e["model_file"].as_str().unwrap()), backend).unwrap()
+            Model::load_with(
+                root.join(e["model_file"].as_str().unwrap()),
+                backend.clone(),
+            )
+            .unwrap()
         });
         let tokens: Vec<u32> = e["token_ids"]
             .as_array()

@@ -1,0 +1,430 @@
+//! [`ExpertCache`]: expert bytes for the kernels, from slots in host RAM filled from the file, or
+//! (unbounded) straight from the memory map.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redlite_gguf::GgufFile;
+
+use crate::directory::{Directory, Key, Lookup};
+use crate::reader::{buffer_bytes, ExpertReader, ALIGN};
+use crate::{CacheConfig, CacheError, CacheSize, CacheStats};
+
+/// Gate, up, down.
+pub const PARTS: usize = 3;
+
+/// The bytes of one expert's gate, up and down slabs.
+pub type ExpertBytes<'a> = [&'a [u8]; PARTS];
+
+/// One expert a kernel wants: its key and the file byte ranges of its three slabs.
+#[derive(Debug, Clone)]
+pub struct ExpertRequest {
+    pub key: Key,
+    pub parts: [Range<usize>; PARTS],
+}
+
+/// What the cache must be able to hold, gathered while the weights load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheShape {
+    /// Blocks with routed experts.
+    pub layers: usize,
+    /// The largest gate, up and down slab of any expert.
+    pub part_bytes: [u64; PARTS],
+    /// Bytes of every expert of every block.
+    pub all_expert_bytes: u64,
+}
+
+/// Routed-expert bytes on demand (see the crate docs).
+pub struct ExpertCache {
+    file: Arc<GgufFile>,
+    store: Store,
+    counters: Counters,
+}
+
+enum Store {
+    /// Every expert resident: the memory map is the store.
+    Mapped,
+    Slots(Slots),
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+    stall_ns: AtomicU64,
+}
+
+/// Bounded slots in RAM.
+struct Slots {
+    inner: Mutex<Inner>,
+    released: Condvar,
+    memory: SlotMemory,
+    /// Offset and size of each part's region inside a slot.
+    regions: [(usize, usize); PARTS],
+    reader: ExpertReader,
+}
+
+struct Inner {
+    dir: Directory,
+    /// Per slot, where each part's bytes start inside its region and how many there are.
+    data: Vec<[(usize, usize); PARTS]>,
+}
+
+/// One allocation of `slots × slot_bytes`, [`ALIGN`]-aligned, made once.
+struct SlotMemory {
+    ptr: *mut u8,
+    layout: Layout,
+    slot_bytes: usize,
+}
+
+// SAFETY: the memory is only reached through `slot`/`slot_mut`, whose callers hold the directory's
+// guarantee that a slot being filled (claimed, not ready) is touched by its filler alone and a
+// pinned ready slot is only read.
+unsafe impl Send for SlotMemory {}
+unsafe impl Sync for SlotMemory {}
+
+impl SlotMemory {
+    fn new(slots: usize, slot_bytes: usize) -> Result<SlotMemory, CacheError> {
+        let bytes = slots
+            .checked_mul(slot_bytes)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| CacheError::Alloc {
+                bytes: (slots as u64).saturating_mul(slot_bytes as u64),
+                message: "size overflow".into(),
+            })?;
+        let layout = Layout::from_size_align(bytes, ALIGN).map_err(|e| CacheError::Alloc {
+            bytes: bytes as u64,
+            message: e.to_string(),
+        })?;
+        // Zeroed: large allocations come from fresh zero pages, touched only when filled.
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(CacheError::Alloc {
+                bytes: bytes as u64,
+                message: "out of memory".into(),
+            });
+        }
+        Ok(SlotMemory {
+            ptr,
+            layout,
+            slot_bytes,
+        })
+    }
+
+    /// Slot `s`, to read (the slot must be pinned and ready).
+    fn slot(&self, s: usize) -> &[u8] {
+        // SAFETY: `s` is a valid slot index; the range lies inside the allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(s * self.slot_bytes), self.slot_bytes) }
+    }
+
+    /// Slot `s`, to fill.
+    ///
+    /// # Safety
+    /// The caller claimed `s` in the directory (pinned, not ready) and no one else touches it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot_mut(&self, s: usize) -> &mut [u8] {
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(s * self.slot_bytes), self.slot_bytes)
+        }
+    }
+}
+
+impl Drop for SlotMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// Most concurrent reads of one batch of misses (queue depth for the disk).
+const MAX_READERS: usize = 8;
+
+impl ExpertCache {
+    /// A cache over the experts of `file` (whose shape the loader gathered), sized by `config`.
+    /// Unbounded, at least as large as every expert, or an in-memory file: the map is the store.
+    pub fn new(
+        file: Arc<GgufFile>,
+        shape: CacheShape,
+        config: &CacheConfig,
+    ) -> Result<ExpertCache, CacheError> {
+        let mut regions = [(0usize, 0usize); PARTS];
+        let mut slot_bytes = 0usize;
+        for (r, &b) in regions.iter_mut().zip(&shape.part_bytes) {
+            *r = (slot_bytes, buffer_bytes(b as usize));
+            slot_bytes += r.1;
+        }
+        let layers = shape.layers.max(1);
+        let slots = match config.size {
+            CacheSize::Unbounded => None,
+            CacheSize::Min => Some(layers),
+            CacheSize::Bytes(b) if b >= shape.all_expert_bytes => None,
+            CacheSize::Bytes(b) => {
+                let n = (b / slot_bytes.max(1) as u64) as usize;
+                if n < layers {
+                    return Err(CacheError::TooSmall {
+                        requested: b,
+                        min: (layers * slot_bytes) as u64,
+                        layers,
+                        slot: slot_bytes as u64,
+                    });
+                }
+                Some(n)
+            }
+        };
+        let store = match (slots, file.path()) {
+            (Some(n), Some(path)) if shape.layers > 0 => {
+                let reader =
+                    ExpertReader::open(path, config.direct_io).map_err(|e| CacheError::Io {
+                        path: path.display().to_string(),
+                        source: e,
+                    })?;
+                Store::Slots(Slots {
+                    inner: Mutex::new(Inner {
+                        dir: Directory::new(n, layers, config.policy),
+                        data: vec![[(0, 0); PARTS]; n],
+                    }),
+                    released: Condvar::new(),
+                    memory: SlotMemory::new(n, slot_bytes)?,
+                    regions,
+                    reader,
+                })
+            }
+            _ => Store::Mapped,
+        };
+        Ok(ExpertCache {
+            file,
+            store,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Whether every expert is resident (the map is the store).
+    pub fn is_unbounded(&self) -> bool {
+        matches!(self.store, Store::Mapped)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        let (slots, slot_bytes, direct_io) = match &self.store {
+            Store::Mapped => (0, 0, false),
+            Store::Slots(s) => (
+                s.memory.layout.size() as u64 / s.memory.slot_bytes as u64,
+                s.memory.slot_bytes as u64,
+                s.reader.is_direct(),
+            ),
+        };
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            stall: Duration::from_nanos(c.stall_ns.load(Ordering::Relaxed)),
+            slots,
+            slot_bytes,
+            direct_io,
+        }
+    }
+
+    /// Runs `f` over the requested experts, in rounds of experts resident together: each call
+    /// gets indices into `requests` and their bytes. Every request is passed exactly once. In a
+    /// round, resident experts come first and misses fill the remaining unpinned slots.
+    pub fn run<F>(&self, requests: &[ExpertRequest], mut f: F) -> Result<(), CacheError>
+    where
+        F: FnMut(&[usize], &[ExpertBytes]),
+    {
+        match &self.store {
+            Store::Mapped => {
+                let map = self.file.bytes();
+                let bytes: Vec<ExpertBytes> = requests
+                    .iter()
+                    .map(|r| [0, 1, 2].map(|p| &map[r.parts[p].clone()]))
+                    .collect();
+                let idx: Vec<usize> = (0..requests.len()).collect();
+                self.counters
+                    .hits
+                    .fetch_add(requests.len() as u64, Ordering::Relaxed);
+                f(&idx, &bytes);
+                Ok(())
+            }
+            Store::Slots(s) => s.run(requests, &self.counters, f),
+        }
+    }
+}
+
+impl Slots {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent bookkeeping (pins at worst leak).
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run<F>(
+        &self,
+        requests: &[ExpertRequest],
+        counters: &Counters,
+        mut f: F,
+    ) -> Result<(), CacheError>
+    where
+        F: FnMut(&[usize], &[ExpertBytes]),
+    {
+        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        while !pending.is_empty() {
+            // One round: pin what is resident, claim slots for what is not.
+            let (resident, to_fill) = {
+                let mut inner = self.lock();
+                loop {
+                    let mut resident = Vec::new();
+                    let mut missing = Vec::new();
+                    let mut later = Vec::new();
+                    for &i in &pending {
+                        match inner.dir.lookup(requests[i].key) {
+                            Lookup::Hit(s) => resident.push((i, s)),
+                            Lookup::Miss => missing.push(i),
+                            Lookup::Busy => later.push(i),
+                        }
+                    }
+                    let mut to_fill = Vec::new();
+                    for i in missing {
+                        match inner.dir.claim(requests[i].key) {
+                            Some(s) => to_fill.push((i, s)),
+                            None => later.push(i),
+                        }
+                    }
+                    if resident.is_empty() && to_fill.is_empty() {
+                        // Every slot is pinned or being filled by another caller.
+                        inner = self.released.wait(inner).unwrap_or_else(|e| e.into_inner());
+                        continue;
+                    }
+                    pending = later;
+                    break (resident, to_fill);
+                }
+            };
+            counters
+                .hits
+                .fetch_add(resident.len() as u64, Ordering::Relaxed);
+
+            let t = Instant::now();
+            let filled = self.fill(requests, &to_fill);
+            counters
+                .stall_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let mut inner = self.lock();
+            let mut failure = None;
+            let mut read = 0u64;
+            for (&(_, s), r) in to_fill.iter().zip(filled) {
+                match r {
+                    Ok((data, n)) => {
+                        inner.data[s] = data;
+                        inner.dir.filled(s, true);
+                        read += n;
+                    }
+                    Err(e) => {
+                        inner.dir.filled(s, false);
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = failure {
+                for &(_, s) in resident.iter().chain(&to_fill) {
+                    inner.dir.unpin(s);
+                }
+                self.released.notify_all();
+                return Err(CacheError::Io {
+                    path: self.reader.path().display().to_string(),
+                    source: e,
+                });
+            }
+            counters
+                .misses
+                .fetch_add(to_fill.len() as u64, Ordering::Relaxed);
+            counters.bytes_read.fetch_add(read, Ordering::Relaxed);
+            let round: Vec<(usize, usize)> = resident.into_iter().chain(to_fill).collect();
+            let layout: Vec<[(usize, usize); PARTS]> =
+                round.iter().map(|&(_, s)| inner.data[s]).collect();
+            drop(inner);
+
+            let idx: Vec<usize> = round.iter().map(|&(i, _)| i).collect();
+            let bytes: Vec<ExpertBytes> = round
+                .iter()
+                .zip(&layout)
+                .map(|(&(_, s), data)| {
+                    let slot = self.memory.slot(s);
+                    [0, 1, 2].map(|p| {
+                        let start = self.regions[p].0 + data[p].0;
+                        &slot[start..start + data[p].1]
+                    })
+                })
+                .collect();
+            f(&idx, &bytes);
+
+            let mut inner = self.lock();
+            for &(_, s) in &round {
+                inner.dir.unpin(s);
+            }
+            drop(inner);
+            self.released.notify_all();
+        }
+        Ok(())
+    }
+
+    /// Reads the claimed slots `(request, slot)` from the file, several at a time. Per slot: where
+    /// each part's bytes start in its region and their length, and the bytes transferred.
+    #[allow(clippy::type_complexity)]
+    fn fill(
+        &self,
+        requests: &[ExpertRequest],
+        to_fill: &[(usize, usize)],
+    ) -> Vec<std::io::Result<([(usize, usize); PARTS], u64)>> {
+        let read_one = |&(i, s): &(usize, usize)| {
+            // SAFETY: slot `s` was just claimed by this caller (pinned, not ready).
+            let slot = unsafe { self.memory.slot_mut(s) };
+            let mut data = [(0usize, 0usize); PARTS];
+            let mut total = 0u64;
+            for (p, range) in requests[i].parts.iter().enumerate() {
+                let (off, size) = self.regions[p];
+                let region = &mut slot[off..off + size];
+                let (start, n) = self
+                    .reader
+                    .read(range.start as u64..range.end as u64, region)?;
+                data[p] = (start, range.len());
+                total += n;
+            }
+            Ok((data, total))
+        };
+        let threads = to_fill.len().min(MAX_READERS);
+        if threads <= 1 {
+            return to_fill.iter().map(read_one).collect();
+        }
+        let mut out: Vec<Option<std::io::Result<_>>> = (0..to_fill.len()).map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let read_one = &read_one;
+                    scope.spawn(move || {
+                        (t..to_fill.len())
+                            .step_by(threads)
+                            .map(|k| (k, read_one(&to_fill[k])))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for h in handles {
+                match h.join() {
+                    Ok(results) => {
+                        for (k, r) in results {
+                            out[k] = Some(r);
+                        }
+                    }
+                    Err(p) => std::panic::resume_unwind(p),
+                }
+            }
+        });
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(std::io::Error::other("expert read not run"))))
+            .collect()
+    }
+}
