@@ -19,7 +19,7 @@ pub use backend::{Backend, LinearData, LinearSource, Oracle};
 pub use config::{Config, LayerKind};
 pub use kv_type::KvType;
 pub use qwen3next::{Mode, Model};
-pub use state::{MtpState, SequenceState, Snapshot, StepTrace};
+pub use state::{KvCache, KvRows, MtpState, SequenceState, Snapshot, StepTrace};
 
 /// Errors from loading or running a model.
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@ use redlite_gguf::GgufFile;
 use crate::backend::{matvec, matvec_rows, swiglu, Backend, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
+use crate::kv_type::KvType;
 use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
 use crate::state::{DeltaNetState, KvCache, LayerState, MtpState, SequenceState};
 use crate::weights::{
@@ -37,6 +38,8 @@ pub struct Model<B: Backend = Oracle> {
     pub weights: Weights<B>,
     pub backend: B,
     pub file: Arc<GgufFile>,
+    /// Element type of the KV caches of new states (f32 unless [`Model::set_kv_type`]).
+    kv_type: KvType,
 }
 
 impl Model<Oracle> {
@@ -61,15 +64,31 @@ impl<B: Backend> Model<B> {
             weights,
             backend,
             file,
+            kv_type: KvType::F32,
         })
     }
 
-    pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(&self.config)
+    /// Store the KV caches of states made from now on in `kv_type`; fails when the model's head
+    /// dimension does not suit it (q8_0 needs a multiple of 32).
+    pub fn set_kv_type(&mut self, kv_type: KvType) -> Result<(), ModelError> {
+        kv_type.check_head_dim(self.config.head_dim)?;
+        self.kv_type = kv_type;
+        Ok(())
     }
 
+    /// The element type of the KV caches of new states.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// An empty sequence (KV caches in [`Model::kv_type`]).
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::build(&self.config, self.kv_type)
+    }
+
+    /// An empty MTP state (KV cache in [`Model::kv_type`]).
     pub fn new_mtp_state(&self) -> MtpState {
-        MtpState::new(&self.config)
+        MtpState::build(&self.config, self.kv_type)
     }
 
     pub fn has_mtp(&self) -> bool {

@@ -2,37 +2,210 @@
 //! of each DeltaNet layer, and the position. Snapshots hold only the fixed-size recurrent part;
 //! restoring one truncates the KV caches to the snapshot's position.
 
+use std::borrow::Cow;
+
 use crate::config::{Config, LayerKind};
+use crate::kv_type::{
+    dequantize_q8_0, f16_to_f32, f32_to_f16, quantize_q8_0, BlockQ8_0, KvType, Q8_0_BLOCK,
+    Q8_0_BLOCK_BYTES,
+};
 use crate::ModelError;
 
-/// f32 KV cache of one attention layer: `len` positions × `width` (= KV heads × head dim) values each.
-#[derive(Debug, Clone, Default)]
-pub struct KvCache {
-    pub width: usize,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+/// Keys or values of one attention layer, `positions × width` values in the cache's element type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KvRows {
+    F32(Vec<f32>),
+    /// IEEE half bits.
+    F16(Vec<u16>),
+    /// `width / 32` blocks per position.
+    Q8_0(Vec<BlockQ8_0>),
 }
 
-impl KvCache {
-    pub fn new(width: usize) -> KvCache {
-        KvCache {
-            width,
-            k: Vec::new(),
-            v: Vec::new(),
+impl KvRows {
+    fn new(kv_type: KvType) -> KvRows {
+        match kv_type {
+            KvType::F32 => KvRows::F32(Vec::new()),
+            KvType::F16 => KvRows::F16(Vec::new()),
+            KvType::Q8_0 => KvRows::Q8_0(Vec::new()),
         }
     }
 
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            KvRows::F32(_) => KvType::F32,
+            KvRows::F16(_) => KvType::F16,
+            KvRows::Q8_0(_) => KvType::Q8_0,
+        }
+    }
+
+    /// Number of stored values (all positions).
+    pub fn n_values(&self) -> usize {
+        match self {
+            KvRows::F32(v) => v.len(),
+            KvRows::F16(v) => v.len(),
+            KvRows::Q8_0(v) => v.len() * Q8_0_BLOCK,
+        }
+    }
+
+    /// Append one row, converted to this type.
+    fn push(&mut self, row: &[f32]) {
+        match self {
+            KvRows::F32(v) => v.extend_from_slice(row),
+            KvRows::F16(v) => v.extend(row.iter().map(|&x| f32_to_f16(x))),
+            KvRows::Q8_0(v) => quantize_q8_0(row, v),
+        }
+    }
+
+    /// Keep the first `n_values` values (a multiple of 32 for q8_0).
+    fn truncate(&mut self, n_values: usize) {
+        match self {
+            KvRows::F32(v) => v.truncate(n_values),
+            KvRows::F16(v) => v.truncate(n_values),
+            KvRows::Q8_0(v) => v.truncate(n_values / Q8_0_BLOCK),
+        }
+    }
+
+    /// Values `start..start + len` as f32: borrowed for f32, converted otherwise.
+    fn f32_range(&self, start: usize, len: usize) -> Cow<'_, [f32]> {
+        match self {
+            KvRows::F32(v) => Cow::Borrowed(&v[start..start + len]),
+            KvRows::F16(v) => Cow::Owned(
+                v[start..start + len]
+                    .iter()
+                    .map(|&h| f16_to_f32(h))
+                    .collect(),
+            ),
+            KvRows::Q8_0(v) => {
+                let mut out = vec![0.0; len];
+                dequantize_q8_0(&v[start / Q8_0_BLOCK..(start + len) / Q8_0_BLOCK], &mut out);
+                Cow::Owned(out)
+            }
+        }
+    }
+
+    /// The stored bytes, little-endian (f32 / f16 values; Q8_0 blocks as `d` then 32 `i8`).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            KvRows::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            KvRows::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            KvRows::Q8_0(v) => {
+                let mut out = Vec::with_capacity(v.len() * Q8_0_BLOCK_BYTES);
+                for b in v {
+                    out.extend_from_slice(&b.d.to_le_bytes());
+                    out.extend(b.qs.iter().map(|&q| q as u8));
+                }
+                out
+            }
+        }
+    }
+
+    /// The inverse of [`KvRows::to_le_bytes`]; `None` when `bytes` is not a whole number of
+    /// elements of `kv_type`.
+    pub fn from_le_bytes(kv_type: KvType, bytes: &[u8]) -> Option<KvRows> {
+        Some(match kv_type {
+            KvType::F32 => {
+                if !bytes.len().is_multiple_of(4) {
+                    return None;
+                }
+                KvRows::F32(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                )
+            }
+            KvType::F16 => {
+                if !bytes.len().is_multiple_of(2) {
+                    return None;
+                }
+                KvRows::F16(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                )
+            }
+            KvType::Q8_0 => {
+                if !bytes.len().is_multiple_of(Q8_0_BLOCK_BYTES) {
+                    return None;
+                }
+                KvRows::Q8_0(
+                    bytes
+                        .chunks_exact(Q8_0_BLOCK_BYTES)
+                        .map(|c| BlockQ8_0 {
+                            d: u16::from_le_bytes([c[0], c[1]]),
+                            qs: std::array::from_fn(|i| c[2 + i] as i8),
+                        })
+                        .collect(),
+                )
+            }
+        })
+    }
+}
+
+/// KV cache of one attention layer: `len` positions × `width` (= KV heads × head dim) values for
+/// keys and for values, stored in the element type chosen at creation (f32 by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvCache {
+    pub width: usize,
+    k: KvRows,
+    v: KvRows,
+}
+
+impl Default for KvCache {
+    fn default() -> KvCache {
+        KvCache::new(0)
+    }
+}
+
+impl KvCache {
+    /// An empty f32 cache.
+    pub fn new(width: usize) -> KvCache {
+        KvCache::with_type(width, KvType::F32)
+    }
+
+    /// An empty cache of `kv_type` elements. For q8_0 every head's row must be whole blocks
+    /// ([`KvType::check_head_dim`], checked by [`SequenceState::with_kv_type`]).
+    pub fn with_type(width: usize, kv_type: KvType) -> KvCache {
+        KvCache {
+            width,
+            k: KvRows::new(kv_type),
+            v: KvRows::new(kv_type),
+        }
+    }
+
+    /// A cache holding `k` and `v` (from [`KvRows::from_le_bytes`]); fails when they differ in
+    /// type or length or are not whole rows of `width`.
+    pub fn from_rows(width: usize, k: KvRows, v: KvRows) -> Result<KvCache, ModelError> {
+        let whole = |r: &KvRows| width > 0 && r.n_values().is_multiple_of(width);
+        if k.kv_type() != v.kv_type() || k.n_values() != v.n_values() || !whole(&k) {
+            return Err(ModelError::State(format!(
+                "KV rows do not match: keys {} × {}, values {} × {}, row width {width}",
+                k.n_values(),
+                k.kv_type(),
+                v.n_values(),
+                v.kv_type()
+            )));
+        }
+        Ok(KvCache { width, k, v })
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.k.kv_type()
+    }
+
     pub fn len(&self) -> usize {
-        self.k.len() / self.width.max(1)
+        self.k.n_values() / self.width.max(1)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.k.is_empty()
+        self.k.n_values() == 0
     }
 
+    /// Append one position: `k` and `v` are `[width]` each, converted to the cache's type.
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
-        self.k.extend_from_slice(k);
-        self.v.extend_from_slice(v);
+        self.k.push(k);
+        self.v.push(v);
     }
 
     pub fn truncate(&mut self, len: usize) {
@@ -40,12 +213,24 @@ impl KvCache {
         self.v.truncate(len * self.width);
     }
 
-    pub fn key(&self, pos: usize) -> &[f32] {
-        &self.k[pos * self.width..(pos + 1) * self.width]
+    /// The stored keys, all positions.
+    pub fn keys(&self) -> &KvRows {
+        &self.k
     }
 
-    pub fn value(&self, pos: usize) -> &[f32] {
-        &self.v[pos * self.width..(pos + 1) * self.width]
+    /// The stored values, all positions.
+    pub fn values(&self) -> &KvRows {
+        &self.v
+    }
+
+    /// The key row at `pos` as f32 (borrowed when the cache is f32, dequantized otherwise).
+    pub fn key(&self, pos: usize) -> Cow<'_, [f32]> {
+        self.k.f32_range(pos * self.width, self.width)
+    }
+
+    /// The value row at `pos` as f32 (borrowed when the cache is f32, dequantized otherwise).
+    pub fn value(&self, pos: usize) -> Cow<'_, [f32]> {
+        self.v.f32_range(pos * self.width, self.width)
     }
 }
 
@@ -93,14 +278,28 @@ pub struct Snapshot {
 }
 
 impl SequenceState {
+    /// An empty sequence with f32 KV caches.
     pub fn new(cfg: &Config) -> SequenceState {
+        SequenceState::build(cfg, KvType::F32)
+    }
+
+    /// An empty sequence whose KV caches hold `kv_type` elements; fails when the model's head
+    /// dimension does not suit the type ([`KvType::check_head_dim`]).
+    pub fn with_kv_type(cfg: &Config, kv_type: KvType) -> Result<SequenceState, ModelError> {
+        kv_type.check_head_dim(cfg.head_dim)?;
+        Ok(SequenceState::build(cfg, kv_type))
+    }
+
+    /// [`SequenceState::with_kv_type`] once the type is known to suit the model.
+    pub(crate) fn build(cfg: &Config, kv_type: KvType) -> SequenceState {
         let layers = cfg
             .layer_kinds
             .iter()
             .map(|k| match k {
-                LayerKind::Attention => {
-                    LayerState::Attention(KvCache::new(cfg.n_kv_heads * cfg.head_dim))
-                }
+                LayerKind::Attention => LayerState::Attention(KvCache::with_type(
+                    cfg.n_kv_heads * cfg.head_dim,
+                    kv_type,
+                )),
                 LayerKind::DeltaNet => LayerState::DeltaNet(DeltaNetState {
                     conv: vec![0.0; (cfg.conv_kernel - 1) * cfg.dn_conv_channels()],
                     s: vec![0.0; cfg.dn_v_heads * cfg.dn_k_dim * cfg.dn_v_dim],
@@ -252,9 +451,21 @@ pub struct MtpState {
 }
 
 impl MtpState {
+    /// An empty MTP state with an f32 KV cache.
     pub fn new(cfg: &Config) -> MtpState {
+        MtpState::build(cfg, KvType::F32)
+    }
+
+    /// An empty MTP state whose KV cache holds `kv_type` elements (checked like
+    /// [`SequenceState::with_kv_type`]).
+    pub fn with_kv_type(cfg: &Config, kv_type: KvType) -> Result<MtpState, ModelError> {
+        kv_type.check_head_dim(cfg.head_dim)?;
+        Ok(MtpState::build(cfg, kv_type))
+    }
+
+    pub(crate) fn build(cfg: &Config, kv_type: KvType) -> MtpState {
         MtpState {
-            kv: KvCache::new(cfg.n_kv_heads * cfg.head_dim),
+            kv: KvCache::with_type(cfg.n_kv_heads * cfg.head_dim, kv_type),
         }
     }
 }

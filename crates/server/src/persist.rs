@@ -8,7 +8,8 @@
 //! u32 LE       header length
 //! header       JSON: format version, model identity, backend, KV element type, layer layout,
 //!              number of ids, checkpoint position
-//! payload      ids (u32 LE each), then per layer: attention K and V (f32 LE, pos × width each)
+//! payload      ids (u32 LE each), then per layer: attention K and V (pos × width values each in
+//!              the KV element type: f32 LE, f16 LE, or Q8_0 blocks of f16 LE scale + 32 i8)
 //!              or DeltaNet conv history and delta-rule state (f32 LE)
 //! u64 LE       FNV-1a checksum of everything before it
 //! ```
@@ -23,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redlite_model::state::LayerState;
+use redlite_model::state::{KvCache, KvRows, LayerState};
 use redlite_model::{Backend, Config, LayerKind, Model, SequenceState};
 use serde_json::{json, Value};
 
@@ -89,7 +90,7 @@ impl Identity {
             model: format!("{h:016x}"),
             backend: model.backend.name().to_string(),
             layout: layout(&model.config),
-            kv_type: "f32",
+            kv_type: model.kv_type().name(),
         }
     }
 }
@@ -242,8 +243,8 @@ pub fn encode(identity: &Identity, ids: &[u32], state: &SequenceState) -> Vec<u8
     for l in &state.layers {
         match l {
             LayerState::Attention(kv) => {
-                push_f32s(&mut out, &kv.k);
-                push_f32s(&mut out, &kv.v);
+                out.extend_from_slice(&kv.keys().to_le_bytes());
+                out.extend_from_slice(&kv.values().to_le_bytes());
             }
             LayerState::DeltaNet(d) => {
                 push_f32s(&mut out, &d.conv);
@@ -326,45 +327,62 @@ pub fn decode(
             "position {pos} is past the {n_ids} ids"
         )));
     }
-    let mut rest = &body[12 + hlen..];
-    let mut take = |n: usize| -> Result<&[u8], StateFileError> {
-        if rest.len() < n {
-            return Err(StateFileError::Payload);
-        }
-        let (a, b) = rest.split_at(n);
-        rest = b;
-        Ok(a)
-    };
-    let ids: Vec<u32> = take(n_ids.checked_mul(4).ok_or(StateFileError::Payload)?)?
+    let mut payload = Payload(&body[12 + hlen..]);
+    let ids: Vec<u32> = payload
+        .take(n_ids.checked_mul(4).ok_or(StateFileError::Payload)?)?
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect();
-    let mut f32s = |n: usize| -> Result<Vec<f32>, StateFileError> {
-        Ok(take(n.checked_mul(4).ok_or(StateFileError::Payload)?)?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect())
-    };
     let mut state = fresh.clone();
     state.reset();
     for l in &mut state.layers {
         match l {
             LayerState::Attention(kv) => {
-                let n = pos * kv.width;
-                kv.k = f32s(n)?;
-                kv.v = f32s(n)?;
+                let t = kv.kv_type();
+                let n =
+                    t.bytes_for(pos.checked_mul(kv.width).ok_or(StateFileError::Payload)? as u64);
+                let n = usize::try_from(n).map_err(|_| StateFileError::Payload)?;
+                let k =
+                    KvRows::from_le_bytes(t, payload.take(n)?).ok_or(StateFileError::Payload)?;
+                let v =
+                    KvRows::from_le_bytes(t, payload.take(n)?).ok_or(StateFileError::Payload)?;
+                *kv = KvCache::from_rows(kv.width, k, v).map_err(|_| StateFileError::Payload)?;
             }
             LayerState::DeltaNet(d) => {
-                d.conv = f32s(d.conv.len())?;
-                d.s = f32s(d.s.len())?;
+                d.conv = payload.f32s(d.conv.len())?;
+                d.s = payload.f32s(d.s.len())?;
             }
         }
     }
-    if !rest.is_empty() {
+    if !payload.0.is_empty() {
         return Err(StateFileError::Payload);
     }
     state.pos = pos;
     Ok((ids, state))
+}
+
+/// The unread rest of a state file's payload.
+struct Payload<'a>(&'a [u8]);
+
+impl<'a> Payload<'a> {
+    /// The next `n` bytes.
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StateFileError> {
+        if self.0.len() < n {
+            return Err(StateFileError::Payload);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+
+    /// The next `n` f32 (LE).
+    fn f32s(&mut self, n: usize) -> Result<Vec<f32>, StateFileError> {
+        Ok(self
+            .take(n.checked_mul(4).ok_or(StateFileError::Payload)?)?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
+    }
 }
 
 /// Checkpoints of a loaded state: just its own position.

@@ -1,9 +1,14 @@
 //! Attention decode on the CPU: one pass over the KV cache per query head with an online softmax
 //! (running maximum and normaliser, values accumulated as they stream by), heads in parallel,
 //! compiled for the widest vector unit present.
+//!
+//! The cache may hold f32, f16 or Q8_0 elements; narrower ones are converted on the fly inside
+//! the two inner products (`q·k_j` and `acc += p·v_j`), never materialised: f16 through the
+//! hardware half→single conversion, Q8_0 as `d · Σ q_i·qs_i` with the query kept in f32.
 
 use rayon::prelude::*;
-use redlite_model::state::KvCache;
+use redlite_model::kv_type::{f16_to_f32, BlockQ8_0, Q8_0_BLOCK};
+use redlite_model::state::{KvCache, KvRows};
 
 use crate::kernels::Isa;
 
@@ -25,13 +30,127 @@ fn dot16(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// One query head against KV head `g`: `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass.
+/// One KV head's keys or values (`hd` values per position), read position by position.
+trait HeadRows {
+    /// `q · row_j`.
+    fn dot(&self, j: usize, q: &[f32]) -> f32;
+    /// `acc += p · row_j`.
+    fn axpy(&self, j: usize, p: f32, acc: &mut [f32]);
+}
+
+/// Where head `g`'s values of position `j` start in a cache row layout.
+#[derive(Clone, Copy)]
+struct HeadSlice {
+    /// Values per position (all KV heads).
+    width: usize,
+    /// First value of the head within a position.
+    offset: usize,
+    hd: usize,
+}
+
+impl HeadSlice {
+    #[inline(always)]
+    fn start(&self, j: usize) -> usize {
+        j * self.width + self.offset
+    }
+}
+
+struct F32Rows<'a>(&'a [f32], HeadSlice);
+
+impl HeadRows for F32Rows<'_> {
+    #[inline(always)]
+    fn dot(&self, j: usize, q: &[f32]) -> f32 {
+        let s = self.1.start(j);
+        dot16(q, &self.0[s..s + self.1.hd])
+    }
+
+    #[inline(always)]
+    fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+        let s = self.1.start(j);
+        for (a, v) in acc.iter_mut().zip(&self.0[s..s + self.1.hd]) {
+            *a += p * v;
+        }
+    }
+}
+
+/// f16 rows, converted 16 at a time (portable; the AVX-512 build has its own below).
+struct F16Rows<'a>(&'a [u16], HeadSlice);
+
+impl HeadRows for F16Rows<'_> {
+    #[inline(always)]
+    fn dot(&self, j: usize, q: &[f32]) -> f32 {
+        let s = self.1.start(j);
+        let row = &self.0[s..s + self.1.hd];
+        let mut acc = [0.0f32; 16];
+        let (cq, ck) = (q.chunks_exact(16), row.chunks_exact(16));
+        let (rq, rk) = (cq.remainder(), ck.remainder());
+        for (x, h) in cq.zip(ck) {
+            for i in 0..16 {
+                acc[i] += x[i] * f16_to_f32(h[i]);
+            }
+        }
+        let mut sum: f32 = acc.iter().sum();
+        for (x, &h) in rq.iter().zip(rk) {
+            sum += x * f16_to_f32(h);
+        }
+        sum
+    }
+
+    #[inline(always)]
+    fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+        let s = self.1.start(j);
+        for (a, &h) in acc.iter_mut().zip(&self.0[s..s + self.1.hd]) {
+            *a += p * f16_to_f32(h);
+        }
+    }
+}
+
+/// Q8_0 rows: head `g` of position `j` is `hd / 32` whole blocks.
+struct Q8Rows<'a>(&'a [BlockQ8_0], HeadSlice);
+
+impl Q8Rows<'_> {
+    #[inline(always)]
+    fn blocks(&self, j: usize) -> &[BlockQ8_0] {
+        let s = self.1.start(j) / Q8_0_BLOCK;
+        &self.0[s..s + self.1.hd / Q8_0_BLOCK]
+    }
+}
+
+impl HeadRows for Q8Rows<'_> {
+    #[inline(always)]
+    fn dot(&self, j: usize, q: &[f32]) -> f32 {
+        let mut sum = 0.0f32;
+        for (b, qb) in self.blocks(j).iter().zip(q.chunks_exact(Q8_0_BLOCK)) {
+            let mut acc = [0.0f32; 16];
+            for half in 0..2 {
+                for i in 0..16 {
+                    acc[i] += qb[half * 16 + i] * b.qs[half * 16 + i] as f32;
+                }
+            }
+            sum += f16_to_f32(b.d) * acc.iter().sum::<f32>();
+        }
+        sum
+    }
+
+    #[inline(always)]
+    fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+        for (b, ab) in self.blocks(j).iter().zip(acc.chunks_exact_mut(Q8_0_BLOCK)) {
+            let c = p * f16_to_f32(b.d);
+            for (a, &q) in ab.iter_mut().zip(&b.qs) {
+                *a += c * q as f32;
+            }
+        }
+    }
+}
+
+/// One query head over one KV head's keys `k` and values `v` (`n` positions):
+/// `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass.
 #[inline(always)]
-fn head_online(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
+fn head_online<R: HeadRows>(q: &[f32], k: &R, v: &R, n: usize, hd: usize, scale: f32) -> Vec<f32> {
     let mut acc = vec![0.0f32; hd];
     let (mut max, mut norm) = (f32::NEG_INFINITY, 0.0f32);
-    for j in 0..kv.len() {
-        let s = dot16(q, &kv.key(j)[g * hd..(g + 1) * hd]) * scale;
+    for j in 0..n {
+        let s = k.dot(j, q) * scale;
         if s > max {
             let c = (max - s).exp();
             for a in acc.iter_mut() {
@@ -42,40 +161,198 @@ fn head_online(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<
         }
         let p = (s - max).exp();
         norm += p;
-        for (a, v) in acc.iter_mut().zip(&kv.value(j)[g * hd..(g + 1) * hd]) {
-            *a += p * v;
-        }
+        v.axpy(j, p, &mut acc);
     }
     let inv = 1.0 / norm;
     acc.iter_mut().for_each(|a| *a *= inv);
     acc
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn head_avx512(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
-    head_online(q, kv, g, hd, scale)
+/// [`head_online`] for query head `q` against KV head `g` of `kv`, whatever its element type,
+/// with the portable row readers.
+#[inline(always)]
+fn head_portable(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
+    let at = HeadSlice {
+        width: kv.width,
+        offset: g * hd,
+        hd,
+    };
+    let n = kv.len();
+    match (kv.keys(), kv.values()) {
+        (KvRows::F32(k), KvRows::F32(v)) => {
+            head_online(q, &F32Rows(k, at), &F32Rows(v, at), n, hd, scale)
+        }
+        (KvRows::F16(k), KvRows::F16(v)) => {
+            head_online(q, &F16Rows(k, at), &F16Rows(v, at), n, hd, scale)
+        }
+        (KvRows::Q8_0(k), KvRows::Q8_0(v)) => {
+            head_online(q, &Q8Rows(k, at), &Q8Rows(v, at), n, hd, scale)
+        }
+        _ => unreachable!("a KvCache holds keys and values of one type"),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+mod avx512 {
+    //! f16 and Q8_0 row readers with AVX-512 intrinsics; constructed only inside
+    //! [`head_avx512`], which runs only when the CPU has AVX-512.
+
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    pub(super) struct F16Rows512<'a>(pub &'a [u16], pub HeadSlice);
+
+    impl HeadRows for F16Rows512<'_> {
+        #[inline(always)]
+        fn dot(&self, j: usize, q: &[f32]) -> f32 {
+            let s = self.1.start(j);
+            let row = &self.0[s..s + self.1.hd];
+            let full = row.len() / 16 * 16;
+            // SAFETY: AVX-512F is present (see the module docs); every load reads 16 elements
+            // inside `row` / `q` (`i + 16 ≤ full ≤ len`).
+            let mut sum = unsafe {
+                let mut acc = _mm512_setzero_ps();
+                for i in (0..full).step_by(16) {
+                    let h = _mm256_loadu_si256(row.as_ptr().add(i) as *const __m256i);
+                    let x = _mm512_loadu_ps(q.as_ptr().add(i));
+                    acc = _mm512_fmadd_ps(x, _mm512_cvtph_ps(h), acc);
+                }
+                _mm512_reduce_add_ps(acc)
+            };
+            for (x, &h) in q[full..].iter().zip(&row[full..]) {
+                sum += x * f16_to_f32(h);
+            }
+            sum
+        }
+
+        #[inline(always)]
+        fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+            let s = self.1.start(j);
+            let row = &self.0[s..s + self.1.hd];
+            let full = row.len() / 16 * 16;
+            // SAFETY: as in `dot`; `acc` has `hd` elements like `row`.
+            unsafe {
+                let pv = _mm512_set1_ps(p);
+                for i in (0..full).step_by(16) {
+                    let h = _mm256_loadu_si256(row.as_ptr().add(i) as *const __m256i);
+                    let a = acc.as_mut_ptr().add(i);
+                    _mm512_storeu_ps(
+                        a,
+                        _mm512_fmadd_ps(pv, _mm512_cvtph_ps(h), _mm512_loadu_ps(a)),
+                    );
+                }
+            }
+            for (a, &h) in acc[full..].iter_mut().zip(&row[full..]) {
+                *a += p * f16_to_f32(h);
+            }
+        }
+    }
+
+    pub(super) struct Q8Rows512<'a>(pub Q8Rows<'a>);
+
+    /// 16 signed bytes at `p` as 16 f32 lanes.
+    #[inline(always)]
+    unsafe fn i8x16_to_f32(p: *const i8) -> __m512 {
+        // SAFETY: the caller guarantees AVX-512F and 16 readable bytes at `p`.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+    }
+
+    impl HeadRows for Q8Rows512<'_> {
+        #[inline(always)]
+        fn dot(&self, j: usize, q: &[f32]) -> f32 {
+            let blocks = self.0.blocks(j);
+            debug_assert!(q.len() >= blocks.len() * Q8_0_BLOCK);
+            // SAFETY: AVX-512F is present; block `b` reads `qs[0..32]` and `q[32b..32b + 32]`,
+            // inside `q` (`hd = 32 × blocks`).
+            unsafe {
+                let mut acc = _mm512_setzero_ps();
+                for (b, blk) in blocks.iter().enumerate() {
+                    let qp = q.as_ptr().add(b * Q8_0_BLOCK);
+                    let lo = _mm512_mul_ps(_mm512_loadu_ps(qp), i8x16_to_f32(blk.qs.as_ptr()));
+                    let both = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(qp.add(16)),
+                        i8x16_to_f32(blk.qs.as_ptr().add(16)),
+                        lo,
+                    );
+                    acc = _mm512_fmadd_ps(both, _mm512_set1_ps(f16_to_f32(blk.d)), acc);
+                }
+                _mm512_reduce_add_ps(acc)
+            }
+        }
+
+        #[inline(always)]
+        fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+            let blocks = self.0.blocks(j);
+            debug_assert!(acc.len() >= blocks.len() * Q8_0_BLOCK);
+            // SAFETY: as in `dot`, with `acc` (`hd` elements) in place of `q`.
+            unsafe {
+                for (b, blk) in blocks.iter().enumerate() {
+                    let c = _mm512_set1_ps(p * f16_to_f32(blk.d));
+                    for half in 0..2 {
+                        let a = acc.as_mut_ptr().add(b * Q8_0_BLOCK + half * 16);
+                        let x = i8x16_to_f32(blk.qs.as_ptr().add(half * 16));
+                        _mm512_storeu_ps(a, _mm512_fmadd_ps(c, x, _mm512_loadu_ps(a)));
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn head_avx512(
+        q: &[f32],
+        kv: &KvCache,
+        g: usize,
+        hd: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        let at = HeadSlice {
+            width: kv.width,
+            offset: g * hd,
+            hd,
+        };
+        let n = kv.len();
+        match (kv.keys(), kv.values()) {
+            (KvRows::F16(k), KvRows::F16(v)) => {
+                head_online(q, &F16Rows512(k, at), &F16Rows512(v, at), n, hd, scale)
+            }
+            (KvRows::Q8_0(k), KvRows::Q8_0(v)) => head_online(
+                q,
+                &Q8Rows512(Q8Rows(k, at)),
+                &Q8Rows512(Q8Rows(v, at)),
+                n,
+                hd,
+                scale,
+            ),
+            // f32: the same code as every other ISA, so results stay bit-identical to before.
+            _ => head_portable(q, kv, g, hd, scale),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn head_avx2(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
-    head_online(q, kv, g, hd, scale)
+    head_portable(q, kv, g, hd, scale)
 }
 
-fn head(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
+/// One query head with the code of `isa` (a level the CPU supports).
+fn head(isa: Isa, q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
+    debug_assert!(isa.supported());
     #[cfg(target_arch = "x86_64")]
     {
-        if Isa::active() >= Isa::Avx512 {
-            // SAFETY: `Isa::active` only reports AVX-512 when the CPU supports it.
-            return unsafe { head_avx512(q, kv, g, hd, scale) };
+        if isa >= Isa::Avx512 {
+            // SAFETY: callers pass `Isa::active()` or a level from `Isa::available()`, both only
+            // AVX-512 when the CPU supports it.
+            return unsafe { avx512::head_avx512(q, kv, g, hd, scale) };
         }
-        if Isa::active() >= Isa::Avx2 {
-            // SAFETY: as above, for AVX2 + FMA.
+        if isa >= Isa::Avx2 {
+            // SAFETY: as above, for AVX2 + FMA + F16C.
             return unsafe { head_avx2(q, kv, g, hd, scale) };
         }
     }
-    head_online(q, kv, g, hd, scale)
+    head_portable(q, kv, g, hd, scale)
 }
 
 /// Every query head of one token (`q` is `[n_heads, hd]`), heads in parallel.
@@ -86,10 +363,32 @@ pub fn attention_online(
     hd: usize,
     scale: f32,
 ) -> Vec<f32> {
+    attention_online_isa(Isa::active(), q, kv, n_heads, hd, scale)
+}
+
+/// [`attention_online`] with the code of `isa` (one the CPU supports, see [`Isa::available`]).
+pub fn attention_online_isa(
+    isa: Isa,
+    q: &[f32],
+    kv: &KvCache,
+    n_heads: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let isa = isa.min(Isa::best());
     let group = n_heads / (kv.width / hd).max(1);
     (0..n_heads)
         .into_par_iter()
-        .map(|h| head(&q[h * hd..(h + 1) * hd], kv, h / group.max(1), hd, scale))
+        .map(|h| {
+            head(
+                isa,
+                &q[h * hd..(h + 1) * hd],
+                kv,
+                h / group.max(1),
+                hd,
+                scale,
+            )
+        })
         .collect::<Vec<_>>()
         .concat()
 }
@@ -98,11 +397,10 @@ pub fn attention_online(
 mod tests {
     use super::*;
     use redlite_model::backend::attention_two_pass;
+    use redlite_model::KvType;
 
-    #[test]
-    fn online_softmax_matches_two_pass() {
-        let (nh, nkv, hd, n) = (8, 2, 64, 300);
-        let mut kv = KvCache::new(nkv * hd);
+    fn random_cache(kv_type: KvType, nkv: usize, hd: usize, n: usize) -> (KvCache, Vec<f32>) {
+        let mut kv = KvCache::with_type(nkv * hd, kv_type);
         let mut seed = 3u64;
         let mut next = || {
             seed = seed
@@ -115,14 +413,35 @@ mod tests {
             let v: Vec<f32> = (0..nkv * hd).map(|_| next()).collect();
             kv.push(&k, &v);
         }
-        let q: Vec<f32> = (0..nh * hd).map(|_| next()).collect();
-        let a = attention_two_pass(&q, &kv, nh, hd, 0.125);
-        let b = attention_online(&q, &kv, nh, hd, 0.125);
+        let q: Vec<f32> = (0..8 * hd).map(|_| next()).collect();
+        (kv, q)
+    }
+
+    fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         let max_ref = a.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let max_d = a
-            .iter()
-            .zip(&b)
-            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        assert!(max_d / max_ref < 1e-5, "{max_d} / {max_ref}");
+        let max_d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        max_d / max_ref
+    }
+
+    #[test]
+    fn online_softmax_matches_two_pass() {
+        let (kv, q) = random_cache(KvType::F32, 2, 64, 300);
+        let a = attention_two_pass(&q, &kv, 8, 64, 0.125);
+        let b = attention_online(&q, &kv, 8, 64, 0.125);
+        assert!(max_rel(&a, &b) < 1e-5, "{}", max_rel(&a, &b));
+    }
+
+    /// Same cache contents (already rounded to f16 / Q8_0): the fast readers must compute what
+    /// the oracle computes on the dequantized rows, up to f32 summation order (as for f32).
+    #[test]
+    fn online_softmax_matches_two_pass_for_every_kv_type() {
+        for t in [KvType::F16, KvType::Q8_0] {
+            for isa in Isa::available() {
+                let (kv, q) = random_cache(t, 2, 64, 300);
+                let a = attention_two_pass(&q, &kv, 8, 64, 0.125);
+                let b = attention_online_isa(isa, &q, &kv, 8, 64, 0.125);
+                assert!(max_rel(&a, &b) < 1e-5, "{t} {isa:?}: {}", max_rel(&a, &b));
+            }
+        }
     }
 }
