@@ -213,3 +213,28 @@ fn output_has_the_row_size_of_each_type() {
         );
     }
 }
+
+/// Throughput of each quantizer on one thread (`-- --ignored --nocapture throughput`).
+#[test]
+#[ignore = "timing only"]
+fn throughput() {
+    let n = 4096 * 1024;
+    let src: Vec<f32> = (0..n)
+        .map(|i| ((i as f32 * 0.618).sin() * 1.7 + (i as f32 * 0.0137).cos()) * 0.02)
+        .collect();
+    let imatrix: Vec<f32> = (0..4096).map(|i| 1.0 + (i % 7) as f32).collect();
+    for ty in TYPES {
+        for im in [None, Some(&imatrix[..])] {
+            let t = std::time::Instant::now();
+            let q = quantize(ty, &src, 4096, im).unwrap();
+            let s = t.elapsed().as_secs_f64();
+            println!(
+                "{:>6} imatrix={:<5} {:6.1} M values/s ({} bytes)",
+                ty.name(),
+                im.is_some(),
+                n as f64 / s / 1e6,
+                q.len()
+            );
+        }
+    }
+}
