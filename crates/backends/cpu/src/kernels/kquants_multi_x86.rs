@@ -35,7 +35,10 @@ fn q4k_multi_row(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
             [a] => out[..1].copy_from_slice(&q4k_rows(w, [a])),
             [a, b] => out[..2].copy_from_slice(&q4k_rows(w, [a, b])),
             [a, b, c] => out[..3].copy_from_slice(&q4k_rows(w, [a, b, c])),
-            [a, b, c, d] => out[..4].copy_from_slice(&q4k_rows(w, [a, b, c, d])),
+            [a, b, c, d] if std::env::var_os("REDLITE_AB_OLD").is_some() => {
+                out[..4].copy_from_slice(&q4k_rows(w, [a, b, c, d]))
+            }
+            [a, b, c, d] => out[..4].copy_from_slice(&q4k_rows4(w, [a, b, c, d])),
             // The driver never passes more than MULTI_ROWS rows.
             _ => out.fill(f32::NAN),
         }
@@ -104,4 +107,106 @@ unsafe fn q4k_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
         }
     }
     acc
+}
+
+/// The exact sums of the 16 i32 lanes of each of `v[0..4]`, as the 4 lanes of one vector.
+#[inline(always)]
+unsafe fn hsum4_512(v: [__m512i; 4]) -> __m128i {
+    // Per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3], the same for c and d.
+    let ab = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let cd = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    // Per 128-bit lane: [a, b, c, d] partial sums; then the four 128-bit lanes added.
+    let abcd = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    let s = _mm256_add_epi32(
+        _mm512_castsi512_si256(abcd),
+        _mm512_extracti64x4_epi64::<1>(abcd),
+    );
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
+}
+
+/// The exact sums of the 8 i32 lanes of each of `v[0..4]`, as the 4 lanes of one vector.
+#[inline(always)]
+unsafe fn hsum4_256(v: [__m256i; 4]) -> __m128i {
+    let ab = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(v[0], v[1]),
+        _mm256_unpackhi_epi32(v[0], v[1]),
+    );
+    let cd = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(v[2], v[3]),
+        _mm256_unpackhi_epi32(v[2], v[3]),
+    );
+    let abcd = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    _mm_add_epi32(
+        _mm256_castsi256_si128(abcd),
+        _mm256_extracti128_si256::<1>(abcd),
+    )
+}
+
+/// [`q4k_rows`] for exactly 4 activation rows, with the per-block reductions of the four rows
+/// done together (two transposing reductions instead of eight horizontal sums) and the four
+/// rows' f32 block updates in the lanes of one vector: per lane the same operations as the
+/// scalar expression (`(y.d·d)·isum − (y.d·dmin)·isumm`, then added), so bit-identical.
+#[allow(clippy::needless_range_loop)] // block `i` of the weights and of every activation row
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_rows4(w: &[u8], xs: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    let nb = xs
+        .iter()
+        .map(|x| x.len())
+        .fold(w.len() / Q4K_BYTES, usize::min);
+    let idx = [
+        bcast16_index(0, 1),
+        bcast16_index(2, 3),
+        bcast16_index(4, 5),
+        bcast16_index(6, 7),
+    ];
+    let low4 = _mm512_set1_epi8(0x0F);
+    let mut acc = _mm_setzero_ps();
+    for i in 0..nb {
+        let b = w.as_ptr().add(i * Q4K_BYTES);
+        let dh = f16x2_hw(read_u32(b));
+        let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
+        let scb = _mm512_set1_epi64(sc as i64);
+        let mv = _mm_cvtsi64_si128(m as i64);
+        let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+        let q = b.add(16);
+        let wv: [__m512i; 4] = core::array::from_fn(|c| {
+            let v = _mm256_loadu_si256(q.add(32 * c) as *const __m256i);
+            let both =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v), _mm256_srli_epi16::<4>(v));
+            _mm512_and_si512(both, low4)
+        });
+        let ls: [__m512i; 4] = core::array::from_fn(|c| _mm512_shuffle_epi8(scb, idx[c]));
+        let isums: [__m512i; 4] = core::array::from_fn(|r| {
+            let yq = xs[r][i].qs.as_ptr();
+            let mut isum = _mm512_setzero_si512();
+            for c in 0..4 {
+                let yv = _mm512_loadu_si512(yq.add(64 * c) as *const _);
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(wv[c], yv), ls[c]);
+            }
+            isum
+        });
+        let pms: [__m256i; 4] = core::array::from_fn(|r| {
+            let bs = _mm256_loadu_si256(xs[r][i].bsums.as_ptr() as *const __m256i);
+            _mm256_madd_epi16(bs, mins)
+        });
+        let isum = _mm_cvtepi32_ps(hsum4_512(isums));
+        let isumm = _mm_cvtepi32_ps(hsum4_256(pms));
+        let yd = _mm_setr_ps(xs[0][i].d, xs[1][i].d, xs[2][i].d, xs[3][i].d);
+        let d = _mm_broadcastss_ps(dh);
+        let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dh));
+        let t = _mm_sub_ps(
+            _mm_mul_ps(_mm_mul_ps(yd, d), isum),
+            _mm_mul_ps(_mm_mul_ps(yd, dmin), isumm),
+        );
+        acc = _mm_add_ps(acc, t);
+    }
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    out
 }
