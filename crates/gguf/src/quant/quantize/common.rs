@@ -20,7 +20,7 @@ pub(crate) fn f32_to_f16_bits(x: f32) -> u16 {
 /// would saturate). ggml relies on it when a tiny block's inverse scale overflows to infinity.
 #[inline]
 pub(crate) fn c_f32_to_i32(v: f32) -> i32 {
-    if v >= -2_147_483_648.0 && v < 2_147_483_648.0 {
+    if (-2_147_483_648.0..2_147_483_648.0).contains(&v) {
         v as i32
     } else {
         i32::MIN
