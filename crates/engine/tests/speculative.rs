@@ -81,8 +81,14 @@ fn assert_same_state(a: &SequenceState, b: &SequenceState, what: &str) {
     for (i, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
         match (la, lb) {
             (LayerState::Attention(x), LayerState::Attention(y)) => {
-                assert!(bits(&x.k) == bits(&y.k), "{what}: layer {i} keys differ");
-                assert!(bits(&x.v) == bits(&y.v), "{what}: layer {i} values differ");
+                assert!(
+                    x.keys().to_le_bytes() == y.keys().to_le_bytes(),
+                    "{what}: layer {i} keys differ"
+                );
+                assert!(
+                    x.values().to_le_bytes() == y.values().to_le_bytes(),
+                    "{what}: layer {i} values differ"
+                );
             }
             (LayerState::DeltaNet(x), LayerState::DeltaNet(y)) => {
                 assert!(
