@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use redlite_engine::bench::ExpertReport;
 use redlite_engine::bench::{
-    bench_decode, bench_kernel_on, bench_prefill, kernel_specs_from_file, measure_read_bandwidth,
-    Bandwidth, KernelResult, KernelSpec,
+    bench_decode_with, bench_kernel_on, bench_prefill, kernel_specs_from_file,
+    measure_read_bandwidth, Bandwidth, KernelResult, KernelSpec,
 };
 use redlite_engine::default_model::resolve_model;
-use redlite_engine::{load_model_from, with_model, BackendChoice};
+use redlite_engine::{load_model_from, load_model_with_cache, with_model, BackendChoice};
 use redlite_gguf::{GgmlType, GgufFile};
 use serde_json::json;
 
@@ -49,6 +50,8 @@ pub struct Args {
     /// Threads (0: one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
     /// Kernel bench on random data of this type instead of the file's types.
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
@@ -154,6 +157,7 @@ pub fn run(mut args: Args) -> Result<()> {
         &mut progress,
     );
 
+    let mut expert_report: Option<ExpertReport> = None;
     let report = match args.kind {
         Kind::Kernel => {
             let specs = match (&args.ty, &file) {
@@ -191,11 +195,15 @@ pub fn run(mut args: Args) -> Result<()> {
         Kind::Decode => {
             let file = file.context("decode needs -m FILE")?;
             progress("loading the model", 0, 0);
-            let model = load_model_from(file, choice, args.threads)?;
+            let cache = args.cache.config(&file)?;
+            let model = load_model_with_cache(file, choice, args.threads, cache)?;
             let prompt = args.prompt.unwrap_or(8);
             let steps = args.n.unwrap_or(32);
-            let r = with_model!(&model, m => bench_decode(m, prompt, steps, &mut progress))?;
+            let (r, experts) = with_model!(&model, m => {
+                bench_decode_with(m, prompt, steps, &mut progress, &model)
+            })?;
             bar.finish_and_clear();
+            expert_report = Some(experts);
             Report::Decode(r)
         }
         Kind::Prefill => {
@@ -214,9 +222,15 @@ pub fn run(mut args: Args) -> Result<()> {
     if args.json {
         let mut v = report.json(&args, &bw, threads);
         v["backend_label"] = json!(label);
+        if let Some(e) = &expert_report {
+            v["expert_cache"] = expert_json(e, &args);
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_table(&report, &args, &bw, threads, &label);
+        if let Some(e) = &expert_report {
+            print_expert_report(e, &args);
+        }
     }
     Ok(())
 }
@@ -428,4 +442,74 @@ fn run_cuda(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The expert cache's counters per decode token and the routing statistics, as JSON.
+fn expert_json(e: &ExpertReport, args: &Args) -> serde_json::Value {
+    let steps = args.n.unwrap_or(32).max(1) as f64;
+    json!({
+        "size": args.cache.expert_cache.clone().or(args.cache.memory.clone()),
+        "policy": args.cache.cache_policy,
+        "cache": e.cache.map(|c| json!({
+            "hits": c.hits, "misses": c.misses, "hit_rate": c.hit_rate(),
+            "misses_per_token": c.misses as f64 / steps,
+            "bytes_read_per_token": c.bytes_read as f64 / steps,
+            "stall_ms_per_token": c.stall.as_secs_f64() * 1e3 / steps,
+            "slots": c.slots, "slot_bytes": c.slot_bytes, "direct_io": c.direct_io,
+        })),
+        "routing": e.routing.as_ref().map(|r| json!({
+            "tokens": r.tokens, "layers": r.layers, "experts_per_layer": r.experts_per_layer,
+            "distinct_mean": r.distinct_mean, "distinct_min": r.distinct_min,
+            "distinct_max": r.distinct_max, "entropy_bits": r.entropy_bits,
+            "reuse_tokens_median": r.reuse_tokens_median, "reuse_tokens_p90": r.reuse_tokens_p90,
+            "stack_distance_median": r.stack_distance_median,
+            "stack_distance_p90": r.stack_distance_p90,
+            "first_use_fraction": r.first_use_fraction,
+        })),
+    })
+}
+
+fn print_expert_report(e: &ExpertReport, args: &Args) {
+    let steps = args.n.unwrap_or(32).max(1) as f64;
+    if let Some(c) = &e.cache {
+        if c.slots == 0 {
+            println!(
+                "expert cache: every expert resident (memory map), {} lookups",
+                c.hits
+            );
+        } else {
+            println!(
+                "expert cache: {} slots × {:.2} MiB ({}, {}), hit rate {:.1}%, {:.1} misses/token, \
+                 {:.1} MB read/token, stall {:.1} ms/token",
+                c.slots,
+                c.slot_bytes as f64 / (1u64 << 20) as f64,
+                args.cache.cache_policy,
+                if c.direct_io { "O_DIRECT" } else { "buffered" },
+                100.0 * c.hit_rate(),
+                c.misses as f64 / steps,
+                c.bytes_read as f64 / steps / 1e6,
+                c.stall.as_secs_f64() * 1e3 / steps
+            );
+        }
+    }
+    if let Some(r) = &e.routing {
+        println!(
+            "routing over {} tokens, {} layers: distinct experts/layer {:.1} (min {}, max {}) of {}, \
+             entropy {:.2} bits (uniform {:.2}), reuse distance median {} p90 {} tokens, \
+             LRU stack distance median {} p90 {}, first uses {:.1}%",
+            r.tokens,
+            r.layers,
+            r.distinct_mean,
+            r.distinct_min,
+            r.distinct_max,
+            r.experts_per_layer,
+            r.entropy_bits,
+            (r.experts_per_layer.max(1) as f64).log2(),
+            r.reuse_tokens_median,
+            r.reuse_tokens_p90,
+            r.stack_distance_median,
+            r.stack_distance_p90,
+            100.0 * r.first_use_fraction
+        );
+    }
 }

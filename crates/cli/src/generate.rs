@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use redlite_engine::default_model::resolve_model;
 use redlite_engine::sampler::{Sampler, SamplerConfig};
 use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
-use redlite_engine::{generate, load_model_from, with_model, BackendChoice, GenerateOptions};
+use redlite_engine::{generate, load_model_with_cache, with_model, BackendChoice, GenerateOptions};
 use redlite_gguf::GgufFile;
 use redlite_tokenizer::chat_template::{ChatTemplate, RenderOptions};
 use redlite_tokenizer::stream::StreamDecoder;
@@ -68,6 +68,8 @@ pub struct Args {
     /// CPU threads (0: one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
     /// Speculative decoding: off, lookup (prompt n-gram lookup), mtp (the model's MTP head), or
     /// both (lookup when it matches, MTP otherwise). The output is the same as without.
     #[arg(long, default_value = "off")]
@@ -102,8 +104,13 @@ pub fn run(args: Args) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let model = match choice {
         Some(choice) => Some(
-            load_model_from(file.clone(), choice, args.threads)
-                .with_context(|| format!("loading {}", model_path.display()))?,
+            load_model_with_cache(
+                file.clone(),
+                choice,
+                args.threads,
+                args.cache.config(&file)?,
+            )
+            .with_context(|| format!("loading {}", model_path.display()))?,
         ),
         None => None,
     };

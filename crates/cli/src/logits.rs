@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use redlite_engine::{load_model, with_model, BackendChoice};
+use redlite_engine::{load_model_with_cache, with_model, BackendChoice};
 use redlite_model::Mode;
 
 #[derive(clap::Args)]
@@ -26,6 +26,8 @@ pub struct Args {
     /// CPU threads (0: one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
     /// `prefill` runs the ids as one prompt (chunked DeltaNet); `step` feeds them one at a time.
     #[arg(long, default_value = "prefill", value_parser = ["prefill", "step"])]
     pub mode: String,
@@ -42,7 +44,12 @@ pub fn run(args: Args) -> Result<()> {
         (rows, vocab)
     } else {
         let choice = BackendChoice::parse(&args.backend)?;
-        let model = load_model(&args.model, choice, args.threads)
+        let file = std::sync::Arc::new(
+            redlite_gguf::GgufFile::open(&args.model)
+                .with_context(|| format!("opening {}", args.model.display()))?,
+        );
+        let cache = args.cache.config(&file)?;
+        let model = load_model_with_cache(file, choice, args.threads, cache)
             .with_context(|| format!("loading {}", args.model.display()))?;
         with_model!(&model, m => {
             let mut state = m.new_state();

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod cache_args;
 mod convert;
 mod cuda_cmd;
 mod generate;

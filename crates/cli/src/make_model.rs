@@ -57,6 +57,22 @@ pub struct Args {
     /// Overwrite OUT if it exists.
     #[arg(long)]
     pub force: bool,
+    /// How skewed routing is: expert e of a layer (in a seeded random order) gets router rows
+    /// scaled by (1 + rank)^-S, so high-ranked experts win the top-k more often. 0: near-uniform.
+    #[arg(long, default_value_t = 0.0, value_name = "S")]
+    pub routing_skew: f32,
+    /// How token-independent routing is: each expert's router row gets a fixed random offset of
+    /// L × its noise scale along the all-ones direction, which the hidden states' common mean
+    /// turns into a per-expert bias. 0: routing depends on the token alone.
+    #[arg(long, default_value_t = 0.0, value_name = "L")]
+    pub routing_locality: f32,
+}
+
+/// The routing knobs of `make-model`.
+#[derive(Debug, Clone, Copy)]
+struct Routing {
+    skew: f32,
+    locality: f32,
 }
 
 fn parse_type(flag: &str, name: &str) -> Result<GgmlType> {
@@ -188,13 +204,29 @@ pub fn run(args: Args) -> Result<()> {
     let seed = args.seed;
     let roles: Vec<TensorRole> = layout.tensors.iter().map(|t| t.role).collect();
     let hidden = layout.params.hidden;
+    if !(args.routing_skew >= 0.0 && args.routing_locality >= 0.0) {
+        bail!("--routing-skew and --routing-locality must be ≥ 0");
+    }
+    let routing = Routing {
+        skew: args.routing_skew,
+        locality: args.routing_locality,
+    };
     let written = w
         .write_streaming_to_path(&args.out, |t, out| {
             bar.set_message(t.name.to_string());
             // One generator per tensor: the data does not depend on the chunking.
             let mut rng =
                 QuantRng::new(seed ^ (t.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            write_tensor(roles[t.index], t.ty, t.n_bytes, hidden, &mut rng, out, &bar)
+            write_tensor(
+                roles[t.index],
+                t.ty,
+                t.n_bytes,
+                hidden,
+                routing,
+                &mut rng,
+                out,
+                &bar,
+            )
         })
         .with_context(|| format!("writing {}", args.out.display()))?;
     bar.finish_and_clear();
@@ -211,16 +243,49 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// Router rows `[n_experts][hidden]`: `σ · (s_e · n_ed + L · β_e)` with `n, β ~ N(0, 1)`,
+/// `s_e = (1 + rank_e)^-skew` over a seeded random ranking of the experts, `σ = 0.1/√hidden`
+/// (router logits of a normed input then have σ ≈ 0.1 at skew 0: near-uniform routing).
+fn router_values(n_values: usize, hidden: usize, routing: Routing, rng: &mut QuantRng) -> Vec<f32> {
+    let n_experts = n_values / hidden.max(1);
+    let sigma = 0.1 / (hidden as f32).sqrt();
+    // A seeded random ranking (Fisher–Yates), so hot experts differ between layers.
+    let mut rank_of: Vec<usize> = (0..n_experts).collect();
+    for i in (1..n_experts).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        rank_of.swap(i, j);
+    }
+    let mut v = Vec::with_capacity(n_values);
+    for &rank in &rank_of {
+        let scale = (1.0 + rank as f32).powf(-routing.skew);
+        let offset = routing.locality * rng.normal(0.0, 1.0);
+        for _ in 0..hidden {
+            v.push(sigma * (scale * rng.normal(0.0, 1.0) + offset));
+        }
+    }
+    v
+}
+
 /// Generates and writes one tensor's `n_bytes`.
+#[allow(clippy::too_many_arguments)]
 fn write_tensor(
     role: TensorRole,
     ty: GgmlType,
     n_bytes: u64,
     hidden: u64,
+    routing: Routing,
     rng: &mut QuantRng,
     out: &mut dyn Write,
     bar: &ProgressBar,
 ) -> std::io::Result<()> {
+    let plain_router = routing.skew == 0.0 && routing.locality == 0.0;
+    if role == TensorRole::Router && ty == GgmlType::F32 && !plain_router {
+        let values = router_values((n_bytes / 4) as usize, hidden as usize, routing, rng);
+        let buf: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        out.write_all(&buf)?;
+        bar.inc(n_bytes);
+        return Ok(());
+    }
     if role != TensorRole::Matrix && ty == GgmlType::F32 {
         let n = (n_bytes / 4) as usize;
         let inv_sqrt_h = 1.0 / (hidden as f32).sqrt();

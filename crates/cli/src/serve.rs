@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use redlite_engine::default_model::resolve_model;
-use redlite_engine::{load_model, with_model, BackendChoice};
+use redlite_engine::{load_model_with_cache, with_model, BackendChoice};
 use redlite_server::ServerOptions;
 
 #[derive(clap::Args)]
@@ -50,6 +50,8 @@ pub struct Args {
     /// CPU threads (0: one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -64,7 +66,12 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => Vec::new(),
     };
-    let model = load_model(&model_path, choice, args.threads)
+    let file = std::sync::Arc::new(
+        redlite_gguf::GgufFile::open(&model_path)
+            .with_context(|| format!("opening {}", model_path.display()))?,
+    );
+    let cache = args.cache.config(&file)?;
+    let model = load_model_with_cache(file, choice, args.threads, cache)
         .with_context(|| format!("loading {}", model_path.display()))?;
     let opts = ServerOptions {
         host: args.host,

@@ -13,6 +13,7 @@ use redlite_cpu::CpuBackend;
 use redlite_gguf::GgufFile;
 use redlite_model::{Model, ModelError, Oracle};
 
+pub use redlite_expert_cache::{CacheConfig, CacheSize, CacheStats, Policy as CachePolicy};
 pub use redlite_model::Backend;
 
 /// A backend by name.
@@ -58,17 +59,63 @@ macro_rules! with_model {
 }
 
 /// Load a model from an open file on `choice`; `threads` sizes the CPU pool (0: physical cores).
+/// Every expert resident.
 pub fn load_model_from(
     file: Arc<GgufFile>,
     choice: BackendChoice,
     threads: usize,
 ) -> Result<AnyModel, ModelError> {
+    load_model_with_cache(file, choice, threads, CacheConfig::default())
+}
+
+/// [`load_model_from`] with an expert cache (the oracle holds every weight as f32 and has none).
+pub fn load_model_with_cache(
+    file: Arc<GgufFile>,
+    choice: BackendChoice,
+    threads: usize,
+    cache: CacheConfig,
+) -> Result<AnyModel, ModelError> {
     Ok(match choice {
         BackendChoice::Oracle => AnyModel::Oracle(Model::from_gguf(file, Oracle)?),
-        BackendChoice::Cpu => {
-            AnyModel::Cpu(Model::from_gguf(file, CpuBackend::with_threads(threads))?)
-        }
+        BackendChoice::Cpu => AnyModel::Cpu(Model::from_gguf(
+            file,
+            CpuBackend::with_threads_and_cache(threads, cache),
+        )?),
     })
+}
+
+impl AnyModel {
+    /// The expert cache's counters (`None` on a backend without one).
+    pub fn expert_cache_stats(&self) -> Option<CacheStats> {
+        match self {
+            AnyModel::Oracle(_) => None,
+            AnyModel::Cpu(m) => m.backend.expert_cache_stats(),
+        }
+    }
+}
+
+impl crate::bench::ExpertProbe for AnyModel {
+    fn cache_stats(&self) -> Option<CacheStats> {
+        self.expert_cache_stats()
+    }
+
+    fn set_trace(&self, on: bool) {
+        if let AnyModel::Cpu(m) = self {
+            m.backend.set_expert_trace(on);
+        }
+    }
+
+    fn take_trace(&self) -> Vec<(usize, usize)> {
+        match self {
+            AnyModel::Oracle(_) => Vec::new(),
+            AnyModel::Cpu(m) => m
+                .backend
+                .take_expert_trace()
+                .into_iter()
+                .map(|k| (k.layer as usize, k.expert as usize))
+                .collect(),
+        }
+    }
 }
 
 /// Open `path` and load it on `choice`.

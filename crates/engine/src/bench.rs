@@ -18,7 +18,7 @@ use redlite_model::backend::{Backend, LinearData, LinearSource};
 use redlite_model::sizing::ModelSizes;
 use redlite_model::{Mode, Model, ModelError, Oracle};
 
-use crate::backends::BackendChoice;
+use crate::backends::{BackendChoice, CacheStats};
 use redlite_cpu::CpuBackend;
 
 /// Progress of a benchmark: `(stage, done, total)`; `total` 0 means unknown.
@@ -323,6 +323,18 @@ pub fn bench_decode<B: Backend>(
     steps: usize,
     progress: Progress,
 ) -> Result<DecodeResult, ModelError> {
+    bench_decode_with(model, prompt_len, steps, progress, &()).map(|(r, _)| r)
+}
+
+/// [`bench_decode`], also reporting what the expert cache did during the decode steps and the
+/// routing those steps had (from `probe`, usually the [`crate::AnyModel`] that holds `model`).
+pub fn bench_decode_with<B: Backend>(
+    model: &Model<B>,
+    prompt_len: usize,
+    steps: usize,
+    progress: Progress,
+    probe: &dyn ExpertProbe,
+) -> Result<(DecodeResult, ExpertReport), ModelError> {
     let sizes = ModelSizes::new(&model.file, &model.config)?;
     let bytes_per_token = sizes.decode.total();
     let prompt = bench_tokens(prompt_len.max(1), model.config.vocab, 1);
@@ -336,6 +348,9 @@ pub fn bench_decode<B: Backend>(
     let prompt_time = t0.elapsed();
 
     let mut step_secs = Vec::with_capacity(steps);
+    let before = probe.cache_stats();
+    probe.set_trace(true);
+    let mut traces = Vec::with_capacity(steps);
     for s in 0..steps {
         progress("decode", s as u64, steps as u64);
         let token = argmax(&logits);
@@ -345,7 +360,14 @@ pub fn bench_decode<B: Backend>(
             .pop()
             .unwrap_or_default();
         step_secs.push(t.elapsed().as_secs_f64());
+        traces.push(probe.take_trace());
     }
+    probe.set_trace(false);
+    let cache = match (before, probe.cache_stats()) {
+        (Some(b), Some(a)) => Some(a.since(&b)),
+        _ => None,
+    };
+    let routing = RoutingStats::of(&traces, model.config.n_experts);
     progress("decode", steps as u64, steps as u64);
     let total: f64 = step_secs.iter().sum();
     let tok_per_s = if steps == 0 {
@@ -353,7 +375,7 @@ pub fn bench_decode<B: Backend>(
     } else {
         steps as f64 / total.max(1e-12)
     };
-    Ok(DecodeResult {
+    let result = DecodeResult {
         backend: model.backend.name(),
         prompt_tokens: prompt.len(),
         prompt_time,
@@ -363,7 +385,127 @@ pub fn bench_decode<B: Backend>(
         tok_per_s,
         bytes_per_token,
         gbps: bytes_per_token as f64 * tok_per_s / 1e9,
-    })
+    };
+    Ok((result, ExpertReport { cache, routing }))
+}
+
+/// What a decode bench can ask of the expert cache (no-op for `()`).
+pub trait ExpertProbe {
+    fn cache_stats(&self) -> Option<CacheStats>;
+    fn set_trace(&self, on: bool);
+    /// The `(block, expert)` pairs requested since the last call.
+    fn take_trace(&self) -> Vec<(usize, usize)>;
+}
+
+impl ExpertProbe for () {
+    fn cache_stats(&self) -> Option<CacheStats> {
+        None
+    }
+    fn set_trace(&self, _: bool) {}
+    fn take_trace(&self) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
+}
+
+/// The expert cache and the routing during the timed decode steps.
+#[derive(Debug, Clone)]
+pub struct ExpertReport {
+    /// Counters over the decode steps (`None` without a cache).
+    pub cache: Option<CacheStats>,
+    /// `None` when no routing was recorded.
+    pub routing: Option<RoutingStats>,
+}
+
+/// Routing statistics of a run of decode tokens (from the experts each token requested).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingStats {
+    pub tokens: usize,
+    pub layers: usize,
+    pub experts_per_layer: usize,
+    /// Distinct experts a block used over the run: mean, min, max over blocks.
+    pub distinct_mean: f64,
+    pub distinct_min: usize,
+    pub distinct_max: usize,
+    /// Entropy of a block's expert-use distribution in bits, mean over blocks (uniform routing
+    /// over 512 experts: 9 bits).
+    pub entropy_bits: f64,
+    /// Reuse distance in tokens (tokens since the same expert of the same block last ran),
+    /// median and 90th percentile over every reuse.
+    pub reuse_tokens_median: f64,
+    pub reuse_tokens_p90: f64,
+    /// LRU stack distance (distinct experts of the block used since this one last ran; a
+    /// per-block LRU cache of more than d slots hits), median and 90th percentile.
+    pub stack_distance_median: f64,
+    pub stack_distance_p90: f64,
+    /// Accesses that were first uses (compulsory misses of any cache).
+    pub first_use_fraction: f64,
+}
+
+impl RoutingStats {
+    /// From per-token traces of `(block, expert)` requests.
+    pub fn of(traces: &[Vec<(usize, usize)>], n_experts: usize) -> Option<RoutingStats> {
+        let layers = traces.iter().flatten().map(|&(l, _)| l + 1).max()?;
+        let mut counts = vec![vec![0u64; n_experts.max(1)]; layers];
+        let mut last_token: Vec<Vec<Option<usize>>> = vec![vec![None; n_experts.max(1)]; layers];
+        let mut recency: Vec<Vec<usize>> = vec![Vec::new(); layers];
+        let (mut reuse, mut stack) = (Vec::new(), Vec::new());
+        let (mut accesses, mut first) = (0usize, 0usize);
+        for (t, trace) in traces.iter().enumerate() {
+            for &(l, e) in trace {
+                let e = e.min(n_experts.max(1) - 1);
+                accesses += 1;
+                counts[l][e] += 1;
+                match last_token[l][e] {
+                    Some(t0) => reuse.push((t - t0) as f64),
+                    None => first += 1,
+                }
+                last_token[l][e] = Some(t);
+                let r = &mut recency[l];
+                if let Some(d) = r.iter().position(|&x| x == e) {
+                    stack.push(d as f64);
+                    r.remove(d);
+                }
+                r.insert(0, e);
+            }
+        }
+        let distinct: Vec<usize> = counts
+            .iter()
+            .map(|c| c.iter().filter(|&&n| n > 0).count())
+            .collect();
+        let used: Vec<&Vec<u64>> = counts.iter().filter(|c| c.iter().any(|&n| n > 0)).collect();
+        let entropy = |c: &Vec<u64>| {
+            let total: u64 = c.iter().sum();
+            c.iter()
+                .filter(|&&n| n > 0)
+                .map(|&n| {
+                    let p = n as f64 / total as f64;
+                    -p * p.log2()
+                })
+                .sum::<f64>()
+        };
+        let pct = |v: &mut Vec<f64>, q: f64| {
+            if v.is_empty() {
+                return f64::NAN;
+            }
+            v.sort_by(f64::total_cmp);
+            v[((v.len() - 1) as f64 * q).round() as usize]
+        };
+        let active: Vec<usize> = distinct.iter().copied().filter(|&d| d > 0).collect();
+        Some(RoutingStats {
+            tokens: traces.len(),
+            layers: used.len(),
+            experts_per_layer: n_experts,
+            distinct_mean: active.iter().sum::<usize>() as f64 / active.len().max(1) as f64,
+            distinct_min: active.iter().copied().min().unwrap_or(0),
+            distinct_max: active.iter().copied().max().unwrap_or(0),
+            entropy_bits: used.iter().map(|c| entropy(c)).sum::<f64>() / used.len().max(1) as f64,
+            reuse_tokens_median: pct(&mut reuse, 0.5),
+            reuse_tokens_p90: pct(&mut reuse, 0.9),
+            stack_distance_median: pct(&mut stack, 0.5),
+            stack_distance_p90: pct(&mut stack, 0.9),
+            first_use_fraction: first as f64 / accesses.max(1) as f64,
+        })
+    }
 }
 
 /// Result of [`bench_prefill`].

@@ -13,5 +13,8 @@ pub mod sampler;
 pub mod spec_bench;
 pub mod speculative;
 
-pub use backends::{load_model, load_model_from, AnyModel, BackendChoice};
+pub use backends::{
+    load_model, load_model_from, load_model_with_cache, AnyModel, BackendChoice, CacheConfig,
+    CachePolicy, CacheSize, CacheStats,
+};
 pub use generate::{generate, GenerateOptions, GenerationStats};

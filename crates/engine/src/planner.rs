@@ -326,6 +326,16 @@ impl ExpertCachePlan {
     }
 }
 
+impl Plan {
+    /// The expert-cache size to give a backend.
+    pub fn cache_size(&self) -> redlite_expert_cache::CacheSize {
+        match self.experts.cache_bytes() {
+            None => redlite_expert_cache::CacheSize::Unbounded,
+            Some(b) => redlite_expert_cache::CacheSize::Bytes(b),
+        }
+    }
+}
+
 /// A feasible plan.
 #[derive(Debug, Clone)]
 pub struct Plan {

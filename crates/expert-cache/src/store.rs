@@ -42,6 +42,8 @@ pub struct ExpertCache {
     file: Arc<GgufFile>,
     store: Store,
     counters: Counters,
+    /// Every requested expert in order, while tracing (routing statistics).
+    trace: Mutex<Option<Vec<Key>>>,
 }
 
 enum Store {
@@ -200,7 +202,20 @@ impl ExpertCache {
             file,
             store,
             counters: Counters::default(),
+            trace: Mutex::new(None),
         })
+    }
+
+    /// Starts (`true`) or stops recording every requested expert.
+    pub fn set_trace(&self, on: bool) {
+        let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        *t = on.then(Vec::new);
+    }
+
+    /// The experts requested since the last call (empty when not tracing).
+    pub fn take_trace(&self) -> Vec<Key> {
+        let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        t.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Whether every expert is resident (the map is the store).
@@ -237,6 +252,14 @@ impl ExpertCache {
     where
         F: FnMut(&[usize], &[ExpertBytes]),
     {
+        if let Some(t) = self
+            .trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            t.extend(requests.iter().map(|r| r.key));
+        }
         match &self.store {
             Store::Mapped => {
                 let map = self.file.bytes();

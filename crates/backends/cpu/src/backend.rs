@@ -114,6 +114,21 @@ impl CpuBackend {
         self.cache.get().map(ExpertCache::stats)
     }
 
+    /// Starts or stops recording the routed experts (see [`CpuBackend::take_expert_trace`]).
+    pub fn set_expert_trace(&self, on: bool) {
+        if let Some(c) = self.cache.get() {
+            c.set_trace(on);
+        }
+    }
+
+    /// The experts requested since the last call, in order, as (block, expert).
+    pub fn take_expert_trace(&self) -> Vec<Key> {
+        self.cache
+            .get()
+            .map(ExpertCache::take_trace)
+            .unwrap_or_default()
+    }
+
     /// Runs `f` over the experts `ids` of one block in rounds of experts resident together
     /// (indices into `ids`, their gate/up/down bytes). Without a cache (weights not loaded
     /// through `Weights::load`) the bytes are the linears' own.

@@ -1,0 +1,62 @@
+//! The expert-cache options shared by `generate`, `logits`, `bench` and `serve`.
+
+use anyhow::{anyhow, Result};
+use redlite_engine::planner::{plan, Budget, KvPrecision, PlanInput, PlanRequest, Target};
+use redlite_engine::{CacheConfig, CachePolicy, CacheSize};
+use redlite_gguf::GgufFile;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// Expert cache size: bytes (4GiB, 512MiB) or min (one expert per layer). Default: every
+    /// expert resident (read in place from the file's memory map).
+    #[arg(long, value_name = "SIZE|min", conflicts_with = "memory")]
+    pub expert_cache: Option<String>,
+    /// Memory budget for the whole model (see `redlite plan`); what the plan leaves becomes the
+    /// expert cache.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Context length the --memory plan reserves KV for.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub memory_ctx: u64,
+    /// Expert-cache eviction: lru, lfu, layer-quota.
+    #[arg(long, value_name = "POLICY", default_value = "lru")]
+    pub cache_policy: String,
+    /// Read expert-cache misses through the page cache instead of O_DIRECT.
+    #[arg(long)]
+    pub buffered_io: bool,
+}
+
+impl CacheArgs {
+    /// The cache settings for `file`.
+    pub fn config(&self, file: &GgufFile) -> Result<CacheConfig> {
+        let policy: CachePolicy = self
+            .cache_policy
+            .parse()
+            .map_err(|e| anyhow!("--cache-policy: {e}"))?;
+        let size = match (&self.expert_cache, &self.memory) {
+            (Some(s), _) => match Budget::parse(s).map_err(|e| anyhow!("--expert-cache: {e}"))? {
+                Budget::Min => CacheSize::Min,
+                Budget::Bytes(b) => CacheSize::Bytes(b),
+            },
+            (None, Some(m)) => {
+                let input = PlanInput::from_file(file)?;
+                let req = PlanRequest {
+                    memory: Budget::parse(m).map_err(|e| anyhow!("--memory: {e}"))?,
+                    ctx: self.memory_ctx,
+                    target: Target::Cpu,
+                    kv: KvPrecision::F32,
+                    ubatch: 64,
+                };
+                let p = plan(&input, req)?;
+                eprintln!("{p}");
+                p.cache_size()
+            }
+            (None, None) => CacheSize::Unbounded,
+        };
+        Ok(CacheConfig {
+            size,
+            policy,
+            direct_io: !self.buffered_io,
+        })
+    }
+}
