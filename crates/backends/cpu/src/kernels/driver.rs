@@ -385,7 +385,67 @@ fn run_matmul_at(
     } else {
         None
     };
+    #[cfg(target_arch = "x86_64")]
+    if n > 1 && shape.ty == GgmlType::Q8_0 && matches!(kernel, RowDot::Q8_0(_)) {
+        if let Some(multi) = super::simple_x86::q8_0_multi_kernel(isa) {
+            return run_matmul_q8_0(multi, shape, w, rows, cols, xs, n, ys);
+        }
+    }
     run_matmul(kernel, multi, shape, w, rows, cols, xs, n, ys)
+}
+
+/// [`run_matmul`] for Q8_0 weights with the multi-row Q8_0 kernel: groups of up to
+/// `Q8_0_MULTI_ROWS` activation rows per weight-row pass, each row bit-identical to `matvec`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn run_matmul_q8_0(
+    multi: super::simple_x86::Q8_0MultiDot,
+    shape: Shape,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [f32],
+) {
+    use super::simple_x86::Q8_0_MULTI_ROWS;
+    let rb = shape.row_bytes;
+    if rows == 0 || n == 0 || rb == 0 {
+        ys.fill(0.0);
+        return;
+    }
+    let per = cols / QK8_0;
+    let mut q = vec![BlockQ8_0::ZERO; per * n];
+    for (x, out) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(per.max(1))) {
+        quantize_row_q8_0(x, out);
+    }
+    let tile = (TILE_BYTES / rb).clamp(1, rows);
+    let mut yt = vec![0.0f32; rows * n];
+    let work = |(yts, ws): (&mut [f32], &[u8])| {
+        for (ytile, wtile) in yts.chunks_mut(tile * n).zip(ws.chunks(tile * rb)) {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = Q8_0_MULTI_ROWS.min(n - j0);
+                let mut group: [&[BlockQ8_0]; Q8_0_MULTI_ROWS] = [&[]; Q8_0_MULTI_ROWS];
+                for (k, g) in group[..m].iter_mut().enumerate() {
+                    *g = &q[(j0 + k) * per..(j0 + k + 1) * per];
+                }
+                for (r, wr) in wtile.chunks_exact(rb).enumerate() {
+                    multi(wr, &group[..m], &mut ytile[r * n + j0..r * n + j0 + m]);
+                }
+                j0 += m;
+            }
+        }
+    };
+    if w.len().saturating_mul(n) < PARALLEL_MIN_BYTES {
+        work((&mut yt[..], w));
+    } else {
+        let per_task = rows_per_task(rows, rb);
+        yt.par_chunks_mut(per_task * n)
+            .zip(w.par_chunks(per_task * rb))
+            .for_each(work);
+    }
+    transpose_into(&yt, rows, n, ys);
 }
 
 #[allow(clippy::too_many_arguments)]

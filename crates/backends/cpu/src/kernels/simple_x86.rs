@@ -288,3 +288,126 @@ unsafe fn q4_0_simd<const VNNI: bool>(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     }
     acc
 }
+
+/// A Q8_0 weight row against up to [`Q8_0_MULTI_ROWS`] Q8_0 activation rows (one result per row
+/// in `out`): each weight block is loaded and sign-split once for every row. Each row's result is
+/// bit-identical to the single-row kernel: the same exact block sums, the same `(d_w · d_y) ·
+/// isum` accumulated in block order; the rows only interleave independent accumulation chains.
+pub(crate) type Q8_0MultiDot = fn(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]);
+
+/// The most activation rows a [`Q8_0MultiDot`] takes per call.
+pub(crate) const Q8_0_MULTI_ROWS: usize = 4;
+
+/// The multi-row Q8_0 kernel matching what [`super::lookup`] returns for Q8_0 at level `isa`
+/// (this module's VNNI kernel at AVX-512 with VNNI, else its AVX2 kernel), if there is one.
+pub(crate) fn q8_0_multi_kernel(isa: Isa) -> Option<Q8_0MultiDot> {
+    let top = isa.min(Isa::best());
+    if top >= Isa::Avx512 && Isa::Avx512.supported() && has_vnni() {
+        return Some(q8_0_multi_avx512_vnni);
+    }
+    if top >= Isa::Avx2 && Isa::Avx2.supported() {
+        return Some(q8_0_multi_avx2);
+    }
+    None
+}
+
+fn q8_0_multi_avx512_vnni(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]) {
+    // SAFETY: only handed out by `q8_0_multi_kernel` after the CPU features were checked.
+    unsafe { q8_0_multi_avx512_vnni_i(w, xs, out) }
+}
+
+fn q8_0_multi_avx2(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]) {
+    // SAFETY: as above, for AVX2.
+    unsafe { q8_0_multi_avx2_i(w, xs, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_multi_avx512_vnni_i(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]) {
+    q8_0_multi_dispatch::<true>(w, xs, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_multi_avx2_i(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]) {
+    q8_0_multi_dispatch::<false>(w, xs, out)
+}
+
+#[inline(always)]
+unsafe fn q8_0_multi_dispatch<const VNNI: bool>(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]) {
+    match xs.len().min(out.len()) {
+        0 => {}
+        1 => out[0] = q8_0_simd::<VNNI>(w, xs[0]),
+        2 => q8_0_multi_simd::<VNNI, 2>(w, xs, out),
+        3 => q8_0_multi_simd::<VNNI, 3>(w, xs, out),
+        _ => q8_0_multi_simd::<VNNI, 4>(w, xs, out),
+    }
+}
+
+/// [`q8_0_simd`] for `M` activation rows at once. Blocks go in groups of four: the four exact
+/// block sums of a row come out of one `vphaddd` tree, their scales `d_w · d_y` and products
+/// with the sums are computed four lanes at a time (the same IEEE operations as the scalar
+/// path), and the four products are then added to the row's accumulator one by one, in block
+/// order. Leftover blocks take the one-block path.
+#[inline(always)]
+unsafe fn q8_0_multi_simd<const VNNI: bool, const M: usize>(
+    w: &[u8],
+    xs: &[&[BlockQ8_0]],
+    out: &mut [f32],
+) {
+    let nb = xs[..M].iter().fold(w.len() / 34, |n, x| n.min(x.len()));
+    let pf = prefetch_distance();
+    let mut acc = [0.0f32; M];
+    let sdot = |aw: __m256i, wv: __m256i, y: &BlockQ8_0| {
+        let yv = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+        let sy = _mm256_sign_epi8(yv, wv);
+        if VNNI {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sy)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), _mm256_set1_epi16(1))
+        }
+    };
+    let groups = nb / 4;
+    for g in 0..groups {
+        let i0 = 4 * g;
+        let mut wv = [_mm256_setzero_si256(); 4];
+        let mut aw = [_mm256_setzero_si256(); 4];
+        let mut dws = [0u16; 8];
+        for k in 0..4 {
+            let b = w.as_ptr().add(34 * (i0 + k));
+            prefetch_ahead(b, pf, 34);
+            wv[k] = _mm256_loadu_si256(b.add(2) as *const __m256i);
+            aw[k] = _mm256_sign_epi8(wv[k], wv[k]);
+            dws[k] = read_u16(b);
+        }
+        let dwv = _mm_cvtph_ps(_mm_loadu_si128(dws.as_ptr() as *const __m128i));
+        for j in 0..M {
+            let ys = xs.get_unchecked(j).get_unchecked(i0..i0 + 4);
+            let p0 = sdot(aw[0], wv[0], &ys[0]);
+            let p1 = sdot(aw[1], wv[1], &ys[1]);
+            let p2 = sdot(aw[2], wv[2], &ys[2]);
+            let p3 = sdot(aw[3], wv[3], &ys[3]);
+            // [Σp0, Σp1, Σp2, Σp3], exact: pairwise sums within each 128-bit half, then the halves.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let dys = [ys[0].d, ys[1].d, ys[2].d, ys[3].d, 0, 0, 0, 0];
+            let dyv = _mm_cvtph_ps(_mm_loadu_si128(dys.as_ptr() as *const __m128i));
+            let prod = _mm_mul_ps(_mm_mul_ps(dwv, dyv), _mm_cvtepi32_ps(isum));
+            let mut terms = [0.0f32; 4];
+            _mm_storeu_ps(terms.as_mut_ptr(), prod);
+            let a = acc.get_unchecked_mut(j);
+            for t in terms {
+                *a += t;
+            }
+        }
+    }
+    for i in 4 * groups..nb {
+        let b = w.as_ptr().add(34 * i);
+        let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let aw = _mm256_sign_epi8(wv, wv);
+        let dw = read_u16(b);
+        for j in 0..M {
+            let y = xs.get_unchecked(j).get_unchecked(i);
+            acc[j] += dd(dw, y.d) * hsum256_epi32(sdot(aw, wv, y)) as f32;
+        }
+    }
+    out[..M].copy_from_slice(&acc);
+}
