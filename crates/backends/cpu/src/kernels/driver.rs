@@ -354,11 +354,18 @@ const MULTI_ROWS: usize = 1;
 /// it in the dispatch table claims them), and Q4_K by `kquants_x86`'s VNNI kernel when the CPU
 /// has VNNI (the only case `kquants_multi_x86` answers), so each multi-row kernel is the same
 /// arithmetic as the single-row one.
-fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<MultiRowDot> {
+///
+/// The flag says whether the kernel takes its activations in offset form
+/// (`iquants_avx512::offset_activations`).
+fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<(MultiRowDot, bool)> {
     #[cfg(target_arch = "x86_64")]
     if isa.min(Isa::best()) == Isa::Avx512 {
+        if let Some(f) = super::iquants_avx512::multi_kernel_offset(ty) {
+            return Some((f, true));
+        }
         return super::iquants_avx512::multi_kernel(ty)
-            .or_else(|| super::kquants_multi_x86::multi_kernel(ty));
+            .or_else(|| super::kquants_multi_x86::multi_kernel(ty))
+            .map(|f| (f, false));
     }
     let _ = (ty, isa);
     None
@@ -451,7 +458,7 @@ fn run_matmul_q8_0(
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     kernel: RowDot,
-    multi: Option<MultiRowDot>,
+    multi: Option<(MultiRowDot, bool)>,
     shape: Shape,
     w: &[u8],
     rows: usize,
@@ -472,12 +479,21 @@ fn run_matmul(
         return;
     }
     let acts = Acts::quantize(kernel, xs, cols, n);
+    // The multi-row kernel's activation rows, in offset form where it takes that.
+    #[cfg(target_arch = "x86_64")]
+    let offset = match (multi, &acts) {
+        (Some((_, true)), Acts::Q8K(q, _)) => Some(super::iquants_avx512::offset_activations(q)),
+        _ => None,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let offset: Option<Vec<BlockQ8K>> = None;
     let tile = (TILE_BYTES / rb).clamp(1, rows);
     // Row-major by weight row ("transposed"): each task owns whole weight rows.
     let mut yt = vec![0.0f32; rows * n];
     let work = |(yts, ws): (&mut [f32], &[u8])| {
         for (ytile, wtile) in yts.chunks_mut(tile * n).zip(ws.chunks(tile * rb)) {
-            if let (Some(multi), Acts::Q8K(q, per)) = (multi, &acts) {
+            if let (Some((multi, _)), Acts::Q8K(q, per)) = (multi, &acts) {
+                let q = offset.as_deref().unwrap_or(q);
                 // Groups of up to MULTI_ROWS activation rows per weight-row pass.
                 let mut j0 = 0;
                 while j0 < n {
@@ -508,12 +524,36 @@ fn run_matmul(
             .zip(w.par_chunks(per * rb))
             .for_each(work);
     }
-    for (r, row) in yt.chunks_exact(n).enumerate() {
-        for (j, &v) in row.iter().enumerate() {
-            ys[j * rows + r] = v;
+    transpose_into(&yt, rows, n, ys);
+}
+
+/// `ys[j·rows + r] = yt[r·n + j]`: the weight-row-major result back to activation-row-major, in
+/// tiles of [`TRANSPOSE_TILE`]² (a plain strided scatter misses the cache on every store), with
+/// bands of activation rows in parallel.
+fn transpose_into(yt: &[f32], rows: usize, n: usize, ys: &mut [f32]) {
+    const T: usize = TRANSPOSE_TILE;
+    let band = |(jb, band): (usize, &mut [f32])| {
+        let j0 = jb * T;
+        let jn = band.len() / rows;
+        for r0 in (0..rows).step_by(T) {
+            let rn = T.min(rows - r0);
+            for dj in 0..jn {
+                let out = &mut band[dj * rows + r0..dj * rows + r0 + rn];
+                for (dr, o) in out.iter_mut().enumerate() {
+                    *o = yt[(r0 + dr) * n + j0 + dj];
+                }
+            }
         }
+    };
+    if rows * n < PARALLEL_MIN_BYTES / 4 {
+        ys.chunks_mut(T * rows).enumerate().for_each(band);
+    } else {
+        ys.par_chunks_mut(T * rows).enumerate().for_each(band);
     }
 }
+
+/// Side of the square tiles of [`transpose_into`].
+const TRANSPOSE_TILE: usize = 16;
 
 #[cfg(test)]
 mod tests {

@@ -41,6 +41,7 @@
 
 use super::iquants::{IQ1_M_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES, IQ3_XXS_BYTES, IQ4_XS_BYTES};
 use super::q8::{BlockQ8K, QK_K};
+use super::x86_util::hsum4_512;
 use super::RowDot;
 use core::arch::x86_64::*;
 use redlite_gguf::quant::grids::{IQ1S_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KVALUES_IQ4NL};
@@ -90,6 +91,42 @@ pub fn multi_kernel(ty: GgmlType) -> Option<MultiRowDot> {
     match ty {
         GgmlType::IQ2XXS => Some(iq2_xxs_multi_row),
         _ => None,
+    }
+}
+
+/// The multi-row kernel for `ty` that takes its activation rows in offset form
+/// ([`offset_activations`]), when [`kernel`] hands out this module's single-row kernel for it
+/// (same block sums and f32 arithmetic per row), else `None`.
+pub fn multi_kernel_offset(ty: GgmlType) -> Option<MultiRowDot> {
+    if !supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::IQ2XXS => Some(iq2_xxs_multi_row_offset),
+        _ => None,
+    }
+}
+
+fn iq2_xxs_multi_row_offset(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
+    let blocks = xs.iter().map(|x| x.len()).min().unwrap_or(0);
+    let nb = (w.len() / IQ2_XXS_BYTES).min(blocks);
+    let w = &w[..nb * IQ2_XXS_BYTES];
+    // SAFETY: handed out by `multi_kernel_offset` only when `supported()` holds.
+    unsafe {
+        match *xs {
+            [] => {}
+            [a] => out[..1].copy_from_slice(&iq2_xxs_rows_offset(w, [&a[..nb]])),
+            [a, b] => out[..2].copy_from_slice(&iq2_xxs_rows_offset(w, [&a[..nb], &b[..nb]])),
+            [a, b, c] => {
+                out[..3].copy_from_slice(&iq2_xxs_rows_offset(w, [&a[..nb], &b[..nb], &c[..nb]]))
+            }
+            [a, b, c, d] => out[..4].copy_from_slice(&iq2_xxs_rows_offset(
+                w,
+                [&a[..nb], &b[..nb], &c[..nb], &d[..nb]],
+            )),
+            // The driver never passes more than MULTI_ROWS rows.
+            _ => out.fill(f32::NAN),
+        }
     }
 }
 
@@ -509,6 +546,94 @@ fn iq2_xxs_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
         }
     }
     sumf.map(|s| 0.125 * s)
+}
+
+/// The IQ2_XXS kernel for `R` activation rows in offset form: each activation block's `qs` holds
+/// `q8 ^ 0x80` (= q8 + 128 as an unsigned byte, see [`offset_activations`]). The weight signs are
+/// then applied to the weights once per block for every row, and a row costs one
+/// `vpmaddubsw` + `vpdpwssd` per 64 elements: `Σ w·(q8 + 128) − 128·Σ w` is exactly `Σ w·q8`
+/// (all in i32; |w| ≤ 43 keeps the pair sums below the i16 limit). The block sums are those of
+/// [`iq2_xxs_rows`] and so is the f32 arithmetic: bit-identical results.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn iq2_xxs_rows_offset<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
+    let code_lo = load256(&IQ2XXS_CODE_LO);
+    let code_hi = load256(&IQ2XXS_CODE_HI);
+    let values = load64(&IQ2_VALUES);
+    let shift_2j = load64(&SHIFT_2J);
+    let one = _mm512_set1_epi64(1);
+    let offset = _mm512_set1_epi8(0x80u8 as i8);
+    let row_codes = IQ2XXS_ROW_CODES.each_ref().map(|v| load64(v));
+    let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
+
+    let mut sumf = [0.0f32; R];
+    let mut sum4 = _mm_setzero_ps();
+    for (i, b) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
+        let dw = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        let qs = &b[2..66];
+        // SAFETY: `qs` is 64 readable bytes.
+        let q = unsafe { _mm512_loadu_si512(qs.as_ptr().cast()) };
+        let high_half = _mm512_movepi8_mask(q);
+        let lo = lookup256(&code_lo, q, high_half);
+        let hi = lookup256(&code_hi, q, high_half);
+        let scales = _mm512_or_si512(_mm512_srli_epi64::<59>(q), one);
+        let aux = |sb: usize| {
+            let at = 8 * sb + 4;
+            u32::from_le_bytes([qs[at], qs[at + 1], qs[at + 2], qs[at + 3]])
+        };
+        // 128·Σ w (scaled per sub-block), subtracted from every row's sum.
+        let mut corr = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_si512(); R];
+        for c in 0..4 {
+            let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
+            let grid =
+                _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift_2j, codes), values);
+            let flip =
+                sign_mask(u64::from(aux(2 * c) & 0x0FFF_FFFF) | u64::from(aux(2 * c + 1)) << 28);
+            let signed = _mm512_mask_sub_epi8(grid, flip, _mm512_setzero_si512(), grid);
+            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
+            corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(offset, signed), ls);
+            for r in 0..R {
+                let pairs = _mm512_maddubs_epi16(load_q8(&xs[r][i], c), signed);
+                acc[r] = _mm512_dpwssd_epi32(acc[r], pairs, ls);
+            }
+        }
+        let acc = acc.map(|a| _mm512_sub_epi32(a, corr));
+        if R == 4 {
+            // The four rows together: one transposing reduction, the f32 updates in the lanes of
+            // one vector (per lane the scalar expression below).
+            // SAFETY: AVX-512 F is enabled for this function.
+            let isum = _mm_cvtepi32_ps(unsafe { hsum4_512([acc[0], acc[1], acc[2], acc[3]]) });
+            let yd = _mm_setr_ps(xs[0][i].d, xs[1][i].d, xs[2][i].d, xs[3][i].d);
+            sum4 = _mm_add_ps(sum4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dw), yd), isum));
+            continue;
+        }
+        for r in 0..R {
+            let d = dw * xs[r][i].d;
+            sumf[r] += d * _mm512_reduce_add_epi32(acc[r]) as f32;
+        }
+    }
+    if R == 4 {
+        let mut four = [0.0f32; 4];
+        // SAFETY: `four` is 4 writable f32.
+        unsafe { _mm_storeu_ps(four.as_mut_ptr(), sum4) };
+        sumf[..4].copy_from_slice(&four);
+    }
+    sumf.map(|s| 0.125 * s)
+}
+
+/// Q8_K activation blocks in the offset form the `*_offset` kernels take: `qs` as `q8 ^ 0x80`
+/// (the byte q8 + 128), `d` and `bsums` unchanged.
+pub fn offset_activations(q: &[BlockQ8K]) -> Vec<BlockQ8K> {
+    q.iter()
+        .map(|b| {
+            let mut o = b.clone();
+            for v in o.qs.iter_mut() {
+                *v = (*v as u8 ^ 0x80) as i8;
+            }
+            o
+        })
+        .collect()
 }
 
 /// IQ2_XXS, a pair of blocks: byte `k < 32` of the packed index register is index byte `k`

@@ -49,6 +49,28 @@ pub(crate) unsafe fn hsum512_epi32(v: __m512i) -> i32 {
     ))
 }
 
+/// The exact sums of the 16 i32 lanes of each of `v[0..4]`, as the 4 lanes of one vector (one
+/// transposing reduction instead of four horizontal sums). Needs AVX-512 F.
+#[inline(always)]
+pub(crate) unsafe fn hsum4_512(v: [__m512i; 4]) -> __m128i {
+    // Per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3], the same for c and d.
+    let ab = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let cd = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    // Per 128-bit lane: [a, b, c, d] partial sums; then the four 128-bit lanes added.
+    let abcd = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    let s = _mm256_add_epi32(
+        _mm512_castsi512_si256(abcd),
+        _mm512_extracti64x4_epi64::<1>(abcd),
+    );
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
+}
+
 /// How far ahead of the weight stream the kernels prefetch, in bytes (`REDLITE_PF`, default
 /// [`DEFAULT_PREFETCH`]; 0 turns it off). Read once per process.
 pub(crate) fn prefetch_distance() -> usize {
