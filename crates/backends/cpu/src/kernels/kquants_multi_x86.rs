@@ -35,9 +35,6 @@ fn q4k_multi_row(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
             [a] => out[..1].copy_from_slice(&q4k_rows(w, [a])),
             [a, b] => out[..2].copy_from_slice(&q4k_rows(w, [a, b])),
             [a, b, c] => out[..3].copy_from_slice(&q4k_rows(w, [a, b, c])),
-            [a, b, c, d] if std::env::var_os("REDLITE_AB_OLD").is_some() => {
-                out[..4].copy_from_slice(&q4k_rows(w, [a, b, c, d]))
-            }
             [a, b, c, d] => out[..4].copy_from_slice(&q4k_rows4(w, [a, b, c, d])),
             // The driver never passes more than MULTI_ROWS rows.
             _ => out.fill(f32::NAN),
