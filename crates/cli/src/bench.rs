@@ -52,6 +52,8 @@ pub struct Args {
     pub threads: usize,
     #[command(flatten)]
     pub cache: crate::cache_args::CacheArgs,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvArgs,
     /// Kernel bench on random data of this type instead of the file's types.
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
@@ -128,6 +130,7 @@ fn threads_used(args: &Args) -> usize {
 
 pub fn run(mut args: Args) -> Result<()> {
     if args.backend == "cuda" {
+        args.kv.require_f32("--backend cuda")?;
         return run_cuda(args);
     }
     let choice = BackendChoice::parse(&args.backend)?;
@@ -195,8 +198,9 @@ pub fn run(mut args: Args) -> Result<()> {
         Kind::Decode => {
             let file = file.context("decode needs -m FILE")?;
             progress("loading the model", 0, 0);
-            let cache = args.cache.config(&file)?;
-            let model = load_model_with_cache(file, choice, args.threads, cache)?;
+            let cache = args.cache.config(&file, args.kv.kv_type)?;
+            let mut model = load_model_with_cache(file, choice, args.threads, cache)?;
+            args.kv.apply(&mut model)?;
             let prompt = args.prompt.unwrap_or(8);
             let steps = args.n.unwrap_or(32);
             let (r, experts) = with_model!(&model, m => {
@@ -209,7 +213,8 @@ pub fn run(mut args: Args) -> Result<()> {
         Kind::Prefill => {
             let file = file.context("prefill needs -m FILE")?;
             progress("loading the model", 0, 0);
-            let model = load_model_from(file, choice, args.threads)?;
+            let mut model = load_model_from(file, choice, args.threads)?;
+            args.kv.apply(&mut model)?;
             let tokens = args.prompt.unwrap_or(512);
             let runs = args.n.unwrap_or(1);
             let r = with_model!(&model, m => bench_prefill(m, tokens, runs, &mut progress))?;

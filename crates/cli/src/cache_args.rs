@@ -4,6 +4,7 @@ use anyhow::{anyhow, Result};
 use redlite_engine::planner::{plan, Budget, KvPrecision, PlanInput, PlanRequest, Target};
 use redlite_engine::{CacheConfig, CachePolicy, CacheSize};
 use redlite_gguf::GgufFile;
+use redlite_model::KvType;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CacheArgs {
@@ -27,8 +28,8 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
-    /// The cache settings for `file`.
-    pub fn config(&self, file: &GgufFile) -> Result<CacheConfig> {
+    /// The cache settings for `file`; a --memory plan reserves KV in `kv_type`.
+    pub fn config(&self, file: &GgufFile, kv_type: KvType) -> Result<CacheConfig> {
         let policy: CachePolicy = self
             .cache_policy
             .parse()
@@ -44,7 +45,7 @@ impl CacheArgs {
                     memory: Budget::parse(m).map_err(|e| anyhow!("--memory: {e}"))?,
                     ctx: self.memory_ctx,
                     target: Target::Cpu,
-                    kv: KvPrecision::F32,
+                    kv: KvPrecision::parse(kv_type.name()).map_err(|e| anyhow!(e))?,
                     ubatch: 64,
                 };
                 let p = plan(&input, req)?;

@@ -70,6 +70,8 @@ pub struct Args {
     pub threads: usize,
     #[command(flatten)]
     pub cache: crate::cache_args::CacheArgs,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvArgs,
     /// Speculative decoding: off, lookup (prompt n-gram lookup), mtp (the model's MTP head), or
     /// both (lookup when it matches, MTP otherwise). The output is the same as without.
     #[arg(long, default_value = "off")]
@@ -103,16 +105,21 @@ pub fn run(args: Args) -> Result<()> {
     );
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let model = match choice {
-        Some(choice) => Some(
-            load_model_with_cache(
+        Some(choice) => {
+            let mut model = load_model_with_cache(
                 file.clone(),
                 choice,
                 args.threads,
-                args.cache.config(&file)?,
+                args.cache.config(&file, args.kv.kv_type)?,
             )
-            .with_context(|| format!("loading {}", model_path.display()))?,
-        ),
-        None => None,
+            .with_context(|| format!("loading {}", model_path.display()))?;
+            args.kv.apply(&mut model)?;
+            Some(model)
+        }
+        None => {
+            args.kv.require_f32("--backend cuda")?;
+            None
+        }
     };
 
     let prompt_ids = match (&args.prompt, &args.file, &args.ids) {

@@ -28,6 +28,8 @@ pub struct Args {
     pub threads: usize,
     #[command(flatten)]
     pub cache: crate::cache_args::CacheArgs,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvArgs,
     /// `prefill` runs the ids as one prompt (chunked DeltaNet); `step` feeds them one at a time.
     #[arg(long, default_value = "prefill", value_parser = ["prefill", "step"])]
     pub mode: String,
@@ -35,6 +37,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let (logits, vocab) = if args.backend == "cuda" {
+        args.kv.require_f32("--backend cuda")?;
         let file = std::sync::Arc::new(
             redlite_gguf::GgufFile::open(&args.model)
                 .with_context(|| format!("opening {}", args.model.display()))?,
@@ -48,9 +51,10 @@ pub fn run(args: Args) -> Result<()> {
             redlite_gguf::GgufFile::open(&args.model)
                 .with_context(|| format!("opening {}", args.model.display()))?,
         );
-        let cache = args.cache.config(&file)?;
-        let model = load_model_with_cache(file, choice, args.threads, cache)
+        let cache = args.cache.config(&file, args.kv.kv_type)?;
+        let mut model = load_model_with_cache(file, choice, args.threads, cache)
             .with_context(|| format!("loading {}", args.model.display()))?;
+        args.kv.apply(&mut model)?;
         with_model!(&model, m => {
             let mut state = m.new_state();
             let rows = if args.mode == "step" {

@@ -10,6 +10,7 @@ mod cuda_cmd;
 mod generate;
 mod imatrix;
 mod inspect;
+mod kv_args;
 mod logits;
 mod make_model;
 mod parity;

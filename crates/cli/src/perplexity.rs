@@ -34,6 +34,8 @@ pub struct Args {
     /// otherwise (0: one per core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvArgs,
     /// Print the result as one JSON object instead of llama.cpp-style text.
     #[arg(long)]
     pub json: bool,
@@ -83,8 +85,9 @@ pub fn run(args: Args) -> Result<()> {
         BackendChoice::Oracle => (threads, 1),
         _ => (1, args.threads),
     };
-    let model = load_model_from(file.clone(), choice, backend_threads)
+    let mut model = load_model_from(file.clone(), choice, backend_threads)
         .with_context(|| format!("loading {}", args.model.display()))?;
+    args.kv.apply(&mut model)?;
 
     let opts = PerplexityOptions {
         ctx: args.ctx,

@@ -52,6 +52,8 @@ pub struct Args {
     pub threads: usize,
     #[command(flatten)]
     pub cache: crate::cache_args::CacheArgs,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -70,9 +72,10 @@ pub fn run(args: Args) -> Result<()> {
         redlite_gguf::GgufFile::open(&model_path)
             .with_context(|| format!("opening {}", model_path.display()))?,
     );
-    let cache = args.cache.config(&file)?;
-    let model = load_model_with_cache(file, choice, args.threads, cache)
+    let cache = args.cache.config(&file, args.kv.kv_type)?;
+    let mut model = load_model_with_cache(file, choice, args.threads, cache)
         .with_context(|| format!("loading {}", model_path.display()))?;
+    args.kv.apply(&mut model)?;
     let opts = ServerOptions {
         host: args.host,
         port: args.port,

@@ -92,18 +92,19 @@ impl fmt::Display for KvType {
     }
 }
 
-impl FromStr for KvType {
-    type Err = ModelError;
+/// A name that is not a [`KvType`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown KV cache type '{0}' (available: f32, f16, q8_0)")]
+pub struct UnknownKvType(pub String);
 
-    fn from_str(s: &str) -> Result<KvType, ModelError> {
+impl FromStr for KvType {
+    type Err = UnknownKvType;
+
+    fn from_str(s: &str) -> Result<KvType, UnknownKvType> {
         KvType::ALL
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                ModelError::BadConfig(format!(
-                    "unknown KV cache type '{s}' (available: f32, f16, q8_0)"
-                ))
-            })
+            .ok_or_else(|| UnknownKvType(s.to_string()))
     }
 }
 
