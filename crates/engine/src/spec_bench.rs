@@ -73,7 +73,7 @@ pub fn verify_cost<B: Backend>(
             let t = Instant::now();
             state.begin_trace();
             model.forward(&mut state, &rows, Mode::Step)?;
-            state.keep(1)?;
+            model.keep(&mut state, 1)?;
             let tv = t.elapsed();
             state.restore(&snap)?;
             // A plain decode step.

@@ -533,7 +533,7 @@ pub fn generate_speculative_observed<B: Backend>(
         .max(1)
         .min(rows_in.len());
         if !drafts.is_empty() {
-            state.keep(fed)?;
+            model.keep(state, fed)?;
         }
         if let Some(m) = mtp.as_mut() {
             // Slots of the newly fed tokens after `pending`: (h at that row, the token after it).

@@ -14,7 +14,9 @@ use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
 use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
-use crate::state::{DeltaNetState, KvCache, LayerState, MtpState, SequenceState};
+use crate::state::{
+    DeltaNetState, DeltaTrace, KvCache, LayerState, MtpState, RecordedRun, SequenceState,
+};
 use crate::weights::{
     AttentionWeights, DeltaNetWeights, LayerWeights, MixerWeights, MoeWeights, Weights,
 };
@@ -123,7 +125,7 @@ impl<B: Backend> Model<B> {
             .enumerate()
         {
             let recorder = match (&mut trace, mode) {
-                (Some(t), Mode::Step) => Some(&mut t.states[i]),
+                (Some(t), Mode::Step) => t.layer_mut(i),
                 _ => None,
             };
             decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode, recorder);
@@ -132,6 +134,15 @@ impl<B: Backend> Model<B> {
         Ok(x.iter()
             .map(|h| rms_norm(h, &self.weights.output_norm, cfg.rms_eps))
             .collect())
+    }
+
+    /// Keep the first `n` tokens processed since `state.begin_trace()` and drop the rest
+    /// ([`SequenceState::keep_with`]): the DeltaNet recurrence over the kept rows is re-run on
+    /// this model's backend, bit-identical to the verify pass that computed them.
+    pub fn keep(&self, state: &mut SequenceState, n: usize) -> Result<(), ModelError> {
+        state.keep_with(n, |heads, s| {
+            self.backend.delta_rule(heads, s, DeltaRule::Step, None);
+        })
     }
 
     /// The lm_head: logits over the vocabulary for each final hidden state.
@@ -248,7 +259,7 @@ fn decoder_layer<B: Backend>(
     x: &mut [Vec<f32>],
     pos0: usize,
     mode: Mode,
-    recorder: Option<&mut Vec<DeltaNetState>>,
+    recorder: Option<&mut DeltaTrace>,
 ) {
     let normed: Vec<Vec<f32>> = x
         .iter()
@@ -343,7 +354,7 @@ fn gated_delta_net<B: Backend>(
     xs: &[Vec<f32>],
     pos0: usize,
     mode: Mode,
-    recorder: Option<&mut Vec<DeltaNetState>>,
+    recorder: Option<&mut DeltaTrace>,
 ) -> Vec<Vec<f32>> {
     let n = xs.len();
     let (nk, nv, dk, dv) = (cfg.dn_k_heads, cfg.dn_v_heads, cfg.dn_k_dim, cfg.dn_v_dim);
@@ -375,7 +386,6 @@ fn gated_delta_net<B: Backend>(
         })
         .collect();
     st.conv.copy_from_slice(&history[n * ch..]);
-    let conv_after = |t: usize| history[(t + 1) * ch..(t + kern) * ch].to_vec();
 
     // 3./4. Per-head q, k, v, β, g, laid out per V head for the delta rule: q/k [nv][n][dk], v [nv][n][dv].
     let q_scale = 1.0 / (dk as f32).sqrt();
@@ -410,9 +420,8 @@ fn gated_delta_net<B: Backend>(
     }
 
     // 5. The delta rule, one V head at a time. When recording (speculative verification), the
-    //    state after every token is kept: traces[h] is `[n, dk, dv]`.
-    let recording = recorder.is_some() && mode == Mode::Step;
-    let mut traces: Vec<Vec<f32>> = vec![Vec::new(); if recording { nv } else { 0 }];
+    //    run's conv input rows and delta-rule inputs are kept, so a rollback can re-run the
+    //    recurrence over any prefix of the rows.
     let heads: Vec<HeadInputs> = (0..nv)
         .map(|h| HeadInputs {
             q: &q[h * n * dk..(h + 1) * n * dk],
@@ -428,24 +437,20 @@ fn gated_delta_net<B: Backend>(
         Mode::Prefill if n > 1 => DeltaRule::Chunked { pos0 },
         _ => DeltaRule::Step,
     };
-    let traces_arg = if recording {
-        Some(traces.as_mut_slice())
-    } else {
-        None
-    };
-    let o = b.delta_rule(&heads, &mut st.s, rule, traces_arg).concat(); // [nv][n][dv]
-    if let Some(rec) = recorder.filter(|_| recording) {
-        let per = dk * dv;
-        for t in 0..n {
-            let mut s_t = Vec::with_capacity(nv * per);
-            for tr in &traces {
-                s_t.extend_from_slice(&tr[t * per..(t + 1) * per]);
-            }
-            rec.push(DeltaNetState {
-                conv: conv_after(t),
-                s: s_t,
-            });
-        }
+    let o = b.delta_rule(&heads, &mut st.s, rule, None).concat(); // [nv][n][dv]
+    drop(heads);
+    if let Some(rec) = recorder.filter(|_| mode == Mode::Step) {
+        let run = RecordedRun {
+            q,
+            k,
+            v,
+            beta,
+            g,
+            n,
+            dk,
+            dv,
+        };
+        rec.record(&history[(kern - 1) * ch..], run);
     }
 
     // 6. Gated RMSNorm per head, then the output projection.

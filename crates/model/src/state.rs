@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use crate::config::{Config, LayerKind};
+use crate::delta_rule::{delta_rule_heads, DeltaRule, HeadInputs};
 use crate::kv_type::{
     dequantize_q8_0, f16_to_f32, f32_to_f16, quantize_q8_0, BlockQ8_0, KvType, Q8_0_BLOCK,
     Q8_0_BLOCK_BYTES,
@@ -255,19 +256,89 @@ pub struct SequenceState {
     pub layers: Vec<LayerState>,
     /// Tokens processed so far (the position of the next token).
     pub pos: usize,
-    /// While verifying speculative drafts: the DeltaNet states after every stepped token.
+    /// While verifying speculative drafts: what [`SequenceState::keep`] needs to roll back.
     pub trace: Option<StepTrace>,
+    /// The buffers of the last finished recording, reused by the next [`SequenceState::begin_trace`]
+    /// (a verify pass then allocates no state-sized memory).
+    spare_trace: Option<StepTrace>,
 }
 
-/// DeltaNet states recorded after every token of a run of `Mode::Step` tokens, so that
-/// [`SequenceState::keep`] can roll back to any of them without recomputing.
-#[derive(Debug, Clone)]
+/// The recording of a run of `Mode::Step` tokens (speculative verification), from which
+/// [`SequenceState::keep`] rolls back to any of them: per DeltaNet layer, the state when
+/// recording began and the one-token recurrence's inputs of every recorded token. Rolling back
+/// to token `n` re-runs the recurrence over the first `n` rows from the initial state — the
+/// same operations in the same order as the verify pass, so the state is bit-identical — which
+/// costs far less than copying every row's state (72 MiB per row on the full-size layout).
+#[derive(Debug, Clone, Default)]
 pub struct StepTrace {
-    /// The state when recording began.
-    pub initial: Snapshot,
-    /// `states[layer][t]`: the state of DeltaNet layer `layer` after the `t`-th recorded token
-    /// (empty for attention layers).
-    pub states: Vec<Vec<DeltaNetState>>,
+    /// Position when recording began.
+    start: usize,
+    /// Per layer; `None` for attention layers.
+    layers: Vec<Option<DeltaTrace>>,
+}
+
+/// [`StepTrace`] of one DeltaNet layer.
+#[derive(Debug, Clone, Default)]
+pub struct DeltaTrace {
+    /// The delta-rule state when recording began, `[v_heads, k_dim, v_dim]`.
+    s0: Vec<f32>,
+    /// The conv state when recording began (`kernel − 1` rows of `channels`), then the conv input
+    /// row of every recorded token.
+    conv: Vec<f32>,
+    /// Delta-rule inputs of each recorded run of tokens, in order.
+    runs: Vec<RecordedRun>,
+    /// Tokens recorded (over all runs).
+    rows: usize,
+}
+
+/// The delta-rule inputs of one run of `n` stepped tokens, laid out per V head as
+/// [`HeadInputs`] takes them: q and k `[heads, n, dk]`, v `[heads, n, dv]`, β and g `[heads, n]`.
+#[derive(Debug, Clone, Default)]
+pub struct RecordedRun {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub beta: Vec<f32>,
+    pub g: Vec<f32>,
+    pub n: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl RecordedRun {
+    /// Head inputs of the first `rows` tokens of this run.
+    fn heads(&self, rows: usize) -> Vec<HeadInputs<'_>> {
+        let (n, dk, dv) = (self.n, self.dk, self.dv);
+        let heads = self.beta.len() / n.max(1);
+        (0..heads)
+            .map(|h| HeadInputs {
+                q: &self.q[h * n * dk..(h * n + rows) * dk],
+                k: &self.k[h * n * dk..(h * n + rows) * dk],
+                v: &self.v[h * n * dv..(h * n + rows) * dv],
+                beta: &self.beta[h * n..h * n + rows],
+                g: &self.g[h * n..h * n + rows],
+                dk,
+                dv,
+            })
+            .collect()
+    }
+}
+
+impl DeltaTrace {
+    /// Record a run of stepped tokens: their conv input rows (`[n, channels]`) and delta-rule
+    /// inputs.
+    pub fn record(&mut self, conv_rows: &[f32], run: RecordedRun) {
+        self.conv.extend_from_slice(conv_rows);
+        self.rows += run.n;
+        self.runs.push(run);
+    }
+}
+
+impl StepTrace {
+    /// The recording of layer `layer`, if it is a DeltaNet layer.
+    pub fn layer_mut(&mut self, layer: usize) -> Option<&mut DeltaTrace> {
+        self.layers.get_mut(layer).and_then(|l| l.as_mut())
+    }
 }
 
 /// The recurrent part of a [`SequenceState`] at some position; KV caches are not copied.
@@ -310,49 +381,94 @@ impl SequenceState {
             layers,
             pos: 0,
             trace: None,
+            spare_trace: None,
         }
     }
 
-    /// Start recording the DeltaNet state after every token stepped from here on (speculative
-    /// verification). Only `Mode::Step` runs are recorded.
+    /// Start recording every token stepped from here on (speculative verification), so that
+    /// [`SequenceState::keep`] can roll back to any of them. Only `Mode::Step` runs are recorded.
     pub fn begin_trace(&mut self) {
-        self.trace = Some(StepTrace {
-            initial: self.snapshot(),
-            states: vec![Vec::new(); self.layers.len()],
-        });
+        let mut trace = self.spare_trace.take().unwrap_or_default();
+        trace.start = self.pos;
+        trace.layers.resize_with(self.layers.len(), || None);
+        for (t, l) in trace.layers.iter_mut().zip(&self.layers) {
+            match l {
+                LayerState::DeltaNet(d) => {
+                    let t = t.get_or_insert_with(DeltaTrace::default);
+                    t.s0.clear();
+                    t.s0.extend_from_slice(&d.s);
+                    t.conv.clear();
+                    t.conv.extend_from_slice(&d.conv);
+                    t.runs.clear();
+                    t.rows = 0;
+                }
+                LayerState::Attention(_) => *t = None,
+            }
+        }
+        self.trace = Some(trace);
     }
 
     /// Keep the first `n` tokens processed since [`SequenceState::begin_trace`] and drop the rest:
-    /// recurrent states come from the recording, KV caches are truncated. Ends the recording.
+    /// the DeltaNet states are rebuilt from the recording, KV caches are truncated. Ends the
+    /// recording. The recurrence is re-run by the model crate's delta rule; see
+    /// [`SequenceState::keep_with`] to run it on a backend.
     pub fn keep(&mut self, n: usize) -> Result<(), ModelError> {
+        self.keep_with(n, |heads, s| {
+            delta_rule_heads(heads, s, DeltaRule::Step, None);
+        })
+    }
+
+    /// [`SequenceState::keep`], re-running the one-token recurrence with `replay(heads, states)`,
+    /// which must step every head of `heads` through its rows exactly as the verify pass did
+    /// (`Backend::delta_rule` with `DeltaRule::Step` of the same backend).
+    pub fn keep_with(
+        &mut self,
+        n: usize,
+        mut replay: impl FnMut(&[HeadInputs], &mut [f32]),
+    ) -> Result<(), ModelError> {
         let trace = self
             .trace
             .take()
             .ok_or_else(|| ModelError::State("keep() without begin_trace()".into()))?;
-        let start = trace.initial.pos;
+        let start = trace.start;
         let processed = self.pos - start;
         if n > processed {
+            self.spare_trace = Some(trace);
             return Err(ModelError::State(format!(
                 "cannot keep {n} tokens: only {processed} were processed"
             )));
         }
-        if n == processed {
-            return Ok(());
-        }
-        if n == 0 {
-            return self.restore(&trace.initial);
-        }
-        for (layer, recorded) in self.layers.iter_mut().zip(trace.states) {
-            if let LayerState::DeltaNet(d) = layer {
-                let saved = recorded.into_iter().nth(n - 1).ok_or_else(|| {
-                    ModelError::State(
+        if n < processed {
+            for (layer, t) in self.layers.iter_mut().zip(&trace.layers) {
+                let (LayerState::DeltaNet(d), Some(t)) = (layer, t) else {
+                    continue;
+                };
+                if t.rows != processed {
+                    self.spare_trace = Some(trace);
+                    return Err(ModelError::State(
                         "the verified tokens were not run in Mode::Step while recording".into(),
-                    )
-                })?;
-                *d = saved;
+                    ));
+                }
+                // Conv state after n tokens: the last kernel − 1 inputs up to token n.
+                let ch_rows = d.conv.len();
+                let ch = (t.conv.len() - ch_rows) / processed.max(1);
+                let from = n * ch;
+                d.conv.copy_from_slice(&t.conv[from..from + ch_rows]);
+                // Delta-rule state: the initial one, stepped through the first n rows again.
+                d.s.copy_from_slice(&t.s0);
+                let mut left = n;
+                for run in &t.runs {
+                    if left == 0 {
+                        break;
+                    }
+                    let rows = left.min(run.n);
+                    replay(&run.heads(rows), &mut d.s);
+                    left -= rows;
+                }
             }
+            self.truncate_kv(start + n);
         }
-        self.truncate_kv(start + n);
+        self.spare_trace = Some(trace);
         Ok(())
     }
 
