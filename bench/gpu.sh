@@ -81,6 +81,40 @@ if [ -f "$DEV/qwen3-vocab.gguf.gz" ]; then
         "$BIN" bench decode --backend cuda -m "$FULLM" -p 8 -n 32 --no-graphs 2>&1
         "$BIN" bench prefill --backend cuda -m "$FULLM" -p 64 -n 3 2>&1
     } >"$LOGS/full.log" 2>&1 || status=1
+    if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
+        # One decode step (graph off), kernel by kernel: skip the 8-token prompt, its draw and the
+        # warm-up step (1036 launches each on this layout), profile the next 1036.
+        echo "== ncu: one decode step of the full-size layout"
+        ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 2072 --launch-count 1036 --csv \
+            "$BIN" bench decode --backend cuda --no-graphs -m "$FULLM" -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err" || status=1
+        # DETAIL=1: a closer look at the three heaviest kernels of that step (first of each).
+        for spec in ${DETAIL:+"matvec_q4_k 672" "matvec_q6_k 2" "moe_gate_up_ids_iq2_xxs 96"}; do
+            set -- $spec
+            ncu --clock-control none -k "$1" --launch-skip "$2" --launch-count 1 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                "$BIN" bench decode --backend cuda --no-graphs -m "$FULLM" -p 8 -n 1 2>&1 \
+                | grep -E "^  [a-z_0-9]+|Duration|Throughput|Registers Per|Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Block Size" \
+                | grep -v "^    ---" >>"$LOGS/ncu_detail.txt" || status=1
+        done
+        python3 - "$LOGS/ncu.csv" >"$LOGS/ncu.txt" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]; rows = rows[1:]
+ki, mi, vi = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
+tot, cnt = collections.Counter(), collections.Counter()
+for r in rows:
+    if r[mi] == "gpu__time_duration.sum":
+        name = r[ki].split("(")[0]
+        tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1
+unit = head and [r for r in rows][0][head.index("Metric Unit")] if rows else "?"
+s = sum(tot.values())
+print(f"one decode step: {sum(cnt.values())} kernels, {s:.0f} {unit} of kernel time")
+print("| kernel | launches | total | share |")
+print("|---|---|---|---|")
+for k, v in tot.most_common(25):
+    print(f"| {k} | {cnt[k]} | {v:.0f} {unit} | {100*v/s:.1f}% |")
+PY
+    fi
 fi
 
 echo
@@ -105,4 +139,6 @@ grep -h "^kernels:\|^selftest:\|^error" "$LOGS/selftest1.log" "$LOGS/selftest2.l
 echo
 cat "$LOGS/cli.log"
 [ -f "$LOGS/full.log" ] && { echo; cat "$LOGS/full.log"; }
+[ -f "$LOGS/ncu.txt" ] && { echo; cat "$LOGS/ncu.txt"; tail -3 "$LOGS/ncu.err"; }
+[ -f "$LOGS/ncu_detail.txt" ] && { echo; cat "$LOGS/ncu_detail.txt"; }
 exit $status

@@ -131,43 +131,78 @@ extern "C" __global__ void dn_qk_norm(float* __restrict__ qkv, int ch, int nk, i
 }
 
 // dn_delta_seq(qkv, beta, g, s, o, n, ch, nk, dk, dv): the gated delta rule over n tokens, in
-// order, for V head h = blockIdx.x (the recurrent form of dn_delta_step, token after token in one
-// launch). qkv [n][ch] is the normalised conv output, beta and g [n][nv], s [nv][dk][dv] is
-// updated, o is [n][nv][dv]. Thread j owns state column j.
-// Launch: grid = nv, block = dv rounded up to 32 (<= 1024), dynamic shared memory = 2 * dk floats.
+// order (the recurrent form of dn_delta_step, token after token in one launch). qkv [n][ch] is the
+// normalised conv output, beta and g [n][nv], s [nv][dk][dv] is updated, o is [n][nv][dv].
+// Block (h, c) = (blockIdx.x, blockIdx.y) takes V head h, state columns j = 32c + lane; warp w
+// holds rows 32w .. 32w + 31 of those columns in registers for the whole run (read once, written
+// once), and the two column sums per token (S^T k, then S^T q) are added up over the warps
+// through shared memory.
+// Launch: grid = (nv, ceil(dv / 32)), block = 32 * ceil(dk / 32) threads (dk <= 1024),
+// dynamic shared memory = (2 * dk + blockDim.x) floats.
+#define DN_ROWS 32
 extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const float* __restrict__ beta,
                                         const float* __restrict__ g, float* __restrict__ s,
                                         float* __restrict__ o, int n, int ch, int nk, int dk, int dv) {
-    extern __shared__ float qk[];  // q then k of this head's QK head, for the current token
+    extern __shared__ float sm[];
+    float* qs = sm;              // q of this head's QK head, current token
+    float* ks = sm + dk;         // k
+    float* part = sm + 2 * dk;   // [warps][32] partial column sums
     const int h = blockIdx.x, nv = gridDim.x;
     const int kh = h / (nv / nk);
-    const int j = threadIdx.x;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    const int j = blockIdx.y * WARP + lane;
+    const bool col = j < dv;
+    const int i0 = w * DN_ROWS;
     float* sh = s + (size_t)h * dk * dv;
+    float st[DN_ROWS];
+#pragma unroll
+    for (int r = 0; r < DN_ROWS; ++r) {
+        const int i = i0 + r;
+        st[r] = (col && i < dk) ? sh[(size_t)i * dv + j] : 0.0f;
+    }
     for (int t = 0; t < n; ++t) {
         const float* row = qkv + (size_t)t * ch;
-        __syncthreads();  // every thread is done with the previous token's q and k
+        __syncthreads();  // the previous token's q, k and partial sums are no longer read
         for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            qk[i] = row[kh * dk + i];
-            qk[dk + i] = row[nk * dk + kh * dk + i];
+            qs[i] = row[kh * dk + i];
+            ks[i] = row[nk * dk + kh * dk + i];
         }
         __syncthreads();
-        if (j < dv) {
-            const float alpha = expf(g[(size_t)t * nv + h]);
-            const float v = row[2 * nk * dk + h * dv + j];
-            float m = 0.0f;
-            for (int i = 0; i < dk; ++i) {
-                const float x = sh[(size_t)i * dv + j] * alpha;
-                sh[(size_t)i * dv + j] = x;
-                m += x * qk[dk + i];
+        const float alpha = expf(g[(size_t)t * nv + h]);
+        float m = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; ++r) {
+            if (i0 + r < dk) {
+                st[r] *= alpha;
+                m += st[r] * ks[i0 + r];
             }
-            const float delta = beta[(size_t)t * nv + h] * (v - m);
-            float out = 0.0f;
-            for (int i = 0; i < dk; ++i) {
-                const float x = sh[(size_t)i * dv + j] + qk[dk + i] * delta;
-                sh[(size_t)i * dv + j] = x;
-                out += x * qk[i];
-            }
-            o[((size_t)t * nv + h) * dv + j] = out;
         }
+        part[w * WARP + lane] = m;
+        __syncthreads();
+        float mt = 0.0f;
+        for (int ww = 0; ww < warps; ++ww) mt += part[ww * WARP + lane];
+        const float v = col ? row[2 * nk * dk + h * dv + j] : 0.0f;
+        const float delta = beta[(size_t)t * nv + h] * (v - mt);
+        float out = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; ++r) {
+            if (i0 + r < dk) {
+                st[r] += ks[i0 + r] * delta;
+                out += st[r] * qs[i0 + r];
+            }
+        }
+        __syncthreads();  // every warp has read the S^T k sums
+        part[w * WARP + lane] = out;
+        __syncthreads();
+        if (w == 0 && col) {
+            float ot = 0.0f;
+            for (int ww = 0; ww < warps; ++ww) ot += part[ww * WARP + lane];
+            o[((size_t)t * nv + h) * dv + j] = ot;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DN_ROWS; ++r) {
+        const int i = i0 + r;
+        if (col && i < dk) sh[(size_t)i * dv + j] = st[r];
     }
 }

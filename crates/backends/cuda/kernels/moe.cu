@@ -4,7 +4,8 @@
 // moe_router(logits, n_expert, k, idx, weight): per token (blockIdx.x), softmax over the
 // router logits, the k most probable experts (ties: lower index), their probabilities
 // renormalised to sum to 1; written in ascending expert order (the order the reference sums in).
-// Launch: grid = n tokens, block = 256 threads, dynamic shared memory = n_expert floats.
+// Launch: grid = n tokens, block = any multiple of 32 threads (ROUTER_THREADS),
+// dynamic shared memory = n_expert floats.
 extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_expert, int k,
                                       int* __restrict__ idx_out, float* __restrict__ w_out) {
     extern __shared__ float probs[];

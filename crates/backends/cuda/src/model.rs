@@ -38,7 +38,7 @@ use redlite_model::{Config, ModelError};
 
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
-use crate::ops::{row_bytes, MATVEC_WARPS};
+use crate::ops::{delta_seq_launch, row_bytes, MATVEC_WARPS, ROUTER_THREADS};
 use crate::{CudaError, Gpu};
 
 /// The ε of the L2 normalisation of DeltaNet q and k (as the model crate).
@@ -1000,12 +1000,13 @@ impl CudaModel {
             ],
         )?;
         let f = self.k.dn_delta_seq.clone();
+        let (grid, block, shared) = delta_seq_launch(nv, dk, dv);
         self.launch(
             "dn_delta_seq",
             &f,
-            (nv as u32, 1, 1),
-            (dv as u32).div_ceil(32) * 32,
-            (8 * dk) as u32,
+            grid,
+            block,
+            shared,
             &[
                 A::P(conv),
                 A::P(beta),
@@ -1057,7 +1058,7 @@ impl CudaModel {
             "moe_router",
             &f,
             (n as u32, 1, 1),
-            256,
+            ROUTER_THREADS,
             (4 * ne) as u32,
             &[
                 A::P(rlog),
@@ -1165,10 +1166,10 @@ fn check_config(c: &Config, o: &CudaModelOptions) -> Result<(), CudaError> {
             c.n_heads, c.n_kv_heads
         ));
     }
-    if c.conv_kernel == 0 || c.conv_kernel > 8 || c.dn_v_dim > 1024 || c.dn_k_heads == 0 {
+    if c.conv_kernel == 0 || c.conv_kernel > 8 || c.dn_k_dim > 1024 || c.dn_k_heads == 0 {
         return bad(format!(
-            "DeltaNet conv kernel {} (1..=8), v dim {} (<= 1024)",
-            c.conv_kernel, c.dn_v_dim
+            "DeltaNet conv kernel {} (1..=8), k dim {} (<= 1024)",
+            c.conv_kernel, c.dn_k_dim
         ));
     }
     if !c.dn_v_heads.is_multiple_of(c.dn_k_heads) {

@@ -12,6 +12,9 @@ use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
 pub const MATVEC_WARPS: u32 = 4;
+/// Threads of the router kernel per token (one warp was tried: 2× slower, the k rounds of
+/// arg-max then run over 16 experts per lane; see docs/perf-ledger.md).
+pub const ROUTER_THREADS: u32 = 256;
 /// gridDim.y limit: a longer batch is split.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -179,7 +182,7 @@ pub fn moe_router(
         gpu,
         f,
         "moe_router",
-        cfg((tokens as u32, 1, 1), 256, (4 * n_expert) as u32),
+        cfg((tokens as u32, 1, 1), ROUTER_THREADS, (4 * n_expert) as u32),
         [&l, &ne, &kk, &mut idx, &mut w]
     )?;
     Ok((download(gpu, &idx)?, download(gpu, &w)?))
@@ -620,6 +623,17 @@ pub fn dn_qk_norm(
     download(gpu, &xd)
 }
 
+/// Launch shape of `dn_delta_seq`: `(grid, block, shared bytes)` (32 state columns per block, a
+/// warp per 32 state rows).
+pub fn delta_seq_launch(nv: usize, dk: usize, dv: usize) -> ((u32, u32, u32), u32, u32) {
+    let block = 32 * dk.div_ceil(32) as u32;
+    (
+        (nv as u32, dv.div_ceil(32) as u32, 1),
+        block,
+        4 * (2 * dk as u32 + block),
+    )
+}
+
 /// The delta rule over `n` tokens (conv rows `[n][ch]`, β and g `[n][nv]`): returns
 /// `(o [n][nv][dv], new state)`.
 pub fn dn_delta_seq(
@@ -635,7 +649,7 @@ pub fn dn_delta_seq(
     if beta.len() != n * d.nv
         || g.len() != n * d.nv
         || state.len() != d.nv * d.dk * d.dv
-        || d.dv > 1024
+        || d.dk > 1024
         || !d.nv.is_multiple_of(d.nk)
     {
         return Err(CudaError::Invalid(format!("dn_delta_seq: sizes {d:?}")));
@@ -650,12 +664,12 @@ pub fn dn_delta_seq(
         i32_arg(d.dk, "dk")?,
         i32_arg(d.dv, "dv")?,
     );
-    let block = (d.dv as u32).div_ceil(32) * 32;
+    let (grid, block, shared) = delta_seq_launch(d.nv, d.dk, d.dv);
     launch!(
         gpu,
         gpu.func("dn_delta_seq")?,
         "dn_delta_seq",
-        cfg((d.nv as u32, 1, 1), block, (8 * d.dk) as u32),
+        cfg(grid, block, shared),
         [&qd, &bd, &gd, &mut sd, &mut o, &ni, &chi, &nki, &dki, &dvi]
     )?;
     Ok((download(gpu, &o)?, download(gpu, &sd)?))
