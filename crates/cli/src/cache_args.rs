@@ -25,6 +25,9 @@ pub struct CacheArgs {
     /// Read expert-cache misses through the page cache instead of O_DIRECT.
     #[arg(long)]
     pub buffered_io: bool,
+    /// Load misses before computing, instead of overlapping the loads with the resident experts.
+    #[arg(long)]
+    pub no_overlap: bool,
 }
 
 impl CacheArgs {
@@ -58,6 +61,7 @@ impl CacheArgs {
             size,
             policy,
             direct_io: !self.buffered_io,
+            overlap: !self.no_overlap,
         })
     }
 }

@@ -43,6 +43,8 @@ pub struct CacheConfig {
     pub policy: Policy,
     /// Read misses with `O_DIRECT` when the file system allows it.
     pub direct_io: bool,
+    /// Compute with the resident experts of a layer while its misses load (an I/O thread).
+    pub overlap: bool,
 }
 
 impl Default for CacheConfig {
@@ -51,6 +53,7 @@ impl Default for CacheConfig {
             size: CacheSize::Unbounded,
             policy: Policy::Lru,
             direct_io: true,
+            overlap: true,
         }
     }
 }

@@ -68,6 +68,8 @@ struct Slots {
     /// Offset and size of each part's region inside a slot.
     regions: [(usize, usize); PARTS],
     reader: ExpertReader,
+    /// Compute with resident experts while misses load.
+    overlap: bool,
 }
 
 struct Inner {
@@ -194,6 +196,7 @@ impl ExpertCache {
                     memory: SlotMemory::new(n, slot_bytes)?,
                     regions,
                     reader,
+                    overlap: config.overlap,
                 })
             }
             _ => Store::Mapped,
@@ -330,11 +333,33 @@ impl Slots {
                 .hits
                 .fetch_add(resident.len() as u64, Ordering::Relaxed);
 
-            let t = Instant::now();
-            let filled = self.fill(requests, &to_fill);
-            counters
-                .stall_ns
-                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            // Misses load on an I/O thread while the caller computes with the resident experts
+            // (with `overlap`); the caller's stall is only the time it then waits.
+            let unpin_all = |this: &Slots| {
+                let mut inner = this.lock();
+                for &(_, s) in resident.iter().chain(&to_fill) {
+                    inner.dir.unpin(s);
+                }
+                drop(inner);
+                this.released.notify_all();
+            };
+            let filled = std::thread::scope(|scope| {
+                let loader = (self.overlap && !to_fill.is_empty() && !resident.is_empty())
+                    .then(|| scope.spawn(|| self.fill(requests, &to_fill)));
+                if loader.is_some() {
+                    self.hand_out(&resident, &mut f);
+                }
+                let t = Instant::now();
+                let filled = match loader {
+                    Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    None => self.fill(requests, &to_fill),
+                };
+                counters
+                    .stall_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                filled
+            });
+            let overlapped = self.overlap && !to_fill.is_empty() && !resident.is_empty();
             let mut inner = self.lock();
             let mut failure = None;
             let mut read = 0u64;
@@ -351,11 +376,9 @@ impl Slots {
                     }
                 }
             }
+            drop(inner);
             if let Some(e) = failure {
-                for &(_, s) in resident.iter().chain(&to_fill) {
-                    inner.dir.unpin(s);
-                }
-                self.released.notify_all();
+                unpin_all(self);
                 return Err(CacheError::Io {
                     path: self.reader.path().display().to_string(),
                     source: e,
@@ -365,33 +388,42 @@ impl Slots {
                 .misses
                 .fetch_add(to_fill.len() as u64, Ordering::Relaxed);
             counters.bytes_read.fetch_add(read, Ordering::Relaxed);
-            let round: Vec<(usize, usize)> = resident.into_iter().chain(to_fill).collect();
-            let layout: Vec<[(usize, usize); PARTS]> =
-                round.iter().map(|&(_, s)| inner.data[s]).collect();
-            drop(inner);
-
-            let idx: Vec<usize> = round.iter().map(|&(i, _)| i).collect();
-            let bytes: Vec<ExpertBytes> = round
-                .iter()
-                .zip(&layout)
-                .map(|(&(_, s), data)| {
-                    let slot = self.memory.slot(s);
-                    [0, 1, 2].map(|p| {
-                        let start = self.regions[p].0 + data[p].0;
-                        &slot[start..start + data[p].1]
-                    })
-                })
-                .collect();
-            f(&idx, &bytes);
-
-            let mut inner = self.lock();
-            for &(_, s) in &round {
-                inner.dir.unpin(s);
+            if overlapped {
+                self.hand_out(&to_fill, &mut f);
+            } else {
+                let round: Vec<(usize, usize)> = resident.iter().chain(&to_fill).copied().collect();
+                self.hand_out(&round, &mut f);
             }
-            drop(inner);
-            self.released.notify_all();
+            unpin_all(self);
         }
         Ok(())
+    }
+
+    /// Calls `f` with the request indices and bytes of the ready, pinned slots `(request, slot)`.
+    fn hand_out<F>(&self, round: &[(usize, usize)], f: &mut F)
+    where
+        F: FnMut(&[usize], &[ExpertBytes]),
+    {
+        if round.is_empty() {
+            return;
+        }
+        let layout: Vec<[(usize, usize); PARTS]> = {
+            let inner = self.lock();
+            round.iter().map(|&(_, s)| inner.data[s]).collect()
+        };
+        let idx: Vec<usize> = round.iter().map(|&(i, _)| i).collect();
+        let bytes: Vec<ExpertBytes> = round
+            .iter()
+            .zip(&layout)
+            .map(|(&(_, s), data)| {
+                let slot = self.memory.slot(s);
+                [0, 1, 2].map(|p| {
+                    let start = self.regions[p].0 + data[p].0;
+                    &slot[start..start + data[p].1]
+                })
+            })
+            .collect();
+        f(&idx, &bytes);
     }
 
     /// Reads the claimed slots `(request, slot)` from the file, several at a time. Per slot: where

@@ -31,6 +31,7 @@ fn bounded(size: CacheSize, policy: Policy) -> CacheConfig {
         size,
         policy,
         direct_io: true,
+        overlap: true,
     }
 }
 
