@@ -33,6 +33,96 @@ pub(crate) fn put_u16(out: &mut [u8], at: usize, bits: u16) {
     out[at..at + 2].copy_from_slice(&bits.to_le_bytes());
 }
 
+/// ggml's `GROUP_MAX_EPS`: a group whose largest value is below this counts as all zero.
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// C's `MAX(a, b)`: `a > b ? a : b` (differs from `f32::max` for NaN and signed zeros).
+#[inline]
+pub(crate) fn c_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// ggml's `make_qp_quants`: quantizes the non-negative `x` to levels `0..=nmax` (written to `l`,
+/// as u8 like ggml's, so a negative level wraps) with one scale minimising the `w`-weighted
+/// squared error: 9 trial scales, then up to 5 rounds of coordinate descent. Returns the scale.
+pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8]) -> f32 {
+    let n = x.len();
+    assert!(w.len() == n && l.len() == n);
+    let max = x.iter().fold(0f32, |m, &v| c_max(m, v));
+    if max < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let nmaxf = nmax as f32;
+    let mut iscale = nmaxf / max;
+    for i in 0..n {
+        l[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0f32;
+    for i in 0..n {
+        let diff = x[i] - scale * f32::from(l[i]);
+        best_mse += w[i] * diff * diff;
+    }
+    for is in (-4..=4).filter(|&is| is != 0) {
+        let iscale_is = (0.1 * is as f32 + nmaxf) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0f32;
+        for i in 0..n {
+            let q = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * q as f32;
+            mse += w[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let mut sumlx = 0f32;
+    let mut suml2 = 0f32;
+    for i in 0..n {
+        let q = nearest_int(iscale * x[i]).min(nmax);
+        l[i] = q as u8;
+        let qf = q as f32;
+        sumlx += w[i] * x[i] * qf;
+        suml2 += w[i] * qf * qf;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for i in 0..n {
+            let li = f32::from(l[i]);
+            let mut slx = sumlx - w[i] * x[i] * li;
+            let mut sl2 = suml2 - w[i] * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != i32::from(l[i]) {
+                    let nl = new_l as f32;
+                    slx += w[i] * x[i] * nl;
+                    sl2 += w[i] * nl * nl;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

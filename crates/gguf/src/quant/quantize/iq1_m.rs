@@ -11,8 +11,8 @@
 
 use std::sync::OnceLock;
 
-use super::common::nearest_int;
-use super::iq_grid::{c_max, IqGrid, Lookup};
+use super::common::{c_max, nearest_int};
+use super::iq_grid::{IqGrid, Lookup};
 use crate::quant::grids::IQ1S_GRID;
 
 const QK_K: usize = 256;

@@ -11,13 +11,12 @@
 
 use std::sync::OnceLock;
 
-use super::common::nearest_int;
-use super::iq_grid::{c_max, IqGrid, Lookup};
+use super::common::{c_max, make_qp_quants, nearest_int, GROUP_MAX_EPS};
+use super::iq_grid::{IqGrid, Lookup};
 use crate::quant::grids::IQ2XXS_GRID;
 
 const QK_K: usize = 256;
 const BLOCK_BYTES: usize = 66;
-const GROUP_MAX_EPS: f32 = 1e-15;
 /// Quant levels per element (grid coordinates are `2l + 1`, l in 0..3).
 const K_MAX_Q: i32 = 3;
 
@@ -152,7 +151,7 @@ fn sub_block_scale(
     waux: &[f32; 32],
 ) -> Option<(f32, [i8; 32])> {
     let mut levels = [0i8; 32];
-    let mut scale = make_qp_quants(K_MAX_Q + 1, xval, weight);
+    let mut scale = make_qp_quants(K_MAX_Q + 1, xval, weight, &mut [0u8; 32]);
     let eff_max = scale * K_MAX_Q as f32;
     if eff_max <= 0.0 {
         return None;
@@ -241,77 +240,4 @@ fn weighted_sums(xval: &[f32; 32], weight: &[f32; 32], levels: &[i8; 32]) -> (f3
         sumq2 += w * q * q;
     }
     (sumqx, sumq2)
-}
-
-/// ggml's `make_qp_quants` for 32 values: the weighted least-squares scale for non-negative
-/// levels 0..=nmax (a grid of 9 trial scales, then up to 5 rounds of coordinate descent).
-/// Only the returned scale is used. Levels are kept as u8 like ggml's (a negative value wraps).
-fn make_qp_quants(nmax: i32, x: &[f32; 32], w: &[f32; 32]) -> f32 {
-    let max = x.iter().fold(0f32, |m, &v| c_max(m, v));
-    if max < GROUP_MAX_EPS {
-        return 0.0;
-    }
-    let nmaxf = nmax as f32;
-    let mut l = [0u8; 32];
-    let mut iscale = nmaxf / max;
-    for i in 0..32 {
-        l[i] = nearest_int(iscale * x[i]) as u8;
-    }
-    let scale = 1.0 / iscale;
-    let mut best_mse = 0f32;
-    for i in 0..32 {
-        let diff = x[i] - scale * l[i] as f32;
-        best_mse += w[i] * diff * diff;
-    }
-    for is in (-4..=4).filter(|&is| is != 0) {
-        let iscale_is = (0.1 * is as f32 + nmaxf) / max;
-        let scale_is = 1.0 / iscale_is;
-        let mut mse = 0f32;
-        for i in 0..32 {
-            let q = nearest_int(iscale_is * x[i]).min(nmax);
-            let diff = x[i] - scale_is * q as f32;
-            mse += w[i] * diff * diff;
-        }
-        if mse < best_mse {
-            best_mse = mse;
-            iscale = iscale_is;
-        }
-    }
-    let mut sumlx = 0f32;
-    let mut suml2 = 0f32;
-    for i in 0..32 {
-        let q = nearest_int(iscale * x[i]).min(nmax);
-        l[i] = q as u8;
-        sumlx += w[i] * x[i] * q as f32;
-        suml2 += w[i] * q as f32 * q as f32;
-    }
-    for _ in 0..5 {
-        let mut changed = false;
-        for i in 0..32 {
-            let li = l[i] as f32;
-            let mut slx = sumlx - w[i] * x[i] * li;
-            let mut sl2 = suml2 - w[i] * li * li;
-            if slx > 0.0 && sl2 > 0.0 {
-                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
-                if new_l != l[i] as i32 {
-                    slx += w[i] * x[i] * new_l as f32;
-                    sl2 += w[i] * new_l as f32 * new_l as f32;
-                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        l[i] = new_l as u8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        changed = true;
-                    }
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    if suml2 > 0.0 {
-        sumlx / suml2
-    } else {
-        0.0
-    }
 }

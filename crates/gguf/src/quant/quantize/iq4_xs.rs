@@ -5,14 +5,12 @@
 //! sub-block scale), 4 B `scales_l` (low nibbles), 128 B of 4-bit indices into the non-linear
 //! table `KVALUES_IQ4NL`; value = d · (scale − 32) · table[index].
 
-use super::common::{f32_to_f16_bits, nearest_int, put_u16};
+use super::common::{f32_to_f16_bits, nearest_int, put_u16, GROUP_MAX_EPS};
 use crate::quant::grids::KVALUES_IQ4NL;
 
 const QK_K: usize = 256;
 const BLOCK_BYTES: usize = 136;
 const NTRY: i32 = 7;
-/// ggml's `GROUP_MAX_EPS`: below this a sub-block counts as all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
 
 pub(crate) fn quantize_row_iq4_xs(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
     for (ib, (x, y)) in row

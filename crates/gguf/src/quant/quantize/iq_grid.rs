@@ -141,13 +141,3 @@ fn pattern_index(levels: [i8; 8]) -> usize {
         .enumerate()
         .fold(0, |u, (k, &l)| u | (((l as usize) & 3) << (2 * k)))
 }
-
-/// C's `MAX(a, b)`: `a > b ? a : b` (differs from `f32::max` for NaN and signed zeros).
-#[inline]
-pub(super) fn c_max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}

@@ -11,11 +11,9 @@
 //! * Q5_K (176 B): as Q4_K, then 32 B of high bits, then 128 B nibbles.
 //! * Q6_K (210 B): 128 B low nibbles, 64 B high 2-bit pairs, 16 × i8 scales, f16 d.
 
-use super::common::{f32_to_f16_bits, nearest_int, put_u16};
+use super::common::{f32_to_f16_bits, make_qp_quants, nearest_int, put_u16, GROUP_MAX_EPS};
 
 const QK_K: usize = 256;
-/// ggml's `GROUP_MAX_EPS`: below this a group counts as all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
 
 const Q4K_BYTES: usize = 144;
 const Q5K_BYTES: usize = 176;
@@ -212,8 +210,8 @@ fn fit_scales_imatrix<const NMAX: i32>(
     }
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
-    let d_block = make_qp_quants(63, scales, &mut ls, &sw);
-    let m_block = make_qp_quants(63, mins, &mut lm, &sw);
+    let d_block = make_qp_quants(63, scales, &sw, &mut ls);
+    let m_block = make_qp_quants(63, mins, &sw, &mut lm);
     if NMAX == 31 {
         // Only ggml's Q5_K path clamps here (a no-op unless make_qp_quants wrapped a level).
         for j in 0..8 {
@@ -265,6 +263,46 @@ fn make_qkx2_quants(
     rdelta: f32,
     nstep: i32,
 ) -> (f32, f32) {
+    // A trial level: rounded, then clamped to 0..=nmax.
+    let level = |v: f32| nearest_int(v).clamp(0, nmax);
+    fit_scale_min(nmax, x, weights, l_out, laux, rmin, rdelta, nstep, level)
+}
+
+/// ggml's `make_qkx3_quants` (n = 32, explicit weights, `use_mad` = false): as
+/// [`make_qkx2_quants`] but with its own trial grid and level clamping.
+#[allow(clippy::too_many_arguments)]
+fn make_qkx3_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32; 32],
+    l_out: &mut [u8; 32],
+    laux: &mut [u8; 32],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> (f32, f32) {
+    // A trial level: 0 unless positive, else the value clamped to nmax, then rounded.
+    let fmax = nmax as f32;
+    let level = |v: f32| if v > 0.0 { nearest_int(v.min(fmax)) } else { 0 };
+    fit_scale_min(nmax, x, weights, l_out, laux, rmin, rdelta, nstep, level)
+}
+
+/// The body `make_qkx2_quants` and `make_qkx3_quants` share: a first fit over `[min(x, 0), max]`,
+/// then `nstep + 1` trial inverse scales `(rmin + rdelta·is + nmax) / (max − min)`, each followed
+/// by the weighted least-squares (scale, min) for its levels (`level` maps `iscale·(x − min)` to a
+/// level); the trial with the smallest weighted squared error wins.
+#[allow(clippy::too_many_arguments)]
+fn fit_scale_min(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32; 32],
+    l_out: &mut [u8; 32],
+    laux: &mut [u8; 32],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    level: impl Fn(f32) -> i32,
+) -> (f32, f32) {
     let n = 32;
     let mut min = x[0];
     let mut max = x[0];
@@ -284,6 +322,8 @@ fn make_qkx2_quants(
     if min > 0.0 {
         min = 0.0;
     }
+    // ggml tests `max == min` (qkx2) or `max <= min` (qkx3): the same here, as max ≥ min ≤ 0
+    // whenever neither is NaN.
     if max == min {
         l_out.fill(0);
         return (0.0, -min);
@@ -302,7 +342,7 @@ fn make_qkx2_quants(
         iscale = (rmin + rdelta * is as f32 + fmax) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
         for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            let l = level(iscale * (x[i] - min));
             laux[i] = l as u8;
             let (w, lf) = (weights[i], l as f32);
             sum_l += w * lf;
@@ -331,170 +371,6 @@ fn make_qkx2_quants(
         }
     }
     (scale, -min)
-}
-
-/// ggml's `make_qkx3_quants` (n = 32, explicit weights, `use_mad` = false): as
-/// [`make_qkx2_quants`] but with its own trial grid and level clamping.
-#[allow(clippy::too_many_arguments)]
-fn make_qkx3_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32; 32],
-    l_out: &mut [u8; 32],
-    laux: &mut [u8; 32],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-) -> (f32, f32) {
-    let n = 32;
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max <= min {
-        l_out.fill(0);
-        return (0.0, -min);
-    }
-    let fmax = nmax as f32;
-    let mut iscale = fmax / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_mad = 0f32;
-    for i in 0..n {
-        let l = nearest_int(iscale * (x[i] - min));
-        l_out[i] = l.clamp(0, nmax) as u8;
-        let diff = scale * f32::from(l_out[i]) + min - x[i];
-        best_mad += weights[i] * (diff * diff);
-    }
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + fmax) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
-        for i in 0..n {
-            let v = iscale * (x[i] - min);
-            let l = if v > 0.0 { nearest_int(v.min(fmax)) } else { 0 };
-            laux[i] = l as u8;
-            let (w, lf) = (weights[i], l as f32);
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
-        }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut mad = 0f32;
-            for i in 0..n {
-                let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                mad += weights[i] * (diff * diff);
-            }
-            if mad < best_mad {
-                l_out.copy_from_slice(laux);
-                best_mad = mad;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
-}
-
-/// ggml's `make_qp_quants` (n = 8): quantizes the non-negative `x` to levels 0..=nmax with one
-/// scale, minimising the `w`-weighted squared error (scale search, then coordinate descent).
-/// Returns the scale.
-fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], w: &[f32; 8]) -> f32 {
-    let n = 8;
-    let mut max = 0f32;
-    for &v in x {
-        max = if max > v { max } else { v };
-    }
-    if max < GROUP_MAX_EPS {
-        l_out.fill(0);
-        return 0.0;
-    }
-    let fmax = nmax as f32;
-    let mut iscale = fmax / max;
-    for i in 0..n {
-        l_out[i] = nearest_int(iscale * x[i]) as u8;
-    }
-    let scale = 1.0 / iscale;
-    let mut best_mse = 0f32;
-    for i in 0..n {
-        let diff = x[i] - scale * f32::from(l_out[i]);
-        best_mse += w[i] * diff * diff;
-    }
-    for is in -4..=4 {
-        if is == 0 {
-            continue;
-        }
-        let iscale_is = (0.1 * is as f32 + fmax) / max;
-        let scale_is = 1.0 / iscale_is;
-        let mut mse = 0f32;
-        for i in 0..n {
-            let l = nearest_int(iscale_is * x[i]).min(nmax);
-            let diff = x[i] - scale_is * l as f32;
-            mse += w[i] * diff * diff;
-        }
-        if mse < best_mse {
-            best_mse = mse;
-            iscale = iscale_is;
-        }
-    }
-    let mut sumlx = 0f32;
-    let mut suml2 = 0f32;
-    for i in 0..n {
-        let l = nearest_int(iscale * x[i]).min(nmax);
-        l_out[i] = l as u8;
-        let lf = l as f32;
-        sumlx += w[i] * x[i] * lf;
-        suml2 += w[i] * lf * lf;
-    }
-    for _ in 0..5 {
-        let mut n_changed = 0;
-        for i in 0..n {
-            let li = f32::from(l_out[i]);
-            let mut slx = sumlx - w[i] * x[i] * li;
-            let mut sl2 = suml2 - w[i] * li * li;
-            if slx > 0.0 && sl2 > 0.0 {
-                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
-                if new_l != i32::from(l_out[i]) {
-                    let nl = new_l as f32;
-                    slx += w[i] * x[i] * nl;
-                    sl2 += w[i] * nl * nl;
-                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        l_out[i] = new_l as u8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        n_changed += 1;
-                    }
-                }
-            }
-        }
-        if n_changed == 0 {
-            break;
-        }
-    }
-    if suml2 > 0.0 {
-        sumlx / suml2
-    } else {
-        0.0
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
