@@ -343,7 +343,7 @@ pub fn matmul_isa(
 #[cfg(target_arch = "x86_64")]
 type MultiRowDot = super::iquants_avx512::MultiRowDot;
 #[cfg(target_arch = "x86_64")]
-const MULTI_ROWS: usize = super::iquants_avx512::MULTI_ROWS;
+const MULTI_ROWS: usize = super::iquants_avx512::MULTI_ROWS_WIDE;
 #[cfg(not(target_arch = "x86_64"))]
 type MultiRowDot = fn(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]);
 #[cfg(not(target_arch = "x86_64"))]
@@ -360,12 +360,12 @@ const MULTI_ROWS: usize = 1;
 fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<(MultiRowDot, bool)> {
     #[cfg(target_arch = "x86_64")]
     if isa.min(Isa::best()) == Isa::Avx512 {
+        // (Both take up to MULTI_ROWS rows; the 4-row `iquants_avx512::multi_kernel` is
+        // superseded by the offset one.)
         if let Some(f) = super::iquants_avx512::multi_kernel_offset(ty) {
             return Some((f, true));
         }
-        return super::iquants_avx512::multi_kernel(ty)
-            .or_else(|| super::kquants_multi_x86::multi_kernel(ty))
-            .map(|f| (f, false));
+        return super::kquants_multi_x86::multi_kernel(ty).map(|f| (f, false));
     }
     let _ = (ty, isa);
     None

@@ -82,6 +82,10 @@ pub type MultiRowDot = fn(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]);
 /// The most activation rows a [`MultiRowDot`] takes per call.
 pub const MULTI_ROWS: usize = 4;
 
+/// The most activation rows a kernel of [`multi_kernel_offset`] (or of the Q4_K multi-row
+/// kernel) takes per call.
+pub const MULTI_ROWS_WIDE: usize = 8;
+
 /// The multi-row kernel for `ty` when [`kernel`] hands out this module's single-row kernel for it
 /// (same arithmetic per row), else `None`.
 pub fn multi_kernel(ty: GgmlType) -> Option<MultiRowDot> {
@@ -111,20 +115,23 @@ fn iq2_xxs_multi_row_offset(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
     let blocks = xs.iter().map(|x| x.len()).min().unwrap_or(0);
     let nb = (w.len() / IQ2_XXS_BYTES).min(blocks);
     let w = &w[..nb * IQ2_XXS_BYTES];
+    /// `R` rows of `xs`, cut to `nb` blocks.
+    fn rows<'a, const R: usize>(xs: &[&'a [BlockQ8K]], nb: usize) -> [&'a [BlockQ8K]; R] {
+        core::array::from_fn(|r| &xs[r][..nb])
+    }
     // SAFETY: handed out by `multi_kernel_offset` only when `supported()` holds.
     unsafe {
-        match *xs {
-            [] => {}
-            [a] => out[..1].copy_from_slice(&iq2_xxs_rows_offset(w, [&a[..nb]])),
-            [a, b] => out[..2].copy_from_slice(&iq2_xxs_rows_offset(w, [&a[..nb], &b[..nb]])),
-            [a, b, c] => {
-                out[..3].copy_from_slice(&iq2_xxs_rows_offset(w, [&a[..nb], &b[..nb], &c[..nb]]))
-            }
-            [a, b, c, d] => out[..4].copy_from_slice(&iq2_xxs_rows_offset(
-                w,
-                [&a[..nb], &b[..nb], &c[..nb], &d[..nb]],
-            )),
-            // The driver never passes more than MULTI_ROWS rows.
+        match xs.len() {
+            0 => {}
+            1 => out[..1].copy_from_slice(&iq2_xxs_rows_offset::<1>(w, rows(xs, nb))),
+            2 => out[..2].copy_from_slice(&iq2_xxs_rows_offset::<2>(w, rows(xs, nb))),
+            3 => out[..3].copy_from_slice(&iq2_xxs_rows_offset::<3>(w, rows(xs, nb))),
+            4 => out[..4].copy_from_slice(&iq2_xxs_rows_offset::<4>(w, rows(xs, nb))),
+            5 => out[..5].copy_from_slice(&iq2_xxs_rows_offset::<5>(w, rows(xs, nb))),
+            6 => out[..6].copy_from_slice(&iq2_xxs_rows_offset::<6>(w, rows(xs, nb))),
+            7 => out[..7].copy_from_slice(&iq2_xxs_rows_offset::<7>(w, rows(xs, nb))),
+            8 => out[..8].copy_from_slice(&iq2_xxs_rows_offset::<8>(w, rows(xs, nb))),
+            // The driver never passes more than MULTI_ROWS_WIDE rows.
             _ => out.fill(f32::NAN),
         }
     }
@@ -550,10 +557,12 @@ fn iq2_xxs_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
 
 /// The IQ2_XXS kernel for `R` activation rows in offset form: each activation block's `qs` holds
 /// `q8 ^ 0x80` (= q8 + 128 as an unsigned byte, see [`offset_activations`]). The weight signs are
-/// then applied to the weights once per block for every row, and a row costs one
-/// `vpmaddubsw` + `vpdpwssd` per 64 elements: `Σ w·(q8 + 128) − 128·Σ w` is exactly `Σ w·q8`
-/// (all in i32; |w| ≤ 43 keeps the pair sums below the i16 limit). The block sums are those of
-/// [`iq2_xxs_rows`] and so is the f32 arithmetic: bit-identical results.
+/// applied to the weights once per block for every row, and a row costs one `vpmaddubsw` +
+/// `vpdpwssd` per 64 elements: `Σ w·(q8 + 128) − 128·Σ w` is exactly `Σ w·q8` (all in i32;
+/// |w| ≤ 43 keeps the pair sums below the i16 limit). The block is decoded once, before the rows
+/// meet it, so the live registers do not grow with `R`. The block sums are those of
+/// [`iq2_xxs_rows`] and so is the f32 arithmetic (four rows at a time in the lanes of a vector):
+/// bit-identical results.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
 fn iq2_xxs_rows_offset<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
@@ -567,7 +576,7 @@ fn iq2_xxs_rows_offset<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; 
     let scale_words = IQ2XXS_SCALE_WORDS.each_ref().map(|v| load64(v));
 
     let mut sumf = [0.0f32; R];
-    let mut sum4 = _mm_setzero_ps();
+    let mut sum4 = [_mm_setzero_ps(); 2];
     for (i, b) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
         let dw = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
         let qs = &b[2..66];
@@ -581,43 +590,59 @@ fn iq2_xxs_rows_offset<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; 
             let at = 8 * sb + 4;
             u32::from_le_bytes([qs[at], qs[at + 1], qs[at + 2], qs[at + 3]])
         };
-        // 128·Σ w (scaled per sub-block), subtracted from every row's sum.
+        // The block's signed weights and sub-block scales, 64 elements per chunk, and
+        // 128·Σ w (scaled per sub-block), which comes off every row's sum.
+        let mut signed = [_mm512_setzero_si512(); 4];
+        let mut ls = [_mm512_setzero_si512(); 4];
         let mut corr = _mm512_setzero_si512();
-        let mut acc = [_mm512_setzero_si512(); R];
         for c in 0..4 {
             let codes = _mm512_permutex2var_epi8(lo, row_codes[c], hi);
             let grid =
                 _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shift_2j, codes), values);
             let flip =
                 sign_mask(u64::from(aux(2 * c) & 0x0FFF_FFFF) | u64::from(aux(2 * c + 1)) << 28);
-            let signed = _mm512_mask_sub_epi8(grid, flip, _mm512_setzero_si512(), grid);
-            let ls = _mm512_permutexvar_epi16(scale_words[c], scales);
-            corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(offset, signed), ls);
-            for r in 0..R {
-                let pairs = _mm512_maddubs_epi16(load_q8(&xs[r][i], c), signed);
-                acc[r] = _mm512_dpwssd_epi32(acc[r], pairs, ls);
+            signed[c] = _mm512_mask_sub_epi8(grid, flip, _mm512_setzero_si512(), grid);
+            ls[c] = _mm512_permutexvar_epi16(scale_words[c], scales);
+            corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(offset, signed[c]), ls[c]);
+        }
+        let row_sum = |r: usize| {
+            let mut acc = _mm512_setzero_si512();
+            for c in 0..4 {
+                let pairs = _mm512_maddubs_epi16(load_q8(&xs[r][i], c), signed[c]);
+                acc = _mm512_dpwssd_epi32(acc, pairs, ls[c]);
             }
-        }
-        let acc = acc.map(|a| _mm512_sub_epi32(a, corr));
-        if R == 4 {
-            // The four rows together: one transposing reduction, the f32 updates in the lanes of
-            // one vector (per lane the scalar expression below).
+            _mm512_sub_epi32(acc, corr)
+        };
+        // Groups of four rows: one transposing reduction, the f32 updates in the lanes of one
+        // vector (per lane the scalar expression below).
+        for (g, s4) in sum4.iter_mut().enumerate().take(R / 4) {
+            let r0 = 4 * g;
+            let sums = [
+                row_sum(r0),
+                row_sum(r0 + 1),
+                row_sum(r0 + 2),
+                row_sum(r0 + 3),
+            ];
             // SAFETY: AVX-512 F is enabled for this function.
-            let isum = _mm_cvtepi32_ps(unsafe { hsum4_512([acc[0], acc[1], acc[2], acc[3]]) });
-            let yd = _mm_setr_ps(xs[0][i].d, xs[1][i].d, xs[2][i].d, xs[3][i].d);
-            sum4 = _mm_add_ps(sum4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dw), yd), isum));
-            continue;
+            let isum = _mm_cvtepi32_ps(unsafe { hsum4_512(sums) });
+            let yd = _mm_setr_ps(
+                xs[r0][i].d,
+                xs[r0 + 1][i].d,
+                xs[r0 + 2][i].d,
+                xs[r0 + 3][i].d,
+            );
+            *s4 = _mm_add_ps(*s4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dw), yd), isum));
         }
-        for r in 0..R {
+        for r in R / 4 * 4..R {
             let d = dw * xs[r][i].d;
-            sumf[r] += d * _mm512_reduce_add_epi32(acc[r]) as f32;
+            sumf[r] += d * _mm512_reduce_add_epi32(row_sum(r)) as f32;
         }
     }
-    if R == 4 {
+    for (g, s4) in sum4.iter().enumerate().take(R / 4) {
         let mut four = [0.0f32; 4];
         // SAFETY: `four` is 4 writable f32.
-        unsafe { _mm_storeu_ps(four.as_mut_ptr(), sum4) };
-        sumf[..4].copy_from_slice(&four);
+        unsafe { _mm_storeu_ps(four.as_mut_ptr(), *s4) };
+        sumf[4 * g..4 * g + 4].copy_from_slice(&four);
     }
     sumf.map(|s| 0.125 * s)
 }

@@ -28,15 +28,23 @@ pub(crate) fn multi_kernel(ty: GgmlType) -> Option<super::iquants_avx512::MultiR
 }
 
 fn q4k_multi_row(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
+    /// The first `R` rows of `xs`.
+    fn rows<'a, const R: usize>(xs: &[&'a [BlockQ8K]]) -> [&'a [BlockQ8K]; R] {
+        core::array::from_fn(|r| xs[r])
+    }
     // SAFETY: handed out by `multi_kernel` only when AVX-512 F/BW/VL and VNNI are present.
     unsafe {
-        match *xs {
-            [] => {}
-            [a] => out[..1].copy_from_slice(&q4k_rows(w, [a])),
-            [a, b] => out[..2].copy_from_slice(&q4k_rows(w, [a, b])),
-            [a, b, c] => out[..3].copy_from_slice(&q4k_rows(w, [a, b, c])),
-            [a, b, c, d] => out[..4].copy_from_slice(&q4k_rows4(w, [a, b, c, d])),
-            // The driver never passes more than MULTI_ROWS rows.
+        match xs.len() {
+            0 => {}
+            1 => out[..1].copy_from_slice(&q4k_rows(w, rows::<1>(xs))),
+            2 => out[..2].copy_from_slice(&q4k_rows(w, rows::<2>(xs))),
+            3 => out[..3].copy_from_slice(&q4k_rows(w, rows::<3>(xs))),
+            4 => out[..4].copy_from_slice(&q4k_rows_wide(w, rows::<4>(xs))),
+            5 => out[..5].copy_from_slice(&q4k_rows_wide(w, rows::<5>(xs))),
+            6 => out[..6].copy_from_slice(&q4k_rows_wide(w, rows::<6>(xs))),
+            7 => out[..7].copy_from_slice(&q4k_rows_wide(w, rows::<7>(xs))),
+            8 => out[..8].copy_from_slice(&q4k_rows_wide(w, rows::<8>(xs))),
+            // The driver never passes more than MULTI_ROWS_WIDE rows.
             _ => out.fill(f32::NAN),
         }
     }
@@ -124,13 +132,14 @@ unsafe fn hsum4_256(v: [__m256i; 4]) -> __m128i {
     )
 }
 
-/// [`q4k_rows`] for exactly 4 activation rows, with the per-block reductions of the four rows
-/// done together (two transposing reductions instead of eight horizontal sums) and the four
-/// rows' f32 block updates in the lanes of one vector: per lane the same operations as the
-/// scalar expression (`(y.d·d)·isum − (y.d·dmin)·isumm`, then added), so bit-identical.
+/// [`q4k_rows`] for `R` ≤ 8 activation rows, the block decoded before the rows meet it (the live
+/// registers do not grow with `R`), the per-block reductions of four rows done together (two
+/// transposing reductions instead of eight horizontal sums) and their f32 block updates in the
+/// lanes of one vector: per lane the same operations as the scalar expression (`(y.d·d)·isum −
+/// (y.d·dmin)·isumm`, then added), so bit-identical.
 #[allow(clippy::needless_range_loop)] // block `i` of the weights and of every activation row
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_rows4(w: &[u8], xs: [&[BlockQ8K]; 4]) -> [f32; 4] {
+unsafe fn q4k_rows_wide<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
     let nb = xs
         .iter()
         .map(|x| x.len())
@@ -142,7 +151,8 @@ unsafe fn q4k_rows4(w: &[u8], xs: [&[BlockQ8K]; 4]) -> [f32; 4] {
         bcast16_index(6, 7),
     ];
     let low4 = _mm512_set1_epi8(0x0F);
-    let mut acc = _mm_setzero_ps();
+    let mut acc = [0.0f32; R];
+    let mut acc4 = [_mm_setzero_ps(); 2];
     for i in 0..nb {
         let b = w.as_ptr().add(i * Q4K_BYTES);
         let dh = f16x2_hw(read_u32(b));
@@ -158,31 +168,49 @@ unsafe fn q4k_rows4(w: &[u8], xs: [&[BlockQ8K]; 4]) -> [f32; 4] {
             _mm512_and_si512(both, low4)
         });
         let ls: [__m512i; 4] = core::array::from_fn(|c| _mm512_shuffle_epi8(scb, idx[c]));
-        let isums: [__m512i; 4] = core::array::from_fn(|r| {
-            let yq = xs[r][i].qs.as_ptr();
+        // Row r's exact block sum (16 lanes) and bsums·mins (8 lanes).
+        let sums = |r: usize| {
+            let y = &xs[r][i];
+            let yq = y.qs.as_ptr();
             let mut isum = _mm512_setzero_si512();
             for c in 0..4 {
                 let yv = _mm512_loadu_si512(yq.add(64 * c) as *const _);
                 isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(wv[c], yv), ls[c]);
             }
-            isum
-        });
-        let pms: [__m256i; 4] = core::array::from_fn(|r| {
-            let bs = _mm256_loadu_si256(xs[r][i].bsums.as_ptr() as *const __m256i);
-            _mm256_madd_epi16(bs, mins)
-        });
-        let isum = _mm_cvtepi32_ps(hsum4_512(isums));
-        let isumm = _mm_cvtepi32_ps(hsum4_256(pms));
-        let yd = _mm_setr_ps(xs[0][i].d, xs[1][i].d, xs[2][i].d, xs[3][i].d);
+            let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            (isum, _mm256_madd_epi16(bs, mins))
+        };
         let d = _mm_broadcastss_ps(dh);
         let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dh));
-        let t = _mm_sub_ps(
-            _mm_mul_ps(_mm_mul_ps(yd, d), isum),
-            _mm_mul_ps(_mm_mul_ps(yd, dmin), isumm),
-        );
-        acc = _mm_add_ps(acc, t);
+        for (g, a4) in acc4.iter_mut().enumerate().take(R / 4) {
+            let r0 = 4 * g;
+            let s: [(__m512i, __m256i); 4] = core::array::from_fn(|k| sums(r0 + k));
+            let isum = _mm_cvtepi32_ps(hsum4_512(s.map(|p| p.0)));
+            let isumm = _mm_cvtepi32_ps(hsum4_256(s.map(|p| p.1)));
+            let yd = _mm_setr_ps(
+                xs[r0][i].d,
+                xs[r0 + 1][i].d,
+                xs[r0 + 2][i].d,
+                xs[r0 + 3][i].d,
+            );
+            let t = _mm_sub_ps(
+                _mm_mul_ps(_mm_mul_ps(yd, d), isum),
+                _mm_mul_ps(_mm_mul_ps(yd, dmin), isumm),
+            );
+            *a4 = _mm_add_ps(*a4, t);
+        }
+        let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
+        for r in R / 4 * 4..R {
+            let yd = xs[r][i].d;
+            let (isum, pm) = sums(r);
+            let (isum, isumm) = (hsum512_epi32(isum), hsum256_epi32(pm));
+            acc[r] += (yd * d) * isum as f32 - (yd * dmin) * isumm as f32;
+        }
     }
-    let mut out = [0.0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), acc);
-    out
+    for (g, a4) in acc4.iter().enumerate().take(R / 4) {
+        let mut four = [0.0f32; 4];
+        _mm_storeu_ps(four.as_mut_ptr(), *a4);
+        acc[4 * g..4 * g + 4].copy_from_slice(&four);
+    }
+    acc
 }
