@@ -41,9 +41,13 @@ pub enum QuantizeError {
     #[error("the input architecture is '{0}'; redlite quantizes only qwen3next files")]
     NotQwen3Next(String),
     #[error(
-        "{what} needs an importance matrix: pass --imatrix FILE (make one with `redlite imatrix`)"
+        "{recipe} puts {ty} on {tensor}, and {ty} needs an importance matrix: pass --imatrix FILE (make one with `redlite imatrix`)"
     )]
-    NeedsImatrix { what: String },
+    NeedsImatrix {
+        recipe: String,
+        ty: GgmlType,
+        tensor: String,
+    },
     #[error(
         "imatrix entry for '{tensor}' has {got} values ({n_mat} slices of {n_per_row}); the tensor needs {want}"
     )]
@@ -170,7 +174,8 @@ fn needs_imatrix(ty: GgmlType, name: &str) -> bool {
 
 /// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third between.
 fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    // `i - n / 8` cannot underflow: the first test failed.
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The block number of `blk.N.*`.
@@ -260,7 +265,12 @@ pub fn plan(
         if needs_imatrix(wanted, &t.name) && entry.is_none() {
             if imatrix.is_none() {
                 return Err(QuantizeError::NeedsImatrix {
-                    what: format!("{wanted} (for {})", t.name),
+                    recipe: match recipe {
+                        Recipe::Whole(_) => "--type".into(),
+                        r => format!("recipe {}", r.label()),
+                    },
+                    ty: wanted,
+                    tensor: t.name.clone(),
                 });
             }
             c.to = GgmlType::Q4K;

@@ -27,8 +27,11 @@ fn types_of(path: &Path) -> BTreeMap<String, GgmlType> {
     f.tensors().iter().map(|t| (t.name.clone(), t.ty)).collect()
 }
 
-/// Every stored row of P1–P3: (prompt ids, positions, exact F16 logits rows).
-fn prompts() -> Vec<(Vec<u32>, Vec<usize>, Vec<Vec<f32>>)> {
+/// One reference prompt: its ids, the stored positions and the exact F16 logits at them.
+type Prompt = (Vec<u32>, Vec<usize>, Vec<Vec<f32>>);
+
+/// Every stored row of P1–P3.
+fn prompts() -> Vec<Prompt> {
     let text = std::fs::read_to_string(reference().join("logits/prompts.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     ["P1", "P2", "P3"]
