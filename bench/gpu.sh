@@ -52,13 +52,13 @@ IDS=$(python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["entries"][0];
     echo "model $M, prompt ids $IDS"
     "$BIN" logits --backend cuda -m "$M" --ids "$IDS" --out "$LOGS/l_cuda.bin" 2>&1
     "$BIN" logits --backend cuda --mode step -m "$M" --ids "$IDS" --out "$LOGS/l_cuda_step.bin" 2>&1
-    "$BIN" logits --backend cpu -m "$M" --ids "$IDS" --out "$LOGS/l_cpu.bin" 2>&1
+    "$BIN" logits --backend oracle -m "$M" --ids "$IDS" --out "$LOGS/l_cpu.bin" 2>&1
     python3 - "$LOGS" <<'PY'
 import array, sys
 d = sys.argv[1]
 rd = lambda n: array.array("f", open(f"{d}/{n}", "rb").read())
 c, s, p = rd("l_cuda.bin"), rd("l_cuda_step.bin"), rd("l_cpu.bin")
-print("logits cli: max |cuda prefill - cpu| = %.3g, max |cuda step - cpu| = %.3g over %d values"
+print("logits cli: max |cuda prefill - oracle| = %.3g, max |cuda step - oracle| = %.3g over %d values"
       % (max(abs(a - b) for a, b in zip(c, p)), max(abs(a - b) for a, b in zip(s, p)), len(p)))
 PY
     for be in cuda cpu; do
