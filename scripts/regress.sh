@@ -130,6 +130,29 @@ else
     skip "parity live llama.cpp: F16" "(llama-cpp-python not installed)"
 fi
 
+# Quantize the F16 fixture with the cf2 recipe, then load and run the result in llama.cpp.
+quantized_cf2_loads_in_llamacpp() {
+    local out="${TMPDIR:-/tmp}/regress-cf2-$$.gguf" r
+    "$REDLITE" quantize "$FIXTURES/models/tiny-F16.gguf" "$out" --recipe cf2 \
+        --imatrix "$FIXTURES/models/tiny.imatrix.gguf" --quiet &&
+        python3 scripts/check_quantized_llamacpp.py "$out" --reference "$FIXTURES"
+    r=$?
+    rm -f "$out"
+    return $r
+}
+
+# Quantize: cf2 on the F16 fixture is llama-quantize's tiny-CF2.gguf byte for byte (and KL within
+# 1.5x), q4_k_m types match tiny-Q4_K_M, our imatrix has llama-imatrix's entries; in the full run
+# llama.cpp must load our cf2 file.
+gate "quantize + imatrix vs llama.cpp's tools" cargo_test -p redlite-engine --test quantize --test imatrix
+if [ "$FAST" = 1 ]; then
+    skip "quantized file loads in llama.cpp" "(--fast)"
+elif python3 -c "import llama_cpp" >/dev/null 2>&1; then
+    gate "quantized file loads in llama.cpp" quantized_cf2_loads_in_llamacpp
+else
+    skip "quantized file loads in llama.cpp" "(llama-cpp-python not installed)"
+fi
+
 # Fast kernels against the oracle.
 if "$REDLITE" selftest --help >/dev/null 2>&1; then
     gate "selftest" "$REDLITE" selftest
