@@ -9,9 +9,12 @@
 #              "min 0.05 0.1 0.2 0.35 0.5 0.75 all"; "min" is one expert per layer, "all" is every
 #              expert resident, read in place from the memory map)
 #   POLICIES   eviction policies to sweep (default "lru"; also lfu, layer-quota)
-#   STEPS      timed decode steps after an 8-token prompt (default 64)
+#   STEPS      timed decode steps (default 64)
+#   PROMPT     prompt tokens before them (default 64: the prompt's pass warms the cache, so the
+#              timed steps see a warm cache rather than its compulsory misses)
 #   THREADS    threads (default 0: physical cores)
 #   IO         "direct" (default: O_DIRECT, misses really hit the disk) or "buffered"
+#   REPORT_ONLY=1  only rebuild the table and plot from OUT_DIR/runs
 # Misses are read with O_DIRECT unless IO=buffered, so the page cache does not hide them; the
 # unbounded point ("all") reads the memory map and so depends on what the page cache holds (the
 # script does not drop caches). Timings are measurements, not pass/fail checks.
@@ -23,6 +26,7 @@ OUT=${2:-bench/out/expert-cache}
 FRACTIONS=${FRACTIONS:-"min 0.05 0.1 0.2 0.35 0.5 0.75 all"}
 POLICIES=${POLICIES:-lru}
 STEPS=${STEPS:-64}
+PROMPT=${PROMPT:-64}
 THREADS=${THREADS:-0}
 IO=${IO:-direct}
 REDLITE=${REDLITE:-target/release/redlite}
@@ -39,6 +43,7 @@ IO_FLAG=""
 [ "$IO" = buffered ] && IO_FLAG="--buffered-io"
 
 for policy in $POLICIES; do
+    [ "${REPORT_ONLY:-0}" = 1 ] && break
     for f in $FRACTIONS; do
         case "$f" in
             min) size=min ;;
@@ -46,7 +51,7 @@ for policy in $POLICIES; do
             *) size=$(python3 -c "print(int($EXPERT_BYTES * $f))") ;;
         esac
         echo "policy $policy, cache $f ${size:+($size)} ..." >&2
-        args=(bench decode -m "$MODEL" -t "$THREADS" -n "$STEPS" -p 8 --bw-mib 256 --bw-runs 1
+        args=(bench decode -m "$MODEL" -t "$THREADS" -n "$STEPS" -p "$PROMPT" --bw-mib 256 --bw-runs 1
               --cache-policy "$policy" --json)
         [ -n "$size" ] && args+=(--expert-cache "$size")
         [ -n "$IO_FLAG" ] && args+=("$IO_FLAG")
@@ -54,9 +59,9 @@ for policy in $POLICIES; do
     done
 done
 
-python3 - "$OUT" "$MODEL" "$EXPERT_BYTES" "$FRACTIONS" "$POLICIES" "$STEPS" "$IO" <<'PY'
+python3 - "$OUT" "$MODEL" "$EXPERT_BYTES" "$FRACTIONS" "$POLICIES" "$STEPS" "$IO" "$PROMPT" <<'PY'
 import json, os, sys
-out, model, expert_bytes, fractions, policies, steps, io = sys.argv[1:8]
+out, model, expert_bytes, fractions, policies, steps, io, prompt = sys.argv[1:9]
 expert_bytes = int(expert_bytes)
 rows = []
 for policy in policies.split():
@@ -77,7 +82,7 @@ for policy in policies.split():
 r0 = rows[0]["routing"]
 lines = [f"# Expert cache sweep: {os.path.basename(model)}", "",
          f"model `{model}`, routed experts {expert_bytes / 2**30:.2f} GiB, {steps} decode steps after "
-         f"an 8-token prompt, {rows[0]['threads']} threads, misses read {'with O_DIRECT' if io == 'direct' else 'buffered'}.", ""]
+         f"a {prompt}-token prompt, {rows[0]['threads']} threads, misses read {'with O_DIRECT' if io == 'direct' else 'buffered'}.", ""]
 if r0:
     lines += [f"routing over {r0['tokens']} tokens: {r0['distinct_mean']:.1f} distinct experts per layer "
               f"(of {r0['experts_per_layer']}), entropy {r0['entropy_bits']:.2f} bits, reuse distance median "

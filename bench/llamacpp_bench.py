@@ -25,10 +25,23 @@ def main():
     ap.add_argument("-n", type=int, default=32, help="decode steps")
     ap.add_argument("-p", type=int, default=512, help="prefill prompt tokens")
     ap.add_argument("--decode-prompt", type=int, default=8)
+    ap.add_argument("--no-repack", action="store_true",
+                    help="llama.cpp's --repack 0: weights stay in the mmap (files larger than RAM)")
     a = ap.parse_args()
 
     import llama_cpp
     from llama_cpp import Llama
+
+    if a.no_repack:
+        import llama_cpp.llama as llama_module
+        default_params = llama_module.llama_cpp.llama_model_default_params
+
+        def no_repack_params():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        llama_module.llama_cpp.llama_model_default_params = no_repack_params
 
     rnd = random.Random(1)
     n_ctx = max(a.p, a.decode_prompt + a.n) + 16
