@@ -23,25 +23,13 @@ pub enum ParityError {
 
 /// Log-softmax in f64 (max-subtracted). NaN counts as `-inf`.
 pub fn log_softmax_f64(logits: &[f32]) -> Vec<f64> {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
+    let Some(lse) = crate::sampler::log_sum_exp_f64(logits) else {
         // All -inf (or +inf present): fall back to the f32 helper's conventions.
         return crate::sampler::log_softmax(logits)
             .iter()
             .map(|&v| f64::from(v))
             .collect();
-    }
-    let max = f64::from(max);
-    let sum: f64 = logits
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| (f64::from(v) - max).exp())
-        .sum();
-    let lse = max + sum.ln();
+    };
     logits
         .iter()
         .map(|&v| {

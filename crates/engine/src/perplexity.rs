@@ -12,6 +12,8 @@ use std::thread;
 
 use redlite_model::{Backend, Mode, Model, ModelError};
 
+use crate::sampler::log_sum_exp_f64;
+
 /// Errors from a perplexity run.
 #[derive(Debug, thiserror::Error)]
 pub enum PerplexityError {
@@ -157,24 +159,10 @@ impl PerplexityReport {
 /// Negative log-likelihood of `token` under `softmax(logits)`: `max + ln Σ exp(l − max) − l[token]`,
 /// accumulated in f64. Infinite when the token is out of range or has zero probability.
 pub fn token_nll(logits: &[f32], token: u32) -> f64 {
-    let Some(&target) = logits.get(token as usize) else {
-        return f64::INFINITY;
-    };
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() || target.is_nan() {
-        return f64::INFINITY;
+    match (logits.get(token as usize), log_sum_exp_f64(logits)) {
+        (Some(&target), Some(lse)) if !target.is_nan() => lse - f64::from(target),
+        _ => f64::INFINITY,
     }
-    let max = f64::from(max);
-    let sum: f64 = logits
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| (f64::from(v) - max).exp())
-        .sum();
-    max + sum.ln() - f64::from(target)
 }
 
 /// Index of the first scored logit row in a chunk of `ctx` tokens (llama.cpp's `first`).

@@ -334,14 +334,36 @@ pub fn argmax(values: &[f32]) -> Option<u32> {
     best.map(|(i, _)| i as u32)
 }
 
-/// Softmax of `logits` (max-subtracted, f64 accumulation). `-inf` maps to 0; NaN is treated as
-/// `-inf`. All `-inf` (or empty) gives a uniform distribution (empty output for empty input).
-pub fn softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits
+/// The largest logit, NaN skipped; `-inf` for an empty or all-NaN row.
+pub fn max_logit(logits: &[f32]) -> f32 {
+    logits
         .iter()
         .copied()
         .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `ln Σ exp(v)` over the non-NaN `logits`, max-subtracted and accumulated in f64
+/// (`max + ln Σ exp(v − max)`, the subtraction in f64). `None` when the largest logit is not
+/// finite (empty row, all `-inf`, or a `+inf` present).
+pub fn log_sum_exp_f64(logits: &[f32]) -> Option<f64> {
+    let max = max_logit(logits);
+    if !max.is_finite() {
+        return None;
+    }
+    let max = f64::from(max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| (f64::from(v) - max).exp())
+        .sum();
+    Some(max + sum.ln())
+}
+
+/// Softmax of `logits` (max-subtracted, f64 accumulation). `-inf` maps to 0; NaN is treated as
+/// `-inf`. All `-inf` (or empty) gives a uniform distribution (empty output for empty input).
+pub fn softmax(logits: &[f32]) -> Vec<f32> {
+    let max = max_logit(logits);
     if max == f32::NEG_INFINITY {
         let n = logits.len();
         return vec![1.0 / n as f32; n];
@@ -371,11 +393,7 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
 /// Log-softmax of `logits` (`v - max - ln Σ exp(v - max)`, f64 accumulation). NaN is treated as
 /// `-inf`; all `-inf` gives `-ln n` everywhere.
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = max_logit(logits);
     if !max.is_finite() {
         return softmax(logits).iter().map(|p| p.ln()).collect();
     }
@@ -399,7 +417,7 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
 
 /// softmax(logits)[index] without materialising the whole distribution.
 fn softmax_prob_of(logits: &[f32], index: usize) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_logit(logits);
     if !max.is_finite() {
         return softmax(logits).get(index).copied().unwrap_or(0.0);
     }
