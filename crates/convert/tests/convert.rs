@@ -35,7 +35,7 @@ fn u(cfg: &Value, k: &str) -> usize {
 fn random_tensors(cfg: &Value, fused: bool, mtp: bool, seed: u64) -> Tensors {
     let mut rng = Rng(seed);
     let mut t = Tensors::new();
-    let mut add = |t: &mut Tensors, name: String, shape: Vec<usize>, scale: f32| {
+    let mut add = |name: String, shape: Vec<usize>, scale: f32| {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| rng.next() * scale).collect();
         t.insert(name, (shape, v));
@@ -66,9 +66,9 @@ fn random_tensors(cfg: &Value, fused: bool, mtp: bool, seed: u64) -> Tensors {
         .iter()
         .map(|x| x.as_str().unwrap().to_string())
         .collect();
-    add(&mut t, "model.embed_tokens.weight".into(), vec![v, h], 0.5);
-    add(&mut t, "lm_head.weight".into(), vec![v, h], 0.1);
-    add(&mut t, "model.norm.weight".into(), vec![h], 0.2);
+    add("model.embed_tokens.weight".into(), vec![v, h], 0.5);
+    add("lm_head.weight".into(), vec![v, h], 0.1);
+    add("model.norm.weight".into(), vec![h], 0.2);
     let mut layers: Vec<(String, bool)> = types
         .iter()
         .enumerate()
@@ -76,136 +76,61 @@ fn random_tensors(cfg: &Value, fused: bool, mtp: bool, seed: u64) -> Tensors {
         .collect();
     if mtp {
         layers.push(("mtp.layers.0.".into(), true));
-        add(&mut t, "mtp.fc.weight".into(), vec![h, 2 * h], 0.1);
+        add("mtp.fc.weight".into(), vec![h, 2 * h], 0.1);
         for n in ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"] {
-            add(&mut t, format!("mtp.{n}.weight"), vec![h], 0.2);
+            add(format!("mtp.{n}.weight"), vec![h], 0.2);
         }
     }
     for (p, attn) in layers {
-        add(&mut t, format!("{p}input_layernorm.weight"), vec![h], 0.2);
-        add(
-            &mut t,
-            format!("{p}post_attention_layernorm.weight"),
-            vec![h],
-            0.2,
-        );
+        // A tensor of this layer: `<p><suffix>`.
+        let mut at =
+            |suffix: &str, shape: Vec<usize>, scale: f32| add(format!("{p}{suffix}"), shape, scale);
+        at("input_layernorm.weight", vec![h], 0.2);
+        at("post_attention_layernorm.weight", vec![h], 0.2);
         if attn {
-            add(
-                &mut t,
-                format!("{p}self_attn.q_proj.weight"),
-                vec![2 * nq * hd, h],
-                0.1,
-            );
-            add(
-                &mut t,
-                format!("{p}self_attn.k_proj.weight"),
-                vec![nkv * hd, h],
-                0.1,
-            );
-            add(
-                &mut t,
-                format!("{p}self_attn.v_proj.weight"),
-                vec![nkv * hd, h],
-                0.1,
-            );
-            add(
-                &mut t,
-                format!("{p}self_attn.o_proj.weight"),
-                vec![h, nq * hd],
-                0.1,
-            );
-            add(&mut t, format!("{p}self_attn.q_norm.weight"), vec![hd], 0.2);
-            add(&mut t, format!("{p}self_attn.k_norm.weight"), vec![hd], 0.2);
+            at("self_attn.q_proj.weight", vec![2 * nq * hd, h], 0.1);
+            at("self_attn.k_proj.weight", vec![nkv * hd, h], 0.1);
+            at("self_attn.v_proj.weight", vec![nkv * hd, h], 0.1);
+            at("self_attn.o_proj.weight", vec![h, nq * hd], 0.1);
+            at("self_attn.q_norm.weight", vec![hd], 0.2);
+            at("self_attn.k_norm.weight", vec![hd], 0.2);
         } else {
             let conv = 2 * nk * dk + nv * dv;
-            add(
-                &mut t,
-                format!("{p}linear_attn.in_proj_qkvz.weight"),
+            at(
+                "linear_attn.in_proj_qkvz.weight",
                 vec![conv + nv * dv, h],
                 0.1,
             );
-            add(
-                &mut t,
-                format!("{p}linear_attn.in_proj_ba.weight"),
-                vec![2 * nv, h],
-                0.1,
-            );
-            add(
-                &mut t,
-                format!("{p}linear_attn.conv1d.weight"),
-                vec![conv, 1, kern],
-                0.3,
-            );
-            add(&mut t, format!("{p}linear_attn.dt_bias"), vec![nv], 1.0);
-            add(&mut t, format!("{p}linear_attn.A_log"), vec![nv], 1.0);
-            add(&mut t, format!("{p}linear_attn.norm.weight"), vec![dv], 1.0);
-            add(
-                &mut t,
-                format!("{p}linear_attn.out_proj.weight"),
-                vec![h, nv * dv],
-                0.1,
-            );
+            at("linear_attn.in_proj_ba.weight", vec![2 * nv, h], 0.1);
+            at("linear_attn.conv1d.weight", vec![conv, 1, kern], 0.3);
+            at("linear_attn.dt_bias", vec![nv], 1.0);
+            at("linear_attn.A_log", vec![nv], 1.0);
+            at("linear_attn.norm.weight", vec![dv], 1.0);
+            at("linear_attn.out_proj.weight", vec![h, nv * dv], 0.1);
         }
-        add(&mut t, format!("{p}mlp.gate.weight"), vec![e, h], 0.1);
+        at("mlp.gate.weight", vec![e, h], 0.1);
         if fused {
-            add(
-                &mut t,
-                format!("{p}mlp.experts.gate_up_proj"),
-                vec![e, 2 * ff, h],
-                0.1,
-            );
-            add(
-                &mut t,
-                format!("{p}mlp.experts.down_proj"),
-                vec![e, h, ff],
-                0.1,
-            );
+            at("mlp.experts.gate_up_proj", vec![e, 2 * ff, h], 0.1);
+            at("mlp.experts.down_proj", vec![e, h, ff], 0.1);
         } else {
             for x in 0..e {
-                add(
-                    &mut t,
-                    format!("{p}mlp.experts.{x}.gate_proj.weight"),
+                at(
+                    &format!("mlp.experts.{x}.gate_proj.weight"),
                     vec![ff, h],
                     0.1,
                 );
-                add(
-                    &mut t,
-                    format!("{p}mlp.experts.{x}.up_proj.weight"),
-                    vec![ff, h],
-                    0.1,
-                );
-                add(
-                    &mut t,
-                    format!("{p}mlp.experts.{x}.down_proj.weight"),
+                at(&format!("mlp.experts.{x}.up_proj.weight"), vec![ff, h], 0.1);
+                at(
+                    &format!("mlp.experts.{x}.down_proj.weight"),
                     vec![h, ff],
                     0.1,
                 );
             }
         }
-        add(
-            &mut t,
-            format!("{p}mlp.shared_expert.gate_proj.weight"),
-            vec![sff, h],
-            0.1,
-        );
-        add(
-            &mut t,
-            format!("{p}mlp.shared_expert.up_proj.weight"),
-            vec![sff, h],
-            0.1,
-        );
-        add(
-            &mut t,
-            format!("{p}mlp.shared_expert.down_proj.weight"),
-            vec![h, sff],
-            0.1,
-        );
-        add(
-            &mut t,
-            format!("{p}mlp.shared_expert_gate.weight"),
-            vec![1, h],
-            0.1,
-        );
+        at("mlp.shared_expert.gate_proj.weight", vec![sff, h], 0.1);
+        at("mlp.shared_expert.up_proj.weight", vec![sff, h], 0.1);
+        at("mlp.shared_expert.down_proj.weight", vec![h, sff], 0.1);
+        at("mlp.shared_expert_gate.weight", vec![1, h], 0.1);
     }
     t
 }
