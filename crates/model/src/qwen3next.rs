@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use redlite_gguf::GgufFile;
 
-use crate::backend::{matvec, matvec_rows, swiglu, Backend, Oracle};
+use crate::backend::{matvec, matvec_rows, Backend, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
@@ -481,10 +481,24 @@ fn expert_choice(cfg: &Config, router_logits: &[f32]) -> Vec<(usize, f32)> {
     chosen.into_iter().map(|e| (e, probs[e] / total)).collect()
 }
 
-/// The shared expert, scaled by its scalar sigmoid gate.
-fn shared_expert<B: Backend>(b: &B, w: &MoeWeights<B>, x: &[f32]) -> Vec<f32> {
-    let gate = sigmoid(dot(&w.shared_gate, x));
-    swiglu(b, &w.shared, x).iter().map(|v| gate * v).collect()
+/// The shared expert of every row, scaled by the row's scalar sigmoid gate. The products are
+/// batched over the rows (each weight read once); each row gets what its one-row products give.
+fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let gate = matvec_rows(b, &w.shared.gate, xs);
+    let up = matvec_rows(b, &w.shared.up, xs);
+    let act: Vec<Vec<f32>> = gate
+        .iter()
+        .zip(&up)
+        .map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| silu(g) * u).collect())
+        .collect();
+    let down = matvec_rows(b, &w.shared.down, &act);
+    down.into_iter()
+        .zip(xs)
+        .map(|(d, x)| {
+            let gate = sigmoid(dot(&w.shared_gate, x));
+            d.iter().map(|v| gate * v).collect()
+        })
+        .collect()
 }
 
 /// MoE block: routed experts plus the gated shared expert, for each token.
@@ -499,8 +513,8 @@ fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> V
     } else {
         b.routed_experts_rows(&w.experts, &chosen, xs)
     };
-    for (o, x) in out.iter_mut().zip(xs) {
-        add_in_place(o, &shared_expert(b, w, x));
+    for (o, sh) in out.iter_mut().zip(shared_expert_rows(b, w, xs)) {
+        add_in_place(o, &sh);
     }
     out
 }
