@@ -23,11 +23,12 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
 // bfloat16 to f32: the top half of the f32 bit pattern.
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
-// Little-endian loads at any byte offset (quant blocks are not aligned).
-__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
-__device__ __forceinline__ u32 ld_u32(const u8* p) {
-    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
-}
+// Little-endian loads. Every block size of the type table is even and every 16-bit field sits at
+// an even offset, so in a weight buffer (allocations are aligned) 16-bit fields are 2-byte aligned
+// and read with one load; 32-bit fields are only 2-byte aligned (e.g. IQ2_XXS, 66-byte blocks),
+// so they take two.
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld_u32(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
 __device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -25,25 +25,33 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 
-// Q4_K: 8 sub-blocks of 32 with 6-bit scale and min; group = half a sub-block (16 values).
+// Q4_K: 8 sub-blocks of 32 with 6-bit scale and min; group = half a sub-block (16 values). The
+// 144-byte blocks are 16-byte aligned in an aligned buffer (every weight buffer here is), so the
+// header and the 16 quant bytes are one 16-byte load each.
 template <>
 struct GroupDot<T_Q4_K> {
     enum { G = 16 };
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
         const int sub = g >> 1;
+        // d, dmin and the 12 scale bytes in one 16-byte load, decoded in registers.
+        const uint4 hd = *(const uint4*)b;
+        const u32 sw[3] = {hd.y, hd.z, hd.w};  // scale bytes 0..11
+#define Q4K_SB(k) ((int)((((k) < 4 ? sw[0] : (k) < 8 ? sw[1] : sw[2]) >> (8 * ((k) & 3))) & 255))
         int sc, m;
-        scale_min_k4(b + 4, sub, &sc, &m);
-        const float ds = ld_f16(b) * (float)sc, dm = ld_f16(b + 2) * (float)m;
+        if (sub < 4) {
+            sc = Q4K_SB(sub) & 63;
+            m = Q4K_SB(sub + 4) & 63;
+        } else {
+            sc = (Q4K_SB(sub + 4) & 15) | ((Q4K_SB(sub - 4) >> 6) << 4);
+            m = (Q4K_SB(sub + 4) >> 4) | ((Q4K_SB(sub) >> 6) << 4);
+        }
+#undef Q4K_SB
+        const float ds = f16_to_f32((u16)(hd.x & 0xffff)) * (float)sc;
+        const float dm = f16_to_f32((u16)(hd.x >> 16)) * (float)m;
         const u8* q = b + 16 + 32 * (sub >> 1) + 16 * (g & 1);
         const int sh = 4 * (sub & 1);
-        u32 v[4];
-        if (((size_t)q & 15) == 0) {  // blocks of 144 bytes: 16-byte aligned in an aligned buffer
-            const uint4 u = *(const uint4*)q;
-            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-        } else {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) v[w] = ld_u32_a2(q + 4 * w);
-        }
+        const uint4 u = *(const uint4*)q;
+        const u32 v[4] = {u.x, u.y, u.z, u.w};
         float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
