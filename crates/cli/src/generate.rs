@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long, default_value = "off")]
     pub spec: String,
     /// Prompt lookup: longest n-gram to match.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub spec_ngram_max: usize,
     /// Prompt lookup: shortest n-gram to match.
     #[arg(long, default_value_t = 2)]

@@ -105,7 +105,7 @@ impl Default for SpecConfig {
     fn default() -> Self {
         SpecConfig {
             mode: SpecMode::Off,
-            ngram_max: 4,
+            ngram_max: 8,
             ngram_min: 2,
             max_draft: 16,
             adaptive: true,
