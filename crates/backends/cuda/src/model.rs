@@ -1217,6 +1217,35 @@ fn dev_row(gpu: &Gpu, arena: &mut Arena, v: &[f32]) -> Result<DevLinear, CudaErr
     })
 }
 
+/// When the experts (each `len` bytes) sit in one mapped file at a fixed stride of at least `len`
+/// (the slabs of one 3-D tensor, or the gate or up halves of a fused one): the file, the byte
+/// range covering all of them and the stride.
+pub fn expert_span<'a>(
+    ws: &[&'a HostLinear],
+    len: usize,
+) -> Option<(&'a Arc<GgufFile>, std::ops::Range<usize>, usize)> {
+    let (file, r0) = ws.first()?.file_range()?;
+    let stride = match ws.get(1) {
+        Some(w) => w.file_range()?.1.start.checked_sub(r0.start)?,
+        None => len,
+    };
+    if stride < len {
+        return None;
+    }
+    let regular = ws.iter().enumerate().all(|(e, w)| {
+        w.file_range().is_some_and(|(f, r)| {
+            Arc::ptr_eq(f, file) && r.start == r0.start + e * stride && r.len() == len
+        })
+    });
+    regular.then(|| {
+        (
+            file,
+            r0.start..r0.start + (ws.len() - 1) * stride + len,
+            stride,
+        )
+    })
+}
+
 /// One expert tensor (all experts of a layer, same type and shape) as one device buffer:
 /// `(address, stride in bytes)`. When the experts sit in the file at a fixed stride (the slabs of
 /// one 3-D tensor, or the gate or up halves of a fused one) the span is uploaded as it is;
@@ -1238,25 +1267,9 @@ fn dev_experts(arena: &mut Arena, ws: &[&HostLinear]) -> Result<(u64, u64), Cuda
             )));
         }
     }
-    if let Some((file, r0)) = first.file_range() {
-        let stride = if ws.len() > 1 {
-            ws[1]
-                .file_range()
-                .map(|(_, r)| r.start.wrapping_sub(r0.start))
-        } else {
-            Some(len)
-        };
-        if let Some(stride) = stride.filter(|&s| s >= len) {
-            let regular = ws.iter().enumerate().all(|(e, w)| {
-                w.file_range()
-                    .is_some_and(|(f, r)| Arc::ptr_eq(f, file) && r.start == r0.start + e * stride)
-            });
-            if regular {
-                let end = r0.start + (ws.len() - 1) * stride + len;
-                let ptr = arena.upload(&file.bytes()[r0.start..end])?;
-                return Ok((ptr, stride as u64));
-            }
-        }
+    if let Some((file, range, stride)) = expert_span(ws, len) {
+        let ptr = arena.upload(&file.bytes()[range])?;
+        return Ok((ptr, stride as u64));
     }
     let mut packed = Vec::with_capacity(len * ws.len());
     for w in ws {
