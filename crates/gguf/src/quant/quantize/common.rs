@@ -1,5 +1,27 @@
 //! Small helpers shared by the quantizers, each matching one ggml primitive bit for bit.
 
+/// Values per super-block of the k- and i-quants (ggml's `QK_K`).
+pub(crate) const QK_K: usize = 256;
+
+/// Quantizes one row super-block by super-block: `quantize_block(x, qw, y)` gets 256 values,
+/// their importances (when there is an imatrix) and the block's `block_bytes` output bytes.
+pub(crate) fn for_each_super_block(
+    row: &[f32],
+    imatrix: Option<&[f32]>,
+    out: &mut [u8],
+    block_bytes: usize,
+    mut quantize_block: impl FnMut(&[f32], Option<&[f32]>, &mut [u8]),
+) {
+    for (ib, (x, y)) in row
+        .chunks_exact(QK_K)
+        .zip(out.chunks_exact_mut(block_bytes))
+        .enumerate()
+    {
+        let qw = imatrix.map(|w| &w[ib * QK_K..(ib + 1) * QK_K]);
+        quantize_block(x, qw, y);
+    }
+}
+
 /// ggml's `nearest_int`: round to nearest, ties to even, by adding 1.5·2²³ so that the f32
 /// addition itself does the rounding (valid for |x| ≤ 2²²; larger inputs give garbage, as in ggml).
 #[inline]

@@ -11,11 +11,10 @@
 
 use std::sync::OnceLock;
 
-use super::common::{c_max, nearest_int};
+use super::common::{c_max, for_each_super_block, nearest_int, QK_K};
 use super::iq_grid::{IqGrid, Lookup};
 use crate::quant::grids::IQ1S_GRID;
 
-const QK_K: usize = 256;
 const BLOCK_BYTES: usize = 56;
 const SUB: usize = 16;
 const N_SUB: usize = QK_K / SUB;
@@ -47,14 +46,9 @@ fn group_levels(shift: usize, k: usize) -> &'static [f32; 3] {
 /// weights are x² (as in ggml).
 pub(crate) fn quantize_row_iq1_m(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
     let grid = iq1_grid();
-    for (ibl, (xbl, block)) in row
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(BLOCK_BYTES))
-        .enumerate()
-    {
-        let qw = imatrix.map(|im| &im[QK_K * ibl..QK_K * (ibl + 1)]);
-        quantize_block(grid, xbl, qw, block);
-    }
+    for_each_super_block(row, imatrix, out, BLOCK_BYTES, |x, qw, y| {
+        quantize_block(grid, x, qw, y)
+    });
 }
 
 /// Importance weights of sub-block `ib`: `qw·sqrt(sigma2 + x²)`, or x² without imatrix.

@@ -11,11 +11,12 @@
 
 use std::sync::OnceLock;
 
-use super::common::{c_max, make_qp_quants, nearest_int, GROUP_MAX_EPS};
+use super::common::{
+    c_max, for_each_super_block, make_qp_quants, nearest_int, GROUP_MAX_EPS, QK_K,
+};
 use super::iq_grid::{IqGrid, Lookup};
 use crate::quant::grids::IQ2XXS_GRID;
 
-const QK_K: usize = 256;
 const BLOCK_BYTES: usize = 66;
 /// Quant levels per element (grid coordinates are `2l + 1`, l in 0..3).
 const K_MAX_Q: i32 = 3;
@@ -30,14 +31,9 @@ fn iq2_xxs_grid() -> &'static IqGrid {
 pub(crate) fn quantize_row_iq2_xxs(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
     let grid = iq2_xxs_grid();
     let ones = [1.0f32; QK_K];
-    for (ibl, (xbl, block)) in row
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(BLOCK_BYTES))
-        .enumerate()
-    {
-        let qw = imatrix.map_or(&ones[..], |im| &im[QK_K * ibl..QK_K * (ibl + 1)]);
-        quantize_block(grid, xbl, qw, block);
-    }
+    for_each_super_block(row, imatrix, out, BLOCK_BYTES, |x, qw, y| {
+        quantize_block(grid, x, qw.unwrap_or(&ones), y)
+    });
 }
 
 /// One super-block of 256 values → 66 bytes.

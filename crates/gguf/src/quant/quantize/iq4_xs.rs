@@ -5,22 +5,16 @@
 //! sub-block scale), 4 B `scales_l` (low nibbles), 128 B of 4-bit indices into the non-linear
 //! table `KVALUES_IQ4NL`; value = d · (scale − 32) · table[index].
 
-use super::common::{f32_to_f16_bits, nearest_int, put_u16, GROUP_MAX_EPS};
+use super::common::{
+    f32_to_f16_bits, for_each_super_block, nearest_int, put_u16, GROUP_MAX_EPS, QK_K,
+};
 use crate::quant::grids::KVALUES_IQ4NL;
 
-const QK_K: usize = 256;
 const BLOCK_BYTES: usize = 136;
 const NTRY: i32 = 7;
 
 pub(crate) fn quantize_row_iq4_xs(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
-    for (ib, (x, y)) in row
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(BLOCK_BYTES))
-        .enumerate()
-    {
-        let qw = imatrix.map(|w| &w[ib * QK_K..(ib + 1) * QK_K]);
-        quantize_block(x, qw, y);
-    }
+    for_each_super_block(row, imatrix, out, BLOCK_BYTES, quantize_block);
 }
 
 /// ggml's `best_index_int8` for the 16-entry table: the index of the table value nearest to

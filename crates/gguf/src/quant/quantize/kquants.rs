@@ -11,45 +11,26 @@
 //! * Q5_K (176 B): as Q4_K, then 32 B of high bits, then 128 B nibbles.
 //! * Q6_K (210 B): 128 B low nibbles, 64 B high 2-bit pairs, 16 × i8 scales, f16 d.
 
-use super::common::{f32_to_f16_bits, make_qp_quants, nearest_int, put_u16, GROUP_MAX_EPS};
-
-const QK_K: usize = 256;
+use super::common::{
+    f32_to_f16_bits, for_each_super_block, make_qp_quants, nearest_int, put_u16, GROUP_MAX_EPS,
+    QK_K,
+};
+use crate::quant::kquants::scale_min_k4;
 
 const Q4K_BYTES: usize = 144;
 const Q5K_BYTES: usize = 176;
 const Q6K_BYTES: usize = 210;
 
 pub(crate) fn quantize_row_q4_k(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
-    for (ib, (x, y)) in row
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(Q4K_BYTES))
-        .enumerate()
-    {
-        let qw = imatrix.map(|w| &w[ib * QK_K..(ib + 1) * QK_K]);
-        quantize_block_qk::<15>(x, qw, y);
-    }
+    for_each_super_block(row, imatrix, out, Q4K_BYTES, quantize_block_qk::<15>);
 }
 
 pub(crate) fn quantize_row_q5_k(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
-    for (ib, (x, y)) in row
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(Q5K_BYTES))
-        .enumerate()
-    {
-        let qw = imatrix.map(|w| &w[ib * QK_K..(ib + 1) * QK_K]);
-        quantize_block_qk::<31>(x, qw, y);
-    }
+    for_each_super_block(row, imatrix, out, Q5K_BYTES, quantize_block_qk::<31>);
 }
 
 pub(crate) fn quantize_row_q6_k(row: &[f32], imatrix: Option<&[f32]>, out: &mut [u8]) {
-    for (ib, (x, y)) in row
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(Q6K_BYTES))
-        .enumerate()
-    {
-        let qw = imatrix.map(|w| &w[ib * QK_K..(ib + 1) * QK_K]);
-        quantize_block_q6_k(x, qw, y);
-    }
+    for_each_super_block(row, imatrix, out, Q6K_BYTES, quantize_block_q6_k);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -76,7 +57,7 @@ fn quantize_block_qk<const NMAX: i32>(x: &[f32], qw: Option<&[f32]>, y: &mut [u8
     let d = half::f16::from_bits(d).to_f32();
     let dmin = half::f16::from_bits(dmin).to_f32();
     for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &packed);
+        let (sc, m) = scale_min_k4(&packed, j);
         let dl = d * f32::from(sc);
         if dl == 0.0 {
             continue;
@@ -234,18 +215,6 @@ fn pack_scales_mins_k4(ls: &[u8; 8], lm: &[u8; 8], q: &mut [u8; 12]) {
             q[j - 4] |= (s >> 4) << 6;
             q[j] |= (m >> 4) << 6;
         }
-    }
-}
-
-/// ggml's `get_scale_min_k4`: the 6-bit (scale, min) of sub-block `j` from the packed 12 bytes.
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
     }
 }
 
