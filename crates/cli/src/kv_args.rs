@@ -22,7 +22,10 @@ impl KvArgs {
     /// Fails unless the type is f32: for paths (the CUDA model) that keep their own f32 cache.
     pub fn require_f32(&self, what: &str) -> Result<()> {
         if self.kv_type != KvType::F32 {
-            anyhow::bail!("--kv-type {} is not available with {what} yet (f32 only)", self.kv_type);
+            anyhow::bail!(
+                "--kv-type {} is not available with {what} yet (f32 only)",
+                self.kv_type
+            );
         }
         Ok(())
     }

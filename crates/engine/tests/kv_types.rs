@@ -193,7 +193,8 @@ fn drift_rows<B: Backend>(model: &mut Model<B>, case: &Case) -> Vec<String> {
                 agree += usize::from(argmax(&want.logits[p]) == argmax(&got.logits[p]));
             }
             divergence.push(match first_divergence(&want.greedy, &got.greedy) {
-                Some(i) => format!("{name}:@{i}"),
+                // With the f32 run's top-2 logit gap at that step: a small gap is a near-tie.
+                Some(i) => format!("{name}:@{i} (gap {:.3})", want.greedy_gaps[i]),
                 None => format!("{name}:none"),
             });
         }
