@@ -10,23 +10,9 @@ async fn health_models_chat_and_completions() {
     let (server, base) = start(options()).await;
     let c = client();
 
-    let h: Value = c
-        .get(format!("{base}/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let h: Value = get_json(&c, &format!("{base}/health")).await;
     assert_eq!(h["status"], "ok");
-    let m: Value = c
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m: Value = get_json(&c, &format!("{base}/v1/models")).await;
     assert_eq!(m["object"], "list");
     let model_id = m["data"][0]["id"].as_str().unwrap().to_string();
 
@@ -131,14 +117,7 @@ async fn health_models_chat_and_completions() {
     }
 
     // Metrics.
-    let m = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, &format!("{base}/metrics")).await;
     assert!(m.contains("redlite_requests_total"));
     assert!(m.contains("redlite_queue_depth "));
     server.shutdown().await;

@@ -114,14 +114,7 @@ async fn second_turn_resumes_and_matches_a_fresh_server() {
     assert!(p2 - cached3 <= 64, "retry computed {} tokens", p2 - cached3);
     assert_eq!(r3["redlite"]["logits_fnv"], r2["redlite"]["logits_fnv"]);
 
-    let m = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, &format!("{base}/metrics")).await;
     assert!(m.contains("redlite_prompt_cache_hits_total 2"), "{m}");
     fresh.shutdown().await;
     server.shutdown().await;

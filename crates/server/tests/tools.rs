@@ -148,14 +148,7 @@ async fn disconnect_cancels_generation() {
     .await;
     assert_eq!(status, 200);
     assert!(t.elapsed().as_secs_f64() < 10.0, "took {:?}", t.elapsed());
-    let m = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, &format!("{base}/metrics")).await;
     assert!(m.contains("redlite_requests_cancelled_total 1"), "{m}");
     server.shutdown().await;
 }

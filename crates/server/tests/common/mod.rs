@@ -32,6 +32,18 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// GET; returns the body as text.
+pub async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    let r = c.get(url).send().await.expect("request");
+    r.text().await.expect("body")
+}
+
+/// GET; returns the body parsed as JSON.
+pub async fn get_json(c: &reqwest::Client, url: &str) -> Value {
+    let r = c.get(url).send().await.expect("request");
+    r.json().await.expect("JSON body")
+}
+
 /// POST JSON; returns the status and the body parsed as JSON.
 pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
     let r = c.post(url).json(body).send().await.expect("request");
