@@ -1,7 +1,7 @@
 //! `redlite parity` against the stored references (and llama.cpp live where its Python binding
 //! is installed), and `redlite perplexity`'s output.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -29,7 +29,8 @@ fn redlite(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn parity_json(model_name: &str, extra: &[&str]) -> Value {
+/// `redlite parity -m tiny-<model_name>.gguf --fixtures <reference> <extra…>`.
+fn parity(model_name: &str, extra: &[&str]) -> (bool, String, String) {
     let m = model(model_name);
     let fixtures = reference();
     let mut args = vec![
@@ -38,12 +39,31 @@ fn parity_json(model_name: &str, extra: &[&str]) -> Value {
         m.to_str().unwrap(),
         "--fixtures",
         fixtures.to_str().unwrap(),
-        "--json",
     ];
     args.extend_from_slice(extra);
-    let (ok, stdout, stderr) = redlite(&args);
+    redlite(&args)
+}
+
+fn parity_json(model_name: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = parity(model_name, &args);
     assert!(ok, "redlite parity failed: {stderr}\n{stdout}");
     serde_json::from_str(&stdout).unwrap()
+}
+
+/// `redlite perplexity -m tiny-Q4_K_M.gguf -f <text> <extra…>`.
+fn perplexity(text: &Path, extra: &[&str]) -> (bool, String, String) {
+    let m = model("Q4_K_M");
+    let mut args = vec![
+        "perplexity",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    redlite(&args)
 }
 
 /// llama.cpp's own row-weighted mean KL(exact ‖ llama.cpp) for one file, from logits/index.json.
@@ -106,21 +126,17 @@ fn stored_llama_cpp_kl_matches_llama_cpps_distance_from_exact() {
 
 #[test]
 fn thresholds_turn_into_a_failing_exit_status() {
-    let m = model("Q4_K_M");
-    let fixtures = reference();
-    let (ok, stdout, stderr) = redlite(&[
-        "parity",
-        "-m",
-        m.to_str().unwrap(),
-        "--fixtures",
-        fixtures.to_str().unwrap(),
-        "--reference",
-        "llamacpp",
-        "-n",
-        "0",
-        "--max-kl-mean",
-        "1e-9",
-    ]);
+    let (ok, stdout, stderr) = parity(
+        "Q4_K_M",
+        &[
+            "--reference",
+            "llamacpp",
+            "-n",
+            "0",
+            "--max-kl-mean",
+            "1e-9",
+        ],
+    );
     assert!(!ok);
     assert!(stdout.contains("FAIL: mean KL"), "{stdout}");
     assert!(stderr.contains("parity check failed"), "{stderr}");
@@ -129,17 +145,7 @@ fn thresholds_turn_into_a_failing_exit_status() {
 #[test]
 fn missing_stored_reference_is_a_clear_error() {
     // Q8_0 has exact logits but no stored llama.cpp logits.
-    let m = model("Q8_0");
-    let fixtures = reference();
-    let (ok, _, stderr) = redlite(&[
-        "parity",
-        "-m",
-        m.to_str().unwrap(),
-        "--fixtures",
-        fixtures.to_str().unwrap(),
-        "--reference",
-        "llamacpp",
-    ]);
+    let (ok, _, stderr) = parity("Q8_0", &["--reference", "llamacpp"]);
     assert!(!ok);
     assert!(stderr.contains("no llamacpp logits"), "{stderr}");
 }
@@ -171,20 +177,8 @@ fn live_llama_cpp_f16() {
 
 #[test]
 fn perplexity_prints_like_llama_cpp() {
-    let m = model("Q4_K_M");
     let text = reference().join("logits/heldout.txt");
-    let (ok, stdout, stderr) = redlite(&[
-        "perplexity",
-        "-m",
-        m.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "--ctx",
-        "32",
-        "--chunks",
-        "3",
-        "--quiet",
-    ]);
+    let (ok, stdout, stderr) = perplexity(&text, &["--ctx", "32", "--chunks", "3", "--quiet"]);
     assert!(ok, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines[0].starts_with("[1]") && lines[0].contains(",[2]") && lines[0].contains(",[3]"));
@@ -198,18 +192,7 @@ fn perplexity_prints_like_llama_cpp() {
     let last = lines[0].trim_end_matches(',').rsplit(']').next().unwrap();
     assert!(lines[1].contains(&format!("PPL = {last} ")), "{stdout}");
 
-    let (ok, json, stderr) = redlite(&[
-        "perplexity",
-        "-m",
-        m.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "--ctx",
-        "32",
-        "--chunks",
-        "3",
-        "--json",
-    ]);
+    let (ok, json, stderr) = perplexity(&text, &["--ctx", "32", "--chunks", "3", "--json"]);
     assert!(ok, "{stderr}");
     let v: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["chunks"], 3);
@@ -219,20 +202,11 @@ fn perplexity_prints_like_llama_cpp() {
 
 #[test]
 fn perplexity_on_a_short_text_says_why() {
-    let m = model("Q4_K_M");
     let dir = std::env::temp_dir().join(format!("redlite-ppl-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let short = dir.join("short.txt");
     std::fs::write(&short, "just a few words").unwrap();
-    let (ok, _, stderr) = redlite(&[
-        "perplexity",
-        "-m",
-        m.to_str().unwrap(),
-        "-f",
-        short.to_str().unwrap(),
-        "--ctx",
-        "128",
-    ]);
+    let (ok, _, stderr) = perplexity(&short, &["--ctx", "128"]);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!ok);
     assert!(stderr.contains("needs at least 256"), "{stderr}");
