@@ -488,10 +488,12 @@ fn run_matmul(
     #[cfg(not(target_arch = "x86_64"))]
     let offset: Option<Vec<BlockQ8K>> = None;
     let tile = (TILE_BYTES / rb).clamp(1, rows);
-    // Row-major by weight row ("transposed"): each task owns whole weight rows.
-    let mut yt = vec![0.0f32; rows * n];
-    let work = |(yts, ws): (&mut [f32], &[u8])| {
-        for (ytile, wtile) in yts.chunks_mut(tile * n).zip(ws.chunks(tile * rb)) {
+    // Each task owns whole weight rows, i.e. the columns `r` of `ys` it writes.
+    let out = SharedOut::new(ys, rows);
+    let work = |(task, ws): (usize, &[u8]), per: usize| {
+        let r_task = task * per;
+        for (t, wtile) in ws.chunks(tile * rb).enumerate() {
+            let r_tile = r_task + t * tile;
             if let (Some((multi, _)), Acts::Q8K(q, per)) = (multi, &acts) {
                 let q = offset.as_deref().unwrap_or(q);
                 // Groups of up to MULTI_ROWS activation rows per weight-row pass.
@@ -502,8 +504,13 @@ fn run_matmul(
                     for (k, g) in group[..m].iter_mut().enumerate() {
                         *g = &q[(j0 + k) * per..(j0 + k + 1) * per];
                     }
+                    let mut buf = [0.0f32; MULTI_ROWS];
                     for (r, wr) in wtile.chunks_exact(rb).enumerate() {
-                        multi(wr, &group[..m], &mut ytile[r * n + j0..r * n + j0 + m]);
+                        multi(wr, &group[..m], &mut buf[..m]);
+                        for (k, &v) in buf[..m].iter().enumerate() {
+                            // SAFETY: row r_tile + r belongs to this task; j0 + k < n.
+                            unsafe { out.set(j0 + k, r_tile + r, v) };
+                        }
                     }
                     j0 += m;
                 }
@@ -511,20 +518,55 @@ fn run_matmul(
             }
             for j in 0..n {
                 for (r, wr) in wtile.chunks_exact(rb).enumerate() {
-                    ytile[r * n + j] = acts.dot(kernel, wr, j);
+                    // SAFETY: as above.
+                    unsafe { out.set(j, r_tile + r, acts.dot(kernel, wr, j)) };
                 }
             }
         }
     };
     if w.len().saturating_mul(n) < PARALLEL_MIN_BYTES {
-        work((&mut yt[..], w));
+        work((0, w), rows);
     } else {
         let per = rows_per_task(rows, rb);
-        yt.par_chunks_mut(per * n)
-            .zip(w.par_chunks(per * rb))
-            .for_each(work);
+        w.par_chunks(per * rb)
+            .enumerate()
+            .for_each(|task| work(task, per));
     }
-    transpose_into(&yt, rows, n, ys);
+}
+
+/// The output of [`run_matmul`], `n` rows of `rows` values, written by several tasks at once:
+/// each task writes only the columns (weight rows) it owns, so no element has two writers.
+#[derive(Clone, Copy)]
+struct SharedOut {
+    ptr: *mut f32,
+    rows: usize,
+    len: usize,
+}
+
+// SAFETY: the tasks write disjoint elements (see `set`), and the buffer outlives them (it is
+// borrowed mutably for the whole product).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn new(ys: &mut [f32], rows: usize) -> SharedOut {
+        SharedOut {
+            ptr: ys.as_mut_ptr(),
+            rows,
+            len: ys.len(),
+        }
+    }
+
+    /// `ys[j·rows + r] = v`.
+    ///
+    /// # Safety
+    /// No other task may write element `(j, r)`, and the buffer must still be borrowed.
+    #[inline(always)]
+    unsafe fn set(&self, j: usize, r: usize, v: f32) {
+        let at = j * self.rows + r;
+        debug_assert!(r < self.rows && at < self.len);
+        *self.ptr.add(at) = v;
+    }
 }
 
 /// `ys[j·rows + r] = yt[r·n + j]`: the weight-row-major result back to activation-row-major, in
