@@ -4,7 +4,6 @@
 //! Messages are converted to the OpenAI-style shape the chat template takes: `tool_result`
 //! blocks become `tool` messages, `tool_use` blocks the assistant's `tool_calls`.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -18,8 +17,8 @@ use serde_json::{json, Value};
 
 use crate::error::{ApiError, Flavor};
 use crate::openai::{
-    collect, content_text, normalize_messages, parse_body, render_chat, sse_response, start_job,
-    CommonParams, Streamer,
+    collect, content_text, counted, normalize_messages, parse_body, render_chat, sse_response,
+    start_job, CommonParams, Streamer,
 };
 use crate::toolcall::{parse_all, Piece, ToolCall, ToolCallParser, ToolSchemas};
 use crate::worker::{Event, Finish, Prompt, Usage};
@@ -194,14 +193,7 @@ pub async fn messages(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    app.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    match messages_inner(app.clone(), body).await {
-        Ok(r) => r,
-        Err(e) => {
-            app.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            e.with_flavor(Flavor::Anthropic).into_response()
-        }
-    }
+    counted(&app, Flavor::Anthropic, messages_inner(app.clone(), body)).await
 }
 
 async fn messages_inner(

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Flavor};
 use crate::toolcall::{Piece, ToolCallParser, ToolSchemas};
 use crate::worker::{DebugInfo, Event, Finish, Job, Prompt, TokenLogprob, Usage};
 use crate::AppState;
@@ -441,18 +442,27 @@ fn tool_call_json(call: &crate::toolcall::ToolCall, id: &str) -> Value {
     })
 }
 
+/// Runs one request handler: counts the request, and an error (answered in `flavor`'s shape).
+pub(crate) async fn counted(
+    app: &AppState,
+    flavor: Flavor,
+    inner: impl Future<Output = Result<Response, ApiError>>,
+) -> Response {
+    app.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    match inner.await {
+        Ok(r) => r,
+        Err(e) => {
+            app.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            e.with_flavor(flavor).into_response()
+        }
+    }
+}
+
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    app.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    match chat_inner(app.clone(), body).await {
-        Ok(r) => r,
-        Err(e) => {
-            app.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            e.into_response()
-        }
-    }
+    counted(&app, Flavor::OpenAi, chat_inner(app.clone(), body)).await
 }
 
 async fn chat_inner(
@@ -756,14 +766,7 @@ pub async fn completions(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    app.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    match completions_inner(app.clone(), body).await {
-        Ok(r) => r,
-        Err(e) => {
-            app.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            e.into_response()
-        }
-    }
+    counted(&app, Flavor::OpenAi, completions_inner(app.clone(), body)).await
 }
 
 async fn completions_inner(
