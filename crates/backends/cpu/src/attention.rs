@@ -251,6 +251,13 @@ mod avx512 {
 
     pub(super) struct Q8Rows512<'a>(pub Q8Rows<'a>);
 
+    /// An f16 scale as f32 with the F16C instruction (inline, unlike a library call per block).
+    #[inline(always)]
+    unsafe fn scale_f32(d: u16) -> f32 {
+        // SAFETY: the caller guarantees F16C (implied by the AVX-512 level here).
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)))) }
+    }
+
     /// 16 signed bytes at `p` as 16 f32 lanes.
     #[inline(always)]
     unsafe fn i8x16_to_f32(p: *const i8) -> __m512 {
@@ -275,7 +282,7 @@ mod avx512 {
                         i8x16_to_f32(blk.qs.as_ptr().add(16)),
                         lo,
                     );
-                    acc = _mm512_fmadd_ps(both, _mm512_set1_ps(f16_to_f32(blk.d)), acc);
+                    acc = _mm512_fmadd_ps(both, _mm512_set1_ps(scale_f32(blk.d)), acc);
                 }
                 _mm512_reduce_add_ps(acc)
             }
@@ -288,7 +295,7 @@ mod avx512 {
             // SAFETY: as in `dot`, with `acc` (`hd` elements) in place of `q`.
             unsafe {
                 for (b, blk) in blocks.iter().enumerate() {
-                    let c = _mm512_set1_ps(p * f16_to_f32(blk.d));
+                    let c = _mm512_set1_ps(p * scale_f32(blk.d));
                     for half in 0..2 {
                         let a = acc.as_mut_ptr().add(b * Q8_0_BLOCK + half * 16);
                         let x = i8x16_to_f32(blk.qs.as_ptr().add(half * 16));

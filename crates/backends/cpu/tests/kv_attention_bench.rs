@@ -24,7 +24,12 @@ fn kv_attention_speed() {
         ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     };
     let q: Vec<f32> = (0..n_heads * hd).map(|_| next()).collect();
-    for ctx in [4096usize, 32768] {
+    // REDLITE_BENCH_CTX=N measures one context length instead of 4096 and 32768.
+    let ctxs: Vec<usize> = match std::env::var("REDLITE_BENCH_CTX") {
+        Ok(v) => vec![v.parse().expect("REDLITE_BENCH_CTX: a number")],
+        Err(_) => vec![4096, 32768],
+    };
+    for ctx in ctxs {
         let rows: Vec<(Vec<f32>, Vec<f32>)> = (0..ctx)
             .map(|_| {
                 let k = (0..kv_heads * hd).map(|_| 4.0 * next()).collect();
