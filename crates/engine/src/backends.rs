@@ -41,6 +41,8 @@ impl BackendChoice {
 }
 
 /// A model on whichever backend was chosen.
+// One per process, never moved in a hot path: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyModel {
     Oracle(Model<Oracle>),
     Cpu(Model<CpuBackend>),

@@ -227,7 +227,7 @@ mod tests {
     }
 
     fn use_key(d: &mut Directory, key: Key) -> bool {
-        let hit = match d.lookup(key) {
+        match d.lookup(key) {
             Lookup::Hit(s) => {
                 d.unpin(s);
                 true
@@ -239,8 +239,7 @@ mod tests {
                 false
             }
             Lookup::Busy => unreachable!(),
-        };
-        hit
+        }
     }
 
     #[test]

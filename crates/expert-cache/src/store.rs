@@ -49,7 +49,7 @@ pub struct ExpertCache {
 enum Store {
     /// Every expert resident: the memory map is the store.
     Mapped,
-    Slots(Slots),
+    Slots(Box<Slots>),
 }
 
 #[derive(Default)]
@@ -187,7 +187,7 @@ impl ExpertCache {
                         path: path.display().to_string(),
                         source: e,
                     })?;
-                Store::Slots(Slots {
+                Store::Slots(Box::new(Slots {
                     inner: Mutex::new(Inner {
                         dir: Directory::new(n, layers, config.policy),
                         data: vec![[(0, 0); PARTS]; n],
@@ -197,7 +197,7 @@ impl ExpertCache {
                     regions,
                     reader,
                     overlap: config.overlap,
-                })
+                }))
             }
             _ => Store::Mapped,
         };

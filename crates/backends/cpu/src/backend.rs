@@ -59,7 +59,7 @@ pub struct CpuBackend {
     config: CacheConfig,
     /// The experts' shape, gathered by `load_linear`.
     shape: Mutex<CacheShape>,
-    cache: OnceLock<ExpertCache>,
+    cache: OnceLock<Box<ExpertCache>>,
 }
 
 impl Default for CpuBackend {
@@ -111,7 +111,7 @@ impl CpuBackend {
 
     /// The expert cache's counters (`None` before the weights are loaded).
     pub fn expert_cache_stats(&self) -> Option<CacheStats> {
-        self.cache.get().map(ExpertCache::stats)
+        self.cache.get().map(|c| c.stats())
     }
 
     /// Starts or stops recording the routed experts (see [`CpuBackend::take_expert_trace`]).
@@ -123,10 +123,7 @@ impl CpuBackend {
 
     /// The experts requested since the last call, in order, as (block, expert).
     pub fn take_expert_trace(&self) -> Vec<Key> {
-        self.cache
-            .get()
-            .map(ExpertCache::take_trace)
-            .unwrap_or_default()
+        self.cache.get().map(|c| c.take_trace()).unwrap_or_default()
     }
 
     /// Runs `f` over the experts `ids` of one block in rounds of experts resident together
@@ -307,7 +304,7 @@ impl Backend for CpuBackend {
         let shape = *self.shape.lock().unwrap_or_else(|e| e.into_inner());
         let cache = ExpertCache::new(file.clone(), shape, &self.config)
             .map_err(|e| ModelError::BadConfig(format!("expert cache: {e}")))?;
-        self.cache.set(cache).map_err(|_| {
+        self.cache.set(Box::new(cache)).map_err(|_| {
             ModelError::BadConfig(
                 "this CPU backend already serves a model (clone it for another)".into(),
             )
