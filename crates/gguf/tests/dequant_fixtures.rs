@@ -2,25 +2,14 @@
 //! `shared/reference/quant/` (ggml's `to_float`, checked identical to gguf-py 0.19.0).
 //! Values are compared as raw f32 bits, so NaN payloads and the sign of zero count.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{read, reference};
 use redlite_gguf::quant::{dequantize, dequantize_to_vec, DequantError, GgmlType};
-
-fn quant_dir() -> PathBuf {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-    .join("quant")
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
 
 #[test]
 fn every_fixture_type_is_bit_exact() {
-    let dir = quant_dir();
+    let dir = reference("quant");
     let index: serde_json::Value =
         serde_json::from_slice(&read(&dir.join("index.json"))).expect("index.json parses");
     let types = index["types"]
@@ -100,7 +89,7 @@ fn every_fixture_type_is_bit_exact() {
 #[test]
 fn block_functions_agree_with_dequantize() {
     // The public block functions are what faster kernels are tested against: check one directly.
-    let dir = quant_dir();
+    let dir = reference("quant");
     let blocks = read(&dir.join("Q4_K.blocks"));
     let all = dequantize_to_vec(GgmlType::Q4K, &blocks).unwrap();
     let mut one = [0.0f32; 256];

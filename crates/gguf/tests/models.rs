@@ -1,28 +1,22 @@
 //! Every fixture model, the imatrix file and the Qwen3 vocabulary open; tensor tables match
 //! `models/index.json` (count, ggml type of every tensor, per-type counts, file size, key metadata).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
+use common::reference;
 use redlite_gguf::{GgufFile, MetaValue};
-
-fn reference() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-}
 
 #[test]
 fn fixture_models_match_index_json() {
     let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(reference().join("models/index.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(reference("models/index.json")).unwrap()).unwrap();
     let models = index["models"].as_object().unwrap();
     assert!(models.len() >= 10);
     for (label, m) in models {
         let file = m["file"].as_str().unwrap();
-        let f = GgufFile::open(reference().join("models").join(file))
+        let f = GgufFile::open(reference("models").join(file))
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         assert_eq!(f.file_size(), m["bytes"].as_u64().unwrap(), "{file}");
         assert_eq!(f.version(), 3, "{file}");
@@ -82,7 +76,7 @@ fn fixture_models_match_index_json() {
 
 #[test]
 fn qwen3_vocab_opens() {
-    let f = GgufFile::open(reference().join("tokenizer/qwen3-vocab.gguf")).unwrap();
+    let f = GgufFile::open(reference("tokenizer/qwen3-vocab.gguf")).unwrap();
     assert_eq!(f.architecture().unwrap(), "qwen3next");
     assert!(f.tensors().is_empty());
     assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "gpt2");
@@ -102,7 +96,7 @@ fn qwen3_vocab_opens() {
 
 #[test]
 fn imatrix_opens() {
-    let f = GgufFile::open(reference().join("models/tiny.imatrix.gguf")).unwrap();
+    let f = GgufFile::open(reference("models/tiny.imatrix.gguf")).unwrap();
     assert_eq!(f.get_str("general.type").unwrap(), "imatrix");
     assert_eq!(f.get_str_array("imatrix.datasets").unwrap().len(), 1);
     assert_eq!(f.get_u32("imatrix.chunk_size").unwrap(), 128);
@@ -114,7 +108,7 @@ fn imatrix_opens() {
 
 #[test]
 fn typed_accessors_on_a_real_file() {
-    let f = GgufFile::open(reference().join("models/tiny-Q4_K_M.gguf")).unwrap();
+    let f = GgufFile::open(reference("models/tiny-Q4_K_M.gguf")).unwrap();
     // Integer accessors convert across widths when the value fits.
     let n = f.get_u32("qwen3next.block_count").unwrap();
     assert_eq!(n, 5);

@@ -6,8 +6,11 @@
 //!   `tools/gen_quant_fixtures.py`. A larger set made by the same script can be checked with
 //!   `REDLITE_QUANT_FIXTURES=DIR cargo test -p redlite-gguf --test quantize -- --ignored`.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::{compare, local_data, read, read_f32, reference, N_PER_ROW};
 use redlite_gguf::quant::{dequantize_to_vec, quantize, GgmlType, QuantizeError};
 
 /// The types this file covers (the IQ2_XXS / IQ1_M quantizers have their own tests).
@@ -18,61 +21,9 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::Q6K,
     GgmlType::IQ4XS,
 ];
-const N_PER_ROW: usize = 512;
-
-fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/quant")
-}
-
-fn local_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quant")
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-fn read_f32(path: &Path) -> Vec<f32> {
-    read(path)
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// `Err` naming the first differing block and byte (within the block), if any.
-fn compare(ty: GgmlType, what: &str, got: &[u8], want: &[u8]) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!(
-            "{what}: {} bytes, expected {}",
-            got.len(),
-            want.len()
-        ));
-    }
-    let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) else {
-        return Ok(());
-    };
-    let bb = ty.block_bytes();
-    let (block, byte) = (at / bb, at % bb);
-    let n_diff = got
-        .chunks_exact(bb)
-        .zip(want.chunks_exact(bb))
-        .filter(|(a, b)| a != b)
-        .count();
-    Err(format!(
-        "{what}: {n_diff} of {} blocks differ; first: block {block} (row {}), byte {byte}: \
-         got {:#04x}, expected {:#04x}\n  got    {:02x?}\n  expect {:02x?}",
-        got.len() / bb,
-        at / (N_PER_ROW / ty.block_elems() * bb),
-        got[at],
-        want[at],
-        &got[block * bb..(block + 1) * bb],
-        &want[block * bb..(block + 1) * bb],
-    ))
-}
-
 #[test]
 fn reference_fixtures_without_imatrix_are_bit_exact() {
-    let dir = reference_dir();
+    let dir = reference("quant");
     let mut failures = Vec::new();
     for ty in TYPES {
         let name = ty.name();
@@ -107,7 +58,7 @@ fn check_local_set(dir: &Path) {
 
 #[test]
 fn hard_rows_with_and_without_imatrix_are_bit_exact() {
-    check_local_set(&local_dir());
+    check_local_set(&local_data("quant"));
 }
 
 #[test]
@@ -133,7 +84,7 @@ fn weighted_mse(ty: GgmlType, src: &[f32], q: &[u8], w: &[f32]) -> f64 {
 /// non-uniform imatrix its weighted error is below the plain quantizer's (Q8_0 ignores it).
 #[test]
 fn imatrix_lowers_the_weighted_error() {
-    let src = read_f32(&reference_dir().join("Q4_K.src.f32"));
+    let src = read_f32(&reference("quant").join("Q4_K.src.f32"));
     // Importance varies over 4 decades along the row, in a pattern unrelated to the data.
     let imatrix: Vec<f32> = (0..N_PER_ROW)
         .map(|i| 10f32.powf(2.0 * ((i as f32 * 0.37).sin() + (i as f32 * 0.011).cos()) / 2.0))

@@ -4,34 +4,12 @@
 //! `tests/data/quant_iq/` (f16-rounded weights, ties, outliers, zeros, a non-uniform imatrix;
 //! made by `tools/gen_quant_iq_fixtures.py`).
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::PathBuf;
+
+use common::{compare, local_data, read, read_f32, reference, N_PER_ROW};
 use redlite_gguf::quant::{quantize, GgmlType};
-
-const N_PER_ROW: usize = 512;
-
-fn reference_dir() -> PathBuf {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference/quant"
-    ))
-    .to_path_buf()
-}
-
-fn local_dir() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/quant_iq")).to_path_buf()
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-fn read_f32(path: &Path) -> Vec<f32> {
-    read(path)
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
 
 /// Quantizes `src` and compares with `expected`, naming the first differing block and byte.
 fn assert_bit_exact(
@@ -43,32 +21,14 @@ fn assert_bit_exact(
 ) {
     let got = quantize(ty, src, N_PER_ROW, imatrix)
         .unwrap_or_else(|e| panic!("{what}: quantize failed: {e}"));
-    assert_eq!(got.len(), expected.len(), "{what}: output size");
-    let bb = ty.block_bytes();
-    let differing = got
-        .chunks_exact(bb)
-        .zip(expected.chunks_exact(bb))
-        .filter(|(g, e)| g != e)
-        .count();
-    if let Some(pos) = got.iter().zip(expected).position(|(g, e)| g != e) {
-        let block = pos / bb;
-        panic!(
-            "{what}: {differing} of {} blocks differ; first: block {block} (row {}), byte {} \
-             (got {:#04x}, want {:#04x})\n got  {:02x?}\n want {:02x?}",
-            got.len() / bb,
-            block * ty.block_elems() / N_PER_ROW,
-            pos % bb,
-            got[pos],
-            expected[pos],
-            &got[block * bb..(block + 1) * bb],
-            &expected[block * bb..(block + 1) * bb],
-        );
+    if let Err(e) = compare(ty, what, &got, expected) {
+        panic!("{e}");
     }
 }
 
 #[test]
 fn iq2_xxs_matches_reference_fixture() {
-    let dir = reference_dir();
+    let dir = reference("quant");
     let src = read_f32(&dir.join("IQ2_XXS.src.f32"));
     let imatrix = read_f32(&dir.join("IQ2_XXS.imatrix.f32"));
     assert_eq!(src.len(), 16 * N_PER_ROW);
@@ -85,7 +45,7 @@ fn iq2_xxs_matches_reference_fixture() {
 
 #[test]
 fn iq1_m_matches_reference_fixture() {
-    let dir = reference_dir();
+    let dir = reference("quant");
     let src = read_f32(&dir.join("IQ1_M.src.f32"));
     assert_eq!(src.len(), 16 * N_PER_ROW);
     // Made without imatrix (index.json: requires_imatrix false, no imatrix_file).
@@ -96,7 +56,7 @@ fn iq1_m_matches_reference_fixture() {
 
 #[test]
 fn iq2_xxs_matches_ggml_with_non_uniform_imatrix() {
-    let dir = local_dir();
+    let dir = local_data("quant_iq");
     let src = read_f32(&dir.join("src.f32"));
     let imatrix = read_f32(&dir.join("imatrix.f32"));
     let expected = read(&dir.join("IQ2_XXS.im.quant"));
@@ -111,7 +71,7 @@ fn iq2_xxs_matches_ggml_with_non_uniform_imatrix() {
 
 #[test]
 fn iq1_m_matches_ggml_with_and_without_imatrix() {
-    let dir = local_dir();
+    let dir = local_data("quant_iq");
     let src = read_f32(&dir.join("src.f32"));
     let imatrix = read_f32(&dir.join("imatrix.f32"));
     let plain = read(&dir.join("IQ1_M.quant"));

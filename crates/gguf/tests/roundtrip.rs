@@ -2,26 +2,22 @@
 //! Metadata and tensor bytes must be equal, and the written file must be byte-identical to the
 //! original (all fixtures were written by gguf-py or ggml with the standard layout).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::reference;
 use redlite_gguf::{GgmlType, GgufErrorKind, GgufFile, GgufWriter, MetaArray, MetaValue};
 
-fn reference() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-}
-
 fn fixture_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(reference().join("models"))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(reference("models"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
         .collect();
     files.sort();
-    files.push(reference().join("tokenizer/qwen3-vocab.gguf"));
-    files.push(reference().join("broken/valid_base.gguf"));
+    files.push(reference("tokenizer/qwen3-vocab.gguf"));
+    files.push(reference("broken/valid_base.gguf"));
     files
 }
 
