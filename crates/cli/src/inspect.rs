@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use redlite_gguf::quant::dequantize;
 use redlite_gguf::{GgufFile, MetaValue, TensorInfo};
 use redlite_model::sizing::{FileSizes, LayerSizes, ModelSizes, OUTPUT, TOKEN_EMBD};
-use redlite_model::{Config, LayerKind};
+use redlite_model::{Config, KvType, LayerKind};
 use serde_json::{json, Value};
 
 #[derive(clap::Args)]
@@ -422,11 +422,13 @@ fn print_decode(out: &mut impl Write, s: &ModelSizes, file: &GgufFile) -> Result
     }
     writeln!(
         out,
-        "KV per position: f32 {} ({}), f16 {} ({}){}",
+        "KV per position: f32 {} ({}), f16 {} ({}), q8_0 {} ({}){}",
         bytes_line(s.kv_bytes_per_position_f32()),
         kib(s.kv_bytes_per_position_f32()),
         bytes_line(s.kv_bytes_per_position_f16()),
         kib(s.kv_bytes_per_position_f16()),
+        bytes_line(s.kv_bytes_per_position(KvType::Q8_0)),
+        kib(s.kv_bytes_per_position(KvType::Q8_0)),
         if s.mtp_kv_values_per_position > 0 {
             format!(
                 "; MTP block adds f32 {} / f16 {}",
@@ -570,6 +572,7 @@ fn sizes_json(s: &ModelSizes, file: &GgufFile) -> Value {
         "kv_bytes_per_position": {
             "f32": s.kv_bytes_per_position_f32(),
             "f16": s.kv_bytes_per_position_f16(),
+            "q8_0": s.kv_bytes_per_position(KvType::Q8_0),
         },
         "recurrent_state_bytes_f32": s.recurrent_state_bytes_f32(),
     });

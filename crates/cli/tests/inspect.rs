@@ -1,27 +1,15 @@
 //! `redlite inspect` end to end: the JSON report of a fixture, the text report, files that are
 //! not models, `--dequant` against `dequantize_to_vec`, and error handling (never a panic).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
+use std::path::PathBuf;
+use std::process::Output;
+
+use common::{redlite, reference};
 use redlite_gguf::quant::dequantize_to_vec;
 use redlite_gguf::GgufFile;
 use serde_json::Value;
-
-fn reference(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-    .join(rel)
-}
-
-fn redlite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .args(args)
-        .output()
-        .expect("run redlite")
-}
 
 fn ok_stdout(args: &[&str]) -> String {
     let out = redlite(args);
@@ -124,6 +112,8 @@ fn json_report_of_tiny_q8_0() {
     assert_eq!(s["mtp"]["experts_top_k"], 2 * 3 * 69_632);
     assert_eq!(s["kv_bytes_per_position"]["f32"], 1_024);
     assert_eq!(s["kv_bytes_per_position"]["f16"], 512);
+    // q8_0: 256 values / 32 × 34 bytes.
+    assert_eq!(s["kv_bytes_per_position"]["q8_0"], 272);
     assert_eq!(s["recurrent_state_bytes_f32"], 215_040);
     let layers = s["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 5);
