@@ -1,7 +1,7 @@
 //! The expert-cache options shared by `generate`, `logits`, `bench` and `serve`.
 
 use anyhow::{anyhow, Result};
-use redlite_engine::planner::{plan, Budget, KvPrecision, PlanInput, PlanRequest, Target};
+use redlite_engine::planner::{plan, Budget, PlanInput, PlanRequest, Target};
 use redlite_engine::{CacheConfig, CachePolicy, CacheSize};
 use redlite_gguf::GgufFile;
 use redlite_model::KvType;
@@ -48,7 +48,7 @@ impl CacheArgs {
                     memory: Budget::parse(m).map_err(|e| anyhow!("--memory: {e}"))?,
                     ctx: self.memory_ctx,
                     target: Target::Cpu,
-                    kv: KvPrecision::parse(kv_type.name()).map_err(|e| anyhow!(e))?,
+                    kv: kv_type,
                     ubatch: 64,
                 };
                 let p = plan(&input, req)?;

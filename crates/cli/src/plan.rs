@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
-use redlite_engine::planner::{plan, Budget, KvPrecision, PlanInput, PlanRequest, Target};
+use redlite_engine::planner::{plan, Budget, PlanInput, PlanRequest, Target};
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::layout::{Layout, LayoutParams, LayoutTypes, LAYOUT_NAMES};
+use redlite_model::KvType;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -67,7 +68,10 @@ pub fn run(args: Args) -> Result<()> {
         memory: Budget::parse(&args.memory).map_err(|e| anyhow!("--memory: {e}"))?,
         ctx: args.ctx,
         target: Target::parse(&args.backend).map_err(|e| anyhow!("--backend: {e}"))?,
-        kv: KvPrecision::parse(&args.kv_type).map_err(|e| anyhow!("--kv-type: {e}"))?,
+        kv: args
+            .kv_type
+            .parse::<KvType>()
+            .map_err(|e| anyhow!("--kv-type: {e}"))?,
         ubatch: args.ubatch.max(1),
     };
     let p = plan(&input, req)?;

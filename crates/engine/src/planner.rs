@@ -13,7 +13,7 @@ use std::fmt;
 use redlite_gguf::TensorInfo;
 use redlite_model::layout::Layout;
 use redlite_model::sizing::ModelSizes;
-use redlite_model::{Config, LayerKind, ModelError};
+use redlite_model::{Config, KvType, LayerKind, ModelError};
 
 /// A byte budget: a number of bytes, or the smallest budget that runs at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,10 +177,9 @@ impl PlanInput {
         self.sizes.file.expert_bytes
     }
 
-    /// KV-cache bytes per position, trunk and MTP attention, with `bytes_per_value` per element
-    /// (4 for f32, 2 for f16, 34/32 for q8_0).
-    pub fn kv_bytes_per_position(&self, kv: KvPrecision) -> u64 {
-        kv.bytes_for(self.sizes.kv_values_per_position + self.sizes.mtp_kv_values_per_position)
+    /// KV-cache bytes per position with `kv` entries, trunk and MTP attention.
+    pub fn kv_bytes_per_position(&self, kv: KvType) -> u64 {
+        self.sizes.kv_bytes_per_position(kv) + self.sizes.mtp_kv_bytes_per_position(kv)
     }
 
     /// Activation scratch of one forward pass of `ubatch` tokens with `ctx` positions of attention:
@@ -198,42 +197,6 @@ impl PlanInput {
             + 3 * c.shared_ff;
         let values = ubatch * per_token as u64 + ubatch * ctx + c.vocab as u64;
         values * 4
-    }
-}
-
-/// The element type of the KV cache, as far as its size goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvPrecision {
-    F32,
-    F16,
-    Q8_0,
-}
-
-impl KvPrecision {
-    pub fn parse(s: &str) -> Result<KvPrecision, String> {
-        match s {
-            "f32" => Ok(KvPrecision::F32),
-            "f16" => Ok(KvPrecision::F16),
-            "q8_0" => Ok(KvPrecision::Q8_0),
-            other => Err(format!("unknown KV type '{other}' (f32, f16, q8_0)")),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvPrecision::F32 => "f32",
-            KvPrecision::F16 => "f16",
-            KvPrecision::Q8_0 => "q8_0",
-        }
-    }
-
-    /// Bytes of `n` values (q8_0: 34 bytes per block of 32).
-    pub fn bytes_for(self, n: u64) -> u64 {
-        match self {
-            KvPrecision::F32 => 4 * n,
-            KvPrecision::F16 => 2 * n,
-            KvPrecision::Q8_0 => n.div_ceil(32) * 34,
-        }
     }
 }
 
@@ -280,7 +243,7 @@ pub struct PlanRequest {
     pub memory: Budget,
     pub ctx: u64,
     pub target: Target,
-    pub kv: KvPrecision,
+    pub kv: KvType,
     /// Tokens per forward pass for scratch (prompt chunks).
     pub ubatch: u64,
 }

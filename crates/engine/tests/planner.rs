@@ -1,10 +1,9 @@
 //! The memory planner on the tiny fixtures and on the full-size 80B layout (no file needed).
 
-use redlite_engine::planner::{
-    plan, Budget, ExpertCachePlan, KvPrecision, PlanInput, PlanRequest, Target,
-};
+use redlite_engine::planner::{plan, Budget, ExpertCachePlan, PlanInput, PlanRequest, Target};
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::layout::{Layout, LayoutParams, LayoutTypes};
+use redlite_model::KvType;
 
 const TINY: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -16,7 +15,7 @@ fn request(memory: Budget, ctx: u64) -> PlanRequest {
         memory,
         ctx,
         target: Target::Cpu,
-        kv: KvPrecision::F32,
+        kv: KvType::F32,
         ubatch: 64,
     }
 }
@@ -78,8 +77,8 @@ fn full_size_16gib_64k_context() {
     assert_eq!(input.expert_layers(), 48);
     assert_eq!(input.all_expert_bytes(), 48 * 512 * expert);
     // 12 attention layers × K and V × 2 KV heads × 256 = 12,288 values = 48 KiB in f32.
-    assert_eq!(input.kv_bytes_per_position(KvPrecision::F32), 48 << 10);
-    assert_eq!(input.kv_bytes_per_position(KvPrecision::F16), 24 << 10);
+    assert_eq!(input.kv_bytes_per_position(KvType::F32), 48 << 10);
+    assert_eq!(input.kv_bytes_per_position(KvType::F16), 24 << 10);
 
     let p = plan(&input, request(Budget::Bytes(16 << 30), 65_536)).unwrap();
     let kv = p.rows.iter().find(|r| r.what == "KV cache").unwrap();
