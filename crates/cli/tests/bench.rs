@@ -1,18 +1,15 @@
 //! `redlite bench` smoke tests on the tiny Q4_K_M fixture with tiny sizes: every subcommand exits
 //! 0 and prints its table (or valid JSON). Timings are never asserted.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
+use common::reference;
 use serde_json::Value;
 
 fn fixture() -> String {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference/models/tiny-Q4_K_M.gguf"
-    ))
-    .display()
-    .to_string()
+    reference("models/tiny-Q4_K_M.gguf").display().to_string()
 }
 
 /// Runs `redlite bench ARGS` with a small bandwidth buffer; returns stdout.

@@ -1,22 +1,16 @@
 //! End-to-end checks of `redlite logits` and `redlite generate` against the float64 reference.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
+use common::{read_f32, redlite, reference};
 use serde_json::Value;
 
-fn reference() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-}
-
 fn entry(model: &str, prompt: &str) -> Value {
-    let index: Value = serde_json::from_str(
-        &std::fs::read_to_string(reference().join("logits/index.json")).unwrap(),
-    )
-    .unwrap();
+    let index: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference("logits/index.json")).unwrap())
+            .unwrap();
     index["entries"]
         .as_array()
         .unwrap()
@@ -41,24 +35,12 @@ fn join(ids: &[u32]) -> String {
         .join(",")
 }
 
-fn read_f32(path: &PathBuf) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 #[test]
 fn logits_command_matches_exact_reference() {
     let e = entry("F16", "P1");
     let tokens = ids(&e["token_ids"]);
     let vocab = e["vocab"].as_u64().unwrap() as usize;
-    let reference_rows = read_f32(
-        &reference()
-            .join("logits")
-            .join(e["exact_path"].as_str().unwrap()),
-    );
+    let reference_rows = read_f32(&reference("logits").join(e["exact_path"].as_str().unwrap()));
     for mode in ["prefill", "step"] {
         let out = std::env::temp_dir().join(format!(
             "redlite-logits-test-{}-{mode}.bin",
@@ -66,7 +48,7 @@ fn logits_command_matches_exact_reference() {
         ));
         let status = Command::new(env!("CARGO_BIN_EXE_redlite"))
             .args(["logits", "-m"])
-            .arg(reference().join("models/tiny-F16.gguf"))
+            .arg(reference("models/tiny-F16.gguf"))
             .args(["--ids", &join(&tokens), "--mode", mode, "--out"])
             .arg(&out)
             .status()
@@ -88,19 +70,18 @@ fn logits_command_matches_exact_reference() {
 #[test]
 fn greedy_generate_matches_exact_reference() {
     let e = entry("Q4_K_M", "P3");
-    let out = Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .args(["generate", "-m"])
-        .arg(reference().join("models/tiny-Q4_K_M.gguf"))
-        .args([
-            "--ids",
-            &join(&ids(&e["token_ids"])),
-            "-n",
-            "24",
-            "--ignore-eos",
-            "--print-ids",
-        ])
-        .output()
-        .unwrap();
+    let model = reference("models/tiny-Q4_K_M.gguf");
+    let out = redlite(&[
+        "generate",
+        "-m",
+        model.to_str().unwrap(),
+        "--ids",
+        &join(&ids(&e["token_ids"])),
+        "-n",
+        "24",
+        "--ignore-eos",
+        "--print-ids",
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -115,18 +96,15 @@ fn greedy_generate_matches_exact_reference() {
 
 #[test]
 fn unknown_backend_and_missing_file_are_clear_errors() {
-    let out = Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .args([
-            "logits",
-            "-m",
-            "/nonexistent.gguf",
-            "--ids",
-            "1,2",
-            "--out",
-            "/tmp/x.bin",
-        ])
-        .output()
-        .unwrap();
+    let out = redlite(&[
+        "logits",
+        "-m",
+        "/nonexistent.gguf",
+        "--ids",
+        "1,2",
+        "--out",
+        "/tmp/x.bin",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent.gguf"));
 }

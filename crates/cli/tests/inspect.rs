@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Output;
 
 use common::{redlite, reference};
 use redlite_gguf::quant::dequantize_to_vec;

@@ -2,26 +2,14 @@
 //! vocabulary: the file loads in the oracle and runs tokens to finite logits; `inspect` reads it;
 //! errors (unknown type/layout, existing output) are reported, not panics.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{redlite, reference};
 use redlite_gguf::GgufFile;
 use redlite_model::{Mode, Model};
-
-fn reference(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-    .join(rel)
-}
-
-fn redlite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .args(args)
-        .output()
-        .expect("run redlite")
-}
 
 /// A fresh path in the temp dir, unique per test and process.
 fn temp_path(tag: &str) -> PathBuf {

@@ -1,27 +1,21 @@
 //! `redlite parity` against the stored references (and llama.cpp live where its Python binding
 //! is installed), and `redlite perplexity`'s output.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::{redlite, reference};
 use serde_json::Value;
 
-fn reference() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/reference"
-    ))
-}
-
 fn model(name: &str) -> PathBuf {
-    reference().join("models").join(format!("tiny-{name}.gguf"))
+    reference(&format!("models/tiny-{name}.gguf"))
 }
 
-fn redlite(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_redlite"))
-        .args(args)
-        .output()
-        .unwrap();
+/// (success, stdout, stderr) of `redlite args`.
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = redlite(args);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -32,7 +26,7 @@ fn redlite(args: &[&str]) -> (bool, String, String) {
 /// `redlite parity -m tiny-<model_name>.gguf --fixtures <reference> <extra…>`.
 fn parity(model_name: &str, extra: &[&str]) -> (bool, String, String) {
     let m = model(model_name);
-    let fixtures = reference();
+    let fixtures = reference("");
     let mut args = vec![
         "parity",
         "-m",
@@ -41,7 +35,7 @@ fn parity(model_name: &str, extra: &[&str]) -> (bool, String, String) {
         fixtures.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    redlite(&args)
+    run(&args)
 }
 
 fn parity_json(model_name: &str, extra: &[&str]) -> Value {
@@ -63,15 +57,14 @@ fn perplexity(text: &Path, extra: &[&str]) -> (bool, String, String) {
         text.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    redlite(&args)
+    run(&args)
 }
 
 /// llama.cpp's own row-weighted mean KL(exact ‖ llama.cpp) for one file, from logits/index.json.
 fn llama_cpp_kl_mean(model_name: &str) -> f64 {
-    let index: Value = serde_json::from_str(
-        &std::fs::read_to_string(reference().join("logits/index.json")).unwrap(),
-    )
-    .unwrap();
+    let index: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference("logits/index.json")).unwrap())
+            .unwrap();
     let (mut sum, mut rows) = (0.0, 0usize);
     for e in index["entries"].as_array().unwrap() {
         if e["model"] == model_name {
@@ -177,7 +170,7 @@ fn live_llama_cpp_f16() {
 
 #[test]
 fn perplexity_prints_like_llama_cpp() {
-    let text = reference().join("logits/heldout.txt");
+    let text = reference("logits/heldout.txt");
     let (ok, stdout, stderr) = perplexity(&text, &["--ctx", "32", "--chunks", "3", "--quiet"]);
     assert!(ok, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
