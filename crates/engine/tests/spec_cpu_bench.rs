@@ -1,0 +1,203 @@
+//! Speculative-decoding benchmarks in process CPU time, for a machine shared with other jobs
+//! (where wall-clock time swings 2×): the CPU time of every thread of this process, read from
+//! `/proc/self/task/*/schedstat` (Linux), around each measured call. Ignored by default:
+//!
+//! ```text
+//! SPEC_MODEL=models/redlite-demo.gguf SPEC_THREADS=1 cargo test --release -p redlite-engine \
+//!     --test spec_cpu_bench -- --ignored --nocapture --test-threads 1
+//! ```
+//!
+//! `SPEC_MODEL` (relative to the repository root, or absolute), `SPEC_THREADS` (default 1),
+//! `SPEC_KS` (verify: draft lengths, default `1,3,7,15`), `SPEC_CONTEXT` (verify: context
+//! tokens, default 16), `SPEC_REPS` (default 3), `SPEC_FILE` (rewrite: the source file, default
+//! `/tmp/colorsys_60.py`), `SPEC_N` (rewrite: tokens, default 300).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlite_engine::generate::{generate, GenerateOptions};
+use redlite_engine::sampler::{Sampler, SamplerConfig};
+use redlite_engine::spec_bench::rewrite_prompt;
+use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
+use redlite_engine::{load_model_from, with_model, AnyModel, BackendChoice};
+use redlite_gguf::GgufFile;
+use redlite_model::Mode;
+use redlite_tokenizer::tokenizer::Tokenizer;
+
+fn var(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+fn num(key: &str, default: usize) -> usize {
+    var(key, &default.to_string()).parse().expect(key)
+}
+
+/// CPU time of all threads of this process so far.
+fn cpu_time() -> Duration {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let path = task.expect("task entry").path().join("schedstat");
+        if let Ok(text) = std::fs::read_to_string(path) {
+            ns += text
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+fn load() -> (AnyModel, Arc<GgufFile>) {
+    let path = var("SPEC_MODEL", "models/redlite-demo.gguf");
+    let path = if path.starts_with('/') {
+        path
+    } else {
+        format!("../../{path}")
+    };
+    let file = Arc::new(GgufFile::open(&path).expect("model file"));
+    let model = load_model_from(file.clone(), BackendChoice::Cpu, num("SPEC_THREADS", 1))
+        .expect("model loads");
+    (model, file)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A K+1-row verify (`begin_trace`, the rows, `Model::keep(1)`), a 1-row step and the K+1 rows
+/// untraced, each from the same state; medians of CPU and wall time.
+#[test]
+#[ignore]
+fn verify_cost_cpu_time() {
+    let (model, _) = load();
+    let ks: Vec<usize> = var("SPEC_KS", "1,3,7,15")
+        .split(',')
+        .map(|k| k.parse().expect("SPEC_KS"))
+        .collect();
+    let reps = num("SPEC_REPS", 3).max(1);
+    let context = num("SPEC_CONTEXT", 16).max(1);
+    let tokens: Vec<u32> = (0..64u32).map(|i| 100 + i * 37).collect();
+    println!("| K | rows | verify cpu ms | 1-row cpu ms | ratio | untraced cpu ms | untraced ratio | verify wall ms | 1-row wall ms |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    with_model!(&model, m => {
+        let mut state = m.new_state();
+        let prompt: Vec<u32> = (0..context).map(|i| tokens[i % 64]).collect();
+        m.forward(&mut state, &prompt, Mode::Prefill).unwrap();
+        let snap = state.snapshot();
+        for &k in &ks {
+            let rows: Vec<u32> = (0..=k).map(|i| tokens[(context + i) % 64]).collect();
+            let mut cpu = [Vec::new(), Vec::new(), Vec::new()];
+            let mut wall = [Vec::new(), Vec::new(), Vec::new()];
+            for rep in 0..=reps {
+                for which in 0..3 {
+                    let (c0, w0) = (cpu_time(), Instant::now());
+                    match which {
+                        0 => {
+                            state.begin_trace();
+                            m.forward(&mut state, &rows, Mode::Step).unwrap();
+                            m.keep(&mut state, 1).unwrap();
+                        }
+                        1 => {
+                            m.forward(&mut state, &rows[..1], Mode::Step).unwrap();
+                        }
+                        _ => {
+                            m.forward(&mut state, &rows, Mode::Step).unwrap();
+                        }
+                    }
+                    let (c, w) = (cpu_time() - c0, w0.elapsed());
+                    state.restore(&snap).unwrap();
+                    // Repetition 0 warms up.
+                    if rep > 0 {
+                        cpu[which].push(c);
+                        wall[which].push(w);
+                    }
+                }
+            }
+            let [v, d, u] = cpu.map(median);
+            let [vw, dw, _] = wall.map(median);
+            println!(
+                "| {k} | {} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.2}x | {:.1} | {:.1} |",
+                k + 1,
+                ms(v),
+                ms(d),
+                v.as_secs_f64() / d.as_secs_f64(),
+                ms(u),
+                u.as_secs_f64() / d.as_secs_f64(),
+                ms(vw),
+                ms(dw)
+            );
+        }
+    });
+}
+
+/// The file rewrite of `redlite spec-bench rewrite` (greedy, no stop tokens), decode CPU time
+/// plainly and per speculation mode: each run's CPU time minus that of the same run stopped
+/// after its first token (the prompt pass), medians over the repetitions.
+#[test]
+#[ignore]
+fn file_rewrite_cpu_time() {
+    let (model, file) = load();
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
+    let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
+    let edit =
+        "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
+    let prompt = tokenizer
+        .encode(&rewrite_prompt(&text, edit), false)
+        .expect("encode");
+    let n = num("SPEC_N", 300);
+    let reps = num("SPEC_REPS", 3).max(1);
+    println!("prompt {} tokens, {n} generated", prompt.len());
+    println!("| spec | passes | decode cpu s | tok per cpu-s | speed-up (cpu) | decode wall s | speed-up (wall) |");
+    println!("|---|---|---|---|---|---|---|");
+    with_model!(&model, m => {
+        let (mut base_cpu, mut base_wall) = (0.0, 0.0);
+        for mode in [SpecMode::Off, SpecMode::Lookup, SpecMode::Mtp, SpecMode::Both] {
+            let spec = SpecConfig::with_mode(mode);
+            let run = |max_tokens: usize| {
+                let opts = GenerateOptions { max_tokens, stop_ids: Vec::new() };
+                let mut state = m.new_state();
+                let mut sampler = Sampler::new(SamplerConfig::greedy());
+                let c0 = cpu_time();
+                let (wall, passes) = if mode == SpecMode::Off {
+                    let (_, s) = generate(m, &mut state, &prompt, &mut sampler, &opts, |_| true)
+                        .unwrap();
+                    (s.decode_time, max_tokens - 1)
+                } else {
+                    let (_, s, ss) = generate_speculative(
+                        m, &mut state, &prompt, &mut sampler, &opts, &spec, |_| true,
+                    )
+                    .unwrap();
+                    (s.decode_time, ss.forward_passes)
+                };
+                (cpu_time() - c0, wall, passes)
+            };
+            let mut cpu = Vec::new();
+            let mut wall = Vec::new();
+            let mut passes = 0;
+            for _ in 0..reps {
+                let (prompt_only, _, _) = run(1);
+                let (all, w, p) = run(n);
+                cpu.push(all.saturating_sub(prompt_only));
+                wall.push(w);
+                passes = p;
+            }
+            let (c, w) = (median(cpu).as_secs_f64(), median(wall).as_secs_f64());
+            if mode == SpecMode::Off {
+                (base_cpu, base_wall) = (c, w);
+            }
+            println!(
+                "| {mode:?} | {passes} | {c:.3} | {:.1} | {:.2}x | {w:.3} | {:.2}x |",
+                (n - 1) as f64 / c,
+                base_cpu / c,
+                base_wall / w
+            );
+        }
+    });
+}
