@@ -404,9 +404,9 @@ unsafe fn q8_0_multi_simd<const VNNI: bool, const M: usize>(
         let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
         let aw = _mm256_sign_epi8(wv, wv);
         let dw = read_u16(b);
-        for j in 0..M {
-            let y = xs.get_unchecked(j).get_unchecked(i);
-            acc[j] += dd(dw, y.d) * hsum256_epi32(sdot(aw, wv, y)) as f32;
+        for (a, x) in acc.iter_mut().zip(&xs[..M]) {
+            let y = x.get_unchecked(i);
+            *a += dd(dw, y.d) * hsum256_epi32(sdot(aw, wv, y)) as f32;
         }
     }
     out[..M].copy_from_slice(&acc);
