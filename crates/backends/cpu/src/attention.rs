@@ -339,9 +339,160 @@ mod avx512 {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn head_avx2(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
-    head_portable(q, kv, g, hd, scale)
+mod avx2 {
+    //! f16 and Q8_0 row readers with AVX2 + FMA + F16C intrinsics (8 lanes); constructed only
+    //! inside [`head_avx2`], which runs only when the CPU has those extensions.
+
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// Sum of the 8 lanes.
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: the caller guarantees AVX.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+
+    pub(super) struct F16Rows256<'a>(pub &'a [u16], pub HeadSlice);
+
+    impl HeadRows for F16Rows256<'_> {
+        #[inline(always)]
+        fn dot(&self, j: usize, q: &[f32]) -> f32 {
+            let s = self.1.start(j);
+            let row = &self.0[s..s + self.1.hd];
+            let full = row.len() / 8 * 8;
+            // SAFETY: AVX2/FMA/F16C are present (module docs); every load reads 8 elements
+            // inside `row` / `q` (`i + 8 ≤ full ≤ len`).
+            let mut sum = unsafe {
+                let mut acc = _mm256_setzero_ps();
+                for i in (0..full).step_by(8) {
+                    let h = _mm_loadu_si128(row.as_ptr().add(i) as *const __m128i);
+                    let x = _mm256_loadu_ps(q.as_ptr().add(i));
+                    acc = _mm256_fmadd_ps(x, _mm256_cvtph_ps(h), acc);
+                }
+                hsum(acc)
+            };
+            for (x, &h) in q[full..].iter().zip(&row[full..]) {
+                sum += x * f16_to_f32(h);
+            }
+            sum
+        }
+
+        #[inline(always)]
+        fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+            let s = self.1.start(j);
+            let row = &self.0[s..s + self.1.hd];
+            let full = row.len() / 8 * 8;
+            // SAFETY: as in `dot`; `acc` has `hd` elements like `row`.
+            unsafe {
+                let pv = _mm256_set1_ps(p);
+                for i in (0..full).step_by(8) {
+                    let h = _mm_loadu_si128(row.as_ptr().add(i) as *const __m128i);
+                    let a = acc.as_mut_ptr().add(i);
+                    let y = _mm256_fmadd_ps(pv, _mm256_cvtph_ps(h), _mm256_loadu_ps(a));
+                    _mm256_storeu_ps(a, y);
+                }
+            }
+            for (a, &h) in acc[full..].iter_mut().zip(&row[full..]) {
+                *a += p * f16_to_f32(h);
+            }
+        }
+    }
+
+    pub(super) struct Q8Rows256<'a>(pub Q8Rows<'a>);
+
+    /// An f16 scale as f32 with the F16C instruction.
+    #[inline(always)]
+    unsafe fn scale_f32(d: u16) -> f32 {
+        // SAFETY: the caller guarantees F16C.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)))) }
+    }
+
+    /// 8 signed bytes at `p` as 8 f32 lanes.
+    #[inline(always)]
+    unsafe fn i8x8_to_f32(p: *const i8) -> __m256 {
+        // SAFETY: the caller guarantees AVX2 and 8 readable bytes at `p`.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+    }
+
+    impl HeadRows for Q8Rows256<'_> {
+        #[inline(always)]
+        fn dot(&self, j: usize, q: &[f32]) -> f32 {
+            let blocks = self.0.blocks(j);
+            debug_assert!(q.len() >= blocks.len() * Q8_0_BLOCK);
+            // SAFETY: AVX2/FMA/F16C are present; block `b` reads `qs[0..32]` and
+            // `q[32b..32b + 32]`, inside `q` (`hd = 32 × blocks`).
+            unsafe {
+                let mut acc = _mm256_setzero_ps();
+                for (b, blk) in blocks.iter().enumerate() {
+                    let qp = q.as_ptr().add(b * Q8_0_BLOCK);
+                    let mut s = _mm256_mul_ps(_mm256_loadu_ps(qp), i8x8_to_f32(blk.qs.as_ptr()));
+                    for part in 1..4 {
+                        s = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qp.add(8 * part)),
+                            i8x8_to_f32(blk.qs.as_ptr().add(8 * part)),
+                            s,
+                        );
+                    }
+                    acc = _mm256_fmadd_ps(s, _mm256_set1_ps(scale_f32(blk.d)), acc);
+                }
+                hsum(acc)
+            }
+        }
+
+        #[inline(always)]
+        fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+            let blocks = self.0.blocks(j);
+            debug_assert!(acc.len() >= blocks.len() * Q8_0_BLOCK);
+            // SAFETY: as in `dot`, with `acc` (`hd` elements) in place of `q`.
+            unsafe {
+                for (b, blk) in blocks.iter().enumerate() {
+                    let c = _mm256_set1_ps(p * scale_f32(blk.d));
+                    for part in 0..4 {
+                        let a = acc.as_mut_ptr().add(b * Q8_0_BLOCK + part * 8);
+                        let x = i8x8_to_f32(blk.qs.as_ptr().add(part * 8));
+                        _mm256_storeu_ps(a, _mm256_fmadd_ps(c, x, _mm256_loadu_ps(a)));
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn head_avx2(
+        q: &[f32],
+        kv: &KvCache,
+        g: usize,
+        hd: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        let at = HeadSlice {
+            width: kv.width,
+            offset: g * hd,
+            hd,
+        };
+        let n = kv.len();
+        match (kv.keys(), kv.values()) {
+            (KvRows::F16(k), KvRows::F16(v)) => {
+                head_online(q, &F16Rows256(k, at), &F16Rows256(v, at), n, hd, scale)
+            }
+            (KvRows::Q8_0(k), KvRows::Q8_0(v)) => head_online(
+                q,
+                &Q8Rows256(Q8Rows(k, at)),
+                &Q8Rows256(Q8Rows(v, at)),
+                n,
+                hd,
+                scale,
+            ),
+            // f32: the same code as every other ISA, so results stay bit-identical to before.
+            _ => head_portable(q, kv, g, hd, scale),
+        }
+    }
 }
 
 /// One query head with the code of `isa` (a level the CPU supports).
@@ -356,7 +507,7 @@ fn head(isa: Isa, q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> V
         }
         if isa >= Isa::Avx2 {
             // SAFETY: as above, for AVX2 + FMA + F16C.
-            return unsafe { head_avx2(q, kv, g, hd, scale) };
+            return unsafe { avx2::head_avx2(q, kv, g, hd, scale) };
         }
     }
     head_portable(q, kv, g, hd, scale)
