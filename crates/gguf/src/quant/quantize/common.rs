@@ -68,6 +68,20 @@ pub(crate) fn c_max(a: f32, b: f32) -> f32 {
     }
 }
 
+/// The value of largest magnitude (the first one on ties) as `(|v|, v)`; `(0, 0)` when every
+/// value is zero (or NaN).
+pub(crate) fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        let ax = v.abs();
+        if ax > amax {
+            amax = ax;
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
 /// ggml's `make_qp_quants`: quantizes the non-negative `x` to levels `0..=nmax` (written to `l`,
 /// as u8 like ggml's, so a negative level wraps) with one scale minimising the `w`-weighted
 /// squared error: 9 trial scales, then up to 5 rounds of coordinate descent. Returns the scale.

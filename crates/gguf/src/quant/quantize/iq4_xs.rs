@@ -6,7 +6,7 @@
 //! table `KVALUES_IQ4NL`; value = d · (scale − 32) · table[index].
 
 use super::common::{
-    f32_to_f16_bits, for_each_super_block, nearest_int, put_u16, GROUP_MAX_EPS, QK_K,
+    f32_to_f16_bits, for_each_super_block, nearest_int, put_u16, signed_absmax, GROUP_MAX_EPS, QK_K,
 };
 use crate::quant::grids::KVALUES_IQ4NL;
 
@@ -74,15 +74,7 @@ fn quantize_block(x: &[f32], qw: Option<&[f32]>, y: &mut [u8]) {
                 }
             }
         }
-        let mut amax = 0f32;
-        let mut max = 0f32;
-        for &v in xb {
-            let ax = v.abs();
-            if ax > amax {
-                amax = ax;
-                max = v;
-            }
-        }
+        let (amax, max) = signed_absmax(xb);
         if amax < GROUP_MAX_EPS {
             scales[ib] = 0.0;
             continue;

@@ -12,8 +12,8 @@
 //! * Q6_K (210 B): 128 B low nibbles, 64 B high 2-bit pairs, 16 × i8 scales, f16 d.
 
 use super::common::{
-    f32_to_f16_bits, for_each_super_block, make_qp_quants, nearest_int, put_u16, GROUP_MAX_EPS,
-    QK_K,
+    f32_to_f16_bits, for_each_super_block, make_qp_quants, nearest_int, put_u16, signed_absmax,
+    GROUP_MAX_EPS, QK_K,
 };
 use crate::quant::kquants::scale_min_k4;
 
@@ -413,15 +413,7 @@ fn make_qx_quants_16(
     l_out: &mut [u8; 16],
     qw: Option<&[f32; 16]>,
 ) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let (amax, max) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
