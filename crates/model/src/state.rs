@@ -260,7 +260,18 @@ pub struct SequenceState {
     pub trace: Option<StepTrace>,
     /// The buffers of the last finished recording, reused by the next [`SequenceState::begin_trace`]
     /// (a verify pass then allocates no state-sized memory).
-    spare_trace: Option<StepTrace>,
+    spare_trace: SpareTrace,
+}
+
+/// Reusable trace buffers; a clone of the state does not copy them (they hold a full recurrent
+/// state, 72 MiB on the full-size layout, and carry no information).
+#[derive(Debug, Default)]
+struct SpareTrace(Option<StepTrace>);
+
+impl Clone for SpareTrace {
+    fn clone(&self) -> SpareTrace {
+        SpareTrace(None)
+    }
 }
 
 /// The recording of a run of `Mode::Step` tokens (speculative verification), from which
@@ -381,14 +392,14 @@ impl SequenceState {
             layers,
             pos: 0,
             trace: None,
-            spare_trace: None,
+            spare_trace: SpareTrace(None),
         }
     }
 
     /// Start recording every token stepped from here on (speculative verification), so that
     /// [`SequenceState::keep`] can roll back to any of them. Only `Mode::Step` runs are recorded.
     pub fn begin_trace(&mut self) {
-        let mut trace = self.spare_trace.take().unwrap_or_default();
+        let mut trace = self.spare_trace.0.take().unwrap_or_default();
         trace.start = self.pos;
         trace.layers.resize_with(self.layers.len(), || None);
         for (t, l) in trace.layers.iter_mut().zip(&self.layers) {
@@ -433,7 +444,7 @@ impl SequenceState {
         let start = trace.start;
         let processed = self.pos - start;
         if n > processed {
-            self.spare_trace = Some(trace);
+            self.spare_trace.0 = Some(trace);
             return Err(ModelError::State(format!(
                 "cannot keep {n} tokens: only {processed} were processed"
             )));
@@ -444,7 +455,7 @@ impl SequenceState {
                     continue;
                 };
                 if t.rows != processed {
-                    self.spare_trace = Some(trace);
+                    self.spare_trace.0 = Some(trace);
                     return Err(ModelError::State(
                         "the verified tokens were not run in Mode::Step while recording".into(),
                     ));
@@ -468,7 +479,7 @@ impl SequenceState {
             }
             self.truncate_kv(start + n);
         }
-        self.spare_trace = Some(trace);
+        self.spare_trace.0 = Some(trace);
         Ok(())
     }
 
