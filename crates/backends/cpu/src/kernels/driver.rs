@@ -120,8 +120,19 @@ impl Acts {
             RowDot::Q8K(_) => {
                 let per = cols / QK_K;
                 let mut q = vec![BlockQ8K::ZERO; per * n];
-                for (x, out) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(per.max(1))) {
-                    quantize_row_q8_k(x, out);
+                let xs = &xs[..cols * n];
+                if n > 1 && cols * n >= PARALLEL_QUANTIZE_MIN {
+                    // Prefill-sized (so cols > 0): the rows across the pool.
+                    xs.par_chunks_exact(cols)
+                        .zip(q.par_chunks_exact_mut(per.max(1)))
+                        .for_each(|(x, out)| quantize_row_q8_k(x, out));
+                } else {
+                    for (x, out) in xs
+                        .chunks_exact(cols.max(1))
+                        .zip(q.chunks_exact_mut(per.max(1)))
+                    {
+                        quantize_row_q8_k(x, out);
+                    }
                 }
                 Acts::Q8K(q, per)
             }
@@ -149,6 +160,9 @@ impl Acts {
         }
     }
 }
+
+/// Activation values from which [`Acts::quantize`] spreads the rows of a batch over the pool.
+const PARALLEL_QUANTIZE_MIN: usize = 64 * 1024;
 
 /// Checked shape facts of a product.
 pub(crate) struct Shape {
