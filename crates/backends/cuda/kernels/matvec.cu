@@ -2,12 +2,23 @@
 //
 // matvec_<type>(w, x, y, rows, cols): y[t][r] = W[r] . x[t] for t < gridDim.y (the batch);
 // W is `rows` rows of `cols / QK` blocks in the file's layout, x and y are f32 row-major.
-// One warp per output row, f32 accumulation, the warp sums at the end. For the types with a
-// group decoder (GroupDot below: Q4_K, Q6_K, Q8_0, IQ2_XXS, the full-size layout's types) lane i
-// takes groups i, i + 32, ... of G consecutive values, decoding each group's scales once and its
-// quants with 16- or 32-bit loads; every other type takes single values (lane i: values i, i + 32,
-// ...) through its dq(). Either way each weight is the value dq() gives, bit for bit.
+// One warp per output row, f32 accumulation, the warp sums at the end. Q6_K has a warp block
+// decoder (WarpBlockDot below: the warp takes one block at a time, lane l 8 of its values, every
+// load of the warp contiguous; Q4_K has one too, off by default: slower); Q4_K, Q8_0, IQ2_XXS and
+// F32 a group decoder (GroupDot: lane i takes groups i, i + 32, ... of G consecutive values,
+// decoding each group's scales once and its quants with 16- or 32-bit loads); every other type takes single values (lane i: values i,
+// i + 32, ...) through its dq(). Either way each weight is the value dq() gives, bit for bit.
 // Launch: block = 32 * warps threads, grid = (ceil(rows / warps), n).
+
+// Tuning switches (REDLITE_CUDA_DEFINES can set them for an experiment): Q4_K through the warp
+// block decoder (1) or the group decoder (0, faster on the H200: 159 against 144 tok/s, see
+// docs/perf-ledger.md); blocks per warp iteration unrolled in the warp block loop.
+#ifndef Q4K_WARP_BLOCK
+#define Q4K_WARP_BLOCK 0
+#endif
+#ifndef WB_UNROLL
+#define WB_UNROLL 4
+#endif
 
 // Group decoders: dot(block, g, x) = sum over the G values of group g of the block of w * x[j].
 template <typename T>
@@ -25,6 +36,86 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 
+// Q4_K scale and min of sub-block `sub` (0..7) from the 12 scale bytes held as three u32.
+__device__ __forceinline__ void q4k_scale_min(const u32 sw[3], int sub, int& sc, int& m) {
+#define Q4K_SB(k) ((int)((((k) < 4 ? sw[0] : (k) < 8 ? sw[1] : sw[2]) >> (8 * ((k) & 3))) & 255))
+    if (sub < 4) {
+        sc = Q4K_SB(sub) & 63;
+        m = Q4K_SB(sub + 4) & 63;
+    } else {
+        sc = (Q4K_SB(sub + 4) & 15) | ((Q4K_SB(sub - 4) >> 6) << 4);
+        m = (Q4K_SB(sub + 4) >> 4) | ((Q4K_SB(sub) >> 6) << 4);
+    }
+#undef Q4K_SB
+}
+
+// Warp block decoders: the 32 lanes of a warp take one block together, lane l its 8 values, laid
+// out so that every load instruction of the warp reads contiguous bytes (quants: 128 bytes;
+// activations: runs of 128 bytes). dot(block, lane, x) = the lane's share of block . x.
+template <typename T>
+struct WarpBlockDot {
+    enum { ON = 0 };
+};
+
+// Q4_K (d, dmin, 12 scale bytes, then 4 chunks of 32 quant bytes; chunk c holds sub-block 2c in
+// the low nibbles and 2c + 1 in the high ones). Lane l: chunk c = l / 8, bytes j0 = 4 (l % 8)
+// .. j0 + 3: values 64c + j0 + j (low) and 64c + 32 + j0 + j (high). The 144-byte blocks are
+// 16-byte aligned in an aligned buffer: the header is one 16-byte load, the quants one u32.
+template <>
+struct WarpBlockDot<T_Q4_K> {
+    enum { ON = Q4K_WARP_BLOCK };
+    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int lane, const float* __restrict__ x) {
+        const int c = lane >> 3, j0 = 4 * (lane & 7);
+        const uint4 hd = *(const uint4*)b;
+        const u32 sw[3] = {hd.y, hd.z, hd.w};
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(sw, 2 * c, sc0, m0);
+        q4k_scale_min(sw, 2 * c + 1, sc1, m1);
+        const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
+        const float ds0 = d * (float)sc0, dm0 = dmin * (float)m0;
+        const float ds1 = d * (float)sc1, dm1 = dmin * (float)m1;
+        const u32 q = *(const u32*)(b + 16 + 32 * c + j0);
+        const float4 xl = ld_x4(x + 64 * c + j0), xh = ld_x4(x + 64 * c + 32 + j0);
+        const float xls[4] = {xl.x, xl.y, xl.z, xl.w}, xhs[4] = {xh.x, xh.y, xh.z, xh.w};
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            acc += (ds0 * (float)((q >> (8 * j)) & 15) - dm0) * xls[j];
+            acc += (ds1 * (float)((q >> (8 * j + 4)) & 15) - dm1) * xhs[j];
+        }
+        return acc;
+    }
+};
+
+// Q6_K (ql 128 bytes, qh 64, 16 i8 scales, d): two halves of 128 values; in half c, ql byte
+// 64c + 32h + i holds value 128c + 32h + i (low nibble) and 128c + 64 + 32h + i (high nibble),
+// qh byte 128 + 32c + i their top two bits at 2h and 2h + 4. Lane l: c = l / 16, h = (l / 8) % 2,
+// i = j0 .. j0 + 3 with j0 = 4 (l % 8). Blocks are 210 bytes, so quants are 2-byte aligned.
+template <>
+struct WarpBlockDot<T_Q6_K> {
+    enum { ON = 1 };
+    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int lane, const float* __restrict__ x) {
+        const int c = lane >> 4, h = (lane >> 3) & 1, j0 = 4 * (lane & 7);
+        const u32 vl = ld_u32_a2(b + 64 * c + 32 * h + j0);
+        const u32 vh = ld_u32_a2(b + 128 + 32 * c + j0);
+        const float d = ld_f16(b + 208);
+        const int s0 = 8 * c + 2 * h + (j0 >> 4);
+        const float d0 = d * (float)(i8)b[192 + s0], d1 = d * (float)(i8)b[192 + s0 + 4];
+        const int v0 = 128 * c + 32 * h + j0;
+        const float4 xl = ld_x4(x + v0), xh = ld_x4(x + v0 + 64);
+        const float xls[4] = {xl.x, xl.y, xl.z, xl.w}, xhs[4] = {xh.x, xh.y, xh.z, xh.w};
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int q0 = ((vl >> (8 * j)) & 15) | (((vh >> (8 * j + 2 * h)) & 3) << 4);
+            const int q1 = ((vl >> (8 * j + 4)) & 15) | (((vh >> (8 * j + 2 * h + 4)) & 3) << 4);
+            acc += (d0 * (float)(q0 - 32)) * xls[j];
+            acc += (d1 * (float)(q1 - 32)) * xhs[j];
+        }
+        return acc;
+    }
+};
+
 // Q4_K: 8 sub-blocks of 32 with 6-bit scale and min; group = half a sub-block (16 values). The
 // 144-byte blocks are 16-byte aligned in an aligned buffer (every weight buffer here is), so the
 // header and the 16 quant bytes are one 16-byte load each.
@@ -36,16 +127,8 @@ struct GroupDot<T_Q4_K> {
         // d, dmin and the 12 scale bytes in one 16-byte load, decoded in registers.
         const uint4 hd = *(const uint4*)b;
         const u32 sw[3] = {hd.y, hd.z, hd.w};  // scale bytes 0..11
-#define Q4K_SB(k) ((int)((((k) < 4 ? sw[0] : (k) < 8 ? sw[1] : sw[2]) >> (8 * ((k) & 3))) & 255))
         int sc, m;
-        if (sub < 4) {
-            sc = Q4K_SB(sub) & 63;
-            m = Q4K_SB(sub + 4) & 63;
-        } else {
-            sc = (Q4K_SB(sub + 4) & 15) | ((Q4K_SB(sub - 4) >> 6) << 4);
-            m = (Q4K_SB(sub + 4) >> 4) | ((Q4K_SB(sub) >> 6) << 4);
-        }
-#undef Q4K_SB
+        q4k_scale_min(sw, sub, sc, m);
         const float ds = f16_to_f32((u16)(hd.x & 0xffff)) * (float)sc;
         const float dm = f16_to_f32((u16)(hd.x >> 16)) * (float)m;
         const u8* q = b + 16 + 32 * (sub >> 1) + 16 * (g & 1);
@@ -59,32 +142,6 @@ struct GroupDot<T_Q4_K> {
             const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
             for (int j = 0; j < 4; ++j) acc += (ds * (float)((v[w] >> (8 * j + sh)) & 15) - dm) * xs[j];
-        }
-        return acc;
-    }
-};
-
-// Q6_K: 16 scales per block, one per 16 values; group = those 16 values.
-template <>
-struct GroupDot<T_Q6_K> {
-    enum { G = 16 };
-    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
-        const int c = g >> 3, k = (g >> 1) & 3, l0 = 16 * (g & 1);
-        const u8* lo = b + 64 * c + 32 * (k & 1) + l0;
-        const u8* hi = b + 128 + 32 * c + l0;
-        const int shl = 4 * (k >> 1), shh = 2 * k;
-        const float d = ld_f16(b + 208) * (float)(i8)b[192 + g];
-        float acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const u32 vl = ld_u32_a2(lo + 4 * w), vh = ld_u32_a2(hi + 4 * w);
-            const float4 xv = ld_x4(x + 4 * w);
-            const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int q = ((vl >> (8 * j + shl)) & 15) | (((vh >> (8 * j + shh)) & 3) << 4);
-                acc += (d * (float)(q - 32)) * xs[j];
-            }
         }
         return acc;
     }
@@ -110,6 +167,22 @@ struct GroupDot<T_Q8_0> {
     }
 };
 
+// The IQ2_XXS grid and sign table in shared memory, copied there by every block of a kernel that
+// decodes IQ2_XXS rows (stage_tables<T>() first thing in each kernel body): 32 random lookups
+// cost a few bank conflicts there, against one L1 wavefront per distinct line of the global table.
+__shared__ u64 s_iq2xxs_grid[256];
+__shared__ u8 s_ksigns_iq2xs[128];
+
+template <typename T>
+__device__ __forceinline__ void stage_tables() {}
+
+template <>
+__device__ __forceinline__ void stage_tables<T_IQ2_XXS>() {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) s_ksigns_iq2xs[i] = g_ksigns_iq2xs[i];
+    __syncthreads();
+}
+
 // IQ2_XXS: 8 sub-blocks of 32 (4 grid indices, then a u32 of 7-bit sign codes and the scale);
 // group = one grid entry (8 values).
 template <>
@@ -120,8 +193,8 @@ struct GroupDot<T_IQ2_XXS> {
         const u8* at = b + 2 + 8 * ib;
         const u32 aux = ld_u32_a2(at + 4);
         const float db = ld_f16(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
-        const u64 row = g_iq2xxs_grid[at[l]];
-        const u8 signs = g_ksigns_iq2xs[(aux >> (7 * l)) & 127];
+        const u64 row = s_iq2xxs_grid[at[l]];  // staged by stage_tables<T_IQ2_XXS>()
+        const u8 signs = s_ksigns_iq2xs[(aux >> (7 * l)) & 127];
         const float4 x0 = ld_x4(x), x1 = ld_x4(x + 4);
         const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float acc = 0.0f;
@@ -151,7 +224,15 @@ template <typename T>
 __device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
     float acc = 0.0f;
     constexpr int G = GroupDot<T>::G;
-    if constexpr (G > 0 && G <= T::QK) {
+    if constexpr (WarpBlockDot<T>::ON) {
+        // The warp takes one block at a time, every lane a share of it.
+        const int nb = cols / T::QK;
+        constexpr int U = WB_UNROLL;
+#pragma unroll U
+        for (int ib = 0; ib < nb; ++ib) {
+            acc += WarpBlockDot<T>::dot(wr + (size_t)ib * T::BB, lane, x + (size_t)ib * T::QK);
+        }
+    } else if constexpr (G > 0 && G <= T::QK) {
         // Groups inside a block.
         constexpr int PER_BLOCK = T::QK / G;
         const int groups = cols / G;
@@ -181,6 +262,7 @@ __device__ __forceinline__ size_t row_bytes(int cols) {
 template <typename T>
 __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols) {
+    stage_tables<T>();  // before any warp leaves
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;

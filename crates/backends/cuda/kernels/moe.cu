@@ -81,6 +81,7 @@ template <typename T>
 __device__ __forceinline__ void moe_gate_up_body(const u64* __restrict__ gate, const u64* __restrict__ up,
                                                  const float* __restrict__ x, float* __restrict__ act,
                                                  int ff, int hidden) {
+    stage_tables<T>();  // before any warp leaves
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -98,6 +99,7 @@ template <typename T>
 __device__ __forceinline__ void moe_down_body(const u64* __restrict__ down, const float* __restrict__ act,
                                               const float* __restrict__ weight, float* __restrict__ out,
                                               int hidden, int ff, int k) {
+    stage_tables<T>();  // before any warp leaves
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -135,6 +137,7 @@ __device__ __forceinline__ void moe_gate_up_ids_body(const u8* __restrict__ gate
                                                      u64 stride, const int* __restrict__ ids,
                                                      const float* __restrict__ x, float* __restrict__ act,
                                                      int ff, int hidden, int k) {
+    stage_tables<T>();  // before any warp leaves
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -155,6 +158,7 @@ __device__ __forceinline__ void moe_down_ids_body(const u8* __restrict__ down, u
                                                   const int* __restrict__ ids, const float* __restrict__ weight,
                                                   const float* __restrict__ act, float* __restrict__ out,
                                                   int hidden, int ff, int k) {
+    stage_tables<T>();  // before any warp leaves
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;

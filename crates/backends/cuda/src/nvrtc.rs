@@ -114,8 +114,24 @@ pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/redlite/cuda"))
 }
 
+/// Kernel tuning switches for experiments: `REDLITE_CUDA_DEFINES="NAME=VALUE,..."` puts one
+/// `#define NAME VALUE` line per entry before the source (so the cache key changes with them).
+/// Unset: the source as it is, with its own defaults.
+fn with_env_defines(src: &str) -> String {
+    let mut out = String::new();
+    if let Ok(defs) = std::env::var("REDLITE_CUDA_DEFINES") {
+        for d in defs.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let (name, value) = d.split_once('=').unwrap_or((d, "1"));
+            out.push_str(&format!("#define {name} {value}\n"));
+        }
+    }
+    out.push_str(src);
+    out
+}
+
 /// Compile through the disk cache.
 pub fn compile_cached(src: &str, arch: &str) -> Result<Compiled, CudaError> {
+    let src = &with_env_defines(src);
     let (major, minor) = version()?;
     let ver = format!("{major}.{minor}");
     let opts = OPTIONS.join(" ");
