@@ -143,33 +143,40 @@ impl HeadRows for Q8Rows<'_> {
     }
 }
 
-/// One query head over one KV head's keys `k` and values `v` (`n` positions):
-/// `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass.
+/// Query heads `q` (`[m, hd]`, all reading the same KV head) over that head's keys `k` and
+/// values `v` (`n` positions): per head `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass. The heads
+/// share the pass so each cached row is read from memory once for all of them (GQA); every head's
+/// own operations and their order are those of a pass of its own.
 #[inline(always)]
 fn head_online<R: HeadRows>(q: &[f32], k: &R, v: &R, n: usize, hd: usize, scale: f32) -> Vec<f32> {
-    let mut acc = vec![0.0f32; hd];
-    let (mut max, mut norm) = (f32::NEG_INFINITY, 0.0f32);
+    let m = q.len() / hd;
+    let mut acc = vec![0.0f32; m * hd];
+    let (mut max, mut norm) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
     for j in 0..n {
-        let s = k.dot(j, q) * scale;
-        if s > max {
-            let c = (max - s).exp();
-            for a in acc.iter_mut() {
-                *a *= c;
+        for (h, (qh, ah)) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).enumerate() {
+            let s = k.dot(j, qh) * scale;
+            if s > max[h] {
+                let c = (max[h] - s).exp();
+                for a in ah.iter_mut() {
+                    *a *= c;
+                }
+                norm[h] *= c;
+                max[h] = s;
             }
-            norm *= c;
-            max = s;
+            let p = (s - max[h]).exp();
+            norm[h] += p;
+            v.axpy(j, p, ah);
         }
-        let p = (s - max).exp();
-        norm += p;
-        v.axpy(j, p, &mut acc);
     }
-    let inv = 1.0 / norm;
-    acc.iter_mut().for_each(|a| *a *= inv);
+    for (ah, nh) in acc.chunks_exact_mut(hd).zip(&norm) {
+        let inv = 1.0 / nh;
+        ah.iter_mut().for_each(|a| *a *= inv);
+    }
     acc
 }
 
-/// [`head_online`] for query head `q` against KV head `g` of `kv`, whatever its element type,
-/// with the portable row readers.
+/// [`head_online`] for query heads `q` (`[m, hd]`) against KV head `g` of `kv`, whatever its
+/// element type, with the portable row readers.
 #[inline(always)]
 fn head_portable(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
     let at = HeadSlice {
@@ -495,7 +502,8 @@ mod avx2 {
     }
 }
 
-/// One query head with the code of `isa` (a level the CPU supports).
+/// Query heads `q` (`[m, hd]`, all of KV head `g`) with the code of `isa` (a level the CPU
+/// supports).
 fn head(isa: Isa, q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
     debug_assert!(isa.supported());
     #[cfg(target_arch = "x86_64")]
@@ -534,19 +542,23 @@ pub fn attention_online_isa(
     scale: f32,
 ) -> Vec<f32> {
     let isa = isa.min(Isa::best());
-    let group = n_heads / (kv.width / hd).max(1);
-    (0..n_heads)
-        .into_par_iter()
-        .map(|h| {
-            head(
-                isa,
-                &q[h * hd..(h + 1) * hd],
-                kv,
-                h / group.max(1),
-                hd,
-                scale,
-            )
+    let kv_heads = (kv.width / hd).max(1);
+    let group = (n_heads / kv_heads).max(1);
+    // Each task streams its KV head's rows once for a run of that head's query heads: as few
+    // tasks as keep every thread busy (one per KV head on 2 threads, one per query head on 16+).
+    let tasks_per_kv = rayon::current_num_threads()
+        .div_ceil(kv_heads)
+        .clamp(1, group);
+    let per_task = group.div_ceil(tasks_per_kv);
+    let runs: Vec<(usize, usize)> = (0..kv_heads)
+        .flat_map(|g| {
+            (0..group)
+                .step_by(per_task)
+                .map(move |s| (g * group + s, g * group + (s + per_task).min(group)))
         })
+        .collect();
+    runs.into_par_iter()
+        .map(|(h0, h1)| head(isa, &q[h0 * hd..h1 * hd], kv, h0 / group, hd, scale))
         .collect::<Vec<_>>()
         .concat()
 }
@@ -587,6 +599,29 @@ mod tests {
         let a = attention_two_pass(&q, &kv, 8, 64, 0.125);
         let b = attention_online(&q, &kv, 8, 64, 0.125);
         assert!(max_rel(&a, &b) < 1e-5, "{}", max_rel(&a, &b));
+    }
+
+    /// However the query heads are split into tasks (one head per task on many threads, a KV
+    /// head's whole group on few), every head's result is the same bit for bit.
+    #[test]
+    fn head_grouping_does_not_change_bits() {
+        for t in KvType::ALL {
+            let (kv, q) = random_cache(t, 2, 64, 100);
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| attention_online(&q, &kv, 8, 64, 0.125))
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            let one_head_per_task = run(16);
+            for threads in [1, 2, 3, 5] {
+                assert!(run(threads) == one_head_per_task, "{t}, {threads} threads");
+            }
+        }
     }
 
     /// Same cache contents (already rounded to f16 / Q8_0): the fast readers must compute what
