@@ -652,7 +652,7 @@ fn iq2_xxs_rows_offset<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; 
 pub fn offset_activations(q: &[BlockQ8K]) -> Vec<BlockQ8K> {
     q.iter()
         .map(|b| {
-            let mut o = b.clone();
+            let mut o = *b;
             for v in o.qs.iter_mut() {
                 *v = (*v as u8 ^ 0x80) as i8;
             }
