@@ -346,65 +346,57 @@ impl Backend for CpuBackend {
         chosen: &[Vec<(usize, f32)>],
         xs: &[Vec<f32>],
     ) -> Vec<Vec<f32>> {
-        // Tokens per expert, so each expert's weights are read once for all its tokens.
+        // Tokens per expert, so each expert's weights are read once for all its tokens; `at[t][i]`
+        // says where token t's i-th chosen expert keeps its output (expert, row in its batch).
         let mut tokens_of: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut at: Vec<Vec<(usize, usize)>> = Vec::with_capacity(chosen.len());
         for (t, c) in chosen.iter().enumerate() {
-            for &(e, _) in c {
-                tokens_of.entry(e).or_default().push(t);
-            }
+            at.push(
+                c.iter()
+                    .map(|&(e, _)| {
+                        let toks = tokens_of.entry(e).or_default();
+                        toks.push(t);
+                        (e, toks.len() - 1)
+                    })
+                    .collect(),
+            );
         }
         let groups: Vec<(usize, Vec<usize>)> = tokens_of.into_iter().collect();
-        let ids: Vec<usize> = groups.iter().map(|(e, _)| *e).collect();
-        // down(silu(gate·x) ⊙ up·x) for every (expert, token) pair; matmul rows are bit-identical
-        // to matvec, so each token gets exactly what `routed_experts` computes for it alone.
-        let mut outputs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); groups.len()];
-        self.with_experts(experts, &ids, |idx, bytes| {
-            let round: Vec<Vec<Vec<f32>>> = idx
-                .par_iter()
-                .zip(bytes)
-                .map(|(&g, b)| {
-                    let (e, toks) = &groups[g];
-                    let ffn = &experts[*e];
-                    let n = toks.len();
-                    let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
-                    let mut gate = vec![0.0f32; n * ffn.gate.rows];
-                    let mut up = vec![0.0f32; n * ffn.up.rows];
-                    run_linear(
-                        ffn.gate.ty,
-                        b[0],
-                        (ffn.gate.rows, ffn.gate.cols),
-                        &x,
-                        n,
-                        &mut gate,
-                    );
-                    run_linear(ffn.up.ty, b[1], (ffn.up.rows, ffn.up.cols), &x, n, &mut up);
-                    let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-                    let mut down = vec![0.0f32; n * ffn.down.rows];
-                    let shape = (ffn.down.rows, ffn.down.cols);
-                    run_linear(ffn.down.ty, b[2], shape, &act, n, &mut down);
-                    down.chunks_exact(ffn.down.rows)
-                        .map(|r| r.to_vec())
-                        .collect()
-                })
-                .collect();
-            for (&g, out) in idx.iter().zip(round) {
-                outputs[g] = out;
-            }
-        });
-        let mut per_pair: HashMap<(usize, usize), &[f32]> = HashMap::new();
-        for ((e, toks), outs) in groups.iter().zip(&outputs) {
-            for (&t, y) in toks.iter().zip(outs) {
-                per_pair.insert((*e, t), y);
-            }
-        }
+        // down(silu(gate·x) ⊙ up·x) for every (expert, token) pair, `[tokens of e][hidden]` per
+        // expert; matmul rows are bit-identical to matvec, so each token gets exactly what
+        // `routed_experts` computes for it alone.
+        let outputs: Vec<Vec<f32>> = groups
+            .par_iter()
+            .map(|(e, toks)| {
+                let ffn = &experts[*e];
+                let n = toks.len();
+                let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
+                let mut gate = vec![0.0f32; n * ffn.gate.rows];
+                let mut up = vec![0.0f32; n * ffn.up.rows];
+                self.linear(&ffn.gate, &x, n, &mut gate);
+                self.linear(&ffn.up, &x, n, &mut up);
+                let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                let mut down = vec![0.0f32; n * ffn.down.rows];
+                self.linear(&ffn.down, &act, n, &mut down);
+                down
+            })
+            .collect();
+        let group_of: HashMap<usize, usize> = groups
+            .iter()
+            .enumerate()
+            .map(|(g, (e, _))| (*e, g))
+            .collect();
         // Weighted sum per token, in its chosen order.
         chosen
             .iter()
+            .zip(&at)
             .enumerate()
-            .map(|(t, c)| {
+            .map(|(t, (c, places))| {
                 let mut out = vec![0.0f32; xs[t].len()];
-                for &(e, weight) in c {
-                    for (o, v) in out.iter_mut().zip(per_pair[&(e, t)]) {
+                for (&(_, weight), &(e, k)) in c.iter().zip(places) {
+                    let h = experts[e].down.rows;
+                    let y = &outputs[group_of[&e]][k * h..(k + 1) * h];
+                    for (o, v) in out.iter_mut().zip(y) {
                         *o += weight * v;
                     }
                 }
