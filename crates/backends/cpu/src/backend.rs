@@ -365,22 +365,33 @@ impl Backend for CpuBackend {
         // down(silu(gate·x) ⊙ up·x) for every (expert, token) pair, `[tokens of e][hidden]` per
         // expert; matmul rows are bit-identical to matvec, so each token gets exactly what
         // `routed_experts` computes for it alone.
-        let outputs: Vec<Vec<f32>> = groups
-            .par_iter()
-            .map(|(e, toks)| {
-                let ffn = &experts[*e];
-                let n = toks.len();
-                let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
-                let mut gate = vec![0.0f32; n * ffn.gate.rows];
-                let mut up = vec![0.0f32; n * ffn.up.rows];
-                self.linear(&ffn.gate, &x, n, &mut gate);
-                self.linear(&ffn.up, &x, n, &mut up);
-                let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
-                let mut down = vec![0.0f32; n * ffn.down.rows];
-                self.linear(&ffn.down, &act, n, &mut down);
-                down
-            })
-            .collect();
+        // Expert bytes come from the expert cache, in rounds of co-resident experts.
+        let ids: Vec<usize> = groups.iter().map(|(e, _)| *e).collect();
+        let mut outputs: Vec<Vec<f32>> = vec![Vec::new(); groups.len()];
+        self.with_experts(experts, &ids, |idx, bytes| {
+            let round: Vec<Vec<f32>> = idx
+                .par_iter()
+                .zip(bytes)
+                .map(|(&g, b)| {
+                    let (e, toks) = &groups[g];
+                    let ffn = &experts[*e];
+                    let n = toks.len();
+                    let x: Vec<f32> = toks.iter().flat_map(|&t| xs[t].iter().copied()).collect();
+                    let mut gate = vec![0.0f32; n * ffn.gate.rows];
+                    let mut up = vec![0.0f32; n * ffn.up.rows];
+                    let shape = |w: &CpuLinear| (w.rows, w.cols);
+                    run_linear(ffn.gate.ty, b[0], shape(&ffn.gate), &x, n, &mut gate);
+                    run_linear(ffn.up.ty, b[1], shape(&ffn.up), &x, n, &mut up);
+                    let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                    let mut down = vec![0.0f32; n * ffn.down.rows];
+                    run_linear(ffn.down.ty, b[2], shape(&ffn.down), &act, n, &mut down);
+                    down
+                })
+                .collect();
+            for (&g, out) in idx.iter().zip(round) {
+                outputs[g] = out;
+            }
+        });
         let group_of: HashMap<usize, usize> = groups
             .iter()
             .enumerate()

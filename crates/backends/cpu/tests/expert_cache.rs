@@ -82,3 +82,14 @@ fn a_cache_below_one_expert_per_block_is_refused_at_load() {
     .expect("too small");
     assert!(err.to_string().contains("minimum"), "{err}");
 }
+
+#[test]
+fn a_prompt_pass_reads_its_experts_through_the_cache() {
+    let path = fixture("tiny-Q4_K_M.gguf");
+    let backend = CpuBackend::with_threads_and_cache(0, bounded(CacheSize::Min, Policy::Lru));
+    let model = Model::load_with(&path, backend).unwrap();
+    let mut state = model.new_state();
+    model.forward(&mut state, &IDS, Mode::Prefill).unwrap();
+    let s = model.backend.expert_cache_stats().unwrap();
+    assert!(s.misses > 0 && s.bytes_read > 0, "{s:?}");
+}
