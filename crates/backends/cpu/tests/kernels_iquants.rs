@@ -506,12 +506,21 @@ fn matmul_rows_match_matvec_bit_for_bit() {
         scale_at: &[0, 2],
         scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar), // unused here
     };
-    for case in CASES.iter().filter(|c| c.qk == 256).chain([&q4k]) {
+    // Q6_K (multi-row kernel in `kquants_multi_x86`): its f16 d is the last two bytes.
+    let q6k = Case {
+        ty: GgmlType::Q6K,
+        name: "Q6_K",
+        qk: 256,
+        bytes: 210,
+        scale_at: &[208],
+        scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar), // unused here
+    };
+    for case in CASES.iter().filter(|c| c.qk == 256).chain([&q4k, &q6k]) {
         let (rows, cols) = (5, 1024);
         let w = random_blocks(&mut rng, case, rows * cols / 256);
         let xs: Vec<f32> = (0..9 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
         for isa in Isa::available() {
-            for n in [2, 3, 4, 5, 8, 9] {
+            for n in 2..=9 {
                 let mut ys = vec![0.0f32; n * rows];
                 matmul_isa(isa, case.ty, &w, rows, cols, &xs[..n * cols], n, &mut ys).unwrap();
                 for j in 0..n {
@@ -553,13 +562,17 @@ fn bench_matmul_rows() {
     let mut rng = StdRng::seed_from_u64(29);
     let (rows, cols, n) = (2048, 4096, 8);
     let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-    for (ty, bytes) in [(GgmlType::IQ2XXS, 66), (GgmlType::Q4K, 144)] {
+    for (ty, bytes, scale_at) in [
+        (GgmlType::IQ2XXS, 66, &[0, 2][..]),
+        (GgmlType::Q4K, 144, &[0, 2][..]),
+        (GgmlType::Q6K, 210, &[208][..]),
+    ] {
         let case = Case {
             ty,
             name: "",
             qk: 256,
             bytes,
-            scale_at: &[0, 2],
+            scale_at,
             scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar),
         };
         let w = random_blocks(&mut rng, &case, rows * cols / 256);

@@ -365,8 +365,8 @@ const MULTI_ROWS: usize = 1;
 
 /// The multi-row kernel matching `lookup(ty, isa)`, if there is one. At the AVX-512 level the
 /// i-quant types with a multi-row kernel are served by `iquants_avx512` alone (no module before
-/// it in the dispatch table claims them), and Q4_K by `kquants_x86`'s VNNI kernel when the CPU
-/// has VNNI (the only case `kquants_multi_x86` answers), so each multi-row kernel is the same
+/// it in the dispatch table claims them), and Q4_K and Q6_K by `kquants_x86`'s VNNI kernels when
+/// the CPU has VNNI (the only case `kquants_multi_x86` answers), so each multi-row kernel is the same
 /// arithmetic as the single-row one.
 ///
 /// The flag says whether the kernel takes its activations in offset form

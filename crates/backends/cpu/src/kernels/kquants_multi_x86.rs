@@ -1,14 +1,17 @@
-//! Multi-row Q4_K kernel (x86-64, AVX-512 with VNNI): one weight row against up to
-//! `MULTI_ROWS` (4) Q8_K activation rows, for batched products (prefill).
+//! Multi-row Q4_K and Q6_K kernels (x86-64, AVX-512 with VNNI): one weight row against up to
+//! `MULTI_ROWS_WIDE` (8) Q8_K activation rows, for batched products (prefill, speculative
+//! verify).
 //!
 //! The weight block is decoded once (nibbles split into 64-lane vectors, the six-bit scales and
 //! minimums unpacked and broadcast) and then met by every activation row. Per row the arithmetic
 //! is exactly the one of the single-row AVX-512 VNNI kernel in `kquants_x86` (and so of the
 //! scalar kernel): an exact i32 block sum from `vpmaddubsw` + `vpdpwssd`, an exact i32 sum of
 //! `bsums · mins`, and the same f32 expression per block in block order. Results are therefore
-//! bit-identical to that kernel, which is what lets `matmul` rows equal `matvec` rows.
+//! bit-identical to that kernel, which is what lets `matmul` rows equal `matvec` rows. The same
+//! holds for Q6_K against `kquants_x86`'s `q6k_512::<true>`.
 
-use super::kquants::{unpack_scales_k4, Q4K_BYTES};
+use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q6K_BYTES};
+use super::kquants_x86::{group_index512, q6k_d};
 use super::q8::BlockQ8K;
 use super::x86_util::{f16x2_hw, hsum256_epi32, hsum4_512, hsum512_epi32, read_u32};
 use super::{has_vnni, Isa};
@@ -23,6 +26,7 @@ pub(crate) fn multi_kernel(ty: GgmlType) -> Option<super::iquants_avx512::MultiR
     }
     match ty {
         GgmlType::Q4K => Some(q4k_multi_row),
+        GgmlType::Q6K => Some(q6k_multi_row),
         _ => None,
     }
 }
@@ -213,4 +217,131 @@ unsafe fn q4k_rows_wide<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32;
         acc[4 * g..4 * g + 4].copy_from_slice(&four);
     }
     acc
+}
+
+fn q6k_multi_row(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
+    /// The first `R` rows of `xs`.
+    fn rows<'a, const R: usize>(xs: &[&'a [BlockQ8K]]) -> [&'a [BlockQ8K]; R] {
+        core::array::from_fn(|r| xs[r])
+    }
+    // SAFETY: handed out by `multi_kernel` only when AVX-512 F/BW/VL and VNNI are present.
+    unsafe {
+        match xs.len() {
+            0 => {}
+            1 => out[..1].copy_from_slice(&q6k_rows(w, rows::<1>(xs))),
+            2 => out[..2].copy_from_slice(&q6k_rows(w, rows::<2>(xs))),
+            3 => out[..3].copy_from_slice(&q6k_rows(w, rows::<3>(xs))),
+            4 => out[..4].copy_from_slice(&q6k_rows(w, rows::<4>(xs))),
+            5 => out[..5].copy_from_slice(&q6k_rows(w, rows::<5>(xs))),
+            6 => out[..6].copy_from_slice(&q6k_rows(w, rows::<6>(xs))),
+            7 => out[..7].copy_from_slice(&q6k_rows(w, rows::<7>(xs))),
+            8 => out[..8].copy_from_slice(&q6k_rows(w, rows::<8>(xs))),
+            // The driver never passes more than MULTI_ROWS_WIDE rows.
+            _ => out.fill(f32::NAN),
+        }
+    }
+}
+
+/// Q6_K · Q8_K for `R` ≤ 8 activation rows over `min(w blocks, every xs[r] blocks)` blocks.
+///
+/// Per block the four 64-element code vectors (six-bit codes used unsigned, 0..63) and the four
+/// per-16-element scale vectors are built once, as in the single-row AVX-512 kernel; each row then
+/// takes its exact i32 block sum (`vpmaddubsw` + `vpdpwssd`, minus `32 · Σ scale_g · bsum_g` for
+/// the codes' −32 offset). Groups of four rows are reduced together and updated in the lanes of
+/// one xmm (`acc += (y.d · d) · isum`, per lane the scalar expression); the rest one by one.
+/// Bit-identical to the single-row kernel per row.
+#[allow(clippy::needless_range_loop)] // block `i` of the weights and of every activation row
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
+    let nb = xs
+        .iter()
+        .map(|x| x.len())
+        .fold(w.len() / Q6K_BYTES, usize::min);
+    let idx = [
+        group_index512(0),
+        group_index512(4),
+        group_index512(8),
+        group_index512(12),
+    ];
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let mut acc = [0.0f32; R];
+    let mut acc4 = [_mm_setzero_ps(); 2];
+    for i in 0..nb {
+        // Block: ql[128] (low nibbles), qh[64] (high bit pairs), scales[16] (i8), d (f16).
+        let b = w.as_ptr().add(i * Q6K_BYTES);
+        let d = q6k_d(b);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+        let scz = _mm512_castsi256_si512(sc16);
+        // Code vector 2c + k: elements 128c + 64k .. +64 (k = 0: low nibbles and qh bit pairs
+        // 0/1, k = 1: high nibbles and pairs 2/3); its scales, one i16 per 16 elements.
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for c in 0..2 {
+            let l = _mm512_loadu_si512(b.add(64 * c) as *const _);
+            let h = _mm256_loadu_si256(b.add(128 + 32 * c) as *const __m256i);
+            let hz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), _mm256_srli_epi16::<2>(h));
+            wv[2 * c] = _mm512_or_si512(
+                _mm512_and_si512(l, m4),
+                _mm512_and_si512(_mm512_slli_epi16::<4>(hz), m30),
+            );
+            wv[2 * c + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
+                _mm512_and_si512(hz, m30),
+            );
+        }
+        let ls = [
+            _mm512_permutexvar_epi16(idx[0], scz),
+            _mm512_permutexvar_epi16(idx[1], scz),
+            _mm512_permutexvar_epi16(idx[2], scz),
+            _mm512_permutexvar_epi16(idx[3], scz),
+        ];
+        let d4 = _mm_set1_ps(d);
+        for (g, a4) in acc4.iter_mut().enumerate().take(R / 4) {
+            let r0 = 4 * g;
+            let s = [
+                q6k_block_sum(&wv, &ls, sc16, &xs[r0][i]),
+                q6k_block_sum(&wv, &ls, sc16, &xs[r0 + 1][i]),
+                q6k_block_sum(&wv, &ls, sc16, &xs[r0 + 2][i]),
+                q6k_block_sum(&wv, &ls, sc16, &xs[r0 + 3][i]),
+            ];
+            let isum = _mm_cvtepi32_ps(hsum4_512(s));
+            let yd = _mm_setr_ps(
+                xs[r0][i].d,
+                xs[r0 + 1][i].d,
+                xs[r0 + 2][i].d,
+                xs[r0 + 3][i].d,
+            );
+            *a4 = _mm_add_ps(*a4, _mm_mul_ps(_mm_mul_ps(yd, d4), isum));
+        }
+        for r in R / 4 * 4..R {
+            acc[r] +=
+                (xs[r][i].d * d) * hsum512_epi32(q6k_block_sum(&wv, &ls, sc16, &xs[r][i])) as f32;
+        }
+    }
+    for (g, a4) in acc4.iter().enumerate().take(R / 4) {
+        let mut four = [0.0f32; 4];
+        _mm_storeu_ps(four.as_mut_ptr(), *a4);
+        acc[4 * g..4 * g + 4].copy_from_slice(&four);
+    }
+    acc
+}
+
+/// One activation block's exact Q6_K block sum against the decoded weight block (`wv`: code
+/// vectors, `ls`: their scales, `sc16`: the 16 scales as i16), spread over 16 i32 lanes.
+#[inline(always)]
+unsafe fn q6k_block_sum(
+    wv: &[__m512i; 4],
+    ls: &[__m512i; 4],
+    sc16: __m256i,
+    y: &BlockQ8K,
+) -> __m512i {
+    let yq = y.qs.as_ptr();
+    let mut isum = _mm512_setzero_si512();
+    for k in 0..4 {
+        let yv = _mm512_loadu_si512(yq.add(64 * k) as *const _);
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(wv[k], yv), ls[k]);
+    }
+    let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+    let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
+    _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr))
 }

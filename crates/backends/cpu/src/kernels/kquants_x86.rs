@@ -245,7 +245,7 @@ unsafe fn q5k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
 
 /// `vpermw` indices giving, in 128-bit lane `k`, the i16 scale `g0 + k` (4 groups of 16 elements).
 #[inline(always)]
-unsafe fn group_index512(g0: i16) -> __m512i {
+pub(super) unsafe fn group_index512(g0: i16) -> __m512i {
     _mm512_inserti64x4::<1>(
         _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(g0 + 1), _mm_set1_epi16(g0))),
         _mm256_set_m128i(_mm_set1_epi16(g0 + 3), _mm_set1_epi16(g0 + 2)),
@@ -256,7 +256,7 @@ unsafe fn group_index512(g0: i16) -> __m512i {
 /// the 7 f16-sized words before it and then extracted: the one-value forms get compiled to a
 /// `vpinsrw` into a live register, a false dependency across loop iterations.
 #[inline(always)]
-unsafe fn q6k_d(b: *const u8) -> f32 {
+pub(super) unsafe fn q6k_d(b: *const u8) -> f32 {
     let h = _mm256_cvtph_ps(_mm_loadu_si128(b.add(Q6K_BYTES - 16) as *const __m128i));
     _mm256_cvtss_f32(_mm256_permutevar8x32_ps(h, _mm256_set1_epi32(7)))
 }
