@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use redlite_expert_cache::{slot_bytes, PARTS};
 use redlite_gguf::TensorInfo;
 use redlite_model::layout::Layout;
 use redlite_model::sizing::ModelSizes;
@@ -127,6 +128,8 @@ impl Target {
 pub struct PlanInput {
     pub sizes: ModelSizes,
     pub config: Config,
+    /// The largest gate, up and down slab of one expert of any block (what sizes a cache slot).
+    pub expert_parts: [u64; PARTS],
 }
 
 impl PlanInput {
@@ -134,7 +137,12 @@ impl PlanInput {
     pub fn from_file(file: &redlite_gguf::GgufFile) -> Result<PlanInput, ModelError> {
         let config = Config::from_gguf(file)?;
         let sizes = ModelSizes::new(file, &config)?;
-        Ok(PlanInput { sizes, config })
+        let expert_parts = largest_expert_parts(file.tensors(), config.n_experts);
+        Ok(PlanInput {
+            sizes,
+            config,
+            expert_parts,
+        })
     }
 
     /// From a layout, without a file (for example the full-size 80B layout).
@@ -153,7 +161,12 @@ impl PlanInput {
             })
             .collect();
         let sizes = ModelSizes::from_tensors(&tensors, &config)?;
-        Ok(PlanInput { sizes, config })
+        let expert_parts = largest_expert_parts(&tensors, config.n_experts);
+        Ok(PlanInput {
+            sizes,
+            config,
+            expert_parts,
+        })
     }
 
     /// Blocks that hold routed experts (trunk layers plus the MTP block when stored).
@@ -161,7 +174,7 @@ impl PlanInput {
         self.sizes.layers.len() + self.sizes.mtp.len()
     }
 
-    /// Bytes of one cache slot: the largest expert of any block (slots are uniform).
+    /// Bytes of the largest expert of any block.
     pub fn expert_bytes(&self) -> u64 {
         self.sizes
             .layers
@@ -170,6 +183,12 @@ impl PlanInput {
             .map(|l| l.expert_slab_bytes)
             .max()
             .unwrap_or(0)
+    }
+
+    /// Bytes of one expert-cache slot (uniform): the largest parts plus the `O_DIRECT` alignment
+    /// slack, exactly what the cache allocates per slot.
+    pub fn slot_bytes(&self) -> u64 {
+        slot_bytes(self.expert_parts)
     }
 
     /// Bytes of every routed expert of every block.
@@ -198,6 +217,28 @@ impl PlanInput {
         let values = ubatch * per_token as u64 + ubatch * ctx + c.vocab as u64;
         values * 4
     }
+}
+
+/// The largest gate, up and down slab of one expert over the routed-expert tensors: experts lie
+/// along the last dimension, `n_bytes / n_experts` each; a fused `gate_up` tensor is half gate,
+/// half up (as the loader splits it).
+fn largest_expert_parts(tensors: &[TensorInfo], n_experts: usize) -> [u64; PARTS] {
+    let mut parts = [0u64; PARTS];
+    for t in tensors {
+        let slab = t.n_bytes / n_experts.max(1) as u64;
+        let kind = t.name.split('.').find(|p| p.ends_with("_exps"));
+        let (which, bytes): (&[usize], u64) = match kind {
+            Some("ffn_gate_exps") => (&[0], slab),
+            Some("ffn_up_exps") => (&[1], slab),
+            Some("ffn_gate_up_exps") => (&[0, 1], slab / 2),
+            Some("ffn_down_exps") => (&[2], slab),
+            _ => continue,
+        };
+        for &p in which {
+            parts[p] = parts[p].max(bytes);
+        }
+    }
+    parts
 }
 
 /// The [`Config`] a file written from `layout` would have.
@@ -261,7 +302,8 @@ pub struct PlanRow {
 pub enum ExpertCachePlan {
     /// Every expert resident: the unbounded cache (on the CPU: read in place from the map).
     AllResident { bytes: u64 },
-    /// `slots` experts of `slot_bytes` each, across `layers` blocks.
+    /// `slots` experts in slots of `slot_bytes` each (an expert plus `O_DIRECT` alignment slack,
+    /// as the cache allocates them), across `layers` blocks.
     Slots {
         slots: u64,
         slot_bytes: u64,
@@ -425,7 +467,7 @@ pub fn plan(input: &PlanInput, req: PlanRequest) -> Result<Plan, PlanRefused> {
         },
     });
     let fixed: u64 = rows.iter().map(|r| r.bytes).sum();
-    let slot = input.expert_bytes();
+    let slot = input.slot_bytes();
     let layers = input.expert_layers() as u64;
     let all = input.all_expert_bytes();
     let min_cache = slot * layers;
@@ -442,7 +484,7 @@ pub fn plan(input: &PlanInput, req: PlanRequest) -> Result<Plan, PlanRefused> {
             min_experts: PlanRow {
                 what: "expert cache (min)",
                 bytes: min_cache,
-                note: format!("1 expert × {layers} layers × {}", human(slot)),
+                note: format!("1 expert × {layers} layers × {} slots", human(slot)),
             },
         });
     }
@@ -505,12 +547,12 @@ impl fmt::Display for Plan {
                 experts_per_layer,
             } => writeln!(
                 f,
-                "  {:<22} {:>12}  {slots} experts of {} ≈ {experts_per_layer} of {} per layer × {layers} layers ({:.1}% of {})",
+                "  {:<22} {:>12}  {slots} experts in slots of {} ≈ {experts_per_layer} of {} per layer × {layers} layers ({:.1}% of the experts, {})",
                 "expert cache",
                 human(slots * slot_bytes),
                 human(slot_bytes),
                 self.experts_per_layer_file,
-                100.0 * (slots * slot_bytes) as f64 / self.all_expert_bytes.max(1) as f64,
+                100.0 * slots as f64 / (layers * self.experts_per_layer_file).max(1) as f64,
                 human(self.all_expert_bytes)
             )?,
         }

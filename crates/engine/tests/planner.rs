@@ -1,13 +1,19 @@
 //! The memory planner on the tiny fixtures and on the full-size 80B layout (no file needed).
 
+use redlite_cpu::CpuBackend;
 use redlite_engine::planner::{plan, Budget, ExpertCachePlan, PlanInput, PlanRequest, Target};
+use redlite_expert_cache::CacheConfig;
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::layout::{Layout, LayoutParams, LayoutTypes};
-use redlite_model::KvType;
+use redlite_model::{KvType, Model};
 
 const TINY: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../../shared/reference/models/tiny-F16.gguf"
+);
+const TINY_Q4K: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/reference/models/tiny-Q4_K_M.gguf"
 );
 
 fn request(memory: Budget, ctx: u64) -> PlanRequest {
@@ -35,6 +41,8 @@ fn tiny_min_plan_is_one_expert_per_block_and_one_byte_less_is_refused() {
     let input = PlanInput::from_file(&file).unwrap();
     // tiny-F16: hidden 256, expert ff 256, F16 → gate, up, down of one expert = 3 × 256 × 256 × 2.
     assert_eq!(input.expert_bytes(), 3 * 256 * 256 * 2);
+    // A slot: each 128 KiB part gets one 4 KiB page of O_DIRECT slack.
+    assert_eq!(input.slot_bytes(), 3 * (256 * 256 * 2 + 4096));
     // Four trunk layers plus the MTP block hold experts.
     assert_eq!(input.expert_layers(), 5);
     let all: u64 = file
@@ -50,7 +58,7 @@ fn tiny_min_plan_is_one_expert_per_block_and_one_byte_less_is_refused() {
         min.experts,
         ExpertCachePlan::Slots {
             slots: 5,
-            slot_bytes: 393_216,
+            slot_bytes: 405_504,
             layers: 5,
             experts_per_layer: 1
         }
@@ -89,8 +97,9 @@ fn full_size_16gib_64k_context() {
     else {
         panic!("16 GiB cannot hold 18.6 GiB of experts: {p}");
     };
-    assert_eq!(slot_bytes, expert);
-    assert_eq!(slots, ((16u64 << 30) - p.fixed_bytes()) / expert);
+    // Each part (66 pages) gets one page of O_DIRECT slack.
+    assert_eq!(slot_bytes, expert + 3 * 4096);
+    assert_eq!(slots, ((16u64 << 30) - p.fixed_bytes()) / slot_bytes);
     assert!(p.total_bytes() <= 16 << 30);
 
     // A 4 GiB GPU cannot hold 3 GiB of KV plus the dense weights and head.
@@ -104,6 +113,7 @@ fn full_size_q4k_experts_all_resident_only_with_enough_memory() {
     let input = full_size(GgmlType::Q4K);
     let expert = 3 * 512 * 2048 / 256 * 144;
     assert_eq!(input.expert_bytes(), expert);
+    assert_eq!(input.slot_bytes(), expert + 3 * 4096);
     let p = plan(&input, request(Budget::Bytes(20 << 30), 4096)).unwrap();
     assert!(matches!(p.experts, ExpertCachePlan::Slots { .. }));
     let p = plan(&input, request(Budget::Bytes(64 << 30), 4096)).unwrap();
@@ -113,4 +123,53 @@ fn full_size_q4k_experts_all_resident_only_with_enough_memory() {
             bytes: 48 * 512 * expert
         }
     );
+}
+
+/// Loads `path` on the CPU backend with the expert cache a plan chose; returns the cache's
+/// (slots, slot bytes).
+fn allocated_slots(path: &str, plan: &redlite_engine::planner::Plan) -> (u64, u64) {
+    let config = CacheConfig {
+        size: plan.cache_size(),
+        ..CacheConfig::default()
+    };
+    let backend = CpuBackend::with_threads_and_cache(1, config);
+    let model = match Model::load_with(path, backend) {
+        Ok(m) => m,
+        Err(e) => panic!(
+            "{path}: the cache refused the plan's {:?}: {e}",
+            plan.experts
+        ),
+    };
+    let s = model.backend.expert_cache_stats().unwrap();
+    (s.slots, s.slot_bytes)
+}
+
+#[test]
+fn planned_slots_are_the_slots_the_cpu_cache_allocates() {
+    for path in [TINY, TINY_Q4K] {
+        let file = GgufFile::open(path).unwrap();
+        let input = PlanInput::from_file(&file).unwrap();
+        let fixed = plan(&input, request(Budget::Min, 128))
+            .unwrap()
+            .fixed_bytes();
+        let (expert, slot) = (input.expert_bytes(), input.slot_bytes());
+        assert!(slot > expert, "{path}: slots carry O_DIRECT slack");
+        // Budgets whose remainder is a whole number of experts (where counting experts rather
+        // than slots would over-promise), of slots, and in between.
+        for remainder in [5 * slot, 12 * expert, 12 * slot + slot / 2, 17 * expert - 1] {
+            let p = plan(&input, request(Budget::Bytes(fixed + remainder), 128)).unwrap();
+            let ExpertCachePlan::Slots {
+                slots, slot_bytes, ..
+            } = p.experts
+            else {
+                panic!("{path}: {remainder} bytes cannot hold every expert: {p}");
+            };
+            assert_eq!(slots, remainder / slot, "{path}");
+            assert_eq!(
+                allocated_slots(path, &p),
+                (slots, slot_bytes),
+                "{path}: {remainder} bytes for experts"
+            );
+        }
+    }
 }

@@ -19,7 +19,7 @@ pub mod reader;
 mod store;
 
 pub use directory::{Directory, Key, Lookup, Policy};
-pub use store::{CacheShape, ExpertBytes, ExpertCache, ExpertRequest, PARTS};
+pub use store::{slot_bytes, CacheShape, ExpertBytes, ExpertCache, ExpertRequest, PARTS};
 
 use std::time::Duration;
 

@@ -37,6 +37,33 @@ pub struct CacheShape {
     pub all_expert_bytes: u64,
 }
 
+impl CacheShape {
+    /// Bytes of one RAM slot for this shape (see [`slot_bytes`]).
+    pub fn slot_bytes(&self) -> u64 {
+        slot_bytes(self.part_bytes)
+    }
+}
+
+/// Where each part's buffer lies in a slot, `(offset, size)`, and the slot's size. Each buffer
+/// can take an `O_DIRECT` read of that part at any file offset ([`buffer_bytes`]).
+fn slot_regions(part_bytes: [u64; PARTS]) -> ([(usize, usize); PARTS], usize) {
+    let mut regions = [(0usize, 0usize); PARTS];
+    let mut size = 0usize;
+    for (r, &b) in regions.iter_mut().zip(&part_bytes) {
+        *r = (size, buffer_bytes(b as usize));
+        size += r.1;
+    }
+    (regions, size)
+}
+
+/// Bytes of one RAM slot holding an expert whose gate, up and down slabs are at most
+/// `part_bytes`: each part rounded up to [`ALIGN`] plus one [`ALIGN`] of `O_DIRECT` slack, so a
+/// slot is up to 3 × 2 × 4 KiB larger than the expert. A byte budget of `b` holds
+/// `b / slot_bytes` slots; the memory planner counts with this same size.
+pub fn slot_bytes(part_bytes: [u64; PARTS]) -> u64 {
+    slot_regions(part_bytes).1 as u64
+}
+
 /// Routed-expert bytes on demand (see the crate docs).
 pub struct ExpertCache {
     file: Arc<GgufFile>,
@@ -156,12 +183,7 @@ impl ExpertCache {
         shape: CacheShape,
         config: &CacheConfig,
     ) -> Result<ExpertCache, CacheError> {
-        let mut regions = [(0usize, 0usize); PARTS];
-        let mut slot_bytes = 0usize;
-        for (r, &b) in regions.iter_mut().zip(&shape.part_bytes) {
-            *r = (slot_bytes, buffer_bytes(b as usize));
-            slot_bytes += r.1;
-        }
+        let (regions, slot_bytes) = slot_regions(shape.part_bytes);
         let layers = shape.layers.max(1);
         let slots = match config.size {
             CacheSize::Unbounded => None,
