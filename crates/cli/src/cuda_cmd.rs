@@ -2,7 +2,8 @@
 //! [`redlite_cuda::CudaModel`] (weights, activations, KV caches and recurrent states on the GPU;
 //! the decode step replayed as a CUDA graph). It is not a `redlite_model::Backend` (those run the
 //! forward pass on the host), so these commands branch to it here. Without the `cuda` feature, or
-//! without a GPU, every entry fails with a message that says which and how to proceed.
+//! without a GPU, `generate` and `logits` say so and run on the CPU ([`or_cpu`]); the benches fail
+//! with a message that says which and how to proceed.
 
 use std::sync::Arc;
 
@@ -18,6 +19,21 @@ pub struct CudaDecodeInfo {
     pub launches_per_step: Option<u64>,
     pub graphs: bool,
     pub device_mib: usize,
+}
+
+/// `--backend cuda` where no GPU can be used (no `cuda` feature, no driver, no NVRTC, no device):
+/// say why on stderr and run on the CPU backend instead. Returns the backend name to use.
+pub fn or_cpu(backend: &str) -> &str {
+    if backend != "cuda" {
+        return backend;
+    }
+    match redlite_cuda::probe() {
+        Ok(()) => "cuda",
+        Err(e) => {
+            eprintln!("warning: --backend cuda: {e}; using the CPU backend instead");
+            "cpu"
+        }
+    }
 }
 
 #[cfg(not(feature = "cuda"))]

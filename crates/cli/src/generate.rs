@@ -95,7 +95,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     // `cuda` is the device-resident GPU model (crate::cuda_cmd), not a host-side backend.
-    let choice = match args.backend.as_str() {
+    let choice = match crate::cuda_cmd::or_cpu(&args.backend) {
         "cuda" => None,
         name => Some(BackendChoice::parse(name)?),
     };

@@ -36,7 +36,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let (logits, vocab) = if args.backend == "cuda" {
+    let backend = crate::cuda_cmd::or_cpu(&args.backend);
+    let (logits, vocab) = if backend == "cuda" {
         args.kv.require_f32("--backend cuda")?;
         let file = std::sync::Arc::new(
             redlite_gguf::GgufFile::open(&args.model)
@@ -46,7 +47,7 @@ pub fn run(args: Args) -> Result<()> {
         let vocab = rows.first().map_or(0, Vec::len);
         (rows, vocab)
     } else {
-        let choice = BackendChoice::parse(&args.backend)?;
+        let choice = BackendChoice::parse(backend)?;
         let file = std::sync::Arc::new(
             redlite_gguf::GgufFile::open(&args.model)
                 .with_context(|| format!("opening {}", args.model.display()))?,

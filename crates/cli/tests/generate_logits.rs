@@ -108,3 +108,30 @@ fn unknown_backend_and_missing_file_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent.gguf"));
 }
+
+#[test]
+fn backend_cuda_without_a_gpu_says_so_and_runs_on_the_cpu() {
+    let e = entry("Q4_K_M", "P3");
+    let model = reference("models/tiny-Q4_K_M.gguf");
+    let out = redlite(&[
+        "generate",
+        "-m",
+        model.to_str().unwrap(),
+        "--backend",
+        "cuda",
+        "--ids",
+        &join(&ids(&e["token_ids"])),
+        "-n",
+        "8",
+        "--ignore-eos",
+        "--print-ids",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let got: Vec<u32> = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(got, ids(&e["greedy_exact"])[..8]);
+    if stderr.contains("warning: --backend cuda") {
+        assert!(stderr.contains("using the CPU backend instead"), "{stderr}");
+    }
+}

@@ -65,6 +65,22 @@ pub fn driver_available() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// Whether a GPU can be used at all (driver, NVRTC, at least one device), without compiling or
+/// loading anything: lets a command say why not and run on the CPU instead.
+pub fn probe() -> Result<(), CudaError> {
+    if !driver_available() {
+        return Err(CudaError::NoDriver);
+    }
+    if !nvrtc::available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err(CudaError::NoDevice("the driver sees no CUDA device".into())),
+        Err(e) => Err(CudaError::NoDevice(format!("cuDeviceGetCount: {e}"))),
+    }
+}
+
 /// One GPU with the kernel module loaded.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,

@@ -44,7 +44,13 @@ pub mod selftest;
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaLinear};
 #[cfg(feature = "cuda")]
-pub use device::{DeviceInfo, Gpu};
+pub use device::{probe, DeviceInfo, Gpu};
+
+/// Whether a GPU can be used; without the `cuda` feature never.
+#[cfg(not(feature = "cuda"))]
+pub fn probe() -> Result<(), CudaError> {
+    Err(CudaError::NotBuilt)
+}
 #[cfg(feature = "cuda")]
 pub use model::{CudaModel, CudaModelOptions, GpuSampling};
 
