@@ -113,35 +113,46 @@ enum Acts {
     F32(Vec<f32>, usize),
 }
 
+/// `n` activation rows of `cols` values quantized to `per` blocks each by `row` (prefill-sized
+/// batches spread the rows over the pool; each row's blocks are the same either way).
+fn quantize_rows<B: Copy + Send + Sync>(
+    xs: &[f32],
+    cols: usize,
+    n: usize,
+    per: usize,
+    zero: B,
+    row: fn(&[f32], &mut [B]),
+) -> Vec<B> {
+    let mut q = vec![zero; per * n];
+    let xs = &xs[..cols * n];
+    if n > 1 && cols * n >= PARALLEL_QUANTIZE_MIN {
+        // Prefill-sized (so cols > 0): the rows across the pool.
+        xs.par_chunks_exact(cols)
+            .zip(q.par_chunks_exact_mut(per.max(1)))
+            .for_each(|(x, out)| row(x, out));
+    } else {
+        for (x, out) in xs
+            .chunks_exact(cols.max(1))
+            .zip(q.chunks_exact_mut(per.max(1)))
+        {
+            row(x, out);
+        }
+    }
+    q
+}
+
 impl Acts {
     /// Quantizes `n` activation rows of `cols` values for `kernel`.
     fn quantize(kernel: RowDot, xs: &[f32], cols: usize, n: usize) -> Acts {
         match kernel {
             RowDot::Q8K(_) => {
                 let per = cols / QK_K;
-                let mut q = vec![BlockQ8K::ZERO; per * n];
-                let xs = &xs[..cols * n];
-                if n > 1 && cols * n >= PARALLEL_QUANTIZE_MIN {
-                    // Prefill-sized (so cols > 0): the rows across the pool.
-                    xs.par_chunks_exact(cols)
-                        .zip(q.par_chunks_exact_mut(per.max(1)))
-                        .for_each(|(x, out)| quantize_row_q8_k(x, out));
-                } else {
-                    for (x, out) in xs
-                        .chunks_exact(cols.max(1))
-                        .zip(q.chunks_exact_mut(per.max(1)))
-                    {
-                        quantize_row_q8_k(x, out);
-                    }
-                }
+                let q = quantize_rows(xs, cols, n, per, BlockQ8K::ZERO, quantize_row_q8_k);
                 Acts::Q8K(q, per)
             }
             RowDot::Q8_0(_) => {
                 let per = cols / QK8_0;
-                let mut q = vec![BlockQ8_0::ZERO; per * n];
-                for (x, out) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(per.max(1))) {
-                    quantize_row_q8_0(x, out);
-                }
+                let q = quantize_rows(xs, cols, n, per, BlockQ8_0::ZERO, quantize_row_q8_0);
                 Acts::Q8_0(q, per)
             }
             RowDot::F32(_) => Acts::F32(xs[..cols * n].to_vec(), cols),
@@ -363,6 +374,14 @@ type MultiRowDot = fn(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]);
 #[cfg(not(target_arch = "x86_64"))]
 const MULTI_ROWS: usize = 1;
 
+/// The Q8_0 weight kernel taking up to `Q8_0_MULTI_ROWS` Q8_0 activation rows at once.
+#[cfg(target_arch = "x86_64")]
+use super::simple_x86::{Q8_0MultiDot, Q8_0_MULTI_ROWS};
+#[cfg(not(target_arch = "x86_64"))]
+type Q8_0MultiDot = fn(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]);
+#[cfg(not(target_arch = "x86_64"))]
+const Q8_0_MULTI_ROWS: usize = 1;
+
 /// The multi-row kernel matching `lookup(ty, isa)`, if there is one. At the AVX-512 level the
 /// i-quant types with a multi-row kernel are served by `iquants_avx512` alone (no module before
 /// it in the dispatch table claims them), and Q4_K and Q6_K by `kquants_x86`'s VNNI kernels when
@@ -407,72 +426,21 @@ fn run_matmul_at(
         None
     };
     #[cfg(target_arch = "x86_64")]
-    if n > 1 && shape.ty == GgmlType::Q8_0 && matches!(kernel, RowDot::Q8_0(_)) {
-        if let Some(multi) = super::simple_x86::q8_0_multi_kernel(isa) {
-            return run_matmul_q8_0(multi, shape, w, rows, cols, xs, n, ys);
-        }
-    }
-    run_matmul(kernel, multi, shape, w, rows, cols, xs, n, ys)
-}
-
-/// [`run_matmul`] for Q8_0 weights with the multi-row Q8_0 kernel: groups of up to
-/// `Q8_0_MULTI_ROWS` activation rows per weight-row pass, each row bit-identical to `matvec`.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn run_matmul_q8_0(
-    multi: super::simple_x86::Q8_0MultiDot,
-    shape: Shape,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    xs: &[f32],
-    n: usize,
-    ys: &mut [f32],
-) {
-    use super::simple_x86::Q8_0_MULTI_ROWS;
-    let rb = shape.row_bytes;
-    if rows == 0 || n == 0 || rb == 0 {
-        ys.fill(0.0);
-        return;
-    }
-    let per = cols / QK8_0;
-    let mut q = vec![BlockQ8_0::ZERO; per * n];
-    for (x, out) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(per.max(1))) {
-        quantize_row_q8_0(x, out);
-    }
-    let tile = (TILE_BYTES / rb).clamp(1, rows);
-    let mut yt = vec![0.0f32; rows * n];
-    let work = |(yts, ws): (&mut [f32], &[u8])| {
-        for (ytile, wtile) in yts.chunks_mut(tile * n).zip(ws.chunks(tile * rb)) {
-            let mut j0 = 0;
-            while j0 < n {
-                let m = Q8_0_MULTI_ROWS.min(n - j0);
-                let mut group: [&[BlockQ8_0]; Q8_0_MULTI_ROWS] = [&[]; Q8_0_MULTI_ROWS];
-                for (k, g) in group[..m].iter_mut().enumerate() {
-                    *g = &q[(j0 + k) * per..(j0 + k + 1) * per];
-                }
-                for (r, wr) in wtile.chunks_exact(rb).enumerate() {
-                    multi(wr, &group[..m], &mut ytile[r * n + j0..r * n + j0 + m]);
-                }
-                j0 += m;
-            }
-        }
-    };
-    if w.len().saturating_mul(n) < PARALLEL_MIN_BYTES {
-        work((&mut yt[..], w));
+    let multi_q8_0 = if n > 1 && shape.ty == GgmlType::Q8_0 && matches!(kernel, RowDot::Q8_0(_)) {
+        super::simple_x86::q8_0_multi_kernel(isa)
     } else {
-        let per_task = rows_per_task(rows, rb);
-        yt.par_chunks_mut(per_task * n)
-            .zip(w.par_chunks(per_task * rb))
-            .for_each(work);
-    }
-    transpose_into(&yt, rows, n, ys);
+        None
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let multi_q8_0: Option<Q8_0MultiDot> = None;
+    run_matmul(kernel, multi, multi_q8_0, shape, w, rows, cols, xs, n, ys)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     kernel: RowDot,
     multi: Option<(MultiRowDot, bool)>,
+    multi_q8_0: Option<Q8_0MultiDot>,
     shape: Shape,
     w: &[u8],
     rows: usize,
@@ -508,27 +476,17 @@ fn run_matmul(
         let r_task = task * per;
         for (t, wtile) in ws.chunks(tile * rb).enumerate() {
             let r_tile = r_task + t * tile;
-            if let (Some((multi, _)), Acts::Q8K(q, per)) = (multi, &acts) {
-                let q = offset.as_deref().unwrap_or(q);
-                // Groups of up to MULTI_ROWS activation rows per weight-row pass.
-                let mut j0 = 0;
-                while j0 < n {
-                    let m = MULTI_ROWS.min(n - j0);
-                    let mut group: [&[BlockQ8K]; MULTI_ROWS] = [&[]; MULTI_ROWS];
-                    for (k, g) in group[..m].iter_mut().enumerate() {
-                        *g = &q[(j0 + k) * per..(j0 + k + 1) * per];
-                    }
-                    let mut buf = [0.0f32; MULTI_ROWS];
-                    for (r, wr) in wtile.chunks_exact(rb).enumerate() {
-                        multi(wr, &group[..m], &mut buf[..m]);
-                        for (k, &v) in buf[..m].iter().enumerate() {
-                            // SAFETY: row r_tile + r belongs to this task; j0 + k < n.
-                            unsafe { out.set(j0 + k, r_tile + r, v) };
-                        }
-                    }
-                    j0 += m;
+            match (multi, multi_q8_0, &acts) {
+                (Some((multi, _)), _, Acts::Q8K(q, per)) => {
+                    let q = offset.as_deref().unwrap_or(q);
+                    multi_row_tile::<_, MULTI_ROWS>(multi, q, *per, n, wtile, rb, r_tile, out);
+                    continue;
                 }
-                continue;
+                (_, Some(multi), Acts::Q8_0(q, per)) => {
+                    multi_row_tile::<_, Q8_0_MULTI_ROWS>(multi, q, *per, n, wtile, rb, r_tile, out);
+                    continue;
+                }
+                _ => {}
             }
             for j in 0..n {
                 for (r, wr) in wtile.chunks_exact(rb).enumerate() {
@@ -545,6 +503,39 @@ fn run_matmul(
         w.par_chunks(per * rb)
             .enumerate()
             .for_each(|task| work(task, per));
+    }
+}
+
+/// One tile of weight rows (first row `r_tile`) against all `n` activation rows through a
+/// multi-row kernel: groups of up to `G` activation rows per weight-row pass.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn multi_row_tile<B, const G: usize>(
+    multi: fn(&[u8], &[&[B]], &mut [f32]),
+    q: &[B],
+    per: usize,
+    n: usize,
+    wtile: &[u8],
+    rb: usize,
+    r_tile: usize,
+    out: SharedOut,
+) {
+    let mut j0 = 0;
+    while j0 < n {
+        let m = G.min(n - j0);
+        let mut group: [&[B]; G] = [&[]; G];
+        for (k, g) in group[..m].iter_mut().enumerate() {
+            *g = &q[(j0 + k) * per..(j0 + k + 1) * per];
+        }
+        let mut buf = [0.0f32; G];
+        for (r, wr) in wtile.chunks_exact(rb).enumerate() {
+            multi(wr, &group[..m], &mut buf[..m]);
+            for (k, &v) in buf[..m].iter().enumerate() {
+                // SAFETY: the caller's task owns weight rows r_tile.. of this tile; j0 + k < n.
+                unsafe { out.set(j0 + k, r_tile + r, v) };
+            }
+        }
+        j0 += m;
     }
 }
 
@@ -582,34 +573,6 @@ impl SharedOut {
         *self.ptr.add(at) = v;
     }
 }
-
-/// `ys[j·rows + r] = yt[r·n + j]`: the weight-row-major result back to activation-row-major, in
-/// tiles of [`TRANSPOSE_TILE`]² (a plain strided scatter misses the cache on every store), with
-/// bands of activation rows in parallel.
-fn transpose_into(yt: &[f32], rows: usize, n: usize, ys: &mut [f32]) {
-    const T: usize = TRANSPOSE_TILE;
-    let band = |(jb, band): (usize, &mut [f32])| {
-        let j0 = jb * T;
-        let jn = band.len() / rows;
-        for r0 in (0..rows).step_by(T) {
-            let rn = T.min(rows - r0);
-            for dj in 0..jn {
-                let out = &mut band[dj * rows + r0..dj * rows + r0 + rn];
-                for (dr, o) in out.iter_mut().enumerate() {
-                    *o = yt[(r0 + dr) * n + j0 + dj];
-                }
-            }
-        }
-    };
-    if rows * n < PARALLEL_MIN_BYTES / 4 {
-        ys.chunks_mut(T * rows).enumerate().for_each(band);
-    } else {
-        ys.par_chunks_mut(T * rows).enumerate().for_each(band);
-    }
-}
-
-/// Side of the square tiles of [`transpose_into`].
-const TRANSPOSE_TILE: usize = 16;
 
 #[cfg(test)]
 mod tests {
