@@ -200,3 +200,76 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
     const float gs = sigmoidf_(gate_logit[blockIdx.y]);
     x[at] += routed[at] + gs * shared[at];
 }
+
+// ----- Through a per-layer expert table (the GPU expert cache) -----
+// tab[3 e + p] is the address of part p (0 gate, 1 up, 2 down) of expert e of the layer: a slot
+// of the device cache, or the expert's copy in mapped pinned host memory (read over PCIe). The
+// same kernel reads the same bytes either way, so the result does not depend on where an expert
+// is. Every resident case (all experts in device memory) is the same table.
+
+// moe_gate_up_tab_<type>(tab, ids, x, act, ff, hidden, k): token t = blockIdx.z, choice
+// c = blockIdx.y (expert ids[t][c]): act[t][c][r] = silu(gate . x[t]) * (up . x[t]).
+// Launch: block = 32 * warps, grid = (ceil(ff / warps), k, tokens).
+template <typename T>
+__device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
+                                                     const float* __restrict__ x, float* __restrict__ act,
+                                                     int ff, int hidden, int k) {
+    stage_tables<T>();  // before any warp leaves
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
+    if (row >= ff) return;
+    const u64* parts = tab + 3 * (size_t)ids[te];
+    const size_t off = (size_t)row * row_bytes<T>(hidden);
+    const float* xt = x + (size_t)blockIdx.z * hidden;
+    const float gv = row_dot<T>((const u8*)parts[0] + off, xt, hidden, lane);
+    const float uv = row_dot<T>((const u8*)parts[1] + off, xt, hidden, lane);
+    if (lane == 0) act[te * ff + row] = siluf_(gv) * uv;
+}
+
+// moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the
+// routed experts' down projections, their weighted sum (in choice order) and the MoE residual
+// in one: for token t = blockIdx.y, x[t][r] += sum_c weight[t][c] * (down_{ids[t][c]}[r] . act[t][c])
+// + sigmoid(gate_logit[t]) * shared[t][r] (the arithmetic of moe_down_ids + moe_combine).
+// Launch: block = 32 * warps, grid = (ceil(hidden / warps), tokens).
+template <typename T>
+__device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
+                                                          const float* __restrict__ weight,
+                                                          const float* __restrict__ act, float* __restrict__ x,
+                                                          const float* __restrict__ shared,
+                                                          const float* __restrict__ gate_logit, int hidden,
+                                                          int ff, int k) {
+    stage_tables<T>();  // before any warp leaves
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t t = blockIdx.y;
+    if (row >= hidden) return;
+    const size_t off = (size_t)row * row_bytes<T>(ff);
+    float s = 0.0f;
+    for (int c = 0; c < k; ++c) {
+        const size_t te = t * k + c;
+        const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
+        s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
+    }
+    if (lane == 0) {
+        const size_t at = t * hidden + row;
+        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+    }
+}
+
+#define MOE_TAB_KERNELS(name, T)                                                                      \
+    extern "C" __global__ void moe_gate_up_tab_##name(const u64* tab, const int* ids, const float* x, \
+                                                      float* act, int ff, int hidden, int k) {         \
+        moe_gate_up_tab_body<T>(tab, ids, x, act, ff, hidden, k);                                     \
+    }                                                                                                 \
+    extern "C" __global__ void moe_down_combine_tab_##name(const u64* tab, const int* ids,            \
+                                                           const float* weight, const float* act,     \
+                                                           float* x, const float* shared,             \
+                                                           const float* gate_logit, int hidden,       \
+                                                           int ff, int k) {                           \
+        moe_down_combine_tab_body<T>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k);    \
+    }
+
+FOR_EACH_TYPE(MOE_TAB_KERNELS)

@@ -99,6 +99,8 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
     "moe_down",
     "moe_gate_up_ids",
     "moe_down_ids",
+    "moe_gate_up_tab",
+    "moe_down_combine_tab",
 ];
 
 /// The kernels that do not depend on a weight type.

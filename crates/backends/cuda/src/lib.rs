@@ -29,6 +29,8 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub mod expert_cache;
+#[cfg(feature = "cuda")]
 pub mod host;
 #[cfg(feature = "cuda")]
 pub mod model;
@@ -51,6 +53,8 @@ pub use device::{probe, DeviceInfo, Gpu};
 pub fn probe() -> Result<(), CudaError> {
     Err(CudaError::NotBuilt)
 }
+#[cfg(feature = "cuda")]
+pub use expert_cache::{ExpertCacheSize, ExpertPolicy, ExpertStats};
 #[cfg(feature = "cuda")]
 pub use model::{CudaModel, CudaModelOptions, GpuSampling};
 

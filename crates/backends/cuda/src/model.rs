@@ -15,9 +15,10 @@
 //! attention: qg, k, v = W·xn  →  attn_qk_prep (QK-norm, RoPE, KV write)  →  attn_causal
 //!            →  sigmoid_mul(gate)  →  W_o
 //! x += mixer;  xn = rms_norm(x, post_norm)
-//! MoE:       router = W·xn  →  moe_router (softmax, top-k, renormalise)  →  moe_gate_up_ids
-//!            →  moe_down_ids;  shared = down(swiglu(gate·xn, up·xn));  g = w_sg·xn
-//!            →  moe_combine: x += routed + sigmoid(g)·shared
+//! MoE:       router = W·xn  →  moe_router (softmax, top-k, renormalise; ids kept per layer)
+//!            →  moe_gate_up_tab;  shared = down(swiglu(gate·xn, up·xn));  g = w_sg·xn
+//!            →  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
+//!            (experts found through the expert cache's per-layer table, `expert_cache.rs`)
 //! ```
 //!
 //! then the final norm, the lm_head and `argmax` / `sample_topk`. Every position-dependent kernel
@@ -33,9 +34,13 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use redlite_gguf::{GgmlType, GgufFile};
-use redlite_model::weights::{FfnWeights, LayerWeights, MixerWeights, Weights};
+use redlite_model::weights::{LayerWeights, MixerWeights, Weights};
 use redlite_model::{Config, ModelError};
 
+use crate::expert_cache::{
+    device_used, slots_per_layer, ExpertBytes, ExpertCache, ExpertCacheSize, ExpertLayout,
+    ExpertPolicy,
+};
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
 use crate::ops::{delta_seq_launch, row_bytes, MATVEC_WARPS, ROUTER_THREADS};
@@ -59,6 +64,11 @@ pub struct CudaModelOptions {
     pub max_batch: usize,
     /// Capture the decode step as a CUDA graph and replay it.
     pub graphs: bool,
+    /// Routed experts in device memory: all, or a bounded cache (the rest read from pinned
+    /// host memory, see [`crate::expert_cache`]).
+    pub experts: ExpertCacheSize,
+    /// Which missed experts a bounded cache promotes.
+    pub expert_policy: ExpertPolicy,
 }
 
 impl Default for CudaModelOptions {
@@ -67,6 +77,8 @@ impl Default for CudaModelOptions {
             max_context: 4096,
             max_batch: 256,
             graphs: true,
+            experts: ExpertCacheSize::All,
+            expert_policy: ExpertPolicy::Lfu,
         }
     }
 }
@@ -184,14 +196,11 @@ struct DevLinear {
     f: CudaFunction,
 }
 
-/// All experts of one layer: expert e's weight at `base + e · stride` (bytes).
+/// The routed experts of one layer: where they are is the expert cache's table of layer
+/// `layer`; the kernels for their types.
 #[derive(Clone)]
 struct DevExperts {
-    gate: u64,
-    up: u64,
-    gate_up_stride: u64,
-    down: u64,
-    down_stride: u64,
+    layer: usize,
     gate_up_f: CudaFunction,
     down_f: CudaFunction,
 }
@@ -257,7 +266,6 @@ struct Kernels {
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
     moe_router: CudaFunction,
-    moe_combine: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
 }
@@ -285,10 +293,8 @@ struct Scratch {
     att: u64,
     // MoE
     rlog: u64,
-    ids: u64,
     wts: u64,
     act: u64,
-    routed: u64,
     sg: u64,
     su: u64,
     sa: u64,
@@ -331,6 +337,8 @@ pub struct CudaModel {
     launches: u64,
     /// Launches in one decode step (measured at the first step).
     step_launches: Option<u64>,
+    /// The routed experts: device slots, host copies, per-layer address tables.
+    experts: ExpertCache,
     // Last: frees the device memory after everything that may point into it.
     arena: Arena,
 }
@@ -395,7 +403,6 @@ impl CudaModel {
             attn_qk_prep: f("attn_qk_prep")?,
             attn_causal: f("attn_causal")?,
             moe_router: f("moe_router")?,
-            moe_combine: f("moe_combine")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
         };
@@ -411,10 +418,12 @@ impl CudaModel {
         let output_norm = arena.upload_f32(&weights.output_norm)?;
         let output = dev_linear(&gpu, &mut arena, &weights.output)?;
         let mut layers = Vec::with_capacity(weights.layers.len());
-        for w in &weights.layers {
-            layers.push(dev_layer(&gpu, &mut arena, &config, &opts, w)?);
+        for (i, w) in weights.layers.iter().enumerate() {
+            layers.push(dev_layer(&gpu, &mut arena, &config, &opts, i, w)?);
         }
         let sc = scratch(&mut arena, &config, &opts)?;
+        // The experts last, so that a memory budget gives them what the rest leaves.
+        let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights)?;
         let mut model = CudaModel {
             config,
             opts,
@@ -432,6 +441,7 @@ impl CudaModel {
             graph: None,
             launches: 0,
             step_launches: None,
+            experts,
             arena,
         };
         model.reset()?;
@@ -455,6 +465,15 @@ impl CudaModel {
     /// Device memory the model holds (weights, caches, states, scratch), bytes.
     pub fn device_bytes(&self) -> usize {
         self.arena.bytes
+    }
+
+    /// The routed experts' cache (sizes, counters).
+    pub fn expert_cache(&self) -> &ExpertCache {
+        &self.experts
+    }
+
+    pub fn expert_cache_mut(&mut self) -> &mut ExpertCache {
+        &mut self.experts
     }
 
     /// Kernel launches of one decode step (known after the first step).
@@ -581,7 +600,9 @@ impl CudaModel {
         }
         self.pos += 1;
         self.last_row = 0;
-        self.read_out()
+        let id = self.read_out()?;
+        self.experts.after_forward(&self.stream, 1)?;
+        Ok(id)
     }
 
     // ----- host side of a call -----
@@ -667,7 +688,8 @@ impl CudaModel {
         } else {
             0
         };
-        self.sync()
+        self.sync()?;
+        self.experts.after_forward(&self.stream, tokens.len())
     }
 
     // ----- kernels only from here: nothing below touches the host (capturable) -----
@@ -1049,9 +1071,11 @@ impl CudaModel {
             c.shared_ff,
         );
         let sc = &self.sc;
-        let (x, xn, rlog, ids, wts, act, routed) =
-            (sc.x, sc.xn, sc.rlog, sc.ids, sc.wts, sc.act, sc.routed);
+        let (x, xn, rlog, wts, act) = (sc.x, sc.xn, sc.rlog, sc.wts, sc.act);
         let (sg, su, sa, shared, gl) = (sc.sg, sc.su, sc.sa, sc.shared, sc.gl);
+        let e = &m.experts;
+        // Each layer's ids stay until the call ends: the expert cache reads them afterwards.
+        let (ids, tab) = (self.experts.ids(e.layer, n), self.experts.table(e.layer));
         self.matvec(&m.router, xn, rlog, n)?;
         let f = self.k.moe_router.clone();
         self.launch(
@@ -1068,40 +1092,19 @@ impl CudaModel {
                 A::P(wts),
             ],
         )?;
-        let e = &m.experts;
         self.launch(
-            "moe_gate_up_ids",
+            "moe_gate_up_tab",
             &e.gate_up_f,
             (blocks(ff, MATVEC_WARPS), k as u32, n as u32),
             32 * MATVEC_WARPS,
             0,
             &[
-                A::P(e.gate),
-                A::P(e.up),
-                A::P(e.gate_up_stride),
+                A::P(tab),
                 A::P(ids),
                 A::P(xn),
                 A::P(act),
                 A::I(ff as i32),
                 A::I(h as i32),
-                A::I(k as i32),
-            ],
-        )?;
-        self.launch(
-            "moe_down_ids",
-            &e.down_f,
-            (blocks(h, MATVEC_WARPS), n as u32, 1),
-            32 * MATVEC_WARPS,
-            0,
-            &[
-                A::P(e.down),
-                A::P(e.down_stride),
-                A::P(ids),
-                A::P(wts),
-                A::P(act),
-                A::P(routed),
-                A::I(h as i32),
-                A::I(ff as i32),
                 A::I(k as i32),
             ],
         )?;
@@ -1111,19 +1114,24 @@ impl CudaModel {
         self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
         self.matvec(&m.sh_down, sa, shared, n)?;
         self.matvec(&m.sh_gate_vec, xn, gl, n)?;
-        let f = self.k.moe_combine.clone();
+        // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
         self.launch(
-            "moe_combine",
-            &f,
-            (blocks(h, 256), n as u32, 1),
-            256,
+            "moe_down_combine_tab",
+            &e.down_f,
+            (blocks(h, MATVEC_WARPS), n as u32, 1),
+            32 * MATVEC_WARPS,
             0,
             &[
+                A::P(tab),
+                A::P(ids),
+                A::P(wts),
+                A::P(act),
                 A::P(x),
-                A::P(routed),
                 A::P(shared),
                 A::P(gl),
                 A::I(h as i32),
+                A::I(ff as i32),
+                A::I(k as i32),
             ],
         )
     }
@@ -1246,36 +1254,69 @@ pub fn expert_span<'a>(
     })
 }
 
-/// One expert tensor (all experts of a layer, same type and shape) as one device buffer:
-/// `(address, stride in bytes)`. When the experts sit in the file at a fixed stride (the slabs of
-/// one 3-D tensor, or the gate or up halves of a fused one) the span is uploaded as it is;
-/// otherwise the slabs are packed.
-fn dev_experts(arena: &mut Arena, ws: &[&HostLinear]) -> Result<(u64, u64), CudaError> {
-    let first = ws
+/// The routed experts of every layer into the expert cache (all resident, or the slots
+/// `opts.experts` leaves room for, the rest in pinned host memory). Every layer's experts must
+/// share one type and shape per part (gate and up alike).
+fn dev_experts(
+    gpu: &Gpu,
+    arena: &mut Arena,
+    c: &Config,
+    opts: &CudaModelOptions,
+    weights: &Weights<HostLoader>,
+) -> Result<ExpertCache, CudaError> {
+    let first = weights
+        .layers
         .first()
-        .ok_or_else(|| CudaError::Invalid("a MoE layer without experts".into()))?;
-    let len = row_bytes(first.ty, first.cols)? * first.rows;
-    for w in ws {
-        if w.ty != first.ty
-            || w.rows != first.rows
-            || w.cols != first.cols
-            || w.bytes().len() != len
-        {
-            return Err(CudaError::Invalid(format!(
-                "{}: experts of one tensor differ in type or shape ({} vs {})",
-                w.name, w.name, first.name
-            )));
+        .and_then(|l| l.moe.experts.first())
+        .ok_or_else(|| CudaError::Invalid("a model without routed experts".into()))?;
+    let part_len = |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
+    let (g0, d0) = (&first.gate, &first.down);
+    let mut experts: ExpertBytes<'_> = Vec::with_capacity(weights.layers.len());
+    for w in &weights.layers {
+        let mut layer = Vec::with_capacity(w.moe.experts.len());
+        for e in &w.moe.experts {
+            for (p, like) in [(&e.gate, g0), (&e.up, g0), (&e.down, d0)] {
+                if p.ty != like.ty || p.rows != like.rows || p.cols != like.cols {
+                    return Err(CudaError::Invalid(format!(
+                        "{}: routed experts differ in type or shape ({} {}x{} vs {} {}x{} of {}); the GPU expert kernels take one type per part",
+                        p.name,
+                        p.ty.name(),
+                        p.rows,
+                        p.cols,
+                        like.ty.name(),
+                        like.rows,
+                        like.cols,
+                        like.name
+                    )));
+                }
+            }
+            layer.push([e.gate.bytes(), e.up.bytes(), e.down.bytes()]);
         }
+        experts.push(layer);
     }
-    if let Some((file, range, stride)) = expert_span(ws, len) {
-        let ptr = arena.upload(&file.bytes()[range])?;
-        return Ok((ptr, stride as u64));
-    }
-    let mut packed = Vec::with_capacity(len * ws.len());
-    for w in ws {
-        packed.extend_from_slice(w.bytes());
-    }
-    Ok((arena.upload(&packed)?, len as u64))
+    let layout = ExpertLayout::new(part_len(g0)?, part_len(d0)?);
+    let used = match opts.experts {
+        ExpertCacheSize::Budget(_) => device_used()?,
+        _ => 0,
+    };
+    let per_layer = slots_per_layer(
+        opts.experts,
+        experts.len(),
+        c.n_experts,
+        layout.slot_bytes,
+        used,
+    )?;
+    let mut alloc = |n: usize| arena.alloc(n);
+    ExpertCache::new(
+        &gpu.ctx,
+        &mut alloc,
+        &experts,
+        layout,
+        c.n_experts_used,
+        opts.max_batch,
+        per_layer,
+        opts.expert_policy,
+    )
 }
 
 fn dev_layer(
@@ -1283,6 +1324,7 @@ fn dev_layer(
     arena: &mut Arena,
     c: &Config,
     o: &CudaModelOptions,
+    layer: usize,
     w: &LayerWeights<HostLoader>,
 ) -> Result<DevLayer, CudaError> {
     let mixer = match &w.mixer {
@@ -1313,30 +1355,26 @@ fn dev_layer(
         },
     };
     let m = &w.moe;
-    let pick = |f: fn(&FfnWeights<HostLoader>) -> &HostLinear| -> Vec<&HostLinear> {
-        m.experts.iter().map(f).collect()
-    };
-    let (gates, ups, downs) = (pick(|e| &e.gate), pick(|e| &e.up), pick(|e| &e.down));
-    let (gate, gate_stride) = dev_experts(arena, &gates)?;
-    let (up, up_stride) = dev_experts(arena, &ups)?;
-    let (down, down_stride) = dev_experts(arena, &downs)?;
-    if gates[0].ty != ups[0].ty || gate_stride != up_stride {
+    let expert = m
+        .experts
+        .first()
+        .ok_or_else(|| CudaError::Invalid("a MoE layer without experts".into()))?;
+    if expert.gate.ty != expert.up.ty {
         return Err(CudaError::Invalid(format!(
-            "{} and {}: gate and up experts differ in type or layout",
-            gates[0].name, ups[0].name
+            "{} and {}: gate and up experts differ in type",
+            expert.gate.name, expert.up.name
         )));
     }
     let experts = DevExperts {
-        gate,
-        up,
-        gate_up_stride: gate_stride,
-        down,
-        down_stride,
+        layer,
         gate_up_f: gpu
-            .func(&format!("moe_gate_up_ids_{}", type_suffix(gates[0].ty)))?
+            .func(&format!("moe_gate_up_tab_{}", type_suffix(expert.gate.ty)))?
             .clone(),
         down_f: gpu
-            .func(&format!("moe_down_ids_{}", type_suffix(downs[0].ty)))?
+            .func(&format!(
+                "moe_down_combine_tab_{}",
+                type_suffix(expert.down.ty)
+            ))?
             .clone(),
     };
     Ok(DevLayer {
@@ -1385,10 +1423,8 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         gate: f(qw)?,
         att: f(qw)?,
         rlog: f(ne)?,
-        ids: f(k)?,
         wts: f(k)?,
         act: f(k * ff)?,
-        routed: f(h)?,
         sg: f(sff)?,
         su: f(sff)?,
         sa: f(sff)?,
