@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use redlite_engine::default_model::resolve_model;
+use redlite_engine::speculative::{SpecConfig, SpecMode};
 use redlite_engine::{load_model_with_cache, with_model, BackendChoice};
 use redlite_server::ServerOptions;
 
@@ -54,6 +55,20 @@ pub struct Args {
     pub cache: crate::cache_args::CacheArgs,
     #[command(flatten)]
     pub kv: crate::kv_args::KvArgs,
+    /// Speculative decoding: off, lookup (prompt n-gram lookup), mtp (the model's MTP head), or
+    /// both (lookup when it matches, MTP otherwise); a request's `spec` field overrides it. The
+    /// replies are the same as without.
+    #[arg(long, default_value = "off")]
+    pub spec: String,
+    /// Prompt lookup: longest n-gram to match.
+    #[arg(long, default_value_t = 8)]
+    pub spec_ngram_max: usize,
+    /// Prompt lookup: most tokens per draft.
+    #[arg(long, default_value_t = 16)]
+    pub spec_max_draft: usize,
+    /// MTP: chained draft tokens per step.
+    #[arg(long, default_value_t = 2)]
+    pub spec_mtp_draft: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -88,6 +103,13 @@ pub fn run(args: Args) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         replay,
         state_dir: args.state_dir,
+        spec: SpecConfig {
+            mode: SpecMode::parse(&args.spec)?,
+            ngram_max: args.spec_ngram_max,
+            max_draft: args.spec_max_draft,
+            mtp_draft: args.spec_mtp_draft,
+            ..SpecConfig::default()
+        },
         ..ServerOptions::default()
     };
     with_model!(model, m => redlite_server::run_blocking(m, opts))

@@ -355,10 +355,191 @@ impl DraftLength {
 }
 
 /// Which source produced the current draft.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
     Lookup,
     Mtp,
+}
+
+/// One verify pass: the rows fed (`pending` and its drafts) and what the trunk computed for them.
+pub struct Verify {
+    /// `[pending, d_1, .., d_K]`.
+    pub tokens: Vec<u32>,
+    /// Logits of every row: row `i` is what the token after `tokens[..=i]` is sampled from.
+    pub logits: Vec<Vec<f32>>,
+    /// Final hidden states of every row (the MTP slots of accepted tokens are built from them).
+    hidden: Vec<Vec<f32>>,
+    source: Source,
+}
+
+impl Verify {
+    /// The draft tokens `d_1 .. d_K` (empty: a plain one-token step).
+    pub fn drafts(&self) -> &[u32] {
+        &self.tokens[1..]
+    }
+}
+
+/// The draft sources of one sequence and their statistics: the part of speculative decoding
+/// that a decode loop drives step by step (this module's [`generate_speculative`], the server's
+/// worker). Per step: [`Speculator::verify`] drafts after `pending` and runs the verify pass;
+/// the caller samples the rows in order (accepting while the sampled token equals the draft),
+/// then [`Speculator::commit`] rolls the state back to the tokens it keeps.
+pub struct Speculator {
+    cfg: SpecConfig,
+    mtp: Option<MtpDrafter>,
+    lookup_len: DraftLength,
+    stats: SpecStats,
+}
+
+impl Speculator {
+    /// Draft sources for `cfg` on `model`. `SpecMode::Mtp` on a model without an MTP block is an
+    /// error; `SpecMode::Both` then uses prompt lookup alone.
+    pub fn new<B: Backend>(model: &Model<B>, cfg: &SpecConfig) -> Result<Speculator, ModelError> {
+        let use_mtp = cfg.mode.uses_mtp()
+            && cfg.mtp_draft > 0
+            && (cfg.mode == SpecMode::Mtp || model.has_mtp());
+        Ok(Speculator {
+            cfg: cfg.clone(),
+            mtp: if use_mtp {
+                Some(MtpDrafter::new(model)?)
+            } else {
+                None
+            },
+            lookup_len: DraftLength::new(cfg),
+            stats: SpecStats {
+                mode: cfg.mode,
+                ..SpecStats::default()
+            },
+        })
+    }
+
+    /// Whether MTP drafts are on (the MTP cache then wants the prompt's hidden states).
+    pub fn uses_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// The statistics so far.
+    pub fn stats(&self) -> &SpecStats {
+        &self.stats
+    }
+
+    /// Feed the MTP cache the prompt rows whose successors are known: `hidden[i]` is the trunk's
+    /// final hidden state of a prompt token and `next[i]` the token after it, for consecutive
+    /// positions (the first slot of an empty cache, or right after the slots fed before). Run
+    /// at once (one batched MTP pass). Nothing happens without MTP.
+    pub fn feed_prompt<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        hidden: Vec<Vec<f32>>,
+        next: &[u32],
+    ) -> Result<(), ModelError> {
+        if let Some(m) = self.mtp.as_mut() {
+            for (h, &t) in hidden.into_iter().zip(next) {
+                m.push(h, t);
+            }
+            m.flush(model)?;
+        }
+        Ok(())
+    }
+
+    /// Draft after `pending` (the token sampled last, emitted, not yet fed; `history` ends with
+    /// it, `last_hidden` is the trunk's hidden state of the token before it), at most
+    /// `budget - 1` drafts, then run `pending` and the drafts through the trunk in one
+    /// `Mode::Step` pass (recorded for [`Speculator::commit`] when there are drafts).
+    pub fn verify<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        state: &mut SequenceState,
+        history: &[u32],
+        pending: u32,
+        last_hidden: &[f32],
+        budget: usize,
+    ) -> Result<Verify, ModelError> {
+        let td = Instant::now();
+        let (drafts, source) = self.draft(model, history, pending, last_hidden, budget)?;
+        self.stats.draft_time += td.elapsed();
+
+        let mut tokens = Vec::with_capacity(drafts.len() + 1);
+        tokens.push(pending);
+        tokens.extend_from_slice(&drafts);
+        if !drafts.is_empty() {
+            state.begin_trace();
+        }
+        let hidden = model.forward_hidden(state, &tokens, Mode::Step)?;
+        let logits = model.lm_head(&hidden);
+        self.stats.forward_passes += 1;
+        self.stats.rows += tokens.len();
+        Ok(Verify {
+            tokens,
+            logits,
+            hidden,
+            source,
+        })
+    }
+
+    /// Up to `budget - 1` drafts after `pending`: prompt lookup first (when on), else MTP.
+    fn draft<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        history: &[u32],
+        pending: u32,
+        last_hidden: &[f32],
+        budget: usize,
+    ) -> Result<(Vec<u32>, Source), ModelError> {
+        let room = budget.saturating_sub(1);
+        if let Some(m) = self.mtp.as_mut() {
+            m.push(last_hidden.to_vec(), pending);
+        }
+        if self.cfg.mode.uses_lookup() {
+            let k = self.lookup_len.current.min(room);
+            let d = lookup_draft(history, self.cfg.ngram_max, self.cfg.ngram_min, k);
+            if !d.is_empty() {
+                return Ok((d, Source::Lookup));
+            }
+        }
+        if let Some(m) = self.mtp.as_mut() {
+            let k = self.cfg.mtp_draft.min(room);
+            if k > 0 {
+                return Ok((m.draft(model, k)?, Source::Mtp));
+            }
+        }
+        Ok((Vec::new(), Source::Lookup))
+    }
+
+    /// After the caller sampled the rows of `v`: `accepted` drafts matched, and the first `fed`
+    /// rows' tokens (`pending` and accepted drafts; at least 1) are now part of the sequence.
+    /// Rolls `state` back to them, updates the draft length, the MTP queue and the statistics;
+    /// returns the trunk's hidden state of the last kept row (the next step's `last_hidden`).
+    pub fn commit<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        state: &mut SequenceState,
+        v: Verify,
+        accepted: usize,
+        fed: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let drafted = v.drafts().len();
+        let fed = fed.clamp(1, v.tokens.len());
+        match v.source {
+            Source::Lookup => {
+                self.stats.lookup.add(drafted, accepted);
+                self.lookup_len.update(drafted, accepted);
+            }
+            Source::Mtp => self.stats.mtp.add(drafted, accepted),
+        }
+        if drafted > 0 {
+            model.keep(state, fed)?;
+        }
+        let mut hidden = v.hidden;
+        if let Some(m) = self.mtp.as_mut() {
+            // Slots of the newly fed tokens after `pending`: (h at that row, the token after it).
+            for (h, &t) in hidden.iter().zip(&v.tokens[1..fed]) {
+                m.push(h.clone(), t);
+            }
+        }
+        hidden.truncate(fed);
+        Ok(hidden.pop().expect("at least one row"))
+    }
 }
 
 /// Like [`crate::generate`], with speculative decoding per `spec`: the same tokens for the same
@@ -395,30 +576,17 @@ pub fn generate_speculative_observed<B: Backend>(
         prompt_tokens: prompt.len(),
         ..Default::default()
     };
-    let mut sstats = SpecStats {
-        mode: spec.mode,
-        ..Default::default()
-    };
     let mut out = Vec::new();
+    let mut spec_state = Speculator::new(model, spec)?;
     if prompt.is_empty() || opts.max_tokens == 0 {
-        return Ok((out, stats, sstats));
+        return Ok((out, stats, spec_state.stats));
     }
-    // `both` on a file without an MTP block falls back to prompt lookup; `mtp` is an error.
-    let use_mtp = spec.mode.uses_mtp()
-        && spec.mtp_draft > 0
-        && (spec.mode == SpecMode::Mtp || model.has_mtp());
-    if use_mtp && state.pos != 0 {
+    if spec_state.uses_mtp() && state.pos != 0 {
         return Err(ModelError::State(format!(
             "MTP drafting needs an empty sequence (it holds {} tokens)",
             state.pos
         )));
     }
-    let mut mtp = if use_mtp {
-        Some(MtpDrafter::new(model)?)
-    } else {
-        None
-    };
-    let mut lookup_len = DraftLength::new(spec);
     let mut history: Vec<u32> = prompt.to_vec();
 
     // Prompt: every row's hidden state feeds the MTP cache (run now, as part of the prompt's
@@ -426,11 +594,8 @@ pub fn generate_speculative_observed<B: Backend>(
     let t0 = Instant::now();
     let mut hidden = model.forward_hidden(state, prompt, Mode::Prefill)?;
     let mut last_hidden = hidden.pop().expect("non-empty prompt");
-    if let Some(m) = mtp.as_mut() {
-        for (h, &next) in hidden.into_iter().zip(&prompt[1..]) {
-            m.push(h, next);
-        }
-        m.flush(model)?;
+    if spec_state.uses_mtp() {
+        spec_state.feed_prompt(model, hidden, &prompt[1..])?;
     }
     let logits = model
         .lm_head(std::slice::from_ref(&last_hidden))
@@ -453,45 +618,13 @@ pub fn generate_speculative_observed<B: Backend>(
     }
 
     while !done {
-        // Draft: at most the tokens the budget still allows after `pending`'s successor.
         let budget = opts.max_tokens - out.len();
-        let td = Instant::now();
-        if let Some(m) = mtp.as_mut() {
-            m.push(last_hidden.clone(), pending);
-        }
-        let mut drafts = Vec::new();
-        let mut source = Source::Lookup;
-        if spec.mode.uses_lookup() {
-            let k = lookup_len.current.min(budget.saturating_sub(1));
-            drafts = lookup_draft(&history, spec.ngram_max, spec.ngram_min, k);
-        }
-        if drafts.is_empty() {
-            if let Some(m) = mtp.as_mut() {
-                let k = spec.mtp_draft.min(budget.saturating_sub(1));
-                if k > 0 {
-                    drafts = m.draft(model, k)?;
-                    source = Source::Mtp;
-                }
-            }
-        }
-        sstats.draft_time += td.elapsed();
-
-        // Verify `pending` and the drafts in one stepped pass.
-        let mut rows_in = Vec::with_capacity(drafts.len() + 1);
-        rows_in.push(pending);
-        rows_in.extend_from_slice(&drafts);
-        if !drafts.is_empty() {
-            state.begin_trace();
-        }
-        let rows_hidden = model.forward_hidden(state, &rows_in, Mode::Step)?;
-        let rows_logits = model.lm_head(&rows_hidden);
-        sstats.forward_passes += 1;
-        sstats.rows += rows_in.len();
+        let v = spec_state.verify(model, state, &history, pending, &last_hidden, budget)?;
 
         // Accept drafts while the sampler agrees; the first disagreement is the next token.
         let mut accepted = 0;
         let mut next = None;
-        for (i, row) in rows_logits.iter().enumerate() {
+        for (i, row) in v.logits.iter().enumerate() {
             let y = sampler.sample(row, &history);
             on_logits(row);
             if opts.stop_ids.contains(&y) {
@@ -504,7 +637,7 @@ pub fn generate_speculative_observed<B: Backend>(
             if !on_token(y) || out.len() >= opts.max_tokens {
                 done = true;
             }
-            if i < drafts.len() && y == drafts[i] {
+            if v.drafts().get(i) == Some(&y) {
                 accepted += 1;
                 if done {
                     break;
@@ -514,13 +647,6 @@ pub fn generate_speculative_observed<B: Backend>(
                 break;
             }
         }
-        match source {
-            Source::Lookup => sstats.lookup.add(drafts.len(), accepted),
-            Source::Mtp => sstats.mtp.add(drafts.len(), accepted),
-        }
-        if matches!(source, Source::Lookup) {
-            lookup_len.update(drafts.len(), accepted);
-        }
 
         // Keep the rows whose input tokens are now part of the sequence: `pending` and the
         // accepted drafts (when the budget ran out on an accepted draft, that draft was emitted
@@ -529,26 +655,15 @@ pub fn generate_speculative_observed<B: Backend>(
             accepted + 1
         } else {
             accepted
-        }
-        .max(1)
-        .min(rows_in.len());
-        if !drafts.is_empty() {
-            model.keep(state, fed)?;
-        }
-        if let Some(m) = mtp.as_mut() {
-            // Slots of the newly fed tokens after `pending`: (h at that row, the token after it).
-            for i in 0..fed - 1 {
-                m.push(rows_hidden[i].clone(), rows_in[i + 1]);
-            }
-        }
-        last_hidden.clone_from(&rows_hidden[fed - 1]);
+        };
+        last_hidden = spec_state.commit(model, state, v, accepted, fed)?;
         if let Some(y) = next {
             pending = y;
         }
     }
     stats.generated_tokens = out.len();
     stats.decode_time = t1.elapsed();
-    Ok((out, stats, sstats))
+    Ok((out, stats, spec_state.stats))
 }
 
 #[cfg(test)]

@@ -77,6 +77,8 @@ pub struct ServerOptions {
     pub replay: Vec<String>,
     /// Persist prefix states in this directory across restarts.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Speculative decoding (its mode is the default of requests that do not set `spec`).
+    pub spec: redlite_engine::speculative::SpecConfig,
 }
 
 impl Default for ServerOptions {
@@ -94,6 +96,7 @@ impl Default for ServerOptions {
             cache_bytes: 8 << 30,
             replay: Vec::new(),
             state_dir: None,
+            spec: Default::default(),
         }
     }
 }
@@ -163,6 +166,9 @@ fn build_app<B: Backend + 'static>(
     model: Model<B>,
     opts: &ServerOptions,
 ) -> Result<(Router, WorkerHandle)> {
+    if opts.spec.mode == redlite_engine::speculative::SpecMode::Mtp && !model.has_mtp() {
+        anyhow::bail!("--spec mtp: this model has no MTP block (use lookup or both)");
+    }
     let file = model.file.clone();
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).context("building the tokenizer")?);
     let template = match ChatTemplate::from_gguf(&file) {
@@ -193,6 +199,7 @@ fn build_app<B: Backend + 'static>(
             cache_bytes: opts.cache_bytes,
             replay: opts.replay.clone(),
             state_dir: opts.state_dir.clone(),
+            spec: opts.spec.clone(),
         },
         metrics.clone(),
     )

@@ -4,6 +4,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use redlite_engine::speculative::SpecStats;
+
 /// Server-wide counters, updated by the handlers and the worker.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -19,6 +21,16 @@ pub struct Metrics {
     pub reprefill_micros: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_bytes: AtomicUsize,
+    /// Requests decoded speculatively, and their decode passes, verified rows, draft tokens
+    /// proposed and accepted, passes that carried drafts, tokens and decode time.
+    pub spec_requests: AtomicU64,
+    pub spec_passes: AtomicU64,
+    pub spec_rows: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
+    pub spec_draft_steps: AtomicU64,
+    pub spec_completion_tokens: AtomicU64,
+    pub spec_decode_micros: AtomicU64,
 }
 
 impl Metrics {
@@ -46,6 +58,20 @@ impl Metrics {
             .fetch_add(tokens as u64, Ordering::Relaxed);
         self.reprefill_micros
             .fetch_add(time.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A request decoded speculatively: `tokens` generated in `time`.
+    pub fn add_spec(&self, s: &SpecStats, tokens: usize, time: Duration) {
+        let t = s.total();
+        let add = |a: &AtomicU64, v: usize| a.fetch_add(v as u64, Ordering::Relaxed);
+        add(&self.spec_requests, 1);
+        add(&self.spec_passes, s.forward_passes);
+        add(&self.spec_rows, s.rows);
+        add(&self.spec_drafted, t.drafted);
+        add(&self.spec_accepted, t.accepted);
+        add(&self.spec_draft_steps, t.steps);
+        add(&self.spec_completion_tokens, tokens);
+        add(&self.spec_decode_micros, time.as_micros() as usize);
     }
 
     /// The Prometheus exposition text.
@@ -132,6 +158,63 @@ impl Metrics {
             "gauge",
             "Bytes held by the prefix cache (estimate).",
             self.cache_bytes.load(Ordering::Relaxed) as f64,
+        );
+        let drafted = get(&self.spec_drafted);
+        let accepted = get(&self.spec_accepted);
+        metric(
+            "spec_requests_total",
+            "counter",
+            "Requests decoded speculatively.",
+            get(&self.spec_requests) as f64,
+        );
+        metric(
+            "spec_passes_total",
+            "counter",
+            "Decode forward passes of speculative requests (verify passes, with or without drafts).",
+            get(&self.spec_passes) as f64,
+        );
+        metric(
+            "spec_rows_total",
+            "counter",
+            "Rows those passes verified (pending tokens plus drafts).",
+            get(&self.spec_rows) as f64,
+        );
+        metric(
+            "spec_draft_tokens_total",
+            "counter",
+            "Draft tokens proposed (prompt lookup and MTP).",
+            drafted as f64,
+        );
+        metric(
+            "spec_draft_tokens_accepted_total",
+            "counter",
+            "Draft tokens accepted.",
+            accepted as f64,
+        );
+        metric(
+            "spec_acceptance_rate",
+            "gauge",
+            "Accepted over proposed draft tokens.",
+            if drafted == 0 {
+                0.0
+            } else {
+                accepted as f64 / drafted as f64
+            },
+        );
+        metric(
+            "spec_mean_accepted_length",
+            "gauge",
+            "Accepted draft tokens per verify pass that carried drafts.",
+            accepted as f64 / get(&self.spec_draft_steps).max(1) as f64,
+        );
+        metric(
+            "spec_decode_tokens_per_second",
+            "gauge",
+            "Average decode speed of speculative requests.",
+            rate(
+                get(&self.spec_completion_tokens),
+                get(&self.spec_decode_micros),
+            ),
         );
         metric(
             "queue_depth",

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use redlite_engine::sampler::SamplerConfig;
+use redlite_engine::speculative::SpecMode;
 use redlite_tokenizer::chat_template::RenderOptions;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -84,6 +85,10 @@ pub struct CommonParams {
     /// Extension (as llama.cpp): keep generating past stop tokens.
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Extension: speculative decoding for this request, `off`, `lookup`, `mtp` or `both`
+    /// (default: the server's `--spec`). The reply is the same either way.
+    #[serde(default)]
+    pub spec: Option<String>,
 }
 
 /// What the common parameters turn into.
@@ -95,6 +100,7 @@ pub struct Settings {
     pub stop: Vec<String>,
     pub debug: bool,
     pub ignore_eos: bool,
+    pub spec: Option<SpecMode>,
 }
 
 fn check_range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<(), ApiError> {
@@ -180,6 +186,11 @@ impl CommonParams {
             stop,
             debug: self.return_token_ids.unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            spec: self
+                .spec
+                .as_deref()
+                .map(|m| SpecMode::parse(m).map_err(|e| ApiError::bad_param("spec", e.to_string())))
+                .transpose()?,
         })
     }
 }
@@ -342,6 +353,7 @@ pub async fn start_job(
         logprobs,
         debug: settings.debug,
         ignore_eos: settings.ignore_eos,
+        spec: settings.spec,
         events: tx,
     })?;
     match rx.recv().await {
@@ -381,22 +393,54 @@ pub async fn collect(rx: &mut UnboundedReceiver<Event>) -> Result<Collected, Api
 }
 
 pub fn usage_json(u: &Usage) -> Value {
-    json!({
+    let mut v = json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
+    });
+    if let Some(s) = spec_json(u) {
+        v["speculative"] = s;
+    }
+    v
+}
+
+/// Extension: what speculative decoding did for a request (`None` when it was off).
+pub fn spec_json(u: &Usage) -> Option<Value> {
+    let s = u.spec.as_ref()?;
+    let t = s.total();
+    let mode = format!("{:?}", s.mode).to_lowercase();
+    let decode_s = u.decode_time.as_secs_f64();
+    Some(json!({
+        "mode": mode,
+        "passes": s.forward_passes,
+        "rows": s.rows,
+        "drafted": t.drafted,
+        "accepted": t.accepted,
+        "acceptance_rate": t.acceptance_rate(),
+        "mean_accepted_length": t.mean_accepted(),
+        "tokens_per_pass": s.tokens_per_pass(),
+        "lookup": {"drafted": s.lookup.drafted, "accepted": s.lookup.accepted},
+        "mtp": {"drafted": s.mtp.drafted, "accepted": s.mtp.accepted},
+        "draft_ms": s.draft_time.as_secs_f64() * 1e3,
+        "tokens_per_second": if decode_s > 0.0 { u.completion_tokens as f64 / decode_s } else { 0.0 },
+    }))
 }
 
 pub fn timings_json(u: &Usage) -> Value {
-    json!({
+    let mut v = json!({
         "prompt_n": u.prompt_tokens - u.cached_tokens,
         "cache_n": u.cached_tokens,
         "prompt_ms": u.prompt_time.as_secs_f64() * 1e3,
         "predicted_n": u.completion_tokens,
         "predicted_ms": u.decode_time.as_secs_f64() * 1e3,
-    })
+    });
+    // As llama.cpp's server reports its drafts.
+    if let Some(s) = &u.spec {
+        v["draft_n"] = json!(s.total().drafted);
+        v["draft_n_accepted"] = json!(s.total().accepted);
+    }
+    v
 }
 
 pub fn debug_json(d: &DebugInfo) -> Value {

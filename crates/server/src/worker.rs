@@ -6,6 +6,10 @@
 //! 2. **prefill** from the last aligned checkpoint at or before that prefix, in pieces split at
 //!    multiples of [`CHUNK`], keeping checkpoints on the way;
 //! 3. **decode** one token at a time (`Mode::Step`), streaming text with stop strings held back;
+//!    with speculative decoding (`--spec`, or the request's `spec` field) each step drafts a few
+//!    tokens (prompt lookup, MTP) and verifies them in one pass ([`redlite_engine::speculative`]):
+//!    every token is still sampled from logits bit-identical to a one-token step, with the same
+//!    sampler calls, so the reply is the same as without;
 //! 4. **re-prefill**: the state is rewound to the last checkpoint of the prompt and the prompt's
 //!    tail plus the reply are run again in prefill mode, so that the next turn resumes from
 //!    checkpoints that are bit-identical to what a fresh server computes for the same tokens.
@@ -20,6 +24,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use redlite_engine::sampler::{log_softmax, Sampler, SamplerConfig};
+use redlite_engine::speculative::{SpecConfig, SpecMode, SpecStats, Speculator};
 use redlite_model::delta_rule::CHUNK;
 use redlite_model::{Backend, Mode, Model, ModelError, SequenceState, Snapshot};
 use redlite_tokenizer::stream::StreamDecoder;
@@ -54,6 +59,8 @@ pub struct Job {
     pub debug: bool,
     /// Keep generating past stop tokens.
     pub ignore_eos: bool,
+    /// Speculative decoding mode for this job (`None`: the server's default).
+    pub spec: Option<SpecMode>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -98,6 +105,8 @@ pub struct Usage {
     pub stop_string: Option<String>,
     pub prompt_time: Duration,
     pub decode_time: Duration,
+    /// What speculative decoding did (`None` when it was off).
+    pub spec: Option<SpecStats>,
 }
 
 /// Debug details of a job (with [`Job::debug`]).
@@ -147,7 +156,14 @@ pub struct WorkerOptions {
     pub replay: Vec<String>,
     /// Persist cached conversations here (and load them at start).
     pub state_dir: Option<std::path::PathBuf>,
+    /// Speculative decoding settings (the mode is the default of jobs that do not choose one).
+    pub spec: SpecConfig,
 }
+
+/// With MTP drafting, the MTP cache of a request is built from the hidden states of at most
+/// this many of the prompt's last computed positions (a prefix resumed from the cache has none:
+/// its slots are missing, which only makes the drafts less informed, never the output different).
+const MTP_PROMPT_WINDOW: usize = 2048;
 
 /// The handle the HTTP side holds: a queue into the worker thread.
 #[derive(Clone)]
@@ -377,7 +393,26 @@ impl<B: Backend> Worker<B> {
         let interval = self.opts.checkpoint_interval;
         let keep = |p: usize| p == turn_end || p.is_multiple_of(interval);
         let cancel = || job.events.is_closed();
-        let hidden = match self.prefill(&mut state, &mut snaps, &prompt, n, keep, &cancel) {
+        let mut spec = match self.speculator(job) {
+            Ok(s) => s,
+            Err(e) => {
+                self.save(prompt, n, state, snaps, false, file);
+                return Err(e);
+            }
+        };
+        // The prompt rows' hidden states for the MTP cache, from `mtp_from` on.
+        let mut rows = spec.as_ref().filter(|s| s.uses_mtp()).map(|_| Vec::new());
+        let mtp_from = n.saturating_sub(MTP_PROMPT_WINDOW).max(start);
+        let prefilled = self.prefill(
+            &mut state,
+            &mut snaps,
+            &prompt,
+            n,
+            keep,
+            &cancel,
+            rows.as_mut().map(|r| (r, mtp_from)),
+        );
+        let hidden = match prefilled {
             Ok(h) => h,
             Err(e) => {
                 self.save(prompt, n, state, snaps, false, file);
@@ -391,15 +426,30 @@ impl<B: Backend> Worker<B> {
             cached_tokens: start,
         });
 
-        let mut logits = self.model.lm_head(&[hidden]).pop().unwrap_or_default();
+        let logits = self
+            .model
+            .lm_head(std::slice::from_ref(&hidden))
+            .pop()
+            .unwrap_or_default();
         let t1 = Instant::now();
-        let out = self.decode(job, &mut state, &prompt, &mut logits);
+        if let (Some(s), Some(mut rows)) = (spec.as_mut(), rows) {
+            // Slots of the computed prompt rows but the last (whose successor is not sampled yet).
+            rows.pop();
+            let first = n - 1 - rows.len();
+            s.feed_prompt(&self.model, rows, &prompt[first + 1..n])?;
+        }
+        let out = self.decode(job, &mut state, &prompt, logits, hidden, spec.as_mut());
         let decode_time = t1.elapsed();
         let (generated, finish, debug, stop_string) = out?;
-        let completion_tokens = generated
-            .iter()
-            .filter(|id| !self.tokenizer.stop_token_ids().contains(id))
-            .count();
+        let spec_stats = spec.map(|s| s.stats().clone());
+        if let Some(s) = &spec_stats {
+            self.metrics.add_spec(
+                s,
+                completion_tokens_of(&generated, &self.tokenizer),
+                decode_time,
+            );
+        }
+        let completion_tokens = completion_tokens_of(&generated, &self.tokenizer);
         self.metrics.add_decode(completion_tokens, decode_time);
         let mut debug = debug;
         if let Some(d) = debug.as_mut() {
@@ -412,6 +462,7 @@ impl<B: Backend> Worker<B> {
             stop_string,
             prompt_time,
             decode_time,
+            spec: spec_stats,
         };
         let _ = job.events.send(Event::Done {
             finish,
@@ -430,7 +481,9 @@ impl<B: Backend> Worker<B> {
 
     /// Run `ids[state.pos..end]` in prefill mode, in pieces split at the multiples of [`CHUNK`]
     /// where `keep` wants a checkpoint (taken there) and at most `prefill_batch` long. Returns the
-    /// final hidden state of the last token.
+    /// final hidden state of the last token. With `rows = Some((out, from))`, the hidden states
+    /// of the positions `from..end` are appended to `out` (for the MTP cache).
+    #[allow(clippy::too_many_arguments)]
     fn prefill(
         &self,
         state: &mut SequenceState,
@@ -439,6 +492,7 @@ impl<B: Backend> Worker<B> {
         end: usize,
         keep: impl Fn(usize) -> bool,
         cancel: &dyn Fn() -> bool,
+        mut rows: Option<(&mut Vec<Vec<f32>>, usize)>,
     ) -> Result<Vec<f32>, Abort> {
         let mut last = Vec::new();
         while state.pos < end {
@@ -452,6 +506,11 @@ impl<B: Backend> Worker<B> {
                 .model
                 .forward_hidden(state, &ids[pos..stop], Mode::Prefill)?;
             last = hidden.pop().unwrap_or_default();
+            if let Some((out, from)) = rows.as_mut() {
+                hidden.push(last.clone());
+                let skip = from.saturating_sub(pos).min(hidden.len());
+                out.extend(hidden.drain(skip..));
+            }
             if stop.is_multiple_of(CHUNK) && keep(stop) {
                 snaps.insert(stop, state.snapshot());
             }
@@ -462,92 +521,86 @@ impl<B: Backend> Worker<B> {
         Ok(last)
     }
 
-    /// The decode loop. Returns the generated ids (a final stop token included), why it ended
-    /// and the debug record.
+    /// The speculative decoding of `job` (`None`: off). Asking for MTP drafts from a model
+    /// without an MTP block is a bad request.
+    fn speculator(&self, job: &Job) -> Result<Option<Speculator>, Abort> {
+        let mode = job.spec.unwrap_or(self.opts.spec.mode);
+        if mode == SpecMode::Off {
+            return Ok(None);
+        }
+        if mode == SpecMode::Mtp && !self.model.has_mtp() {
+            return Err(Abort::Api(ApiError::bad_param(
+                "spec",
+                "this model has no MTP block: use spec 'lookup' or 'both'",
+            )));
+        }
+        let cfg = SpecConfig {
+            mode,
+            ..self.opts.spec.clone()
+        };
+        Ok(Some(Speculator::new(&self.model, &cfg)?))
+    }
+
+    /// The decode loop: `logits` and `hidden` are the prompt's last row's. Returns the generated
+    /// ids (a final stop token included), why it ended, the debug record and the stop string.
+    ///
+    /// With `spec`, every step verifies `pending` and its drafts in one pass and hands the rows'
+    /// logits to [`Reply::take`] in order while the sampled token equals the draft: the same
+    /// sampler calls on bit-identical logits as one step per token, hence the same reply.
     #[allow(clippy::type_complexity)]
     fn decode(
         &mut self,
         job: &Job,
         state: &mut SequenceState,
         prompt: &[u32],
-        logits: &mut Vec<f32>,
+        logits: Vec<f32>,
+        mut last_hidden: Vec<f32>,
+        mut spec: Option<&mut Speculator>,
     ) -> Result<(Vec<u32>, Finish, Option<DebugInfo>, Option<String>), Abort> {
-        let tok = self.tokenizer.clone();
-        let stop_ids = tok.stop_token_ids().to_vec();
         let budget = self.opts.ctx - prompt.len();
-        let max_tokens = job.max_tokens.unwrap_or(budget).min(budget);
-        let mut sampler = Sampler::new(job.sampling.clone());
-        let mut history = prompt.to_vec();
-        let mut generated: Vec<u32> = Vec::new();
-        let mut debug = job.debug.then(DebugInfo::default);
-        let mut text = TextStream::new(&job.stop);
-        let mut decoder = StreamDecoder::new().with_skip_special(true);
         let replay = self.next_replay();
-        let mut finish = Finish::Length;
-        let mut produced = 0usize;
-        while produced < max_tokens {
-            if let Some(d) = debug.as_mut() {
-                d.logits_hashes.push(fnv1a(logits));
-            }
-            let id = match &replay {
-                Some(r) => r
-                    .get(generated.len())
-                    .copied()
-                    .unwrap_or_else(|| stop_ids.first().copied().unwrap_or(0)),
-                None => sampler.sample(logits, &history),
+        let mut reply = Reply::new(job, &self.tokenizer, prompt, budget, replay);
+        if reply.max_tokens == 0 {
+            return Ok(reply.finish(Finish::Length));
+        }
+        let mut next = reply.take(&logits);
+        let finish = loop {
+            let pending = match next {
+                Next::Continue(id) => id,
+                Next::End(f) => break f,
             };
-            let logprob = job.logprobs.map(|top| token_logprob(logits, id, top));
-            generated.push(id);
-            history.push(id);
-            if stop_ids.contains(&id) && !job.ignore_eos {
-                finish = Finish::Stop;
-                break;
+            let Some(sp) = spec.as_deref_mut() else {
+                let mut hidden = self.model.forward_hidden(state, &[pending], Mode::Step)?;
+                let logits = self
+                    .model
+                    .lm_head(&[hidden.pop().unwrap_or_default()])
+                    .pop()
+                    .unwrap_or_default();
+                next = reply.take(&logits);
+                continue;
+            };
+            let room = reply.max_tokens - reply.produced;
+            let v = sp.verify(
+                &self.model,
+                state,
+                &reply.history,
+                pending,
+                &last_hidden,
+                room,
+            )?;
+            let mut accepted = 0;
+            for (i, row) in v.logits.iter().enumerate() {
+                next = reply.take(row);
+                match next {
+                    Next::Continue(y) if v.drafts().get(i) == Some(&y) => accepted += 1,
+                    _ => break,
+                }
             }
-            produced += 1;
-            if let Some(d) = debug.as_mut() {
-                d.completion_ids.push(id);
-            }
-            let piece = decoder.push(&tok, id);
-            let (emit, hit_stop) = text.push(&piece);
-            if job
-                .events
-                .send(Event::Delta {
-                    text: emit,
-                    logprob,
-                })
-                .is_err()
-            {
-                return Ok((generated, Finish::Cancelled, debug, None));
-            }
-            if hit_stop {
-                finish = Finish::Stop;
-                break;
-            }
-            if produced >= max_tokens {
-                break;
-            }
-            if job.events.is_closed() {
-                return Ok((generated, Finish::Cancelled, debug, None));
-            }
-            let mut hidden = self.model.forward_hidden(state, &[id], Mode::Step)?;
-            *logits = self
-                .model
-                .lm_head(&[hidden.pop().unwrap_or_default()])
-                .pop()
-                .unwrap_or_default();
-        }
-        if !text.stopped() {
-            let tail = decoder.finish();
-            let (mut emit, _) = text.push(&tail);
-            emit.push_str(&text.flush());
-            if !emit.is_empty() {
-                let _ = job.events.send(Event::Delta {
-                    text: emit,
-                    logprob: None,
-                });
-            }
-        }
-        Ok((generated, finish, debug, text.matched()))
+            // `pending` and the accepted drafts are fed; after an end the state is not used
+            // again before `save` restores a checkpoint, so any count within the rows will do.
+            last_hidden = sp.commit(&self.model, state, v, accepted, accepted + 1)?;
+        };
+        Ok(reply.finish(finish))
     }
 
     /// The next replay reply as ids, if replaying.
@@ -591,7 +644,7 @@ impl<B: Backend> Worker<B> {
         if state.pos < end {
             let t = Instant::now();
             if self
-                .prefill(&mut state, &mut snaps, &ids, end, keep, &|| false)
+                .prefill(&mut state, &mut snaps, &ids, end, keep, &|| false, None)
                 .is_err()
             {
                 return;
@@ -612,6 +665,130 @@ impl<B: Backend> Worker<B> {
         self.metrics
             .cache_bytes
             .store(self.cache.bytes(), Ordering::Relaxed);
+    }
+}
+
+/// Generated tokens (a stop token is not counted).
+fn completion_tokens_of(generated: &[u32], tok: &Tokenizer) -> usize {
+    generated
+        .iter()
+        .filter(|id| !tok.stop_token_ids().contains(id))
+        .count()
+}
+
+/// What [`Reply::take`] decided.
+#[derive(Clone, Copy)]
+enum Next {
+    /// The token was emitted; feed it and continue.
+    Continue(u32),
+    End(Finish),
+}
+
+/// The per-token side of the decode loop: sampling (or replay), log-probabilities, the debug
+/// record, stop tokens and strings, streaming, the token budget and cancellation.
+struct Reply<'a> {
+    job: &'a Job,
+    tok: Arc<Tokenizer>,
+    stop_ids: Vec<u32>,
+    max_tokens: usize,
+    /// Tokens emitted so far (a stop token is not).
+    produced: usize,
+    sampler: Sampler,
+    /// The prompt and every generated token.
+    history: Vec<u32>,
+    generated: Vec<u32>,
+    debug: Option<DebugInfo>,
+    text: TextStream,
+    decoder: StreamDecoder,
+    replay: Option<Vec<u32>>,
+}
+
+impl<'a> Reply<'a> {
+    fn new(
+        job: &'a Job,
+        tok: &Arc<Tokenizer>,
+        prompt: &[u32],
+        budget: usize,
+        replay: Option<Vec<u32>>,
+    ) -> Reply<'a> {
+        Reply {
+            job,
+            tok: tok.clone(),
+            stop_ids: tok.stop_token_ids().to_vec(),
+            max_tokens: job.max_tokens.unwrap_or(budget).min(budget),
+            produced: 0,
+            sampler: Sampler::new(job.sampling.clone()),
+            history: prompt.to_vec(),
+            generated: Vec::new(),
+            debug: job.debug.then(DebugInfo::default),
+            text: TextStream::new(&job.stop),
+            decoder: StreamDecoder::new().with_skip_special(true),
+            replay,
+        }
+    }
+
+    /// Choose the next token from `logits` and emit it.
+    fn take(&mut self, logits: &[f32]) -> Next {
+        if let Some(d) = self.debug.as_mut() {
+            d.logits_hashes.push(fnv1a(logits));
+        }
+        let id = match &self.replay {
+            Some(r) => r
+                .get(self.generated.len())
+                .copied()
+                .unwrap_or_else(|| self.stop_ids.first().copied().unwrap_or(0)),
+            None => self.sampler.sample(logits, &self.history),
+        };
+        let logprob = self.job.logprobs.map(|top| token_logprob(logits, id, top));
+        self.generated.push(id);
+        self.history.push(id);
+        if self.stop_ids.contains(&id) && !self.job.ignore_eos {
+            return Next::End(Finish::Stop);
+        }
+        self.produced += 1;
+        if let Some(d) = self.debug.as_mut() {
+            d.completion_ids.push(id);
+        }
+        let piece = self.decoder.push(&self.tok, id);
+        let (emit, hit_stop) = self.text.push(&piece);
+        let delta = Event::Delta {
+            text: emit,
+            logprob,
+        };
+        if self.job.events.send(delta).is_err() {
+            return Next::End(Finish::Cancelled);
+        }
+        if hit_stop {
+            return Next::End(Finish::Stop);
+        }
+        if self.produced >= self.max_tokens {
+            return Next::End(Finish::Length);
+        }
+        if self.job.events.is_closed() {
+            return Next::End(Finish::Cancelled);
+        }
+        Next::Continue(id)
+    }
+
+    /// Flush the held-back text (unless cancelled) and hand back the generated ids, the finish
+    /// reason, the debug record and the stop string reached.
+    fn finish(mut self, finish: Finish) -> (Vec<u32>, Finish, Option<DebugInfo>, Option<String>) {
+        if finish == Finish::Cancelled {
+            return (self.generated, finish, self.debug, None);
+        }
+        if !self.text.stopped() {
+            let tail = self.decoder.finish();
+            let (mut emit, _) = self.text.push(&tail);
+            emit.push_str(&self.text.flush());
+            if !emit.is_empty() {
+                let _ = self.job.events.send(Event::Delta {
+                    text: emit,
+                    logprob: None,
+                });
+            }
+        }
+        let matched = self.text.matched();
+        (self.generated, finish, self.debug, matched)
     }
 }
 
