@@ -25,6 +25,10 @@ pub enum Kind {
     Decode,
     /// A P-token prompt pass.
     Prefill,
+    /// cuda: one layer's routed-expert kernels on --distinct experts copied from the file,
+    /// --per-call experts per call (no model loaded), experts in device memory and in pinned
+    /// host memory (the expert cache's miss path).
+    Expert,
 }
 
 #[derive(clap::Args)]
@@ -76,6 +80,15 @@ pub struct Args {
     /// cuda: run the decode step without the CUDA graph (every kernel launched each step).
     #[arg(long)]
     pub no_graphs: bool,
+    /// bench expert: the layer whose experts are used.
+    #[arg(long, default_value_t = 0, value_name = "L")]
+    pub layer: usize,
+    /// bench expert: distinct experts cycled through (N).
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub distinct: usize,
+    /// bench expert: experts per call (K).
+    #[arg(long, default_value_t = 10, value_name = "K")]
+    pub per_call: usize,
 }
 
 /// A progress bar fed by the engine's `(stage, done, total)` callbacks.
@@ -210,6 +223,7 @@ pub fn run(mut args: Args) -> Result<()> {
             expert_report = Some(experts);
             Report::Decode(r)
         }
+        Kind::Expert => bail!("bench expert runs the GPU expert kernels: give --backend cuda"),
         Kind::Prefill => {
             let file = file.context("prefill needs -m FILE")?;
             progress("loading the model", 0, 0);
@@ -371,6 +385,42 @@ fn run_cuda(args: Args) -> Result<()> {
     if args.kind == Kind::Kernel {
         bail!("bench kernel is not available with --backend cuda yet (decode and prefill are)");
     }
+    if args.kind == Kind::Expert {
+        let path = args.model.as_ref().context("bench expert needs -m FILE")?;
+        let file =
+            Arc::new(GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?);
+        let rows = crate::cuda_cmd::bench_expert(
+            file,
+            args.layer,
+            args.distinct,
+            args.per_call,
+            args.n.unwrap_or(20),
+        )?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+            return Ok(());
+        }
+        println!("model: {}, layer {}", path.display(), args.layer);
+        println!(
+            "{:<12} {:>14} {:>9} {:>5} {:>9} {:>10} {:>9} {:>9}",
+            "experts in", "types", "KiB/exp", "K", "distinct", "us/call", "GB/s", "% 4.5TB/s"
+        );
+        for r in rows {
+            let g = r["gbps"].as_f64().unwrap_or(0.0);
+            println!(
+                "{:<12} {:>14} {:>9.0} {:>5} {:>9} {:>10.2} {:>9.1} {:>8.1}%",
+                r["place"].as_str().unwrap_or("?"),
+                r["types"].as_str().unwrap_or("?"),
+                r["expert_bytes"].as_f64().unwrap_or(0.0) / 1024.0,
+                r["per_call"],
+                r["distinct"],
+                r["us_per_call"].as_f64().unwrap_or(0.0),
+                g,
+                100.0 * g / 4500.0
+            );
+        }
+        return Ok(());
+    }
     let path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
     let file =
         Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
@@ -380,8 +430,14 @@ fn run_cuda(args: Args) -> Result<()> {
     if args.kind == Kind::Decode {
         let prompt = args.prompt.unwrap_or(8);
         let steps = args.n.unwrap_or(32);
-        let (r, info) =
-            crate::cuda_cmd::bench_decode(file, prompt, steps, !args.no_graphs, &mut progress)?;
+        let (r, info) = crate::cuda_cmd::bench_decode(
+            file,
+            prompt,
+            steps,
+            !args.no_graphs,
+            &args.cache,
+            &mut progress,
+        )?;
         bar.finish_and_clear();
         let launches = info
             .launches_per_step
@@ -390,7 +446,12 @@ fn run_cuda(args: Args) -> Result<()> {
             let v = json!({
                 "bench": "decode", "backend": "cuda", "device": info.device,
                 "graphs": info.graphs, "launches_per_step": info.launches_per_step,
-                "device_mib": info.device_mib, "prompt_tokens": r.prompt_tokens,
+                "device_mib": info.device_mib, "gpu_used_mib": info.gpu_used_mib,
+                "experts": info.experts, "expert_hit_rate": info.hit_rate,
+                "expert_misses_per_token": info.misses_per_token,
+                "expert_promotions_per_token": info.promotions_per_token,
+                "pcie_mb_per_token": info.pcie_mb_per_token,
+                "prompt_tokens": r.prompt_tokens,
                 "prompt_s": r.prompt_time.as_secs_f64(), "steps": r.steps,
                 "decode_s": r.decode_time.as_secs_f64(),
                 "median_step_ms": r.median_step.as_secs_f64() * 1e3,
@@ -404,6 +465,17 @@ fn run_cuda(args: Args) -> Result<()> {
             info.device,
             info.device_mib,
             if info.graphs { "on" } else { "off" }
+        );
+        println!(
+            "GPU memory in use (cuMemGetInfo, whole device): {} MiB; {}",
+            info.gpu_used_mib, info.experts
+        );
+        println!(
+            "experts over the timed steps: hit rate {:.1}%, {:.1} misses/token, {:.2} promotions/token, {:.1} MB/token over PCIe",
+            100.0 * info.hit_rate,
+            info.misses_per_token,
+            info.promotions_per_token,
+            info.pcie_mb_per_token
         );
         println!(
             "{:<8} {:>7} {:>6} {:>9} {:>10} {:>9} {:>8}",
@@ -422,7 +494,7 @@ fn run_cuda(args: Args) -> Result<()> {
     } else {
         let tokens = args.prompt.unwrap_or(512);
         let runs = args.n.unwrap_or(1);
-        let (r, note) = crate::cuda_cmd::bench_prefill(file, tokens, runs, &mut progress)?;
+        let (r, note) = crate::cuda_cmd::bench_prefill(file, tokens, runs, &args.cache, &mut progress)?;
         bar.finish_and_clear();
         if args.json {
             let v = json!({

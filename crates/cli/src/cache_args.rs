@@ -62,6 +62,54 @@ impl CacheArgs {
             policy,
             direct_io: !self.buffered_io,
             overlap: !self.no_overlap,
+            prefetch: !self.no_prefetch,
         })
+    }
+}
+
+/// What `--expert-cache` / `--memory` ask of the GPU expert cache (`--backend cuda`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuExperts {
+    /// Every routed expert in device memory (no flag).
+    All,
+    /// One device slot per layer (`--expert-cache min`, `--memory min`).
+    Min,
+    /// Device slots of this many bytes in all (`--expert-cache SIZE`).
+    Bytes(u64),
+    /// Everything on the GPU within this many bytes; the slots get what the rest leaves
+    /// (`--memory SIZE`).
+    Budget(u64),
+}
+
+impl CacheArgs {
+    /// The GPU expert cache these flags ask for; `--memory` also prints the GPU plan for `file`.
+    pub fn gpu_experts(&self, file: &GgufFile) -> Result<GpuExperts> {
+        match (&self.expert_cache, &self.memory) {
+            (Some(s), _) => Ok(
+                match Budget::parse(s).map_err(|e| anyhow!("--expert-cache: {e}"))? {
+                    Budget::Min => GpuExperts::Min,
+                    Budget::Bytes(b) => GpuExperts::Bytes(b),
+                },
+            ),
+            (None, Some(m)) => {
+                let memory = Budget::parse(m).map_err(|e| anyhow!("--memory: {e}"))?;
+                let req = PlanRequest {
+                    memory,
+                    ctx: self.memory_ctx,
+                    target: Target::Cuda,
+                    kv: KvType::F32,
+                    ubatch: 64,
+                };
+                match plan(&PlanInput::from_file(file)?, req) {
+                    Ok(p) => eprintln!("{p}"),
+                    Err(e) => eprintln!("warning: the GPU plan: {e}"),
+                }
+                Ok(match memory {
+                    Budget::Min => GpuExperts::Min,
+                    Budget::Bytes(b) => GpuExperts::Budget(b),
+                })
+            }
+            (None, None) => Ok(GpuExperts::All),
+        }
     }
 }

@@ -13,12 +13,23 @@ use redlite_engine::sampler::Sampler;
 use redlite_engine::{GenerateOptions, GenerationStats};
 use redlite_gguf::GgufFile;
 
+use crate::cache_args::CacheArgs;
+
 /// What a CUDA decode bench measured besides the engine's figures.
 pub struct CudaDecodeInfo {
     pub device: String,
     pub launches_per_step: Option<u64>,
     pub graphs: bool,
     pub device_mib: usize,
+    /// GPU memory in use after the run (cuMemGetInfo: context, model, graph), MiB.
+    pub gpu_used_mib: usize,
+    /// Where the routed experts are (all resident, or the cache's slots and policy).
+    pub experts: String,
+    /// Expert-cache counters over the timed steps.
+    pub hit_rate: f64,
+    pub misses_per_token: f64,
+    pub promotions_per_token: f64,
+    pub pcie_mb_per_token: f64,
 }
 
 /// `--backend cuda` where no GPU can be used (no `cuda` feature, no driver, no NVRTC, no device):
@@ -47,7 +58,12 @@ mod imp {
         )
     }
 
-    pub fn logits(_file: Arc<GgufFile>, _ids: &[u32], _step: bool) -> Result<Vec<Vec<f32>>> {
+    pub fn logits(
+        _file: Arc<GgufFile>,
+        _ids: &[u32],
+        _step: bool,
+        _cache: &CacheArgs,
+    ) -> Result<Vec<Vec<f32>>> {
         not_built()
     }
 
@@ -56,6 +72,7 @@ mod imp {
         _prompt: &[u32],
         _sampler: &mut Sampler,
         _opts: &GenerateOptions,
+        _cache: &CacheArgs,
         _on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats)> {
         not_built()
@@ -66,8 +83,19 @@ mod imp {
         _prompt: usize,
         _steps: usize,
         _graphs: bool,
+        _cache: &CacheArgs,
         _progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
+        not_built()
+    }
+
+    pub fn bench_expert(
+        _file: Arc<GgufFile>,
+        _layer: usize,
+        _distinct: usize,
+        _per_call: usize,
+        _replays: usize,
+    ) -> Result<Vec<serde_json::Value>> {
         not_built()
     }
 
@@ -75,6 +103,7 @@ mod imp {
         _file: Arc<GgufFile>,
         _tokens: usize,
         _runs: usize,
+        _cache: &CacheArgs,
         _progress: Progress,
     ) -> Result<(PrefillResult, String)> {
         not_built()
@@ -87,13 +116,21 @@ mod imp {
 
     use anyhow::Context;
     use redlite_cuda::selftest::Rng;
-    use redlite_cuda::{CudaModel, CudaModelOptions, Gpu, GpuSampling};
+    use redlite_cuda::expert_cache::device_used;
+    use redlite_cuda::{
+        CudaModel, CudaModelOptions, ExpertCacheSize, ExpertPolicy, Gpu, GpuSampling,
+    };
     use redlite_engine::bench::{bench_tokens, median};
     use redlite_model::sizing::ModelSizes;
 
     use super::*;
 
-    fn open(file: Arc<GgufFile>, opts: CudaModelOptions) -> Result<CudaModel> {
+    fn open(
+        file: Arc<GgufFile>,
+        mut opts: CudaModelOptions,
+        cache: &CacheArgs,
+    ) -> Result<CudaModel> {
+        (opts.experts, opts.expert_policy) = gpu_experts(&file, cache)?;
         let gpu = Gpu::new(0)
             .context("opening the CUDA device (use --backend cpu on a machine without a GPU)")?;
         eprintln!("{}", gpu.info);
@@ -101,11 +138,47 @@ mod imp {
         let model = CudaModel::from_gguf(Arc::new(gpu), file, opts)
             .context("loading the model onto the GPU")?;
         eprintln!(
-            "model on the GPU: {} MiB in {:.1} s",
+            "model on the GPU: {} MiB in {:.1} s; {}",
             model.device_bytes() >> 20,
-            t0.elapsed().as_secs_f64()
+            t0.elapsed().as_secs_f64(),
+            experts_note(&model)
         );
         Ok(model)
+    }
+
+    /// The expert cache `--expert-cache` / `--memory` / `--cache-policy` ask for.
+    fn gpu_experts(file: &GgufFile, cache: &CacheArgs) -> Result<(ExpertCacheSize, ExpertPolicy)> {
+        use crate::cache_args::GpuExperts;
+        let size = match cache.gpu_experts(file)? {
+            GpuExperts::All => ExpertCacheSize::All,
+            GpuExperts::Min => ExpertCacheSize::Min,
+            GpuExperts::Bytes(b) => ExpertCacheSize::Bytes(b),
+            GpuExperts::Budget(b) => ExpertCacheSize::Budget(b),
+        };
+        let policy = cache
+            .cache_policy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--cache-policy: {e}"))?;
+        Ok((size, policy))
+    }
+
+    /// Where the routed experts are, in words.
+    fn experts_note(model: &CudaModel) -> String {
+        let c = model.expert_cache();
+        if !c.bounded() {
+            return format!(
+                "routed experts all resident ({} MiB)",
+                c.slot_bytes_total() >> 20
+            );
+        }
+        format!(
+            "expert cache: {} of {} experts per layer on the GPU ({} MiB of slots), all {} MiB in pinned host memory, policy {:?}",
+            c.slots_per_layer(),
+            model.config.n_experts,
+            c.slot_bytes_total() >> 20,
+            c.host_bytes() >> 20,
+            c.policy()
+        )
     }
 
     fn options(context: usize, batch: usize) -> CudaModelOptions {
@@ -117,8 +190,13 @@ mod imp {
     }
 
     /// Logits of every id: one forward call (`step == false`) or one decode step per id.
-    pub fn logits(file: Arc<GgufFile>, ids: &[u32], step: bool) -> Result<Vec<Vec<f32>>> {
-        let mut model = open(file, options(ids.len(), ids.len()))?;
+    pub fn logits(
+        file: Arc<GgufFile>,
+        ids: &[u32],
+        step: bool,
+        cache: &CacheArgs,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut model = open(file, options(ids.len(), ids.len()), cache)?;
         if !step {
             return Ok(model.forward_logits(ids)?);
         }
@@ -153,11 +231,13 @@ mod imp {
         prompt: &[u32],
         sampler: &mut Sampler,
         opts: &GenerateOptions,
+        cache: &CacheArgs,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats)> {
         let mut model = open(
             file,
             options(prompt.len() + opts.max_tokens + 1, prompt.len()),
+            cache,
         )?;
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
@@ -214,12 +294,13 @@ mod imp {
         prompt_len: usize,
         steps: usize,
         graphs: bool,
+        cache: &CacheArgs,
         progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
         progress("loading the model", 0, 0);
         let mut opts = options(prompt_len + steps + 2, prompt_len);
         opts.graphs = graphs;
-        let mut model = open(file.clone(), opts)?;
+        let mut model = open(file.clone(), opts, cache)?;
         let sizes = ModelSizes::new(&file, &model.config)?;
         let prompt = bench_tokens(prompt_len.max(1), model.config.vocab, 1);
         let greedy = GpuSampling::greedy();
@@ -230,6 +311,7 @@ mod imp {
         let mut token = model.sample_last(&greedy, 0.0)?;
         let prompt_time = t0.elapsed();
         token = model.decode(token, &greedy, 0.0)?; // warm-up: graph capture
+        model.expert_cache_mut().reset_stats();
         let mut step_secs = Vec::with_capacity(steps);
         for s in 0..steps {
             progress("decode", s as u64, steps as u64);
@@ -245,11 +327,19 @@ mod imp {
             steps as f64 / total.max(1e-12)
         };
         let bytes_per_token = sizes.decode.total();
+        let st = model.expert_cache().stats();
+        let per = |v: u64| v as f64 / st.tokens.max(1) as f64;
         let info = CudaDecodeInfo {
             device: model.device_info().name.clone(),
             launches_per_step: model.launches_per_step(),
             graphs,
             device_mib: model.device_bytes() >> 20,
+            gpu_used_mib: (device_used()? >> 20) as usize,
+            experts: experts_note(&model),
+            hit_rate: st.hit_rate(),
+            misses_per_token: per(st.misses),
+            promotions_per_token: per(st.promotions),
+            pcie_mb_per_token: per(st.pcie_bytes) / 1e6,
         };
         Ok((
             DecodeResult {
@@ -267,16 +357,50 @@ mod imp {
         ))
     }
 
+    /// `bench expert`: one layer's expert kernels on `distinct` experts of the file, `per_call`
+    /// per call, experts in device slots and in mapped pinned host memory; one row each (JSON).
+    pub fn bench_expert(
+        file: Arc<GgufFile>,
+        layer: usize,
+        distinct: usize,
+        per_call: usize,
+        replays: usize,
+    ) -> Result<Vec<serde_json::Value>> {
+        use redlite_cuda::expert_bench::{bench_experts, ExpertBenchOptions};
+        let gpu = Arc::new(Gpu::new(0).context("opening the CUDA device")?);
+        eprintln!("{}", gpu.info);
+        let o = ExpertBenchOptions {
+            layer,
+            distinct,
+            per_call,
+            calls: 64,
+            replays,
+        };
+        let rows = bench_experts(&gpu, &file, o).context("bench expert")?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({
+                    "place": r.place, "types": r.types, "expert_bytes": r.expert_bytes,
+                    "per_call": r.per_call, "distinct": r.distinct,
+                    "us_per_call": r.call_s * 1e6, "gbps": r.gbps,
+                    "fraction_of_4_5_tbs": r.gbps / 4500.0,
+                })
+            })
+            .collect())
+    }
+
     /// `bench prefill` on the GPU: `runs` passes of a `tokens`-token prompt from an empty state
     /// (last token's logits only), median time.
     pub fn bench_prefill(
         file: Arc<GgufFile>,
         tokens: usize,
         runs: usize,
+        cache: &CacheArgs,
         progress: Progress,
     ) -> Result<(PrefillResult, String)> {
         progress("loading the model", 0, 0);
-        let mut model = open(file, options(tokens + 1, tokens))?;
+        let mut model = open(file, options(tokens + 1, tokens), cache)?;
         let prompt = bench_tokens(tokens.max(1), model.config.vocab, 2);
         let runs = runs.max(1);
         let mut secs = Vec::with_capacity(runs);

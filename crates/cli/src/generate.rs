@@ -207,6 +207,7 @@ pub fn run(args: Args) -> Result<()> {
                 &prompt_ids,
                 &mut sampler,
                 &opts,
+                &args.cache,
                 &mut emit,
             )?;
             (ids, stats, None)

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> Result<()> {
             redlite_gguf::GgufFile::open(&args.model)
                 .with_context(|| format!("opening {}", args.model.display()))?,
         );
-        let rows = crate::cuda_cmd::logits(file, &args.ids, args.mode == "step")?;
+        let rows = crate::cuda_cmd::logits(file, &args.ids, args.mode == "step", &args.cache)?;
         let vocab = rows.first().map_or(0, Vec::len);
         (rows, vocab)
     } else {

@@ -29,6 +29,8 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub mod expert_bench;
+#[cfg(feature = "cuda")]
 pub mod expert_cache;
 #[cfg(feature = "cuda")]
 pub mod host;
