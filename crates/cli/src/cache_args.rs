@@ -62,7 +62,6 @@ impl CacheArgs {
             policy,
             direct_io: !self.buffered_io,
             overlap: !self.no_overlap,
-            prefetch: !self.no_prefetch,
         })
     }
 }
