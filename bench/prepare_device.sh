@@ -11,7 +11,7 @@ BIN=${1:-target/release/redlite}
 shift || true
 MODELS=${*:-Q4_K_M IQ2_XXS CF2}
 REF=../shared/reference
-D=.device/cuda
+D=${DEST:-.device/cuda}   # DEST: another folder under .device/ (one per engineer)
 rm -rf "$D" && mkdir -p "$D/fixtures/logits" "$D/fixtures/models"
 cp "$BIN" "$D/redlite"
 strip "$D/redlite" 2>/dev/null || true
