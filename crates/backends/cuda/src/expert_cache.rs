@@ -558,15 +558,15 @@ impl ExpertCache {
             }
             // The victim: the layer's resident expert with the lowest score (LFU) or the
             // oldest use (LRU), among slots not already taken this round.
-            let mut best: Option<(usize, f32)> = None;
+            let mut best: Option<(usize, f64)> = None;
             for s in 0..self.per_layer {
                 if taken[l * self.per_layer + s] {
                     continue;
                 }
                 let v = self.holder[l * self.per_layer + s] as usize;
                 let key = match self.policy {
-                    ExpertPolicy::Lru => self.last_use[l * ne + v] as f32,
-                    _ => self.score[l * ne + v],
+                    ExpertPolicy::Lru => self.last_use[l * ne + v] as f64,
+                    _ => f64::from(self.score[l * ne + v]),
                 };
                 if best.is_none_or(|(_, b)| key < b) {
                     best = Some((s, key));
@@ -575,7 +575,7 @@ impl ExpertCache {
             let Some((s, key)) = best else { continue };
             let admit = match self.policy {
                 ExpertPolicy::Lru => true,
-                _ => self.score[at] > key + LFU_MARGIN,
+                _ => f64::from(self.score[at]) > key + f64::from(LFU_MARGIN),
             };
             if !admit {
                 continue;
