@@ -494,7 +494,8 @@ fn run_cuda(args: Args) -> Result<()> {
     } else {
         let tokens = args.prompt.unwrap_or(512);
         let runs = args.n.unwrap_or(1);
-        let (r, note) = crate::cuda_cmd::bench_prefill(file, tokens, runs, &args.cache, &mut progress)?;
+        let (r, note) =
+            crate::cuda_cmd::bench_prefill(file, tokens, runs, &args.cache, &mut progress)?;
         bar.finish_and_clear();
         if args.json {
             let v = json!({
@@ -532,6 +533,8 @@ fn expert_json(e: &ExpertReport, args: &Args) -> serde_json::Value {
             "misses_per_token": c.misses as f64 / steps,
             "bytes_read_per_token": c.bytes_read as f64 / steps,
             "stall_ms_per_token": c.stall.as_secs_f64() * 1e3 / steps,
+            "prefetched_per_token": c.prefetched as f64 / steps,
+            "prefetch_hits_per_token": c.prefetch_hits as f64 / steps,
             "slots": c.slots, "slot_bytes": c.slot_bytes, "direct_io": c.direct_io,
         })),
         "routing": e.routing.as_ref().map(|r| json!({
@@ -557,7 +560,7 @@ fn print_expert_report(e: &ExpertReport, args: &Args) {
         } else {
             println!(
                 "expert cache: {} slots × {:.2} MiB ({}, {}), hit rate {:.1}%, {:.1} misses/token, \
-                 {:.1} MB read/token, stall {:.1} ms/token",
+                 {:.1} MB read/token, stall {:.1} ms/token, prefetched {:.1}/token ({:.1} used)",
                 c.slots,
                 c.slot_bytes as f64 / (1u64 << 20) as f64,
                 args.cache.cache_policy,
@@ -565,7 +568,9 @@ fn print_expert_report(e: &ExpertReport, args: &Args) {
                 100.0 * c.hit_rate(),
                 c.misses as f64 / steps,
                 c.bytes_read as f64 / steps / 1e6,
-                c.stall.as_secs_f64() * 1e3 / steps
+                c.stall.as_secs_f64() * 1e3 / steps,
+                c.prefetched as f64 / steps,
+                c.prefetch_hits as f64 / steps
             );
         }
     }

@@ -28,6 +28,9 @@ pub struct CacheArgs {
     /// Load misses before computing, instead of overlapping the loads with the resident experts.
     #[arg(long)]
     pub no_overlap: bool,
+    /// Do not prefetch the experts the next layer's router predicts (bounded caches).
+    #[arg(long)]
+    pub no_prefetch: bool,
 }
 
 impl CacheArgs {
@@ -62,6 +65,7 @@ impl CacheArgs {
             policy,
             direct_io: !self.buffered_io,
             overlap: !self.no_overlap,
+            prefetch: !self.no_prefetch,
         })
     }
 }

@@ -148,16 +148,23 @@ impl Directory {
         (freq, slot.last_use, s)
     }
 
-    /// Records a use of slot `s` (now holding `key`): new recency and frequency.
-    fn touch(&mut self, s: usize, key: Key) {
+    /// Records a use of slot `s` (now holding `key`): new recency and, when `counted`, frequency.
+    fn touch(&mut self, s: usize, key: Key, counted: bool) {
         let p = self.partition_of[s];
         let old = self.rank(s);
         self.order[p].remove(&old);
         self.tick += 1;
         self.slots[s].last_use = self.tick;
-        *self.uses.entry(key).or_insert(0) += 1;
+        if counted {
+            *self.uses.entry(key).or_insert(0) += 1;
+        }
         let new = self.rank(s);
         self.order[p].insert(new);
+    }
+
+    /// Whether `key` holds a slot (ready or being filled); no use is recorded.
+    pub fn contains(&self, key: Key) -> bool {
+        self.index.contains_key(&key)
     }
 
     /// Looks `key` up; a ready hit is pinned and counts as a use.
@@ -167,7 +174,7 @@ impl Directory {
             Some(&s) if !self.slots[s].ready => Lookup::Busy,
             Some(&s) => {
                 self.slots[s].pins += 1;
-                self.touch(s, key);
+                self.touch(s, key, true);
                 Lookup::Hit(s)
             }
         }
@@ -176,6 +183,16 @@ impl Directory {
     /// A slot for `key` (not resident): the policy's victim among unpinned slots, rebound to
     /// `key`, pinned and not ready until [`Directory::filled`]. `None` when every candidate is pinned.
     pub fn claim(&mut self, key: Key) -> Option<usize> {
+        self.claim_counted(key, true)
+    }
+
+    /// [`Directory::claim`] for a prefetch: recent, but no use is counted (LFU frequencies stay
+    /// those of real routing).
+    pub fn claim_ahead(&mut self, key: Key) -> Option<usize> {
+        self.claim_counted(key, false)
+    }
+
+    fn claim_counted(&mut self, key: Key, counted: bool) -> Option<usize> {
         let p = if self.policy == Policy::LayerQuota {
             key.layer as usize % self.order.len()
         } else {
@@ -192,7 +209,7 @@ impl Directory {
         self.slots[victim].ready = false;
         self.slots[victim].pins = 1;
         self.index.insert(key, victim);
-        self.touch(victim, key);
+        self.touch(victim, key, counted);
         Some(victim)
     }
 
@@ -206,10 +223,26 @@ impl Directory {
         }
     }
 
+    /// Makes slot `s` the next victim of its partition (an expert fetched ahead and then not
+    /// used: holding it would push out experts that are used).
+    pub fn demote(&mut self, s: usize) {
+        let p = self.partition_of[s];
+        let old = self.rank(s);
+        self.order[p].remove(&old);
+        self.slots[s].last_use = 0;
+        let new = self.rank(s);
+        self.order[p].insert(new);
+    }
+
     /// Releases one pin of slot `s`.
     pub fn unpin(&mut self, s: usize) {
         let pins = &mut self.slots[s].pins;
         *pins = pins.saturating_sub(1);
+    }
+
+    /// Whether slot `s` holds its expert's bytes (not being filled).
+    pub fn is_ready(&self, s: usize) -> bool {
+        self.slots[s].ready
     }
 
     /// The expert slot `s` holds.
@@ -273,6 +306,19 @@ mod tests {
         use_key(&mut d, k(1, 2)); // layer 1 evicts its own slot
         assert!(use_key(&mut d, k(0, 1)));
         assert!(!use_key(&mut d, k(1, 1)));
+    }
+
+    #[test]
+    fn a_demoted_slot_is_the_next_victim() {
+        let mut d = Directory::new(2, 1, Policy::Lru);
+        use_key(&mut d, k(0, 1));
+        let s = d.claim_ahead(k(0, 2)).unwrap();
+        d.filled(s, true);
+        d.unpin(s);
+        assert!(d.contains(k(0, 2)));
+        d.demote(s);
+        use_key(&mut d, k(0, 3)); // evicts the demoted 2, not the older 1
+        assert!(d.contains(k(0, 1)) && !d.contains(k(0, 2)));
     }
 
     #[test]

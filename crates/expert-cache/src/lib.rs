@@ -12,7 +12,12 @@
 //!   system allows it (so the page cache does not hide the cost of a miss), buffered otherwise.
 //! * [`ExpertCache`]: slots in host RAM (allocated once) or, unbounded, the memory map itself:
 //!   every expert resident is the same code path with the map as the store and no copies.
-//! * [`CacheStats`]: hits, misses, bytes read and stall time.
+//! * [`CacheStats`]: hits, misses, bytes read and stall time, and what prefetching did.
+//!
+//! Prefetch ([`ExpertCache::run_then_prefetch`]): while a layer computes, a backend can name the
+//! experts it expects the next layer to route to (e.g. that layer's router applied to this
+//! layer's input); reader threads load them into slots in the background. A guess only moves
+//! bytes earlier: the real routing still decides what runs, a wrong guess costs a read and a slot.
 
 pub mod directory;
 pub mod reader;
@@ -45,6 +50,8 @@ pub struct CacheConfig {
     pub direct_io: bool,
     /// Compute with the resident experts of a layer while its misses load (an I/O thread).
     pub overlap: bool,
+    /// Load the experts a backend predicts for a later layer in the background (bounded caches).
+    pub prefetch: bool,
 }
 
 impl Default for CacheConfig {
@@ -54,6 +61,7 @@ impl Default for CacheConfig {
             policy: Policy::Lru,
             direct_io: true,
             overlap: true,
+            prefetch: true,
         }
     }
 }
@@ -87,8 +95,12 @@ pub struct CacheStats {
     pub misses: u64,
     /// Bytes read from the file (with `O_DIRECT`, including the alignment slack).
     pub bytes_read: u64,
-    /// Time the caller waited for loads.
+    /// Time the caller waited for loads (its own reads, or prefetches still in flight).
     pub stall: Duration,
+    /// Experts loaded by prefetching (their bytes count in `bytes_read`).
+    pub prefetched: u64,
+    /// Hits on a prefetched expert's first use (part of `hits`).
+    pub prefetch_hits: u64,
     /// Slots (0 when unbounded).
     pub slots: u64,
     /// Bytes per slot.
@@ -105,6 +117,8 @@ impl CacheStats {
             misses: self.misses - earlier.misses,
             bytes_read: self.bytes_read - earlier.bytes_read,
             stall: self.stall.saturating_sub(earlier.stall),
+            prefetched: self.prefetched - earlier.prefetched,
+            prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
             ..*self
         }
     }

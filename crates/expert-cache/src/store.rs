@@ -2,9 +2,11 @@
 //! (unbounded) straight from the memory map.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use redlite_gguf::GgufFile;
@@ -68,7 +70,9 @@ pub fn slot_bytes(part_bytes: [u64; PARTS]) -> u64 {
 pub struct ExpertCache {
     file: Arc<GgufFile>,
     store: Store,
-    counters: Counters,
+    counters: Arc<Counters>,
+    /// Prefetch reader threads (bounded caches with prefetch on), stopped on drop.
+    prefetchers: Vec<JoinHandle<()>>,
     /// Every requested expert in order, while tracing (routing statistics).
     trace: Mutex<Option<Vec<Key>>>,
 }
@@ -76,7 +80,7 @@ pub struct ExpertCache {
 enum Store {
     /// Every expert resident: the memory map is the store.
     Mapped,
-    Slots(Box<Slots>),
+    Slots(Arc<Slots>),
 }
 
 #[derive(Default)]
@@ -85,6 +89,14 @@ struct Counters {
     misses: AtomicU64,
     bytes_read: AtomicU64,
     stall_ns: AtomicU64,
+    prefetched: AtomicU64,
+    prefetch_hits: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// Bounded slots in RAM.
@@ -97,13 +109,42 @@ struct Slots {
     reader: ExpertReader,
     /// Compute with resident experts while misses load.
     overlap: bool,
+    /// Blocks with experts.
+    layers: usize,
+    /// Prefetches waiting for a reader thread.
+    queue: Mutex<PrefetchQueue>,
+    /// Signals the reader threads: a job was queued, the demand reads finished, or shut down.
+    queued: Condvar,
+    /// Batches of demand reads in flight: prefetches wait for them (the disk's bandwidth goes
+    /// to what a layer needs now first).
+    demand: AtomicUsize,
 }
 
 struct Inner {
     dir: Directory,
     /// Per slot, where each part's bytes start inside its region and how many there are.
     data: Vec<[(usize, usize); PARTS]>,
+    /// Per slot: filled by a prefetch and not used since.
+    ahead: Vec<bool>,
+    /// Prefetched (or being prefetched) experts and their slots whose block has not run yet.
+    guesses: Vec<(Key, usize)>,
 }
+
+/// One prefetch: the slot claimed for `key` (pinned, not ready) and the file ranges to read.
+struct Job {
+    key: Key,
+    slot: usize,
+    parts: [Range<usize>; PARTS],
+}
+
+#[derive(Default)]
+struct PrefetchQueue {
+    jobs: VecDeque<Job>,
+    shutdown: bool,
+}
+
+/// Per slot: where each part's bytes start inside its region and their length.
+type SlotData = [(usize, usize); PARTS];
 
 /// One allocation of `slots × slot_bytes`, [`ALIGN`]-aligned, made once.
 struct SlotMemory {
@@ -175,6 +216,10 @@ impl Drop for SlotMemory {
 /// Most concurrent reads of one batch of misses (queue depth for the disk).
 const MAX_READERS: usize = 8;
 
+/// Prefetch reader threads. One read in flight already reaches the disk's bandwidth here (see
+/// docs/expert-cache.md), and a demand read waits behind at most this many prefetches.
+const PREFETCH_READERS: usize = 1;
+
 impl ExpertCache {
     /// A cache over the experts of `file` (whose shape the loader gathered), sized by `config`.
     /// Unbounded, at least as large as every expert, or an in-memory file: the map is the store.
@@ -209,26 +254,55 @@ impl ExpertCache {
                         path: path.display().to_string(),
                         source: e,
                     })?;
-                Store::Slots(Box::new(Slots {
+                Store::Slots(Arc::new(Slots {
                     inner: Mutex::new(Inner {
                         dir: Directory::new(n, layers, config.policy),
                         data: vec![[(0, 0); PARTS]; n],
+                        ahead: vec![false; n],
+                        guesses: Vec::new(),
                     }),
                     released: Condvar::new(),
                     memory: SlotMemory::new(n, slot_bytes)?,
                     regions,
                     reader,
                     overlap: config.overlap,
+                    layers,
+                    queue: Mutex::new(PrefetchQueue::default()),
+                    queued: Condvar::new(),
+                    demand: AtomicUsize::new(0),
                 }))
             }
             _ => Store::Mapped,
         };
+        let counters = Arc::new(Counters::default());
+        let prefetchers = match &store {
+            Store::Slots(slots) if config.prefetch => (0..PREFETCH_READERS)
+                .map(|i| {
+                    let (slots, counters) = (slots.clone(), counters.clone());
+                    std::thread::Builder::new()
+                        .name(format!("expert-prefetch-{i}"))
+                        .spawn(move || slots.prefetch_loop(&counters))
+                        .map_err(|e| CacheError::Alloc {
+                            bytes: 0,
+                            message: format!("starting a prefetch thread: {e}"),
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => Vec::new(),
+        };
         Ok(ExpertCache {
             file,
             store,
-            counters: Counters::default(),
+            counters,
+            prefetchers,
             trace: Mutex::new(None),
         })
+    }
+
+    /// Whether [`ExpertCache::run_then_prefetch`] loads anything (a bounded cache with prefetch
+    /// on), so a backend can skip predicting otherwise.
+    pub fn prefetches(&self) -> bool {
+        !self.prefetchers.is_empty()
     }
 
     /// Starts (`true`) or stops recording every requested expert.
@@ -267,13 +341,33 @@ impl ExpertCache {
             slots,
             slot_bytes,
             direct_io,
+            prefetched: c.prefetched.load(Ordering::Relaxed),
+            prefetch_hits: c.prefetch_hits.load(Ordering::Relaxed),
         }
     }
 
     /// Runs `f` over the requested experts, in rounds of experts resident together: each call
     /// gets indices into `requests` and their bytes. Every request is passed exactly once. In a
     /// round, resident experts come first and misses fill the remaining unpinned slots.
-    pub fn run<F>(&self, requests: &[ExpertRequest], mut f: F) -> Result<(), CacheError>
+    pub fn run<F>(&self, requests: &[ExpertRequest], f: F) -> Result<(), CacheError>
+    where
+        F: FnMut(&[usize], &[ExpertBytes]),
+    {
+        self.run_then_prefetch(requests, &[], f)
+    }
+
+    /// [`ExpertCache::run`], and once the first round's experts are pinned, starts loading the
+    /// `ahead` experts (best guess first; those already held are skipped) on the prefetch reader
+    /// threads, into slots the policy frees. At most a block's share of the slots is taken per
+    /// call. Prefetches of the requests' block still waiting for a reader are dropped first
+    /// (their experts load as ordinary misses). Bit-exactness is untouched: only where bytes come
+    /// from changes.
+    pub fn run_then_prefetch<F>(
+        &self,
+        requests: &[ExpertRequest],
+        ahead: &[ExpertRequest],
+        mut f: F,
+    ) -> Result<(), CacheError>
     where
         F: FnMut(&[usize], &[ExpertBytes]),
     {
@@ -299,7 +393,22 @@ impl ExpertCache {
                 f(&idx, &bytes);
                 Ok(())
             }
-            Store::Slots(s) => s.run(requests, &self.counters, f),
+            Store::Slots(s) => {
+                let ahead = if self.prefetches() { ahead } else { &[] };
+                s.run(requests, ahead, &self.counters, f)
+            }
+        }
+    }
+}
+
+impl Drop for ExpertCache {
+    fn drop(&mut self) {
+        if let Store::Slots(s) = &self.store {
+            s.queue.lock().unwrap_or_else(|e| e.into_inner()).shutdown = true;
+            s.queued.notify_all();
+        }
+        for h in self.prefetchers.drain(..) {
+            let _ = h.join();
         }
     }
 }
@@ -313,18 +422,23 @@ impl Slots {
     fn run<F>(
         &self,
         requests: &[ExpertRequest],
+        mut ahead: &[ExpertRequest],
         counters: &Counters,
         mut f: F,
     ) -> Result<(), CacheError>
     where
         F: FnMut(&[usize], &[ExpertBytes]),
     {
+        if let Some(first) = requests.first() {
+            self.cancel_prefetches(first.key.layer);
+            self.demote_missed_guesses(first.key.layer);
+        }
         let mut pending: Vec<usize> = (0..requests.len()).collect();
         while !pending.is_empty() {
             // One round: pin what is resident, claim slots for what is not.
             let (resident, to_fill) = {
                 let mut inner = self.lock();
-                loop {
+                let (resident, to_fill) = loop {
                     let mut resident = Vec::new();
                     let mut missing = Vec::new();
                     let mut later = Vec::new();
@@ -343,13 +457,28 @@ impl Slots {
                         }
                     }
                     if resident.is_empty() && to_fill.is_empty() {
-                        // Every slot is pinned or being filled by another caller.
+                        // Every slot is pinned or being filled (by a prefetch or another caller).
+                        let t = Instant::now();
                         inner = self.released.wait(inner).unwrap_or_else(|e| e.into_inner());
+                        Counters::add(&counters.stall_ns, t.elapsed().as_nanos() as u64);
                         continue;
                     }
                     pending = later;
                     break (resident, to_fill);
+                };
+                let mut first_uses = 0;
+                for &(_, s) in &resident {
+                    first_uses += u64::from(std::mem::take(&mut inner.ahead[s]));
                 }
+                for &(_, s) in &to_fill {
+                    inner.ahead[s] = false;
+                }
+                Counters::add(&counters.prefetch_hits, first_uses);
+                // This round's experts are pinned: the prefetch may evict around them.
+                let jobs = self.claim_ahead(&mut inner, std::mem::take(&mut ahead));
+                drop(inner);
+                self.queue_prefetches(jobs);
+                (resident, to_fill)
             };
             counters
                 .hits
@@ -448,30 +577,182 @@ impl Slots {
         f(&idx, &bytes);
     }
 
+    /// Claims slots for the `ahead` experts not held yet (at most a block's share of the slots;
+    /// stops when every slot is pinned).
+    fn claim_ahead(&self, inner: &mut Inner, ahead: &[ExpertRequest]) -> Vec<Job> {
+        let share = (inner.dir.len() / self.layers).max(1);
+        let mut jobs = Vec::new();
+        for r in ahead.iter().take(share) {
+            if inner.dir.contains(r.key) {
+                continue;
+            }
+            let Some(slot) = inner.dir.claim_ahead(r.key) else {
+                break;
+            };
+            inner.ahead[slot] = false;
+            inner.guesses.push((r.key, slot));
+            jobs.push(Job {
+                key: r.key,
+                slot,
+                parts: r.parts.clone(),
+            });
+        }
+        jobs
+    }
+
+    fn queue_prefetches(&self, jobs: Vec<Job>) {
+        if jobs.is_empty() {
+            return;
+        }
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .jobs
+            .extend(jobs);
+        self.queued.notify_all();
+    }
+
+    /// Drops the queued (not yet started) prefetches of `layer`, freeing their slots: the caller
+    /// is about to need that block, and its own reads come first.
+    fn cancel_prefetches(&self, layer: u32) {
+        let dropped: Vec<Job> = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.jobs.is_empty() {
+                return;
+            }
+            let (dropped, kept): (Vec<Job>, Vec<Job>) =
+                q.jobs.drain(..).partition(|j| j.key.layer == layer);
+            q.jobs = kept.into();
+            dropped
+        };
+        if dropped.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        for j in dropped {
+            inner.dir.filled(j.slot, false);
+            inner.dir.unpin(j.slot);
+        }
+        drop(inner);
+        self.released.notify_all();
+    }
+
+    /// Guesses for blocks other than `layer` (whose run is over) that were loaded and not used
+    /// become the next victims; guesses still loading are looked at again on the next call.
+    fn demote_missed_guesses(&self, layer: u32) {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let (dir, ahead) = (&mut inner.dir, &inner.ahead);
+        inner.guesses.retain(|&(key, s)| {
+            if key.layer == layer {
+                return true; // about to be used
+            }
+            if dir.key_of(s) != Some(key) {
+                return false; // the slot holds something else since
+            }
+            if !dir.is_ready(s) {
+                return true; // still loading
+            }
+            if ahead[s] {
+                dir.demote(s);
+            }
+            false
+        });
+    }
+
+    /// A prefetch reader thread: takes queued jobs until the cache is dropped.
+    fn prefetch_loop(&self, counters: &Counters) {
+        loop {
+            let job = {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if q.shutdown {
+                        return;
+                    }
+                    if self.demand.load(Ordering::Acquire) == 0 {
+                        if let Some(j) = q.jobs.pop_front() {
+                            break j;
+                        }
+                    }
+                    q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            // SAFETY: the job's slot was claimed for it (pinned, not ready); only this thread
+            // touches it until `filled`.
+            let result = unsafe { self.read_slot(job.slot, &job.parts) };
+            let mut inner = self.lock();
+            match result {
+                Ok((data, n)) => {
+                    inner.data[job.slot] = data;
+                    inner.dir.filled(job.slot, true);
+                    inner.ahead[job.slot] = true;
+                    Counters::add(&counters.bytes_read, n);
+                    Counters::add(&counters.prefetched, 1);
+                }
+                // A failed guess is only a lost guess: the expert loads again if it is used.
+                Err(_) => inner.dir.filled(job.slot, false),
+            }
+            inner.dir.unpin(job.slot);
+            drop(inner);
+            self.released.notify_all();
+        }
+    }
+
+    /// Reads an expert's three slabs (file ranges `parts`) into slot `s`. Per part: where its
+    /// bytes start in its region and their length; and the bytes transferred.
+    ///
+    /// # Safety
+    /// The caller claimed `s` (pinned, not ready) and no one else touches it until `filled`.
+    unsafe fn read_slot(
+        &self,
+        s: usize,
+        parts: &[Range<usize>; PARTS],
+    ) -> std::io::Result<(SlotData, u64)> {
+        // SAFETY: forwarded from the caller.
+        let slot = unsafe { self.memory.slot_mut(s) };
+        let mut data = [(0usize, 0usize); PARTS];
+        let mut total = 0u64;
+        for (p, range) in parts.iter().enumerate() {
+            let (off, size) = self.regions[p];
+            let region = &mut slot[off..off + size];
+            let (start, n) = self
+                .reader
+                .read(range.start as u64..range.end as u64, region)?;
+            data[p] = (start, range.len());
+            total += n;
+        }
+        Ok((data, total))
+    }
+
     /// Reads the claimed slots `(request, slot)` from the file, several at a time. Per slot: where
     /// each part's bytes start in its region and their length, and the bytes transferred.
-    #[allow(clippy::type_complexity)]
     fn fill(
         &self,
         requests: &[ExpertRequest],
         to_fill: &[(usize, usize)],
-    ) -> Vec<std::io::Result<([(usize, usize); PARTS], u64)>> {
-        let read_one = |&(i, s): &(usize, usize)| {
-            // SAFETY: slot `s` was just claimed by this caller (pinned, not ready).
-            let slot = unsafe { self.memory.slot_mut(s) };
-            let mut data = [(0usize, 0usize); PARTS];
-            let mut total = 0u64;
-            for (p, range) in requests[i].parts.iter().enumerate() {
-                let (off, size) = self.regions[p];
-                let region = &mut slot[off..off + size];
-                let (start, n) = self
-                    .reader
-                    .read(range.start as u64..range.end as u64, region)?;
-                data[p] = (start, range.len());
-                total += n;
-            }
-            Ok((data, total))
-        };
+    ) -> Vec<std::io::Result<(SlotData, u64)>> {
+        if to_fill.is_empty() {
+            return Vec::new();
+        }
+        self.demand.fetch_add(1, Ordering::AcqRel);
+        let out = self.fill_now(requests, to_fill);
+        if self.demand.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Under the queue's lock, so a reader cannot miss the wake-up between its check
+            // and its wait.
+            let _q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            self.queued.notify_all();
+        }
+        out
+    }
+
+    /// [`Slots::fill`]'s reads.
+    fn fill_now(
+        &self,
+        requests: &[ExpertRequest],
+        to_fill: &[(usize, usize)],
+    ) -> Vec<std::io::Result<(SlotData, u64)>> {
+        // SAFETY: slot `s` was just claimed by this caller (pinned, not ready).
+        let read_one = |&(i, s): &(usize, usize)| unsafe { self.read_slot(s, &requests[i].parts) };
         let threads = to_fill.len().min(MAX_READERS);
         if threads <= 1 {
             return to_fill.iter().map(read_one).collect();

@@ -59,7 +59,110 @@ pub struct CpuBackend {
     config: CacheConfig,
     /// The experts' shape, gathered by `load_linear`.
     shape: Mutex<CacheShape>,
+    /// Routers and expert slabs by block, gathered by `load_linear` for the predictor.
+    seen: Mutex<Seen>,
     cache: OnceLock<Box<ExpertCache>>,
+    /// Guesses the next block's experts (only for a cache that prefetches).
+    predictor: OnceLock<Predictor>,
+}
+
+/// A router or expert slab as `load_linear` saw it: type, shape and file range.
+#[derive(Debug, Clone)]
+struct SeenLinear {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    range: Range<usize>,
+}
+
+/// What `load_linear` saw of the routing: each block's router, each expert's slab ranges.
+#[derive(Debug, Default)]
+struct Seen {
+    routers: BTreeMap<usize, SeenLinear>,
+    slabs: BTreeMap<(usize, usize), [Option<Range<usize>>; 3]>,
+}
+
+/// Cross-layer prefetch: block `l + 1`'s router applied to block `l`'s MoE input ranks
+/// `l + 1`'s experts before `l + 1` runs its mixer (the residual stream changes little from one
+/// block to the next). A guess only decides what the cache loads early.
+struct Predictor {
+    file: Arc<GgufFile>,
+    /// Per block, its router (`[experts, hidden]`).
+    routers: Vec<Option<SeenLinear>>,
+    /// Per block and expert, the file ranges of gate, up and down.
+    slabs: Vec<Vec<[Range<usize>; 3]>>,
+}
+
+/// Experts guessed beyond the `k` a block routes to (a margin for near-ties).
+const PREFETCH_EXTRA: usize = 0;
+
+impl Predictor {
+    /// From what the loader saw; `None` unless every block with experts has a router and all
+    /// of its experts' slabs.
+    fn new(file: Arc<GgufFile>, seen: &Seen, layers: usize) -> Option<Predictor> {
+        let mut routers = vec![None; layers];
+        let mut slabs: Vec<Vec<[Range<usize>; 3]>> = vec![Vec::new(); layers];
+        for (&(layer, expert), parts) in &seen.slabs {
+            let list = slabs.get_mut(layer)?;
+            if expert != list.len() {
+                return None;
+            }
+            let [g, u, d] = parts.clone();
+            list.push([g?, u?, d?]);
+        }
+        for (l, r) in routers.iter_mut().enumerate() {
+            *r = seen
+                .routers
+                .get(&l)
+                .filter(|r| r.rows == slabs[l].len())
+                .cloned();
+        }
+        Some(Predictor {
+            file,
+            routers,
+            slabs,
+        })
+    }
+
+    /// Block `layer + 1`'s experts, most likely first (`count` of them), for input `x` of block
+    /// `layer`'s MoE; empty when there is no such block or router.
+    fn guess(&self, layer: usize, x: &[f32], count: usize) -> Vec<ExpertRequest> {
+        let next = layer + 1;
+        let Some(Some(router)) = self.routers.get(next) else {
+            return Vec::new();
+        };
+        if router.cols != x.len() {
+            return Vec::new();
+        }
+        let mut logits = vec![0.0f32; router.rows];
+        let w = &self.file.bytes()[router.range.clone()];
+        run_linear(router.ty, w, (router.rows, router.cols), x, 1, &mut logits);
+        let mut order: Vec<usize> = (0..router.rows).collect();
+        let count = count.min(order.len());
+        order.select_nth_unstable_by(count.saturating_sub(1), |&a, &b| {
+            logits[b].total_cmp(&logits[a])
+        });
+        order.truncate(count);
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        order
+            .into_iter()
+            .map(|e| ExpertRequest {
+                key: Key {
+                    layer: next as u32,
+                    expert: e as u32,
+                },
+                parts: self.slabs[next][e].clone(),
+            })
+            .collect()
+    }
+}
+
+/// `blk.N.ffn_gate_inp.weight` → N.
+fn router_block(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?
+        .strip_suffix(".ffn_gate_inp.weight")?
+        .parse()
+        .ok()
 }
 
 impl Default for CpuBackend {
@@ -105,7 +208,9 @@ impl CpuBackend {
         CpuBackend {
             config,
             shape: Mutex::new(CacheShape::default()),
+            seen: Mutex::new(Seen::default()),
             cache: OnceLock::new(),
+            predictor: OnceLock::new(),
         }
     }
 
@@ -126,18 +231,56 @@ impl CpuBackend {
         self.cache.get().map(|c| c.take_trace()).unwrap_or_default()
     }
 
+    /// Notes a router or an expert slab in the map, for the [`Predictor`].
+    fn see(&self, src: &LinearSource) {
+        let LinearData::Mapped { range, .. } = &src.data else {
+            return;
+        };
+        let linear = SeenLinear {
+            ty: src.ty,
+            rows: src.rows,
+            cols: src.cols,
+            range: range.clone(),
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tag) = src.expert {
+            let parts = seen.slabs.entry((tag.layer, tag.expert)).or_default();
+            parts[tag.part as usize] = Some(linear.range);
+        } else if let Some(block) = router_block(&src.name) {
+            seen.routers.insert(block, linear);
+        }
+    }
+
+    /// The next block's likely experts for this block's MoE input `x` (see [`Predictor`]);
+    /// empty without a prefetching cache.
+    fn guess_next(&self, experts: &[FfnWeights<Self>], x: &[f32], k: usize) -> Vec<ExpertRequest> {
+        match (
+            self.predictor.get(),
+            experts.first().and_then(|w| w.gate.expert),
+        ) {
+            (Some(p), Some(tag)) => p.guess(tag.layer, x, k + PREFETCH_EXTRA),
+            _ => Vec::new(),
+        }
+    }
+
     /// Runs `f` over the experts `ids` of one block in rounds of experts resident together
-    /// (indices into `ids`, their gate/up/down bytes). Without a cache (weights not loaded
-    /// through `Weights::load`) the bytes are the linears' own.
-    fn with_experts<F>(&self, experts: &[FfnWeights<Self>], ids: &[usize], mut f: F)
-    where
+    /// (indices into `ids`, their gate/up/down bytes), and starts prefetching `ahead` once the
+    /// first round is pinned. Without a cache (weights not loaded through `Weights::load`) the
+    /// bytes are the linears' own.
+    fn with_experts<F>(
+        &self,
+        experts: &[FfnWeights<Self>],
+        ids: &[usize],
+        ahead: &[ExpertRequest],
+        mut f: F,
+    ) where
         F: FnMut(&[usize], &[ExpertBytes]),
     {
         let requests: Option<Vec<ExpertRequest>> =
             ids.iter().map(|&e| expert_request(&experts[e])).collect();
         match (self.cache.get(), requests) {
             (Some(cache), Some(requests)) => cache
-                .run(&requests, f)
+                .run_then_prefetch(&requests, ahead, f)
                 .unwrap_or_else(|e| panic!("expert cache: {e}")),
             _ => {
                 let bytes: Vec<ExpertBytes> = ids
@@ -287,6 +430,7 @@ impl Backend for CpuBackend {
             *part = (*part).max(expected);
             shape.all_expert_bytes += expected;
         }
+        self.see(&src);
         let bytes = match src.data {
             LinearData::Mapped { file, range } => Bytes::Mapped(file.clone(), range),
             LinearData::Owned(v) => Bytes::Owned(v),
@@ -304,6 +448,12 @@ impl Backend for CpuBackend {
         let shape = *self.shape.lock().unwrap_or_else(|e| e.into_inner());
         let cache = ExpertCache::new(file.clone(), shape, &self.config)
             .map_err(|e| ModelError::BadConfig(format!("expert cache: {e}")))?;
+        if cache.prefetches() {
+            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = Predictor::new(file.clone(), &seen, shape.layers) {
+                let _ = self.predictor.set(p);
+            }
+        }
         self.cache.set(Box::new(cache)).map_err(|_| {
             ModelError::BadConfig(
                 "this CPU backend already serves a model (clone it for another)".into(),
@@ -368,7 +518,7 @@ impl Backend for CpuBackend {
         // Expert bytes come from the expert cache, in rounds of co-resident experts.
         let ids: Vec<usize> = groups.iter().map(|(e, _)| *e).collect();
         let mut outputs: Vec<Vec<f32>> = vec![Vec::new(); groups.len()];
-        self.with_experts(experts, &ids, |idx, bytes| {
+        self.with_experts(experts, &ids, &[], |idx, bytes| {
             let round: Vec<Vec<f32>> = idx
                 .par_iter()
                 .zip(bytes)
@@ -423,8 +573,10 @@ impl Backend for CpuBackend {
         x: &[f32],
     ) -> Vec<f32> {
         let ids: Vec<usize> = chosen.iter().map(|&(e, _)| e).collect();
+        // The next block's likely experts load while this block and the next one's mixer run.
+        let ahead = self.guess_next(experts, x, ids.len());
         let mut downs = vec![Vec::new(); ids.len()];
-        self.with_experts(experts, &ids, |idx, bytes| {
+        self.with_experts(experts, &ids, &ahead, |idx, bytes| {
             let round: Vec<usize> = idx.iter().map(|&i| ids[i]).collect();
             for (&i, y) in idx
                 .iter()

@@ -1,6 +1,7 @@
 //! The expert cache changes where expert bytes come from, never the result: logits with the cache
 //! at its minimum (one expert per block), at in-between sizes and under every eviction policy are
-//! bit-identical to every expert resident (the memory map), for prompt and step-by-step decoding.
+//! bit-identical to every expert resident (the memory map), for prompt and step-by-step decoding,
+//! with cross-layer prefetch on and off.
 
 use redlite_cpu::CpuBackend;
 use redlite_expert_cache::{CacheConfig, CacheSize, Policy};
@@ -32,6 +33,7 @@ fn bounded(size: CacheSize, policy: Policy) -> CacheConfig {
         policy,
         direct_io: true,
         overlap: true,
+        prefetch: true,
     }
 }
 
@@ -92,4 +94,40 @@ fn a_prompt_pass_reads_its_experts_through_the_cache() {
     model.forward(&mut state, &IDS, Mode::Prefill).unwrap();
     let s = model.backend.expert_cache_stats().unwrap();
     assert!(s.misses > 0 && s.bytes_read > 0, "{s:?}");
+}
+
+#[test]
+fn prefetching_loads_guesses_and_leaves_the_logits_bit_identical() {
+    for name in ["tiny-Q4_K_M.gguf", "tiny-IQ2_XXS.gguf"] {
+        let path = fixture(name);
+        let (reference, _) = logits(&path, CacheConfig::default());
+        let slot = logits(&path, bounded(CacheSize::Min, Policy::Lru))
+            .1
+            .backend
+            .expert_cache_stats()
+            .unwrap()
+            .slot_bytes;
+        let mut prefetched = 0;
+        for slots in [5, 7, 10, 15] {
+            for prefetch in [true, false] {
+                let config = CacheConfig {
+                    prefetch,
+                    ..bounded(CacheSize::Bytes(slots * slot), Policy::Lru)
+                };
+                let (rows, m) = logits(&path, config);
+                assert!(
+                    rows == reference,
+                    "{name}: {slots} slots, prefetch {prefetch} changed the logits"
+                );
+                let s = m.backend.expert_cache_stats().unwrap();
+                assert!(s.prefetch_hits <= s.hits, "{name}: {s:?}");
+                if prefetch {
+                    prefetched += s.prefetched;
+                } else {
+                    assert_eq!(s.prefetched, 0, "{name}: prefetch off: {s:?}");
+                }
+            }
+        }
+        assert!(prefetched > 0, "{name}: nothing was prefetched");
+    }
 }
