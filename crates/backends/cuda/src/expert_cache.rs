@@ -244,7 +244,10 @@ pub fn device_used() -> Result<u64, CudaError> {
 
 /// The routed experts of every layer and where they are.
 pub struct ExpertCache {
-    layout: ExpertLayout,
+    /// Each layer's part offsets (types may differ between layers).
+    layouts: Vec<ExpertLayout>,
+    /// Bytes per slot: the largest layer's.
+    sb: usize,
     layers: usize,
     n_expert: usize,
     k: usize,
@@ -252,10 +255,10 @@ pub struct ExpertCache {
     per_layer: usize,
     bounded: bool,
     policy: ExpertPolicy,
-    /// Device slots: layer l's slot s at `slots + (l · per_layer + s) · slot_bytes`.
+    /// Device slots: layer l's slot s at `slots + (l · per_layer + s) · sb`.
     slots: u64,
     /// Every expert in pinned host memory (bounded only): layer l's expert e at
-    /// `(l · n_expert + e) · slot_bytes`.
+    /// `(l · n_expert + e) · sb`.
     host: Option<Pinned>,
     /// `[layers][n_expert][3]` u64 addresses on the device, and the host mirror they come from.
     tables_dev: u64,
@@ -292,13 +295,13 @@ const MAX_PROMOTIONS: usize = 32;
 impl ExpertCache {
     /// Put the experts on the device: all of them (`per_layer = None`), or `per_layer` slots per
     /// layer filled with experts `0..per_layer`, every expert also in pinned host memory.
-    /// `alloc` allocates device memory (the model's arena).
+    /// `layouts`: one per layer. `alloc` allocates device memory (the model's arena).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &Arc<CudaContext>,
         alloc: &mut dyn FnMut(usize) -> Result<u64, CudaError>,
         experts: &ExpertBytes<'_>,
-        layout: ExpertLayout,
+        layouts: Vec<ExpertLayout>,
         k: usize,
         max_batch: usize,
         per_layer: Option<usize>,
@@ -306,12 +309,16 @@ impl ExpertCache {
     ) -> Result<ExpertCache, CudaError> {
         let layers = experts.len();
         let n_expert = experts.first().map_or(0, |l| l.len());
-        if layers == 0 || n_expert == 0 || experts.iter().any(|l| l.len() != n_expert) {
+        if layers == 0
+            || n_expert == 0
+            || experts.iter().any(|l| l.len() != n_expert)
+            || layouts.len() != layers
+        {
             return Err(CudaError::Invalid(
                 "expert cache: every MoE layer needs the same number of experts".into(),
             ));
         }
-        for (l, layer) in experts.iter().enumerate() {
+        for (l, (layer, layout)) in experts.iter().zip(&layouts).enumerate() {
             for (e, p) in layer.iter().enumerate() {
                 if p[0].len() != layout.gate_bytes
                     || p[1].len() != layout.gate_bytes
@@ -331,11 +338,11 @@ impl ExpertCache {
         }
         let bounded = per_layer.is_some_and(|s| s < n_expert);
         let per_layer = per_layer.unwrap_or(n_expert).clamp(1, n_expert);
-        let sb = layout.slot_bytes;
+        let sb = stride(&layouts);
         let slots = alloc(layers * per_layer * sb)?;
         let host = if bounded {
             let mut h = Pinned::new(layers * n_expert * sb, "the experts")?;
-            fill_host(h.bytes_mut(), experts, &layout);
+            fill_host(h.bytes_mut(), experts, &layouts);
             // Experts 0..per_layer of a layer sit back to back in the host copy: one copy each.
             for l in 0..layers {
                 let src = &h.bytes()[l * n_expert * sb..][..per_layer * sb];
@@ -345,7 +352,7 @@ impl ExpertCache {
             }
             Some(h)
         } else {
-            upload_all(slots, experts, &layout)?;
+            upload_all(slots, experts, &layouts)?;
             None
         };
         let entries = layers * n_expert * 3;
@@ -368,7 +375,8 @@ impl ExpertCache {
                 .map_err(|e| CudaError::driver("creating an event", e))
         };
         let mut cache = ExpertCache {
-            layout,
+            layouts,
+            sb,
             layers,
             n_expert,
             k,
@@ -427,13 +435,19 @@ impl ExpertCache {
         self.per_layer
     }
 
-    pub fn layout(&self) -> ExpertLayout {
-        self.layout
+    /// Layer `l`'s part offsets.
+    pub fn layout(&self, l: usize) -> ExpertLayout {
+        self.layouts[l]
+    }
+
+    /// Bytes per slot (the largest layer's expert, parts aligned).
+    pub fn slot_stride(&self) -> usize {
+        self.sb
     }
 
     /// Device bytes of the slots.
     pub fn slot_bytes_total(&self) -> usize {
-        self.layers * self.per_layer * self.layout.slot_bytes
+        self.layers * self.per_layer * self.sb
     }
 
     /// Pinned host bytes (every expert's copy, bounded only).
@@ -455,7 +469,7 @@ impl ExpertCache {
 
     /// Point expert e's table entries at its slot or its host copy (host mirror only).
     fn point(&mut self, l: usize, e: usize) {
-        let sb = self.layout.slot_bytes;
+        let sb = self.sb;
         let base = match self.slot_of[l * self.n_expert + e] {
             s if s >= 0 => self.slots + ((l * self.per_layer + s as usize) * sb) as u64,
             _ => {
@@ -463,7 +477,7 @@ impl ExpertCache {
                 h + ((l * self.n_expert + e) * sb) as u64
             }
         };
-        let offs = self.layout.part_offsets();
+        let offs = self.layouts[l].part_offsets();
         let at = 3 * (l * self.n_expert + e);
         let t = self.tables.u64s_mut();
         for p in 0..3 {
@@ -501,10 +515,10 @@ impl ExpertCache {
     /// most used first.
     fn count(&mut self, n: usize) -> Vec<(usize, usize)> {
         let (ne, k) = (self.n_expert, self.k);
-        let eb = self.layout.expert_bytes() as u64;
         let decay = LFU_DECAY.powi(n as i32);
         let mut missed = Vec::new();
         for l in 0..self.layers {
+            let eb = self.layouts[l].expert_bytes() as u64;
             for s in &mut self.score[l * ne..(l + 1) * ne] {
                 *s *= decay;
             }
@@ -619,7 +633,7 @@ impl ExpertCache {
         let Some(host) = &self.host else {
             return Ok(());
         };
-        let sb = self.layout.slot_bytes;
+        let sb = self.sb;
         let drv = |e| CudaError::driver("promoting an expert", e);
         self.tables_ready.record(stream).map_err(drv)?;
         self.copy.wait(&self.tables_ready).map_err(drv)?;
@@ -632,7 +646,9 @@ impl ExpertCache {
         }
         self.copies_done.record(&self.copy).map_err(drv)?;
         self.stats.promotions += fresh.len() as u64;
-        self.stats.pcie_bytes += (fresh.len() * self.layout.expert_bytes()) as u64;
+        for &(l, _, _) in fresh {
+            self.stats.pcie_bytes += self.layouts[l].expert_bytes() as u64;
+        }
         Ok(())
     }
 
@@ -650,22 +666,28 @@ impl Drop for ExpertCache {
     }
 }
 
+/// Bytes per slot for these layers: the largest, aligned.
+fn stride(layouts: &[ExpertLayout]) -> usize {
+    layouts.iter().map(|l| l.slot_bytes).max().unwrap_or(PART_ALIGN)
+}
+
 /// Every expert into the pinned host copy (layer-major, expert e of layer l at
-/// `(l · n_expert + e) · slot_bytes`), a few threads at a time.
-fn fill_host(dst: &mut [u8], experts: &ExpertBytes<'_>, layout: &ExpertLayout) {
-    let sb = layout.slot_bytes;
+/// `(l · n_expert + e) · stride`), a few threads at a time.
+fn fill_host(dst: &mut [u8], experts: &ExpertBytes<'_>, layouts: &[ExpertLayout]) {
+    let sb = stride(layouts);
     let per_layer = experts.first().map_or(0, |l| l.len()) * sb;
     let threads = std::thread::available_parallelism()
         .map_or(4, |n| n.get())
         .clamp(1, 16);
     let chunk = experts.len().div_ceil(threads).max(1);
     std::thread::scope(|scope| {
-        for (ls, dsts) in experts
+        for ((ls, lays), dsts) in experts
             .chunks(chunk)
+            .zip(layouts.chunks(chunk))
             .zip(dst.chunks_mut(chunk * per_layer.max(1)))
         {
             scope.spawn(move || {
-                for (layer, d) in ls.iter().zip(dsts.chunks_mut(per_layer.max(1))) {
+                for ((layer, layout), d) in ls.iter().zip(lays).zip(dsts.chunks_mut(per_layer.max(1))) {
                     for (parts, slot) in layer.iter().zip(d.chunks_mut(sb)) {
                         layout.pack(parts, slot);
                     }
@@ -676,11 +698,11 @@ fn fill_host(dst: &mut [u8], experts: &ExpertBytes<'_>, layout: &ExpertLayout) {
 }
 
 /// Every expert into its device slot (slots in the host copy's order), one layer per copy.
-fn upload_all(slots: u64, experts: &ExpertBytes<'_>, layout: &ExpertLayout) -> Result<(), CudaError> {
-    let sb = layout.slot_bytes;
+fn upload_all(slots: u64, experts: &ExpertBytes<'_>, layouts: &[ExpertLayout]) -> Result<(), CudaError> {
+    let sb = stride(layouts);
     let n_expert = experts.first().map_or(0, |l| l.len());
     let mut staged = vec![0u8; n_expert * sb];
-    for (l, layer) in experts.iter().enumerate() {
+    for (l, (layer, layout)) in experts.iter().zip(layouts).enumerate() {
         for (parts, slot) in layer.iter().zip(staged.chunks_mut(sb)) {
             layout.pack(parts, slot);
         }

@@ -1264,21 +1264,22 @@ fn dev_experts(
     opts: &CudaModelOptions,
     weights: &Weights<HostLoader>,
 ) -> Result<ExpertCache, CudaError> {
-    let first = weights
-        .layers
-        .first()
-        .and_then(|l| l.moe.experts.first())
-        .ok_or_else(|| CudaError::Invalid("a model without routed experts".into()))?;
     let part_len = |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
-    let (g0, d0) = (&first.gate, &first.down);
     let mut experts: ExpertBytes<'_> = Vec::with_capacity(weights.layers.len());
+    let mut layouts = Vec::with_capacity(weights.layers.len());
     for w in &weights.layers {
+        let first = w
+            .moe
+            .experts
+            .first()
+            .ok_or_else(|| CudaError::Invalid("a MoE layer without routed experts".into()))?;
+        let (g0, d0) = (&first.gate, &first.down);
         let mut layer = Vec::with_capacity(w.moe.experts.len());
         for e in &w.moe.experts {
             for (p, like) in [(&e.gate, g0), (&e.up, g0), (&e.down, d0)] {
                 if p.ty != like.ty || p.rows != like.rows || p.cols != like.cols {
                     return Err(CudaError::Invalid(format!(
-                        "{}: routed experts differ in type or shape ({} {}x{} vs {} {}x{} of {}); the GPU expert kernels take one type per part",
+                        "{}: the routed experts of a layer differ in type or shape ({} {}x{} vs {} {}x{} of {}); the GPU expert kernels take one type per part and layer",
                         p.name,
                         p.ty.name(),
                         p.rows,
@@ -1293,25 +1294,20 @@ fn dev_experts(
             layer.push([e.gate.bytes(), e.up.bytes(), e.down.bytes()]);
         }
         experts.push(layer);
+        layouts.push(ExpertLayout::new(part_len(g0)?, part_len(d0)?));
     }
-    let layout = ExpertLayout::new(part_len(g0)?, part_len(d0)?);
+    let stride = layouts.iter().map(|l| l.slot_bytes).max().unwrap_or(0);
     let used = match opts.experts {
         ExpertCacheSize::Budget(_) => device_used()?,
         _ => 0,
     };
-    let per_layer = slots_per_layer(
-        opts.experts,
-        experts.len(),
-        c.n_experts,
-        layout.slot_bytes,
-        used,
-    )?;
+    let per_layer = slots_per_layer(opts.experts, experts.len(), c.n_experts, stride, used)?;
     let mut alloc = |n: usize| arena.alloc(n);
     ExpertCache::new(
         &gpu.ctx,
         &mut alloc,
         &experts,
-        layout,
+        layouts,
         c.n_experts_used,
         opts.max_batch,
         per_layer,

@@ -85,7 +85,7 @@ fn bounded_expert_cache_gives_the_logits_of_full_residency() {
             },
         )
         .expect("load");
-        let slot = probe.expert_cache().layout().slot_bytes as u64;
+        let slot = probe.expert_cache().slot_stride() as u64;
         let layers = probe.config.n_layers as u64;
         drop(probe);
         let sizes = [
