@@ -518,9 +518,12 @@ fn matmul_rows_match_matvec_bit_for_bit() {
     for case in CASES.iter().filter(|c| c.qk == 256).chain([&q4k, &q6k]) {
         let (rows, cols) = (5, 1024);
         let w = random_blocks(&mut rng, case, rows * cols / 256);
-        let xs: Vec<f32> = (0..9 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let xs: Vec<f32> = (0..21 * cols)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
         for isa in Isa::available() {
-            for n in 2..=9 {
+            // Up to the 8-row groups with every remainder, and past the 16-row groups.
+            for n in (2..=9).chain([16, 17, 21]) {
                 let mut ys = vec![0.0f32; n * rows];
                 matmul_isa(isa, case.ty, &w, rows, cols, &xs[..n * cols], n, &mut ys).unwrap();
                 for j in 0..n {
@@ -560,7 +563,19 @@ fn matmul_rows_match_matvec_bit_for_bit() {
 fn bench_matmul_rows() {
     use redlite_cpu::kernels::driver::{matmul_isa, matvec_isa};
     let mut rng = StdRng::seed_from_u64(29);
-    let (rows, cols, n) = (2048, 4096, 8);
+    // Activation rows: `REDLITE_BENCH_N`, default 8.
+    let n = std::env::var("REDLITE_BENCH_N")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(8);
+    // Columns: `REDLITE_BENCH_COLS`, default 4096.
+    let cols = std::env::var("REDLITE_BENCH_COLS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&c: &usize| c > 0 && c % 256 == 0)
+        .unwrap_or(4096);
+    let rows = 2048;
     let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
     for (ty, bytes, scale_at) in [
         (GgmlType::IQ2XXS, 66, &[0, 2][..]),

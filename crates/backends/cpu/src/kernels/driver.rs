@@ -382,26 +382,62 @@ type Q8_0MultiDot = fn(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]);
 #[cfg(not(target_arch = "x86_64"))]
 const Q8_0_MULTI_ROWS: usize = 1;
 
+/// The form a multi-row kernel takes its Q8_K activation rows in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActForm {
+    /// As quantized.
+    Plain,
+    /// `q8 ^ 0x80` (`iquants_avx512::offset_activations`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Offset,
+    /// Sub-block-aligned lanes (`kquants_multi_x86::grouped_activations`, no offset).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Grouped,
+}
+
+/// A multi-row kernel: the function, the form of its activations and the most rows per call.
+#[derive(Clone, Copy)]
+struct Multi {
+    f: MultiRowDot,
+    form: ActForm,
+    rows: usize,
+}
+
 /// The multi-row kernel matching `lookup(ty, isa)`, if there is one. At the AVX-512 level the
 /// i-quant types with a multi-row kernel are served by `iquants_avx512` alone (no module before
 /// it in the dispatch table claims them), and Q4_K and Q6_K by `kquants_x86`'s VNNI kernels when
 /// the CPU has VNNI (the only case `kquants_multi_x86` answers), so each multi-row kernel is the same
 /// arithmetic as the single-row one.
-///
-/// The flag says whether the kernel takes its activations in offset form
-/// (`iquants_avx512::offset_activations`).
-fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<(MultiRowDot, bool)> {
+fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<Multi> {
     #[cfg(target_arch = "x86_64")]
     if isa.min(Isa::best()) == Isa::Avx512 {
+        use super::kquants_multi_x86 as k;
+        if grouped_enabled() {
+            if let Some(f) = k::grouped_kernel(ty) {
+                let (form, rows) = (ActForm::Grouped, k::GROUPED_ROWS);
+                return Some(Multi { f, form, rows });
+            }
+        }
         // (Both take up to MULTI_ROWS rows; the 4-row `iquants_avx512::multi_kernel` is
         // superseded by the offset one.)
+        let rows = MULTI_ROWS;
         if let Some(f) = super::iquants_avx512::multi_kernel_offset(ty) {
-            return Some((f, true));
+            let form = ActForm::Offset;
+            return Some(Multi { f, form, rows });
         }
-        return super::kquants_multi_x86::multi_kernel(ty).map(|f| (f, false));
+        let form = ActForm::Plain;
+        return k::multi_kernel(ty).map(|f| Multi { f, form, rows });
     }
     let _ = (ty, isa);
     None
+}
+
+/// Whether the grouped-activation kernels are used (`REDLITE_GROUPED=0` turns them off, for A/B
+/// measurements).
+#[cfg(target_arch = "x86_64")]
+fn grouped_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_GROUPED").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Weight bytes per row tile of [`matmul`]: a tile stays in L2 while it meets every activation.
@@ -439,7 +475,7 @@ fn run_matmul_at(
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     kernel: RowDot,
-    multi: Option<(MultiRowDot, bool)>,
+    multi: Option<Multi>,
     multi_q8_0: Option<Q8_0MultiDot>,
     shape: Shape,
     w: &[u8],
@@ -461,14 +497,18 @@ fn run_matmul(
         return;
     }
     let acts = Acts::quantize(kernel, xs, cols, n);
-    // The multi-row kernel's activation rows, in offset form where it takes that.
+    // The multi-row kernel's activation rows, in the form it takes them.
     #[cfg(target_arch = "x86_64")]
-    let offset = match (multi, &acts) {
-        (Some((_, true)), Acts::Q8K(q, _)) => Some(super::iquants_avx512::offset_activations(q)),
+    let reformed = match (multi, &acts) {
+        (Some(m), Acts::Q8K(q, _)) => match m.form {
+            ActForm::Plain => None,
+            ActForm::Offset => Some(super::iquants_avx512::offset_activations(q)),
+            ActForm::Grouped => Some(super::kquants_multi_x86::grouped_activations(q, false)),
+        },
         _ => None,
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let offset: Option<Vec<BlockQ8K>> = None;
+    let reformed: Option<Vec<BlockQ8K>> = None;
     let tile = (TILE_BYTES / rb).clamp(1, rows);
     // Each task owns whole weight rows, i.e. the columns `r` of `ys` it writes.
     let out = SharedOut::new(ys, rows);
@@ -477,13 +517,15 @@ fn run_matmul(
         for (t, wtile) in ws.chunks(tile * rb).enumerate() {
             let r_tile = r_task + t * tile;
             match (multi, multi_q8_0, &acts) {
-                (Some((multi, _)), _, Acts::Q8K(q, per)) => {
-                    let q = offset.as_deref().unwrap_or(q);
-                    multi_row_tile::<_, MULTI_ROWS>(multi, q, *per, n, wtile, rb, r_tile, out);
+                (Some(m), _, Acts::Q8K(q, per)) => {
+                    let q = reformed.as_deref().unwrap_or(q);
+                    let g = m.rows;
+                    multi_row_tile::<_, MAX_GROUP>(m.f, q, *per, n, g, wtile, rb, r_tile, out);
                     continue;
                 }
-                (_, Some(multi), Acts::Q8_0(q, per)) => {
-                    multi_row_tile::<_, Q8_0_MULTI_ROWS>(multi, q, *per, n, wtile, rb, r_tile, out);
+                (_, Some(f), Acts::Q8_0(q, per)) => {
+                    let g = Q8_0_MULTI_ROWS;
+                    multi_row_tile::<_, MAX_GROUP>(f, q, *per, n, g, wtile, rb, r_tile, out);
                     continue;
                 }
                 _ => {}
@@ -506,8 +548,11 @@ fn run_matmul(
     }
 }
 
+/// The largest activation-row group of any multi-row kernel.
+const MAX_GROUP: usize = 16;
+
 /// One tile of weight rows (first row `r_tile`) against all `n` activation rows through a
-/// multi-row kernel: groups of up to `G` activation rows per weight-row pass.
+/// multi-row kernel: groups of up to `group` (≤ `G`) activation rows per weight-row pass.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn multi_row_tile<B, const G: usize>(
@@ -515,6 +560,7 @@ fn multi_row_tile<B, const G: usize>(
     q: &[B],
     per: usize,
     n: usize,
+    group: usize,
     wtile: &[u8],
     rb: usize,
     r_tile: usize,
@@ -522,7 +568,7 @@ fn multi_row_tile<B, const G: usize>(
 ) {
     let mut j0 = 0;
     while j0 < n {
-        let m = G.min(n - j0);
+        let m = group.min(G).min(n - j0);
         let mut group: [&[B]; G] = [&[]; G];
         for (k, g) in group[..m].iter_mut().enumerate() {
             *g = &q[(j0 + k) * per..(j0 + k + 1) * per];

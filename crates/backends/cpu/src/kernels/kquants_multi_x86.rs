@@ -345,3 +345,188 @@ unsafe fn q6k_block_sum(
     let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
     _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Grouped activations: `vpdpbusd` over sub-block-aligned lanes
+// ---------------------------------------------------------------------------------------------
+
+/// Q8_K activation blocks in grouped form: byte `8s + j` of 64-byte chunk `k` is quant
+/// `32s + 8k + j` of the plain block (qword `s` of chunk `k` = quants `8k..8k + 8` of sub-block
+/// `s`), so i32 lane `l` of every chunk belongs to sub-block `l / 2`. With `offset`, each quant is
+/// stored as `q8 ^ 0x80` (the byte q8 + 128, as `iquants_avx512::offset_activations`). `d` and
+/// `bsums` are unchanged.
+pub(crate) fn grouped_activations(q: &[BlockQ8K], offset: bool) -> Vec<BlockQ8K> {
+    let flip = if offset { 0x80u8 } else { 0 };
+    q.iter()
+        .map(|b| {
+            let mut g = *b;
+            for k in 0..4 {
+                for s in 0..8 {
+                    for j in 0..8 {
+                        g.qs[64 * k + 8 * s + j] = (b.qs[32 * s + 8 * k + j] as u8 ^ flip) as i8;
+                    }
+                }
+            }
+            g
+        })
+        .collect()
+}
+
+/// The most activation rows the grouped multi-row kernels take per call.
+pub(crate) const GROUPED_ROWS: usize = 8;
+
+/// The multi-row Q4_K kernel on grouped activations ([`grouped_activations`] without offset),
+/// under the same conditions as [`multi_kernel`]; up to [`GROUPED_ROWS`] rows per call.
+pub(crate) fn grouped_kernel(ty: GgmlType) -> Option<super::iquants_avx512::MultiRowDot> {
+    match ty {
+        GgmlType::Q4K if Isa::Avx512.supported() && has_vnni() => Some(q4k_multi_row_grouped),
+        _ => None,
+    }
+}
+
+/// Calls `$f::<R>(w, rows)` for `R = xs.len()` (1..=16), writing the results to `out`.
+macro_rules! dispatch_rows {
+    ($f:ident, $w:expr, $xs:expr, $out:expr, $($r:literal)*) => {
+        match $xs.len() {
+            $($r => {
+                let rows: [&[BlockQ8K]; $r] = core::array::from_fn(|i| $xs[i]);
+                $out[..$r].copy_from_slice(&$f::<$r>($w, rows));
+            })*
+            0 => {}
+            // The driver never passes more than GROUPED_ROWS rows.
+            _ => $out.fill(f32::NAN),
+        }
+    };
+}
+
+fn q4k_multi_row_grouped(w: &[u8], xs: &[&[BlockQ8K]], out: &mut [f32]) {
+    // SAFETY: handed out by `grouped_kernel` only when AVX-512 F/BW/VL and VNNI are present.
+    unsafe { dispatch_rows!(q4k_rows_grouped, w, xs, out, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) }
+}
+
+/// `vpermt2d` indices of grouped weight chunk `k`: lane `4c + j` takes qs word
+/// `8c + 2k + (j & 1)` (its low nibbles for `j < 2`: sub-block `2c`; its high nibbles for
+/// `j ≥ 2`: sub-block `2c + 1`), i.e. elements `8k + 4(j & 1) ..` of that sub-block.
+#[inline(always)]
+unsafe fn q4k_group_index(k: i32) -> __m512i {
+    let l = |c: i32, j: i32| 8 * c + 2 * k + (j & 1);
+    _mm512_setr_epi32(
+        l(0, 0),
+        l(0, 1),
+        l(0, 2),
+        l(0, 3),
+        l(1, 0),
+        l(1, 1),
+        l(1, 2),
+        l(1, 3),
+        l(2, 0),
+        l(2, 1),
+        l(2, 2),
+        l(2, 3),
+        l(3, 0),
+        l(3, 1),
+        l(3, 2),
+        l(3, 3),
+    )
+}
+
+/// Q4_K · grouped Q8_K for `R` ≤ 16 activation rows.
+///
+/// Per block the four weight chunks are built in the grouped order (lane `l` of every chunk in
+/// sub-block `l / 2`), so one row's four `vpdpbusd` (unsigned nibbles × signed quants) leave in
+/// each lane the sum of 16 products of one sub-block (|·| ≤ 16 · 15 · 127 < 2¹⁵, so it is also a
+/// valid i16); one `vpmaddwd` with the lane's six-bit scale gives the scaled sums. That is 5
+/// multiplies per block and row instead of 8, and the same exact i32 block sum as the
+/// single-row kernel; the mins term and the f32 updates are those of [`q4k_rows_wide`], so the
+/// results are bit-identical.
+#[allow(clippy::needless_range_loop)] // block `i` of the weights and of every activation row
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_rows_grouped<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
+    let nb = xs
+        .iter()
+        .map(|x| x.len())
+        .fold(w.len() / Q4K_BYTES, usize::min);
+    let idx = [
+        q4k_group_index(0),
+        q4k_group_index(1),
+        q4k_group_index(2),
+        q4k_group_index(3),
+    ];
+    let shift = _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [0.0f32; R];
+    let mut acc4 = [_mm_setzero_ps(); 4];
+    for i in 0..nb {
+        let b = w.as_ptr().add(i * Q4K_BYTES);
+        let dh = f16x2_hw(read_u32(b));
+        let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
+        // Lane l: the scale of sub-block l / 2 (i32, so also the i16 pair [scale, 0]).
+        let scv = _mm_cvtsi64_si128(sc as i64);
+        let s32 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(scv, scv));
+        let mv = _mm_cvtsi64_si128(m as i64);
+        let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+        let q0 = _mm512_loadu_si512(b.add(16) as *const _);
+        let q1 = _mm512_loadu_si512(b.add(80) as *const _);
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for (wk, &ik) in wv.iter_mut().zip(&idx) {
+            let words = _mm512_permutex2var_epi32(q0, ik, q1);
+            *wk = _mm512_and_si512(_mm512_srlv_epi32(words, shift), low4);
+        }
+        let d = _mm_broadcastss_ps(dh);
+        let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dh));
+        for (g, a4) in acc4.iter_mut().enumerate().take(R / 4) {
+            let r0 = 4 * g;
+            let s = [
+                q4k_grouped_sums(&wv, s32, mins, &xs[r0][i]),
+                q4k_grouped_sums(&wv, s32, mins, &xs[r0 + 1][i]),
+                q4k_grouped_sums(&wv, s32, mins, &xs[r0 + 2][i]),
+                q4k_grouped_sums(&wv, s32, mins, &xs[r0 + 3][i]),
+            ];
+            let isum = _mm_cvtepi32_ps(hsum4_512([s[0].0, s[1].0, s[2].0, s[3].0]));
+            let isumm = _mm_cvtepi32_ps(hsum4_256([s[0].1, s[1].1, s[2].1, s[3].1]));
+            let yd = _mm_setr_ps(
+                xs[r0][i].d,
+                xs[r0 + 1][i].d,
+                xs[r0 + 2][i].d,
+                xs[r0 + 3][i].d,
+            );
+            let t = _mm_sub_ps(
+                _mm_mul_ps(_mm_mul_ps(yd, d), isum),
+                _mm_mul_ps(_mm_mul_ps(yd, dmin), isumm),
+            );
+            *a4 = _mm_add_ps(*a4, t);
+        }
+        let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
+        for r in R / 4 * 4..R {
+            let yd = xs[r][i].d;
+            let (isum, pm) = q4k_grouped_sums(&wv, s32, mins, &xs[r][i]);
+            let (isum, isumm) = (hsum512_epi32(isum), hsum256_epi32(pm));
+            acc[r] += (yd * d) * isum as f32 - (yd * dmin) * isumm as f32;
+        }
+    }
+    for (g, a4) in acc4.iter().enumerate().take(R / 4) {
+        let mut four = [0.0f32; 4];
+        _mm_storeu_ps(four.as_mut_ptr(), *a4);
+        acc[4 * g..4 * g + 4].copy_from_slice(&four);
+    }
+    acc
+}
+
+/// One grouped activation block against the grouped weight chunks `wv` (scales `s32`, mins as
+/// 16 i16 `mins`): the exact scaled block sum spread over 16 i32 lanes, and `bsums · mins` over 8.
+#[inline(always)]
+unsafe fn q4k_grouped_sums(
+    wv: &[__m512i; 4],
+    s32: __m512i,
+    mins: __m256i,
+    y: &BlockQ8K,
+) -> (__m512i, __m256i) {
+    let yq = y.qs.as_ptr();
+    let mut t = _mm512_setzero_si512();
+    for (k, &wk) in wv.iter().enumerate() {
+        let yv = _mm512_loadu_si512(yq.add(64 * k) as *const _);
+        t = _mm512_dpbusd_epi32(t, wk, yv);
+    }
+    let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+    (_mm512_madd_epi16(t, s32), _mm256_madd_epi16(bs, mins))
+}
