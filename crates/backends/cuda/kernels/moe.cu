@@ -207,6 +207,39 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 // same kernel reads the same bytes either way, so the result does not depend on where an expert
 // is. Every resident case (all experts in device memory) is the same table.
 
+// Whether row_dot<T> takes T through its group decoder (groups inside a block): then the
+// expert kernels below can interleave several rows' groups in one loop.
+template <typename T>
+__device__ constexpr bool grouped() {
+    return !WarpBlockDot<T>::ON && GroupDot<T>::G > 0 && GroupDot<T>::G <= T::QK;
+}
+
+// The gate and up rows of one expert in one pass: each lane's groups of both rows in one loop
+// (twice the loads in flight, the activations loaded once). Per row, the lane sums the same
+// groups in the same order as row_dot, so gv and uv are row_dot's values bit for bit.
+template <typename T>
+__device__ __forceinline__ void gate_up_dot(const u8* __restrict__ g, const u8* __restrict__ u,
+                                            const float* __restrict__ x, int cols, int lane,
+                                            float& gv, float& uv) {
+    if constexpr (grouped<T>()) {
+        constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
+        const int groups = cols / G;
+        float ga = 0.0f, ua = 0.0f;
+#pragma unroll 2
+        for (int gi = lane; gi < groups; gi += WARP) {
+            const size_t at = (size_t)(gi / PER_BLOCK) * T::BB;
+            const float* xg = x + (size_t)gi * G;
+            ga += GroupDot<T>::dot(g + at, gi % PER_BLOCK, xg);
+            ua += GroupDot<T>::dot(u + at, gi % PER_BLOCK, xg);
+        }
+        gv = warp_sum(ga);
+        uv = warp_sum(ua);
+    } else {
+        gv = row_dot<T>(g, x, cols, lane);
+        uv = row_dot<T>(u, x, cols, lane);
+    }
+}
+
 // moe_gate_up_tab_<type>(tab, ids, x, act, ff, hidden, k): token t = blockIdx.z, choice
 // c = blockIdx.y (expert ids[t][c]): act[t][c][r] = silu(gate . x[t]) * (up . x[t]).
 // Launch: block = 32 * warps, grid = (ceil(ff / warps), k, tokens).
@@ -223,15 +256,17 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
     const u64* parts = tab + 3 * (size_t)ids[te];
     const size_t off = (size_t)row * row_bytes<T>(hidden);
     const float* xt = x + (size_t)blockIdx.z * hidden;
-    const float gv = row_dot<T>((const u8*)parts[0] + off, xt, hidden, lane);
-    const float uv = row_dot<T>((const u8*)parts[1] + off, xt, hidden, lane);
+    float gv, uv;
+    gate_up_dot<T>((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
     if (lane == 0) act[te * ff + row] = siluf_(gv) * uv;
 }
 
 // moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the
 // routed experts' down projections, their weighted sum (in choice order) and the MoE residual
 // in one: for token t = blockIdx.y, x[t][r] += sum_c weight[t][c] * (down_{ids[t][c]}[r] . act[t][c])
-// + sigmoid(gate_logit[t]) * shared[t][r] (the arithmetic of moe_down_ids + moe_combine).
+// + sigmoid(gate_logit[t]) * shared[t][r]. For group-decoded types the warp's lanes share out the
+// (choice, group) pairs of all k experts of the row (k times the loads in flight of one row, one
+// warp sum): lane l sums weight[c] * group dot over pairs l, l + 32, ... (choice-major).
 // Launch: block = 32 * warps, grid = (ceil(hidden / warps), tokens).
 template <typename T>
 __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
@@ -248,10 +283,25 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
     if (row >= hidden) return;
     const size_t off = (size_t)row * row_bytes<T>(ff);
     float s = 0.0f;
-    for (int c = 0; c < k; ++c) {
-        const size_t te = t * k + c;
-        const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
-        s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
+    if constexpr (grouped<T>()) {
+        constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
+        const int groups = ff / G;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int i = lane; i < k * groups; i += WARP) {
+            const int c = i / groups, gi = i - c * groups;
+            const size_t te = t * k + c;
+            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
+            acc += weight[te] * GroupDot<T>::dot(down + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK,
+                                                 act + te * ff + (size_t)gi * G);
+        }
+        s = warp_sum(acc);
+    } else {
+        for (int c = 0; c < k; ++c) {
+            const size_t te = t * k + c;
+            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
+            s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
+        }
     }
     if (lane == 0) {
         const size_t at = t * hidden + row;

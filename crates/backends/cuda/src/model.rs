@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    result as cu, sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig,
+    result as cu, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, LaunchConfig,
     PushKernelArg,
 };
 use redlite_gguf::{GgmlType, GgufFile};
@@ -205,6 +205,26 @@ struct DevExperts {
     down_f: CudaFunction,
 }
 
+/// The shared expert's own stream: forked from the model's stream after the router and joined
+/// before the routed down projection, so it runs beside the routed experts (two branches of the
+/// captured graph).
+struct MoeSide {
+    stream: Arc<CudaStream>,
+    fork: CudaEvent,
+    join: CudaEvent,
+}
+
+impl MoeSide {
+    fn new(ctx: &Arc<CudaContext>) -> Result<MoeSide, CudaError> {
+        let drv = |e| CudaError::driver("creating the shared expert's stream", e);
+        Ok(MoeSide {
+            stream: ctx.new_stream().map_err(drv)?,
+            fork: ctx.new_event(None).map_err(drv)?,
+            join: ctx.new_event(None).map_err(drv)?,
+        })
+    }
+}
+
 #[derive(Clone)]
 struct DevMoe {
     router: DevLinear,
@@ -339,6 +359,7 @@ pub struct CudaModel {
     step_launches: Option<u64>,
     /// The routed experts: device slots, host copies, per-layer address tables.
     experts: ExpertCache,
+    side: MoeSide,
     // Last: frees the device memory after everything that may point into it.
     arena: Arena,
 }
@@ -424,6 +445,7 @@ impl CudaModel {
         let sc = scratch(&mut arena, &config, &opts)?;
         // The experts last, so that a memory budget gives them what the rest leaves.
         let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights)?;
+        let side = MoeSide::new(&gpu.ctx)?;
         let mut model = CudaModel {
             config,
             opts,
@@ -442,6 +464,7 @@ impl CudaModel {
             launches: 0,
             step_launches: None,
             experts,
+            side,
             arena,
         };
         model.reset()?;
@@ -1063,16 +1086,10 @@ impl CudaModel {
 
     fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
         let c = &self.config;
-        let (h, ne, k, ff, sff) = (
-            c.hidden,
-            c.n_experts,
-            c.n_experts_used,
-            c.expert_ff,
-            c.shared_ff,
-        );
+        let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
         let sc = &self.sc;
         let (x, xn, rlog, wts, act) = (sc.x, sc.xn, sc.rlog, sc.wts, sc.act);
-        let (sg, su, sa, shared, gl) = (sc.sg, sc.su, sc.sa, sc.shared, sc.gl);
+        let (shared, gl) = (sc.shared, sc.gl);
         let e = &m.experts;
         // Each layer's ids stay until the call ends: the expert cache reads them afterwards.
         let (ids, tab) = (self.experts.ids(e.layer, n), self.experts.table(e.layer));
@@ -1092,6 +1109,15 @@ impl CudaModel {
                 A::P(wts),
             ],
         )?;
+        // The shared expert on the side stream, beside the routed experts.
+        let drv = |e| CudaError::driver("forking the shared expert's stream", e);
+        self.side.fork.record(&self.stream).map_err(drv)?;
+        self.side.stream.wait(&self.side.fork).map_err(drv)?;
+        let main = std::mem::replace(&mut self.stream, self.side.stream.clone());
+        let shared_done = self.enqueue_shared_expert(m, n);
+        self.stream = main;
+        shared_done?;
+        self.side.join.record(&self.side.stream).map_err(drv)?;
         self.launch(
             "moe_gate_up_tab",
             &e.gate_up_f,
@@ -1108,12 +1134,7 @@ impl CudaModel {
                 A::I(k as i32),
             ],
         )?;
-        self.matvec(&m.sh_gate, xn, sg, n)?;
-        self.matvec(&m.sh_up, xn, su, n)?;
-        let f = self.k.swiglu.clone();
-        self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
-        self.matvec(&m.sh_down, sa, shared, n)?;
-        self.matvec(&m.sh_gate_vec, xn, gl, n)?;
+        self.stream.wait(&self.side.join).map_err(drv)?;
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
         self.launch(
             "moe_down_combine_tab",
@@ -1134,6 +1155,20 @@ impl CudaModel {
                 A::I(k as i32),
             ],
         )
+    }
+
+    /// The shared expert of `n` tokens into `shared`, its gate logit into `gl` (on whatever
+    /// stream `self.stream` is).
+    fn enqueue_shared_expert(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
+        let sff = self.config.shared_ff;
+        let sc = &self.sc;
+        let (xn, sg, su, sa, shared, gl) = (sc.xn, sc.sg, sc.su, sc.sa, sc.shared, sc.gl);
+        self.matvec(&m.sh_gate, xn, sg, n)?;
+        self.matvec(&m.sh_up, xn, su, n)?;
+        let f = self.k.swiglu.clone();
+        self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
+        self.matvec(&m.sh_down, sa, shared, n)?;
+        self.matvec(&m.sh_gate_vec, xn, gl, n)
     }
 }
 
