@@ -393,6 +393,9 @@ enum ActForm {
     /// Sub-block-aligned lanes (`kquants_multi_x86::grouped_activations`, no offset).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Grouped,
+    /// Grouped and in offset form (`grouped_activations(_, true)`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    GroupedOffset,
 }
 
 /// A multi-row kernel: the function, the form of its activations and the most rows per call.
@@ -415,6 +418,10 @@ fn multi_lookup(ty: GgmlType, isa: Isa) -> Option<Multi> {
         if grouped_enabled() {
             if let Some(f) = k::grouped_kernel(ty) {
                 let (form, rows) = (ActForm::Grouped, k::GROUPED_ROWS);
+                return Some(Multi { f, form, rows });
+            }
+            if let Some((f, rows)) = super::iquants_avx512::multi_kernel_grouped(ty) {
+                let form = ActForm::GroupedOffset;
                 return Some(Multi { f, form, rows });
             }
         }
@@ -504,6 +511,9 @@ fn run_matmul(
             ActForm::Plain => None,
             ActForm::Offset => Some(super::iquants_avx512::offset_activations(q)),
             ActForm::Grouped => Some(super::kquants_multi_x86::grouped_activations(q, false)),
+            ActForm::GroupedOffset => {
+                Some(super::kquants_multi_x86::grouped_activations(q, true))
+            }
         },
         _ => None,
     };

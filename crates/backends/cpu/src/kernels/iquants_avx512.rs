@@ -1100,3 +1100,18 @@ fn iq1_m_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     // SAFETY: handed out by `kernel` only when `supported()` holds.
     unsafe { vec_dot_iq1_m_q8_k_avx512(n, w, x) }
 }
+
+mod grouped;
+
+/// The multi-row kernel for `ty` that takes its activation rows grouped and in offset form
+/// (`kquants_multi_x86::grouped_activations(_, true)`), with the most rows it takes per call,
+/// when [`kernel`] hands out this module's single-row kernel for it, else `None`.
+pub(crate) fn multi_kernel_grouped(ty: GgmlType) -> Option<(MultiRowDot, usize)> {
+    if !supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::IQ2XXS => Some((grouped::iq2_xxs_multi_row_grouped, grouped::ROWS)),
+        _ => None,
+    }
+}
