@@ -489,6 +489,28 @@ fn iq2_xxs_multi_row_matches_single_rows() {
     }
 }
 
+/// The IQ2_XXS kernel for activations from our own Q8_K quantizer (no −128; the fused MoE decode
+/// uses it) returns the scalar kernel's result bit for bit, for rows of 1..=9 blocks (odd counts
+/// end on a half pair).
+#[test]
+fn iq2_xxs_kernel_without_minus_128_matches_scalar() {
+    use redlite_cpu::kernels::iquants_avx512::kernel_without_minus_128;
+    let Some(k) = kernel_without_minus_128(GgmlType::IQ2XXS) else {
+        eprintln!("note: no AVX-512 VBMI/VNNI here; IQ2_XXS kernel without the −128 check not run");
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(29);
+    let case = &CASES[0];
+    for nb in 1..=9 {
+        for _ in 0..4 {
+            let w = random_blocks(&mut rng, case, nb);
+            let a = random_acts(&mut rng, nb * 256);
+            let want = (case.scalar)(nb * 256, &w, &a);
+            check_same(&format!("IQ2_XXS {nb} blocks"), k(&w, &a.q8k), want);
+        }
+    }
+}
+
 /// Batched products (`matmul`, which uses the multi-row kernels where a type has them) give every
 /// activation row exactly what `matvec` gives it, for every row count around the group size and
 /// at every ISA level.

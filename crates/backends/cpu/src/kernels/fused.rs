@@ -28,6 +28,20 @@ pub struct Product<'a> {
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
 const TASK_BYTES: usize = 64 * 1024;
 
+/// The kernel to run for `kernel` (the dispatch table's entry for `ty`) on activations that
+/// [`quantize_row_q8_k`] made here: where the entry is the AVX-512 IQ2_XXS kernel, its twin that
+/// skips the check for −128 (which that quantizer never writes). Same results either way.
+fn trusted_twin(ty: GgmlType, kernel: RowDot) -> RowDot {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(kernel, RowDot::Q8K(_)) && super::Isa::active() == super::Isa::Avx512 {
+        if let Some(f) = super::iquants_avx512::kernel_without_minus_128(ty) {
+            return RowDot::Q8K(f);
+        }
+    }
+    let _ = ty;
+    kernel
+}
+
 /// `outputs[i] = W_i · inputs[products[i].input]` for every product, in one parallel region.
 pub fn matvec_batch(
     products: &[Product],
@@ -43,7 +57,7 @@ pub fn matvec_batch(
             got: p.input,
         })?;
         let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
-        kernels.push((kernel, shape.row_bytes));
+        kernels.push((trusted_twin(p.ty, kernel), shape.row_bytes));
     }
     if outputs.len() != products.len() {
         return Err(KernelError::BadLength {

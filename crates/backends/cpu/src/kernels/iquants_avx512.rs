@@ -467,7 +467,7 @@ fn sign_mask(idx7: u64) -> u64 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
 pub unsafe fn vec_dot_iq2_xxs_q8_k_avx512(n: usize, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = super::iquants::block_count(n, QK_K, w.len(), IQ2_XXS_BYTES, x.len());
-    iq2_xxs_pair_rows(&w[..nb * IQ2_XXS_BYTES], [&x[..nb]])[0]
+    iq2_xxs_pair_row::<true>(&w[..nb * IQ2_XXS_BYTES], &x[..nb])
 }
 
 /// One IQ2_XXS weight row against up to four activation rows at once (`xs.len()` ≤ 4 rows, one
@@ -793,6 +793,182 @@ fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let n = (w.len() / IQ2_XXS_BYTES).min(x.len()) * QK_K;
     // SAFETY: handed out by `kernel` only when `supported()` holds.
     unsafe { vec_dot_iq2_xxs_q8_k_avx512(n, w, x) }
+}
+
+/// IQ2_XXS single row, packed pair, block `h` chunk pair `k` (chunks `2k`, `2k + 1`): the scale
+/// of every i16 word of `packs(chunk 2k sums, chunk 2k + 1 sums)`. Word `w` sits in 128-bit lane
+/// `w / 8`; its first four words come from chunk `2k`, the last four from chunk `2k + 1`, and
+/// 128-bit lane `l` of a chunk's sums holds elements `16l..16l + 16` (sub-block `l / 2` of it).
+/// The value is the word index of that sub-block's scale in `scales` (the low word of lane `sb`).
+static IQ2XXS_PACKED_SCALE_WORDS: [V64; 2] = {
+    const fn pair(k: usize) -> V64 {
+        words!(|w| {
+            let lane = w / 8;
+            let chunk = 2 * k + (w % 8) / 4;
+            (4 * (2 * chunk + lane / 2)) as u16
+        })
+    }
+    [pair(0), pair(1)]
+};
+
+/// `vpmultishiftqb` control: byte `j < 4` of lane `sb` takes the `j`-th 7-bit sign index of
+/// sub-block `sb` (bits `32 + 7j..` of its 8 bytes: `aux` is the high half).
+static IQ2XXS_SIGN_FIELDS: V64 = lanes!(|_g, j| if j < 4 { (32 + 7 * j) as u8 } else { 0 });
+
+/// `vpermi2b` over the sign fields of a block pair: output lane `4h + c` (block `h`, chunk `c`)
+/// gets the four sign indices of sub-block `2c`, then those of sub-block `2c + 1`.
+static IQ2XXS_SIGN_COMPACT: V64 =
+    lanes!(|l, k| (64 * (l / 4) + 8 * (2 * (l % 4) + k / 4) + k % 4) as u8);
+
+/// ggml's `ksigns_iq2xs` as a 128-byte `vpermi2b` table: index `i` (7 bits) plus an even-parity
+/// bit 7, i.e. the signs of 8 elements.
+static IQ2XXS_KSIGNS: [V64; 2] = {
+    const fn half(h: usize) -> V64 {
+        let mut t = [0u8; 64];
+        let mut k = 0;
+        while k < 64 {
+            let i = (64 * h + k) as u8;
+            t[k] = i | ((i.count_ones() as u8 & 1) << 7);
+            k += 1;
+        }
+        V64(t)
+    }
+    [half(0), half(1)]
+};
+
+/// One IQ2_XXS block of a packed pair (`H`: which one) against one activation block, with the
+/// grid values as the unsigned operand of `vpdpbusd` and the weight signs moved onto the
+/// activations (`0 − q8` where a weight is negative; `flips[c]`: chunk `c`'s sign mask). This is
+/// exact only when no activation is −128 (whose negation wraps); with `CHECK`, `min` collects the
+/// smallest activation byte so the caller can tell. Per 64 elements the four-product sums
+/// (|Σ| ≤ 4·43·127 < 2¹⁵) of two chunks are packed to i16 and scaled by `vpdpwssd`: the
+/// returned lanes add up to the block's exact integer sum.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn iq2_xxs_pair_block_single<const H: usize, const CHECK: bool>(
+    lo: __m512i,
+    hi: __m512i,
+    q: __m512i,
+    flips: &[u64],
+    y: &BlockQ8K,
+    min: &mut __m512i,
+) -> __m512i {
+    // Lane sb: (aux >> 59) | 1 = 2·(aux >> 28) + 1, the scale of sub-block sb.
+    let scales = _mm512_or_si512(_mm512_srli_epi64::<59>(q), _mm512_set1_epi64(1));
+    let mut acc = _mm512_setzero_si512();
+    for (k, scale_words) in IQ2XXS_PACKED_SCALE_WORDS.iter().enumerate() {
+        let mut sums = [_mm512_setzero_si512(); 2];
+        for (half, s) in sums.iter_mut().enumerate() {
+            let c = 2 * k + half;
+            let codes = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_ROW_CODES[H][c]), hi);
+            let grid = _mm512_permutexvar_epi8(
+                _mm512_multishift_epi64_epi8(load64(&SHIFT_2J), codes),
+                load64(&IQ2_VALUES),
+            );
+            let q8 = load_q8(y, c);
+            if CHECK {
+                *min = _mm512_min_epi8(*min, q8);
+            }
+            let signed = _mm512_mask_sub_epi8(q8, flips[c], _mm512_setzero_si512(), q8);
+            *s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid, signed);
+        }
+        let packed = _mm512_packs_epi32(sums[0], sums[1]);
+        let ls = _mm512_permutexvar_epi16(load64(scale_words), scales);
+        acc = _mm512_dpwssd_epi32(acc, packed, ls);
+    }
+    acc
+}
+
+/// The IQ2_XXS kernel for one activation row (decode). Per block pair, as in
+/// [`iq2_xxs_pair_rows`], the grid-row codes of both blocks come from one set of table lookups
+/// and both block sums from one horizontal reduction; unlike it, the sign masks of both blocks
+/// are made in vector registers (three byte permutes instead of `pdep` and a parity fold per 64
+/// elements in general-purpose registers), each 64 elements cost one `vpdpbusd` instead of
+/// `vpabsb`, a sign-mask extraction, `vpmaddubsw` and `vpdpwssd`, and the sub-block scales are
+/// applied once per two chunks. The block sums are exact and the f32 operations are the scalar
+/// kernel's, in block order, so the result is bit-identical; an activation row holding −128
+/// (never made by our Q8_K quantizer, but valid in the format) is recomputed by
+/// [`iq2_xxs_pair_rows`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let code_lo = load256(&IQ2XXS_CODE_LO);
+    let code_hi = load256(&IQ2XXS_CODE_HI);
+    let pack = load64(&IQ2XXS_PAIR_INDICES);
+
+    let nb = w.len() / IQ2_XXS_BYTES;
+    let mut sumf = 0.0f32;
+    let mut min = _mm512_setzero_si512();
+    let mut flips = [0u64; 8];
+    let mut i = 0;
+    while i < nb {
+        // An odd last block is paired with itself; its second result is dropped.
+        let i1 = if i + 1 < nb { i + 1 } else { i };
+        let b0 = &w[i * IQ2_XXS_BYTES..(i + 1) * IQ2_XXS_BYTES];
+        let b1 = &w[i1 * IQ2_XXS_BYTES..(i1 + 1) * IQ2_XXS_BYTES];
+        // SAFETY: bytes 2..66 of each block are 64 readable bytes.
+        let (q0, q1) = unsafe {
+            (
+                _mm512_loadu_si512(b0[2..66].as_ptr().cast()),
+                _mm512_loadu_si512(b1[2..66].as_ptr().cast()),
+            )
+        };
+        let idx = _mm512_permutex2var_epi8(q0, pack, q1);
+        let high_half = _mm512_movepi8_mask(idx);
+        let lo = lookup256(&code_lo, idx, high_half);
+        let hi = lookup256(&code_hi, idx, high_half);
+        // Sign masks: lane 4h + c = the 64 flip bits of block h, chunk c.
+        let fields = load64(&IQ2XXS_SIGN_FIELDS);
+        let sign_idx = _mm512_permutex2var_epi8(
+            _mm512_multishift_epi64_epi8(fields, q0),
+            load64(&IQ2XXS_SIGN_COMPACT),
+            _mm512_multishift_epi64_epi8(fields, q1),
+        );
+        let signs = _mm512_permutex2var_epi8(
+            load64(&IQ2XXS_KSIGNS[0]),
+            sign_idx,
+            load64(&IQ2XXS_KSIGNS[1]),
+        );
+        // SAFETY: `flips` is 64 writable bytes.
+        unsafe { _mm512_storeu_si512(flips.as_mut_ptr().cast(), signs) };
+        let acc0 = iq2_xxs_pair_block_single::<0, CHECK>(lo, hi, q0, &flips[..4], &x[i], &mut min);
+        let acc1 = iq2_xxs_pair_block_single::<1, CHECK>(lo, hi, q1, &flips[4..], &x[i1], &mut min);
+        let d0 = f16_to_f32(u16::from_le_bytes([b0[0], b0[1]]));
+        let d1 = f16_to_f32(u16::from_le_bytes([b1[0], b1[1]]));
+        let (s0, s1) = hsum_pair_epi32(acc0, acc1);
+        sumf += d0 * x[i].d * s0 as f32;
+        if i1 != i {
+            sumf += d1 * x[i1].d * s1 as f32;
+        }
+        i += 2;
+    }
+    if CHECK && _mm512_cmpeq_epi8_mask(min, _mm512_set1_epi8(i8::MIN)) != 0 {
+        return iq2_xxs_pair_rows(w, [x])[0];
+    }
+    0.125 * sumf
+}
+
+/// A row kernel on Q8_K activations (the function of a [`RowDot::Q8K`]).
+pub type Q8KRowDot = fn(w: &[u8], x: &[BlockQ8K]) -> f32;
+
+/// The single-row IQ2_XXS kernel for activations made by
+/// [`quantize_row_q8_k`](super::q8::quantize_row_q8_k), which never writes −128: the same result
+/// as the [`kernel`] entry without its −128 check (one `vpminsb` per 64 elements, ~10 %).
+/// Callers that quantize the activations themselves (the fused MoE decode) use it.
+pub fn kernel_without_minus_128(ty: GgmlType) -> Option<Q8KRowDot> {
+    if !supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::IQ2XXS => Some(iq2_xxs_row_without_minus_128),
+        _ => None,
+    }
+}
+
+fn iq2_xxs_row_without_minus_128(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = (w.len() / IQ2_XXS_BYTES).min(x.len());
+    // SAFETY: handed out by `kernel_without_minus_128` only when `supported()` holds.
+    unsafe { iq2_xxs_pair_row::<false>(&w[..nb * IQ2_XXS_BYTES], &x[..nb]) }
 }
 
 // ---------------------------------------------------------------------------------------------
