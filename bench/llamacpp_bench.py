@@ -50,7 +50,9 @@ def main():
         n_threads=a.threads,
         n_threads_batch=a.threads,
         n_ctx=n_ctx,
-        n_batch=max(a.p, 32),
+        # Without logits_all, llama-cpp-python keeps n_batch rows of scores, indexed by position:
+        # the batch must cover the decode run's positions too.
+        n_batch=max(a.p, 32, a.decode_prompt + a.n + 1),
         n_ubatch=max(a.p, 32),
         n_gpu_layers=0,
         use_mmap=True,
