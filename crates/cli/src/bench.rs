@@ -400,7 +400,12 @@ fn run_cuda(args: Args) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&rows)?);
             return Ok(());
         }
-        println!("model: {}, layer {}", path.display(), args.layer);
+        println!(
+            "model: {}, layer {}, {} warps per block (REDLITE_MOE_WARPS)",
+            path.display(),
+            args.layer,
+            rows.first().map_or(0, |r| r["warps"].as_u64().unwrap_or(0))
+        );
         println!(
             "{:<12} {:>14} {:>9} {:>5} {:>9} {:>10} {:>9} {:>9}",
             "experts in", "types", "KiB/exp", "K", "distinct", "us/call", "GB/s", "% 4.5TB/s"

@@ -381,7 +381,8 @@ mod imp {
             .into_iter()
             .map(|r| {
                 serde_json::json!({
-                    "place": r.place, "types": r.types, "expert_bytes": r.expert_bytes,
+                    "place": r.place, "warps": r.warps, "types": r.types,
+                    "expert_bytes": r.expert_bytes,
                     "per_call": r.per_call, "distinct": r.distinct,
                     "us_per_call": r.call_s * 1e6, "gbps": r.gbps,
                     "fraction_of_4_5_tbs": r.gbps / 4500.0,

@@ -13,10 +13,10 @@ use redlite_gguf::GgufFile;
 use redlite_model::weights::Weights;
 use redlite_model::Config;
 
-use crate::expert_cache::ExpertLayout;
+use crate::expert_cache::{moe_warps, ExpertLayout};
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
-use crate::ops::{row_bytes, MATVEC_WARPS};
+use crate::ops::row_bytes;
 use crate::{CudaError, Gpu};
 
 /// What to run.
@@ -38,6 +38,8 @@ pub struct ExpertBenchOptions {
 pub struct ExpertBenchResult {
     /// "device" or "host (PCIe)".
     pub place: &'static str,
+    /// Warps per block of both kernels.
+    pub warps: u32,
     pub types: String,
     pub expert_bytes: usize,
     pub per_call: usize,
@@ -119,6 +121,7 @@ pub fn bench_experts(
         .func(&format!("moe_down_combine_tab_{}", type_suffix(ex[0].down.ty)))?
         .clone();
     let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    let warps = moe_warps();
     let types = format!("{}/{}", ex[0].gate.ty.name(), ex[0].down.ty.name());
     let mut out = Vec::new();
     for (place, base) in [("device", slots), ("host (PCIe)", host_dev)] {
@@ -139,8 +142,8 @@ pub fn bench_experts(
             let mut b = stream.launch_builder(&gate_up);
             b.arg(&tab).arg(&idp).arg(&xb).arg(&act).arg(&ffi).arg(&hi).arg(&ki);
             let cfg = LaunchConfig {
-                grid_dim: (ff.div_ceil(MATVEC_WARPS as usize) as u32, k as u32, 1),
-                block_dim: (32 * MATVEC_WARPS, 1, 1),
+                grid_dim: (ff.div_ceil(warps as usize) as u32, k as u32, 1),
+                block_dim: (32 * warps, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: arguments in the kernel's order and types, buffers sized above.
@@ -149,8 +152,8 @@ pub fn bench_experts(
             b.arg(&tab).arg(&idp).arg(&wts_d).arg(&act).arg(&xo).arg(&shared).arg(&gl);
             b.arg(&hi).arg(&ffi).arg(&ki);
             let cfg = LaunchConfig {
-                grid_dim: (h.div_ceil(MATVEC_WARPS as usize) as u32, 1, 1),
-                block_dim: (32 * MATVEC_WARPS, 1, 1),
+                grid_dim: (h.div_ceil(warps as usize) as u32, 1, 1),
+                block_dim: (32 * warps, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: as above.
@@ -173,6 +176,7 @@ pub fn bench_experts(
         let call_s = secs[secs.len() / 2];
         out.push(ExpertBenchResult {
             place,
+            warps,
             types: types.clone(),
             expert_bytes: layout.expert_bytes(),
             per_call: k,

@@ -236,6 +236,19 @@ pub fn slots_per_layer(
     }
 }
 
+/// Warps per block of the expert kernels: `REDLITE_MOE_WARPS` (1..=32) or the default. More
+/// warps per block stage the IQ grids into shared memory fewer times per call.
+pub fn moe_warps() -> u32 {
+    std::env::var("REDLITE_MOE_WARPS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|w| (1..=32).contains(w))
+        .unwrap_or(DEFAULT_MOE_WARPS)
+}
+
+/// See [`moe_warps`].
+const DEFAULT_MOE_WARPS: u32 = 4;
+
 /// Device memory in use on the current device (all processes), bytes.
 pub fn device_used() -> Result<u64, CudaError> {
     let (free, total) = cu::mem_get_info().map_err(|e| CudaError::driver("cuMemGetInfo", e))?;

@@ -38,7 +38,7 @@ use redlite_model::weights::{LayerWeights, MixerWeights, Weights};
 use redlite_model::{Config, ModelError};
 
 use crate::expert_cache::{
-    device_used, slots_per_layer, ExpertBytes, ExpertCache, ExpertCacheSize, ExpertLayout,
+    device_used, moe_warps, slots_per_layer, ExpertBytes, ExpertCache, ExpertCacheSize, ExpertLayout,
     ExpertPolicy,
 };
 use crate::host::{HostLinear, HostLoader};
@@ -203,6 +203,8 @@ struct DevExperts {
     layer: usize,
     gate_up_f: CudaFunction,
     down_f: CudaFunction,
+    /// Warps per block of both kernels ([`moe_warps`]).
+    warps: u32,
 }
 
 /// The shared expert's own stream: forked from the model's stream after the router and joined
@@ -1121,8 +1123,8 @@ impl CudaModel {
         self.launch(
             "moe_gate_up_tab",
             &e.gate_up_f,
-            (blocks(ff, MATVEC_WARPS), k as u32, n as u32),
-            32 * MATVEC_WARPS,
+            (blocks(ff, e.warps), k as u32, n as u32),
+            32 * e.warps,
             0,
             &[
                 A::P(tab),
@@ -1139,8 +1141,8 @@ impl CudaModel {
         self.launch(
             "moe_down_combine_tab",
             &e.down_f,
-            (blocks(h, MATVEC_WARPS), n as u32, 1),
-            32 * MATVEC_WARPS,
+            (blocks(h, e.warps), n as u32, 1),
+            32 * e.warps,
             0,
             &[
                 A::P(tab),
@@ -1407,6 +1409,7 @@ fn dev_layer(
                 type_suffix(expert.down.ty)
             ))?
             .clone(),
+        warps: moe_warps(),
     };
     Ok(DevLayer {
         attn_norm: arena.upload_f32(&w.attn_norm)?,
