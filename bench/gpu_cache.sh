@@ -51,6 +51,25 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOGS/gpu.txt"
 free -g | head -2 | tee -a "$LOGS/gpu.txt"
 
+if [ -n "${WARPS_AB:-}" ]; then
+    # WARPS_AB="4 8 16": bench expert and decode (all resident, --memory 16GiB) per
+    # REDLITE_MOE_WARPS value on the uniform full-size layout; nothing else.
+    gunzip -c "$DEV/qwen3-vocab.gguf.gz" >$W/vocab.gguf
+    $BIN make-model $W/full.gguf --vocab $W/vocab.gguf --force 2>&1 | tail -1
+    for w in $WARPS_AB; do
+        echo "== REDLITE_MOE_WARPS=$w"
+        REDLITE_MOE_WARPS=$w $BIN bench expert --backend cuda -m $W/full.gguf --per-call 10 -n 20 2>&1 | grep -v "^GPU\|^model\|^experts in"
+    done
+    for w in $WARPS_AB; do
+        for mem in "" "--memory 16GiB"; do
+            echo "== REDLITE_MOE_WARPS=$w decode $mem"
+            REDLITE_MOE_WARPS=$w $BIN bench decode --backend cuda -m $W/full.gguf -p 8 -n $STEPS $mem 2>&1 | grep "^cuda \|hit rate"
+        done
+    done
+    rm -f $W/full.gguf
+    exit 0
+fi
+
 echo "== exactness: expert_cache_gpu (ignored test)"
 REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 240 $W/expert_cache_gpu --ignored --nocapture \
     >"$LOGS/exact_test.log" 2>&1 || status=1
