@@ -10,7 +10,9 @@
 //! `SPEC_MODEL` (relative to the repository root, or absolute), `SPEC_THREADS` (default 1),
 //! `SPEC_KS` (verify: draft lengths, default `1,3,7,15`), `SPEC_CONTEXT` (verify: context
 //! tokens, default 16), `SPEC_REPS` (default 3), `SPEC_FILE` (rewrite: the source file, default
-//! `/tmp/colorsys_60.py`), `SPEC_N` (rewrite: tokens, default 300).
+//! `/tmp/colorsys_60.py`), `SPEC_N` (rewrite: tokens, default 300), `SPEC_MODES` (rewrite: the
+//! configurations, the first being the baseline; default `off,lookup,mtp,both`; see
+//! `file_rewrite_cpu_time`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -154,46 +156,73 @@ fn file_rewrite_cpu_time() {
     let n = num("SPEC_N", 300);
     let reps = num("SPEC_REPS", 3).max(1);
     println!("prompt {} tokens, {n} generated", prompt.len());
-    println!("| spec | passes | decode cpu s | tok per cpu-s | speed-up (cpu) | decode wall s | speed-up (wall) |");
-    println!("|---|---|---|---|---|---|---|");
+    // Configurations: `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft
+    // cap), `nmin`/`nmax` (n-gram range).
+    let configs: Vec<(String, SpecConfig)> = var("SPEC_MODES", "off,lookup,mtp,both")
+        .split(',')
+        .map(|c| {
+            let mut parts = c.split(':');
+            let mut spec =
+                SpecConfig::with_mode(SpecMode::parse(parts.next().unwrap()).expect("mode"));
+            for kv in parts {
+                let (k, v) = kv.split_once('=').expect("key=value");
+                let v: usize = v.parse().expect("number");
+                match k {
+                    "mtp" => spec.mtp_draft = v,
+                    "max" => spec.max_draft = v,
+                    "nmin" => spec.ngram_min = v,
+                    "nmax" => spec.ngram_max = v,
+                    _ => panic!("unknown key {k}"),
+                }
+            }
+            (c.to_string(), spec)
+        })
+        .collect();
+    println!("| spec | passes | rows | decode cpu s | tok per cpu-s | speed-up (cpu) | decode wall s | speed-up (wall) |");
+    println!("|---|---|---|---|---|---|---|---|");
     with_model!(&model, m => {
-        let (mut base_cpu, mut base_wall) = (0.0, 0.0);
-        for mode in [SpecMode::Off, SpecMode::Lookup, SpecMode::Mtp, SpecMode::Both] {
-            let spec = SpecConfig::with_mode(mode);
-            let run = |max_tokens: usize| {
-                let opts = GenerateOptions { max_tokens, stop_ids: Vec::new() };
-                let mut state = m.new_state();
-                let mut sampler = Sampler::new(SamplerConfig::greedy());
-                let c0 = cpu_time();
-                let (wall, passes) = if mode == SpecMode::Off {
-                    let (_, s) = generate(m, &mut state, &prompt, &mut sampler, &opts, |_| true)
-                        .unwrap();
-                    (s.decode_time, max_tokens - 1)
-                } else {
-                    let (_, s, ss) = generate_speculative(
-                        m, &mut state, &prompt, &mut sampler, &opts, &spec, |_| true,
-                    )
+        let run = |spec: &SpecConfig, max_tokens: usize| {
+            let opts = GenerateOptions { max_tokens, stop_ids: Vec::new() };
+            let mut state = m.new_state();
+            let mut sampler = Sampler::new(SamplerConfig::greedy());
+            let c0 = cpu_time();
+            let (wall, passes) = if spec.mode == SpecMode::Off {
+                let (_, s) = generate(m, &mut state, &prompt, &mut sampler, &opts, |_| true)
                     .unwrap();
-                    (s.decode_time, ss.forward_passes)
-                };
-                (cpu_time() - c0, wall, passes)
+                (s.decode_time, (max_tokens - 1, max_tokens - 1))
+            } else {
+                let (_, s, ss) = generate_speculative(
+                    m, &mut state, &prompt, &mut sampler, &opts, spec, |_| true,
+                )
+                .unwrap();
+                (s.decode_time, (ss.forward_passes, ss.rows))
             };
-            let mut cpu = Vec::new();
-            let mut wall = Vec::new();
-            let mut passes = 0;
-            for _ in 0..reps {
-                let (prompt_only, _, _) = run(1);
-                let (all, w, p) = run(n);
-                cpu.push(all.saturating_sub(prompt_only));
-                wall.push(w);
-                passes = p;
+            (cpu_time() - c0, wall, passes)
+        };
+        // Repetitions interleave the configurations (A/B under a changing load).
+        let mut cpu = vec![Vec::new(); configs.len()];
+        let mut wall = vec![Vec::new(); configs.len()];
+        let mut passes = vec![(0, 0); configs.len()];
+        for _ in 0..reps {
+            for (i, (_, spec)) in configs.iter().enumerate() {
+                let (prompt_only, _, _) = run(spec, 1);
+                let (all, w, p) = run(spec, n);
+                cpu[i].push(all.saturating_sub(prompt_only));
+                wall[i].push(w);
+                passes[i] = p;
             }
-            let (c, w) = (median(cpu).as_secs_f64(), median(wall).as_secs_f64());
-            if mode == SpecMode::Off {
-                (base_cpu, base_wall) = (c, w);
-            }
+        }
+        let mut base = None;
+        for (i, (name, _)) in configs.iter().enumerate() {
+            let (c, w) = (
+                median(cpu[i].clone()).as_secs_f64(),
+                median(wall[i].clone()).as_secs_f64(),
+            );
+            let (base_cpu, base_wall) = *base.get_or_insert((c, w));
             println!(
-                "| {mode:?} | {passes} | {c:.3} | {:.1} | {:.2}x | {w:.3} | {:.2}x |",
+                "| {name} | {} | {} | {c:.3} | {:.1} | {:.2}x | {w:.3} | {:.2}x |",
+                passes[i].0,
+                passes[i].1,
                 (n - 1) as f64 / c,
                 base_cpu / c,
                 base_wall / w
