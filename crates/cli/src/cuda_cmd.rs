@@ -115,8 +115,8 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use anyhow::Context;
-    use redlite_cuda::selftest::Rng;
     use redlite_cuda::expert_cache::device_used;
+    use redlite_cuda::selftest::Rng;
     use redlite_cuda::{
         CudaModel, CudaModelOptions, ExpertCacheSize, ExpertPolicy, Gpu, GpuSampling,
     };

@@ -59,13 +59,15 @@ pub fn bench_experts(
     let model = |e: redlite_model::ModelError| CudaError::Invalid(e.to_string());
     let c = Config::from_gguf(file).map_err(model)?;
     let w = Weights::load(file, &c, &HostLoader).map_err(model)?;
-    let layer = w.layers.get(o.layer).ok_or_else(|| {
-        CudaError::Invalid(format!("layer {} of {}", o.layer, w.layers.len()))
-    })?;
+    let layer = w
+        .layers
+        .get(o.layer)
+        .ok_or_else(|| CudaError::Invalid(format!("layer {} of {}", o.layer, w.layers.len())))?;
     let ex = &layer.moe.experts;
     let n = o.distinct.clamp(1, ex.len());
     let k = o.per_call.clamp(1, n);
-    let len = |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
+    let len =
+        |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
     let layout = ExpertLayout::new(len(&ex[0].gate)?, len(&ex[0].down)?);
     let sb = layout.slot_bytes;
     let mut packed = vec![0u8; n * sb];
@@ -90,7 +92,8 @@ pub fn bench_experts(
     unsafe { cu::memcpy_htod_sync(slots, &packed) }.map_err(drv("uploading experts"))?;
     let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
     // SAFETY: pinned allocation, freed at the end of this function.
-    let host = unsafe { cu::malloc_host(n * sb, flags) }.map_err(drv("pinning host memory"))? as *mut u8;
+    let host =
+        unsafe { cu::malloc_host(n * sb, flags) }.map_err(drv("pinning host memory"))? as *mut u8;
     // SAFETY: `host` holds n · sb bytes.
     unsafe { std::ptr::copy_nonoverlapping(packed.as_ptr(), host, n * sb) };
     let mut host_dev: sys::CUdeviceptr = 0;
@@ -100,12 +103,20 @@ pub fn bench_experts(
         .map_err(drv("mapping host memory"))?;
 
     let (h, ff) = (c.hidden, c.expert_ff);
-    let x: Vec<f32> = (0..h).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+    let x: Vec<f32> = (0..h)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
     let calls = o.calls.max(1);
     let ids: Vec<i32> = (0..calls * k).map(|i| (i % n) as i32).collect();
     let wts = vec![1.0f32 / k as f32; k];
     let zeros = vec![0.0f32; h];
-    let (xb, xo, act, shared, gl) = (dalloc(4 * h)?, dalloc(4 * h)?, dalloc(4 * k * ff)?, dalloc(4 * h)?, dalloc(4)?);
+    let (xb, xo, act, shared, gl) = (
+        dalloc(4 * h)?,
+        dalloc(4 * h)?,
+        dalloc(4 * k * ff)?,
+        dalloc(4 * h)?,
+        dalloc(4)?,
+    );
     let (ids_d, wts_d, tab) = (dalloc(4 * ids.len())?, dalloc(4 * k)?, dalloc(8 * 3 * n)?);
     // SAFETY: each destination holds its source's bytes; synchronous copies.
     unsafe {
@@ -116,9 +127,14 @@ pub fn bench_experts(
         cu::memcpy_htod_sync(ids_d, &ids).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(wts_d, &wts).map_err(drv("upload"))?;
     }
-    let gate_up = gpu.func(&format!("moe_gate_up_tab_{}", type_suffix(ex[0].gate.ty)))?.clone();
+    let gate_up = gpu
+        .func(&format!("moe_gate_up_tab_{}", type_suffix(ex[0].gate.ty)))?
+        .clone();
     let down = gpu
-        .func(&format!("moe_down_combine_tab_{}", type_suffix(ex[0].down.ty)))?
+        .func(&format!(
+            "moe_down_combine_tab_{}",
+            type_suffix(ex[0].down.ty)
+        ))?
         .clone();
     let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
     let warps = moe_warps();
@@ -140,7 +156,13 @@ pub fn bench_experts(
         for call in 0..calls {
             let idp = ids_d + (4 * call * k) as u64;
             let mut b = stream.launch_builder(&gate_up);
-            b.arg(&tab).arg(&idp).arg(&xb).arg(&act).arg(&ffi).arg(&hi).arg(&ki);
+            b.arg(&tab)
+                .arg(&idp)
+                .arg(&xb)
+                .arg(&act)
+                .arg(&ffi)
+                .arg(&hi)
+                .arg(&ki);
             let cfg = LaunchConfig {
                 grid_dim: (ff.div_ceil(warps as usize) as u32, k as u32, 1),
                 block_dim: (32 * warps, 1, 1),
@@ -149,7 +171,13 @@ pub fn bench_experts(
             // SAFETY: arguments in the kernel's order and types, buffers sized above.
             unsafe { b.launch(cfg) }.map_err(drv("moe_gate_up_tab"))?;
             let mut b = stream.launch_builder(&down);
-            b.arg(&tab).arg(&idp).arg(&wts_d).arg(&act).arg(&xo).arg(&shared).arg(&gl);
+            b.arg(&tab)
+                .arg(&idp)
+                .arg(&wts_d)
+                .arg(&act)
+                .arg(&xo)
+                .arg(&shared)
+                .arg(&gl);
             b.arg(&hi).arg(&ffi).arg(&ki);
             let cfg = LaunchConfig {
                 grid_dim: (h.div_ceil(warps as usize) as u32, 1, 1),

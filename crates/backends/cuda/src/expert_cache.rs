@@ -68,7 +68,9 @@ impl std::str::FromStr for ExpertPolicy {
             "lfu" | "layer-quota" => Ok(ExpertPolicy::Lfu),
             "lru" => Ok(ExpertPolicy::Lru),
             "static" => Ok(ExpertPolicy::Static),
-            _ => Err(format!("unknown expert-cache policy {s} (lfu, lru, static)")),
+            _ => Err(format!(
+                "unknown expert-cache policy {s} (lfu, lru, static)"
+            )),
         }
     }
 }
@@ -681,7 +683,11 @@ impl Drop for ExpertCache {
 
 /// Bytes per slot for these layers: the largest, aligned.
 fn stride(layouts: &[ExpertLayout]) -> usize {
-    layouts.iter().map(|l| l.slot_bytes).max().unwrap_or(PART_ALIGN)
+    layouts
+        .iter()
+        .map(|l| l.slot_bytes)
+        .max()
+        .unwrap_or(PART_ALIGN)
 }
 
 /// Every expert into the pinned host copy (layer-major, expert e of layer l at
@@ -700,7 +706,9 @@ fn fill_host(dst: &mut [u8], experts: &ExpertBytes<'_>, layouts: &[ExpertLayout]
             .zip(dst.chunks_mut(chunk * per_layer.max(1)))
         {
             scope.spawn(move || {
-                for ((layer, layout), d) in ls.iter().zip(lays).zip(dsts.chunks_mut(per_layer.max(1))) {
+                for ((layer, layout), d) in
+                    ls.iter().zip(lays).zip(dsts.chunks_mut(per_layer.max(1)))
+                {
                     for (parts, slot) in layer.iter().zip(d.chunks_mut(sb)) {
                         layout.pack(parts, slot);
                     }
@@ -711,7 +719,11 @@ fn fill_host(dst: &mut [u8], experts: &ExpertBytes<'_>, layouts: &[ExpertLayout]
 }
 
 /// Every expert into its device slot (slots in the host copy's order), one layer per copy.
-fn upload_all(slots: u64, experts: &ExpertBytes<'_>, layouts: &[ExpertLayout]) -> Result<(), CudaError> {
+fn upload_all(
+    slots: u64,
+    experts: &ExpertBytes<'_>,
+    layouts: &[ExpertLayout],
+) -> Result<(), CudaError> {
     let sb = stride(layouts);
     let n_expert = experts.first().map_or(0, |l| l.len());
     let mut staged = vec![0u8; n_expert * sb];

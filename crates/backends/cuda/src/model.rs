@@ -38,8 +38,8 @@ use redlite_model::weights::{LayerWeights, MixerWeights, Weights};
 use redlite_model::{Config, ModelError};
 
 use crate::expert_cache::{
-    device_used, moe_warps, slots_per_layer, ExpertBytes, ExpertCache, ExpertCacheSize, ExpertLayout,
-    ExpertPolicy,
+    device_used, moe_warps, slots_per_layer, ExpertBytes, ExpertCache, ExpertCacheSize,
+    ExpertLayout, ExpertPolicy,
 };
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
@@ -1301,7 +1301,8 @@ fn dev_experts(
     opts: &CudaModelOptions,
     weights: &Weights<HostLoader>,
 ) -> Result<ExpertCache, CudaError> {
-    let part_len = |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
+    let part_len =
+        |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
     let mut experts: ExpertBytes<'_> = Vec::with_capacity(weights.layers.len());
     let mut layouts = Vec::with_capacity(weights.layers.len());
     for w in &weights.layers {

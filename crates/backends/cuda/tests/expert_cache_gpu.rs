@@ -47,12 +47,16 @@ fn run(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize, policy: ExpertPolic
     let mut token = prompt[0];
     for i in 1..=prompt.len() {
         // The prompt's ids first (teacher forcing), then the model's own greedy choices.
-        let next = m.decode(token, &GpuSampling::greedy(), 0.0).expect("decode");
+        let next = m
+            .decode(token, &GpuSampling::greedy(), 0.0)
+            .expect("decode");
         steps.push(m.last_logits().expect("logits"));
         token = prompt.get(i).copied().unwrap_or(next);
     }
     for _ in 0..40 {
-        token = m.decode(token, &GpuSampling::greedy(), 0.0).expect("decode");
+        token = m
+            .decode(token, &GpuSampling::greedy(), 0.0)
+            .expect("decode");
         steps.push(m.last_logits().expect("logits"));
     }
     (prefill, steps, m.expert_cache().stats())
@@ -102,7 +106,10 @@ fn bounded_expert_cache_gives_the_logits_of_full_residency() {
                     st.misses,
                     st.promotions
                 );
-                assert!(st.misses > 0, "{name} {size:?} {policy:?}: a bounded cache misses");
+                assert!(
+                    st.misses > 0,
+                    "{name} {size:?} {policy:?}: a bounded cache misses"
+                );
                 assert!(
                     same_bits(&p, &p_all),
                     "{name} {size:?} {policy:?}: prompt logits differ from full residency"
