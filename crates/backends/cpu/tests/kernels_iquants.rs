@@ -699,7 +699,11 @@ fn thread_cpu_ns() -> Option<u64> {
 #[ignore = "benchmark"]
 fn bench_bandwidth() {
     use std::time::Instant;
-    let cols = 4096;
+    // Row length (`REDLITE_BENCH_COLS`, default 4096; the 80B experts have 2048 and 512).
+    let cols: usize = std::env::var("REDLITE_BENCH_COLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096);
     let mut rng = StdRng::seed_from_u64(1);
     let a = random_acts(&mut rng, cols);
     // Matrix size per type in MiB (`REDLITE_BENCH_MIB`, default 64: well beyond the caches; a
