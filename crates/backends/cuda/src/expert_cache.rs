@@ -281,6 +281,28 @@ pub struct ExpertCache {
     /// i32 ids the router writes: `[layers][tokens][k]` for a call of `tokens` tokens.
     ids_dev: u64,
     ids: Vec<i32>,
+    /// Which expert is where, and the policy's counts.
+    res: Residency,
+    dirty: Vec<bool>,
+    /// The event after the copies in flight ([`Residency::pending`]).
+    copies_done: CudaEvent,
+    tables_ready: CudaEvent,
+    copy: Arc<CudaStream>,
+    stats: ExpertStats,
+}
+
+/// Which expert each slot holds, and the eviction policy's state (no CUDA in here).
+///
+/// An expert is resident (`slot(l, e)` is `Some`) only once its copy is complete: a promoted
+/// expert is *pending* (its slot reserved, its entry still the host copy) until
+/// [`Residency::activate`]; its victim stops being resident at once.
+#[derive(Debug, Clone)]
+pub struct Residency {
+    layers: usize,
+    n_expert: usize,
+    k: usize,
+    per_layer: usize,
+    policy: ExpertPolicy,
     /// `slot_of[l · n_expert + e]`: the slot expert e's entry points to, or -1 (host).
     slot_of: Vec<i32>,
     /// `holder[l · per_layer + s]`: the expert in (or being copied into) slot s.
@@ -289,15 +311,171 @@ pub struct ExpertCache {
     score: Vec<f32>,
     last_use: Vec<u64>,
     tick: u64,
-    dirty: Vec<bool>,
-    /// Copies in flight: (layer, expert, slot), and the event after them.
+    /// Promotions whose copies are in flight: (layer, expert, slot).
     pending: Vec<(usize, usize, usize)>,
-    copies_done: CudaEvent,
-    tables_ready: CudaEvent,
-    copy: Arc<CudaStream>,
     /// Most experts promoted per call.
     max_promotions: usize,
-    stats: ExpertStats,
+}
+
+/// What one call's ids did: uses served by slots, and the missed uses per layer and the
+/// distinct missed (layer, expert) pairs, most used first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counted {
+    pub hits: u64,
+    pub misses_per_layer: Vec<u64>,
+    pub missed: Vec<(usize, usize)>,
+}
+
+impl Residency {
+    /// Slots `0..per_layer` of every layer hold experts `0..per_layer`.
+    pub fn new(
+        layers: usize,
+        n_expert: usize,
+        k: usize,
+        per_layer: usize,
+        policy: ExpertPolicy,
+    ) -> Residency {
+        let mut slot_of = vec![-1i32; layers * n_expert];
+        let mut holder = vec![-1i32; layers * per_layer];
+        for l in 0..layers {
+            for s in 0..per_layer {
+                slot_of[l * n_expert + s] = s as i32;
+                holder[l * per_layer + s] = s as i32;
+            }
+        }
+        Residency {
+            layers,
+            n_expert,
+            k,
+            per_layer,
+            policy,
+            slot_of,
+            holder,
+            score: vec![0.0; layers * n_expert],
+            last_use: vec![0; layers * n_expert],
+            tick: 0,
+            pending: Vec::new(),
+            max_promotions: MAX_PROMOTIONS,
+        }
+    }
+
+    /// The slot expert `e` of layer `l` is read from, if resident.
+    pub fn slot(&self, l: usize, e: usize) -> Option<usize> {
+        usize::try_from(self.slot_of[l * self.n_expert + e]).ok()
+    }
+
+    /// Promotions waiting for their copies.
+    pub fn pending(&self) -> &[(usize, usize, usize)] {
+        &self.pending
+    }
+
+    /// Count a call of `n` tokens (`ids`: `[layers][n][k]`): hits and misses against the
+    /// current residency; the use counts and recency the policies read.
+    pub fn count(&mut self, ids: &[i32], n: usize) -> Counted {
+        let (ne, k) = (self.n_expert, self.k);
+        let decay = LFU_DECAY.powi(n as i32);
+        let mut c = Counted {
+            misses_per_layer: vec![0; self.layers],
+            ..Counted::default()
+        };
+        for l in 0..self.layers {
+            for s in &mut self.score[l * ne..(l + 1) * ne] {
+                *s *= decay;
+            }
+            for t in 0..n {
+                self.tick += 1;
+                for j in 0..k {
+                    let Some(&e) = ids.get((l * n + t) * k + j) else {
+                        continue;
+                    };
+                    if e < 0 || e as usize >= ne {
+                        continue;
+                    }
+                    let at = l * ne + e as usize;
+                    self.score[at] += 1.0;
+                    self.last_use[at] = self.tick;
+                    if self.slot_of[at] >= 0 {
+                        c.hits += 1;
+                    } else {
+                        c.misses_per_layer[l] += 1;
+                        c.missed.push((l, e as usize));
+                    }
+                }
+            }
+        }
+        c.missed.sort_unstable();
+        c.missed.dedup();
+        let score = &self.score;
+        c.missed
+            .sort_by(|a, b| score[b.0 * ne + b.1].total_cmp(&score[a.0 * ne + a.1]));
+        c
+    }
+
+    /// The pending promotions' copies are complete: their experts become resident. Returns the
+    /// (layer, expert) entries that changed.
+    pub fn activate(&mut self) -> Vec<(usize, usize)> {
+        let done = std::mem::take(&mut self.pending);
+        for &(l, e, s) in &done {
+            self.slot_of[l * self.n_expert + e] = s as i32;
+        }
+        done.into_iter().map(|(l, e, _)| (l, e)).collect()
+    }
+
+    /// Choose up to `max_promotions` of the `missed` experts to copy into slots (they become
+    /// pending; nothing is promoted while copies are pending). Returns the promotions
+    /// (layer, expert, slot) and the victims (layer, expert), no longer resident.
+    #[allow(clippy::type_complexity)]
+    pub fn promote(
+        &mut self,
+        missed: &[(usize, usize)],
+    ) -> (Vec<(usize, usize, usize)>, Vec<(usize, usize)>) {
+        let ne = self.n_expert;
+        let mut victims = Vec::new();
+        if self.policy == ExpertPolicy::Static || !self.pending.is_empty() {
+            return (Vec::new(), victims);
+        }
+        let mut taken = vec![false; self.layers * self.per_layer];
+        for &(l, e) in missed {
+            if self.pending.len() >= self.max_promotions {
+                break;
+            }
+            let at = l * ne + e;
+            if self.slot_of[at] >= 0 {
+                continue;
+            }
+            // The victim: the layer's resident expert with the lowest score (LFU) or the
+            // oldest use (LRU), among slots not already taken this round.
+            let mut best: Option<(usize, f64)> = None;
+            for s in 0..self.per_layer {
+                if taken[l * self.per_layer + s] {
+                    continue;
+                }
+                let v = self.holder[l * self.per_layer + s] as usize;
+                let key = match self.policy {
+                    ExpertPolicy::Lru => self.last_use[l * ne + v] as f64,
+                    _ => f64::from(self.score[l * ne + v]),
+                };
+                if best.is_none_or(|(_, b)| key < b) {
+                    best = Some((s, key));
+                }
+            }
+            let Some((s, key)) = best else { continue };
+            let admit = match self.policy {
+                ExpertPolicy::Lru => true,
+                _ => f64::from(self.score[at]) > key + f64::from(LFU_MARGIN),
+            };
+            if !admit {
+                continue;
+            }
+            taken[l * self.per_layer + s] = true;
+            let victim = self.holder[l * self.per_layer + s] as usize;
+            self.slot_of[l * ne + victim] = -1;
+            victims.push((l, victim));
+            self.holder[l * self.per_layer + s] = e as i32;
+            self.pending.push((l, e, s));
+        }
+        (self.pending.clone(), victims)
+    }
 }
 
 /// LFU: decay of the use counts per token (a window of a few hundred tokens).
@@ -374,14 +552,6 @@ impl ExpertCache {
         let tables_dev = alloc(8 * entries)?;
         let tables = Pinned::new(8 * entries, "the expert tables")?;
         let ids_dev = alloc(4 * layers * max_batch.max(1) * k)?;
-        let mut slot_of = vec![-1i32; layers * n_expert];
-        let mut holder = vec![-1i32; layers * per_layer];
-        for l in 0..layers {
-            for s in 0..per_layer {
-                slot_of[l * n_expert + s] = s as i32;
-                holder[l * per_layer + s] = s as i32;
-            }
-        }
         let copy = ctx
             .new_stream()
             .map_err(|e| CudaError::driver("creating the expert copy stream", e))?;
@@ -404,17 +574,11 @@ impl ExpertCache {
             tables,
             ids_dev,
             ids: Vec::new(),
-            slot_of,
-            holder,
-            score: vec![0.0; layers * n_expert],
-            last_use: vec![0; layers * n_expert],
-            tick: 0,
+            res: Residency::new(layers, n_expert, k, per_layer, policy),
             dirty: vec![true; layers],
-            pending: Vec::new(),
             copies_done: event()?,
             tables_ready: event()?,
             copy,
-            max_promotions: MAX_PROMOTIONS,
             stats: ExpertStats::default(),
         };
         for l in 0..layers {
@@ -485,9 +649,9 @@ impl ExpertCache {
     /// Point expert e's table entries at its slot or its host copy (host mirror only).
     fn point(&mut self, l: usize, e: usize) {
         let sb = self.sb;
-        let base = match self.slot_of[l * self.n_expert + e] {
-            s if s >= 0 => self.slots + ((l * self.per_layer + s as usize) * sb) as u64,
-            _ => {
+        let base = match self.res.slot(l, e) {
+            Some(s) => self.slots + ((l * self.per_layer + s) * sb) as u64,
+            None => {
                 let h = self.host.as_ref().map_or(0, |h| h.dev);
                 h + ((l * self.n_expert + e) * sb) as u64
             }
@@ -514,109 +678,25 @@ impl ExpertCache {
         // SAFETY: the router wrote layers · n · k ids at `ids_dev`; synchronous copy.
         unsafe { cu::memcpy_dtoh_sync(&mut self.ids, self.ids_dev) }
             .map_err(|e| CudaError::driver("reading the routed expert ids", e))?;
-        let missed = self.count(n);
+        let counted = self.res.count(&self.ids, n);
+        self.stats.hits += counted.hits;
+        for (l, &m) in counted.misses_per_layer.iter().enumerate() {
+            self.stats.misses += m;
+            self.stats.pcie_bytes += m * self.layouts[l].expert_bytes() as u64;
+        }
         let mut fresh = Vec::new();
-        if self.pending.is_empty() || self.copies_done.is_complete() {
-            self.activate();
-            if self.policy != ExpertPolicy::Static {
-                fresh = self.promote(&missed);
+        if self.res.pending().is_empty() || self.copies_done.is_complete() {
+            for (l, e) in self.res.activate() {
+                self.point(l, e);
+            }
+            let victims;
+            (fresh, victims) = self.res.promote(&counted.missed);
+            for (l, e) in victims {
+                self.point(l, e);
             }
         }
         self.upload_tables(stream)?;
         self.start_copies(stream, &fresh)
-    }
-
-    /// Hits, misses and use counts of the last call; returns the missed (layer, expert) pairs,
-    /// most used first.
-    fn count(&mut self, n: usize) -> Vec<(usize, usize)> {
-        let (ne, k) = (self.n_expert, self.k);
-        let decay = LFU_DECAY.powi(n as i32);
-        let mut missed = Vec::new();
-        for l in 0..self.layers {
-            let eb = self.layouts[l].expert_bytes() as u64;
-            for s in &mut self.score[l * ne..(l + 1) * ne] {
-                *s *= decay;
-            }
-            for t in 0..n {
-                self.tick += 1;
-                for c in 0..k {
-                    let e = self.ids[(l * n + t) * k + c];
-                    if e < 0 || e as usize >= ne {
-                        continue;
-                    }
-                    let at = l * ne + e as usize;
-                    self.score[at] += 1.0;
-                    self.last_use[at] = self.tick;
-                    if self.slot_of[at] >= 0 {
-                        self.stats.hits += 1;
-                    } else {
-                        self.stats.misses += 1;
-                        self.stats.pcie_bytes += eb;
-                        missed.push((l, e as usize));
-                    }
-                }
-            }
-        }
-        missed.sort_unstable();
-        missed.dedup();
-        let score = &self.score;
-        missed.sort_by(|a, b| score[b.0 * ne + b.1].total_cmp(&score[a.0 * ne + a.1]));
-        missed
-    }
-
-    /// Finished copies: their experts' entries now point at the slots.
-    fn activate(&mut self) {
-        for (l, e, s) in std::mem::take(&mut self.pending) {
-            self.slot_of[l * self.n_expert + e] = s as i32;
-            self.point(l, e);
-        }
-    }
-
-    /// Choose up to `max_promotions` missed experts to copy into slots (they become pending);
-    /// their victims go back to the host copies at once.
-    fn promote(&mut self, missed: &[(usize, usize)]) -> Vec<(usize, usize, usize)> {
-        let ne = self.n_expert;
-        let mut taken = vec![false; self.layers * self.per_layer];
-        for &(l, e) in missed {
-            if self.pending.len() >= self.max_promotions {
-                break;
-            }
-            let at = l * ne + e;
-            if self.slot_of[at] >= 0 {
-                continue;
-            }
-            // The victim: the layer's resident expert with the lowest score (LFU) or the
-            // oldest use (LRU), among slots not already taken this round.
-            let mut best: Option<(usize, f64)> = None;
-            for s in 0..self.per_layer {
-                if taken[l * self.per_layer + s] {
-                    continue;
-                }
-                let v = self.holder[l * self.per_layer + s] as usize;
-                let key = match self.policy {
-                    ExpertPolicy::Lru => self.last_use[l * ne + v] as f64,
-                    _ => f64::from(self.score[l * ne + v]),
-                };
-                if best.is_none_or(|(_, b)| key < b) {
-                    best = Some((s, key));
-                }
-            }
-            let Some((s, key)) = best else { continue };
-            let admit = match self.policy {
-                ExpertPolicy::Lru => true,
-                _ => f64::from(self.score[at]) > key + f64::from(LFU_MARGIN),
-            };
-            if !admit {
-                continue;
-            }
-            taken[l * self.per_layer + s] = true;
-            let victim = self.holder[l * self.per_layer + s] as usize;
-            self.slot_of[l * ne + victim] = -1;
-            self.point(l, victim);
-            self.holder[l * self.per_layer + s] = e as i32;
-            self.pending.push((l, e, s));
-        }
-        self.pending.clone()
     }
 
     /// Upload the changed layers' tables on the model's stream (ordered before the next call).
@@ -736,4 +816,177 @@ fn upload_all(
             .map_err(|e| CudaError::driver("uploading the experts", e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One token's ids for every layer (`[layers][1][k]`).
+    fn ids(per_layer: &[&[i32]]) -> Vec<i32> {
+        per_layer.iter().flat_map(|l| l.iter().copied()).collect()
+    }
+
+    /// Every slot holds one expert, resident or pending, and a resident expert's slot holds it.
+    fn check_invariants(r: &Residency) {
+        for l in 0..r.layers {
+            let mut seen = vec![false; r.n_expert];
+            for s in 0..r.per_layer {
+                let e = r.holder[l * r.per_layer + s];
+                assert!(
+                    e >= 0 && (e as usize) < r.n_expert,
+                    "slot {s} of layer {l} empty"
+                );
+                assert!(!seen[e as usize], "expert {e} in two slots of layer {l}");
+                seen[e as usize] = true;
+                let pending = r.pending.contains(&(l, e as usize, s));
+                assert!(pending || r.slot(l, e as usize) == Some(s));
+                if pending {
+                    assert_eq!(r.slot(l, e as usize), None, "pending yet resident");
+                }
+            }
+            for e in 0..r.n_expert {
+                if let Some(s) = r.slot(l, e) {
+                    assert_eq!(r.holder[l * r.per_layer + s], e as i32);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hits_and_misses_against_the_residency() {
+        let mut r = Residency::new(2, 8, 2, 3, ExpertPolicy::Static);
+        let c = r.count(&ids(&[&[0, 5], &[2, 7]]), 1);
+        assert_eq!(c.hits, 2);
+        assert_eq!(c.misses_per_layer, vec![1, 1]);
+        assert_eq!(c.missed.len(), 2);
+        assert!(c.missed.contains(&(0, 5)) && c.missed.contains(&(1, 7)));
+        // Static never promotes.
+        assert_eq!(r.promote(&c.missed), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_promoted_expert_is_resident_only_after_its_copy() {
+        let mut r = Residency::new(1, 4, 1, 1, ExpertPolicy::Lru);
+        let c = r.count(&[3], 1);
+        let (fresh, victims) = r.promote(&c.missed);
+        assert_eq!(fresh, vec![(0, 3, 0)]);
+        assert_eq!(victims, vec![(0, 0)]);
+        assert_eq!(r.slot(0, 0), None, "the victim leaves at once");
+        assert_eq!(r.slot(0, 3), None, "not resident before the copy completes");
+        check_invariants(&r);
+        // No new promotions while a copy is pending.
+        let c = r.count(&[2], 1);
+        assert_eq!(r.promote(&c.missed), (vec![], vec![]));
+        assert_eq!(r.activate(), vec![(0, 3)]);
+        assert_eq!(r.slot(0, 3), Some(0));
+        check_invariants(&r);
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used() {
+        let mut r = Residency::new(1, 8, 1, 3, ExpertPolicy::Lru);
+        for e in [0, 1, 2, 0, 2] {
+            r.count(&[e], 1);
+        }
+        let c = r.count(&[6], 1);
+        let (_, victims) = r.promote(&c.missed);
+        assert_eq!(victims, vec![(0, 1)]);
+        r.activate();
+        check_invariants(&r);
+    }
+
+    #[test]
+    fn lfu_admits_only_clearly_more_used_experts() {
+        let mut r = Residency::new(1, 8, 1, 2, ExpertPolicy::Lfu);
+        for e in [0, 0, 0, 1, 1, 1] {
+            r.count(&[e], 1);
+        }
+        // Expert 5, used once: not more than the least used resident (1, three uses) + margin.
+        let c = r.count(&[5], 1);
+        assert_eq!(r.promote(&c.missed), (vec![], vec![]));
+        for _ in 0..5 {
+            r.count(&[5], 1);
+        }
+        let c = r.count(&[5], 1);
+        let (fresh, victims) = r.promote(&c.missed);
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(victims.len(), 1);
+        r.activate();
+        assert!(r.slot(0, 5).is_some());
+        check_invariants(&r);
+    }
+
+    #[test]
+    fn random_routing_keeps_the_slots_consistent() {
+        for policy in [ExpertPolicy::Lru, ExpertPolicy::Lfu, ExpertPolicy::Static] {
+            let (layers, ne, k, per) = (3, 16, 4, 5);
+            let mut r = Residency::new(layers, ne, k, per, policy);
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            let mut promoted = 0;
+            for step in 0..400 {
+                let n = 1 + step % 3;
+                let ids: Vec<i32> = (0..layers * n * k)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // Skewed: low ids more often.
+                        ((x % 64) as f64).sqrt() as i32 * ne as i32 / 8 % ne as i32
+                    })
+                    .collect();
+                let c = r.count(&ids, n);
+                let uses: u64 = c.hits + c.misses_per_layer.iter().sum::<u64>();
+                assert_eq!(uses, (layers * n * k) as u64);
+                if step % 2 == 0 {
+                    r.activate();
+                }
+                let (fresh, victims) = r.promote(&c.missed);
+                assert!(fresh.len() >= victims.len());
+                promoted += victims.len();
+                check_invariants(&r);
+            }
+            assert_eq!(promoted == 0, policy == ExpertPolicy::Static, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn slots_per_layer_from_a_size() {
+        let sb = 1000;
+        assert_eq!(
+            slots_per_layer(ExpertCacheSize::All, 4, 8, sb, 0).unwrap(),
+            None
+        );
+        assert_eq!(
+            slots_per_layer(ExpertCacheSize::Min, 4, 8, sb, 0).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            slots_per_layer(ExpertCacheSize::Bytes(4 * 3 * 1000 + 5), 4, 8, sb, 0).unwrap(),
+            Some(3)
+        );
+        // As large as every expert: unbounded.
+        assert_eq!(
+            slots_per_layer(ExpertCacheSize::Bytes(4 * 8 * 1000), 4, 8, sb, 0).unwrap(),
+            None
+        );
+        assert!(slots_per_layer(ExpertCacheSize::Bytes(3999), 4, 8, sb, 0).is_err());
+        let budget = BUDGET_MARGIN + 10_000 + 4 * 2 * 1000;
+        assert_eq!(
+            slots_per_layer(ExpertCacheSize::Budget(budget), 4, 8, sb, 10_000).unwrap(),
+            Some(2)
+        );
+        assert!(slots_per_layer(ExpertCacheSize::Budget(1 << 20), 4, 8, sb, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn layout_aligns_parts() {
+        let l = ExpertLayout::new(270_336, 1000);
+        assert_eq!(l.up_off, 270_336);
+        assert_eq!(l.down_off, 540_672);
+        assert_eq!(l.slot_bytes, 540_672 + 1024);
+        assert_eq!(l.expert_bytes(), 2 * 270_336 + 1000);
+        let odd = ExpertLayout::new(100, 100);
+        assert_eq!((odd.up_off, odd.down_off, odd.slot_bytes), (256, 512, 768));
+    }
 }
