@@ -170,6 +170,11 @@ pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec
     let flat: Vec<f32> = xs.concat();
     let mut ys = vec![0.0f32; rows * xs.len()];
     b.linear(w, &flat, xs.len(), &mut ys);
+    if xs.len() >= 16 && rows > 0 {
+        // Prompt-sized: the copies on the pool.
+        use rayon::prelude::*;
+        return ys.par_chunks_exact(rows).map(|r| r.to_vec()).collect();
+    }
     ys.chunks_exact(rows).map(|r| r.to_vec()).collect()
 }
 

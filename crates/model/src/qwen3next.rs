@@ -7,6 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use redlite_gguf::GgufFile;
 
 use crate::backend::{matvec, matvec_rows, Backend, Oracle};
@@ -24,6 +26,42 @@ use crate::ModelError;
 
 /// The ε of the L2 normalisation of DeltaNet q and k (HF's `l2norm` default).
 const L2_NORM_EPS: f32 = 1e-6;
+
+/// Runs of at least this many tokens do their per-token work (norms, conv, gating, routing) on
+/// the rayon pool, the backend's threads; shorter ones (decode steps) stay on the calling thread.
+/// Each token's values are computed the same way either way.
+const PARALLEL_ROWS: usize = 16;
+
+/// `f` of every row, on the pool for runs of [`PARALLEL_ROWS`] rows or more.
+fn map_rows<T: Sync, R: Send>(xs: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+    if xs.len() >= PARALLEL_ROWS {
+        xs.par_iter().map(f).collect()
+    } else {
+        xs.iter().map(f).collect()
+    }
+}
+
+/// `f(i)` for `i` in `0..n`, on the pool when `n ≥ PARALLEL_ROWS`.
+fn map_range<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if n >= PARALLEL_ROWS {
+        (0..n).into_par_iter().map(f).collect()
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
+/// `h += m` row by row, on the pool for long runs.
+fn add_rows(x: &mut [Vec<f32>], m: &[Vec<f32>]) {
+    if x.len() >= PARALLEL_ROWS {
+        x.par_iter_mut()
+            .zip(m)
+            .for_each(|(h, m)| add_in_place(h, m));
+    } else {
+        for (h, m) in x.iter_mut().zip(m) {
+            add_in_place(h, m);
+        }
+    }
+}
 
 /// How a run of tokens goes through the DeltaNet layers. Both give the same result up to rounding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,9 +149,8 @@ impl<B: Backend> Model<B> {
         mode: Mode,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.config;
-        let mut x = tokens
-            .iter()
-            .map(|&t| self.embed(t))
+        let mut x = map_rows(tokens, |&t| self.embed(t))
+            .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         let pos0 = state.pos;
         let mut trace = state.trace.as_mut();
@@ -131,9 +168,9 @@ impl<B: Backend> Model<B> {
             decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode, recorder);
         }
         state.pos += tokens.len();
-        Ok(x.iter()
-            .map(|h| rms_norm(h, &self.weights.output_norm, cfg.rms_eps))
-            .collect())
+        Ok(map_rows(&x, |h| {
+            rms_norm(h, &self.weights.output_norm, cfg.rms_eps)
+        }))
     }
 
     /// Keep the first `n` tokens processed since `state.begin_trace()` and drop the rest
@@ -261,10 +298,7 @@ fn decoder_layer<B: Backend>(
     mode: Mode,
     recorder: Option<&mut DeltaTrace>,
 ) {
-    let normed: Vec<Vec<f32>> = x
-        .iter()
-        .map(|h| rms_norm(h, &w.attn_norm, cfg.rms_eps))
-        .collect();
+    let normed = map_rows(x, |h| rms_norm(h, &w.attn_norm, cfg.rms_eps));
     let mixed = match (&w.mixer, st) {
         (MixerWeights::Attention(a), LayerState::Attention(kv)) => {
             gated_attention(b, cfg, a, kv, &normed, pos0)
@@ -274,16 +308,9 @@ fn decoder_layer<B: Backend>(
         }
         _ => unreachable!("layer state kind follows the config"),
     };
-    for (h, m) in x.iter_mut().zip(&mixed) {
-        add_in_place(h, m);
-    }
-    let post: Vec<Vec<f32>> = x
-        .iter()
-        .map(|h| rms_norm(h, &w.post_attention_norm, cfg.rms_eps))
-        .collect();
-    for (h, m) in x.iter_mut().zip(moe(b, cfg, &w.moe, &post)) {
-        add_in_place(h, &m);
-    }
+    add_rows(x, &mixed);
+    let post = map_rows(x, |h| rms_norm(h, &w.post_attention_norm, cfg.rms_eps));
+    add_rows(x, &moe(b, cfg, &w.moe, &post));
 }
 
 fn add_in_place(a: &mut [f32], b: &[f32]) {
@@ -372,19 +399,17 @@ fn gated_delta_net<B: Backend>(
     for row in &qkv {
         history.extend_from_slice(row);
     }
-    let conv_out: Vec<Vec<f32>> = (0..n)
-        .map(|t| {
-            (0..ch)
-                .map(|c| {
-                    let mut y = 0.0f32;
-                    for j in 0..kern {
-                        y += w.conv[c * kern + j] * history[(t + j) * ch + c];
-                    }
-                    silu(y)
-                })
-                .collect()
-        })
-        .collect();
+    let conv_out: Vec<Vec<f32>> = map_range(n, |t| {
+        (0..ch)
+            .map(|c| {
+                let mut y = 0.0f32;
+                for j in 0..kern {
+                    y += w.conv[c * kern + j] * history[(t + j) * ch + c];
+                }
+                silu(y)
+            })
+            .collect()
+    });
     st.conv.copy_from_slice(&history[n * ch..]);
 
     // 3./4. Per-head q, k, v, β, g, laid out per V head for the delta rule: q/k [nv][n][dk], v [nv][n][dv].
@@ -394,10 +419,15 @@ fn gated_delta_net<B: Backend>(
     let mut v = vec![0.0f32; nv * n * dv];
     let mut beta = vec![0.0f32; nv * n];
     let mut g = vec![0.0f32; nv * n];
-    for t in 0..n {
-        let y = &conv_out[t];
-        for h in 0..nv {
-            let kh = h / r;
+    // V head h's rows: q/k [n][dk], v [n][dv], β and g [n].
+    let head = |h: usize,
+                qh_all: &mut [f32],
+                kh_all: &mut [f32],
+                vh_all: &mut [f32],
+                beta_h: &mut [f32],
+                g_h: &mut [f32]| {
+        let kh = h / r;
+        for (t, y) in conv_out.iter().enumerate() {
             let mut qh = y[kh * dk..(kh + 1) * dk].to_vec();
             let mut khv = y[nk * dk + kh * dk..nk * dk + (kh + 1) * dk].to_vec();
             l2_normalize(&mut qh, L2_NORM_EPS);
@@ -405,18 +435,34 @@ fn gated_delta_net<B: Backend>(
             for x in qh.iter_mut() {
                 *x *= q_scale;
             }
-            let at = (h * n + t) * dk;
-            q[at..at + dk].copy_from_slice(&qh);
-            k[at..at + dk].copy_from_slice(&khv);
+            qh_all[t * dk..(t + 1) * dk].copy_from_slice(&qh);
+            kh_all[t * dk..(t + 1) * dk].copy_from_slice(&khv);
             let vo = 2 * nk * dk + h * dv;
-            v[(h * n + t) * dv..(h * n + t + 1) * dv].copy_from_slice(&y[vo..vo + dv]);
+            vh_all[t * dv..(t + 1) * dv].copy_from_slice(&y[vo..vo + dv]);
             // ba is grouped per QK head: [β-logits of its r V heads | a-logits of its r V heads].
             let (grp, j) = (h / r, h % r);
             let b_logit = ba[t][grp * 2 * r + j];
             let a_logit = ba[t][grp * 2 * r + r + j];
-            beta[h * n + t] = sigmoid(b_logit);
-            g[h * n + t] = w.a[h] * softplus(a_logit + w.dt_bias[h]);
+            beta_h[t] = sigmoid(b_logit);
+            g_h[t] = w.a[h] * softplus(a_logit + w.dt_bias[h]);
         }
+    };
+    if n >= PARALLEL_ROWS {
+        q.par_chunks_mut(n * dk)
+            .zip(k.par_chunks_mut(n * dk))
+            .zip(v.par_chunks_mut(n * dv))
+            .zip(beta.par_chunks_mut(n))
+            .zip(g.par_chunks_mut(n))
+            .enumerate()
+            .for_each(|(h, ((((q, k), v), b), g))| head(h, q, k, v, b, g));
+    } else if n > 0 {
+        q.chunks_mut(n * dk)
+            .zip(k.chunks_mut(n * dk))
+            .zip(v.chunks_mut(n * dv))
+            .zip(beta.chunks_mut(n))
+            .zip(g.chunks_mut(n))
+            .enumerate()
+            .for_each(|(h, ((((q, k), v), b), g))| head(h, q, k, v, b, g));
     }
 
     // 5. The delta rule, one V head at a time. When recording (speculative verification), the
@@ -454,19 +500,17 @@ fn gated_delta_net<B: Backend>(
     }
 
     // 6. Gated RMSNorm per head, then the output projection.
-    let gated: Vec<Vec<f32>> = (0..n)
-        .map(|t| {
-            let mut gated = vec![0.0f32; nv * dv];
-            for h in 0..nv {
-                let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
-                let normed = rms_norm(oh, &w.norm, cfg.rms_eps);
-                for d in 0..dv {
-                    gated[h * dv + d] = normed[d] * silu(z[t][h * dv + d]);
-                }
+    let gated: Vec<Vec<f32>> = map_range(n, |t| {
+        let mut gated = vec![0.0f32; nv * dv];
+        for h in 0..nv {
+            let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
+            let normed = rms_norm(oh, &w.norm, cfg.rms_eps);
+            for d in 0..dv {
+                gated[h * dv + d] = normed[d] * silu(z[t][h * dv + d]);
             }
-            gated
-        })
-        .collect();
+        }
+        gated
+    });
     matvec_rows(b, &w.out, &gated)
 }
 
@@ -486,35 +530,29 @@ fn expert_choice(cfg: &Config, router_logits: &[f32]) -> Vec<(usize, f32)> {
 fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let gate = matvec_rows(b, &w.shared.gate, xs);
     let up = matvec_rows(b, &w.shared.up, xs);
-    let act: Vec<Vec<f32>> = gate
-        .iter()
-        .zip(&up)
-        .map(|(g, u)| g.iter().zip(u).map(|(&g, &u)| silu(g) * u).collect())
-        .collect();
+    let act: Vec<Vec<f32>> = map_range(xs.len(), |t| {
+        gate[t]
+            .iter()
+            .zip(&up[t])
+            .map(|(&g, &u)| silu(g) * u)
+            .collect()
+    });
     let down = matvec_rows(b, &w.shared.down, &act);
-    down.into_iter()
-        .zip(xs)
-        .map(|(d, x)| {
-            let gate = sigmoid(dot(&w.shared_gate, x));
-            d.iter().map(|v| gate * v).collect()
-        })
-        .collect()
+    map_range(xs.len(), |t| {
+        let gate = sigmoid(dot(&w.shared_gate, &xs[t]));
+        down[t].iter().map(|v| gate * v).collect()
+    })
 }
 
 /// MoE block: routed experts plus the gated shared expert, for each token.
 fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let router_logits = matvec_rows(b, &w.router, xs);
-    let chosen: Vec<Vec<(usize, f32)>> = router_logits
-        .iter()
-        .map(|l| expert_choice(cfg, l))
-        .collect();
+    let chosen = map_rows(&router_logits, |l| expert_choice(cfg, l));
     let mut out = if xs.len() == 1 {
         vec![b.routed_experts(&w.experts, &chosen[0], &xs[0])]
     } else {
         b.routed_experts_rows(&w.experts, &chosen, xs)
     };
-    for (o, sh) in out.iter_mut().zip(shared_expert_rows(b, w, xs)) {
-        add_in_place(o, &sh);
-    }
+    add_rows(&mut out, &shared_expert_rows(b, w, xs));
     out
 }
