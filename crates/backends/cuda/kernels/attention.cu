@@ -106,16 +106,18 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = head[i];
 }
 
-// attn_causal(q, kc, vc, o, pos, nkv, hd, scale): causal softmax attention of query token
+// attn_causal(q, kc, vc, gate, o, pos, nkv, hd, scale): causal softmax attention of query token
 // t = blockIdx.y (position p = *pos + t) and head h = blockIdx.x (gridDim.x = heads; GQA: KV head
 // h / (heads / nkv)) over cache positions 0..p. q and o are [tokens][heads][hd], kc and vc
 // [ctx][nkv][hd] (already holding this token's K and V). Each warp walks positions wid, wid + 4,
 // ... with a running max, sum and weighted value sum (online softmax); the 4 partial results
-// are merged at the end. No scratch memory, any length.
+// are merged at the end. No scratch memory, any length. When gate is not null ([tokens][heads][hd]),
+// o = attention * sigmoid(gate) (the output gate of gated attention, folded in).
 // Launch: grid = (heads, tokens), block = 32 * ATTN_WARPS; hd a multiple of 32, <= ATTN_MAX_HD.
 extern "C" __global__ void attn_causal(const float* __restrict__ q, const float* __restrict__ kc,
-                                       const float* __restrict__ vc, float* __restrict__ o,
-                                       const int* __restrict__ pos_ptr, int nkv, int hd, float scale) {
+                                       const float* __restrict__ vc, const float* __restrict__ gate,
+                                       float* __restrict__ o, const int* __restrict__ pos_ptr, int nkv, int hd,
+                                       float scale) {
     __shared__ float part_m[ATTN_WARPS], part_l[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS * ATTN_MAX_HD];
     const int h = blockIdx.x, heads = gridDim.x, t = blockIdx.y;
@@ -170,6 +172,134 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
         for (int w = 0; w < ATTN_WARPS; ++w) {
             if (part_m[w] != NEG_INF) a += part_acc[w * ATTN_MAX_HD + i] * expf(part_m[w] - mm);
         }
-        o[((size_t)t * heads + h) * hd + i] = a / ll;
+        const size_t at = ((size_t)t * heads + h) * hd + i;
+        o[at] = gate == nullptr ? a / ll : (a / ll) * sigmoidf_(gate[at]);
     }
+}
+
+// Decode attention split over the cache length (flash-decoding), for one new token at position
+// p = *pos (n = p + 1 cache rows): attn_split computes each chunk's partial softmax, attn_merge
+// combines the chunks. Both derive the same chunking from n: chunk = max(min_chunk, ceil(n /
+// splits)) rounded up to a multiple of 4, active chunks = ceil(n / chunk) (splits = gridDim.y of
+// attn_split); chunks past the active ones do nothing.
+#define ATTN_UNROLL 4
+
+__device__ __forceinline__ int attn_chunk(int n, int splits, int min_chunk) {
+    int c = (n + splits - 1) / splits;
+    c = c > min_chunk ? c : min_chunk;
+    return (c + ATTN_UNROLL - 1) / ATTN_UNROLL * ATTN_UNROLL;
+}
+
+// attn_split(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): block (g, c) = (blockIdx.x,
+// blockIdx.y) takes KV head g and chunk c; its warp w takes query head g * (heads / nkv) + w (the
+// query heads of a KV head read the same K and V rows, through L1). A warp walks its chunk
+// ATTN_UNROLL positions at a time (K and V rows of all of them loaded first), with a running max,
+// sum and weighted V sum; it writes part[h][c] = {max, sum, acc[hd]}.
+// Launch: grid = (nkv, splits), block = 32 * (heads / nkv) threads; hd a multiple of 32,
+// <= ATTN_MAX_HD; part holds heads * splits * (hd + 2) floats.
+template <int PER>
+__device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const float* __restrict__ kc,
+                                                const float* __restrict__ vc, float* __restrict__ part,
+                                                const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
+                                                float scale, int min_chunk) {
+    const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y;
+    const int n = *pos_ptr + 1;
+    const int chunk = attn_chunk(n, splits, min_chunk);
+    const int j0 = c * chunk;
+    if (j0 >= n) return;
+    const int j1 = min(n, j0 + chunk);
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int h = g * (heads / nkv) + w;
+    const int per = hd / WARP;
+    const float* qh = q + (size_t)h * hd;
+    float qr[PER], acc[PER];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        qr[e] = e < per ? qh[e * WARP + lane] : 0.0f;
+        acc[e] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int j = j0; j < j1; j += ATTN_UNROLL) {
+        float kr[ATTN_UNROLL][PER], vr[ATTN_UNROLL][PER];
+#pragma unroll
+        for (int uu = 0; uu < ATTN_UNROLL; ++uu) {
+            const int jj = j + uu < j1 ? j + uu : j1 - 1;  // past the end: a copy of the last row, weight 0
+            const float* kj = kc + ((size_t)jj * nkv + g) * hd;
+            const float* vj = vc + ((size_t)jj * nkv + g) * hd;
+#pragma unroll
+            for (int e = 0; e < PER; ++e) {
+                kr[uu][e] = e < per ? kj[e * WARP + lane] : 0.0f;
+                vr[uu][e] = e < per ? vj[e * WARP + lane] : 0.0f;
+            }
+        }
+        float d[ATTN_UNROLL];
+        float mx = m;
+#pragma unroll
+        for (int uu = 0; uu < ATTN_UNROLL; ++uu) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < PER; ++e) s += qr[e] * kr[uu][e];
+            s = warp_sum(s) * scale;
+            d[uu] = j + uu < j1 ? s : NEG_INF;
+            mx = fmaxf(mx, d[uu]);
+        }
+        const float corr = expf(m - mx);  // 0 on the first rows (m = -inf)
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < PER; ++e) acc[e] *= corr;
+#pragma unroll
+        for (int uu = 0; uu < ATTN_UNROLL; ++uu) {
+            const float p = expf(d[uu] - mx);  // 0 past the end
+            l += p;
+#pragma unroll
+            for (int e = 0; e < PER; ++e) acc[e] += p * vr[uu][e];
+        }
+        m = mx;
+    }
+    float* out = part + ((size_t)h * splits + c) * (hd + 2);
+    if (lane == 0) {
+        out[0] = m;
+        out[1] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        if (e < per) out[2 + e * WARP + lane] = acc[e];
+    }
+}
+
+// Registers sized for the head: PER = hd / 32 rounded up to a power of two.
+extern "C" __global__ void attn_split(const float* __restrict__ q, const float* __restrict__ kc,
+                                      const float* __restrict__ vc, float* __restrict__ part,
+                                      const int* __restrict__ pos_ptr, int heads, int nkv, int hd, float scale,
+                                      int min_chunk) {
+    const int per = hd / WARP;
+    if (per <= 2) attn_split_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    else if (per <= 4) attn_split_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    else if (per <= 8) attn_split_body<8>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    else attn_split_body<ATTN_PER_LANE>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+
+// attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, value i = thread:
+// o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) * sigmoid(gate[h][i]) over the
+// active chunks of attn_split (M = max m_c); gate may be null. Launch: grid = heads, block = hd.
+extern "C" __global__ void attn_merge(const float* __restrict__ part, const float* __restrict__ gate,
+                                      float* __restrict__ o, const int* __restrict__ pos_ptr, int splits, int hd,
+                                      int min_chunk) {
+    const int h = blockIdx.x, i = threadIdx.x;
+    if (i >= hd) return;
+    const int n = *pos_ptr + 1;
+    const int chunk = attn_chunk(n, splits, min_chunk);
+    const int active = (n + chunk - 1) / chunk;
+    const float* ph = part + (size_t)h * splits * (hd + 2);
+    float mm = NEG_INF;
+    for (int c = 0; c < active; ++c) mm = fmaxf(mm, ph[(size_t)c * (hd + 2)]);
+    float ll = 0.0f, a = 0.0f;
+    for (int c = 0; c < active; ++c) {
+        const float* pc = ph + (size_t)c * (hd + 2);
+        const float f = expf(pc[0] - mm);
+        ll += pc[1] * f;
+        a += pc[2 + i] * f;
+    }
+    const size_t at = (size_t)h * hd + i;
+    o[at] = gate == nullptr ? a / ll : (a / ll) * sigmoidf_(gate[at]);
 }

@@ -206,3 +206,144 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
         if (col && i < dk) sh[(size_t)i * dv + j] = st[r];
     }
 }
+
+#define DNF_ROWS 32
+#define DNF_MAX_THREADS 1024
+// dn_fused_seq(qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern,
+//              l2_eps, q_scale, rms_eps): the whole DeltaNet core of n tokens in one launch, from the
+// projections to the gated norm: conv + SiLU (dn_conv_seq), q/k L2 norm (dn_qk_norm), beta and g
+// (dn_gates), the delta rule (dn_delta_seq), RMSNorm(o) w ⊙ silu(z) (rms_norm_gated), token after
+// token. qkv [n][ch] is the raw projection, ba [n][2 nv] (grouped per QK head as for dn_gates), z
+// and y [n][nv][dv]; conv_state [kern-1][ch] and s [nv][dk][dv] are carried over.
+// Block = QK head kh = blockIdx.x with its r = nv / nk V heads: it alone reads and writes the conv
+// channels of q and k of kh and of v of those V heads, so its conv window needs no other block.
+// Warp u = (hl, cc, rg) takes V head kh r + hl, state columns j = 32 cc + lane and rows
+// DNF_ROWS rg .. DNF_ROWS (rg + 1) - 1 in registers (as dn_delta_seq); the column sums go over the
+// rg warps in shared memory. dk must be a multiple of DNF_ROWS.
+// Launch: grid = nk, block = 32 * r * ceil(dv / 32) * ceil(dk / DNF_ROWS) threads (<= DNF_MAX_THREADS),
+// dynamic shared memory = (2 dk + 2 r dv + blockDim.x + 3 r) floats.
+extern "C" __global__ void __launch_bounds__(DNF_MAX_THREADS)
+    dn_fused_seq(const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
+                 const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias,
+                 float* __restrict__ s, const float* __restrict__ z, const float* __restrict__ norm_w,
+                 float* __restrict__ y, int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps,
+                 float q_scale, float rms_eps) {
+    extern __shared__ float sm[];
+    const int kh = blockIdx.x, nv = nk * r;
+    const int own = 2 * dk + r * dv;  // this block's conv channels: q of kh, k of kh, v of its V heads
+    float* buf = sm;                   // [own]: conv output of the current token (q | k | v)
+    float* os = sm + own;              // [r dv]: delta-rule output of the current token
+    float* part = os + r * dv;         // [warps][32]: partial column sums
+    float* gb = part + blockDim.x;     // [2 r]: beta, then exp(g), per V head
+    float* invs = gb + 2 * r;          // [r]: 1 / rms of each V head's output
+    const int lane = threadIdx.x % WARP, u = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    const int cpv = (dv + WARP - 1) / WARP, rgn = (dk + DNF_ROWS - 1) / DNF_ROWS;
+    const int hl = u / (cpv * rgn), cc = (u / rgn) % cpv, rg = u % rgn;
+    const int h = kh * r + hl;
+    const int j = cc * WARP + lane;
+    const bool col = j < dv;
+    const int i0 = rg * DNF_ROWS;
+    float st[DNF_ROWS];
+    {
+        const float* p = s + ((size_t)h * dk + i0) * dv + (col ? j : 0);
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q, p += dv) st[q] = col ? *p : 0.0f;
+    }
+    // Channel of local index li.
+#define DN_CH(li) ((li) < dk ? kh * dk + (li) : (li) < 2 * dk ? nk * dk + kh * dk + (li) - dk : 2 * nk * dk + kh * r * dv + (li) - 2 * dk)
+    for (int t = 0; t < n; ++t) {
+        // Conv + SiLU of this block's channels; history = [conv_state | qkv rows 0 .. t].
+        for (int li = threadIdx.x; li < own; li += blockDim.x) {
+            const int c = DN_CH(li);
+            const float* wc = conv_w + (size_t)c * kern;
+            float acc = 0.0f;
+            for (int jj = 0; jj < kern - 1; ++jj) {
+                const int src = t - (kern - 1) + jj;
+                const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : conv_state[(size_t)(kern - 1 + src) * ch + c];
+                acc += wc[jj] * hv;
+            }
+            acc += wc[kern - 1] * qkv[(size_t)t * ch + c];
+            buf[li] = siluf_(acc);
+        }
+        if ((int)threadIdx.x < r) {
+            const int hh = kh * r + threadIdx.x;
+            const float* bat = ba + (size_t)t * 2 * nv + (size_t)kh * 2 * r;
+            gb[threadIdx.x] = sigmoidf_(bat[threadIdx.x]);
+            gb[r + threadIdx.x] = expf(a[hh] * softplusf_(bat[r + threadIdx.x] + dt_bias[hh]));
+        }
+        __syncthreads();
+        // L2 norm of q (then times q_scale) and of k, a warp each.
+        for (int vec = u; vec < 2; vec += warps) {
+            float* xr = buf + vec * dk;
+            float ss = 0.0f;
+            for (int i = lane; i < dk; i += WARP) ss += xr[i] * xr[i];
+            ss = warp_sum(ss);
+            const float inv = 1.0f / sqrtf(ss + l2_eps);
+            const float sc = vec == 0 ? q_scale : 1.0f;
+            __syncwarp();
+            for (int i = lane; i < dk; i += WARP) xr[i] = (xr[i] * inv) * sc;
+        }
+        __syncthreads();
+        const float* qs = buf;
+        const float* ks = buf + dk;
+        const float alpha = gb[r + hl];
+        float m = 0.0f;
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) {
+            st[q] *= alpha;
+            m += st[q] * ks[i0 + q];
+        }
+        part[u * WARP + lane] = m;
+        __syncthreads();
+        const int u0 = u - rg;  // warp of row group 0 of these columns
+        float mt = 0.0f;
+        for (int g = 0; g < rgn; ++g) mt += part[(u0 + g) * WARP + lane];
+        const float v = col ? buf[2 * dk + hl * dv + j] : 0.0f;
+        const float delta = gb[hl] * (v - mt);
+        float out = 0.0f;
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) {
+            st[q] += ks[i0 + q] * delta;
+            out += st[q] * qs[i0 + q];
+        }
+        __syncthreads();  // every warp has read the S^T k sums
+        part[u * WARP + lane] = out;
+        __syncthreads();
+        if (rg == 0 && col) {
+            float ot = 0.0f;
+            for (int g = 0; g < rgn; ++g) ot += part[(u0 + g) * WARP + lane];
+            os[hl * dv + j] = ot;
+        }
+        __syncthreads();
+        // Gated RMSNorm per V head.
+        for (int vh = u; vh < r; vh += warps) {
+            float ss = 0.0f;
+            for (int i = lane; i < dv; i += WARP) ss += os[vh * dv + i] * os[vh * dv + i];
+            ss = warp_sum(ss);
+            if (lane == 0) invs[vh] = 1.0f / sqrtf(ss / (float)dv + rms_eps);
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < r * dv; idx += blockDim.x) {
+            const int vh = idx / dv, jj = idx % dv;
+            const size_t at = ((size_t)t * nv + kh * r + vh) * dv + jj;
+            y[at] = (os[idx] * invs[vh] * norm_w[jj]) * siluf_(z[at]);
+        }
+    }
+    if (col) {
+        float* p = s + ((size_t)h * dk + i0) * dv + j;
+        asm volatile("" : "+l"(p));  // a fresh pointer: the load addresses are not kept live
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
+    }
+    // The conv window ends as the last kern - 1 inputs of [conv_state | qkv].
+    for (int li = threadIdx.x; li < own; li += blockDim.x) {
+        const int c = DN_CH(li);
+        float nw[DN_MAX_KERN];
+        for (int jj = 0; jj < kern - 1; ++jj) {
+            const int m = n + jj;  // index into [state rows | tokens]
+            nw[jj] = m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
+        }
+        for (int jj = 0; jj < kern - 1; ++jj) conv_state[(size_t)jj * ch + c] = nw[jj];
+    }
+#undef DN_CH
+}

@@ -220,8 +220,12 @@ struct GroupDot<T_F32> {
     }
 };
 
+// The lane's share of one row's dot product when the row is cut into `parts` slices and the warp
+// takes slice `part` (units of work dealt round-robin: warp blocks, groups, or values); the warp
+// sum of the slices' partials over every slice is the row's dot. parts = 1: the whole row.
 template <typename T>
-__device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
+__device__ __forceinline__ float row_partial(const u8* __restrict__ wr, const float* __restrict__ x, int cols,
+                                             int lane, int part, int parts) {
     float acc = 0.0f;
     constexpr int G = GroupDot<T>::G;
     if constexpr (WarpBlockDot<T>::ON) {
@@ -229,29 +233,36 @@ __device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float*
         const int nb = cols / T::QK;
         constexpr int U = WB_UNROLL;
 #pragma unroll U
-        for (int ib = 0; ib < nb; ++ib) {
+        for (int ib = part; ib < nb; ib += parts) {
             acc += WarpBlockDot<T>::dot(wr + (size_t)ib * T::BB, lane, x + (size_t)ib * T::QK);
         }
     } else if constexpr (G > 0 && G <= T::QK) {
         // Groups inside a block.
         constexpr int PER_BLOCK = T::QK / G;
         const int groups = cols / G;
-        for (int gi = lane; gi < groups; gi += WARP) {
+        for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
             acc += GroupDot<T>::dot(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK, x + (size_t)gi * G);
         }
     } else if constexpr (G > 0) {
         // Groups of several one-value blocks (F32); a tail shorter than a group goes value by value.
         const int groups = cols / G;
-        for (int gi = lane; gi < groups; gi += WARP) {
+        for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
             acc += GroupDot<T>::dot(wr + (size_t)gi * G * T::BB, 0, x + (size_t)gi * G);
         }
-        for (int k = groups * G + lane; k < cols; k += WARP) acc += T::dq(wr + (size_t)k * T::BB, 0) * x[k];
+        for (int k = groups * G + part * WARP + lane; k < cols; k += parts * WARP) {
+            acc += T::dq(wr + (size_t)k * T::BB, 0) * x[k];
+        }
     } else {
-        for (int k = lane; k < cols; k += WARP) {
+        for (int k = part * WARP + lane; k < cols; k += parts * WARP) {
             acc += T::dq(wr + (size_t)(k / T::QK) * T::BB, k % T::QK) * x[k];
         }
     }
-    return warp_sum(acc);
+    return acc;
+}
+
+template <typename T>
+__device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
+    return warp_sum(row_partial<T>(wr, x, cols, lane, 0, 1));
 }
 
 template <typename T>
@@ -272,6 +283,146 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const floa
     if (lane == 0) y[(size_t)t * rows + row] = acc;
 }
 
+// ----- Fused forms for the device-resident model (fewer launches per decode step) -----
+// Block = MVF_WARPS warps (256 threads) taking MVF_WARPS / parts rows: row r of the block gets
+// warps r * parts .. r * parts + parts - 1, warp p of them slice p of the row (row_partial), so a
+// lane walks few groups of a row and more of the row's loads are in flight at once (the host picks
+// parts, a power of two up to MVF_WARPS). The slices' sums are added in order in shared memory.
+#define MVF_WARPS 8
+
+// The block's rows: sets row (or -1 past the end) and part for this warp.
+__device__ __forceinline__ void mvf_row(int block, int parts, int rows, int& row, int& part) {
+    const int w = threadIdx.x / WARP;
+    row = block * (MVF_WARPS / parts) + w / parts;
+    part = w % parts;
+    if (row >= rows) row = -1;
+}
+
+// Adds up the slices of each of the block's rows: returns the row's sum in warp `part == 0`
+// (lane 0), after a barrier every thread reaches.
+__device__ __forceinline__ float mvf_reduce(float lane_acc, int parts, float* red) {
+    const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const float v = warp_sum(lane_acc);
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float acc = 0.0f;
+    if (w % parts == 0) {
+        for (int p = 0; p < parts; ++p) acc += red[w + p];
+    }
+    return acc;
+}
+
+// xs = x * nw (n values, into shared memory) and the block's sum of squares of x, in one pass;
+// returns 1 / rms(x) (nw null: xs = x, returns 1). Ends with a barrier.
+__device__ __forceinline__ float stage_normed(const float* __restrict__ x, const float* __restrict__ nw,
+                                              float eps, int n, float* xs) {
+    __shared__ float part_ss[MVF_WARPS];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = x[i];
+        ss += v * v;
+        xs[i] = nw == nullptr ? v : v * nw[i];
+    }
+    ss = warp_sum(ss);
+    if (threadIdx.x % WARP == 0) part_ss[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    if (nw == nullptr) return 1.0f;
+    float tot = 0.0f;
+    for (int w = 0; w < MVF_WARPS; ++w) tot += part_ss[w];
+    return 1.0f / sqrtf(tot / (float)n + eps);
+}
+
+// matvec_norm3_<type>(x, nw, eps, cols, parts, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): up to
+// three matrices of one type and width that read the same normalised input, in one launch:
+// y_m[t] = W_m . (rms_norm(x[t]) * nw), computed as rsqrt(mean(x^2) + eps) * (W_m . (x[t] * nw));
+// nw null: W_m . x[t]. rows_m = 0 leaves matrix m out. Every block stages x[t] * nw in shared
+// memory and sums the squares itself (the 2048-wide input is cheap beside its rows), so the norm
+// costs no launch of its own. Launch: grid = (sum over m of ceil(rows_m / (MVF_WARPS / parts)),
+// n), block = 32 * MVF_WARPS, dynamic shared memory = 4 * cols bytes.
+template <typename T>
+__device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, const float* __restrict__ nw,
+                                                  float eps, int cols, int parts, const u8* w0, float* y0,
+                                                  int r0, const u8* w1, float* y1, int r1, const u8* w2,
+                                                  float* y2, int r2) {
+    extern __shared__ float4 mvf_x4[];  // float4: 16-byte aligned for the group decoders' loads
+    float* mvf_x = (float*)mvf_x4;
+    __shared__ float red[MVF_WARPS];
+    const int rpb = MVF_WARPS / parts;
+    const int nb0 = (r0 + rpb - 1) / rpb, nb1 = (r1 + rpb - 1) / rpb;
+    int b = blockIdx.x;
+    const u8* w = w0;
+    float* y = y0;
+    int rows = r0;
+    if (b >= nb0) {
+        b -= nb0;
+        w = w1;
+        y = y1;
+        rows = r1;
+        if (b >= nb1) {
+            b -= nb1;
+            w = w2;
+            y = y2;
+            rows = r2;
+        }
+    }
+    const int t = blockIdx.y, lane = threadIdx.x % WARP;
+    stage_tables<T>();
+    const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
+    int row, part;
+    mvf_row(b, parts, rows, row, part);
+    const float acc = row < 0 ? 0.0f : row_partial<T>(w + (size_t)row * row_bytes<T>(cols), mvf_x, cols, lane, part, parts);
+    const float sum = mvf_reduce(acc, parts, red);
+    if (row >= 0 && part == 0 && lane == 0) y[(size_t)t * rows + row] = inv * sum;
+}
+
+// A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// matvec_res_<type>(w, x, y, rows, cols, parts, nw, yn, counter, eps): the residual in the output
+// projection's epilogue, y[t] += W . x[t]; then, when nw is not null, the last block of token t to
+// finish (counted in counter[t], which starts at 0 and is left at 0) writes
+// yn[t] = rms_norm(y[t]) * nw (the next norm, in the order and rounding of rms_norm).
+// Launch: grid = (ceil(rows / (MVF_WARPS / parts)), n), block = 32 * MVF_WARPS.
+template <typename T>
+__device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int cols, int parts,
+                                                const float* __restrict__ nw, float* __restrict__ yn,
+                                                u32* __restrict__ counter, float eps) {
+    __shared__ float scratch[WARP];
+    __shared__ float red[MVF_WARPS];
+    __shared__ int is_last;
+    stage_tables<T>();
+    const int t = blockIdx.y, lane = threadIdx.x % WARP;
+    float* yt = y + (size_t)t * rows;
+    int row, part;
+    mvf_row(blockIdx.x, parts, rows, row, part);
+    const float acc = row < 0 ? 0.0f
+                              : row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t * cols, cols,
+                                               lane, part, parts);
+    const float sum = mvf_reduce(acc, parts, red);
+    if (row >= 0 && part == 0 && lane == 0) yt[row] += sum;
+    if (nw == nullptr) return;
+    __threadfence();  // this block's rows are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&counter[t], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        const float v = ld_cg(yt + i);
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)rows + eps);
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) yn[(size_t)t * rows + i] = ld_cg(yt + i) * inv * nw[i];
+    if (threadIdx.x == 0) counter[t] = 0;
+}
+
 // embed_<type>(table, ids, out, cols): out[t] = dequantized row ids[t] of the table.
 // Launch: grid = n ids, block = any multiple of 32.
 template <typename T>
@@ -290,6 +441,16 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
     }                                                                                                \
     extern "C" __global__ void embed_##name(const u8* table, const int* ids, float* out, int cols) { \
         embed_body<T>(table, ids, out, cols);                                                        \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_norm3_##name(                \
+        const float* x, const float* nw, float eps, int cols, int parts, const u8* w0, float* y0,    \
+        int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {                  \
+        matvec_norm3_body<T>(x, nw, eps, cols, parts, w0, y0, r0, w1, y1, r1, w2, y2, r2);           \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_res_##name(                  \
+        const u8* w, const float* x, float* y, int rows, int cols, int parts, const float* nw,       \
+        float* yn, u32* counter, float eps) {                                                        \
+        matvec_res_body<T>(w, x, y, rows, cols, parts, nw, yn, counter, eps);                        \
     }
 
 FOR_EACH_TYPE(MATVEC_KERNELS)

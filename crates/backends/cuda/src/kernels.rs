@@ -99,6 +99,8 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
     "moe_down",
     "moe_gate_up_ids",
     "moe_down_ids",
+    "matvec_norm3",
+    "matvec_res",
     "moe_gate_up_tab",
     "moe_down_combine_tab",
 ];
@@ -124,6 +126,9 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "dn_delta_seq",
     "attn_qk_prep",
     "attn_causal",
+    "dn_fused_seq",
+    "attn_split",
+    "attn_merge",
     "moe_combine",
     "sample_topk",
 ];

@@ -9,12 +9,15 @@
 //! One layer, for n tokens at once (n = 1 for a decode step), as in `redlite_model::qwen3next`:
 //!
 //! ```text
-//! xn = rms_norm(x, attn_norm)
-//! DeltaNet:  qkv, z, ba = W·xn  →  dn_conv_seq  →  dn_qk_norm  →  dn_gates  →  dn_delta_seq
-//!            →  rms_norm_gated(o, norm, z)  →  W_out
-//! attention: qg, k, v = W·xn  →  attn_qk_prep (QK-norm, RoPE, KV write)  →  attn_causal
-//!            →  sigmoid_mul(gate)  →  W_o
-//! x += mixer;  xn = rms_norm(x, post_norm)
+//! DeltaNet:  qkv, z, ba = W·rms_norm(x, attn_norm)             (matvec_norm3: one launch)
+//!            →  dn_fused_seq: conv, q/k L2 norm, gates, delta rule, RMSNorm(o)·silu(z)
+//!            (five kernels when the shape does not fit it)
+//!            →  x += W_out·gated;  xn = rms_norm(x, post_norm)     (matvec_res: one launch)
+//! attention: qg, k, v = W·rms_norm(x, attn_norm)                (matvec_norm3)
+//!            →  attn_qk_prep (QK-norm, RoPE, KV write)
+//!            →  decode: attn_split (chunks of the cache) → attn_merge (· sigmoid(gate));
+//!               prompt: attn_causal (· sigmoid(gate))
+//!            →  x += W_o·att;  xn = rms_norm(x, post_norm)        (matvec_res)
 //! MoE:       router = W·xn  →  moe_router (softmax, top-k, renormalise; ids kept per layer)
 //!            →  moe_gate_up_tab;  shared = down(swiglu(gate·xn, up·xn));  g = w_sg·xn
 //!            →  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
@@ -43,7 +46,9 @@ use crate::expert_cache::{
 };
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
-use crate::ops::{delta_seq_launch, row_bytes, MATVEC_WARPS, ROUTER_THREADS};
+use crate::ops::{
+    delta_seq_launch, dn_fused_launch, row_bytes, DeltaDims, MATVEC_WARPS, ROUTER_THREADS,
+};
 use crate::{CudaError, Gpu};
 
 /// The ε of the L2 normalisation of DeltaNet q and k (as the model crate).
@@ -54,6 +59,50 @@ const MAX_EXPERTS_USED: usize = 64;
 pub const MAX_SAMPLE_TOP_K: usize = 64;
 /// Largest head dimension of the attention kernels (`ATTN_MAX_HD`).
 const MAX_HEAD_DIM: usize = 512;
+/// Warps per block of the fused matvec kernels (`MVF_WARPS`).
+const MVF_WARPS: usize = 8;
+const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
+/// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
+const MVF_MAX_COLS: usize = 12 * 1024;
+/// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
+const ATTN_MIN_CHUNK: usize = 64;
+const ATTN_MAX_SPLITS: usize = 512;
+
+/// Slices of a row in the fused matvec kernels (warps per row, a power of two up to `MVF_WARPS`):
+/// enough that a lane walks about `lane_iters` units of work (one warp's loop iterations: blocks
+/// of the warp block decoders, groups of the group decoders, else values, 32 lanes at a time).
+fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
+    let per_iter = match ty {
+        GgmlType::Q6K => 256,
+        GgmlType::Q4K | GgmlType::Q8_0 => 16 * 32,
+        GgmlType::IQ2XXS => 8 * 32,
+        GgmlType::F32 => 4 * 32,
+        _ => 32,
+    };
+    let iters = cols.div_ceil(per_iter);
+    iters
+        .div_ceil(lane_iters.max(1))
+        .next_power_of_two()
+        .clamp(1, MVF_WARPS)
+}
+
+/// Chunks of the split decode attention for a context of `o.max_context` positions.
+fn attn_splits(o: &CudaModelOptions) -> usize {
+    o.max_context
+        .div_ceil(ATTN_MIN_CHUNK)
+        .clamp(1, ATTN_MAX_SPLITS)
+}
+
+/// `dn_fused_seq`'s launch `(threads, shared bytes)` for this model, or `None` when the shape does
+/// not fit it (the DeltaNet core then runs as five kernels).
+fn dn_fused(c: &Config) -> Option<(u32, u32)> {
+    dn_fused_launch(DeltaDims {
+        nk: c.dn_k_heads,
+        nv: c.dn_v_heads,
+        dk: c.dn_k_dim,
+        dv: c.dn_v_dim,
+    })
+}
 
 /// Sizes fixed at load time.
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +223,15 @@ impl Arena {
     fn f32s(&mut self, n: usize) -> Result<u64, CudaError> {
         self.alloc(4 * n)
     }
+
+    /// `bytes` bytes of zeros.
+    fn zeros(&mut self, bytes: usize) -> Result<u64, CudaError> {
+        let p = self.alloc(bytes)?;
+        // SAFETY: `p` holds at least `bytes` bytes; the memset is synchronous.
+        unsafe { cu::memset_d8_sync(p, 0, bytes.max(16)) }
+            .map_err(|e| CudaError::driver("clearing a device buffer", e))?;
+        Ok(p)
+    }
 }
 
 impl Drop for Arena {
@@ -194,6 +252,8 @@ struct DevLinear {
     cols: usize,
     ptr: u64,
     f: CudaFunction,
+    /// The weight type (names the fused kernels `matvec_norm3_<type>`, `matvec_res_<type>`).
+    ty: GgmlType,
 }
 
 /// The routed experts of one layer: where they are is the expert cache's table of layer
@@ -278,15 +338,16 @@ struct DevLayer {
 struct Kernels {
     rms_norm: CudaFunction,
     rms_norm_gated: CudaFunction,
-    add: CudaFunction,
-    sigmoid_mul: CudaFunction,
     swiglu: CudaFunction,
     dn_conv_seq: CudaFunction,
     dn_qk_norm: CudaFunction,
     dn_gates: CudaFunction,
     dn_delta_seq: CudaFunction,
+    dn_fused_seq: CudaFunction,
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
+    attn_split: CudaFunction,
+    attn_merge: CudaFunction,
     moe_router: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
@@ -296,7 +357,6 @@ struct Kernels {
 struct Scratch {
     x: u64,
     xn: u64,
-    mix: u64,
     // DeltaNet
     qkv: u64,
     conv: u64,
@@ -330,6 +390,10 @@ struct Scratch {
     out: u64,
     /// f32 `[1]`: the uniform draw of the sampler.
     u: u64,
+    /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
+    counter: u64,
+    /// f32 `[heads][attn_splits][head_dim + 2]`: the chunks of `attn_split`.
+    attn_part: u64,
 }
 
 /// The captured decode step and the sampling settings it was captured with.
@@ -359,6 +423,12 @@ pub struct CudaModel {
     launches: u64,
     /// Launches in one decode step (measured at the first step).
     step_launches: Option<u64>,
+    /// Decode steps run so far, and the one to bracket with the CUDA profiler (`profile_step`).
+    decode_steps: u64,
+    profile_step: Option<u64>,
+    /// Work units per lane the fused matvecs aim for (`mvf_parts`; tuning switch
+    /// `REDLITE_CUDA_MVF_LANE_ITERS`, default 4: 168 tok/s against 156 with 2 and 140 with 1).
+    mvf_lane_iters: usize,
     /// The routed experts: device slots, host copies, per-layer address tables.
     experts: ExpertCache,
     side: MoeSide,
@@ -416,15 +486,16 @@ impl CudaModel {
         let k = Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
-            add: f("add_inplace")?,
-            sigmoid_mul: f("sigmoid_mul")?,
             swiglu: f("swiglu")?,
             dn_conv_seq: f("dn_conv_seq")?,
             dn_qk_norm: f("dn_qk_norm")?,
             dn_gates: f("dn_gates")?,
             dn_delta_seq: f("dn_delta_seq")?,
+            dn_fused_seq: f("dn_fused_seq")?,
             attn_qk_prep: f("attn_qk_prep")?,
             attn_causal: f("attn_causal")?,
+            attn_split: f("attn_split")?,
+            attn_merge: f("attn_merge")?,
             moe_router: f("moe_router")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -465,6 +536,14 @@ impl CudaModel {
             graph: None,
             launches: 0,
             step_launches: None,
+            decode_steps: 0,
+            mvf_lane_iters: std::env::var("REDLITE_CUDA_MVF_LANE_ITERS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(4),
+            profile_step: std::env::var("REDLITE_CUDA_PROFILE_STEP")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             experts,
             side,
             arena,
@@ -507,6 +586,28 @@ impl CudaModel {
     }
 
     /// Kernel launches issued so far (graph replays not counted).
+    /// Bracket decode step `step` (0 = the first `decode` call) with `cuProfilerStart` /
+    /// `cuProfilerStop`, so `ncu --profile-from-start off` captures exactly that token's kernels
+    /// (also set by the environment variable `REDLITE_CUDA_PROFILE_STEP`).
+    pub fn set_profile_step(&mut self, step: Option<u64>) {
+        self.profile_step = step;
+    }
+
+    /// Move the sequence to position `pos` without running the tokens in between (their cache
+    /// rows keep what they hold: zeros after loading, or an earlier sequence's keys and values).
+    /// For timing decode at a long context without its prompt pass; the recurrent states are
+    /// left as they are.
+    pub fn skip_to(&mut self, pos: usize) -> Result<(), CudaError> {
+        if pos >= self.opts.max_context {
+            return Err(CudaError::Invalid(format!(
+                "position {pos} is outside the {} positions allocated",
+                self.opts.max_context
+            )));
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
     pub fn launches(&self) -> u64 {
         self.launches
     }
@@ -592,6 +693,15 @@ impl CudaModel {
         self.upload_input(&[token])?;
         self.upload_u(u, s)?;
         let before = self.launches;
+        let profiled = self.profile_step == Some(self.decode_steps);
+        self.decode_steps += 1;
+        if profiled {
+            self.sync()?;
+            // SAFETY: no arguments; the profiler API of the bound context.
+            unsafe { sys::cuProfilerStart() }
+                .result()
+                .map_err(|e| CudaError::driver("cuProfilerStart", e))?;
+        }
         if self.opts.graphs {
             let stale = self.graph.as_ref().is_none_or(|g| g.sampling != *s);
             if stale {
@@ -622,6 +732,13 @@ impl CudaModel {
         } else {
             self.enqueue_step(s)?;
             self.step_launches = Some(self.launches - before);
+        }
+        if profiled {
+            self.sync()?;
+            // SAFETY: as cuProfilerStart above.
+            unsafe { sys::cuProfilerStop() }
+                .result()
+                .map_err(|e| CudaError::driver("cuProfilerStop", e))?;
         }
         self.pos += 1;
         self.last_row = 0;
@@ -769,6 +886,110 @@ impl CudaModel {
         )
     }
 
+    /// `y_m[t] = W_m · rms_norm(x[t], nw)` for matrices that read the same input (all of width
+    /// `cols`): one `matvec_norm3_<type>` launch per run of up to three of one type, each block
+    /// normalising `x[t]` itself. Wider inputs than its shared memory holds go through `rms_norm`
+    /// into `xn` and plain matvecs.
+    fn matvec_normed(
+        &mut self,
+        x: u64,
+        nw: u64,
+        mats: &[(&DevLinear, u64)],
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let Some(cols) = mats.first().map(|(w, _)| w.cols) else {
+            return Ok(());
+        };
+        if cols > MVF_MAX_COLS || mats.iter().any(|(w, _)| w.cols != cols) {
+            let xn = self.sc.xn;
+            self.rms_norm(x, nw, xn, n, cols)?;
+            for (w, y) in mats {
+                self.matvec(w, xn, *y, n)?;
+            }
+            return Ok(());
+        }
+        let mut i = 0;
+        while i < mats.len() {
+            let ty = mats[i].0.ty;
+            let mut group = vec![mats[i]];
+            while group.len() < 3
+                && i + group.len() < mats.len()
+                && mats[i + group.len()].0.ty == ty
+            {
+                group.push(mats[i + group.len()]);
+            }
+            i += group.len();
+            let f = self
+                .gpu
+                .func(&format!("matvec_norm3_{}", type_suffix(ty)))?
+                .clone();
+            let parts = mvf_parts(ty, cols, self.mvf_lane_iters);
+            let rows_per_block = (MVF_WARPS / parts) as u32;
+            let mut args = vec![
+                A::P(x),
+                A::P(nw),
+                A::F(self.config.rms_eps),
+                A::I(cols as i32),
+                A::I(parts as i32),
+            ];
+            let mut grid_x = 0;
+            for m in 0..3 {
+                match group.get(m) {
+                    Some((w, y)) => {
+                        args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
+                        grid_x += blocks(w.rows, rows_per_block);
+                    }
+                    None => args.extend([A::P(0), A::P(0), A::I(0)]),
+                }
+            }
+            self.launch(
+                "matvec_norm3",
+                &f,
+                (grid_x, n as u32, 1),
+                MVF_THREADS,
+                (4 * cols) as u32,
+                &args,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The mixer's output projection with the residual and the next norm folded in:
+    /// `x[t] += W · a[t]`, then `xn[t] = rms_norm(x[t], post_norm)` (by the last block per token).
+    fn matvec_residual(
+        &mut self,
+        w: &DevLinear,
+        a: u64,
+        post_norm: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let (x, xn, counter) = (self.sc.x, self.sc.xn, self.sc.counter);
+        let f = self
+            .gpu
+            .func(&format!("matvec_res_{}", type_suffix(w.ty)))?
+            .clone();
+        let parts = mvf_parts(w.ty, w.cols, self.mvf_lane_iters);
+        self.launch(
+            "matvec_res",
+            &f,
+            (blocks(w.rows, (MVF_WARPS / parts) as u32), n as u32, 1),
+            MVF_THREADS,
+            0,
+            &[
+                A::P(w.ptr),
+                A::P(a),
+                A::P(x),
+                A::I(w.rows as i32),
+                A::I(w.cols as i32),
+                A::I(parts as i32),
+                A::P(post_norm),
+                A::P(xn),
+                A::P(counter),
+                A::F(self.config.rms_eps),
+            ],
+        )
+    }
+
     fn rms_norm(&mut self, x: u64, w: u64, y: u64, rows: usize, n: usize) -> Result<(), CudaError> {
         let f = self.k.rms_norm.clone();
         let eps = self.config.rms_eps;
@@ -792,7 +1013,7 @@ impl CudaModel {
     /// position are already in `input`.
     fn enqueue_forward(&mut self, n: usize, head: Head) -> Result<(), CudaError> {
         let h = self.config.hidden;
-        let (x, xn) = (self.sc.x, self.sc.xn);
+        let x = self.sc.x;
         let ids = self.sc.input + 4;
         let f = self.embed_f.clone();
         self.launch(
@@ -810,14 +1031,12 @@ impl CudaModel {
             Head::None => Ok(()),
             Head::Last => {
                 let last = x + (4 * (n - 1) * h) as u64;
-                self.rms_norm(last, self.output_norm, xn, 1, h)?;
                 let out = self.output.clone();
-                self.matvec(&out, xn, self.sc.logits, 1)
+                self.matvec_normed(last, self.output_norm, &[(&out, self.sc.logits)], 1)
             }
             Head::All => {
-                self.rms_norm(x, self.output_norm, xn, n, h)?;
                 let out = self.output.clone();
-                self.matvec(&out, xn, self.sc.logits, n)
+                self.matvec_normed(x, self.output_norm, &[(&out, self.sc.logits)], n)
             }
         }
     }
@@ -877,25 +1096,27 @@ impl CudaModel {
         )
     }
 
+    /// One layer: the mixer reads `rms_norm(x, attn_norm)` (normalised inside its projection
+    /// kernel), adds its output to `x` in its output projection, whose last block also writes
+    /// `xn = rms_norm(x, post_norm)` for the MoE.
     fn enqueue_layer(&mut self, i: usize, n: usize) -> Result<(), CudaError> {
-        let h = self.config.hidden;
-        let (x, xn, mix) = (self.sc.x, self.sc.xn, self.sc.mix);
-        let (attn_norm, post_norm) = (self.layers[i].attn_norm, self.layers[i].post_norm);
-        self.rms_norm(x, attn_norm, xn, n, h)?;
+        let norms = (self.layers[i].attn_norm, self.layers[i].post_norm);
         // A clone of the layer's handles (addresses and kernel handles), so `self` stays free.
         let mixer = self.layers[i].mixer.clone();
         match &mixer {
-            DevMixer::Attention { .. } => self.enqueue_attention(&mixer, n)?,
-            DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, n)?,
+            DevMixer::Attention { .. } => self.enqueue_attention(&mixer, norms, n)?,
+            DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, norms, n)?,
         }
-        let f = self.k.add.clone();
-        self.elementwise(&f, &[A::P(x), A::P(mix)], n * h)?;
-        self.rms_norm(x, post_norm, xn, n, h)?;
         let moe = self.layers[i].moe.clone();
         self.enqueue_moe(&moe, n)
     }
 
-    fn enqueue_attention(&mut self, m: &DevMixer, n: usize) -> Result<(), CudaError> {
+    fn enqueue_attention(
+        &mut self,
+        m: &DevMixer,
+        (attn_norm, post_norm): (u64, u64),
+        n: usize,
+    ) -> Result<(), CudaError> {
         let DevMixer::Attention {
             wq,
             wk,
@@ -914,12 +1135,18 @@ impl CudaModel {
         let (theta, eps) = (c.rope_theta, c.rms_eps);
         let scale = 1.0 / (hd as f32).sqrt();
         let sc = &self.sc;
-        let (xn, qg, kn, vn, q, gate, att, mix) =
-            (sc.xn, sc.qg, sc.kn, sc.vn, sc.q, sc.gate, sc.att, sc.mix);
+        let (x, qg, kn, vn, q, gate, att, part) = (
+            sc.x,
+            sc.qg,
+            sc.kn,
+            sc.vn,
+            sc.q,
+            sc.gate,
+            sc.att,
+            sc.attn_part,
+        );
         let pos = sc.input;
-        self.matvec(wq, xn, qg, n)?;
-        self.matvec(wk, xn, kn, n)?;
-        self.matvec(wv, xn, vn, n)?;
+        self.matvec_normed(x, attn_norm, &[(wq, qg), (wk, kn), (wv, vn)], n)?;
         let f = self.k.attn_qk_prep.clone();
         self.launch(
             "attn_qk_prep",
@@ -946,30 +1173,77 @@ impl CudaModel {
                 A::F(eps),
             ],
         )?;
-        let f = self.k.attn_causal.clone();
-        self.launch(
-            "attn_causal",
-            &f,
-            (nh as u32, n as u32, 1),
-            128,
-            0,
-            &[
-                A::P(q),
-                A::P(*kc),
-                A::P(*vc),
-                A::P(att),
-                A::P(pos),
-                A::I(nkv as i32),
-                A::I(hd as i32),
-                A::F(scale),
-            ],
-        )?;
-        let f = self.k.sigmoid_mul.clone();
-        self.elementwise(&f, &[A::P(att), A::P(gate)], n * nh * hd)?;
-        self.matvec(wo, att, mix, n)
+        if n == 1 {
+            // Decode: the cache split into chunks (flash-decoding), then the chunks merged and
+            // the output gate applied.
+            let splits = attn_splits(&self.opts);
+            let f = self.k.attn_split.clone();
+            self.launch(
+                "attn_split",
+                &f,
+                (nkv as u32, splits as u32, 1),
+                (32 * (nh / nkv)) as u32,
+                0,
+                &[
+                    A::P(q),
+                    A::P(*kc),
+                    A::P(*vc),
+                    A::P(part),
+                    A::P(pos),
+                    A::I(nh as i32),
+                    A::I(nkv as i32),
+                    A::I(hd as i32),
+                    A::F(scale),
+                    A::I(ATTN_MIN_CHUNK as i32),
+                ],
+            )?;
+            let f = self.k.attn_merge.clone();
+            self.launch(
+                "attn_merge",
+                &f,
+                (nh as u32, 1, 1),
+                hd as u32,
+                0,
+                &[
+                    A::P(part),
+                    A::P(gate),
+                    A::P(att),
+                    A::P(pos),
+                    A::I(splits as i32),
+                    A::I(hd as i32),
+                    A::I(ATTN_MIN_CHUNK as i32),
+                ],
+            )?;
+        } else {
+            let f = self.k.attn_causal.clone();
+            self.launch(
+                "attn_causal",
+                &f,
+                (nh as u32, n as u32, 1),
+                128,
+                0,
+                &[
+                    A::P(q),
+                    A::P(*kc),
+                    A::P(*vc),
+                    A::P(gate),
+                    A::P(att),
+                    A::P(pos),
+                    A::I(nkv as i32),
+                    A::I(hd as i32),
+                    A::F(scale),
+                ],
+            )?;
+        }
+        self.matvec_residual(wo, att, post_norm, n)
     }
 
-    fn enqueue_delta_net(&mut self, m: &DevMixer, n: usize) -> Result<(), CudaError> {
+    fn enqueue_delta_net(
+        &mut self,
+        m: &DevMixer,
+        (attn_norm, post_norm): (u64, u64),
+        n: usize,
+    ) -> Result<(), CudaError> {
         let DevMixer::DeltaNet {
             qkv,
             z,
@@ -990,12 +1264,46 @@ impl CudaModel {
         let (ch, kern, eps) = (c.dn_conv_channels(), c.conv_kernel, c.rms_eps);
         let q_scale = 1.0 / (dk as f32).sqrt();
         let sc = &self.sc;
-        let (xn, qkv_b, conv, z_b, ba_b, beta, g, o, gated, mix) = (
-            sc.xn, sc.qkv, sc.conv, sc.z, sc.ba, sc.beta, sc.g, sc.o, sc.gated, sc.mix,
+        let (x, qkv_b, conv, z_b, ba_b, beta, g, o, gated) = (
+            sc.x, sc.qkv, sc.conv, sc.z, sc.ba, sc.beta, sc.g, sc.o, sc.gated,
         );
-        self.matvec(qkv, xn, qkv_b, n)?;
-        self.matvec(z, xn, z_b, n)?;
-        self.matvec(ba, xn, ba_b, n)?;
+        let fused = dn_fused(c);
+        self.matvec_normed(x, attn_norm, &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
+        if let Some((threads, shared)) = fused {
+            // Conv, q/k norm, gates, delta rule and gated norm in one launch.
+            let r = nv / nk;
+            let f = self.k.dn_fused_seq.clone();
+            self.launch(
+                "dn_fused_seq",
+                &f,
+                (nk as u32, 1, 1),
+                threads,
+                shared,
+                &[
+                    A::P(qkv_b),
+                    A::P(*conv_state),
+                    A::P(*conv_w),
+                    A::P(ba_b),
+                    A::P(*a),
+                    A::P(*dt_bias),
+                    A::P(*s),
+                    A::P(z_b),
+                    A::P(*norm),
+                    A::P(gated),
+                    A::I(n as i32),
+                    A::I(ch as i32),
+                    A::I(nk as i32),
+                    A::I(dk as i32),
+                    A::I(dv as i32),
+                    A::I(r as i32),
+                    A::I(kern as i32),
+                    A::F(L2_NORM_EPS),
+                    A::F(q_scale),
+                    A::F(eps),
+                ],
+            )?;
+            return self.matvec_residual(out, gated, post_norm, n);
+        }
         let f = self.k.dn_conv_seq.clone();
         self.launch(
             "dn_conv_seq",
@@ -1083,7 +1391,7 @@ impl CudaModel {
                 A::F(eps),
             ],
         )?;
-        self.matvec(out, gated, mix, n)
+        self.matvec_residual(out, gated, post_norm, n)
     }
 
     fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
@@ -1249,6 +1557,7 @@ fn dev_linear(gpu: &Gpu, arena: &mut Arena, w: &HostLinear) -> Result<DevLinear,
         cols: w.cols,
         ptr: arena.upload(bytes)?,
         f: matvec_kernel(gpu, w.ty)?,
+        ty: w.ty,
     })
 }
 
@@ -1259,6 +1568,7 @@ fn dev_row(gpu: &Gpu, arena: &mut Arena, v: &[f32]) -> Result<DevLinear, CudaErr
         cols: v.len(),
         ptr: arena.upload_f32(v)?,
         f: matvec_kernel(gpu, GgmlType::F32)?,
+        ty: GgmlType::F32,
     })
 }
 
@@ -1371,8 +1681,8 @@ fn dev_layer(
                 wo: dev_linear(gpu, arena, &a.wo)?,
                 q_norm: arena.upload_f32(&a.q_norm)?,
                 k_norm: arena.upload_f32(&a.k_norm)?,
-                kc: arena.f32s(kv)?,
-                vc: arena.f32s(kv)?,
+                kc: arena.zeros(4 * kv)?,
+                vc: arena.zeros(4 * kv)?,
             }
         }
         MixerWeights::DeltaNet(d) => DevMixer::DeltaNet {
@@ -1442,7 +1752,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
     Ok(Scratch {
         x: f(h)?,
         xn: f(h)?,
-        mix: f(h)?,
         qkv: f(ch)?,
         conv: f(ch)?,
         z: f(vw)?,
@@ -1469,5 +1778,7 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         input: arena.alloc(4 * (b + 1))?,
         out: arena.alloc(4)?,
         u: arena.alloc(4)?,
+        counter: arena.zeros(4 * b)?,
+        attn_part: arena.f32s(c.n_heads * attn_splits(o) * (c.head_dim + 2))?,
     })
 }

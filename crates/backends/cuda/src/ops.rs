@@ -136,6 +136,75 @@ pub fn matvec(
     download(gpu, &y)
 }
 
+/// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
+/// of type `ty` on the device, each row cut into `parts` slices, 8 warps per block):
+/// `matvec_norm3_<type>` gives `W · rms_norm(x, nw)`; with `residual` (`[n][rows]`),
+/// `matvec_res_<type>` gives `(residual + W · x, rms_norm(residual + W · x, nw))` instead.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_fused(
+    gpu: &Gpu,
+    ty: GgmlType,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    nw: &[f32],
+    residual: Option<&[f32]>,
+    (eps, parts): (f32, usize),
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    let n = check_rows(xs.len(), cols, "matvec_fused x")?;
+    let norm_len = if residual.is_some() { rows } else { cols };
+    if nw.len() != norm_len
+        || !(1..=8).contains(&parts)
+        || !parts.is_power_of_two()
+        || residual.is_some_and(|r| r.len() != n * rows)
+        || 4 * cols > 48 * 1024
+    {
+        return Err(CudaError::Invalid("matvec_fused: sizes".into()));
+    }
+    let rpb = (8 / parts) as u32;
+    let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
+    let (r, c, p) = (
+        i32_arg(rows, "rows")?,
+        i32_arg(cols, "cols")?,
+        i32_arg(parts, "parts")?,
+    );
+    let grid = (blocks(rows, rpb), n as u32, 1);
+    let sfx = type_suffix(ty);
+    match residual {
+        None => {
+            let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+            let (zero, zi) = (0u64, 0i32);
+            launch!(
+                gpu,
+                gpu.func(&format!("matvec_norm3_{sfx}"))?,
+                "matvec_norm3",
+                cfg(grid, 256, (4 * cols) as u32),
+                [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+            )?;
+            Ok((download(gpu, &y)?, Vec::new()))
+        }
+        Some(res) => {
+            let mut y = upload(gpu, res)?;
+            let mut yn = alloc_poisoned::<f32>(gpu, n * rows)?;
+            let mut counter = upload(gpu, &vec![0u32; n])?;
+            launch!(
+                gpu,
+                gpu.func(&format!("matvec_res_{sfx}"))?,
+                "matvec_res",
+                cfg(grid, 256, 0),
+                [w, &x, &mut y, &r, &c, &p, &nwd, &mut yn, &mut counter, &eps]
+            )?;
+            let left = download(gpu, &counter)?;
+            if left.iter().any(|&v| v != 0) {
+                return Err(CudaError::Invalid(format!(
+                    "matvec_res left its block counters at {left:?}"
+                )));
+            }
+            Ok((download(gpu, &y)?, download(gpu, &yn)?))
+        }
+    }
+}
+
 /// Rows `ids` of an embedding table of type `ty` (`cols` values per row), dequantized.
 pub fn embed(
     gpu: &Gpu,
@@ -675,6 +744,90 @@ pub fn dn_delta_seq(
     Ok((download(gpu, &o)?, download(gpu, &sd)?))
 }
 
+/// `dn_fused_seq`'s launch for these shapes: `(block threads, dynamic shared bytes)`, or `None`
+/// when the shape does not fit the kernel (dk a multiple of 32, at most 1024 threads).
+pub fn dn_fused_launch(d: DeltaDims) -> Option<(u32, u32)> {
+    if d.nk == 0 || d.dk == 0 || !d.dk.is_multiple_of(32) || !d.nv.is_multiple_of(d.nk) {
+        return None;
+    }
+    let r = d.nv / d.nk;
+    let threads = 32 * r * d.dv.div_ceil(32) * (d.dk / 32);
+    let shared = 4 * (2 * d.dk + 2 * r * d.dv + threads + 3 * r);
+    (threads <= 1024 && shared <= 48 * 1024).then_some((threads as u32, shared as u32))
+}
+
+/// `(y [n][nv][dv], conv state, delta state)` of [`dn_fused_seq`].
+pub type DnFusedOut = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// The DeltaNet core of `n` tokens in one launch (`dn_fused_seq`): conv, q/k L2 norm, gates, delta
+/// rule and gated norm. Returns `(y [n][nv][dv], conv state, delta state)`.
+#[allow(clippy::too_many_arguments)]
+pub fn dn_fused_seq(
+    gpu: &Gpu,
+    qkv: &[f32],
+    conv_state: &[f32],
+    conv_w: &[f32],
+    ba: &[f32],
+    (a, dt_bias): (&[f32], &[f32]),
+    state: &[f32],
+    z: &[f32],
+    norm_w: &[f32],
+    d: DeltaDims,
+    kern: usize,
+    (l2_eps, q_scale, rms_eps): (f32, f32, f32),
+) -> Result<DnFusedOut, CudaError> {
+    let ch = 2 * d.nk * d.dk + d.nv * d.dv;
+    let n = check_rows(qkv.len(), ch, "dn_fused_seq")?;
+    let Some((threads, shared)) = dn_fused_launch(d) else {
+        return Err(CudaError::Invalid(format!("dn_fused_seq: shape {d:?}")));
+    };
+    if conv_state.len() != (kern - 1) * ch
+        || conv_w.len() != kern * ch
+        || ba.len() != n * 2 * d.nv
+        || a.len() != d.nv
+        || dt_bias.len() != d.nv
+        || state.len() != d.nv * d.dk * d.dv
+        || z.len() != n * d.nv * d.dv
+        || norm_w.len() != d.dv
+        || !(1..=8).contains(&kern)
+    {
+        return Err(CudaError::Invalid(format!("dn_fused_seq: sizes {d:?}")));
+    }
+    let (qd, cwd, bad) = (upload(gpu, qkv)?, upload(gpu, conv_w)?, upload(gpu, ba)?);
+    let (ad, dtd, zd, nwd) = (
+        upload(gpu, a)?,
+        upload(gpu, dt_bias)?,
+        upload(gpu, z)?,
+        upload(gpu, norm_w)?,
+    );
+    let mut csd = upload(gpu, conv_state)?;
+    let mut sd = upload(gpu, state)?;
+    let mut y = alloc_poisoned::<f32>(gpu, n * d.nv * d.dv)?;
+    let (ni, chi, nki, dki, dvi) = (
+        i32_arg(n, "n")?,
+        i32_arg(ch, "ch")?,
+        i32_arg(d.nk, "nk")?,
+        i32_arg(d.dk, "dk")?,
+        i32_arg(d.dv, "dv")?,
+    );
+    let (ri, ki) = (i32_arg(d.nv / d.nk, "r")?, i32_arg(kern, "kern")?);
+    launch!(
+        gpu,
+        gpu.func("dn_fused_seq")?,
+        "dn_fused_seq",
+        cfg((d.nk as u32, 1, 1), threads, shared),
+        [
+            &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
+            &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps
+        ]
+    )?;
+    Ok((
+        download(gpu, &y)?,
+        download(gpu, &csd)?,
+        download(gpu, &sd)?,
+    ))
+}
+
 /// Shapes of gated attention.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnDims {
@@ -777,7 +930,70 @@ pub fn attn_causal(
         gpu.func("attn_causal")?,
         "attn_causal",
         cfg((heads as u32, n as u32, 1), 128, 0),
-        [&qd, &kd, &vd, &mut o, &pos, &nkvi, &hdi, &scale]
+        [&qd, &kd, &vd, &0u64, &mut o, &pos, &nkvi, &hdi, &scale]
+    )?;
+    download(gpu, &o)
+}
+
+/// Decode attention of one token at `pos0` split over the cache (`attn_split` with `splits`
+/// chunks, then `attn_merge`), with the output gate when `gate` is given: `[heads][hd]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_split_merge(
+    gpu: &Gpu,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    gate: Option<&[f32]>,
+    pos0: usize,
+    (heads, nkv, hd): (usize, usize, usize),
+    scale: f32,
+    (splits, min_chunk): (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let ctx = check_rows(kc.len(), nkv * hd, "attn_split cache")?;
+    if q.len() != heads * hd
+        || vc.len() != kc.len()
+        || pos0 >= ctx
+        || !hd.is_multiple_of(32)
+        || hd > 512
+        || !heads.is_multiple_of(nkv)
+        || heads / nkv > 32
+        || gate.is_some_and(|g| g.len() != q.len())
+    {
+        return Err(CudaError::Invalid("attn_split: sizes".into()));
+    }
+    let (qd, kd, vd) = (upload(gpu, q)?, upload(gpu, kc)?, upload(gpu, vc)?);
+    let gd = upload(gpu, gate.unwrap_or(&[0.0]))?;
+    let gate_ptr = if gate.is_some() {
+        device_address(gpu, &gd)
+    } else {
+        0u64
+    };
+    let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
+    let mut part = alloc_poisoned::<f32>(gpu, heads * splits * (hd + 2))?;
+    let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
+    let (hi, nkvi, hdi) = (
+        i32_arg(heads, "heads")?,
+        i32_arg(nkv, "nkv")?,
+        i32_arg(hd, "hd")?,
+    );
+    let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
+    launch!(
+        gpu,
+        gpu.func("attn_split")?,
+        "attn_split",
+        cfg(
+            (nkv as u32, splits as u32, 1),
+            (32 * (heads / nkv)) as u32,
+            0
+        ),
+        [&qd, &kd, &vd, &mut part, &pos, &hi, &nkvi, &hdi, &scale, &mci]
+    )?;
+    launch!(
+        gpu,
+        gpu.func("attn_merge")?,
+        "attn_merge",
+        cfg((heads as u32, 1, 1), hd as u32, 0),
+        [&part, &gate_ptr, &mut o, &pos, &si, &hdi, &mci]
     )?;
     download(gpu, &o)
 }

@@ -244,6 +244,97 @@ impl Runner<'_> {
         }
     }
 
+    /// `matvec_norm3` (norm folded in) and `matvec_res` (residual and the next norm folded in)
+    /// against f64, with rows cut into 1, 2 and 8 slices; 3 tokens.
+    fn matvec_fused(&mut self, ty: GgmlType) {
+        let (rows, cols, n, eps) = (67usize, 2048usize, 3usize, 1e-6f32);
+        for parts in [1usize, 2, 8] {
+            let bytes = random_weights(&mut self.rng, ty, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let nw: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let (y, _) = ops::matvec_fused(
+                    self.gpu,
+                    ty,
+                    &w,
+                    (rows, cols),
+                    &xs,
+                    &nw,
+                    None,
+                    (eps, parts),
+                )?;
+                let wf =
+                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let mut reference = Vec::with_capacity(n * rows);
+                for t in 0..n {
+                    let x = &xs[t * cols..(t + 1) * cols];
+                    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    let inv = 1.0 / (ss / cols as f64 + f64::from(eps)).sqrt();
+                    for r in 0..rows {
+                        let row = &wf[r * cols..(r + 1) * cols];
+                        reference.push(
+                            (0..cols)
+                                .map(|i| {
+                                    f64::from(row[i]) * f64::from(x[i]) * inv * f64::from(nw[i])
+                                })
+                                .sum::<f64>(),
+                        );
+                    }
+                }
+                Ok((rel_err(&y, &reference), TOL_F32))
+            })();
+            self.record(
+                &format!("matvec_norm3 {}", ty.name()),
+                format!("{rows}x{cols} n={n} parts={parts}"),
+                r,
+            );
+            // The output projection: rows = the residual's width.
+            let (rows2, cols2) = (256usize, 1024usize);
+            let bytes = random_weights(&mut self.rng, ty, rows2, cols2);
+            let xs = self.rng.normals(n * cols2, 1.0);
+            let res = self.rng.normals(n * rows2, 1.0);
+            let nw: Vec<f32> = (0..rows2)
+                .map(|_| 0.5 + self.rng.uniform() as f32)
+                .collect();
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let (y, yn) = ops::matvec_fused(
+                    self.gpu,
+                    ty,
+                    &w,
+                    (rows2, cols2),
+                    &xs,
+                    &nw,
+                    Some(&res),
+                    (eps, parts),
+                )?;
+                let wf =
+                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let (mut ry, mut ryn) = (Vec::new(), Vec::new());
+                for t in 0..n {
+                    let x = &xs[t * cols2..(t + 1) * cols2];
+                    let yt: Vec<f64> = (0..rows2)
+                        .map(|r| {
+                            f64::from(res[t * rows2 + r])
+                                + dot64(&wf[r * cols2..(r + 1) * cols2], x)
+                        })
+                        .collect();
+                    let ss: f64 = yt.iter().map(|v| v * v).sum();
+                    let inv = 1.0 / (ss / rows2 as f64 + f64::from(eps)).sqrt();
+                    ryn.extend(yt.iter().zip(&nw).map(|(v, &w)| v * inv * f64::from(w)));
+                    ry.extend(yt);
+                }
+                Ok((rel_err(&y, &ry).max(rel_err(&yn, &ryn)), TOL_F32))
+            })();
+            self.record(
+                &format!("matvec_res {}", ty.name()),
+                format!("{rows2}x{cols2} n={n} parts={parts}"),
+                r,
+            );
+        }
+    }
+
     fn embed(&mut self, ty: GgmlType) {
         let cols = if ty.block_elems() == 1 { 200 } else { 2304 };
         let rows = 50;
@@ -899,6 +990,114 @@ impl Runner<'_> {
         );
     }
 
+    /// `dn_fused_seq` (conv, q/k norm, gates, delta rule, gated norm in one launch) against an
+    /// f64 reference of the five steps, on 1 and 5 tokens (the 5 run starts from the 1 run's
+    /// states, so the carried conv window and delta state are checked too).
+    fn deltanet_fused(&mut self) {
+        let d = DeltaDims {
+            nk: 4,
+            nv: 8,
+            dk: 128,
+            dv: 128,
+        };
+        let (kern, eps, l2_eps) = (4usize, 1e-6f32, 1e-6f32);
+        let ch = 2 * d.nk * d.dk + d.nv * d.dv;
+        let r_ = d.nv / d.nk;
+        let q_scale = 1.0 / (d.dk as f32).sqrt();
+        let conv_w = self.rng.normals(kern * ch, 0.5);
+        let a: Vec<f32> = (0..d.nv)
+            .map(|_| -(self.rng.uniform() * 8.0 + 0.1) as f32)
+            .collect();
+        let dt = self.rng.normals(d.nv, 1.0);
+        let norm_w: Vec<f32> = (0..d.dv).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+        let mut conv_state = self.rng.normals((kern - 1) * ch, 1.0);
+        let mut s = self.rng.normals(d.nv * d.dk * d.dv, 0.1);
+        for n in [1usize, 5] {
+            let qkv = self.rng.normals(n * ch, 1.0);
+            let ba = self.rng.normals(n * 2 * d.nv, 2.0);
+            let z = self.rng.normals(n * d.nv * d.dv, 1.0);
+            let got = ops::dn_fused_seq(
+                self.gpu,
+                &qkv,
+                &conv_state,
+                &conv_w,
+                &ba,
+                (&a, &dt),
+                &s,
+                &z,
+                &norm_w,
+                d,
+                kern,
+                (l2_eps, q_scale, eps),
+            );
+            // Reference in f64.
+            let mut hist: Vec<f64> = conv_state.iter().map(|&v| f64::from(v)).collect();
+            hist.extend(qkv.iter().map(|&v| f64::from(v)));
+            let mut rs: Vec<f64> = s.iter().map(|&v| f64::from(v)).collect();
+            let mut ry = Vec::with_capacity(n * d.nv * d.dv);
+            for t in 0..n {
+                let mut c_out: Vec<f64> = (0..ch)
+                    .map(|c| {
+                        silu64(
+                            (0..kern)
+                                .map(|j| f64::from(conv_w[c * kern + j]) * hist[(t + j) * ch + c])
+                                .sum(),
+                        )
+                    })
+                    .collect();
+                for head in 0..2 * d.nk {
+                    let v = &mut c_out[head * d.dk..(head + 1) * d.dk];
+                    let inv =
+                        1.0 / (v.iter().map(|x| x * x).sum::<f64>() + f64::from(l2_eps)).sqrt();
+                    let sc = if head < d.nk { f64::from(q_scale) } else { 1.0 };
+                    v.iter_mut().for_each(|x| *x = *x * inv * sc);
+                }
+                let bat = &ba[t * 2 * d.nv..(t + 1) * 2 * d.nv];
+                for h in 0..d.nv {
+                    let (kh, j) = (h / r_, h % r_);
+                    let beta = 1.0 / (1.0 + (-f64::from(bat[kh * 2 * r_ + j])).exp());
+                    let zz = f64::from(bat[kh * 2 * r_ + r_ + j]) + f64::from(dt[h]);
+                    let g = f64::from(a[h]) * if zz > 20.0 { zz } else { zz.exp().ln_1p() };
+                    let q = &c_out[kh * d.dk..(kh + 1) * d.dk];
+                    let k = &c_out[(d.nk + kh) * d.dk..(d.nk + kh + 1) * d.dk];
+                    let v = &c_out[2 * d.nk * d.dk + h * d.dv..2 * d.nk * d.dk + (h + 1) * d.dv];
+                    let sh = &mut rs[h * d.dk * d.dv..(h + 1) * d.dk * d.dv];
+                    sh.iter_mut().for_each(|x| *x *= g.exp());
+                    let mut o = vec![0.0f64; d.dv];
+                    for jj in 0..d.dv {
+                        let m: f64 = (0..d.dk).map(|i| sh[i * d.dv + jj] * k[i]).sum();
+                        let delta = beta * (v[jj] - m);
+                        for i in 0..d.dk {
+                            sh[i * d.dv + jj] += k[i] * delta;
+                        }
+                        o[jj] = (0..d.dk).map(|i| sh[i * d.dv + jj] * q[i]).sum();
+                    }
+                    let inv = 1.0
+                        / (o.iter().map(|x| x * x).sum::<f64>() / d.dv as f64 + f64::from(eps))
+                            .sqrt();
+                    for jj in 0..d.dv {
+                        let zv = f64::from(z[(t * d.nv + h) * d.dv + jj]);
+                        ry.push(o[jj] * inv * f64::from(norm_w[jj]) * silu64(zv));
+                    }
+                }
+            }
+            let r_state: Vec<f64> = hist[n * ch..].to_vec();
+            let r = got.map(|(y, cs, s1)| {
+                let e = rel_err(&y, &ry)
+                    .max(rel_err(&cs, &r_state))
+                    .max(rel_err(&s1, &rs));
+                conv_state = cs;
+                s = s1;
+                (e, TOL_F32)
+            });
+            self.record(
+                "dn_fused_seq",
+                format!("{n} tokens, {}/{} heads, {}x{}", d.nk, d.nv, d.dk, d.dv),
+                r,
+            );
+        }
+    }
+
     /// QK-norm + RoPE + KV write, then causal attention, for prompt runs and single steps.
     fn attention_seq(&mut self) {
         let d = AttnDims {
@@ -1009,6 +1208,76 @@ impl Runner<'_> {
                 r,
             );
         }
+        self.attention_split(d);
+    }
+
+    /// Decode attention split over the cache (`attn_split` + `attn_merge`), with and without the
+    /// output gate, against the f64 softmax: short (one chunk) and long (many chunks, the last
+    /// one partial).
+    fn attention_split(&mut self, d: AttnDims) {
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (pos0, ctx, splits, gated) in [
+            (0usize, 8usize, 4usize, false),
+            (40, 64, 4, true),
+            (4001, 4096, 64, true),
+        ] {
+            let q = self.rng.normals(heads * hd, 1.0);
+            let kc = self.rng.normals(ctx * nkv * hd, 1.0);
+            let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+            let gate = self.rng.normals(heads * hd, 2.0);
+            let g_opt = gated.then_some(gate.as_slice());
+            let r = ops::attn_split_merge(
+                self.gpu,
+                &q,
+                &kc,
+                &vc,
+                g_opt,
+                pos0,
+                (heads, nkv, hd),
+                scale,
+                (splits, 64),
+            )
+            .map(|o| {
+                let len = pos0 + 1;
+                let mut reference = vec![0.0f64; heads * hd];
+                for h in 0..heads {
+                    let g = h / (heads / nkv);
+                    let qh = &q[h * hd..(h + 1) * hd];
+                    let sc: Vec<f64> = (0..len)
+                        .map(|j| {
+                            dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let sum: f64 = p.iter().sum();
+                    for i in 0..hd {
+                        let a: f64 = p
+                            .iter()
+                            .enumerate()
+                            .map(|(j, pj)| pj / sum * f64::from(vc[(j * nkv + g) * hd + i]))
+                            .sum();
+                        let gv = if gated {
+                            1.0 / (1.0 + (-f64::from(gate[h * hd + i])).exp())
+                        } else {
+                            1.0
+                        };
+                        reference[h * hd + i] = a * gv;
+                    }
+                }
+                (rel_err(&o, &reference), TOL_F32)
+            });
+            self.record(
+                "attn_split",
+                format!(
+                    "1 token at {pos0}, {splits} splits, {heads}/{nkv} heads x{hd}{}",
+                    if gated { ", gated" } else { "" }
+                ),
+                r,
+            );
+        }
     }
 
     fn sample_topk(&mut self) {
@@ -1070,7 +1339,17 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     }
     r.moe_combine();
     r.deltanet_seq();
+    r.deltanet_fused();
     r.attention_seq();
+    for ty in [
+        GgmlType::F32,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::IQ2XXS,
+    ] {
+        r.matvec_fused(ty);
+    }
     r.sample_topk();
     r.out
 }
