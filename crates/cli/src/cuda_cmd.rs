@@ -298,7 +298,12 @@ mod imp {
         progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
         progress("loading the model", 0, 0);
-        let mut opts = options(prompt_len + steps + 2, prompt_len);
+        // REDLITE_CUDA_BENCH_POSITION=N: time the steps at position N (long context without its
+        // prompt pass: the cache rows after the prompt hold zeros; CudaModel::skip_to).
+        let at = std::env::var("REDLITE_CUDA_BENCH_POSITION")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        let mut opts = options(at.unwrap_or(0).max(prompt_len) + steps + 2, prompt_len);
         opts.graphs = graphs;
         let mut model = open(file.clone(), opts, cache)?;
         let sizes = ModelSizes::new(&file, &model.config)?;
@@ -310,6 +315,9 @@ mod imp {
         model.prefill(&prompt)?;
         let mut token = model.sample_last(&greedy, 0.0)?;
         let prompt_time = t0.elapsed();
+        if let Some(p) = at {
+            model.skip_to(p.max(model.pos()))?;
+        }
         token = model.decode(token, &greedy, 0.0)?; // warm-up: graph capture
         model.expert_cache_mut().reset_stats();
         let mut step_secs = Vec::with_capacity(steps);
