@@ -83,7 +83,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub spec_ngram_min: usize,
     /// Prompt lookup: most tokens per draft.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub spec_max_draft: usize,
     /// Prompt lookup: always draft --spec-max-draft tokens instead of adapting to acceptance.
     #[arg(long)]

@@ -64,7 +64,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub spec_ngram_max: usize,
     /// Prompt lookup: most tokens per draft.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub spec_max_draft: usize,
     /// MTP: chained draft tokens per step.
     #[arg(long, default_value_t = 2)]

@@ -75,7 +75,7 @@ pub struct RewriteArgs {
     #[arg(long, value_delimiter = ',', default_value = "lookup,mtp,both")]
     pub modes: Vec<String>,
     /// Prompt lookup: most tokens per draft.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub spec_max_draft: usize,
     /// MTP: chained draft tokens per step.
     #[arg(long, default_value_t = 2)]

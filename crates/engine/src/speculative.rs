@@ -107,7 +107,7 @@ impl Default for SpecConfig {
             mode: SpecMode::Off,
             ngram_max: 8,
             ngram_min: 2,
-            max_draft: 16,
+            max_draft: 32,
             adaptive: true,
             mtp_draft: 2,
         }
@@ -698,8 +698,10 @@ mod tests {
         assert_eq!(d.current, 8);
         d.update(8, 8);
         d.update(16, 16);
-        assert_eq!(d.current, 16);
-        d.update(16, 2);
+        assert_eq!(d.current, 32);
+        d.update(32, 32);
+        assert_eq!(d.current, 32);
+        d.update(32, 2);
         assert_eq!(d.current, 3);
         d.update(0, 0);
         assert_eq!(d.current, 3);
