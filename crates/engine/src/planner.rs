@@ -98,7 +98,8 @@ pub fn human(b: u64) -> String {
 pub enum Target {
     /// Host RAM (the CPU backend): the embedding table is resident too.
     Cpu,
-    /// GPU memory (the CUDA backend): embedding rows are looked up on the host.
+    /// GPU memory (the CUDA backend; `redlite_cuda::CudaModel` keeps the embedding table on the
+    /// device too).
     Cuda,
 }
 
@@ -114,11 +115,12 @@ impl Target {
     }
 
     /// Memory the runtime takes besides the model: binary, tokenizer, thread stacks (CPU); CUDA
-    /// context, module images and library workspaces (CUDA).
+    /// context, module image and the captured decode graph (CUDA: 753 MiB on an H200 with the
+    /// full-size layout, cuMemGetInfo minus the model's allocations).
     pub fn reserve_bytes(self) -> u64 {
         match self {
             Target::Cpu => 64 << 20,
-            Target::Cuda => 512 << 20,
+            Target::Cuda => 768 << 20,
         }
     }
 }
@@ -189,6 +191,20 @@ impl PlanInput {
     /// slack, exactly what the cache allocates per slot.
     pub fn slot_bytes(&self) -> u64 {
         slot_bytes(self.expert_parts)
+    }
+
+    /// Bytes of one GPU expert slot: the largest parts, each rounded up to 256 bytes (what
+    /// `redlite_cuda::expert_cache::ExpertLayout` allocates; no file I/O into it).
+    pub fn gpu_slot_bytes(&self) -> u64 {
+        self.expert_parts.iter().map(|p| p.next_multiple_of(256)).sum()
+    }
+
+    /// The slot size of `target`'s expert cache.
+    pub fn slot_bytes_for(&self, target: Target) -> u64 {
+        match target {
+            Target::Cpu => self.slot_bytes(),
+            Target::Cuda => self.gpu_slot_bytes(),
+        }
     }
 
     /// Bytes of every routed expert of every block.
@@ -424,16 +440,13 @@ pub fn plan(input: &PlanInput, req: PlanRequest) -> Result<Plan, PlanRefused> {
             "output.weight".into()
         },
     });
-    let embd = match (req.target, tied) {
-        (Target::Cpu, false) => s.token_embd_bytes,
-        _ => 0,
-    };
+    let embd = if tied { 0 } else { s.token_embd_bytes };
     rows.push(PlanRow {
         what: "embeddings",
         bytes: embd,
         note: match (req.target, tied) {
             (_, true) => "shared with the head".into(),
-            (Target::Cuda, false) => "rows looked up on the host".into(),
+            (Target::Cuda, false) => "token_embd.weight (rows gathered on the GPU)".into(),
             (Target::Cpu, false) => "token_embd.weight".into(),
         },
     });
@@ -467,7 +480,7 @@ pub fn plan(input: &PlanInput, req: PlanRequest) -> Result<Plan, PlanRefused> {
         },
     });
     let fixed: u64 = rows.iter().map(|r| r.bytes).sum();
-    let slot = input.slot_bytes();
+    let slot = input.slot_bytes_for(req.target);
     let layers = input.expert_layers() as u64;
     let all = input.all_expert_bytes();
     let min_cache = slot * layers;

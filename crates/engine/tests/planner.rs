@@ -173,3 +173,27 @@ fn planned_slots_are_the_slots_the_cpu_cache_allocates() {
         }
     }
 }
+
+#[test]
+fn gpu_plan_counts_the_embedding_and_gpu_slots() {
+    // Full size, IQ2_XXS experts: gate, up and down are 512 × 2048 values = 270,336 bytes each,
+    // already multiples of 256, so a GPU slot is the expert itself (no O_DIRECT slack).
+    let input = full_size(GgmlType::IQ2XXS);
+    assert_eq!(input.gpu_slot_bytes(), 3 * 270_336);
+    assert_eq!(input.slot_bytes_for(Target::Cuda), input.gpu_slot_bytes());
+    assert_eq!(input.slot_bytes_for(Target::Cpu), input.slot_bytes());
+    let mut req = request(Budget::Bytes(16 << 30), 4096);
+    req.target = Target::Cuda;
+    let p = plan(&input, req).unwrap();
+    let embd = p.rows.iter().find(|r| r.what == "embeddings").unwrap();
+    assert_eq!(embd.bytes, input.sizes.token_embd_bytes);
+    let ExpertCachePlan::Slots {
+        slots, slot_bytes, ..
+    } = p.experts
+    else {
+        panic!("16 GiB cannot hold every expert: {p}");
+    };
+    assert_eq!(slot_bytes, 3 * 270_336);
+    assert_eq!(slots, ((16u64 << 30) - p.fixed_bytes()) / slot_bytes);
+    assert!(p.total_bytes() <= 16 << 30);
+}
