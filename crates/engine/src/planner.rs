@@ -196,7 +196,10 @@ impl PlanInput {
     /// Bytes of one GPU expert slot: the largest parts, each rounded up to 256 bytes (what
     /// `redlite_cuda::expert_cache::ExpertLayout` allocates; no file I/O into it).
     pub fn gpu_slot_bytes(&self) -> u64 {
-        self.expert_parts.iter().map(|p| p.next_multiple_of(256)).sum()
+        self.expert_parts
+            .iter()
+            .map(|p| p.next_multiple_of(256))
+            .sum()
     }
 
     /// The slot size of `target`'s expert cache.
