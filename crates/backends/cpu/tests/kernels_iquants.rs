@@ -836,3 +836,50 @@ fn bench_bandwidth() {
         }
     }
 }
+
+/// The float weight types through `matmul` (multi-row float kernel at AVX-512) equal `matvec` of
+/// each row bit for bit, at every level, with column counts that leave 16- and 1-element tails.
+#[test]
+fn float_matmul_rows_match_matvec_bit_for_bit() {
+    use redlite_cpu::kernels::driver::{matmul_isa, matvec_isa};
+    let mut rng = StdRng::seed_from_u64(31);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for cols in [1000, 2048] {
+            let rows = 7;
+            let vals: Vec<f32> = (0..rows * cols)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let w: Vec<u8> = match ty {
+                GgmlType::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                GgmlType::F16 => vals
+                    .iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect(),
+                _ => vals
+                    .iter()
+                    .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                    .collect(),
+            };
+            let xs: Vec<f32> = (0..9 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            for isa in Isa::available() {
+                for n in 2..=9 {
+                    let mut ys = vec![0.0f32; n * rows];
+                    matmul_isa(isa, ty, &w, rows, cols, &xs[..n * cols], n, &mut ys).unwrap();
+                    for j in 0..n {
+                        let mut y = vec![0.0f32; rows];
+                        let x = &xs[j * cols..][..cols];
+                        matvec_isa(isa, ty, &w, rows, cols, x, &mut y).unwrap();
+                        for r in 0..rows {
+                            assert_eq!(
+                                ys[j * rows + r].to_bits(),
+                                y[r].to_bits(),
+                                "{ty:?} {} cols {cols} n={n} row {j} out {r}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

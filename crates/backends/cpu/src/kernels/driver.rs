@@ -382,6 +382,14 @@ type Q8_0MultiDot = fn(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]);
 #[cfg(not(target_arch = "x86_64"))]
 const Q8_0_MULTI_ROWS: usize = 1;
 
+/// The float-weight kernel taking up to `FLOAT_MULTI_ROWS` f32 activation rows at once.
+#[cfg(target_arch = "x86_64")]
+use super::simple_x86::{FloatMultiDot, FLOAT_MULTI_ROWS};
+#[cfg(not(target_arch = "x86_64"))]
+type FloatMultiDot = fn(w: &[u8], xs: &[&[f32]], out: &mut [f32]);
+#[cfg(not(target_arch = "x86_64"))]
+const FLOAT_MULTI_ROWS: usize = 1;
+
 /// The form a multi-row kernel takes its Q8_K activation rows in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ActForm {
@@ -476,14 +484,22 @@ fn run_matmul_at(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let multi_q8_0: Option<Q8_0MultiDot> = None;
-    run_matmul(kernel, multi, multi_q8_0, shape, w, rows, cols, xs, n, ys)
+    #[cfg(target_arch = "x86_64")]
+    let multi_f32 = if n > 1 && matches!(kernel, RowDot::F32(_)) {
+        super::simple_x86::float_multi_kernel(shape.ty, isa)
+    } else {
+        None
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let multi_f32: Option<FloatMultiDot> = None;
+    let multis = (multi, multi_q8_0, multi_f32);
+    run_matmul(kernel, multis, shape, w, rows, cols, xs, n, ys)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     kernel: RowDot,
-    multi: Option<Multi>,
-    multi_q8_0: Option<Q8_0MultiDot>,
+    (multi, multi_q8_0, multi_f32): (Option<Multi>, Option<Q8_0MultiDot>, Option<FloatMultiDot>),
     shape: Shape,
     w: &[u8],
     rows: usize,
@@ -511,9 +527,7 @@ fn run_matmul(
             ActForm::Plain => None,
             ActForm::Offset => Some(super::iquants_avx512::offset_activations(q)),
             ActForm::Grouped => Some(super::kquants_multi_x86::grouped_activations(q, false)),
-            ActForm::GroupedOffset => {
-                Some(super::kquants_multi_x86::grouped_activations(q, true))
-            }
+            ActForm::GroupedOffset => Some(super::kquants_multi_x86::grouped_activations(q, true)),
         },
         _ => None,
     };
@@ -526,6 +540,11 @@ fn run_matmul(
         let r_task = task * per;
         for (t, wtile) in ws.chunks(tile * rb).enumerate() {
             let r_tile = r_task + t * tile;
+            if let (Some(f), Acts::F32(x, per)) = (multi_f32, &acts) {
+                let g = FLOAT_MULTI_ROWS;
+                multi_row_tile::<_, MAX_GROUP>(f, x, *per, n, g, wtile, rb, r_tile, out);
+                continue;
+            }
             match (multi, multi_q8_0, &acts) {
                 (Some(m), _, Acts::Q8K(q, per)) => {
                     let q = reformed.as_deref().unwrap_or(q);

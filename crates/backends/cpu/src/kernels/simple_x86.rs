@@ -411,3 +411,110 @@ unsafe fn q8_0_multi_simd<const VNNI: bool, const M: usize>(
     }
     out[..M].copy_from_slice(&acc);
 }
+
+/// A float (F32, F16, BF16) weight row against up to [`FLOAT_MULTI_ROWS`] f32 activation rows
+/// of equal length (one result per row in `out`).
+pub(crate) type FloatMultiDot = fn(w: &[u8], xs: &[&[f32]], out: &mut [f32]);
+
+/// The most activation rows a [`FloatMultiDot`] takes per call.
+pub(crate) const FLOAT_MULTI_ROWS: usize = 4;
+
+/// The multi-row float kernel matching this module's AVX-512 kernel for `ty`, when `lookup(ty,
+/// isa)` hands that one out (level AVX-512 available), else `None`.
+pub(crate) fn float_multi_kernel(ty: GgmlType, isa: Isa) -> Option<FloatMultiDot> {
+    if isa.min(Isa::best()) != Isa::Avx512 || !Isa::Avx512.supported() {
+        return None;
+    }
+    match ty {
+        GgmlType::F32 => Some(f32_multi_avx512),
+        GgmlType::F16 => Some(f16_multi_avx512),
+        GgmlType::BF16 => Some(bf16_multi_avx512),
+        _ => None,
+    }
+}
+
+fn f32_multi_avx512(w: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: only handed out by `float_multi_kernel` after the CPU features were checked.
+    unsafe { float_multi_512_i::<F32>(w, xs, out) }
+}
+
+fn f16_multi_avx512(w: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { float_multi_512_i::<F16>(w, xs, out) }
+}
+
+fn bf16_multi_avx512(w: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: as above.
+    unsafe { float_multi_512_i::<BF16>(w, xs, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn float_multi_512_i<const KIND: u8>(w: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+    /// The first `R` rows of `xs`.
+    fn rows<'a, const R: usize>(xs: &[&'a [f32]]) -> [&'a [f32]; R] {
+        core::array::from_fn(|r| xs[r])
+    }
+    let same_len = xs.iter().all(|x| x.len() == xs[0].len());
+    match xs.len() {
+        2 if same_len => out[..2].copy_from_slice(&float_rows_512::<KIND, 2>(w, rows(xs))),
+        3 if same_len => out[..3].copy_from_slice(&float_rows_512::<KIND, 3>(w, rows(xs))),
+        4 if same_len => out[..4].copy_from_slice(&float_rows_512::<KIND, 4>(w, rows(xs))),
+        _ => {
+            for (o, x) in out.iter_mut().zip(xs) {
+                *o = float_512::<KIND>(w, x);
+            }
+        }
+    }
+}
+
+/// [`float_512`] for `R` activation rows of equal length at once: each weight vector is loaded
+/// (and converted) once for all rows, and the rows' accumulation chains interleave (one chain
+/// alone is bound by the latency of its additions). Per row the same lanes, products and
+/// additions in the same order, the same tail and reduction: bit-identical to [`float_512`].
+#[inline(always)]
+unsafe fn float_rows_512<const KIND: u8, const R: usize>(w: &[u8], xs: [&[f32]; R]) -> [f32; R] {
+    let eb = elem_bytes(KIND);
+    let n = (w.len() / eb).min(xs[0].len());
+    let wp = w.as_ptr();
+    let xp: [*const f32; R] = core::array::from_fn(|r| xs[r].as_ptr());
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut i = 0;
+    while i + 64 <= n {
+        let wv = [
+            load16::<KIND>(wp.add(i * eb)),
+            load16::<KIND>(wp.add((i + 16) * eb)),
+            load16::<KIND>(wp.add((i + 32) * eb)),
+            load16::<KIND>(wp.add((i + 48) * eb)),
+        ];
+        for (a, &x) in acc.iter_mut().zip(&xp) {
+            let p0 = _mm512_mul_ps(wv[0], _mm512_loadu_ps(x.add(i)));
+            let p1 = _mm512_mul_ps(wv[1], _mm512_loadu_ps(x.add(i + 16)));
+            let p2 = _mm512_mul_ps(wv[2], _mm512_loadu_ps(x.add(i + 32)));
+            let p3 = _mm512_mul_ps(wv[3], _mm512_loadu_ps(x.add(i + 48)));
+            *a = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(*a, p0), p1), p2),
+                p3,
+            );
+        }
+        i += 64;
+    }
+    while i + 16 <= n {
+        let wv = load16::<KIND>(wp.add(i * eb));
+        for (a, &x) in acc.iter_mut().zip(&xp) {
+            *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(x.add(i))));
+        }
+        i += 16;
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        let mut s = [0.0f32; 16];
+        _mm512_storeu_ps(s.as_mut_ptr(), acc[r]);
+        let mut j = i;
+        while j < n {
+            s[j % 16] += load1::<KIND>(wp.add(j * eb)) * *xp[r].add(j);
+            j += 1;
+        }
+        out[r] = reduce16(s);
+    }
+    out
+}
