@@ -81,20 +81,21 @@ if [ -f "$DEV/qwen3-vocab.gguf.gz" ]; then
         "$BIN" bench decode --backend cuda -m "$FULLM" -p 8 -n 32 --no-graphs 2>&1
         "$BIN" bench prefill --backend cuda -m "$FULLM" -p 64 -n 3 2>&1
         # Decode at a 32K context (the cache rows between the prompt and 32768 hold zeros).
-        REDLITE_CUDA_BENCH_POSITION=32768 "$BIN" bench decode --backend cuda -m "$FULLM" -p 8 -n 64 2>&1
+        "$BIN" bench decode --backend cuda -m "$FULLM" -p 8 -n 64 --position 32768 2>&1
     } >"$LOGS/full.log" 2>&1 || status=1
     if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
         # One decode step (graph off), kernel by kernel: decode step 1 (after the warm-up step) is
-        # bracketed by cuProfilerStart/Stop (REDLITE_CUDA_PROFILE_STEP), ncu profiles only it.
+        # bracketed by cuProfilerStart/Stop (--profile-step; NVTX ranges per layer when
+        # libnvToolsExt loads), ncu profiles only it.
         echo "== ncu: one decode step of the full-size layout"
-        REDLITE_CUDA_PROFILE_STEP=1 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
-            "$BIN" bench decode --backend cuda --no-graphs -m "$FULLM" -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err" || status=1
+        ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+            "$BIN" bench decode --backend cuda --no-graphs --profile-step 1 -m "$FULLM" -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err" || status=1
         # DETAIL=1: a closer look at the heaviest kernels of that step (first of each).
         for spec in ${DETAIL:+"matvec_norm3_q4_k 0" "matvec_res_q4_k 0" "dn_fused_seq 0" "moe_gate_up_ids_iq2_xxs 0"}; do
             set -- $spec
-            REDLITE_CUDA_PROFILE_STEP=1 ncu --profile-from-start off --clock-control none -k "$1" --launch-skip "$2" --launch-count 1 \
+            ncu --profile-from-start off --clock-control none -k "$1" --launch-skip "$2" --launch-count 1 \
                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-                "$BIN" bench decode --backend cuda --no-graphs -m "$FULLM" -p 8 -n 2 2>&1 \
+                "$BIN" bench decode --backend cuda --no-graphs --profile-step 1 -m "$FULLM" -p 8 -n 2 2>&1 \
                 | grep -E "^  [a-z_0-9]+|Duration|Throughput|Registers Per|Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Block Size" \
                 | grep -v "^    ---" >>"$LOGS/ncu_detail.txt" || status=1
         done

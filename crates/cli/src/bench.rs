@@ -80,6 +80,15 @@ pub struct Args {
     /// cuda: run the decode step without the CUDA graph (every kernel launched each step).
     #[arg(long)]
     pub no_graphs: bool,
+    /// cuda decode: bracket decode step N (0 = the untimed warm-up step) with the CUDA profiler's
+    /// start/stop and NVTX ranges per layer, for `ncu --profile-from-start off` (ranges need
+    /// --no-graphs: a replayed graph enqueues nothing).
+    #[arg(long, value_name = "N")]
+    pub profile_step: Option<u64>,
+    /// cuda decode: time the steps at position N (the cache rows between the prompt and N hold
+    /// zeros): a long context without its prompt pass.
+    #[arg(long, value_name = "N")]
+    pub position: Option<usize>,
     /// bench expert: the layer whose experts are used.
     #[arg(long, default_value_t = 0, value_name = "L")]
     pub layer: usize,
@@ -435,11 +444,15 @@ fn run_cuda(args: Args) -> Result<()> {
     if args.kind == Kind::Decode {
         let prompt = args.prompt.unwrap_or(8);
         let steps = args.n.unwrap_or(32);
+        let at = crate::cuda_cmd::DecodeAt {
+            position: args.position,
+            profile_step: args.profile_step,
+        };
         let (r, info) = crate::cuda_cmd::bench_decode(
             file,
             prompt,
             steps,
-            !args.no_graphs,
+            (!args.no_graphs, at),
             &args.cache,
             &mut progress,
         )?;

@@ -15,6 +15,15 @@ use redlite_gguf::GgufFile;
 
 use crate::cache_args::CacheArgs;
 
+/// Where `bench decode --backend cuda` decodes and what it profiles.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecodeAt {
+    /// Time the steps at this position (`CudaModel::skip_to` after the prompt).
+    pub position: Option<usize>,
+    /// Bracket this decode step with the profiler's start/stop (`CudaModel::set_profile_step`).
+    pub profile_step: Option<u64>,
+}
+
 /// What a CUDA decode bench measured besides the engine's figures.
 pub struct CudaDecodeInfo {
     pub device: String,
@@ -82,7 +91,7 @@ mod imp {
         _file: Arc<GgufFile>,
         _prompt: usize,
         _steps: usize,
-        _graphs: bool,
+        _graphs: (bool, DecodeAt),
         _cache: &CacheArgs,
         _progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
@@ -293,19 +302,23 @@ mod imp {
         file: Arc<GgufFile>,
         prompt_len: usize,
         steps: usize,
-        graphs: bool,
+        (graphs, at): (bool, DecodeAt),
         cache: &CacheArgs,
         progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
         progress("loading the model", 0, 0);
-        // REDLITE_CUDA_BENCH_POSITION=N: time the steps at position N (long context without its
-        // prompt pass: the cache rows after the prompt hold zeros; CudaModel::skip_to).
-        let at = std::env::var("REDLITE_CUDA_BENCH_POSITION")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        let mut opts = options(at.unwrap_or(0).max(prompt_len) + steps + 2, prompt_len);
+        let position = at.position;
+        let mut opts = options(
+            position.unwrap_or(0).max(prompt_len) + steps + 2,
+            prompt_len,
+        );
         opts.graphs = graphs;
         let mut model = open(file.clone(), opts, cache)?;
+        if let Some(step) = at.profile_step {
+            if let Err(why) = model.set_profile_step(Some(step)) {
+                eprintln!("profiling decode step {step} without NVTX ranges ({why})");
+            }
+        }
         let sizes = ModelSizes::new(&file, &model.config)?;
         let prompt = bench_tokens(prompt_len.max(1), model.config.vocab, 1);
         let greedy = GpuSampling::greedy();
@@ -315,7 +328,7 @@ mod imp {
         model.prefill(&prompt)?;
         let mut token = model.sample_last(&greedy, 0.0)?;
         let prompt_time = t0.elapsed();
-        if let Some(p) = at {
+        if let Some(p) = position {
             model.skip_to(p.max(model.pos()))?;
         }
         token = model.decode(token, &greedy, 0.0)?; // warm-up: graph capture

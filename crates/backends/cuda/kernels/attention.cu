@@ -279,27 +279,49 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
     else attn_split_body<ATTN_PER_LANE>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
-// attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, value i = thread:
-// o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) * sigmoid(gate[h][i]) over the
-// active chunks of attn_split (M = max m_c); gate may be null. Launch: grid = heads, block = hd.
+// attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
+// i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *
+// sigmoid(gate[h][i]) over the active chunks of attn_split (M = max m_c); gate may be null. The
+// chunk weights are computed once per block (threads over chunks), then warp w adds up chunks
+// w, w + ATTN_MERGE_WARPS, ... (loads of several chunks in flight) and the warps' sums are added
+// in order. splits <= ATTN_MAX_SPLITS.
+// Launch: grid = (heads, ceil(hd / 32)), block = 32 * ATTN_MERGE_WARPS.
+#define ATTN_MAX_SPLITS 512
+#define ATTN_MERGE_WARPS 8
 extern "C" __global__ void attn_merge(const float* __restrict__ part, const float* __restrict__ gate,
                                       float* __restrict__ o, const int* __restrict__ pos_ptr, int splits, int hd,
                                       int min_chunk) {
-    const int h = blockIdx.x, i = threadIdx.x;
-    if (i >= hd) return;
+    __shared__ float wc[ATTN_MAX_SPLITS];
+    __shared__ float scratch[WARP];
+    __shared__ float red[ATTN_MERGE_WARPS][WARP];
+    const int h = blockIdx.x, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int i = blockIdx.y * WARP + lane;
     const int n = *pos_ptr + 1;
     const int chunk = attn_chunk(n, splits, min_chunk);
-    const int active = (n + chunk - 1) / chunk;
-    const float* ph = part + (size_t)h * splits * (hd + 2);
+    const int active = min((n + chunk - 1) / chunk, ATTN_MAX_SPLITS);
+    const size_t stride = (size_t)hd + 2;
+    const float* ph = part + (size_t)h * splits * stride;
     float mm = NEG_INF;
-    for (int c = 0; c < active; ++c) mm = fmaxf(mm, ph[(size_t)c * (hd + 2)]);
-    float ll = 0.0f, a = 0.0f;
-    for (int c = 0; c < active; ++c) {
-        const float* pc = ph + (size_t)c * (hd + 2);
-        const float f = expf(pc[0] - mm);
-        ll += pc[1] * f;
-        a += pc[2 + i] * f;
+    for (int c = threadIdx.x; c < active; c += blockDim.x) mm = fmaxf(mm, ph[c * stride]);
+    mm = block_max(mm, scratch);
+    float ll = 0.0f;
+    for (int c = threadIdx.x; c < active; c += blockDim.x) {
+        const float f = expf(ph[c * stride] - mm);
+        wc[c] = f;
+        ll += ph[c * stride + 1] * f;
     }
-    const size_t at = (size_t)h * hd + i;
-    o[at] = gate == nullptr ? a / ll : (a / ll) * sigmoidf_(gate[at]);
+    ll = block_sum(ll, scratch);  // its barriers also publish wc
+    float a = 0.0f;
+    if (i < hd) {
+#pragma unroll 4
+        for (int c = w; c < active; c += ATTN_MERGE_WARPS) a += ph[c * stride + 2 + i] * wc[c];
+    }
+    red[w][lane] = a;
+    __syncthreads();
+    if (w == 0 && i < hd) {
+        float t = 0.0f;
+        for (int k = 0; k < ATTN_MERGE_WARPS; ++k) t += red[k][lane];
+        const size_t at = (size_t)h * hd + i;
+        o[at] = gate == nullptr ? t / ll : (t / ll) * sigmoidf_(gate[at]);
+    }
 }

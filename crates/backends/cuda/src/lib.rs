@@ -39,6 +39,8 @@ pub mod model;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
+pub mod nvtx;
+#[cfg(feature = "cuda")]
 pub mod ops;
 #[cfg(feature = "cuda")]
 pub mod parity;

@@ -426,6 +426,10 @@ pub struct CudaModel {
     /// Decode steps run so far, and the one to bracket with the CUDA profiler (`profile_step`).
     decode_steps: u64,
     profile_step: Option<u64>,
+    /// NVTX ranges per layer while the profiled step is enqueued (loaded with `profile_step`).
+    nvtx: Option<crate::nvtx::Nvtx>,
+    /// The profiled step is being enqueued.
+    in_profile: bool,
     /// Work units per lane the fused matvecs aim for (`mvf_parts`; tuning switch
     /// `REDLITE_CUDA_MVF_LANE_ITERS`, default 4: 168 tok/s against 156 with 2 and 140 with 1).
     mvf_lane_iters: usize,
@@ -537,6 +541,8 @@ impl CudaModel {
             launches: 0,
             step_launches: None,
             decode_steps: 0,
+            nvtx: None,
+            in_profile: false,
             mvf_lane_iters: std::env::var("REDLITE_CUDA_MVF_LANE_ITERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -589,8 +595,15 @@ impl CudaModel {
     /// Bracket decode step `step` (0 = the first `decode` call) with `cuProfilerStart` /
     /// `cuProfilerStop`, so `ncu --profile-from-start off` captures exactly that token's kernels
     /// (also set by the environment variable `REDLITE_CUDA_PROFILE_STEP`).
-    pub fn set_profile_step(&mut self, step: Option<u64>) {
+    /// NVTX ranges name each layer of that step when `libnvToolsExt` can be opened (with graphs
+    /// on, kernels are enqueued only at the capture, so use no graphs to see the ranges); returns
+    /// why when it cannot.
+    pub fn set_profile_step(&mut self, step: Option<u64>) -> Result<(), String> {
         self.profile_step = step;
+        if step.is_some() && self.nvtx.is_none() {
+            self.nvtx = Some(crate::nvtx::Nvtx::load()?);
+        }
+        Ok(())
     }
 
     /// Move the sequence to position `pos` without running the tokens in between (their cache
@@ -695,12 +708,17 @@ impl CudaModel {
         let before = self.launches;
         let profiled = self.profile_step == Some(self.decode_steps);
         self.decode_steps += 1;
+        if profiled && self.nvtx.is_none() {
+            // Ranges when the library is there; the step is profiled either way.
+            self.nvtx = crate::nvtx::Nvtx::load().ok();
+        }
         if profiled {
             self.sync()?;
             // SAFETY: no arguments; the profiler API of the bound context.
             unsafe { sys::cuProfilerStart() }
                 .result()
                 .map_err(|e| CudaError::driver("cuProfilerStart", e))?;
+            self.in_profile = true;
         }
         if self.opts.graphs {
             let stale = self.graph.as_ref().is_none_or(|g| g.sampling != *s);
@@ -734,6 +752,7 @@ impl CudaModel {
             self.step_launches = Some(self.launches - before);
         }
         if profiled {
+            self.in_profile = false;
             self.sync()?;
             // SAFETY: as cuProfilerStart above.
             unsafe { sys::cuProfilerStop() }
@@ -1103,12 +1122,32 @@ impl CudaModel {
         let norms = (self.layers[i].attn_norm, self.layers[i].post_norm);
         // A clone of the layer's handles (addresses and kernel handles), so `self` stays free.
         let mixer = self.layers[i].mixer.clone();
+        if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
+            let kind = match &mixer {
+                DevMixer::Attention { .. } => "attention",
+                DevMixer::DeltaNet { .. } => "deltanet",
+            };
+            nv.push(&format!("layer {i}"));
+            nv.push(&format!("layer {i} {kind}"));
+        }
         match &mixer {
             DevMixer::Attention { .. } => self.enqueue_attention(&mixer, norms, n)?,
             DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, norms, n)?,
         }
+        if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
+            nv.pop();
+        }
         let moe = self.layers[i].moe.clone();
-        self.enqueue_moe(&moe, n)
+        let nvtx = self.nvtx.as_ref().filter(|_| self.in_profile);
+        if let Some(nv) = nvtx {
+            nv.push(&format!("layer {i} moe"));
+        }
+        let r = self.enqueue_moe(&moe, n);
+        if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
+            nv.pop();
+            nv.pop();
+        }
+        r
     }
 
     fn enqueue_attention(
@@ -1201,8 +1240,8 @@ impl CudaModel {
             self.launch(
                 "attn_merge",
                 &f,
-                (nh as u32, 1, 1),
-                hd as u32,
+                (nh as u32, hd.div_ceil(32) as u32, 1),
+                256,
                 0,
                 &[
                     A::P(part),

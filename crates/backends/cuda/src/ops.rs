@@ -957,6 +957,7 @@ pub fn attn_split_merge(
         || hd > 512
         || !heads.is_multiple_of(nkv)
         || heads / nkv > 32
+        || !(1..=512).contains(&splits)
         || gate.is_some_and(|g| g.len() != q.len())
     {
         return Err(CudaError::Invalid("attn_split: sizes".into()));
@@ -992,7 +993,7 @@ pub fn attn_split_merge(
         gpu,
         gpu.func("attn_merge")?,
         "attn_merge",
-        cfg((heads as u32, 1, 1), hd as u32, 0),
+        cfg((heads as u32, hd.div_ceil(32) as u32, 1), 256, 0),
         [&part, &gate_ptr, &mut o, &pos, &si, &hdi, &mci]
     )?;
     download(gpu, &o)
