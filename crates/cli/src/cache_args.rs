@@ -72,6 +72,7 @@ impl CacheArgs {
 
 /// What `--expert-cache` / `--memory` ask of the GPU expert cache (`--backend cuda`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub enum GpuExperts {
     /// Every routed expert in device memory (no flag).
     All,
@@ -86,6 +87,7 @@ pub enum GpuExperts {
 
 impl CacheArgs {
     /// The GPU expert cache these flags ask for; `--memory` also prints the GPU plan for `file`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn gpu_experts(&self, file: &GgufFile) -> Result<GpuExperts> {
         match (&self.expert_cache, &self.memory) {
             (Some(s), _) => Ok(
