@@ -706,6 +706,17 @@ fn hsum_pair_epi32(a: __m512i, b: __m512i) -> (i32, i32) {
     (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
 }
 
+/// The exact sums of dwords 0-1 and of dwords 2-3 of every 128-bit lane of `v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn hsum_interleaved_pair(v: __m512i) -> (i32, i32) {
+    let t = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+    let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    // [a0 + a1, b0 + b1, …]
+    let t = _mm_hadd_epi32(t, t);
+    (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
+}
+
 /// One IQ2_XXS block of a packed pair (`h`: which one) against `R` activation rows: the exact
 /// per-lane partial sums (`lo`/`hi`: the code bytes of both blocks' grid rows).
 #[inline]
@@ -795,20 +806,20 @@ fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     unsafe { vec_dot_iq2_xxs_q8_k_avx512(n, w, x) }
 }
 
-/// IQ2_XXS single row, packed pair, block `h` chunk pair `k` (chunks `2k`, `2k + 1`): the scale
-/// of every i16 word of `packs(chunk 2k sums, chunk 2k + 1 sums)`. Word `w` sits in 128-bit lane
-/// `w / 8`; its first four words come from chunk `2k`, the last four from chunk `2k + 1`, and
-/// 128-bit lane `l` of a chunk's sums holds elements `16l..16l + 16` (sub-block `l / 2` of it).
-/// The value is the word index of that sub-block's scale in `scales` (the low word of lane `sb`).
-static IQ2XXS_PACKED_SCALE_WORDS: [V64; 2] = {
-    const fn pair(k: usize) -> V64 {
+/// IQ2_XXS single row, chunk `c` of a block pair: the scale of every i16 word of
+/// `packs(block 0's chunk-c sums, block 1's chunk-c sums)`, as `vpermi2w` indices into the two
+/// blocks' `scales` (block 1 from 32 on). Word `w` sits in 128-bit lane `l = w / 8`; its first
+/// four words come from block 0, the last four from block 1, and 128-bit lane `l` of a chunk's
+/// sums holds elements `16l..16l + 16`, i.e. sub-block `2c + l / 2` (its scale: the low word of
+/// qword `sb` of `scales`).
+static IQ2XXS_PAIR_SCALE_WORDS: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
         words!(|w| {
-            let lane = w / 8;
-            let chunk = 2 * k + (w % 8) / 4;
-            (4 * (2 * chunk + lane / 2)) as u16
+            let block = (w % 8) / 4;
+            (32 * block + 4 * (2 * c + (w / 8) / 2)) as u16
         })
     }
-    [pair(0), pair(1)]
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
 };
 
 /// `vpmultishiftqb` control: byte `j < 4` of lane `sb` takes the `j`-th 7-bit sign index of
@@ -836,47 +847,33 @@ static IQ2XXS_KSIGNS: [V64; 2] = {
     [half(0), half(1)]
 };
 
-/// One IQ2_XXS block of a packed pair (`H`: which one) against one activation block, with the
-/// grid values as the unsigned operand of `vpdpbusd` and the weight signs moved onto the
-/// activations (`0 − q8` where a weight is negative; `flips[c]`: chunk `c`'s sign mask). This is
+/// The products of IQ2_XXS block `H` of a packed pair with its activation block, chunk `c`: the
+/// grid values are the unsigned operand of `vpdpbusd` and the weight signs are moved onto the
+/// activations (`0 − q8` where a weight is negative; `flip`: the chunk's sign mask). This is
 /// exact only when no activation is −128 (whose negation wraps); with `CHECK`, `min` collects the
-/// smallest activation byte so the caller can tell. Per 64 elements the four-product sums
-/// (|Σ| ≤ 4·43·127 < 2¹⁵) of two chunks are packed to i16 and scaled by `vpdpwssd`: the
-/// returned lanes add up to the block's exact integer sum.
+/// smallest activation byte so the caller can tell. Each i32 lane is a four-product sum,
+/// |Σ| ≤ 4·43·127 < 2¹⁵.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
-fn iq2_xxs_pair_block_single<const H: usize, const CHECK: bool>(
+fn iq2_xxs_chunk_single<const H: usize, const CHECK: bool>(
+    c: usize,
     lo: __m512i,
     hi: __m512i,
-    q: __m512i,
-    flips: &[u64],
+    flip: u64,
     y: &BlockQ8K,
     min: &mut __m512i,
 ) -> __m512i {
-    // Lane sb: (aux >> 59) | 1 = 2·(aux >> 28) + 1, the scale of sub-block sb.
-    let scales = _mm512_or_si512(_mm512_srli_epi64::<59>(q), _mm512_set1_epi64(1));
-    let mut acc = _mm512_setzero_si512();
-    for (k, scale_words) in IQ2XXS_PACKED_SCALE_WORDS.iter().enumerate() {
-        let mut sums = [_mm512_setzero_si512(); 2];
-        for (half, s) in sums.iter_mut().enumerate() {
-            let c = 2 * k + half;
-            let codes = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_ROW_CODES[H][c]), hi);
-            let grid = _mm512_permutexvar_epi8(
-                _mm512_multishift_epi64_epi8(load64(&SHIFT_2J), codes),
-                load64(&IQ2_VALUES),
-            );
-            let q8 = load_q8(y, c);
-            if CHECK {
-                *min = _mm512_min_epi8(*min, q8);
-            }
-            let signed = _mm512_mask_sub_epi8(q8, flips[c], _mm512_setzero_si512(), q8);
-            *s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid, signed);
-        }
-        let packed = _mm512_packs_epi32(sums[0], sums[1]);
-        let ls = _mm512_permutexvar_epi16(load64(scale_words), scales);
-        acc = _mm512_dpwssd_epi32(acc, packed, ls);
+    let codes = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_ROW_CODES[H][c]), hi);
+    let grid = _mm512_permutexvar_epi8(
+        _mm512_multishift_epi64_epi8(load64(&SHIFT_2J), codes),
+        load64(&IQ2_VALUES),
+    );
+    let q8 = load_q8(y, c);
+    if CHECK {
+        *min = _mm512_min_epi8(*min, q8);
     }
-    acc
+    let signed = _mm512_mask_sub_epi8(q8, flip, _mm512_setzero_si512(), q8);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid, signed)
 }
 
 /// The IQ2_XXS kernel for one activation row (decode). Per block pair, as in
@@ -884,8 +881,9 @@ fn iq2_xxs_pair_block_single<const H: usize, const CHECK: bool>(
 /// and both block sums from one horizontal reduction; unlike it, the sign masks of both blocks
 /// are made in vector registers (three byte permutes instead of `pdep` and a parity fold per 64
 /// elements in general-purpose registers), each 64 elements cost one `vpdpbusd` instead of
-/// `vpabsb`, a sign-mask extraction, `vpmaddubsw` and `vpdpwssd`, and the sub-block scales are
-/// applied once per two chunks. The block sums are exact and the f32 operations are the scalar
+/// `vpabsb`, a sign-mask extraction, `vpmaddubsw` and `vpdpwssd`, and the same chunk of both
+/// blocks is packed to i16 and scaled by one `vpdpwssd` into one accumulator (one reduction per
+/// pair). The block sums are exact and the f32 operations are the scalar
 /// kernel's, in block order, so the result is bit-identical; an activation row holding −128
 /// (never made by our Q8_K quantizer, but valid in the format) is recomputed by
 /// [`iq2_xxs_pair_rows`].
@@ -931,11 +929,22 @@ fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         );
         // SAFETY: `flips` is 64 writable bytes.
         unsafe { _mm512_storeu_si512(flips.as_mut_ptr().cast(), signs) };
-        let acc0 = iq2_xxs_pair_block_single::<0, CHECK>(lo, hi, q0, &flips[..4], &x[i], &mut min);
-        let acc1 = iq2_xxs_pair_block_single::<1, CHECK>(lo, hi, q1, &flips[4..], &x[i1], &mut min);
+        // Lane sb: (aux >> 59) | 1 = 2·(aux >> 28) + 1, the scale of sub-block sb.
+        let one = _mm512_set1_epi64(1);
+        let scales0 = _mm512_or_si512(_mm512_srli_epi64::<59>(q0), one);
+        let scales1 = _mm512_or_si512(_mm512_srli_epi64::<59>(q1), one);
+        // Chunk c of both blocks packed together and scaled into one accumulator: dwords 0-1 of
+        // each 128-bit lane belong to block 0, dwords 2-3 to block 1.
+        let mut acc = _mm512_setzero_si512();
+        for (c, scale_words) in IQ2XXS_PAIR_SCALE_WORDS.iter().enumerate() {
+            let s0 = iq2_xxs_chunk_single::<0, CHECK>(c, lo, hi, flips[c], &x[i], &mut min);
+            let s1 = iq2_xxs_chunk_single::<1, CHECK>(c, lo, hi, flips[4 + c], &x[i1], &mut min);
+            let ls = _mm512_permutex2var_epi16(scales0, load64(scale_words), scales1);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(s0, s1), ls);
+        }
         let d0 = f16_to_f32(u16::from_le_bytes([b0[0], b0[1]]));
         let d1 = f16_to_f32(u16::from_le_bytes([b1[0], b1[1]]));
-        let (s0, s1) = hsum_pair_epi32(acc0, acc1);
+        let (s0, s1) = hsum_interleaved_pair(acc);
         sumf += d0 * x[i].d * s0 as f32;
         if i1 != i {
             sumf += d1 * x[i1].d * s1 as f32;
