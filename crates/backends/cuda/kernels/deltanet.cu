@@ -222,12 +222,11 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
 // rg warps in shared memory. dk must be a multiple of DNF_ROWS.
 // Launch: grid = nk, block = 32 * r * ceil(dv / 32) * ceil(dk / DNF_ROWS) threads (<= DNF_MAX_THREADS),
 // dynamic shared memory = (2 dk + 2 r dv + blockDim.x + 3 r) floats.
-extern "C" __global__ void __launch_bounds__(DNF_MAX_THREADS)
-    dn_fused_seq(const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
-                 const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias,
-                 float* __restrict__ s, const float* __restrict__ z, const float* __restrict__ norm_w,
-                 float* __restrict__ y, int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps,
-                 float q_scale, float rms_eps) {
+extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
+    const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
+    const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
+    const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
+    int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps) {
     extern __shared__ float sm[];
     const int kh = blockIdx.x, nv = nk * r;
     const int own = 2 * dk + r * dv;  // this block's conv channels: q of kh, k of kh, v of its V heads
