@@ -151,3 +151,31 @@ async fn server_default_mode_and_metrics() {
     assert!(value("spec_decode_tokens_per_second") > 0.0);
     server.shutdown().await;
 }
+
+/// The same on the CPU backend (multi-row kernels in the verify pass, 2 threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_replies_equal_plain_ones_on_the_cpu_backend() {
+    use redlite_engine::{load_model_from, AnyModel, BackendChoice};
+    let file = std::sync::Arc::new(redlite_gguf::GgufFile::open(TINY).expect("tiny model"));
+    let AnyModel::Cpu(model) = load_model_from(file, BackendChoice::Cpu, 2).expect("loads") else {
+        panic!("not the CPU backend");
+    };
+    let server = redlite_server::start(model, options())
+        .await
+        .expect("starts");
+    let base = format!("http://{}", server.addr());
+    let c = client();
+    let url = format!("{base}/v1/completions");
+    let mut req = json!({"prompt": rewrite_request(), "temperature": 0, "max_tokens": 48,
+                         "ignore_eos": true, "return_token_ids": true});
+    let (status, plain) = post(&c, &url, &req).await;
+    assert_eq!(status, 200, "{plain}");
+    for mode in ["lookup", "mtp", "both"] {
+        req["spec"] = json!(mode);
+        let (status, r) = post(&c, &url, &req).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(fingerprint(&r), fingerprint(&plain), "spec {mode}");
+        assert!(r["usage"]["speculative"]["accepted"].as_u64().unwrap() > 0);
+    }
+    server.shutdown().await;
+}
