@@ -17,6 +17,7 @@ use crate::cache_args::CacheArgs;
 
 /// Where `bench decode --backend cuda` decodes and what it profiles.
 #[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA build only
 pub struct DecodeAt {
     /// Time the steps at this position (`CudaModel::skip_to` after the prompt).
     pub position: Option<usize>,
