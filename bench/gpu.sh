@@ -91,7 +91,7 @@ if [ -f "$DEV/qwen3-vocab.gguf.gz" ]; then
         ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
             "$BIN" bench decode --backend cuda --no-graphs --profile-step 1 -m "$FULLM" -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err" || status=1
         # DETAIL=1: a closer look at the heaviest kernels of that step (first of each).
-        for spec in ${DETAIL:+"matvec_norm3_q4_k 0" "matvec_res_q4_k 0" "dn_fused_seq 0" "moe_gate_up_ids_iq2_xxs 0"}; do
+        for spec in ${DETAIL:+"matvec_norm3_q4_k 0" "matvec_res_q4_k 0" "dn_fused_seq 0" "moe_gate_up_tab_iq2_xxs 0"}; do
             set -- $spec
             ncu --profile-from-start off --clock-control none -k "$1" --launch-skip "$2" --launch-count 1 \
                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
