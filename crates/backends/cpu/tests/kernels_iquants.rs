@@ -538,14 +538,16 @@ fn matmul_rows_match_matvec_bit_for_bit() {
         scalar: q8k!(vec_dot_iq2_xxs_q8_k_scalar), // unused here
     };
     for case in CASES.iter().filter(|c| c.qk == 256).chain([&q4k, &q6k]) {
-        let (rows, cols) = (5, 1024);
+        // 37 weight rows: two whole 16-row tiles of the Q4_K tile GEMM and a partial one.
+        let (rows, cols) = (37, 1024);
         let w = random_blocks(&mut rng, case, rows * cols / 256);
-        let xs: Vec<f32> = (0..21 * cols)
+        let xs: Vec<f32> = (0..40 * cols)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         for isa in Isa::available() {
-            // Up to the 8-row groups with every remainder, and past the 16-row groups.
-            for n in (2..=9).chain([16, 17, 21]) {
+            // Up to the 8-row groups with every remainder, past the 16-row groups, and the
+            // Q4_K tile GEMM (from 24 rows) with whole and partial groups of 4.
+            for n in (2..=9).chain([16, 17, 21, 24, 35, 40]) {
                 let mut ys = vec![0.0f32; n * rows];
                 matmul_isa(isa, case.ty, &w, rows, cols, &xs[..n * cols], n, &mut ys).unwrap();
                 for j in 0..n {

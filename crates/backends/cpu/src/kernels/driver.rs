@@ -492,6 +492,18 @@ fn run_matmul_at(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let multi_f32: Option<FloatMultiDot> = None;
+    #[cfg(target_arch = "x86_64")]
+    if shape.ty == GgmlType::Q4K
+        && n >= tile_min_rows()
+        && rows > 0
+        && shape.row_bytes > 0
+        && isa.min(Isa::best()) == Isa::Avx512
+        && super::kquants_multi_x86::tile_gemm_supported()
+    {
+        if let Acts::Q8K(q, per) = Acts::quantize(kernel, xs, cols, n) {
+            return run_tile_gemm_q4k(&q, per, n, w, rows, shape.row_bytes, ys);
+        }
+    }
     let multis = (multi, multi_q8_0, multi_f32);
     run_matmul(kernel, multis, shape, w, rows, cols, xs, n, ys)
 }
@@ -574,6 +586,74 @@ fn run_matmul(
         w.par_chunks(per * rb)
             .enumerate()
             .for_each(|task| work(task, per));
+    }
+}
+
+/// Activation rows from which Q4_K products take the tile GEMM (`REDLITE_TILE_MIN`, default
+/// 24; 0 turns it off).
+#[cfg(target_arch = "x86_64")]
+fn tile_min_rows() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        match std::env::var("REDLITE_TILE_MIN").map(|v| v.trim().parse::<usize>()) {
+            Ok(Ok(0)) => usize::MAX,
+            Ok(Ok(m)) => m,
+            _ => 24,
+        }
+    })
+}
+
+/// `ys = X · Wᵀ` for Q4_K weights through the tile GEMM of `kquants_multi_x86`: each task owns
+/// whole tiles of 16 weight rows, repacks a tile once (lane = weight row) and runs every
+/// activation row against it, four at a time. Bit-identical to `matvec` per row (see
+/// `q4k_tile_rows`).
+#[cfg(target_arch = "x86_64")]
+fn run_tile_gemm_q4k(
+    q: &[BlockQ8K],
+    per: usize,
+    n: usize,
+    w: &[u8],
+    rows: usize,
+    rb: usize,
+    ys: &mut [f32],
+) {
+    use super::kquants_multi_x86 as k;
+    let pairs: Vec<[i32; 4]> = q.iter().map(k::q8k_pair_sums).collect();
+    let out = SharedOut::new(ys, rows);
+    let per_task = rows_per_task(rows, rb).next_multiple_of(k::TILE_ROWS);
+    let work = |(task, ws): (usize, &[u8])| {
+        let mut tile = Vec::new();
+        let mut res = [[0.0f32; k::TILE_ROWS]; k::TILE_ACT_ROWS];
+        for (t, wt) in ws.chunks(k::TILE_ROWS * rb).enumerate() {
+            let r0 = task * per_task + t * k::TILE_ROWS;
+            let here = wt.len() / rb;
+            k::q4k_tile_repack(wt, here, rb, per, &mut tile);
+            let mut j0 = 0;
+            while j0 < n {
+                let m = k::TILE_ACT_ROWS.min(n - j0);
+                let yrows: [&[BlockQ8K]; k::TILE_ACT_ROWS] = core::array::from_fn(|jj| {
+                    q.get((j0 + jj) * per..(j0 + jj + 1) * per).unwrap_or(&[])
+                });
+                let prows: [&[[i32; 4]]; k::TILE_ACT_ROWS] = core::array::from_fn(|jj| {
+                    pairs
+                        .get((j0 + jj) * per..(j0 + jj + 1) * per)
+                        .unwrap_or(&[])
+                });
+                k::q4k_tile_rows(&tile, &yrows[..m], &prows[..m], &mut res[..m]);
+                for (jj, row) in res[..m].iter().enumerate() {
+                    for (r, &v) in row[..here].iter().enumerate() {
+                        // SAFETY: this task owns weight rows r0..r0 + here; j0 + jj < n.
+                        unsafe { out.set(j0 + jj, r0 + r, v) };
+                    }
+                }
+                j0 += m;
+            }
+        }
+    };
+    if w.len().saturating_mul(n) < PARALLEL_MIN_BYTES {
+        work((0, w));
+    } else {
+        w.par_chunks(per_task * rb).enumerate().for_each(work);
     }
 }
 

@@ -530,3 +530,172 @@ unsafe fn q4k_grouped_sums(
     let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
     (_mm512_madd_epi16(t, s32), _mm256_madd_epi16(bs, mins))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tile GEMM: 16 weight rows interleaved per lane, for prompt-sized batches
+// ---------------------------------------------------------------------------------------------
+
+/// Weight rows per tile of the Q4_K tile GEMM (one per i32 lane).
+pub(crate) const TILE_ROWS: usize = 16;
+
+/// Activation rows per pass of the tile GEMM micro-kernel.
+pub(crate) const TILE_ACT_ROWS: usize = 4;
+
+/// One Q4_K block of 16 weight rows, repacked so that lane `r` of every vector is weight row `r`:
+/// the quants as bytes, four per lane (`q[g]`: elements `4g..4g + 4`), the six-bit scales per
+/// sub-block, the mins as i16 pairs (`mins[k]`: sub-blocks `2k`, `2k + 1`), `d` and `dmin`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Q4kTileBlock {
+    q: [[u8; 64]; 64],
+    scales: [[i32; 16]; 8],
+    mins: [[i32; 16]; 4],
+    d: [f32; 16],
+    dmin: [f32; 16],
+}
+
+impl Q4kTileBlock {
+    const ZERO: Q4kTileBlock = Q4kTileBlock {
+        q: [[0; 64]; 64],
+        scales: [[0; 16]; 8],
+        mins: [[0; 16]; 4],
+        d: [0.0; 16],
+        dmin: [0.0; 16],
+    };
+}
+
+/// Whether the Q4_K tile GEMM can run here (AVX-512 with VNNI, like [`multi_kernel`]).
+pub(crate) fn tile_gemm_supported() -> bool {
+    Isa::Avx512.supported() && has_vnni()
+}
+
+/// Repacks up to 16 Q4_K weight rows (`w`: `rows_here` rows of `rb` bytes, `nb` blocks each) into
+/// `out` (one [`Q4kTileBlock`] per block); missing rows are zero.
+pub(crate) fn q4k_tile_repack(
+    w: &[u8],
+    rows_here: usize,
+    rb: usize,
+    nb: usize,
+    out: &mut Vec<Q4kTileBlock>,
+) {
+    out.clear();
+    out.resize(nb, Q4kTileBlock::ZERO);
+    for (i, t) in out.iter_mut().enumerate() {
+        for r in 0..rows_here.min(TILE_ROWS) {
+            let b = &w[r * rb + i * Q4K_BYTES..][..Q4K_BYTES];
+            t.d[r] = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            t.dmin[r] = half::f16::from_le_bytes([b[2], b[3]]).to_f32();
+            let (sc, m) = unpack_scales_k4(&b[4..16]);
+            for s in 0..8 {
+                t.scales[s][r] = ((sc >> (8 * s)) & 0xFF) as i32;
+            }
+            for k in 0..4 {
+                let (m0, m1) = ((m >> (16 * k)) & 0xFF, (m >> (16 * k + 8)) & 0xFF);
+                t.mins[k][r] = (m0 | m1 << 16) as i32;
+            }
+            // Word k of chunk c: low nibbles = elements 64c + 4k.. (group 16c + k), high
+            // nibbles = elements 64c + 32 + 4k.. (group 16c + 8 + k).
+            for (c, chunk) in b[16..].chunks_exact(32).enumerate() {
+                for (k, word) in chunk.chunks_exact(4).enumerate() {
+                    let v = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                    let lo = v & 0x0F0F_0F0F;
+                    let hi = (v >> 4) & 0x0F0F_0F0F;
+                    t.q[16 * c + k][4 * r..4 * r + 4].copy_from_slice(&lo.to_le_bytes());
+                    t.q[16 * c + 8 + k][4 * r..4 * r + 4].copy_from_slice(&hi.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// The sub-block quant sums of an activation block as i16 pairs: word `k` holds sub-blocks
+/// `2k` (low half) and `2k + 1` (high half), from `bsums`.
+pub(crate) fn q8k_pair_sums(y: &BlockQ8K) -> [i32; 4] {
+    core::array::from_fn(|k| {
+        let lo = y.bsums[4 * k] as i32 + y.bsums[4 * k + 1] as i32;
+        let hi = y.bsums[4 * k + 2] as i32 + y.bsums[4 * k + 3] as i32;
+        (lo & 0xFFFF) | (hi << 16)
+    })
+}
+
+/// The tile GEMM micro-kernel: the 16 weight rows of `tile` against `ys.len()` ≤ 4 activation
+/// rows (`ys[j]`: its Q8_K blocks, `pairs[j]`: their [`q8k_pair_sums`]); `out[j][r]` gets
+/// weight row `r` · activation row `j`.
+///
+/// Per block, lane `r` holds weight row `r`: per sub-block eight `vpdpbusd` (four quants of the
+/// activation broadcast) give its exact sum of 32 products, `vpmulld` scales it; the mins term
+/// is four `vpdpwssd` of the min pairs with the sub-block sums. These are the exact i32 block sums
+/// of the single-row kernel, and per lane the f32 update is its expression `(y.d · d) · isum −
+/// (y.d · dmin) · isumm`, added in block order: bit-identical results.
+pub(crate) fn q4k_tile_rows(
+    tile: &[Q4kTileBlock],
+    ys: &[&[BlockQ8K]],
+    pairs: &[&[[i32; 4]]],
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    /// The first `J` entries of `v`.
+    fn first<T: Copy, const J: usize>(v: &[T]) -> [T; J] {
+        core::array::from_fn(|j| v[j])
+    }
+    // SAFETY: only called by the driver when `tile_gemm_supported()`.
+    unsafe {
+        match ys.len() {
+            1 => out[..1].copy_from_slice(&q4k_tile_j::<1>(tile, first(ys), first(pairs))),
+            2 => out[..2].copy_from_slice(&q4k_tile_j::<2>(tile, first(ys), first(pairs))),
+            3 => out[..3].copy_from_slice(&q4k_tile_j::<3>(tile, first(ys), first(pairs))),
+            4 => out[..4].copy_from_slice(&q4k_tile_j::<4>(tile, first(ys), first(pairs))),
+            _ => {}
+        }
+    }
+}
+
+#[allow(clippy::needless_range_loop)] // block `i` of the tile and of every activation row
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_tile_j<const J: usize>(
+    tile: &[Q4kTileBlock],
+    ys: [&[BlockQ8K]; J],
+    pairs: [&[[i32; 4]]; J],
+) -> [[f32; TILE_ROWS]; J] {
+    let nb = ys.iter().map(|y| y.len()).fold(tile.len(), usize::min);
+    let mut facc = [_mm512_setzero_ps(); J];
+    for i in 0..nb {
+        let tb = &tile[i];
+        let mut isum = [_mm512_setzero_si512(); J];
+        for s in 0..8 {
+            let mut t = [_mm512_setzero_si512(); J];
+            for g in 0..8 {
+                let wv = _mm512_load_si512(tb.q[8 * s + g].as_ptr() as *const _);
+                for j in 0..J {
+                    let p = ys[j][i].qs.as_ptr().add(32 * s + 4 * g) as *const i32;
+                    let a = _mm512_set1_epi32(p.read_unaligned());
+                    t[j] = _mm512_dpbusd_epi32(t[j], wv, a);
+                }
+            }
+            let sc = _mm512_load_si512(tb.scales[s].as_ptr() as *const _);
+            for j in 0..J {
+                isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(t[j], sc));
+            }
+        }
+        let mut isumm = [_mm512_setzero_si512(); J];
+        for k in 0..4 {
+            let mv = _mm512_load_si512(tb.mins[k].as_ptr() as *const _);
+            for j in 0..J {
+                let a = _mm512_set1_epi32(pairs[j][i][k]);
+                isumm[j] = _mm512_dpwssd_epi32(isumm[j], mv, a);
+            }
+        }
+        let d = _mm512_load_ps(tb.d.as_ptr());
+        let dmin = _mm512_load_ps(tb.dmin.as_ptr());
+        for j in 0..J {
+            let yd = _mm512_set1_ps(ys[j][i].d);
+            let a = _mm512_mul_ps(_mm512_mul_ps(yd, d), _mm512_cvtepi32_ps(isum[j]));
+            let b = _mm512_mul_ps(_mm512_mul_ps(yd, dmin), _mm512_cvtepi32_ps(isumm[j]));
+            facc[j] = _mm512_add_ps(facc[j], _mm512_sub_ps(a, b));
+        }
+    }
+    let mut out = [[0.0f32; TILE_ROWS]; J];
+    for j in 0..J {
+        _mm512_storeu_ps(out[j].as_mut_ptr(), facc[j]);
+    }
+    out
+}
