@@ -240,6 +240,143 @@ __device__ __forceinline__ void gate_up_dot(const u8* __restrict__ g, const u8* 
     }
 }
 
+// ----- IQ2_XXS through sub-block lanes (MOE_IQ2_SB = 1, the default) -----
+// The group decoder above spends ~30 instructions per weight on IQ2_XXS (grid byte extraction,
+// int-to-float conversion, sign and scale multiplies): the expert kernels were instruction-bound
+// at ~6 % of the memory bandwidth. Here a lane takes whole 32-value sub-blocks: one scale per
+// sub-block, the grid as floats and the sign codes as 8 sign-bit masks in shared memory (12 KiB,
+// staged per thread block), so a weight costs one XOR (the sign flipped into the activation)
+// and one FMA; the sub-block's sum is scaled once. gate_up keeps the lane's 32 activations in
+// registers for the gate and the up row. Sums are in a different order than row_dot's (f32
+// rounding differs, not the weights).
+#ifndef MOE_IQ2_SB
+#define MOE_IQ2_SB 1
+#endif
+
+template <typename T>
+struct IsIq2xxs {
+    enum { V = 0 };
+};
+template <>
+struct IsIq2xxs<T_IQ2_XXS> {
+    enum { V = 1 };
+};
+
+// Whether the expert kernels take T through the sub-block path.
+template <typename T>
+__device__ constexpr bool iq2_sb() {
+    return MOE_IQ2_SB && IsIq2xxs<T>::V;
+}
+
+__shared__ float4 s_iq2f[512];  // grid entry i: floats of bytes 0..3 at 2i, 4..7 at 2i + 1
+__shared__ uint4 s_iq2sm[256];  // sign code i: bit 31 set where value j is negative (same split)
+
+__device__ __forceinline__ void stage_iq2_sb_tables() {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        const u64 g = g_iq2xxs_grid[i];
+        s_iq2f[2 * i] = make_float4((float)(g & 255), (float)((g >> 8) & 255), (float)((g >> 16) & 255),
+                                    (float)((g >> 24) & 255));
+        s_iq2f[2 * i + 1] = make_float4((float)((g >> 32) & 255), (float)((g >> 40) & 255),
+                                        (float)((g >> 48) & 255), (float)((g >> 56) & 255));
+    }
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+        const u32 s = g_ksigns_iq2xs[i];
+        s_iq2sm[2 * i] = make_uint4((s & 1) << 31, ((s >> 1) & 1) << 31, ((s >> 2) & 1) << 31, ((s >> 3) & 1) << 31);
+        s_iq2sm[2 * i + 1] =
+            make_uint4(((s >> 4) & 1) << 31, ((s >> 5) & 1) << 31, ((s >> 6) & 1) << 31, ((s >> 7) & 1) << 31);
+    }
+    __syncthreads();
+}
+
+// The 32 activations of one sub-block into registers (16-byte aligned: 32 floats into a row of
+// whole blocks).
+__device__ __forceinline__ void ld_x32(const float* __restrict__ p, float (&x)[32]) {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        const float4 v = ld_x4(p + 4 * w);
+        x[4 * w] = v.x;
+        x[4 * w + 1] = v.y;
+        x[4 * w + 2] = v.z;
+        x[4 * w + 3] = v.w;
+    }
+}
+
+__device__ __forceinline__ float flip_sign(float x, u32 m) { return __int_as_float(__float_as_int(x) ^ m); }
+
+// The raw fields of sub-block ib of an IQ2_XXS block: 4 grid indices, the u32 of sign codes and
+// scale, the block scale (2-byte aligned: four 16-bit loads and one for d).
+struct Iq2Sub {
+    u32 idx, aux;
+    float d;
+};
+
+__device__ __forceinline__ Iq2Sub iq2_sub_load(const u8* __restrict__ b, int ib) {
+    const u16* q = (const u16*)(b + 2 + 8 * ib);
+    Iq2Sub s;
+    s.idx = (u32)q[0] | ((u32)q[1] << 16);
+    s.aux = (u32)q[2] | ((u32)q[3] << 16);
+    s.d = ld_f16(b);
+    return s;
+}
+
+// sub . x for one sub-block with its 32 activations in registers.
+__device__ __forceinline__ float iq2_sub_dot(const Iq2Sub& s, const float (&x)[32]) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u32 gi = (s.idx >> (8 * l)) & 255, si = (s.aux >> (7 * l)) & 127;
+        const float4 g0 = s_iq2f[2 * gi], g1 = s_iq2f[2 * gi + 1];
+        const uint4 m0 = s_iq2sm[2 * si], m1 = s_iq2sm[2 * si + 1];
+        acc0 = fmaf(g0.x, flip_sign(x[8 * l], m0.x), acc0);
+        acc1 = fmaf(g0.y, flip_sign(x[8 * l + 1], m0.y), acc1);
+        acc0 = fmaf(g0.z, flip_sign(x[8 * l + 2], m0.z), acc0);
+        acc1 = fmaf(g0.w, flip_sign(x[8 * l + 3], m0.w), acc1);
+        acc0 = fmaf(g1.x, flip_sign(x[8 * l + 4], m1.x), acc0);
+        acc1 = fmaf(g1.y, flip_sign(x[8 * l + 5], m1.y), acc1);
+        acc0 = fmaf(g1.z, flip_sign(x[8 * l + 6], m1.z), acc0);
+        acc1 = fmaf(g1.w, flip_sign(x[8 * l + 7], m1.w), acc1);
+    }
+    return s.d * (0.5f + (float)(s.aux >> 28)) * 0.25f * (acc0 + acc1);
+}
+
+// gate . x and up . x of one row pair, lane `lane` taking sub-blocks lane, lane + 32, ...
+__device__ __forceinline__ void iq2_gate_up_sb(const u8* __restrict__ g, const u8* __restrict__ u,
+                                               const float* __restrict__ x, int cols, int lane, float& gv,
+                                               float& uv) {
+    const int subs = cols / 32;
+    float ga = 0.0f, ua = 0.0f;
+#pragma unroll 2
+    for (int sb = lane; sb < subs; sb += WARP) {
+        const size_t at = (size_t)(sb >> 3) * T_IQ2_XXS::BB;
+        const Iq2Sub sg = iq2_sub_load(g + at, sb & 7), su = iq2_sub_load(u + at, sb & 7);
+        float xr[32];
+        ld_x32(x + (size_t)sb * 32, xr);
+        ga += iq2_sub_dot(sg, xr);
+        ua += iq2_sub_dot(su, xr);
+    }
+    gv = warp_sum(ga);
+    uv = warp_sum(ua);
+}
+
+// sum over choices c < k of weight[c] * (down_c row . act[c]) for one output row: the lane takes
+// the (choice, sub-block) pairs lane, lane + 32, ... (choice-major).
+__device__ __forceinline__ float iq2_down_sb(const u64* __restrict__ tab, const int* __restrict__ ids,
+                                             const float* __restrict__ weight, const float* __restrict__ act,
+                                             size_t off, int ff, int k, int lane) {
+    const int subs = ff / 32;
+    float acc = 0.0f;
+#pragma unroll 2
+    for (int i = lane; i < k * subs; i += WARP) {
+        const int c = i / subs, sb = i - c * subs;
+        const u8* down = (const u8*)tab[3 * (size_t)ids[c] + 2] + off;
+        const Iq2Sub s = iq2_sub_load(down + (size_t)(sb >> 3) * T_IQ2_XXS::BB, sb & 7);
+        float xr[32];
+        ld_x32(act + (size_t)c * ff + (size_t)sb * 32, xr);
+        acc = fmaf(weight[c], iq2_sub_dot(s, xr), acc);
+    }
+    return warp_sum(acc);
+}
+
 // moe_gate_up_tab_<type>(tab, ids, x, act, ff, hidden, k): token t = blockIdx.z, choice
 // c = blockIdx.y (expert ids[t][c]): act[t][c][r] = silu(gate . x[t]) * (up . x[t]).
 // Launch: block = 32 * warps, grid = (ceil(ff / warps), k, tokens).
@@ -247,7 +384,11 @@ template <typename T>
 __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                      const float* __restrict__ x, float* __restrict__ act,
                                                      int ff, int hidden, int k) {
-    stage_tables<T>();  // before any warp leaves
+    if constexpr (iq2_sb<T>()) {
+        stage_iq2_sb_tables();
+    } else {
+        stage_tables<T>();  // before any warp leaves
+    }
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -257,7 +398,11 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
     const size_t off = (size_t)row * row_bytes<T>(hidden);
     const float* xt = x + (size_t)blockIdx.z * hidden;
     float gv, uv;
-    gate_up_dot<T>((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
+    if constexpr (iq2_sb<T>()) {
+        iq2_gate_up_sb((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
+    } else {
+        gate_up_dot<T>((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
+    }
     if (lane == 0) act[te * ff + row] = siluf_(gv) * uv;
 }
 
@@ -275,7 +420,11 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                           const float* __restrict__ shared,
                                                           const float* __restrict__ gate_logit, int hidden,
                                                           int ff, int k) {
-    stage_tables<T>();  // before any warp leaves
+    if constexpr (iq2_sb<T>()) {
+        stage_iq2_sb_tables();
+    } else {
+        stage_tables<T>();  // before any warp leaves
+    }
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -283,7 +432,9 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
     if (row >= hidden) return;
     const size_t off = (size_t)row * row_bytes<T>(ff);
     float s = 0.0f;
-    if constexpr (grouped<T>()) {
+    if constexpr (iq2_sb<T>()) {
+        s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);
+    } else if constexpr (grouped<T>()) {
         constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
         const int groups = ff / G;
         float acc = 0.0f;
