@@ -9,6 +9,7 @@
 #              "min 0.05 0.1 0.2 0.35 0.5 0.75 all"; "min" is one expert per layer, "all" is every
 #              expert resident, read in place from the memory map)
 #   POLICIES   eviction policies to sweep (default "lru"; also lfu, layer-quota)
+#   PREFETCH   cross-layer prefetch settings to sweep (default "on"; "on off" compares)
 #   STEPS      timed decode steps (default 64)
 #   PROMPT     prompt tokens before them (default 64: the prompt's pass warms the cache, so the
 #              timed steps see a warm cache rather than its compulsory misses)
@@ -25,6 +26,7 @@ MODEL=${1:?usage: bench/expert-cache.sh MODEL [OUT_DIR]}
 OUT=${2:-bench/out/expert-cache}
 FRACTIONS=${FRACTIONS:-"min 0.05 0.1 0.2 0.35 0.5 0.75 all"}
 POLICIES=${POLICIES:-lru}
+PREFETCH=${PREFETCH:-on}
 STEPS=${STEPS:-64}
 PROMPT=${PROMPT:-64}
 THREADS=${THREADS:-0}
@@ -43,6 +45,7 @@ IO_FLAG=""
 [ "$IO" = buffered ] && IO_FLAG="--buffered-io"
 
 for policy in $POLICIES; do
+  for pf in $PREFETCH; do
     [ "${REPORT_ONLY:-0}" = 1 ] && break
     for f in $FRACTIONS; do
         case "$f" in
@@ -50,28 +53,32 @@ for policy in $POLICIES; do
             all) size="" ;;
             *) size=$(python3 -c "print(int($EXPERT_BYTES * $f))") ;;
         esac
-        echo "policy $policy, cache $f ${size:+($size)} ..." >&2
+        echo "policy $policy, prefetch $pf, cache $f ${size:+($size)} ..." >&2
         args=(bench decode -m "$MODEL" -t "$THREADS" -n "$STEPS" -p "$PROMPT" --bw-mib 256 --bw-runs 1
               --cache-policy "$policy" --json)
         [ -n "$size" ] && args+=(--expert-cache "$size")
         [ -n "$IO_FLAG" ] && args+=("$IO_FLAG")
-        "$REDLITE" "${args[@]}" > "$OUT/runs/$policy-$f.json"
+        [ "$pf" = off ] && args+=(--no-prefetch)
+        "$REDLITE" "${args[@]}" > "$OUT/runs/$policy-$pf-$f.json"
     done
+  done
 done
 
-python3 - "$OUT" "$MODEL" "$EXPERT_BYTES" "$FRACTIONS" "$POLICIES" "$STEPS" "$IO" "$PROMPT" <<'PY'
+python3 - "$OUT" "$MODEL" "$EXPERT_BYTES" "$FRACTIONS" "$POLICIES" "$STEPS" "$IO" "$PROMPT" "$PREFETCH" <<'PY'
 import json, os, sys
-out, model, expert_bytes, fractions, policies, steps, io, prompt = sys.argv[1:9]
+out, model, expert_bytes, fractions, policies, steps, io, prompt, prefetch = sys.argv[1:10]
 expert_bytes = int(expert_bytes)
 rows = []
-for policy in policies.split():
+for policy, pf in [(p, q) for p in policies.split() for q in prefetch.split()]:
     for f in fractions.split():
-        d = json.load(open(os.path.join(out, "runs", f"{policy}-{f}.json")))
+        d = json.load(open(os.path.join(out, "runs", f"{policy}-{pf}-{f}.json")))
         c = d["expert_cache"]["cache"] or {}
         r = d["expert_cache"]["routing"] or {}
         slots, slot = c.get("slots", 0), c.get("slot_bytes", 0)
         size = slots * slot if slots else expert_bytes
-        rows.append(dict(policy=policy, fraction=f, size_gib=size / 2**30,
+        rows.append(dict(policy=f"{policy}, prefetch {pf}", fraction=f,
+                         ahead=c.get("prefetched_per_token", 0.0),
+                         ahead_used=c.get("prefetch_hits_per_token", 0.0), size_gib=size / 2**30,
                          pct=100 * size / expert_bytes, tok_s=d["tok_per_s"],
                          median_tok_s=1e3 / max(d["median_step_ms"], 1e-9),
                          hit=100 * c.get("hit_rate", 1.0),
@@ -89,11 +96,12 @@ if r0:
               f"{r0['reuse_tokens_median']} / p90 {r0['reuse_tokens_p90']} tokens, LRU stack distance median "
               f"{r0['stack_distance_median']} / p90 {r0['stack_distance_p90']}, first uses "
               f"{100 * r0['first_use_fraction']:.1f}%", ""]
-lines += ["| policy | cache | GiB | % of experts | tok/s (mean) | tok/s (median step) | hit rate | misses/token | MB read/token | stall ms/token |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+lines += ["| policy | cache | GiB | % of experts | tok/s (mean) | tok/s (median step) | hit rate | misses/token | MB read/token | stall ms/token | prefetched/token (used) |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for x in rows:
     lines.append(f"| {x['policy']} | {x['fraction']} | {x['size_gib']:.2f} | {x['pct']:.1f} | {x['tok_s']:.2f} | "
-                 f"{x['median_tok_s']:.2f} | {x['hit']:.1f}% | {x['misses']:.1f} | {x['mb']:.1f} | {x['stall']:.1f} |")
+                 f"{x['median_tok_s']:.2f} | {x['hit']:.1f}% | {x['misses']:.1f} | {x['mb']:.1f} | {x['stall']:.1f} | "
+                 f"{x['ahead']:.1f} ({x['ahead_used']:.1f}) |")
 table = "\n".join(lines) + "\n"
 open(os.path.join(out, "expert-cache.md"), "w").write(table)
 print(table)
@@ -103,7 +111,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(8, 4.5))
 ax2 = ax.twinx()
-for policy in policies.split():
+for policy in dict.fromkeys(x["policy"] for x in rows):
     pts = [x for x in rows if x["policy"] == policy]
     xs = [x["size_gib"] for x in pts]
     ax.plot(xs, [x["tok_s"] for x in pts], "o-", label=f"tok/s ({policy})")
