@@ -88,9 +88,12 @@ pub struct Args {
     /// Prompt lookup: always draft --spec-max-draft tokens instead of adapting to acceptance.
     #[arg(long)]
     pub spec_fixed: bool,
-    /// MTP: chained draft tokens per step.
-    #[arg(long, default_value_t = 2)]
+    /// MTP: most chained draft tokens per step.
+    #[arg(long, default_value_t = 3)]
     pub spec_mtp_draft: usize,
+    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
+    #[arg(long, default_value_t = 0.5)]
+    pub spec_mtp_min_prob: f32,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -183,6 +186,7 @@ pub fn run(args: Args) -> Result<()> {
         max_draft: args.spec_max_draft,
         adaptive: !args.spec_fixed,
         mtp_draft: args.spec_mtp_draft,
+        mtp_min_prob: args.spec_mtp_min_prob,
     };
 
     let mut stream = StreamDecoder::new();

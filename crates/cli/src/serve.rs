@@ -66,9 +66,12 @@ pub struct Args {
     /// Prompt lookup: most tokens per draft.
     #[arg(long, default_value_t = 32)]
     pub spec_max_draft: usize,
-    /// MTP: chained draft tokens per step.
-    #[arg(long, default_value_t = 2)]
+    /// MTP: most chained draft tokens per step.
+    #[arg(long, default_value_t = 3)]
     pub spec_mtp_draft: usize,
+    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
+    #[arg(long, default_value_t = 0.5)]
+    pub spec_mtp_min_prob: f32,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -108,6 +111,7 @@ pub fn run(args: Args) -> Result<()> {
             ngram_max: args.spec_ngram_max,
             max_draft: args.spec_max_draft,
             mtp_draft: args.spec_mtp_draft,
+            mtp_min_prob: args.spec_mtp_min_prob,
             ..SpecConfig::default()
         },
         ..ServerOptions::default()

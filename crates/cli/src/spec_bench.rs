@@ -77,9 +77,12 @@ pub struct RewriteArgs {
     /// Prompt lookup: most tokens per draft.
     #[arg(long, default_value_t = 32)]
     pub spec_max_draft: usize,
-    /// MTP: chained draft tokens per step.
-    #[arg(long, default_value_t = 2)]
+    /// MTP: most chained draft tokens per step.
+    #[arg(long, default_value_t = 3)]
     pub spec_mtp_draft: usize,
+    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
+    #[arg(long, default_value_t = 0.5)]
+    pub spec_mtp_min_prob: f32,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -160,6 +163,7 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
     let spec = SpecConfig {
         max_draft: args.spec_max_draft,
         mtp_draft: args.spec_mtp_draft,
+        mtp_min_prob: args.spec_mtp_min_prob,
         ..SpecConfig::default()
     };
     let stop_ids = if args.ignore_eos {

@@ -97,8 +97,11 @@ pub struct SpecConfig {
     pub max_draft: usize,
     /// Adapt the prompt-lookup draft length to recent acceptance (otherwise always `max_draft`).
     pub adaptive: bool,
-    /// MTP drafts per step (chained through the MTP block's own hidden state).
+    /// Most MTP drafts per step (chained through the MTP block's own hidden state).
     pub mtp_draft: usize,
+    /// MTP chaining stops after a draft whose MTP probability is below this (0: always
+    /// `mtp_draft` drafts): a draft that is probably wrong makes the ones after it useless.
+    pub mtp_min_prob: f32,
 }
 
 impl Default for SpecConfig {
@@ -109,7 +112,8 @@ impl Default for SpecConfig {
             ngram_min: 2,
             max_draft: 32,
             adaptive: true,
-            mtp_draft: 2,
+            mtp_draft: 3,
+            mtp_min_prob: 0.5,
         }
     }
 }
@@ -301,6 +305,7 @@ impl MtpDrafter {
         &mut self,
         model: &Model<B>,
         k: usize,
+        min_prob: f32,
     ) -> Result<Vec<u32>, ModelError> {
         let mut drafts = Vec::with_capacity(k);
         let Some(mut hidden) = self.flush(model)? else {
@@ -311,7 +316,7 @@ impl MtpDrafter {
             let logits = model.lm_head(std::slice::from_ref(&hidden));
             let Some(d) = argmax(&logits[0]) else { break };
             drafts.push(d);
-            if drafts.len() == k {
+            if drafts.len() == k || (min_prob > 0.0 && top_prob(&logits[0], d) < min_prob) {
                 break;
             }
             let t = self.state.kv.len();
@@ -323,6 +328,12 @@ impl MtpDrafter {
         self.state.kv.truncate(keep);
         Ok(drafts)
     }
+}
+
+/// Softmax probability of token `top`, the argmax of `logits`.
+fn top_prob(logits: &[f32], top: u32) -> f32 {
+    let max = logits[top as usize];
+    1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>()
 }
 
 /// Adaptive prompt-lookup draft length.
@@ -500,7 +511,7 @@ impl Speculator {
         if let Some(m) = self.mtp.as_mut() {
             let k = self.cfg.mtp_draft.min(room);
             if k > 0 {
-                return Ok((m.draft(model, k)?, Source::Mtp));
+                return Ok((m.draft(model, k, self.cfg.mtp_min_prob)?, Source::Mtp));
             }
         }
         Ok((Vec::new(), Source::Lookup))
@@ -705,6 +716,12 @@ mod tests {
         assert_eq!(d.current, 3);
         d.update(0, 0);
         assert_eq!(d.current, 3);
+    }
+
+    #[test]
+    fn top_prob_is_the_softmax_of_the_argmax() {
+        let p = top_prob(&[0.0, 3.0f32.ln(), f32::NEG_INFINITY], 1);
+        assert!((p - 0.75).abs() < 1e-6, "{p}");
     }
 
     #[test]

@@ -157,7 +157,7 @@ fn file_rewrite_cpu_time() {
     let reps = num("SPEC_REPS", 3).max(1);
     println!("prompt {} tokens, {n} generated", prompt.len());
     // Configurations: `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft
-    // cap), `nmin`/`nmax` (n-gram range).
+    // cap), `nmin`/`nmax` (n-gram range), `p` (MTP chaining threshold, percent).
     let configs: Vec<(String, SpecConfig)> = var("SPEC_MODES", "off,lookup,mtp,both")
         .split(',')
         .map(|c| {
@@ -172,6 +172,7 @@ fn file_rewrite_cpu_time() {
                     "max" => spec.max_draft = v,
                     "nmin" => spec.ngram_min = v,
                     "nmax" => spec.ngram_max = v,
+                    "p" => spec.mtp_min_prob = v as f32 / 100.0,
                     _ => panic!("unknown key {k}"),
                 }
             }
