@@ -504,6 +504,18 @@ fn run_matmul_at(
             return run_tile_gemm_q4k(&q, per, n, w, rows, shape.row_bytes, ys);
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if shape.ty == GgmlType::IQ2XXS
+        && n >= tile_min_rows_iq2()
+        && rows > 0
+        && shape.row_bytes > 0
+        && isa.min(Isa::best()) == Isa::Avx512
+        && super::iquants_avx512::supported()
+    {
+        if let Acts::Q8K(q, per) = Acts::quantize(kernel, xs, cols, n) {
+            return run_tile_gemm_iq2_xxs(&q, per, n, w, rows, shape.row_bytes, ys);
+        }
+    }
     let multis = (multi, multi_q8_0, multi_f32);
     run_matmul(kernel, multis, shape, w, rows, cols, xs, n, ys)
 }
@@ -603,10 +615,29 @@ fn tile_min_rows() -> usize {
     })
 }
 
-/// `ys = X · Wᵀ` for Q4_K weights through the tile GEMM of `kquants_multi_x86`: each task owns
-/// whole tiles of 16 weight rows, repacks a tile once (lane = weight row) and runs every
-/// activation row against it, four at a time. Bit-identical to `matvec` per row (see
-/// `q4k_tile_rows`).
+/// Activation rows from which IQ2_XXS products take the tile GEMM (`REDLITE_TILE_MIN_IQ2`,
+/// default 112; 0 turns it off): its repack decodes the grid, so it needs more rows to pay.
+#[cfg(target_arch = "x86_64")]
+fn tile_min_rows_iq2() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        match std::env::var("REDLITE_TILE_MIN_IQ2").map(|v| v.trim().parse::<usize>()) {
+            Ok(Ok(0)) => usize::MAX,
+            Ok(Ok(m)) => m,
+            _ => 112,
+        }
+    })
+}
+
+/// Weight rows per tile of the tile GEMMs (one per i32 lane).
+#[cfg(target_arch = "x86_64")]
+const TILE_ROWS: usize = 16;
+/// Activation rows per micro-kernel pass of the tile GEMMs.
+#[cfg(target_arch = "x86_64")]
+const TILE_ACT_ROWS: usize = 4;
+
+/// `ys = X · Wᵀ` for Q4_K weights through the tile GEMM of `kquants_multi_x86` (see
+/// [`run_tile_gemm`]). Bit-identical to `matvec` per row (see `q4k_tile_rows`).
 #[cfg(target_arch = "x86_64")]
 fn run_tile_gemm_q4k(
     q: &[BlockQ8K],
@@ -619,27 +650,72 @@ fn run_tile_gemm_q4k(
 ) {
     use super::kquants_multi_x86 as k;
     let pairs: Vec<[i32; 4]> = q.iter().map(k::q8k_pair_sums).collect();
+    let repack = |wt: &[u8], here: usize, tile: &mut Vec<k::Q4kTileBlock>| {
+        k::q4k_tile_repack(wt, here, rb, per, tile)
+    };
+    let micro = |tile: &[k::Q4kTileBlock], j0: usize, out: &mut [[f32; TILE_ROWS]]| {
+        let ys: [&[BlockQ8K]; TILE_ACT_ROWS] =
+            core::array::from_fn(|j| q.get((j0 + j) * per..(j0 + j + 1) * per).unwrap_or(&[]));
+        let ps: [&[[i32; 4]]; TILE_ACT_ROWS] =
+            core::array::from_fn(|j| pairs.get((j0 + j) * per..(j0 + j + 1) * per).unwrap_or(&[]));
+        let m = out.len();
+        k::q4k_tile_rows(tile, &ys[..m], &ps[..m], out);
+    };
+    run_tile_gemm(n, w, rows, rb, ys, repack, micro);
+}
+
+/// `ys = X · Wᵀ` for IQ2_XXS weights through the tile GEMM of `iquants_avx512` (offset
+/// activations). Bit-identical to `matvec` per row (see `iq2_xxs_tile_rows`).
+#[cfg(target_arch = "x86_64")]
+fn run_tile_gemm_iq2_xxs(
+    q: &[BlockQ8K],
+    per: usize,
+    n: usize,
+    w: &[u8],
+    rows: usize,
+    rb: usize,
+    ys: &mut [f32],
+) {
+    use super::iquants_avx512 as k;
+    let q = k::offset_activations(q);
+    let repack = |wt: &[u8], here: usize, tile: &mut Vec<k::Iq2xxsTileBlock>| {
+        k::iq2_xxs_tile_repack(wt, here, rb, per, tile)
+    };
+    let micro = |tile: &[k::Iq2xxsTileBlock], j0: usize, out: &mut [[f32; TILE_ROWS]]| {
+        let ys: [&[BlockQ8K]; TILE_ACT_ROWS] =
+            core::array::from_fn(|j| q.get((j0 + j) * per..(j0 + j + 1) * per).unwrap_or(&[]));
+        let m = out.len();
+        k::iq2_xxs_tile_rows(tile, &ys[..m], out);
+    };
+    run_tile_gemm(n, w, rows, rb, ys, repack, micro);
+}
+
+/// A tile GEMM: each task owns whole tiles of 16 weight rows, `repack`s a tile once (lane =
+/// weight row) and runs `micro` over every activation row against it, four at a time
+/// (`micro(tile, j0, out)`: rows `j0..j0 + out.len()`, `out[j][r]` = weight row `r`).
+#[cfg(target_arch = "x86_64")]
+fn run_tile_gemm<T: Send>(
+    n: usize,
+    w: &[u8],
+    rows: usize,
+    rb: usize,
+    ys: &mut [f32],
+    repack: impl Fn(&[u8], usize, &mut Vec<T>) + Sync,
+    micro: impl Fn(&[T], usize, &mut [[f32; TILE_ROWS]]) + Sync,
+) {
     let out = SharedOut::new(ys, rows);
-    let per_task = rows_per_task(rows, rb).next_multiple_of(k::TILE_ROWS);
+    let per_task = rows_per_task(rows, rb).next_multiple_of(TILE_ROWS);
     let work = |(task, ws): (usize, &[u8])| {
         let mut tile = Vec::new();
-        let mut res = [[0.0f32; k::TILE_ROWS]; k::TILE_ACT_ROWS];
-        for (t, wt) in ws.chunks(k::TILE_ROWS * rb).enumerate() {
-            let r0 = task * per_task + t * k::TILE_ROWS;
+        let mut res = [[0.0f32; TILE_ROWS]; TILE_ACT_ROWS];
+        for (t, wt) in ws.chunks(TILE_ROWS * rb).enumerate() {
+            let r0 = task * per_task + t * TILE_ROWS;
             let here = wt.len() / rb;
-            k::q4k_tile_repack(wt, here, rb, per, &mut tile);
+            repack(wt, here, &mut tile);
             let mut j0 = 0;
             while j0 < n {
-                let m = k::TILE_ACT_ROWS.min(n - j0);
-                let yrows: [&[BlockQ8K]; k::TILE_ACT_ROWS] = core::array::from_fn(|jj| {
-                    q.get((j0 + jj) * per..(j0 + jj + 1) * per).unwrap_or(&[])
-                });
-                let prows: [&[[i32; 4]]; k::TILE_ACT_ROWS] = core::array::from_fn(|jj| {
-                    pairs
-                        .get((j0 + jj) * per..(j0 + jj + 1) * per)
-                        .unwrap_or(&[])
-                });
-                k::q4k_tile_rows(&tile, &yrows[..m], &prows[..m], &mut res[..m]);
+                let m = TILE_ACT_ROWS.min(n - j0);
+                micro(&tile, j0, &mut res[..m]);
                 for (jj, row) in res[..m].iter().enumerate() {
                     for (r, &v) in row[..here].iter().enumerate() {
                         // SAFETY: this task owns weight rows r0..r0 + here; j0 + jj < n.

@@ -1300,3 +1300,5 @@ pub(crate) fn multi_kernel_grouped(ty: GgmlType) -> Option<(MultiRowDot, usize)>
         _ => None,
     }
 }
+
+pub(crate) use grouped::{iq2_xxs_tile_repack, iq2_xxs_tile_rows, Iq2xxsTileBlock};

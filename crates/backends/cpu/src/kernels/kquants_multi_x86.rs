@@ -538,9 +538,6 @@ unsafe fn q4k_grouped_sums(
 /// Weight rows per tile of the Q4_K tile GEMM (one per i32 lane).
 pub(crate) const TILE_ROWS: usize = 16;
 
-/// Activation rows per pass of the tile GEMM micro-kernel.
-pub(crate) const TILE_ACT_ROWS: usize = 4;
-
 /// One Q4_K block of 16 weight rows, repacked so that lane `r` of every vector is weight row `r`:
 /// the quants as bytes, four per lane (`q[g]`: elements `4g..4g + 4`), the six-bit scales per
 /// sub-block, the mins as i16 pairs (`mins[k]`: sub-blocks `2k`, `2k + 1`), `d` and `dmin`.

@@ -184,3 +184,151 @@ fn rows_grouped<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R] {
     }
     sumf.map(|s| 0.125 * s)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tile GEMM: 16 weight rows interleaved per lane, for experts with many tokens
+// ---------------------------------------------------------------------------------------------
+
+/// Weight rows per tile (one per i32 lane).
+const TILE_ROWS: usize = 16;
+
+/// One IQ2_XXS block of 16 weight rows, lane `r` = weight row `r`: the signed weights as bytes,
+/// four per lane (`q[g]`: elements `4g..4g + 4`), the sub-block scales `2s + 1`, the offset
+/// correction `Σ_s scale_s · 128 · Σ_{e ∈ s} w_e`, and `d`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Iq2xxsTileBlock {
+    q: [[i8; 64]; 64],
+    scales: [[i32; 16]; 8],
+    corr: [i32; 16],
+    d: [f32; 16],
+}
+
+impl Iq2xxsTileBlock {
+    const ZERO: Iq2xxsTileBlock = Iq2xxsTileBlock {
+        q: [[0; 64]; 64],
+        scales: [[0; 16]; 8],
+        corr: [0; 16],
+        d: [0.0; 16],
+    };
+}
+
+/// Repacks up to 16 IQ2_XXS weight rows (`rows_here` rows of `rb` bytes, `nb` blocks) into `out`.
+pub(crate) fn iq2_xxs_tile_repack(
+    w: &[u8],
+    rows_here: usize,
+    rb: usize,
+    nb: usize,
+    out: &mut Vec<Iq2xxsTileBlock>,
+) {
+    use redlite_gguf::quant::grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+    out.clear();
+    out.resize(nb, Iq2xxsTileBlock::ZERO);
+    for (i, t) in out.iter_mut().enumerate() {
+        for r in 0..rows_here.min(TILE_ROWS) {
+            let b = &w[r * rb + i * IQ2_XXS_BYTES..][..IQ2_XXS_BYTES];
+            t.d[r] = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            let mut corr = 0i32;
+            for (s, sub) in b[2..].chunks_exact(8).enumerate() {
+                let aux = u32::from_le_bytes([sub[4], sub[5], sub[6], sub[7]]);
+                let scale = 2 * (aux >> 28) as i32 + 1;
+                t.scales[s][r] = scale;
+                let mut wsum = 0i32;
+                for k in 0..4 {
+                    let grid = IQ2XXS_GRID[sub[k] as usize].to_le_bytes();
+                    let signs = KSIGNS_IQ2XS[((aux >> (7 * k)) & 127) as usize];
+                    let mut v = [0u8; 8];
+                    for (j, vj) in v.iter_mut().enumerate() {
+                        let g = grid[j] as i8;
+                        let x = if signs & (1 << j) != 0 { -g } else { g };
+                        wsum += i32::from(x);
+                        *vj = x as u8;
+                    }
+                    // Elements 32s + 8k + 0..8: groups 8s + 2k and 8s + 2k + 1.
+                    let g0 = 8 * s + 2 * k;
+                    for (h, quad) in v.chunks_exact(4).enumerate() {
+                        for (e, &byte) in quad.iter().enumerate() {
+                            t.q[g0 + h][4 * r + e] = byte as i8;
+                        }
+                    }
+                }
+                corr += scale * 128 * wsum;
+            }
+            t.corr[r] = corr;
+        }
+    }
+}
+
+/// The IQ2_XXS tile micro-kernel: the 16 weight rows of `tile` against `ys.len()` ≤ 4
+/// activation rows in offset form (`q8 ^ 0x80`, `iquants_avx512::offset_activations`);
+/// `out[j][r]` gets weight row `r` · activation row `j`.
+///
+/// Per sub-block eight `vpdpbusd` (offset quants broadcast four at a time × signed weights) give
+/// lane `r` its sum of 32 products, `vpmulld` scales it; the correction for the offset comes off
+/// once per block. These are the exact i32 block sums of the single-row kernel, and per lane the
+/// f32 update is its `(d · y.d) · isum` in block order, then `· 0.125`: bit-identical.
+pub(crate) fn iq2_xxs_tile_rows(
+    tile: &[Iq2xxsTileBlock],
+    ys: &[&[BlockQ8K]],
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    /// The first `J` entries of `v`.
+    fn first<T: Copy, const J: usize>(v: &[T]) -> [T; J] {
+        core::array::from_fn(|j| v[j])
+    }
+    if !super::supported() {
+        return;
+    }
+    // SAFETY: the features were checked above.
+    unsafe {
+        match ys.len() {
+            1 => out[..1].copy_from_slice(&iq2_tile_j::<1>(tile, first(ys))),
+            2 => out[..2].copy_from_slice(&iq2_tile_j::<2>(tile, first(ys))),
+            3 => out[..3].copy_from_slice(&iq2_tile_j::<3>(tile, first(ys))),
+            4 => out[..4].copy_from_slice(&iq2_tile_j::<4>(tile, first(ys))),
+            _ => {}
+        }
+    }
+}
+
+#[allow(clippy::needless_range_loop)] // block `i` of the tile and of every activation row
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+unsafe fn iq2_tile_j<const J: usize>(
+    tile: &[Iq2xxsTileBlock],
+    ys: [&[BlockQ8K]; J],
+) -> [[f32; TILE_ROWS]; J] {
+    let nb = ys.iter().map(|y| y.len()).fold(tile.len(), usize::min);
+    let mut facc = [_mm512_setzero_ps(); J];
+    for i in 0..nb {
+        let tb = &tile[i];
+        let mut isum = [_mm512_setzero_si512(); J];
+        for s in 0..8 {
+            let mut t = [_mm512_setzero_si512(); J];
+            for g in 0..8 {
+                let wv = _mm512_load_si512(tb.q[8 * s + g].as_ptr().cast());
+                for j in 0..J {
+                    let p = ys[j][i].qs.as_ptr().add(32 * s + 4 * g) as *const i32;
+                    let a = _mm512_set1_epi32(p.read_unaligned());
+                    t[j] = _mm512_dpbusd_epi32(t[j], a, wv);
+                }
+            }
+            let sc = _mm512_load_si512(tb.scales[s].as_ptr().cast());
+            for j in 0..J {
+                isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(t[j], sc));
+            }
+        }
+        let corr = _mm512_load_si512(tb.corr.as_ptr().cast());
+        let d = _mm512_load_ps(tb.d.as_ptr());
+        for j in 0..J {
+            let isum = _mm512_sub_epi32(isum[j], corr);
+            let dy = _mm512_mul_ps(d, _mm512_set1_ps(ys[j][i].d));
+            facc[j] = _mm512_add_ps(facc[j], _mm512_mul_ps(dy, _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    let eighth = _mm512_set1_ps(0.125);
+    let mut out = [[0.0f32; TILE_ROWS]; J];
+    for j in 0..J {
+        _mm512_storeu_ps(out[j].as_mut_ptr(), _mm512_mul_ps(eighth, facc[j]));
+    }
+    out
+}
