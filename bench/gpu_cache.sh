@@ -15,7 +15,7 @@
 # 3. make-model full-size (Q4_K dense, IQ2_XXS experts, Q6_K head) with uniform routing, then with
 #    `--routing-skew 0.5 --routing-locality 1`; on each `bench decode --backend cuda -p 8 -n 128`
 #    with every expert resident and with `--memory 16GiB` under the policies in $POLICIES.
-# Logs in $OUT (or .device/cuda2/out); a summary at the end.
+# Logs in $OUT (or .device/cuda2/out); a summary at the end. KERNEL_AB / WARPS_AB: see below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/cuda2}
@@ -50,6 +50,50 @@ STEPS=${STEPS:-128}
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOGS/gpu.txt"
 free -g | head -2 | tee -a "$LOGS/gpu.txt"
+
+if [ -n "${KERNEL_AB:-}" ]; then
+    # KERNEL_AB="MOE_IQ2_SB=0": the final check of a kernel variant against the default, most
+    # important first (a time limit cuts the tail): self-test + fixture parity and the cache
+    # exactness test with the default code; on the uniform full-size layout, decode all resident
+    # alternating old (REDLITE_CUDA_DEFINES=$KERNEL_AB) and default (A B A B), decode at 16 GiB
+    # (lfu, default code), bench expert K = 10 (old, default), then default with 8 warps per block.
+    A=$KERNEL_AB
+    step() { echo "== $* ($(date -u +%T))"; }
+    step "self-test + fixture parity (default)"
+    timeout 150 $BIN selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest.log" 2>&1 || status=1
+    head -2 "$LOGS/selftest.log"
+    grep -h "^selftest:\|^kernels:\|FAIL\|^error\|experts" "$LOGS/selftest.log" | head -40
+    sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest.log"
+    step "exactness: expert_cache_gpu (default)"
+    REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 150 $W/expert_cache_gpu --ignored --nocapture \
+        >"$LOGS/exact_test.log" 2>&1 || status=1
+    grep -h "bit\|identical\|test result\|panicked\|FAIL\|error" "$LOGS/exact_test.log" | tail -12
+    gunzip -c "$DEV/qwen3-vocab.gguf.gz" >$W/vocab.gguf
+    FULL=$W/full.gguf
+    step "make-model (uniform)"
+    $BIN make-model $FULL --vocab $W/vocab.gguf --force 2>&1 | tail -1
+    dec() { timeout 90 $BIN bench decode --backend cuda -m $FULL -p 8 -n $STEPS "$@" 2>&1 | grep "^cuda \|tok/s\|hit rate\|launches\|rror\|panick"; }
+    for r in 1 2; do
+        step "decode all resident, round $r, old ($A)"
+        REDLITE_CUDA_DEFINES=$A dec
+        step "decode all resident, round $r, default"
+        dec
+    done
+    step "decode --memory 16GiB --cache-policy lfu (default)"
+    timeout 120 $BIN bench decode --backend cuda -m $FULL -p 8 -n $STEPS --memory 16GiB --cache-policy lfu 2>&1 \
+        | grep -v "^ *[a-z ]*▕"
+    for v in old default; do
+        step "bench expert K=10, $v"
+        if [ $v = old ]; then export REDLITE_CUDA_DEFINES=$A; else unset REDLITE_CUDA_DEFINES; fi
+        timeout 60 $BIN bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call 10 -n 20 2>&1 | grep -v "^GPU"
+    done
+    unset REDLITE_CUDA_DEFINES
+    step "default, REDLITE_MOE_WARPS=8: bench expert K=10, decode"
+    REDLITE_MOE_WARPS=8 timeout 60 $BIN bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call 10 -n 20 2>&1 | grep -v "^GPU"
+    REDLITE_MOE_WARPS=8 dec
+    step "done"
+    exit $status
+fi
 
 if [ -n "${WARPS_AB:-}" ]; then
     # WARPS_AB="4 8 16": bench expert and decode (all resident, --memory 16GiB) per

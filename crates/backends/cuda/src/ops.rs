@@ -319,6 +319,63 @@ pub fn moe_experts(
     download(gpu, &out)
 }
 
+/// The same sum through the device-resident model's kernels (`moe_gate_up_tab_<type>`, then
+/// `moe_down_combine_tab_<type>` with a zero residual, a zero shared expert and its gate 0):
+/// the chosen experts as the entries 0..k of a per-layer table of part addresses, as the GPU
+/// expert cache builds it; warps per block as the model runs them.
+pub fn moe_experts_tab(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    weights: &[f32],
+    x: &[f32],
+    ff: usize,
+) -> Result<Vec<f32>, CudaError> {
+    let k = weights.len();
+    let hidden = x.len();
+    if set.gate.len() != k || set.up.len() != k || set.down.len() != k || k == 0 {
+        return Err(CudaError::Invalid(format!(
+            "experts (table): {k} weights for {} experts",
+            set.gate.len()
+        )));
+    }
+    // tab[3e + p]: part p (gate, up, down) of expert e.
+    let tab: Vec<u64> = (0..k)
+        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
+        .collect();
+    let tab_d = upload(gpu, &tab)?;
+    let ids: Vec<i32> = (0..k as i32).collect();
+    let ids_d = upload(gpu, &ids)?;
+    let x_d = upload(gpu, x)?;
+    let w_d = upload(gpu, weights)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut out = upload(gpu, &vec![0.0f32; hidden])?;
+    let shared = upload(gpu, &vec![0.0f32; hidden])?;
+    let gl = upload(gpu, &[0.0f32])?;
+    let (ffi, hi, ki) = (
+        i32_arg(ff, "ff")?,
+        i32_arg(hidden, "hidden")?,
+        i32_arg(k, "k")?,
+    );
+    let warps = crate::expert_cache::moe_warps();
+    let gu = format!("moe_gate_up_tab_{}", type_suffix(set.gate_up_ty));
+    launch!(
+        gpu,
+        gpu.func(&gu)?,
+        &gu,
+        cfg((blocks(ff, warps), k as u32, 1), 32 * warps, 0),
+        [&tab_d, &ids_d, &x_d, &mut act, &ffi, &hi, &ki]
+    )?;
+    let dn = format!("moe_down_combine_tab_{}", type_suffix(set.down_ty));
+    launch!(
+        gpu,
+        gpu.func(&dn)?,
+        &dn,
+        cfg((blocks(hidden, warps), 1, 1), 32 * warps, 0),
+        [&tab_d, &ids_d, &w_d, &act, &mut out, &shared, &gl, &hi, &ffi, &ki]
+    )?;
+    download(gpu, &out)
+}
+
 fn check_rows(len: usize, n: usize, what: &str) -> Result<usize, CudaError> {
     if n == 0 || !len.is_multiple_of(n) {
         return Err(CudaError::Invalid(format!(
