@@ -56,13 +56,15 @@ if [ -n "${KERNEL_AB:-}" ]; then
     # important first (a time limit cuts the tail): self-test + fixture parity and the cache
     # exactness test with the default code; on the uniform full-size layout, decode all resident
     # alternating old (REDLITE_CUDA_DEFINES=$KERNEL_AB) and default (A B A B), decode at 16 GiB
-    # (lfu, default code), bench expert K = 10 (old, default), then default with 8 warps per block.
+    # (lfu, default code), bench expert K = 10 (old, default), 16 GiB with the old code, then the
+    # tuning variants in $VARIANTS ("W=8" = REDLITE_MOE_WARPS, else REDLITE_CUDA_DEFINES values),
+    # bench expert K = 1 and ncu's kernel times of one decode step.
     A=$KERNEL_AB
     step() { echo "== $* ($(date -u +%T))"; }
     step "self-test + fixture parity (default)"
     timeout 150 $BIN selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest.log" 2>&1 || status=1
     head -2 "$LOGS/selftest.log"
-    grep -h "^selftest:\|^kernels:\|FAIL\|^error\|experts" "$LOGS/selftest.log" | head -40
+    grep -h "^selftest:\|^kernels:\|FAIL\|^error\|iq2_xxs" "$LOGS/selftest.log" | head -40
     sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest.log"
     step "exactness: expert_cache_gpu (default)"
     REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 150 $W/expert_cache_gpu --ignored --nocapture \
@@ -82,15 +84,45 @@ if [ -n "${KERNEL_AB:-}" ]; then
     step "decode --memory 16GiB --cache-policy lfu (default)"
     timeout 120 $BIN bench decode --backend cuda -m $FULL -p 8 -n $STEPS --memory 16GiB --cache-policy lfu 2>&1 \
         | grep -v "^ *[a-z ]*▕"
-    for v in old default; do
-        step "bench expert K=10, $v"
-        if [ $v = old ]; then export REDLITE_CUDA_DEFINES=$A; else unset REDLITE_CUDA_DEFINES; fi
-        timeout 60 $BIN bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call 10 -n 20 2>&1 | grep -v "^GPU"
+    bex() { timeout 60 $BIN bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call ${K:-10} -n 20 2>&1 | grep -v "^GPU\|^model\|^experts in"; }
+    step "bench expert K=10, old ($A)"
+    REDLITE_CUDA_DEFINES=$A bex
+    step "bench expert K=10, default"
+    bex
+    step "decode --memory 16GiB --cache-policy lfu, old ($A)"
+    REDLITE_CUDA_DEFINES=$A timeout 120 $BIN bench decode --backend cuda -m $FULL -p 8 -n $STEPS --memory 16GiB \
+        --cache-policy lfu 2>&1 | grep "^cuda \|tok/s\|hit rate\|rror"
+    # Tuning variants of the default (same sums, other schedules): bench expert, then decode.
+    for v in ${VARIANTS:-}; do
+        step "variant $v"
+        case $v in
+            W=*) REDLITE_MOE_WARPS=${v#W=} bex; REDLITE_MOE_WARPS=${v#W=} dec ;;
+            *) REDLITE_CUDA_DEFINES=$v bex; REDLITE_CUDA_DEFINES=$v dec ;;
+        esac
     done
-    unset REDLITE_CUDA_DEFINES
-    step "default, REDLITE_MOE_WARPS=8: bench expert K=10, decode"
-    REDLITE_MOE_WARPS=8 timeout 60 $BIN bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call 10 -n 20 2>&1 | grep -v "^GPU"
-    REDLITE_MOE_WARPS=8 dec
+    step "bench expert K=1, default"
+    K=1 bex
+    if command -v ncu >/dev/null; then
+        step "ncu: one decode step (default, graph off)"
+        timeout 120 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+            $BIN bench decode --backend cuda --no-graphs --profile-step 1 -m $FULL -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
+        python3 - "$LOGS/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+ki, mi, vi, ui = (head.index(c) for c in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
+tot, cnt = collections.Counter(), collections.Counter()
+unit = "?"
+for r in rows:
+    if r[mi] == "gpu__time_duration.sum":
+        name = r[ki].split("(")[0]
+        tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1; unit = r[ui]
+s = sum(tot.values())
+print(f"one decode step: {sum(cnt.values())} kernels, {s:.0f} {unit} of kernel time")
+for k, v in tot.most_common(16):
+    print(f"| {k} | {cnt[k]} | {v:.0f} {unit} | {100*v/s:.1f}% |")
+PY
+    fi
     step "done"
     exit $status
 fi

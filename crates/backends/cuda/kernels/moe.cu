@@ -252,6 +252,13 @@ __device__ __forceinline__ void gate_up_dot(const u8* __restrict__ g, const u8* 
 #ifndef MOE_IQ2_SB
 #define MOE_IQ2_SB 1
 #endif
+// Loop unrolling of the lane's sub-blocks in gate_up and in down (tuning switches).
+#ifndef MOE_SB_UNROLL
+#define MOE_SB_UNROLL 2
+#endif
+#ifndef MOE_SB_DN_UNROLL
+#define MOE_SB_DN_UNROLL 2
+#endif
 
 template <typename T>
 struct IsIq2xxs {
@@ -345,7 +352,8 @@ __device__ __forceinline__ void iq2_gate_up_sb(const u8* __restrict__ g, const u
                                                float& uv) {
     const int subs = cols / 32;
     float ga = 0.0f, ua = 0.0f;
-#pragma unroll 2
+    constexpr int U = MOE_SB_UNROLL;
+#pragma unroll U
     for (int sb = lane; sb < subs; sb += WARP) {
         const size_t at = (size_t)(sb >> 3) * T_IQ2_XXS::BB;
         const Iq2Sub sg = iq2_sub_load(g + at, sb & 7), su = iq2_sub_load(u + at, sb & 7);
@@ -365,7 +373,8 @@ __device__ __forceinline__ float iq2_down_sb(const u64* __restrict__ tab, const 
                                              size_t off, int ff, int k, int lane) {
     const int subs = ff / 32;
     float acc = 0.0f;
-#pragma unroll 2
+    constexpr int U = MOE_SB_DN_UNROLL;
+#pragma unroll U
     for (int i = lane; i < k * subs; i += WARP) {
         const int c = i / subs, sb = i - c * subs;
         const u8* down = (const u8*)tab[3 * (size_t)ids[c] + 2] + off;
