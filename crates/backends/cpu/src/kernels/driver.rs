@@ -616,7 +616,7 @@ fn tile_min_rows() -> usize {
 }
 
 /// Activation rows from which IQ2_XXS products take the tile GEMM (`REDLITE_TILE_MIN_IQ2`,
-/// default 112; 0 turns it off): its repack decodes the grid, so it needs more rows to pay.
+/// default 56; 0 turns it off): its repack decodes the grid, so it needs more rows to pay.
 #[cfg(target_arch = "x86_64")]
 fn tile_min_rows_iq2() -> usize {
     static MIN: OnceLock<usize> = OnceLock::new();
@@ -624,7 +624,7 @@ fn tile_min_rows_iq2() -> usize {
         match std::env::var("REDLITE_TILE_MIN_IQ2").map(|v| v.trim().parse::<usize>()) {
             Ok(Ok(0)) => usize::MAX,
             Ok(Ok(m)) => m,
-            _ => 112,
+            _ => 56,
         }
     })
 }

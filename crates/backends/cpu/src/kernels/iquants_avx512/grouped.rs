@@ -198,7 +198,7 @@ const TILE_ROWS: usize = 16;
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub(crate) struct Iq2xxsTileBlock {
-    q: [[i8; 64]; 64],
+    q: [[u8; 64]; 64],
     scales: [[i32; 16]; 8],
     corr: [i32; 16],
     d: [f32; 16],
@@ -235,22 +235,20 @@ pub(crate) fn iq2_xxs_tile_repack(
                 t.scales[s][r] = scale;
                 let mut wsum = 0i32;
                 for k in 0..4 {
-                    let grid = IQ2XXS_GRID[sub[k] as usize].to_le_bytes();
-                    let signs = KSIGNS_IQ2XS[((aux >> (7 * k)) & 127) as usize];
-                    let mut v = [0u8; 8];
-                    for (j, vj) in v.iter_mut().enumerate() {
-                        let g = grid[j] as i8;
-                        let x = if signs & (1 << j) != 0 { -g } else { g };
-                        wsum += i32::from(x);
-                        *vj = x as u8;
-                    }
+                    let grid = IQ2XXS_GRID[sub[k] as usize];
+                    let signs = u64::from(KSIGNS_IQ2XS[((aux >> (7 * k)) & 127) as usize]);
+                    // Byte j of `neg`: 0xFF where sign bit j is set. Negating a byte (≥ 8) as
+                    // `!g + 1` never carries into the next byte.
+                    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+                    let bit = (signs * 0x0101_0101_0101_0101) & 0x8040_2010_0804_0201;
+                    let set = (((bit & LOW7) + LOW7) | bit) & !LOW7;
+                    let neg = (set >> 7) * 0xFF;
+                    let v = ((grid ^ neg).wrapping_add(neg & 0x0101_0101_0101_0101)).to_le_bytes();
+                    wsum += v.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
                     // Elements 32s + 8k + 0..8: groups 8s + 2k and 8s + 2k + 1.
                     let g0 = 8 * s + 2 * k;
-                    for (h, quad) in v.chunks_exact(4).enumerate() {
-                        for (e, &byte) in quad.iter().enumerate() {
-                            t.q[g0 + h][4 * r + e] = byte as i8;
-                        }
-                    }
+                    t.q[g0][4 * r..4 * r + 4].copy_from_slice(&v[..4]);
+                    t.q[g0 + 1][4 * r..4 * r + 4].copy_from_slice(&v[4..]);
                 }
                 corr += scale * 128 * wsum;
             }
