@@ -240,17 +240,18 @@ __device__ __forceinline__ void gate_up_dot(const u8* __restrict__ g, const u8* 
     }
 }
 
-// ----- IQ2_XXS through sub-block lanes (MOE_IQ2_SB = 1, the default) -----
-// The group decoder above spends ~30 instructions per weight on IQ2_XXS (grid byte extraction,
-// int-to-float conversion, sign and scale multiplies): the expert kernels were instruction-bound
-// at ~6 % of the memory bandwidth. Here a lane takes whole 32-value sub-blocks: one scale per
-// sub-block, the grid as floats and the sign codes as 8 sign-bit masks in shared memory (12 KiB,
-// staged per thread block), so a weight costs one XOR (the sign flipped into the activation)
-// and one FMA; the sub-block's sum is scaled once. gate_up keeps the lane's 32 activations in
-// registers for the gate and the up row. Sums are in a different order than row_dot's (f32
-// rounding differs, not the weights).
+// ----- IQ2_XXS through sub-block lanes (MOE_IQ2_SB = 1; off by default: slower) -----
+// An experiment against the group decoder's ~30 instructions per weight: a lane takes whole
+// 32-value sub-blocks (one scale per sub-block), the grid as floats and the sign codes as 8
+// sign-bit masks in shared memory (12 KiB, staged per thread block), so a weight costs one XOR
+// (the sign flipped into the activation) and one FMA; gate_up keeps the lane's 32 activations in
+// registers for the gate and the up row. Right (self-test, parity, cache exactness on the H200)
+// but twice as slow (bench expert K = 10: 60.3 against 30.9 us per call; decode 138 against
+// 168 tok/s). Likely cause (not profiled): four random 16-byte shared loads per 8 weights move
+// 8x the shared-memory bytes of the group decoder's one 8-byte grid load, so shared-memory
+// bandwidth (with bank conflicts) becomes the limit. See docs/perf-ledger.md.
 #ifndef MOE_IQ2_SB
-#define MOE_IQ2_SB 1
+#define MOE_IQ2_SB 0
 #endif
 // Loop unrolling of the lane's sub-blocks in gate_up and in down (tuning switches).
 #ifndef MOE_SB_UNROLL
