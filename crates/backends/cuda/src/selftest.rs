@@ -410,7 +410,10 @@ impl Runner<'_> {
                     *o += f64::from(weights[i]) * dot64(&d[r * ff..(r + 1) * ff], &act);
                 }
             }
-            Ok((rel_err(&y, &reference).max(rel_err(&yt, &reference)), TOL_F32))
+            Ok((
+                rel_err(&y, &reference).max(rel_err(&yt, &reference)),
+                TOL_F32,
+            ))
         })();
         self.record(
             &format!("experts {}", ty.name()),
