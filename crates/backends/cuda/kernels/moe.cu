@@ -250,6 +250,7 @@ __device__ __forceinline__ void gate_up_dot(const u8* __restrict__ g, const u8* 
 // 168 tok/s). Likely cause (not profiled): four random 16-byte shared loads per 8 weights move
 // 8x the shared-memory bytes of the group decoder's one 8-byte grid load, so shared-memory
 // bandwidth (with bank conflicts) becomes the limit. See docs/perf-ledger.md.
+// MOE_IQ2_SB = 2: the ALU-only decode of iq2_sub_dot_alu (prepared, not yet run on a GPU).
 #ifndef MOE_IQ2_SB
 #define MOE_IQ2_SB 0
 #endif
@@ -280,6 +281,10 @@ __shared__ float4 s_iq2f[512];  // grid entry i: floats of bytes 0..3 at 2i, 4..
 __shared__ uint4 s_iq2sm[256];  // sign code i: bit 31 set where value j is negative (same split)
 
 __device__ __forceinline__ void stage_iq2_sb_tables() {
+    if (MOE_IQ2_SB == 2) {  // the byte grid and sign bytes (2.1 KiB), as the group decoder
+        stage_tables<T_IQ2_XXS>();
+        return;
+    }
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
         const u64 g = g_iq2xxs_grid[i];
         s_iq2f[2 * i] = make_float4((float)(g & 255), (float)((g >> 8) & 255), (float)((g >> 16) & 255),
@@ -327,8 +332,35 @@ __device__ __forceinline__ Iq2Sub iq2_sub_load(const u8* __restrict__ b, int ib)
     return s;
 }
 
+// MOE_IQ2_SB = 2 (prepared, not yet run on a GPU): the same lanes, but the 8-byte grid entry
+// and the sign byte of the group decoder (one 8-byte and one 1-byte shared load per 8 weights);
+// a grid byte b becomes a float with one byte permute (0x4B0000bb = 2^23 + b) and one subtract,
+// the sign bit j is shifted into the activation's sign: 5 ALU instructions per weight, no more
+// shared-memory bytes than the group decoder.
+__device__ __forceinline__ float iq2_sub_dot_alu(const Iq2Sub& s, const float (&x)[32]) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u64 g = s_iq2xxs_grid[(s.idx >> (8 * l)) & 255];
+        const u32 sg = s_ksigns_iq2xs[(s.aux >> (7 * l)) & 127];
+        const u32 half[2] = {(u32)g, (u32)(g >> 32)};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float w = __int_as_float(__byte_perm(half[j >> 2], 0x4B000000u, 0x7540u | (j & 3))) - 8388608.0f;
+            const float xs = flip_sign(x[8 * l + j], (sg << (31 - j)) & 0x80000000u);
+            if (j & 1) {
+                acc1 = fmaf(w, xs, acc1);
+            } else {
+                acc0 = fmaf(w, xs, acc0);
+            }
+        }
+    }
+    return s.d * (0.5f + (float)(s.aux >> 28)) * 0.25f * (acc0 + acc1);
+}
+
 // sub . x for one sub-block with its 32 activations in registers.
 __device__ __forceinline__ float iq2_sub_dot(const Iq2Sub& s, const float (&x)[32]) {
+    if (MOE_IQ2_SB == 2) return iq2_sub_dot_alu(s, x);
     float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
