@@ -552,23 +552,23 @@ impl Backend for CpuBackend {
             .enumerate()
             .map(|(g, (e, _))| (*e, g))
             .collect();
-        // Weighted sum per token, in its chosen order.
-        chosen
-            .iter()
-            .zip(&at)
-            .enumerate()
-            .map(|(t, (c, places))| {
-                let mut out = vec![0.0f32; xs[t].len()];
-                for (&(_, weight), &(e, k)) in c.iter().zip(places) {
-                    let h = experts[e].down.rows;
-                    let y = &outputs[group_of[&e]][k * h..(k + 1) * h];
-                    for (o, v) in out.iter_mut().zip(y) {
-                        *o += weight * v;
-                    }
+        // Weighted sum per token, in its chosen order (prompt-sized runs on the pool).
+        let sum = |t: usize| {
+            let mut out = vec![0.0f32; xs[t].len()];
+            for (&(_, weight), &(e, k)) in chosen[t].iter().zip(&at[t]) {
+                let h = experts[e].down.rows;
+                let y = &outputs[group_of[&e]][k * h..(k + 1) * h];
+                for (o, v) in out.iter_mut().zip(y) {
+                    *o += weight * v;
                 }
-                out
-            })
-            .collect()
+            }
+            out
+        };
+        if chosen.len() >= 16 {
+            (0..chosen.len()).into_par_iter().map(sum).collect()
+        } else {
+            (0..chosen.len()).map(sum).collect()
+        }
     }
 
     fn routed_experts(
