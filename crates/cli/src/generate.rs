@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use redlite_engine::default_model::resolve_model;
 use redlite_engine::sampler::{Sampler, SamplerConfig};
-use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
+use redlite_engine::speculative::{generate_speculative, SpecMode};
 use redlite_engine::{generate, load_model_with_cache, with_model, BackendChoice, GenerateOptions};
 use redlite_gguf::GgufFile;
 use redlite_tokenizer::chat_template::{ChatTemplate, RenderOptions};
@@ -76,24 +76,8 @@ pub struct Args {
     /// both (lookup when it matches, MTP otherwise). The output is the same as without.
     #[arg(long, default_value = "off")]
     pub spec: String,
-    /// Prompt lookup: longest n-gram to match.
-    #[arg(long, default_value_t = 8)]
-    pub spec_ngram_max: usize,
-    /// Prompt lookup: shortest n-gram to match.
-    #[arg(long, default_value_t = 2)]
-    pub spec_ngram_min: usize,
-    /// Prompt lookup: most tokens per draft.
-    #[arg(long, default_value_t = 32)]
-    pub spec_max_draft: usize,
-    /// Prompt lookup: always draft --spec-max-draft tokens instead of adapting to acceptance.
-    #[arg(long)]
-    pub spec_fixed: bool,
-    /// MTP: most chained draft tokens per step.
-    #[arg(long, default_value_t = 3)]
-    pub spec_mtp_draft: usize,
-    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
-    #[arg(long, default_value_t = 0.5)]
-    pub spec_mtp_min_prob: f32,
+    #[command(flatten)]
+    pub spec_args: crate::spec_args::SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -179,15 +163,7 @@ pub fn run(args: Args) -> Result<()> {
         stop_ids,
     };
 
-    let spec = SpecConfig {
-        mode: SpecMode::parse(&args.spec)?,
-        ngram_max: args.spec_ngram_max,
-        ngram_min: args.spec_ngram_min,
-        max_draft: args.spec_max_draft,
-        adaptive: !args.spec_fixed,
-        mtp_draft: args.spec_mtp_draft,
-        mtp_min_prob: args.spec_mtp_min_prob,
-    };
+    let spec = args.spec_args.config(SpecMode::parse(&args.spec)?);
 
     let mut stream = StreamDecoder::new();
     let stdout = std::io::stdout();

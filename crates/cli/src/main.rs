@@ -19,6 +19,7 @@ mod plan;
 mod quantize;
 mod selftest;
 mod serve;
+mod spec_args;
 mod spec_bench;
 mod tokenize;
 

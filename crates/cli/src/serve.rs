@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use redlite_engine::default_model::resolve_model;
-use redlite_engine::speculative::{SpecConfig, SpecMode};
+use redlite_engine::speculative::SpecMode;
 use redlite_engine::{load_model_with_cache, with_model, BackendChoice};
 use redlite_server::ServerOptions;
 
@@ -60,18 +60,8 @@ pub struct Args {
     /// replies are the same as without.
     #[arg(long, default_value = "off")]
     pub spec: String,
-    /// Prompt lookup: longest n-gram to match.
-    #[arg(long, default_value_t = 8)]
-    pub spec_ngram_max: usize,
-    /// Prompt lookup: most tokens per draft.
-    #[arg(long, default_value_t = 32)]
-    pub spec_max_draft: usize,
-    /// MTP: most chained draft tokens per step.
-    #[arg(long, default_value_t = 3)]
-    pub spec_mtp_draft: usize,
-    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
-    #[arg(long, default_value_t = 0.5)]
-    pub spec_mtp_min_prob: f32,
+    #[command(flatten)]
+    pub spec_args: crate::spec_args::SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -106,14 +96,7 @@ pub fn run(args: Args) -> Result<()> {
         checkpoint_interval: args.checkpoint_interval,
         replay,
         state_dir: args.state_dir,
-        spec: SpecConfig {
-            mode: SpecMode::parse(&args.spec)?,
-            ngram_max: args.spec_ngram_max,
-            max_draft: args.spec_max_draft,
-            mtp_draft: args.spec_mtp_draft,
-            mtp_min_prob: args.spec_mtp_min_prob,
-            ..SpecConfig::default()
-        },
+        spec: args.spec_args.config(SpecMode::parse(&args.spec)?),
         ..ServerOptions::default()
     };
     with_model!(model, m => redlite_server::run_blocking(m, opts))

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use redlite_engine::spec_bench::{file_rewrite, rewrite_prompt, verify_cost};
-use redlite_engine::speculative::{SpecConfig, SpecMode};
+use redlite_engine::speculative::SpecMode;
 use redlite_engine::{load_model_from, with_model, BackendChoice};
 use redlite_gguf::GgufFile;
 use redlite_tokenizer::tokenizer::Tokenizer;
@@ -74,15 +74,8 @@ pub struct RewriteArgs {
     /// Speculation modes to compare with plain decoding.
     #[arg(long, value_delimiter = ',', default_value = "lookup,mtp,both")]
     pub modes: Vec<String>,
-    /// Prompt lookup: most tokens per draft.
-    #[arg(long, default_value_t = 32)]
-    pub spec_max_draft: usize,
-    /// MTP: most chained draft tokens per step.
-    #[arg(long, default_value_t = 3)]
-    pub spec_mtp_draft: usize,
-    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
-    #[arg(long, default_value_t = 0.5)]
-    pub spec_mtp_min_prob: f32,
+    #[command(flatten)]
+    pub spec_args: crate::spec_args::SpecArgs,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -160,12 +153,7 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
         .iter()
         .map(|m| SpecMode::parse(m))
         .collect::<Result<Vec<_>, _>>()?;
-    let spec = SpecConfig {
-        max_draft: args.spec_max_draft,
-        mtp_draft: args.spec_mtp_draft,
-        mtp_min_prob: args.spec_mtp_min_prob,
-        ..SpecConfig::default()
-    };
+    let spec = args.spec_args.config(SpecMode::Off);
     let stop_ids = if args.ignore_eos {
         Vec::new()
     } else {

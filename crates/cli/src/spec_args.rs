@@ -1,0 +1,42 @@
+//! The speculative-decoding tuning flags shared by `generate`, `serve` and `spec-bench`: one
+//! definition, with the defaults taken from [`SpecConfig::default`]. The mode itself (`--spec`,
+//! or spec-bench's `--modes`) stays with each command, whose help text differs.
+
+use redlite_engine::speculative::{SpecConfig, SpecMode};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Prompt lookup: longest n-gram to match.
+    #[arg(long, default_value_t = SpecConfig::default().ngram_max)]
+    pub spec_ngram_max: usize,
+    /// Prompt lookup: shortest n-gram to match.
+    #[arg(long, default_value_t = SpecConfig::default().ngram_min)]
+    pub spec_ngram_min: usize,
+    /// Prompt lookup: most tokens per draft.
+    #[arg(long, default_value_t = SpecConfig::default().max_draft)]
+    pub spec_max_draft: usize,
+    /// Prompt lookup: always draft --spec-max-draft tokens instead of adapting to acceptance.
+    #[arg(long)]
+    pub spec_fixed: bool,
+    /// MTP: most chained draft tokens per step.
+    #[arg(long, default_value_t = SpecConfig::default().mtp_draft)]
+    pub spec_mtp_draft: usize,
+    /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
+    #[arg(long, default_value_t = SpecConfig::default().mtp_min_prob)]
+    pub spec_mtp_min_prob: f32,
+}
+
+impl SpecArgs {
+    /// The engine's configuration for `mode` with these settings.
+    pub fn config(&self, mode: SpecMode) -> SpecConfig {
+        SpecConfig {
+            mode,
+            ngram_max: self.spec_ngram_max,
+            ngram_min: self.spec_ngram_min,
+            max_draft: self.spec_max_draft,
+            adaptive: !self.spec_fixed,
+            mtp_draft: self.spec_mtp_draft,
+            mtp_min_prob: self.spec_mtp_min_prob,
+        }
+    }
+}
