@@ -328,7 +328,10 @@ fn gemm_acc<const SUB: bool>(
     }
 }
 
-/// Every head of a layer, in parallel.
+/// Below this much state traffic (bytes per token × tokens, all heads) the heads run serially.
+const PARALLEL_MIN_WORK_BYTES: usize = 256 * 1024;
+
+/// Every head of a layer, in parallel (serially when the work is small).
 pub fn delta_rule_parallel(
     heads: &[HeadInputs],
     states: &mut [f32],
@@ -336,6 +339,24 @@ pub fn delta_rule_parallel(
     traces: Option<&mut [Vec<f32>]>,
 ) -> Vec<Vec<f32>> {
     let per = heads.first().map_or(1, |h| (h.dk * h.dv).max(1));
+    // State bytes touched per token times tokens: a tiny model's one-token step runs on the
+    // calling thread (the hand-off to the pool costs more); each head is computed the same.
+    let work = heads.iter().map(|h| h.beta.len()).sum::<usize>() * per * 4;
+    if work < PARALLEL_MIN_WORK_BYTES {
+        return match traces {
+            Some(traces) => heads
+                .iter()
+                .zip(states.chunks_mut(per))
+                .zip(traces.iter_mut())
+                .map(|((inp, s), t)| one_head(inp, s, rule, Some(t)))
+                .collect(),
+            None => heads
+                .iter()
+                .zip(states.chunks_mut(per))
+                .map(|(inp, s)| one_head(inp, s, rule, None))
+                .collect(),
+        };
+    }
     match traces {
         Some(traces) => heads
             .par_iter()

@@ -247,7 +247,7 @@ fn check_with(
 }
 
 /// Below this many weight bytes a product runs on the calling thread (splitting costs more).
-const PARALLEL_MIN_BYTES: usize = 256 * 1024;
+pub(crate) const PARALLEL_MIN_BYTES: usize = 256 * 1024;
 
 /// Smallest parallel task, in weight bytes (`REDLITE_TASK_KB` KiB, default 16).
 fn min_task_bytes() -> usize {

@@ -97,25 +97,30 @@ pub fn matvec_batch(
             r += n;
         }
     }
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(i, r0, n)| {
-            let p = &products[i];
-            let (kernel, row_bytes) = kernels[i];
-            let x = inputs[p.input];
-            (r0..r0 + n)
-                .map(|r| {
-                    let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
-                    // Every input a kernel reads was quantized to its format above.
-                    match kernel {
-                        RowDot::Q8K(f) => f(w, q8k[p.input].as_deref().unwrap_or(&[])),
-                        RowDot::Q8_0(f) => f(w, q80[p.input].as_deref().unwrap_or(&[])),
-                        RowDot::F32(f) => f(w, x),
-                    }
-                })
-                .collect()
-        })
-        .collect();
+    let task = |&(i, r0, n): &(usize, usize, usize)| -> Vec<f32> {
+        let p = &products[i];
+        let (kernel, row_bytes) = kernels[i];
+        let x = inputs[p.input];
+        (r0..r0 + n)
+            .map(|r| {
+                let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
+                // Every input a kernel reads was quantized to its format above.
+                match kernel {
+                    RowDot::Q8K(f) => f(w, q8k[p.input].as_deref().unwrap_or(&[])),
+                    RowDot::Q8_0(f) => f(w, q80[p.input].as_deref().unwrap_or(&[])),
+                    RowDot::F32(f) => f(w, x),
+                }
+            })
+            .collect()
+    };
+    // Small products (a tiny model's whole MoE) run on the calling thread: handing them to the
+    // pool costs more than the work. Each task computes the same values either way.
+    let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
+    let results: Vec<Vec<f32>> = if weight_bytes < driver::PARALLEL_MIN_BYTES {
+        tasks.iter().map(task).collect()
+    } else {
+        tasks.par_iter().map(task).collect()
+    };
     for (o, p) in outputs.iter_mut().zip(products) {
         o.clear();
         o.resize(p.rows, 0.0);
