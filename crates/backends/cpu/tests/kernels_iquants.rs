@@ -24,6 +24,9 @@ use redlite_cpu::kernels::{lookup_exact, Isa, RowDot};
 use redlite_gguf::quant::{dequantize, GgmlType};
 use std::path::PathBuf;
 
+mod cpu_time;
+use cpu_time::{process_cpu_ns, thread_cpu_ns};
+
 /// Relative error bound of a kernel against the exact (f64) dot product.
 const REL_TOL: f64 = 1e-5;
 
@@ -645,52 +648,6 @@ fn bench_matmul_rows() {
             tm[4], tv[4]
         );
     }
-}
-
-/// This process's time on all CPUs so far, in ns (`CLOCK_PROCESS_CPUTIME_ID`; Linux only, else
-/// 0).
-fn process_cpu_ns() -> u64 {
-    #[cfg(target_os = "linux")]
-    {
-        #[repr(C)]
-        struct Timespec {
-            sec: i64,
-            nsec: i64,
-        }
-        extern "C" {
-            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-        }
-        let mut t = Timespec { sec: 0, nsec: 0 };
-        // SAFETY: `t` is a valid timespec for the C library's 64-bit Linux layout.
-        let rc = unsafe { clock_gettime(2, &mut t) };
-        if rc == 0 {
-            return t.sec as u64 * 1_000_000_000 + t.nsec as u64;
-        }
-    }
-    0
-}
-
-/// This thread's time on a CPU so far, in ns (`CLOCK_THREAD_CPUTIME_ID`, Linux), else `None`.
-#[cfg(target_os = "linux")]
-fn thread_cpu_ns() -> Option<u64> {
-    #[repr(C)]
-    struct Timespec {
-        sec: i64,
-        nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut t = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: `t` is a valid timespec for the C library's 64-bit Linux layout.
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    (rc == 0).then(|| t.sec as u64 * 1_000_000_000 + t.nsec as u64)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn thread_cpu_ns() -> Option<u64> {
-    None
 }
 
 /// Matrix-vector bandwidth of every i-quant type on a matrix larger than the caches (64 MiB of

@@ -5,6 +5,9 @@
 use redlite_cpu::kernels::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0};
 use std::path::PathBuf;
 
+mod cpu_time;
+use cpu_time::thread_cpu_ns;
+
 fn fixture_dir() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -282,29 +285,6 @@ fn bench_hot_kernels() {
         }
         println!();
     }
-}
-
-/// This thread's CPU time in ns (Linux), for benchmarks on a machine shared with other work.
-#[cfg(target_os = "linux")]
-fn thread_cpu_ns() -> Option<u64> {
-    #[repr(C)]
-    struct Timespec {
-        sec: i64,
-        nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut t = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: `t` is a valid timespec for the C library's 64-bit Linux layout.
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    (rc == 0).then(|| t.sec as u64 * 1_000_000_000 + t.nsec as u64)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn thread_cpu_ns() -> Option<u64> {
-    None
 }
 
 /// Dequantized values of `n` activations as the kernel of `ty` sees them (f64, exact).
