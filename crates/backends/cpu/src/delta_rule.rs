@@ -339,36 +339,27 @@ pub fn delta_rule_parallel(
     traces: Option<&mut [Vec<f32>]>,
 ) -> Vec<Vec<f32>> {
     let per = heads.first().map_or(1, |h| (h.dk * h.dv).max(1));
+    let mut traces: Vec<Option<&mut Vec<f32>>> = match traces {
+        Some(t) => t.iter_mut().map(Some).collect(),
+        None => heads.iter().map(|_| None).collect(),
+    };
     // State bytes touched per token times tokens: a tiny model's one-token step runs on the
     // calling thread (the hand-off to the pool costs more); each head is computed the same.
     let work = heads.iter().map(|h| h.beta.len()).sum::<usize>() * per * 4;
     if work < PARALLEL_MIN_WORK_BYTES {
-        return match traces {
-            Some(traces) => heads
-                .iter()
-                .zip(states.chunks_mut(per))
-                .zip(traces.iter_mut())
-                .map(|((inp, s), t)| one_head(inp, s, rule, Some(t)))
-                .collect(),
-            None => heads
-                .iter()
-                .zip(states.chunks_mut(per))
-                .map(|(inp, s)| one_head(inp, s, rule, None))
-                .collect(),
-        };
-    }
-    match traces {
-        Some(traces) => heads
+        heads
+            .iter()
+            .zip(states.chunks_mut(per))
+            .zip(traces.iter_mut())
+            .map(|((inp, s), t)| one_head(inp, s, rule, t.as_deref_mut()))
+            .collect()
+    } else {
+        heads
             .par_iter()
             .zip(states.par_chunks_mut(per))
             .zip(traces.par_iter_mut())
-            .map(|((inp, s), t)| one_head(inp, s, rule, Some(t)))
-            .collect(),
-        None => heads
-            .par_iter()
-            .zip(states.par_chunks_mut(per))
-            .map(|(inp, s)| one_head(inp, s, rule, None))
-            .collect(),
+            .map(|((inp, s), t)| one_head(inp, s, rule, t.as_deref_mut()))
+            .collect()
     }
 }
 

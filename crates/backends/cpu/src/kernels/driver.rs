@@ -601,18 +601,23 @@ fn run_matmul(
     }
 }
 
+/// A row threshold from the environment variable `var` (for A/B runs), else `default`; `0`
+/// turns the path off.
+#[cfg(target_arch = "x86_64")]
+fn rows_threshold(var: &str, default: usize) -> usize {
+    match std::env::var(var).map(|v| v.trim().parse::<usize>()) {
+        Ok(Ok(0)) => usize::MAX,
+        Ok(Ok(m)) => m,
+        _ => default,
+    }
+}
+
 /// Activation rows from which Q4_K products take the tile GEMM (`REDLITE_TILE_MIN`, default
 /// 24; 0 turns it off).
 #[cfg(target_arch = "x86_64")]
 fn tile_min_rows() -> usize {
     static MIN: OnceLock<usize> = OnceLock::new();
-    *MIN.get_or_init(|| {
-        match std::env::var("REDLITE_TILE_MIN").map(|v| v.trim().parse::<usize>()) {
-            Ok(Ok(0)) => usize::MAX,
-            Ok(Ok(m)) => m,
-            _ => 24,
-        }
-    })
+    *MIN.get_or_init(|| rows_threshold("REDLITE_TILE_MIN", 24))
 }
 
 /// Activation rows from which IQ2_XXS products take the tile GEMM (`REDLITE_TILE_MIN_IQ2`,
@@ -620,13 +625,7 @@ fn tile_min_rows() -> usize {
 #[cfg(target_arch = "x86_64")]
 fn tile_min_rows_iq2() -> usize {
     static MIN: OnceLock<usize> = OnceLock::new();
-    *MIN.get_or_init(|| {
-        match std::env::var("REDLITE_TILE_MIN_IQ2").map(|v| v.trim().parse::<usize>()) {
-            Ok(Ok(0)) => usize::MAX,
-            Ok(Ok(m)) => m,
-            _ => 56,
-        }
-    })
+    *MIN.get_or_init(|| rows_threshold("REDLITE_TILE_MIN_IQ2", 56))
 }
 
 /// Weight rows per tile of the tile GEMMs (one per i32 lane).
