@@ -38,8 +38,13 @@ for i in $(seq 0 11); do
   start
   curl -fs "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
     -d @"$tmp/req$i.json" > /dev/null
-  # Die somewhere in the re-prefill / state-file write that follows the answer.
-  sleep "0.0$((RANDOM % 10))"
+  if [ "$i" -eq 0 ]; then
+    # The first conversation is left to reach its file, so at least one survives the kills.
+    for _ in $(seq 1 200); do ls "$tmp/state"/*.rls > /dev/null 2>&1 && break; sleep 0.05; done
+  else
+    # Die somewhere in the re-prefill / state-file write that follows the answer.
+    sleep "0.0$((RANDOM % 10))"
+  fi
   { kill -9 $pid && wait $pid; } 2>/dev/null || true
   pid=""
 done
@@ -50,9 +55,22 @@ loaded=$(ls "$tmp/state"/*.rls 2>/dev/null | wc -l)
 refused=$(grep -c "refusing state file" "$tmp/server.log" || true)
 echo "state files: $loaded ($refused refused), temp files left: $(ls "$tmp/state" | grep -c tmp || true) (removed at start)"
 if curl -fs "http://127.0.0.1:$port/health" > /dev/null; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL health"; fi
-# A turn resumed from whatever loaded equals a fresh server's computation of the same ids.
-resp=$(curl -fs "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
-  -d "$(python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); b["return_token_ids"]=True; print(json.dumps(b))' "$tmp/req11.json")")
+# A turn resumed from whatever loaded equals a fresh server's computation of the same ids: the
+# prompt is the conversation of the newest valid state file (its ids read from the file) and a
+# few more tokens, so the server resumes from that file's checkpoint whichever kills landed.
+body=$(python3 - "$tmp/state" "$tmp/server.log" <<'PY'
+import glob, json, os, struct, sys
+refused = open(sys.argv[2]).read()
+files = sorted((f for f in glob.glob(sys.argv[1] + "/*.rls") if f not in refused), key=os.path.getmtime)
+raw = open(files[-1], "rb").read()
+assert raw[:8] == b"RLSTATE\0"
+hlen = struct.unpack_from("<I", raw, 8)[0]
+n = json.loads(raw[12:12 + hlen])["n_ids"]
+ids = list(struct.unpack_from(f"<{n}I", raw, 12 + hlen))
+print(json.dumps({"prompt": ids + ids[:8], "max_tokens": 4, "temperature": 0, "return_token_ids": True}))
+PY
+)
+resp=$(curl -fs "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' -d "$body")
 { kill -9 $pid && wait $pid; } 2>/dev/null || true; pid=""
 port2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin" serve -m "$model" --port "$port2" 2>> "$tmp/fresh.log" &
