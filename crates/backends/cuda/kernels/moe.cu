@@ -73,6 +73,99 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
     }
 }
 
+// moe_router_warp: moe_router's result computed by one warp per token, for n_expert <= 32 *
+// ROUTER_VPL: lane l holds the probabilities of experts l, l + 32, ... in registers (indexed
+// only by unrolled loops, so they stay there), and each of the k rounds is a local argmax over
+// ROUTER_VPL values plus a butterfly warp argmax under the total order (p desc, id asc): no
+// barrier and no shared-memory pass per round (moe_router: two barriers and a serial scan of
+// the warps' winners per round). The softmax sums in another order than moe_router, so the
+// weights may differ from it in the last bits; the chosen ids are the same whenever no two
+// probabilities tie within a rounding step. Launch: grid = n tokens, block = 32 threads.
+#define ROUTER_VPL 16
+extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int n_expert, int k,
+                                           int* __restrict__ idx_out, float* __restrict__ w_out) {
+    __shared__ int chosen[64];
+    __shared__ float chosen_p[64];
+    const int lane = threadIdx.x;
+    const float* l = logits + (size_t)blockIdx.x * n_expert;
+    float v[ROUTER_VPL];
+    float m = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) {
+        const int e = lane + WARP * j;
+        v[j] = e < n_expert ? l[e] : NEG_INF;
+        m = fmaxf(m, v[j]);
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) {
+        const int e = lane + WARP * j;
+        v[j] = e < n_expert ? expf(v[j] - m) : 0.0f;
+        s += v[j];
+    }
+    s = warp_sum(s);
+    // Probabilities are >= 0: -2 marks a lane slot past the last expert, -1 a chosen expert.
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) v[j] = lane + WARP * j < n_expert ? v[j] / s : -2.0f;
+    for (int r = 0; r < k; ++r) {
+        // The lane's best (ties: its lower slot = lower id), then the warp's.
+        float bv = v[0];
+        int bj = 0;
+#pragma unroll
+        for (int j = 1; j < ROUTER_VPL; ++j) {
+            if (v[j] > bv) {
+                bv = v[j];
+                bj = j;
+            }
+        }
+        int bi = lane + WARP * bj;
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        // Every lane holds the same winner now.
+        if (lane == bi % WARP) {
+            const int jt = bi / WARP;
+#pragma unroll
+            for (int j = 0; j < ROUTER_VPL; ++j) {
+                if (j == jt) v[j] = -1.0f;
+            }
+        }
+        if (lane == 0) {
+            chosen[r] = bi;
+            chosen_p[r] = bv;
+        }
+    }
+    __syncwarp();
+    if (lane == 0) {
+        // Sum of the chosen probabilities in rank order, like the reference; then ascending ids.
+        float total = 0.0f;
+        for (int r = 0; r < k; ++r) total += chosen_p[r];
+        for (int a = 1; a < k; ++a) {
+            const int id = chosen[a];
+            const float p = chosen_p[a];
+            int b = a - 1;
+            while (b >= 0 && chosen[b] > id) {
+                chosen[b + 1] = chosen[b];
+                chosen_p[b + 1] = chosen_p[b];
+                --b;
+            }
+            chosen[b + 1] = id;
+            chosen_p[b + 1] = p;
+        }
+        for (int r = 0; r < k; ++r) {
+            idx_out[(size_t)blockIdx.x * k + r] = chosen[r];
+            w_out[(size_t)blockIdx.x * k + r] = chosen_p[r] / total;
+        }
+    }
+}
+
 // moe_gate_up_<type>(gate, up, x, act, ff, hidden): for chosen expert e = blockIdx.y,
 // act[e][r] = silu(gate_e[r] . x) * (up_e[r] . x). gate/up hold the device addresses of the
 // chosen experts' [ff, hidden] weights (both of this type).

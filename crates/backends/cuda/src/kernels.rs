@@ -108,6 +108,7 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
 /// The kernels that do not depend on a weight type.
 pub const PLAIN_KERNELS: &[&str] = &[
     "moe_router",
+    "moe_router_warp",
     "rms_norm",
     "rms_norm_gated",
     "l2_normalize",

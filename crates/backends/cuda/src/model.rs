@@ -18,9 +18,10 @@
 //!            →  decode: attn_split (chunks of the cache) → attn_merge (· sigmoid(gate));
 //!               prompt: attn_causal (· sigmoid(gate))
 //!            →  x += W_o·att;  xn = rms_norm(x, post_norm)        (matvec_res)
-//! MoE:       router = W·xn  →  moe_router (softmax, top-k, renormalise; ids kept per layer)
-//!            →  moe_gate_up_tab;  shared = down(swiglu(gate·xn, up·xn));  g = w_sg·xn
-//!            →  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
+//! MoE:       side stream from the start: shared = down(swiglu(gate·xn, up·xn))
+//!            main: router = W·xn and g = w_sg·xn (one launch)  →  moe_router_warp (softmax,
+//!            top-k, renormalise; ids kept per layer)  →  moe_gate_up_tab
+//!            →  (join)  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
 //!            (experts found through the expert cache's per-layer table, `expert_cache.rs`)
 //! ```
 //!
@@ -47,7 +48,7 @@ use crate::expert_cache::{
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
 use crate::ops::{
-    delta_seq_launch, dn_fused_launch, row_bytes, DeltaDims, MATVEC_WARPS, ROUTER_THREADS,
+    delta_seq_launch, dn_fused_launch, row_bytes, DeltaDims, RouterKernel, MATVEC_WARPS,
 };
 use crate::{CudaError, Gpu};
 
@@ -348,7 +349,6 @@ struct Kernels {
     attn_causal: CudaFunction,
     attn_split: CudaFunction,
     attn_merge: CudaFunction,
-    moe_router: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
 }
@@ -433,6 +433,9 @@ pub struct CudaModel {
     /// Work units per lane the fused matvecs aim for (`mvf_parts`; tuning switch
     /// `REDLITE_CUDA_MVF_LANE_ITERS`, default 4: 168 tok/s against 156 with 2 and 140 with 1).
     mvf_lane_iters: usize,
+    /// The router kernel (`RouterKernel::for_model`: the one-warp one unless
+    /// `REDLITE_CUDA_ROUTER=block`) and its function.
+    router: (CudaFunction, RouterKernel),
     /// The routed experts: device slots, host copies, per-layer address tables.
     experts: ExpertCache,
     side: MoeSide,
@@ -500,7 +503,6 @@ impl CudaModel {
             attn_causal: f("attn_causal")?,
             attn_split: f("attn_split")?,
             attn_merge: f("attn_merge")?,
-            moe_router: f("moe_router")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
         };
@@ -523,6 +525,8 @@ impl CudaModel {
         // The experts last, so that a memory budget gives them what the rest leaves.
         let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights)?;
         let side = MoeSide::new(&gpu.ctx)?;
+        let router_kernel = RouterKernel::for_model(config.n_experts);
+        let router = (gpu.func(router_kernel.name)?.clone(), router_kernel);
         let mut model = CudaModel {
             config,
             opts,
@@ -547,6 +551,7 @@ impl CudaModel {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(4),
+            router,
             profile_step: std::env::var("REDLITE_CUDA_PROFILE_STEP")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -905,14 +910,14 @@ impl CudaModel {
         )
     }
 
-    /// `y_m[t] = W_m · rms_norm(x[t], nw)` for matrices that read the same input (all of width
-    /// `cols`): one `matvec_norm3_<type>` launch per run of up to three of one type, each block
-    /// normalising `x[t]` itself. Wider inputs than its shared memory holds go through `rms_norm`
-    /// into `xn` and plain matvecs.
+    /// `y_m[t] = W_m · rms_norm(x[t], nw)` (with `nw`; without, `W_m · x[t]`) for matrices that
+    /// read the same input (all of width `cols`): one `matvec_norm3_<type>` launch per run of up
+    /// to three of one type, each block normalising `x[t]` itself. Wider inputs than its shared
+    /// memory holds go through `rms_norm` into `xn` and plain matvecs.
     fn matvec_normed(
         &mut self,
         x: u64,
-        nw: u64,
+        nw: Option<u64>,
         mats: &[(&DevLinear, u64)],
         n: usize,
     ) -> Result<(), CudaError> {
@@ -920,13 +925,20 @@ impl CudaModel {
             return Ok(());
         };
         if cols > MVF_MAX_COLS || mats.iter().any(|(w, _)| w.cols != cols) {
-            let xn = self.sc.xn;
-            self.rms_norm(x, nw, xn, n, cols)?;
+            let input = match nw {
+                Some(nw) => {
+                    let xn = self.sc.xn;
+                    self.rms_norm(x, nw, xn, n, cols)?;
+                    xn
+                }
+                None => x,
+            };
             for (w, y) in mats {
-                self.matvec(w, xn, *y, n)?;
+                self.matvec(w, input, *y, n)?;
             }
             return Ok(());
         }
+        let nw = nw.unwrap_or(0);
         let mut i = 0;
         while i < mats.len() {
             let ty = mats[i].0.ty;
@@ -1051,11 +1063,11 @@ impl CudaModel {
             Head::Last => {
                 let last = x + (4 * (n - 1) * h) as u64;
                 let out = self.output.clone();
-                self.matvec_normed(last, self.output_norm, &[(&out, self.sc.logits)], 1)
+                self.matvec_normed(last, Some(self.output_norm), &[(&out, self.sc.logits)], 1)
             }
             Head::All => {
                 let out = self.output.clone();
-                self.matvec_normed(x, self.output_norm, &[(&out, self.sc.logits)], n)
+                self.matvec_normed(x, Some(self.output_norm), &[(&out, self.sc.logits)], n)
             }
         }
     }
@@ -1185,7 +1197,7 @@ impl CudaModel {
             sc.attn_part,
         );
         let pos = sc.input;
-        self.matvec_normed(x, attn_norm, &[(wq, qg), (wk, kn), (wv, vn)], n)?;
+        self.matvec_normed(x, Some(attn_norm), &[(wq, qg), (wk, kn), (wv, vn)], n)?;
         let f = self.k.attn_qk_prep.clone();
         self.launch(
             "attn_qk_prep",
@@ -1307,7 +1319,7 @@ impl CudaModel {
             sc.x, sc.qkv, sc.conv, sc.z, sc.ba, sc.beta, sc.g, sc.o, sc.gated,
         );
         let fused = dn_fused(c);
-        self.matvec_normed(x, attn_norm, &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
+        self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
         if let Some((threads, shared)) = fused {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
             let r = nv / nk;
@@ -1442,23 +1454,8 @@ impl CudaModel {
         let e = &m.experts;
         // Each layer's ids stay until the call ends: the expert cache reads them afterwards.
         let (ids, tab) = (self.experts.ids(e.layer, n), self.experts.table(e.layer));
-        self.matvec(&m.router, xn, rlog, n)?;
-        let f = self.k.moe_router.clone();
-        self.launch(
-            "moe_router",
-            &f,
-            (n as u32, 1, 1),
-            ROUTER_THREADS,
-            (4 * ne) as u32,
-            &[
-                A::P(rlog),
-                A::I(ne as i32),
-                A::I(k as i32),
-                A::P(ids),
-                A::P(wts),
-            ],
-        )?;
-        // The shared expert on the side stream, beside the routed experts.
+        // The shared expert reads only xn: on the side stream from the start, beside the router,
+        // the top-k and the routed gate/up.
         let drv = |e| CudaError::driver("forking the shared expert's stream", e);
         self.side.fork.record(&self.stream).map_err(drv)?;
         self.side.stream.wait(&self.side.fork).map_err(drv)?;
@@ -1467,6 +1464,23 @@ impl CudaModel {
         self.stream = main;
         shared_done?;
         self.side.join.record(&self.side.stream).map_err(drv)?;
+        // Router logits and the shared expert's gate logit (both rows of xn) in one launch.
+        self.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)?;
+        let (f, rk) = self.router.clone();
+        self.launch(
+            rk.name,
+            &f,
+            (n as u32, 1, 1),
+            rk.threads,
+            rk.shared,
+            &[
+                A::P(rlog),
+                A::I(ne as i32),
+                A::I(k as i32),
+                A::P(ids),
+                A::P(wts),
+            ],
+        )?;
         self.launch(
             "moe_gate_up_tab",
             &e.gate_up_f,
@@ -1506,18 +1520,16 @@ impl CudaModel {
         )
     }
 
-    /// The shared expert of `n` tokens into `shared`, its gate logit into `gl` (on whatever
-    /// stream `self.stream` is).
+    /// The shared expert of `n` tokens into `shared` (on whatever stream `self.stream` is).
     fn enqueue_shared_expert(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
         let sff = self.config.shared_ff;
         let sc = &self.sc;
-        let (xn, sg, su, sa, shared, gl) = (sc.xn, sc.sg, sc.su, sc.sa, sc.shared, sc.gl);
-        self.matvec(&m.sh_gate, xn, sg, n)?;
-        self.matvec(&m.sh_up, xn, su, n)?;
+        let (xn, sg, su, sa, shared) = (sc.xn, sc.sg, sc.su, sc.sa, sc.shared);
+        // Gate and up rows read the same xn: one launch when they share a type.
+        self.matvec_normed(xn, None, &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
         let f = self.k.swiglu.clone();
         self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
-        self.matvec(&m.sh_down, sa, shared, n)?;
-        self.matvec(&m.sh_gate_vec, xn, gl, n)
+        self.matvec(&m.sh_down, sa, shared, n)
     }
 }
 

@@ -12,9 +12,50 @@ use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
 pub const MATVEC_WARPS: u32 = 4;
-/// Threads of the router kernel per token (one warp was tried: 2× slower, the k rounds of
-/// arg-max then run over 16 experts per lane; see docs/perf-ledger.md).
+/// Threads of the block-wide router kernel `moe_router` per token.
 pub const ROUTER_THREADS: u32 = 256;
+/// Most experts the one-warp router kernel `moe_router_warp` takes (its `32 * ROUTER_VPL`).
+pub const ROUTER_WARP_MAX_EXPERTS: usize = 512;
+
+/// Which router kernel runs and how it is launched (per token: one block of `threads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouterKernel {
+    pub name: &'static str,
+    pub threads: u32,
+    /// Dynamic shared memory, bytes.
+    pub shared: u32,
+}
+
+impl RouterKernel {
+    /// The block-wide kernel: softmax and k rounds of a block argmax (any expert count).
+    pub fn block(n_expert: usize) -> RouterKernel {
+        RouterKernel {
+            name: "moe_router",
+            threads: ROUTER_THREADS,
+            shared: (4 * n_expert) as u32,
+        }
+    }
+
+    /// The one-warp kernel (probabilities in registers, no barrier per round), or `None` when
+    /// `n_expert` is above what it holds.
+    pub fn warp(n_expert: usize) -> Option<RouterKernel> {
+        (n_expert <= ROUTER_WARP_MAX_EXPERTS).then_some(RouterKernel {
+            name: "moe_router_warp",
+            threads: 32,
+            shared: 0,
+        })
+    }
+
+    /// What the model runs: the one-warp kernel where it applies, unless
+    /// `REDLITE_CUDA_ROUTER=block` asks for the block-wide one (for A/B measurements).
+    pub fn for_model(n_expert: usize) -> RouterKernel {
+        let block = std::env::var("REDLITE_CUDA_ROUTER").is_ok_and(|v| v == "block");
+        match RouterKernel::warp(n_expert) {
+            Some(w) if !block => w,
+            _ => RouterKernel::block(n_expert),
+        }
+    }
+}
 /// gridDim.y limit: a longer batch is split.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -153,7 +194,9 @@ pub fn matvec_fused(
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let n = check_rows(xs.len(), cols, "matvec_fused x")?;
     let norm_len = if residual.is_some() { rows } else { cols };
-    if nw.len() != norm_len
+    // No norm weights (norm3 only): the plain product W · x[t], the norm left out.
+    let plain = residual.is_none() && nw.is_empty();
+    if (nw.len() != norm_len && !plain)
         || !(1..=8).contains(&parts)
         || !parts.is_power_of_two()
         || residual.is_some_and(|r| r.len() != n * rows)
@@ -174,13 +217,28 @@ pub fn matvec_fused(
         None => {
             let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
             let (zero, zi) = (0u64, 0i32);
-            launch!(
-                gpu,
-                gpu.func(&format!("matvec_norm3_{sfx}"))?,
-                "matvec_norm3",
-                cfg(grid, 256, (4 * cols) as u32),
-                [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
-            )?;
+            let f = gpu.func(&format!("matvec_norm3_{sfx}"))?;
+            let conf = cfg(grid, 256, (4 * cols) as u32);
+            if plain {
+                launch!(
+                    gpu,
+                    f,
+                    "matvec_norm3",
+                    conf,
+                    [
+                        &x, &zero, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero,
+                        &zi
+                    ]
+                )?;
+            } else {
+                launch!(
+                    gpu,
+                    f,
+                    "matvec_norm3",
+                    conf,
+                    [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+                )?;
+            }
             Ok((download(gpu, &y)?, Vec::new()))
         }
         Some(res) => {
@@ -228,9 +286,11 @@ pub fn embed(
     download(gpu, &out)
 }
 
-/// Router of `tokens` tokens: softmax, top-k, renormalised weights, ascending expert ids.
+/// Router of `tokens` tokens: softmax, top-k, renormalised weights, ascending expert ids, by
+/// the kernel `kernel` (see [`RouterKernel`]).
 pub fn moe_router(
     gpu: &Gpu,
+    kernel: RouterKernel,
     logits: &[f32],
     n_expert: usize,
     k: usize,
@@ -242,7 +302,7 @@ pub fn moe_router(
         )));
     }
     let tokens = logits.len() / n_expert;
-    let f = gpu.func("moe_router")?;
+    let f = gpu.func(kernel.name)?;
     let l = upload(gpu, logits)?;
     let mut idx = alloc_poisoned::<i32>(gpu, tokens * k)?;
     let mut w = alloc_poisoned::<f32>(gpu, tokens * k)?;
@@ -251,7 +311,7 @@ pub fn moe_router(
         gpu,
         f,
         "moe_router",
-        cfg((tokens as u32, 1, 1), ROUTER_THREADS, (4 * n_expert) as u32),
+        cfg((tokens as u32, 1, 1), kernel.threads, kernel.shared),
         [&l, &ne, &kk, &mut idx, &mut w]
     )?;
     Ok((download(gpu, &idx)?, download(gpu, &w)?))

@@ -245,13 +245,18 @@ impl Runner<'_> {
     }
 
     /// `matvec_norm3` (norm folded in) and `matvec_res` (residual and the next norm folded in)
-    /// against f64, with rows cut into 1, 2 and 8 slices; 3 tokens.
+    /// against f64, with rows cut into 1, 2 and 8 slices; 3 tokens. With 2 slices `matvec_norm3`
+    /// also runs without norm weights (the plain product the MoE router and shared expert use).
     fn matvec_fused(&mut self, ty: GgmlType) {
         let (rows, cols, n, eps) = (67usize, 2048usize, 3usize, 1e-6f32);
-        for parts in [1usize, 2, 8] {
+        for (parts, plain) in [(1usize, false), (2, false), (2, true), (8, false)] {
             let bytes = random_weights(&mut self.rng, ty, rows, cols);
             let xs = self.rng.normals(n * cols, 1.0);
-            let nw: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+            let nw: Vec<f32> = if plain {
+                Vec::new()
+            } else {
+                (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect()
+            };
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let (y, _) = ops::matvec_fused(
@@ -270,13 +275,18 @@ impl Runner<'_> {
                 for t in 0..n {
                     let x = &xs[t * cols..(t + 1) * cols];
                     let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-                    let inv = 1.0 / (ss / cols as f64 + f64::from(eps)).sqrt();
+                    let inv = if plain {
+                        1.0
+                    } else {
+                        1.0 / (ss / cols as f64 + f64::from(eps)).sqrt()
+                    };
                     for r in 0..rows {
                         let row = &wf[r * cols..(r + 1) * cols];
                         reference.push(
                             (0..cols)
                                 .map(|i| {
-                                    f64::from(row[i]) * f64::from(x[i]) * inv * f64::from(nw[i])
+                                    let g = nw.get(i).map_or(1.0, |&v| f64::from(v));
+                                    f64::from(row[i]) * f64::from(x[i]) * inv * g
                                 })
                                 .sum::<f64>(),
                         );
@@ -286,9 +296,15 @@ impl Runner<'_> {
             })();
             self.record(
                 &format!("matvec_norm3 {}", ty.name()),
-                format!("{rows}x{cols} n={n} parts={parts}"),
+                format!(
+                    "{rows}x{cols} n={n} parts={parts}{}",
+                    if plain { " no norm" } else { "" }
+                ),
                 r,
             );
+            if plain {
+                continue;
+            }
             // The output projection: rows = the residual's width.
             let (rows2, cols2) = (256usize, 1024usize);
             let bytes = random_weights(&mut self.rng, ty, rows2, cols2);
@@ -422,11 +438,22 @@ impl Runner<'_> {
         );
     }
 
+    /// Both router kernels (the block-wide one and the one-warp one the model runs) on the
+    /// model's shape and on an expert count that leaves lane slots empty.
     fn router(&mut self) {
-        let (n_expert, k, tokens) = (512usize, 10usize, 3usize);
+        for (n_expert, k) in [(512usize, 10usize), (60, 8)] {
+            self.router_case(ops::RouterKernel::block(n_expert), n_expert, k);
+            if let Some(kernel) = ops::RouterKernel::warp(n_expert) {
+                self.router_case(kernel, n_expert, k);
+            }
+        }
+    }
+
+    fn router_case(&mut self, kernel: ops::RouterKernel, n_expert: usize, k: usize) {
+        let tokens = 3usize;
         let logits = self.rng.normals(tokens * n_expert, 2.0);
         let r = (|| {
-            let (idx, w) = ops::moe_router(self.gpu, &logits, n_expert, k)?;
+            let (idx, w) = ops::moe_router(self.gpu, kernel, &logits, n_expert, k)?;
             let mut ref_w = Vec::new();
             let mut mismatches = 0usize;
             for t in 0..tokens {
@@ -454,7 +481,7 @@ impl Runner<'_> {
             Ok((rel_err(&w, &ref_w), TOL_F32))
         })();
         self.record(
-            "moe_router",
+            kernel.name,
             format!("{tokens} tokens, top-{k} of {n_expert}"),
             r,
         );
