@@ -106,6 +106,13 @@ pub trait Backend: Send + Sync + Sized {
     /// `(rows, cols)` of a prepared weight.
     fn linear_shape(&self, w: &Self::Linear) -> (usize, usize);
 
+    /// Runs `f`, one forward pass over the layers, where this backend's parallel regions start
+    /// cheapest (the CPU backend: on a thread of its pool, so the pass takes part in its own
+    /// regions instead of handing each one over and sleeping). The default runs it here.
+    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
     /// The gated delta rule for every V head of one DeltaNet layer (see
     /// [`crate::delta_rule::delta_rule_heads`], the default, for the contract). Backends run the
     /// heads in parallel; any implementation must give the same result for a row whether it is

@@ -153,20 +153,23 @@ impl<B: Backend> Model<B> {
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         let pos0 = state.pos;
-        let mut trace = state.trace.as_mut();
-        for (i, (w, st)) in self
-            .weights
-            .layers
-            .iter()
-            .zip(state.layers.iter_mut())
-            .enumerate()
-        {
-            let recorder = match (&mut trace, mode) {
-                (Some(t), Mode::Step) => t.layer_mut(i),
-                _ => None,
-            };
-            decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode, recorder);
-        }
+        // The layers as one pass on the backend's threads (see `Backend::run_pass`).
+        self.backend.run_pass(|| {
+            let mut trace = state.trace.as_mut();
+            for (i, (w, st)) in self
+                .weights
+                .layers
+                .iter()
+                .zip(state.layers.iter_mut())
+                .enumerate()
+            {
+                let recorder = match (&mut trace, mode) {
+                    (Some(t), Mode::Step) => t.layer_mut(i),
+                    _ => None,
+                };
+                decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode, recorder);
+            }
+        });
         state.pos += tokens.len();
         Ok(map_rows(&x, |h| {
             rms_norm(h, &self.weights.output_norm, cfg.rms_eps)
