@@ -63,6 +63,23 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Weight prefetch into L2 before a block's prologue (staging the activations or the IQ tables and
+// its barrier), so the row's DRAM (or PCIe) latency overlaps it; off with MVF_PREFETCH=0.
+#ifndef MVF_PREFETCH
+#define MVF_PREFETCH 1
+#endif
+
+// Starts fetching the 128-byte lines of [p, p + bytes) into L2, line i, i + n, ... by the
+// calling thread. A hint: it neither waits nor faults.
+__device__ __forceinline__ void prefetch_l2(const u8* p, size_t bytes, int i, int n) {
+    if (!MVF_PREFETCH) return;
+    const size_t head = (size_t)p & 127;
+    const u8* start = p - head;
+    for (size_t off = (size_t)i * 128; off < bytes + head; off += (size_t)n * 128) {
+        asm volatile("prefetch.L2 [%0];" ::"l"(start + off));
+    }
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
 

@@ -366,10 +366,12 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
         }
     }
     const int t = blockIdx.y, lane = threadIdx.x % WARP;
-    stage_tables<T>();
-    const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
     int row, part;
     mvf_row(b, parts, rows, row, part);
+    // The warps of a row fetch its lines while the block stages x.
+    if (row >= 0) prefetch_l2(w + (size_t)row * row_bytes<T>(cols), row_bytes<T>(cols), part * WARP + lane, parts * WARP);
+    stage_tables<T>();
+    const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
     const float acc = row < 0 ? 0.0f : row_partial<T>(w + (size_t)row * row_bytes<T>(cols), mvf_x, cols, lane, part, parts);
     const float sum = mvf_reduce(acc, parts, red);
     if (row >= 0 && part == 0 && lane == 0) y[(size_t)t * rows + row] = inv * sum;

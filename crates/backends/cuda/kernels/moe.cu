@@ -519,18 +519,23 @@ template <typename T>
 __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                      const float* __restrict__ x, float* __restrict__ act,
                                                      int ff, int hidden, int k) {
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
+    const u64* parts = tab + 3 * (size_t)ids[te];
+    const size_t off = (size_t)row * row_bytes<T>(hidden);
+    if (row < ff) {
+        // Both rows' lines are on their way while the block stages its tables.
+        prefetch_l2((const u8*)parts[0] + off, row_bytes<T>(hidden), lane, WARP);
+        prefetch_l2((const u8*)parts[1] + off, row_bytes<T>(hidden), lane, WARP);
+    }
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
         stage_tables<T>();  // before any warp leaves
     }
-    const int warps = blockDim.x / WARP;
-    const int row = blockIdx.x * warps + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
-    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
     if (row >= ff) return;
-    const u64* parts = tab + 3 * (size_t)ids[te];
-    const size_t off = (size_t)row * row_bytes<T>(hidden);
     const float* xt = x + (size_t)blockIdx.z * hidden;
     float gv, uv;
     if constexpr (iq2_sb<T>()) {
@@ -555,17 +560,21 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                           const float* __restrict__ shared,
                                                           const float* __restrict__ gate_logit, int hidden,
                                                           int ff, int k) {
+    const int warps = blockDim.x / WARP;
+    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t t = blockIdx.y;
+    const size_t off = (size_t)row * row_bytes<T>(ff);
+    if (row < hidden && lane < k) {
+        // Lane c fetches choice c's row while the block stages its tables.
+        prefetch_l2((const u8*)tab[3 * (size_t)ids[t * k + lane] + 2] + off, row_bytes<T>(ff), 0, 1);
+    }
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
         stage_tables<T>();  // before any warp leaves
     }
-    const int warps = blockDim.x / WARP;
-    const int row = blockIdx.x * warps + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
-    const size_t t = blockIdx.y;
     if (row >= hidden) return;
-    const size_t off = (size_t)row * row_bytes<T>(ff);
     float s = 0.0f;
     if constexpr (iq2_sb<T>()) {
         s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);
