@@ -382,6 +382,20 @@ type Q8_0MultiDot = fn(w: &[u8], xs: &[&[BlockQ8_0]], out: &mut [f32]);
 #[cfg(not(target_arch = "x86_64"))]
 const Q8_0_MULTI_ROWS: usize = 1;
 
+/// The Q8_0 kernel taking 16 activation rows per pass in i32 lanes.
+#[cfg(target_arch = "x86_64")]
+use super::q8_0_lanes_x86::{LanesDot, LANES};
+#[cfg(not(target_arch = "x86_64"))]
+type LanesDot = fn(w: &[u8], row_bytes: usize, ys: &[()], narrow: bool, out: &mut [[f32; 16]]);
+
+/// Activation rows from which Q8_0 products take the lane kernel, and the fewest rows a
+/// partial lane group must have (`REDLITE_Q8_0_LANES_MIN`, default 3; 0 turns it off).
+#[cfg(target_arch = "x86_64")]
+fn q8_0_lanes_min_rows() -> usize {
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| rows_threshold("REDLITE_Q8_0_LANES_MIN", 3))
+}
+
 /// The float-weight kernel taking up to `FLOAT_MULTI_ROWS` f32 activation rows at once.
 #[cfg(target_arch = "x86_64")]
 use super::simple_x86::{FloatMultiDot, FLOAT_MULTI_ROWS};
@@ -485,6 +499,14 @@ fn run_matmul_at(
     #[cfg(not(target_arch = "x86_64"))]
     let multi_q8_0: Option<Q8_0MultiDot> = None;
     #[cfg(target_arch = "x86_64")]
+    let lanes_q8_0 = if n >= q8_0_lanes_min_rows() && multi_q8_0.is_some() {
+        super::q8_0_lanes_x86::kernel(isa)
+    } else {
+        None
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let lanes_q8_0: Option<LanesDot> = None;
+    #[cfg(target_arch = "x86_64")]
     let multi_f32 = if n > 1 && matches!(kernel, RowDot::F32(_)) {
         super::simple_x86::float_multi_kernel(shape.ty, isa)
     } else {
@@ -516,14 +538,23 @@ fn run_matmul_at(
             return run_tile_gemm_iq2_xxs(&q, per, n, w, rows, shape.row_bytes, ys);
         }
     }
-    let multis = (multi, multi_q8_0, multi_f32);
+    let multis = (multi, multi_q8_0, multi_f32, lanes_q8_0);
     run_matmul(kernel, multis, shape, w, rows, cols, xs, n, ys)
 }
+
+/// The multi-row kernels [`run_matmul`] may use: Q8_K-activation, Q8_0 (≤ 4 rows), float, and
+/// Q8_0 lane groups (16 rows per pass).
+type Multis = (
+    Option<Multi>,
+    Option<Q8_0MultiDot>,
+    Option<FloatMultiDot>,
+    Option<LanesDot>,
+);
 
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
     kernel: RowDot,
-    (multi, multi_q8_0, multi_f32): (Option<Multi>, Option<Q8_0MultiDot>, Option<FloatMultiDot>),
+    (multi, multi_q8_0, multi_f32, lanes_q8_0): Multis,
     shape: Shape,
     w: &[u8],
     rows: usize,
@@ -557,6 +588,21 @@ fn run_matmul(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let reformed: Option<Vec<BlockQ8K>> = None;
+    // Q8_0 rows for the lane kernel: whole groups of 16, and a last partial group when it has
+    // enough rows to pay for its empty lanes (else those rows take the 4-row kernel).
+    #[cfg(target_arch = "x86_64")]
+    let lanes = match (lanes_q8_0, &acts) {
+        (Some(f), Acts::Q8_0(q, per)) => {
+            let full = n / LANES * LANES;
+            let m = if n - full >= q8_0_lanes_min_rows() {
+                n
+            } else {
+                full
+            };
+            Some((f, super::q8_0_lanes_x86::lane_blocks(q, *per, m), m))
+        }
+        _ => None,
+    };
     let tile = (TILE_BYTES / rb).clamp(1, rows);
     // Each task owns whole weight rows, i.e. the columns `r` of `ys` it writes.
     let out = SharedOut::new(ys, rows);
@@ -577,8 +623,20 @@ fn run_matmul(
                     continue;
                 }
                 (_, Some(f), Acts::Q8_0(q, per)) => {
+                    #[cfg(target_arch = "x86_64")]
+                    let j0 = match &lanes {
+                        Some((lf, lq, m)) => {
+                            lanes_tile(*lf, lq, *per, *m, wtile, rb, r_tile, out);
+                            *m
+                        }
+                        None => 0,
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let j0 = 0;
                     let g = Q8_0_MULTI_ROWS;
-                    multi_row_tile::<_, MAX_GROUP>(f, q, *per, n, g, wtile, rb, r_tile, out);
+                    let q = &q[j0 * per..];
+                    let out = out.offset_rows(j0);
+                    multi_row_tile::<_, MAX_GROUP>(f, q, *per, n - j0, g, wtile, rb, r_tile, out);
                     continue;
                 }
                 _ => {}
@@ -769,6 +827,36 @@ fn multi_row_tile<B, const G: usize>(
     }
 }
 
+/// Rows `0..m` of a Q8_0 product through the lane kernel `f` (`lq`: the rows' lane groups,
+/// `per` blocks each), for the weight rows of `wtile` (`r_tile..`).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn lanes_tile(
+    f: LanesDot,
+    lq: &[super::q8_0_lanes_x86::LaneBlock],
+    per: usize,
+    m: usize,
+    wtile: &[u8],
+    rb: usize,
+    r_tile: usize,
+    out: SharedOut,
+) {
+    let nw = wtile.len() / rb;
+    let mut buf = vec![[0.0f32; LANES]; nw];
+    for (g, ys) in lq.chunks_exact(per.max(1)).enumerate() {
+        let lanes = (m - g * LANES).min(LANES);
+        f(wtile, rb, ys, lanes <= LANES / 2, &mut buf);
+        // Row by row of the output: runs of consecutive addresses (the output rows are often
+        // a multiple of 4 KiB apart, so a lane-by-lane walk thrashes one L1 set).
+        for k in 0..lanes {
+            for (r, v) in buf.iter().enumerate() {
+                // SAFETY: the caller's task owns weight rows r_tile.. of this tile; the row < m.
+                unsafe { out.set(g * LANES + k, r_tile + r, v[k]) };
+            }
+        }
+    }
+}
+
 /// The output of [`run_matmul`], `n` rows of `rows` values, written by several tasks at once:
 /// each task writes only the columns (weight rows) it owns, so no element has two writers.
 #[derive(Clone, Copy)]
@@ -801,6 +889,17 @@ impl SharedOut {
         let at = j * self.rows + r;
         debug_assert!(r < self.rows && at < self.len);
         *self.ptr.add(at) = v;
+    }
+
+    /// The same output from row `j0` on (row `j` of the result is row `j0 + j` here).
+    fn offset_rows(self, j0: usize) -> SharedOut {
+        let at = (j0 * self.rows).min(self.len);
+        SharedOut {
+            // SAFETY: `at` is within the buffer (or one past its end).
+            ptr: unsafe { self.ptr.add(at) },
+            rows: self.rows,
+            len: self.len - at,
+        }
     }
 }
 

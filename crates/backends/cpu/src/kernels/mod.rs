@@ -38,6 +38,8 @@ mod kquants_multi_x86;
 mod kquants_x86;
 pub mod q8;
 #[cfg(target_arch = "x86_64")]
+mod q8_0_lanes_x86;
+#[cfg(target_arch = "x86_64")]
 mod q8_x86;
 pub mod selftest;
 mod simple;
