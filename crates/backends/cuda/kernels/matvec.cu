@@ -273,11 +273,12 @@ __device__ __forceinline__ size_t row_bytes(int cols) {
 template <typename T>
 __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols) {
-    stage_tables<T>();  // before any warp leaves
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const int t = blockIdx.y;
+    if (row < rows && t == 0) prefetch_l2(w + (size_t)row * row_bytes<T>(cols), row_bytes<T>(cols), lane, WARP);
+    stage_tables<T>();  // before any warp leaves
     if (row >= rows) return;  // whole warps leave together
     const float acc = row_dot<T>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t * cols, cols, lane);
     if (lane == 0) y[(size_t)t * rows + row] = acc;
@@ -397,11 +398,13 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     __shared__ float scratch[WARP];
     __shared__ float red[MVF_WARPS];
     __shared__ int is_last;
-    stage_tables<T>();
     const int t = blockIdx.y, lane = threadIdx.x % WARP;
     float* yt = y + (size_t)t * rows;
     int row, part;
     mvf_row(blockIdx.x, parts, rows, row, part);
+    // All of the row's lines requested at once (the loop would wait for each in turn).
+    if (row >= 0) prefetch_l2(w + (size_t)row * row_bytes<T>(cols), row_bytes<T>(cols), part * WARP + lane, parts * WARP);
+    stage_tables<T>();
     const float acc = row < 0 ? 0.0f
                               : row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t * cols, cols,
                                                lane, part, parts);
