@@ -104,7 +104,7 @@ REDLITE_CUDA_DEFINES=$OLD_DEFINES dec $OLD | keep
 # Variants of the new build, all resident; the fastest one above the default's round-2 figure
 # by more than 1 % is then measured at 16 GiB too.
 tps() { awk '/^cuda +[0-9]/ { print $4; exit }'; }
-base=$(grep -A3 "decode all resident (new, round 2)" "$LOGS/summary.txt" | tps)
+base=$(grep -A10 "decode all resident (new, round 2)" "$LOGS/summary.txt" | tps)
 best=""
 best_tps=${base:-0}
 for v in ${VARIANTS:-}; do
