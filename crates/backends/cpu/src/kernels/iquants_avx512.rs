@@ -694,6 +694,34 @@ static IQ2XXS_PAIR_ROW_CODES: [[V64; 4]; 2] = {
     ]
 };
 
+/// IQ2_XXS single row, block `h` of a packed pair, the codes transposed by one `vpermi2b` per
+/// block: bytes `8g + 2c` and `8g + 2c + 1` are the low and high code bytes of packed row
+/// `32h + 8c + g` (lane `g` of chunk `c`), so lane `g` holds the 16-bit codes of its four chunks
+/// and [`IQ2XXS_CHUNK_SHIFTS`] reads chunk `c`'s straight out of it (one permute per block
+/// instead of one per block and chunk).
+static IQ2XXS_PAIR_CODES_T: [V64; 2] = {
+    const fn block(h: usize) -> V64 {
+        lanes!(|g, j| {
+            let p = (32 * h + 8 * (j / 2) + g) as u8;
+            if j % 2 == 1 {
+                64 + p
+            } else {
+                p
+            }
+        })
+    }
+    [block(0), block(1)]
+};
+
+/// `vpmultishiftqb` control over [`IQ2XXS_PAIR_CODES_T`], chunk `c`: byte `j` of a lane takes
+/// bits `16c + 2j..` (the value index of element `j` of the lane's chunk-`c` grid row).
+static IQ2XXS_CHUNK_SHIFTS: [V64; 4] = {
+    const fn chunk(c: usize) -> V64 {
+        lanes!(|_g, j| (16 * c + 2 * j) as u8)
+    }
+    [chunk(0), chunk(1), chunk(2), chunk(3)]
+};
+
 /// The exact sums of the 16 i32 lanes of `a` and of `b`, reduced together.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
@@ -847,7 +875,8 @@ static IQ2XXS_KSIGNS: [V64; 2] = {
     [half(0), half(1)]
 };
 
-/// The products of IQ2_XXS block `H` of a packed pair with its activation block, chunk `c`: the
+/// The products of one IQ2_XXS block of a packed pair (`codes`: its transposed grid-row codes,
+/// [`IQ2XXS_PAIR_CODES_T`]) with its activation block, chunk `c`: the
 /// grid values are the unsigned operand of `vpdpbusd` and the weight signs are moved onto the
 /// activations (`0 − q8` where a weight is negative; `flip`: the chunk's sign mask). This is
 /// exact only when no activation is −128 (whose negation wraps); with `CHECK`, `min` collects the
@@ -855,17 +884,15 @@ static IQ2XXS_KSIGNS: [V64; 2] = {
 /// |Σ| ≤ 4·43·127 < 2¹⁵.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
-fn iq2_xxs_chunk_single<const H: usize, const CHECK: bool>(
+fn iq2_xxs_chunk_single<const CHECK: bool>(
     c: usize,
-    lo: __m512i,
-    hi: __m512i,
+    codes: __m512i,
     flip: u64,
     y: &BlockQ8K,
     min: &mut __m512i,
 ) -> __m512i {
-    let codes = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_ROW_CODES[H][c]), hi);
     let grid = _mm512_permutexvar_epi8(
-        _mm512_multishift_epi64_epi8(load64(&SHIFT_2J), codes),
+        _mm512_multishift_epi64_epi8(load64(&IQ2XXS_CHUNK_SHIFTS[c]), codes),
         load64(&IQ2_VALUES),
     );
     let q8 = load_q8(y, c);
@@ -915,6 +942,8 @@ fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let high_half = _mm512_movepi8_mask(idx);
         let lo = lookup256(&code_lo, idx, high_half);
         let hi = lookup256(&code_hi, idx, high_half);
+        let codes0 = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_CODES_T[0]), hi);
+        let codes1 = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_CODES_T[1]), hi);
         // Sign masks: lane 4h + c = the 64 flip bits of block h, chunk c.
         let fields = load64(&IQ2XXS_SIGN_FIELDS);
         let sign_idx = _mm512_permutex2var_epi8(
@@ -937,8 +966,8 @@ fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         // each 128-bit lane belong to block 0, dwords 2-3 to block 1.
         let mut acc = _mm512_setzero_si512();
         for (c, scale_words) in IQ2XXS_PAIR_SCALE_WORDS.iter().enumerate() {
-            let s0 = iq2_xxs_chunk_single::<0, CHECK>(c, lo, hi, flips[c], &x[i], &mut min);
-            let s1 = iq2_xxs_chunk_single::<1, CHECK>(c, lo, hi, flips[4 + c], &x[i1], &mut min);
+            let s0 = iq2_xxs_chunk_single::<CHECK>(c, codes0, flips[c], &x[i], &mut min);
+            let s1 = iq2_xxs_chunk_single::<CHECK>(c, codes1, flips[4 + c], &x[i1], &mut min);
             let ls = _mm512_permutex2var_epi16(scales0, load64(scale_words), scales1);
             acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(s0, s1), ls);
         }
