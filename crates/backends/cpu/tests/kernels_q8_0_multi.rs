@@ -1,7 +1,7 @@
 //! The multi-row Q8_0 matmul (the speculative verify pass and prefill of Q8_0 models) gives
 //! every row bit for bit what the one-row matvec gives, at every kernel level: the 4-row kernel
-//! and the 16-lane kernel (from 3 rows at AVX-512 VNNI; whole groups of 16, a last partial group
-//! of ≥ 3 rows, fewer left to the 4-row kernel).
+//! and the lane kernel (from 3 rows at AVX-512 VNNI: groups of 16 rows, a last group of 9-15
+//! rows, or of 3-8 rows in 256-bit vectors; 1-2 rows left over take the 4-row kernel).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,7 +30,9 @@ fn q8_0_matmul_rows_match_matvec_bit_for_bit() {
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         for isa in Isa::available() {
-            for n in [2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 19, 32, 33] {
+            for n in [
+                2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 19, 22, 23, 30, 31, 32, 33,
+            ] {
                 let mut ys = vec![0.0f32; n * rows];
                 matmul_isa(
                     isa,
@@ -61,15 +63,18 @@ fn q8_0_matmul_rows_match_matvec_bit_for_bit() {
     }
 }
 
-/// Time of an n-row Q8_0 matmul against n matvecs (10240 × 384, the demo model's lm_head shape;
-/// in cache; n from `Q8_BENCH_N`, default 8). `RAYON_NUM_THREADS=1 cargo test --release -p
+/// Time of an n-row Q8_0 matmul against n matvecs (n from `Q8_BENCH_N`, default 8; the shape
+/// from `Q8_BENCH_SHAPE`, default `10240x384`, the demo model's lm_head; in cache). `RAYON_NUM_THREADS=1 cargo test --release -p
 /// redlite-cpu --test kernels_q8_0_multi -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn bench_q8_0_matmul_vs_matvec() {
     let mut rng = StdRng::seed_from_u64(9);
     let n = std::env::var("Q8_BENCH_N").map_or(8, |v| v.parse().expect("Q8_BENCH_N: a count"));
-    let (rows, cols) = (10240, 384);
+    let (rows, cols) = std::env::var("Q8_BENCH_SHAPE").map_or((10240, 384), |v| {
+        let (r, c) = v.split_once('x').expect("Q8_BENCH_SHAPE: ROWSxCOLS");
+        (r.parse().expect("rows"), c.parse().expect("cols"))
+    });
     let w = random_q8_0(&mut rng, rows * cols / 32);
     let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
     let isa = Isa::best();

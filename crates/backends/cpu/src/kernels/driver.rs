@@ -588,18 +588,15 @@ fn run_matmul(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let reformed: Option<Vec<BlockQ8K>> = None;
-    // Q8_0 rows for the lane kernel: whole groups of 16, and a last partial group when it has
-    // enough rows to pay for its empty lanes (else those rows take the 4-row kernel).
+    // Q8_0 rows for the lane kernel: groups of 16, and a last group of 9-15 rows, or of 3-8
+    // rows in 256-bit vectors (1-2 rows left over take the 4-row kernel).
     #[cfg(target_arch = "x86_64")]
     let lanes = match (lanes_q8_0, &acts) {
         (Some(f), Acts::Q8_0(q, per)) => {
-            let full = n / LANES * LANES;
-            let m = if n - full >= q8_0_lanes_min_rows() {
-                n
-            } else {
-                full
-            };
-            Some((f, super::q8_0_lanes_x86::lane_blocks(q, *per, m), m))
+            use super::q8_0_lanes_x86 as l;
+            let groups = l::plan(n, q8_0_lanes_min_rows());
+            let m = groups.last().map_or(0, |g| g.first + g.rows);
+            Some((f, l::lane_blocks(q, *per, &groups), groups, m))
         }
         _ => None,
     };
@@ -625,8 +622,8 @@ fn run_matmul(
                 (_, Some(f), Acts::Q8_0(q, per)) => {
                     #[cfg(target_arch = "x86_64")]
                     let j0 = match &lanes {
-                        Some((lf, lq, m)) => {
-                            lanes_tile(*lf, lq, *per, *m, wtile, rb, r_tile, out);
+                        Some((lf, lq, groups, m)) => {
+                            lanes_tile(*lf, lq, groups, *per, wtile, rb, r_tile, out);
                             *m
                         }
                         None => 0,
@@ -827,15 +824,15 @@ fn multi_row_tile<B, const G: usize>(
     }
 }
 
-/// Rows `0..m` of a Q8_0 product through the lane kernel `f` (`lq`: the rows' lane groups,
-/// `per` blocks each), for the weight rows of `wtile` (`r_tile..`).
+/// The rows of a Q8_0 product in the lane groups `groups` through the lane kernel `f` (`lq`: the
+/// groups' repacked rows, `per` blocks each), for the weight rows of `wtile` (`r_tile..`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn lanes_tile(
     f: LanesDot,
     lq: &[super::q8_0_lanes_x86::LaneBlock],
+    groups: &[super::q8_0_lanes_x86::LaneGroup],
     per: usize,
-    m: usize,
     wtile: &[u8],
     rb: usize,
     r_tile: usize,
@@ -843,15 +840,14 @@ fn lanes_tile(
 ) {
     let nw = wtile.len() / rb;
     let mut buf = vec![[0.0f32; LANES]; nw];
-    for (g, ys) in lq.chunks_exact(per.max(1)).enumerate() {
-        let lanes = (m - g * LANES).min(LANES);
-        f(wtile, rb, ys, lanes <= LANES / 2, &mut buf);
+    for (group, ys) in groups.iter().zip(lq.chunks_exact(per.max(1))) {
+        f(wtile, rb, ys, group.narrow, &mut buf);
         // Row by row of the output: runs of consecutive addresses (the output rows are often
         // a multiple of 4 KiB apart, so a lane-by-lane walk thrashes one L1 set).
-        for k in 0..lanes {
+        for k in 0..group.rows {
             for (r, v) in buf.iter().enumerate() {
-                // SAFETY: the caller's task owns weight rows r_tile.. of this tile; the row < m.
-                unsafe { out.set(g * LANES + k, r_tile + r, v[k]) };
+                // SAFETY: the caller's task owns weight rows r_tile.. of this tile; the row < n.
+                unsafe { out.set(group.first + k, r_tile + r, v[k]) };
             }
         }
     }
