@@ -514,6 +514,31 @@ fn iq2_xxs_kernel_without_minus_128_matches_scalar() {
     }
 }
 
+/// The IQ2_XXS kernel on interleaved activations (the fused MoE decode's) gives the scalar
+/// kernel's value on the activations in their usual order, bit for bit.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn iq2_xxs_interleaved_kernel_matches_scalar() {
+    use redlite_cpu::kernels::iquants_avx512::{
+        interleave_q8k_for_iq2_xxs, iq2_xxs_interleaved_kernel,
+    };
+    let Some(k) = iq2_xxs_interleaved_kernel() else {
+        eprintln!("note: no AVX-512 VBMI/VNNI here; interleaved IQ2_XXS kernel not run");
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(31);
+    let case = &CASES[0];
+    for nb in 1..=9 {
+        for _ in 0..4 {
+            let w = random_blocks(&mut rng, case, nb);
+            let a = random_acts(&mut rng, nb * 256);
+            let want = (case.scalar)(nb * 256, &w, &a);
+            let x = interleave_q8k_for_iq2_xxs(&a.q8k);
+            check_same(&format!("IQ2_XXS {nb} blocks"), k(&w, &x), want);
+        }
+    }
+}
+
 /// Batched products (`matmul`, which uses the multi-row kernels where a type has them) give every
 /// activation row exactly what `matvec` gives it, for every row count around the group size and
 /// at every ISA level.
@@ -769,6 +794,26 @@ fn bench_bandwidth() {
                 total / t / 1e9,
                 t * 1e9 / (rows * cols / 256 * 4) as f64
             );
+            use redlite_cpu::kernels::iquants_avx512::{
+                interleave_q8k_for_iq2_xxs, iq2_xxs_interleaved_kernel, kernel_without_minus_128,
+            };
+            // The fused MoE decode's kernels: without the −128 check, and on interleaved
+            // activations.
+            let twin = kernel_without_minus_128(case.ty);
+            let interleaved = iq2_xxs_interleaved_kernel();
+            let xi = interleave_q8k_for_iq2_xxs(&a.q8k);
+            for (label, k, x) in [
+                ("without -128 check", twin, &a.q8k[..]),
+                ("interleaved acts  ", interleaved, &xi[..]),
+            ] {
+                let Some(k) = k else { continue };
+                let t = best(&|| w.chunks_exact(row_bytes).map(|r| k(r, x)).sum::<f32>());
+                println!(
+                    "  avx512 {label}: {:6.2} GB/s, {:5.1} ns per 256 weights",
+                    total / t / 1e9,
+                    t * 1e9 / (rows * cols / 256) as f64
+                );
+            }
         }
         if threads > 1 {
             let plain = best_parallel(rows, &|r| {

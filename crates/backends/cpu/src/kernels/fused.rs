@@ -28,18 +28,32 @@ pub struct Product<'a> {
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
 const TASK_BYTES: usize = 64 * 1024;
 
+/// A product's row kernel and the activations it reads.
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// A row kernel of the dispatch table, on the input quantized to its format.
+    Row(RowDot),
+    /// The IQ2_XXS kernel on Q8_K activations reordered by `interleave_q8k_for_iq2_xxs`.
+    Iq2Interleaved(fn(w: &[u8], x: &[BlockQ8K]) -> f32),
+}
+
 /// The kernel to run for `kernel` (the dispatch table's entry for `ty`) on activations that
-/// [`quantize_row_q8_k`] made here: where the entry is the AVX-512 IQ2_XXS kernel, its twin that
-/// skips the check for −128 (which that quantizer never writes). Same results either way.
-fn trusted_twin(ty: GgmlType, kernel: RowDot) -> RowDot {
+/// [`quantize_row_q8_k`] made here: where the entry is the AVX-512 IQ2_XXS kernel, its variant on
+/// interleaved activations, which skips the check for −128 (that quantizer never writes it) and
+/// applies the sub-block scales once per block (same results; 9.6 instead of 10.6 ns per block
+/// on 2048-column rows, 10.7 instead of 12.3 on 512).
+fn decode_kernel(ty: GgmlType, kernel: RowDot) -> Kernel {
     #[cfg(target_arch = "x86_64")]
-    if matches!(kernel, RowDot::Q8K(_)) && super::Isa::active() == super::Isa::Avx512 {
-        if let Some(f) = super::iquants_avx512::kernel_without_minus_128(ty) {
-            return RowDot::Q8K(f);
+    if matches!(kernel, RowDot::Q8K(_))
+        && ty == GgmlType::IQ2XXS
+        && super::Isa::active() == super::Isa::Avx512
+    {
+        if let Some(f) = super::iquants_avx512::iq2_xxs_interleaved_kernel() {
+            return Kernel::Iq2Interleaved(f);
         }
     }
     let _ = ty;
-    kernel
+    Kernel::Row(kernel)
 }
 
 /// `outputs[i] = W_i · inputs[products[i].input]` for every product, in one parallel region.
@@ -57,7 +71,7 @@ pub fn matvec_batch(
             got: p.input,
         })?;
         let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
-        kernels.push((trusted_twin(p.ty, kernel), shape.row_bytes));
+        kernels.push((decode_kernel(p.ty, kernel), shape.row_bytes));
     }
     if outputs.len() != products.len() {
         return Err(KernelError::BadLength {
@@ -70,18 +84,29 @@ pub fn matvec_batch(
     // Quantize each input once per activation format it is read in.
     let mut q8k: Vec<Option<Vec<BlockQ8K>>> = vec![None; inputs.len()];
     let mut q80: Vec<Option<Vec<BlockQ8_0>>> = vec![None; inputs.len()];
+    let mut q8k_interleaved: Vec<Option<Vec<BlockQ8K>>> = vec![None; inputs.len()];
     for (p, (kernel, _)) in products.iter().zip(&kernels) {
         let x = inputs[p.input];
+        let needs_q8k = matches!(
+            kernel,
+            Kernel::Row(RowDot::Q8K(_)) | Kernel::Iq2Interleaved(_)
+        );
+        if needs_q8k && q8k[p.input].is_none() {
+            let mut q = vec![BlockQ8K::ZERO; x.len() / QK_K];
+            quantize_row_q8_k(x, &mut q);
+            q8k[p.input] = Some(q);
+        }
         match kernel {
-            RowDot::Q8K(_) if q8k[p.input].is_none() => {
-                let mut q = vec![BlockQ8K::ZERO; x.len() / QK_K];
-                quantize_row_q8_k(x, &mut q);
-                q8k[p.input] = Some(q);
-            }
-            RowDot::Q8_0(_) if q80[p.input].is_none() => {
+            Kernel::Row(RowDot::Q8_0(_)) if q80[p.input].is_none() => {
                 let mut q = vec![BlockQ8_0::ZERO; x.len() / QK8_0];
                 quantize_row_q8_0(x, &mut q);
                 q80[p.input] = Some(q);
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Iq2Interleaved(_) if q8k_interleaved[p.input].is_none() => {
+                let q = q8k[p.input].as_deref().unwrap_or(&[]);
+                q8k_interleaved[p.input] =
+                    Some(super::iquants_avx512::interleave_q8k_for_iq2_xxs(q));
             }
             _ => {}
         }
@@ -106,9 +131,12 @@ pub fn matvec_batch(
                 let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
                 // Every input a kernel reads was quantized to its format above.
                 match kernel {
-                    RowDot::Q8K(f) => f(w, q8k[p.input].as_deref().unwrap_or(&[])),
-                    RowDot::Q8_0(f) => f(w, q80[p.input].as_deref().unwrap_or(&[])),
-                    RowDot::F32(f) => f(w, x),
+                    Kernel::Row(RowDot::Q8K(f)) => f(w, q8k[p.input].as_deref().unwrap_or(&[])),
+                    Kernel::Row(RowDot::Q8_0(f)) => f(w, q80[p.input].as_deref().unwrap_or(&[])),
+                    Kernel::Row(RowDot::F32(f)) => f(w, x),
+                    Kernel::Iq2Interleaved(f) => {
+                        f(w, q8k_interleaved[p.input].as_deref().unwrap_or(&[]))
+                    }
                 }
             })
             .collect()

@@ -986,6 +986,166 @@ fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     0.125 * sumf
 }
 
+/// Q8_K activations reordered for [`iq2_xxs_interleaved_kernel`]: in every block, 64-byte chunk
+/// `c` holds grid row `c` of each sub-block, i.e. bytes `8·sb + e` = element `32·sb + 8c + e`
+/// (`sb` < 8, `e` < 8). Made once per activation vector and read by every weight row; `d` and
+/// `bsums` are kept.
+pub fn interleave_q8k_for_iq2_xxs(x: &[BlockQ8K]) -> Vec<BlockQ8K> {
+    x.iter()
+        .map(|b| {
+            let mut o = *b;
+            for c in 0..4 {
+                for sb in 0..8 {
+                    let (to, from) = (64 * c + 8 * sb, 32 * sb + 8 * c);
+                    o.qs[to..to + 8].copy_from_slice(&b.qs[from..from + 8]);
+                }
+            }
+            o
+        })
+        .collect()
+}
+
+/// The IQ2_XXS single-row kernel on activations reordered by [`interleave_q8k_for_iq2_xxs`]
+/// (and, like [`kernel_without_minus_128`], holding no −128), when the CPU has it. The same
+/// result as the [`kernel`] entry on the activations in their usual order.
+pub fn iq2_xxs_interleaved_kernel() -> Option<Q8KRowDot> {
+    supported().then_some(iq2_xxs_row_interleaved as Q8KRowDot)
+}
+
+fn iq2_xxs_row_interleaved(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = (w.len() / IQ2_XXS_BYTES).min(x.len());
+    // SAFETY: handed out by `iq2_xxs_interleaved_kernel` only when `supported()` holds.
+    unsafe { iq2_xxs_pair_row_interleaved(&w[..nb * IQ2_XXS_BYTES], &x[..nb]) }
+}
+
+/// IQ2_XXS, a pair of blocks for [`iq2_xxs_pair_row_interleaved`]: in 128-bit lane `L`, bytes
+/// `4t + c` (`t` < 2) are index byte `c` (grid row `c`) of sub-block `2L + t` of the first block
+/// and bytes `8 + 4t + c` those of the second, so that after the code lookups `vpunpcklbw` /
+/// `vpunpckhbw` of the low and high code bytes put sub-block `sb`'s four 16-bit row codes in
+/// 64-bit lane `sb`, for the first / the second block.
+static IQ2XXS_INTERLEAVED_INDICES: V64 = {
+    let mut t = [0u8; 64];
+    let mut k = 0;
+    while k < 64 {
+        let (lane, b) = (k / 16, k % 16);
+        let (block, t4, c) = (b / 8, (b % 8) / 4, b % 4);
+        t[k] = (64 * block + 8 * (2 * lane + t4) + c) as u8;
+        k += 1;
+    }
+    V64(t)
+};
+
+/// `vpermi2b` over the sign fields of a block pair (as [`IQ2XXS_SIGN_COMPACT`]) for the
+/// interleaved order: byte `sb` of output lane `4h + c` is sign index `c` of sub-block `sb` of
+/// block `h`.
+static IQ2XXS_INTERLEAVED_SIGNS: V64 = lanes!(|l, k| (64 * (l / 4) + 8 * k + l % 4) as u8);
+
+/// The IQ2_XXS kernel for one activation row in the interleaved order: chunk `c` of a block is
+/// grid row `c` of every sub-block, so i32 lanes `2·sb` and `2·sb + 1` belong to sub-block `sb`
+/// in every chunk. The four chunks of a block accumulate into one register by `vpdpbusd` (each
+/// lane ≤ 16·43·127 < 2³¹) and the sub-block scales are applied once per block (`vpmuldq` of
+/// each lane pair's sum), instead of a pack, a word permute and a `vpdpwssd` per chunk. The
+/// block sums are the same exact integers and the f32 operations those of the other kernels, in
+/// block order: bit-identical.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn iq2_xxs_pair_row_interleaved(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let code_lo = load256(&IQ2XXS_CODE_LO);
+    let code_hi = load256(&IQ2XXS_CODE_HI);
+    let pack = load64(&IQ2XXS_INTERLEAVED_INDICES);
+
+    let nb = w.len() / IQ2_XXS_BYTES;
+    let mut sumf = 0.0f32;
+    let mut flips = [0u64; 8];
+    let mut i = 0;
+    while i < nb {
+        // An odd last block is paired with itself; its second result is dropped.
+        let i1 = if i + 1 < nb { i + 1 } else { i };
+        let b0 = &w[i * IQ2_XXS_BYTES..(i + 1) * IQ2_XXS_BYTES];
+        let b1 = &w[i1 * IQ2_XXS_BYTES..(i1 + 1) * IQ2_XXS_BYTES];
+        // SAFETY: bytes 2..66 of each block are 64 readable bytes.
+        let (q0, q1) = unsafe {
+            (
+                _mm512_loadu_si512(b0[2..66].as_ptr().cast()),
+                _mm512_loadu_si512(b1[2..66].as_ptr().cast()),
+            )
+        };
+        let idx = _mm512_permutex2var_epi8(q0, pack, q1);
+        let high_half = _mm512_movepi8_mask(idx);
+        let lo = lookup256(&code_lo, idx, high_half);
+        let hi = lookup256(&code_hi, idx, high_half);
+        let codes0 = _mm512_unpacklo_epi8(lo, hi);
+        let codes1 = _mm512_unpackhi_epi8(lo, hi);
+        // Sign masks: lane 4h + c = the 64 flip bits of block h, chunk c.
+        let fields = load64(&IQ2XXS_SIGN_FIELDS);
+        let sign_idx = _mm512_permutex2var_epi8(
+            _mm512_multishift_epi64_epi8(fields, q0),
+            load64(&IQ2XXS_INTERLEAVED_SIGNS),
+            _mm512_multishift_epi64_epi8(fields, q1),
+        );
+        let signs = _mm512_permutex2var_epi8(
+            load64(&IQ2XXS_KSIGNS[0]),
+            sign_idx,
+            load64(&IQ2XXS_KSIGNS[1]),
+        );
+        // SAFETY: `flips` is 64 writable bytes.
+        unsafe { _mm512_storeu_si512(flips.as_mut_ptr().cast(), signs) };
+        let mut acc0 = _mm512_setzero_si512();
+        let mut acc1 = _mm512_setzero_si512();
+        for c in 0..4 {
+            let shifts = load64(&IQ2XXS_CHUNK_SHIFTS[c]);
+            let values = load64(&IQ2_VALUES);
+            let grid0 =
+                _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, codes0), values);
+            let grid1 =
+                _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, codes1), values);
+            let y0 = load_q8(&x[i], c);
+            let y1 = load_q8(&x[i1], c);
+            let zero = _mm512_setzero_si512();
+            acc0 = _mm512_dpbusd_epi32(acc0, grid0, _mm512_mask_sub_epi8(y0, flips[c], zero, y0));
+            acc1 = _mm512_dpbusd_epi32(
+                acc1,
+                grid1,
+                _mm512_mask_sub_epi8(y1, flips[4 + c], zero, y1),
+            );
+        }
+        let (p0, p1) = (scale_sub_blocks(acc0, q0), scale_sub_blocks(acc1, q1));
+        // Block 0 in the even i32 lanes, block 1 in the odd ones.
+        let both = _mm512_mask_blend_epi32(0xAAAA, p0, _mm512_slli_epi64::<32>(p1));
+        let (s0, s1) = hsum_even_odd(both);
+        let d0 = f16_to_f32(u16::from_le_bytes([b0[0], b0[1]]));
+        let d1 = f16_to_f32(u16::from_le_bytes([b1[0], b1[1]]));
+        sumf += d0 * x[i].d * s0 as f32;
+        if i1 != i {
+            sumf += d1 * x[i1].d * s1 as f32;
+        }
+        i += 2;
+    }
+    0.125 * sumf
+}
+
+/// Per 64-bit lane `sb` of an interleaved block: (i32 lane `2·sb` + lane `2·sb + 1` of `acc`) ×
+/// the scale of sub-block `sb`, as an i64 (exact, and < 2³¹). `q` is the block's 64 bytes after
+/// `d`: lane `sb` holds `aux` in its high half, and `(aux >> 59) | 1 = 2·(aux >> 28) + 1`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn scale_sub_blocks(acc: __m512i, q: __m512i) -> __m512i {
+    let pair = _mm512_add_epi32(acc, _mm512_srli_epi64::<32>(acc));
+    let scale = _mm512_or_si512(_mm512_srli_epi64::<59>(q), _mm512_set1_epi64(1));
+    _mm512_mul_epi32(pair, scale)
+}
+
+/// The exact sums of the even and of the odd i32 lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn hsum_even_odd(v: __m512i) -> (i32, i32) {
+    let t = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+    let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    // [e0 + e1, o0 + o1, …]
+    let t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+    (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
+}
+
 /// A row kernel on Q8_K activations (the function of a [`RowDot::Q8K`]).
 pub type Q8KRowDot = fn(w: &[u8], x: &[BlockQ8K]) -> f32;
 
