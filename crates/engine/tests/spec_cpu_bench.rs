@@ -231,3 +231,64 @@ fn file_rewrite_cpu_time() {
         }
     });
 }
+
+/// Where an MTP draft's time goes, after the file-rewrite prompt (its MTP slots built): CPU and
+/// wall time of the lm_head of one row, of the MTP block over 1 and 4 slots (the chained draft and a
+/// catch-up pass), and of a 1-row trunk step for scale; medians.
+#[test]
+#[ignore]
+fn mtp_draft_cost_cpu_time() {
+    let (model, file) = load();
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
+    let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
+    let edit =
+        "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
+    let prompt = tokenizer
+        .encode(&rewrite_prompt(&text, edit), false)
+        .expect("encode");
+    let reps = num("SPEC_REPS", 3).max(1) * 10;
+    with_model!(&model, m => {
+        let mut state = m.new_state();
+        let hidden = m.forward_hidden(&mut state, &prompt, Mode::Prefill).unwrap();
+        let mut mtp = m.new_mtp_state();
+        let n = prompt.len();
+        m.mtp_hidden(&mut mtp, &hidden[..n - 2], &prompt[1..n - 1], 0).unwrap();
+        let t = mtp.kv.len();
+        let snap = state.snapshot();
+        // (CPU ms, wall ms), medians.
+        let time = |f: &mut dyn FnMut()| {
+            let (mut c, mut w) = (Vec::new(), Vec::new());
+            for rep in 0..=reps {
+                let (c0, w0) = (cpu_time(), Instant::now());
+                f();
+                if rep > 0 {
+                    c.push(cpu_time() - c0);
+                    w.push(w0.elapsed());
+                }
+            }
+            (ms(median(c)), ms(median(w)))
+        };
+        let last = &hidden[n - 2..n - 1];
+        let head = time(&mut || {
+            m.lm_head(last);
+        });
+        let mut slots = |k: usize| {
+            let hs = vec![last[0].clone(); k];
+            let toks = vec![prompt[n - 1]; k];
+            time(&mut || {
+                m.mtp_hidden(&mut mtp, &hs, &toks, t).unwrap();
+                mtp.kv.truncate(t);
+            })
+        };
+        let (one, four) = (slots(1), slots(4));
+        let step = time(&mut || {
+            m.forward(&mut state, &prompt[n - 1..], Mode::Step).unwrap();
+            state.restore(&snap).unwrap();
+        });
+        println!(
+            "context {n}, CPU / wall ms: lm_head 1 row {:.3} / {:.3}, MTP block 1 slot {:.3} / {:.3}, 4 slots {:.3} / {:.3}, trunk step (with lm_head) {:.3} / {:.3}",
+            head.0, head.1, one.0, one.1, four.0, four.1, step.0, step.1
+        );
+    });
+}

@@ -263,23 +263,28 @@ impl<B: Backend> Model<B> {
                 next_tokens.len()
             )));
         }
-        let mut x = Vec::with_capacity(hidden.len());
+        let mut eh = Vec::with_capacity(hidden.len());
         for (h, &tok) in hidden.iter().zip(next_tokens) {
             let e = rms_norm(&self.embed(tok)?, &mtp.enorm, cfg.rms_eps);
             let h = rms_norm(h, &mtp.hnorm, cfg.rms_eps);
-            x.push(matvec(&self.backend, &mtp.eh_proj, &[e, h].concat()));
+            eh.push([e, h].concat());
         }
+        // One product for all slots (each row bit-identical to its own matvec).
+        let mut x = matvec_rows(&self.backend, &mtp.eh_proj, &eh);
         let mut layer_state = LayerState::Attention(std::mem::take(&mut mtp_state.kv));
-        decoder_layer(
-            &self.backend,
-            cfg,
-            &mtp.layer,
-            &mut layer_state,
-            &mut x,
-            t0,
-            Mode::Step,
-            None,
-        );
+        // As one pass on the backend's threads, like the trunk (see `Backend::run_pass`).
+        self.backend.run_pass(|| {
+            decoder_layer(
+                &self.backend,
+                cfg,
+                &mtp.layer,
+                &mut layer_state,
+                &mut x,
+                t0,
+                Mode::Step,
+                None,
+            )
+        });
         if let LayerState::Attention(kv) = layer_state {
             mtp_state.kv = kv;
         }
