@@ -177,9 +177,11 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
     }
 }
 
-// Decode attention split over the cache length (flash-decoding), for one new token at position
-// p = *pos (n = p + 1 cache rows): attn_split computes each chunk's partial softmax, attn_merge
-// combines the chunks. Both derive the same chunking from n: chunk = max(min_chunk, ceil(n /
+// Decode attention split over the cache length (flash-decoding), for new tokens t = blockIdx.z at
+// positions p = *pos + t (n = p + 1 cache rows each; their K/V rows are all written first, and
+// row t reads only rows <= p, so each row is what a one-token step at p computes, bit for bit:
+// the verify pass of speculative decoding): attn_split computes each chunk's partial softmax,
+// attn_merge combines the chunks. Both derive the same chunking from n: chunk = max(min_chunk, ceil(n /
 // splits)) rounded up to a multiple of 4, active chunks = ceil(n / chunk) (splits = gridDim.y of
 // attn_split); chunks past the active ones do nothing.
 #define ATTN_UNROLL 4
@@ -195,15 +197,15 @@ __device__ __forceinline__ int attn_chunk(int n, int splits, int min_chunk) {
 // query heads of a KV head read the same K and V rows, through L1). A warp walks its chunk
 // ATTN_UNROLL positions at a time (K and V rows of all of them loaded first), with a running max,
 // sum and weighted V sum; it writes part[h][c] = {max, sum, acc[hd]}.
-// Launch: grid = (nkv, splits), block = 32 * (heads / nkv) threads; hd a multiple of 32,
-// <= ATTN_MAX_HD; part holds heads * splits * (hd + 2) floats.
+// Launch: grid = (nkv, splits, tokens), block = 32 * (heads / nkv) threads; hd a multiple of 32,
+// <= ATTN_MAX_HD; part holds tokens * heads * splits * (hd + 2) floats.
 template <int PER>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                 const float* __restrict__ vc, float* __restrict__ part,
                                                 const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                 float scale, int min_chunk) {
-    const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y;
-    const int n = *pos_ptr + 1;
+    const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
+    const int n = *pos_ptr + 1 + t;
     const int chunk = attn_chunk(n, splits, min_chunk);
     const int j0 = c * chunk;
     if (j0 >= n) return;
@@ -211,7 +213,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     const int h = g * (heads / nkv) + w;
     const int per = hd / WARP;
-    const float* qh = q + (size_t)h * hd;
+    const float* qh = q + ((size_t)t * heads + h) * hd;
     float qr[PER], acc[PER];
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
@@ -256,7 +258,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
         }
         m = mx;
     }
-    float* out = part + ((size_t)h * splits + c) * (hd + 2);
+    float* out = part + (((size_t)t * heads + h) * splits + c) * (hd + 2);
     if (lane == 0) {
         out[0] = m;
         out[1] = l;
@@ -285,7 +287,8 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
 // chunk weights are computed once per block (threads over chunks), then warp w adds up chunks
 // w, w + ATTN_MERGE_WARPS, ... (loads of several chunks in flight) and the warps' sums are added
 // in order. splits <= ATTN_MAX_SPLITS.
-// Launch: grid = (heads, ceil(hd / 32)), block = 32 * ATTN_MERGE_WARPS.
+// Token t = blockIdx.z, as attn_split. Launch: grid = (heads, ceil(hd / 32), tokens),
+// block = 32 * ATTN_MERGE_WARPS.
 #define ATTN_MAX_SPLITS 512
 #define ATTN_MERGE_WARPS 8
 extern "C" __global__ void attn_merge(const float* __restrict__ part, const float* __restrict__ gate,
@@ -294,13 +297,14 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part, const floa
     __shared__ float wc[ATTN_MAX_SPLITS];
     __shared__ float scratch[WARP];
     __shared__ float red[ATTN_MERGE_WARPS][WARP];
-    const int h = blockIdx.x, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int h = blockIdx.x, lane = threadIdx.x % WARP, w = threadIdx.x / WARP, t = blockIdx.z;
     const int i = blockIdx.y * WARP + lane;
-    const int n = *pos_ptr + 1;
+    const int n = *pos_ptr + 1 + t;
     const int chunk = attn_chunk(n, splits, min_chunk);
     const int active = min((n + chunk - 1) / chunk, ATTN_MAX_SPLITS);
     const size_t stride = (size_t)hd + 2;
-    const float* ph = part + (size_t)h * splits * stride;
+    const size_t th = (size_t)t * gridDim.x + h;  // (token, head)
+    const float* ph = part + th * splits * stride;
     float mm = NEG_INF;
     for (int c = threadIdx.x; c < active; c += blockDim.x) mm = fmaxf(mm, ph[c * stride]);
     mm = block_max(mm, scratch);
@@ -319,9 +323,9 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part, const floa
     red[w][lane] = a;
     __syncthreads();
     if (w == 0 && i < hd) {
-        float t = 0.0f;
-        for (int k = 0; k < ATTN_MERGE_WARPS; ++k) t += red[k][lane];
-        const size_t at = (size_t)h * hd + i;
-        o[at] = gate == nullptr ? t / ll : (t / ll) * sigmoidf_(gate[at]);
+        float sum = 0.0f;
+        for (int k = 0; k < ATTN_MERGE_WARPS; ++k) sum += red[k][lane];
+        const size_t at = th * hd + i;
+        o[at] = gate == nullptr ? sum / ll : (sum / ll) * sigmoidf_(gate[at]);
     }
 }

@@ -220,13 +220,17 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
 // Warp u = (hl, cc, rg) takes V head kh r + hl, state columns j = 32 cc + lane and rows
 // DNF_ROWS rg .. DNF_ROWS (rg + 1) - 1 in registers (as dn_delta_seq); the column sums go over the
 // rg warps in shared memory. dk must be a multiple of DNF_ROWS.
+// s_trace / conv_trace (both null, or both set: the verify pass of speculative decoding) receive
+// the states after every token t: s_trace[t] as s ([nv][dk][dv]), conv_trace[t] as conv_state
+// ([kern-1][ch]), so a rollback to any row is a copy.
 // Launch: grid = nk, block = 32 * r * ceil(dv / 32) * ceil(dk / DNF_ROWS) threads (<= DNF_MAX_THREADS),
 // dynamic shared memory = (2 dk + 2 r dv + blockDim.x + 3 r) floats.
 extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
     const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
-    int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps) {
+    int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
+    float* __restrict__ conv_trace) {
     extern __shared__ float sm[];
     const int kh = blockIdx.x, nv = nk * r;
     const int own = 2 * dk + r * dv;  // this block's conv channels: q of kh, k of kh, v of its V heads
@@ -326,6 +330,22 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
             const int vh = idx / dv, jj = idx % dv;
             const size_t at = ((size_t)t * nv + kh * r + vh) * dv + jj;
             y[at] = (os[idx] * invs[vh] * norm_w[jj]) * siluf_(z[at]);
+        }
+        if (s_trace != nullptr) {
+            // The states after token t: this warp's state rows, this block's conv channels.
+            if (col) {
+                float* p = s_trace + (size_t)t * nv * dk * dv + ((size_t)h * dk + i0) * dv + j;
+#pragma unroll
+                for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
+            }
+            for (int li = threadIdx.x; li < own; li += blockDim.x) {
+                const int c = DN_CH(li);
+                for (int jj = 0; jj < kern - 1; ++jj) {
+                    const int m = t + 1 + jj;  // index into [state rows | tokens]
+                    conv_trace[((size_t)t * (kern - 1) + jj) * ch + c] =
+                        m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
+                }
+            }
         }
     }
     if (col) {

@@ -54,6 +54,8 @@ use crate::{CudaError, Gpu};
 
 /// The ε of the L2 normalisation of DeltaNet q and k (as the model crate).
 const L2_NORM_EPS: f32 = 1e-6;
+/// Most rows of a speculative verify pass.
+pub const MAX_VERIFY_ROWS: usize = 64;
 /// Largest router top-k the router kernel handles.
 const MAX_EXPERTS_USED: usize = 64;
 /// Largest top-k of on-device sampling (the kernel's `SAMPLE_MAX_K`).
@@ -119,6 +121,9 @@ pub struct CudaModelOptions {
     pub experts: ExpertCacheSize,
     /// Which missed experts a bounded cache promotes.
     pub expert_policy: ExpertPolicy,
+    /// Rows a speculative verify pass ([`CudaModel::verify`]) may hold (0: none). Each row keeps
+    /// the DeltaNet states after it (`36 × 2 MiB` at full size) for the rollback.
+    pub max_verify: usize,
 }
 
 impl Default for CudaModelOptions {
@@ -129,6 +134,7 @@ impl Default for CudaModelOptions {
             graphs: true,
             experts: ExpertCacheSize::All,
             expert_policy: ExpertPolicy::Lfu,
+            max_verify: 0,
         }
     }
 }
@@ -173,6 +179,17 @@ enum Head {
     Last,
     /// Every token's.
     All,
+}
+
+/// How the tokens of one call are computed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// A prompt (or one decode token): causal attention over the tokens together (split over
+    /// the cache for one token), the recurrent states carried to the end.
+    Prompt,
+    /// A verify pass: every token exactly as a one-token step at its position computes it
+    /// (split attention per row), and the DeltaNet states after every row kept for a rollback.
+    Steps,
 }
 
 /// A kernel argument (pointers are raw device addresses).
@@ -325,6 +342,9 @@ enum DevMixer {
         conv_state: u64,
         /// `[v_heads][k_dim][v_dim]`.
         s: u64,
+        /// The states after each row of a verify pass (`[max_verify]` of each; 0 without).
+        conv_trace: u64,
+        s_trace: u64,
     },
 }
 
@@ -386,13 +406,13 @@ struct Scratch {
     logits: u64,
     /// i32 `[1 + max_batch]`: the start position, then the token ids.
     input: u64,
-    /// i32 `[1]`: the sampled token.
+    /// i32 `[max(1, max_verify)]`: the sampled token (the rows' greedy tokens of a verify pass).
     out: u64,
     /// f32 `[1]`: the uniform draw of the sampler.
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
-    /// f32 `[heads][attn_splits][head_dim + 2]`: the chunks of `attn_split`.
+    /// f32 `[max(1, max_verify)][heads][attn_splits][head_dim + 2]`: the chunks of `attn_split`.
     attn_part: u64,
 }
 
@@ -439,6 +459,8 @@ pub struct CudaModel {
     /// The router kernel (`RouterKernel::for_model`: the one-warp one unless
     /// `REDLITE_CUDA_ROUTER=block`) and its function.
     router: (CudaFunction, RouterKernel),
+    /// The last verify pass, `(start position, rows)`, until `keep` or another call.
+    verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
     experts: ExpertCache,
     side: MoeSide,
@@ -559,6 +581,7 @@ impl CudaModel {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(8),
             router,
+            verified: None,
             profile_step: std::env::var("REDLITE_CUDA_PROFILE_STEP")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -654,6 +677,7 @@ impl CudaModel {
         }
         self.sync()?;
         self.pos = 0;
+        self.verified = None;
         Ok(())
     }
 
@@ -773,9 +797,117 @@ impl CudaModel {
         }
         self.pos += 1;
         self.last_row = 0;
+        self.verified = None;
         let id = self.read_out()?;
         self.experts.after_forward(&self.stream, 1)?;
         Ok(id)
+    }
+
+    /// A speculative verify pass: run `tokens` (the pending token, then the drafts) after the
+    /// sequence, every row exactly as a one-token [`CudaModel::decode`] step at its position
+    /// computes it (the same kernels per row; attention split over the cache per row; bit for
+    /// bit), and return every row's logits. The DeltaNet states after each row are kept, so
+    /// [`CudaModel::keep`] can end the sequence after any row. Needs `max_verify >= tokens.len()`.
+    pub fn verify(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, CudaError> {
+        self.verify_rows(tokens)?;
+        let vocab = self.config.vocab;
+        let mut flat = vec![0.0f32; tokens.len() * vocab];
+        self.download(&mut flat, self.sc.logits)?;
+        self.experts.after_forward(&self.stream, tokens.len())?;
+        Ok(flat.chunks_exact(vocab).map(|r| r.to_vec()).collect())
+    }
+
+    /// [`CudaModel::verify`] that returns every row's greedy token (argmax on the GPU; only the
+    /// ids come back).
+    pub fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, CudaError> {
+        self.verify_rows(tokens)?;
+        let vocab = self.config.vocab;
+        let f = self.k.argmax.clone();
+        self.launch(
+            "argmax",
+            &f,
+            (tokens.len() as u32, 1, 1),
+            1024,
+            0,
+            &[A::P(self.sc.logits), A::I(vocab as i32), A::P(self.sc.out)],
+        )?;
+        let mut ids = vec![0i32; tokens.len()];
+        // SAFETY: `out` holds max_verify >= tokens.len() i32; synchronized below.
+        unsafe { cu::memcpy_dtoh_async(&mut ids, self.sc.out, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("reading the verified tokens", e))?;
+        self.sync()?;
+        self.experts.after_forward(&self.stream, tokens.len())?;
+        Ok(ids.into_iter().map(|id| id.max(0) as u32).collect())
+    }
+
+    fn verify_rows(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
+        let n = tokens.len();
+        if n == 0 || n > self.opts.max_verify {
+            return Err(CudaError::Invalid(format!(
+                "a verify pass of {n} rows (the model was loaded for 1..={} rows)",
+                self.opts.max_verify
+            )));
+        }
+        self.bind()?;
+        self.upload_input(tokens)?;
+        let start = self.pos;
+        self.enqueue_forward(n, Head::All, Rows::Steps)?;
+        self.pos += n;
+        self.last_row = n - 1;
+        self.verified = Some((start, n));
+        Ok(())
+    }
+
+    /// Keep the first `rows` rows (1..=its rows) of the last verify pass: the sequence then ends
+    /// after row `rows - 1`, its state bit-identical to decoding only those tokens (the DeltaNet
+    /// states copied back from that row's trace; the attention caches' later rows are
+    /// overwritten before anything reads them).
+    pub fn keep(&mut self, rows: usize) -> Result<(), CudaError> {
+        let Some((start, n)) = self.verified.take() else {
+            return Err(CudaError::Invalid(
+                "keep needs a verify pass just before it".into(),
+            ));
+        };
+        if rows == 0 || rows > n {
+            return Err(CudaError::Invalid(format!(
+                "keep {rows} rows of a verify pass of {n}"
+            )));
+        }
+        if rows < n {
+            self.bind()?;
+            let c = &self.config;
+            let conv_bytes = 4 * (c.conv_kernel - 1) * c.dn_conv_channels();
+            let s_bytes = 4 * c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
+            let row = rows - 1;
+            for l in &self.layers {
+                if let DevMixer::DeltaNet {
+                    conv_state,
+                    s,
+                    conv_trace,
+                    s_trace,
+                    ..
+                } = &l.mixer
+                {
+                    for (dst, src, len) in [
+                        (*s, *s_trace + (row * s_bytes) as u64, s_bytes),
+                        (
+                            *conv_state,
+                            *conv_trace + (row * conv_bytes) as u64,
+                            conv_bytes,
+                        ),
+                    ] {
+                        // SAFETY: `src` is row `row` < max_verify of a trace of `len`-byte
+                        // states, `dst` a state of `len` bytes; ordered on the model's stream.
+                        unsafe { cu::memcpy_dtod_async(dst, src, len, self.stream.cu_stream()) }
+                            .map_err(|e| CudaError::driver("restoring a DeltaNet state", e))?;
+                    }
+                }
+            }
+            self.sync()?;
+        }
+        self.pos = start + rows;
+        self.last_row = rows - 1;
+        Ok(())
     }
 
     // ----- host side of a call -----
@@ -854,8 +986,9 @@ impl CudaModel {
         }
         self.bind()?;
         self.upload_input(tokens)?;
-        self.enqueue_forward(tokens.len(), head)?;
+        self.enqueue_forward(tokens.len(), head, Rows::Prompt)?;
         self.pos += tokens.len();
+        self.verified = None;
         self.last_row = if head == Head::All {
             tokens.len() - 1
         } else {
@@ -1049,7 +1182,7 @@ impl CudaModel {
 
     /// Embedding, every layer, final norm and the lm_head for `n` tokens whose ids and start
     /// position are already in `input`.
-    fn enqueue_forward(&mut self, n: usize, head: Head) -> Result<(), CudaError> {
+    fn enqueue_forward(&mut self, n: usize, head: Head, rows: Rows) -> Result<(), CudaError> {
         let h = self.config.hidden;
         let x = self.sc.x;
         let ids = self.sc.input + 4;
@@ -1063,7 +1196,7 @@ impl CudaModel {
             &[A::P(self.embed), A::P(ids), A::P(x), A::I(h as i32)],
         )?;
         for i in 0..self.layers.len() {
-            self.enqueue_layer(i, n)?;
+            self.enqueue_layer(i, n, rows)?;
         }
         match head {
             Head::None => Ok(()),
@@ -1087,7 +1220,7 @@ impl CudaModel {
 
     /// One decode step (the captured part): forward of one token, then the draw into `out`.
     fn enqueue_step(&mut self, s: &GpuSampling) -> Result<(), CudaError> {
-        self.enqueue_forward(1, Head::Last)?;
+        self.enqueue_forward(1, Head::Last, Rows::Prompt)?;
         self.enqueue_sample(self.sc.logits, s)
     }
 
@@ -1143,7 +1276,7 @@ impl CudaModel {
     /// One layer: the mixer reads `rms_norm(x, attn_norm)` (normalised inside its projection
     /// kernel), adds its output to `x` in its output projection, whose last block also writes
     /// `xn = rms_norm(x, post_norm)` for the MoE.
-    fn enqueue_layer(&mut self, i: usize, n: usize) -> Result<(), CudaError> {
+    fn enqueue_layer(&mut self, i: usize, n: usize, rows: Rows) -> Result<(), CudaError> {
         let norms = (self.layers[i].attn_norm, self.layers[i].post_norm);
         // A clone of the layer's handles (addresses and kernel handles), so `self` stays free.
         let mixer = self.layers[i].mixer.clone();
@@ -1156,8 +1289,8 @@ impl CudaModel {
             nv.push(&format!("layer {i} {kind}"));
         }
         match &mixer {
-            DevMixer::Attention { .. } => self.enqueue_attention(&mixer, norms, n)?,
-            DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, norms, n)?,
+            DevMixer::Attention { .. } => self.enqueue_attention(&mixer, norms, n, rows)?,
+            DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, norms, n, rows)?,
         }
         if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
             nv.pop();
@@ -1180,6 +1313,7 @@ impl CudaModel {
         m: &DevMixer,
         (attn_norm, post_norm): (u64, u64),
         n: usize,
+        rows: Rows,
     ) -> Result<(), CudaError> {
         let DevMixer::Attention {
             wq,
@@ -1237,15 +1371,15 @@ impl CudaModel {
                 A::F(eps),
             ],
         )?;
-        if n == 1 {
-            // Decode: the cache split into chunks (flash-decoding), then the chunks merged and
-            // the output gate applied.
+        if n == 1 || rows == Rows::Steps {
+            // Decode (each row at its own position): the cache split into chunks
+            // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts);
             let f = self.k.attn_split.clone();
             self.launch(
                 "attn_split",
                 &f,
-                (nkv as u32, splits as u32, 1),
+                (nkv as u32, splits as u32, n as u32),
                 (32 * (nh / nkv)) as u32,
                 0,
                 &[
@@ -1265,7 +1399,7 @@ impl CudaModel {
             self.launch(
                 "attn_merge",
                 &f,
-                (nh as u32, hd.div_ceil(32) as u32, 1),
+                (nh as u32, hd.div_ceil(32) as u32, n as u32),
                 256,
                 0,
                 &[
@@ -1307,6 +1441,7 @@ impl CudaModel {
         m: &DevMixer,
         (attn_norm, post_norm): (u64, u64),
         n: usize,
+        rows: Rows,
     ) -> Result<(), CudaError> {
         let DevMixer::DeltaNet {
             qkv,
@@ -1319,9 +1454,16 @@ impl CudaModel {
             norm,
             conv_state,
             s,
+            conv_trace,
+            s_trace,
         } = m
         else {
             return Ok(());
+        };
+        // The states after every row, for a verify pass.
+        let (s_tr, conv_tr) = match rows {
+            Rows::Steps => (*s_trace, *conv_trace),
+            Rows::Prompt => (0, 0),
         };
         let c = &self.config;
         let (nk, nv, dk, dv) = (c.dn_k_heads, c.dn_v_heads, c.dn_k_dim, c.dn_v_dim);
@@ -1364,6 +1506,8 @@ impl CudaModel {
                     A::F(L2_NORM_EPS),
                     A::F(q_scale),
                     A::F(eps),
+                    A::P(s_tr),
+                    A::P(conv_tr),
                 ],
             )?;
             return self.matvec_residual(out, gated, post_norm, n);
@@ -1565,6 +1709,18 @@ fn check_config(c: &Config, o: &CudaModelOptions) -> Result<(), CudaError> {
         ));
     }
     i32_of(o.max_context, "max context")?;
+    if o.max_verify > o.max_batch.min(MAX_VERIFY_ROWS) {
+        return bad(format!(
+            "{} verify rows (at most the max batch {} and {MAX_VERIFY_ROWS})",
+            o.max_verify, o.max_batch
+        ));
+    }
+    if o.max_verify > 0 && dn_fused(c).is_none() {
+        return bad(
+            "speculative verify on the GPU needs the fused DeltaNet kernel, which does not take this shape"
+                .into(),
+        );
+    }
     if c.n_experts_used == 0 || c.n_experts_used > MAX_EXPERTS_USED.min(c.n_experts) {
         return bad(format!(
             "{} experts used of {} (the router kernel takes up to {MAX_EXPERTS_USED})",
@@ -1735,6 +1891,14 @@ fn dev_layer(
     layer: usize,
     w: &LayerWeights<HostLoader>,
 ) -> Result<DevLayer, CudaError> {
+    // Per-row copies of a state for the verify pass, when there is one.
+    let trace = |arena: &mut Arena, n: usize| -> Result<u64, CudaError> {
+        if o.max_verify == 0 {
+            Ok(0)
+        } else {
+            arena.f32s(o.max_verify * n)
+        }
+    };
     let mixer = match &w.mixer {
         MixerWeights::Attention(a) => {
             let kv = o.max_context * c.n_kv_heads * c.head_dim;
@@ -1760,6 +1924,8 @@ fn dev_layer(
             norm: arena.upload_f32(&d.norm)?,
             conv_state: arena.f32s((c.conv_kernel - 1) * c.dn_conv_channels())?,
             s: arena.f32s(c.dn_v_heads * c.dn_k_dim * c.dn_v_dim)?,
+            conv_trace: trace(arena, (c.conv_kernel - 1) * c.dn_conv_channels())?,
+            s_trace: trace(arena, c.dn_v_heads * c.dn_k_dim * c.dn_v_dim)?,
         },
     };
     let m = &w.moe;
@@ -1840,9 +2006,10 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         gl: f(1)?,
         logits: f(c.vocab)?,
         input: arena.alloc(4 * (b + 1))?,
-        out: arena.alloc(4)?,
+        out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
-        attn_part: arena.f32s(c.n_heads * attn_splits(o) * (c.head_dim + 2))?,
+        attn_part: arena
+            .f32s(o.max_verify.max(1) * c.n_heads * attn_splits(o) * (c.head_dim + 2))?,
     })
 }

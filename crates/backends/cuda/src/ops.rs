@@ -873,14 +873,24 @@ pub fn dn_fused_launch(d: DeltaDims) -> Option<(u32, u32)> {
     (threads <= 1024 && shared <= 48 * 1024).then_some((threads as u32, shared as u32))
 }
 
-/// `(y [n][nv][dv], conv state, delta state)` of [`dn_fused_seq`].
-pub type DnFusedOut = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// What [`dn_fused_seq`] returns.
+pub struct DnFusedOut {
+    /// `[n][nv][dv]`.
+    pub y: Vec<f32>,
+    /// The conv state and the delta state after the last token.
+    pub conv: Vec<f32>,
+    pub state: Vec<f32>,
+    /// With `trace`: the conv states and delta states after every token (`[n][..]` each).
+    pub conv_trace: Vec<f32>,
+    pub state_trace: Vec<f32>,
+}
 
 /// The DeltaNet core of `n` tokens in one launch (`dn_fused_seq`): conv, q/k L2 norm, gates, delta
-/// rule and gated norm. Returns `(y [n][nv][dv], conv state, delta state)`.
+/// rule and gated norm; with `trace`, also the states after every token.
 #[allow(clippy::too_many_arguments)]
 pub fn dn_fused_seq(
     gpu: &Gpu,
+    trace: bool,
     qkv: &[f32],
     conv_state: &[f32],
     conv_w: &[f32],
@@ -928,21 +938,57 @@ pub fn dn_fused_seq(
         i32_arg(d.dv, "dv")?,
     );
     let (ri, ki) = (i32_arg(d.nv / d.nk, "r")?, i32_arg(kern, "kern")?);
-    launch!(
-        gpu,
-        gpu.func("dn_fused_seq")?,
-        "dn_fused_seq",
-        cfg((d.nk as u32, 1, 1), threads, shared),
-        [
-            &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
-            &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps
-        ]
-    )?;
-    Ok((
-        download(gpu, &y)?,
-        download(gpu, &csd)?,
-        download(gpu, &sd)?,
-    ))
+    let f = gpu.func("dn_fused_seq")?;
+    let conf = cfg((d.nk as u32, 1, 1), threads, shared);
+    let (mut st, mut ct) = if trace {
+        (
+            alloc_poisoned::<f32>(gpu, n * state.len())?,
+            alloc_poisoned::<f32>(gpu, n * conv_state.len())?,
+        )
+    } else {
+        (
+            alloc_poisoned::<f32>(gpu, 1)?,
+            alloc_poisoned::<f32>(gpu, 1)?,
+        )
+    };
+    if trace {
+        launch!(
+            gpu,
+            f,
+            "dn_fused_seq",
+            conf,
+            [
+                &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
+                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &mut st, &mut ct
+            ]
+        )?;
+    } else {
+        let null = 0u64;
+        launch!(
+            gpu,
+            f,
+            "dn_fused_seq",
+            conf,
+            [
+                &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
+                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &null, &null
+            ]
+        )?;
+    }
+    let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
+        if trace {
+            download(gpu, b)
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    Ok(DnFusedOut {
+        y: download(gpu, &y)?,
+        conv: download(gpu, &csd)?,
+        state: download(gpu, &sd)?,
+        conv_trace: traced(&ct)?,
+        state_trace: traced(&st)?,
+    })
 }
 
 /// Shapes of gated attention.
@@ -1052,8 +1098,9 @@ pub fn attn_causal(
     download(gpu, &o)
 }
 
-/// Decode attention of one token at `pos0` split over the cache (`attn_split` with `splits`
-/// chunks, then `attn_merge`), with the output gate when `gate` is given: `[heads][hd]`.
+/// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
+/// the cache (`attn_split` with `splits` chunks, then `attn_merge`), with the output gate when
+/// `gate` is given: `[rows][heads][hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_split_merge(
     gpu: &Gpu,
@@ -1067,9 +1114,10 @@ pub fn attn_split_merge(
     (splits, min_chunk): (usize, usize),
 ) -> Result<Vec<f32>, CudaError> {
     let ctx = check_rows(kc.len(), nkv * hd, "attn_split cache")?;
-    if q.len() != heads * hd
+    let rows = check_rows(q.len(), heads * hd, "attn_split q")?;
+    if rows == 0
         || vc.len() != kc.len()
-        || pos0 >= ctx
+        || pos0 + rows > ctx
         || !hd.is_multiple_of(32)
         || hd > 512
         || !heads.is_multiple_of(nkv)
@@ -1087,7 +1135,7 @@ pub fn attn_split_merge(
         0u64
     };
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
-    let mut part = alloc_poisoned::<f32>(gpu, heads * splits * (hd + 2))?;
+    let mut part = alloc_poisoned::<f32>(gpu, rows * heads * splits * (hd + 2))?;
     let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
     let (hi, nkvi, hdi) = (
         i32_arg(heads, "heads")?,
@@ -1100,7 +1148,7 @@ pub fn attn_split_merge(
         gpu.func("attn_split")?,
         "attn_split",
         cfg(
-            (nkv as u32, splits as u32, 1),
+            (nkv as u32, splits as u32, rows as u32),
             (32 * (heads / nkv)) as u32,
             0
         ),
@@ -1110,7 +1158,7 @@ pub fn attn_split_merge(
         gpu,
         gpu.func("attn_merge")?,
         "attn_merge",
-        cfg((heads as u32, hd.div_ceil(32) as u32, 1), 256, 0),
+        cfg((heads as u32, hd.div_ceil(32) as u32, rows as u32), 256, 0),
         [&part, &gate_ptr, &mut o, &pos, &si, &hdi, &mci]
     )?;
     download(gpu, &o)

@@ -1024,7 +1024,9 @@ impl Runner<'_> {
 
     /// `dn_fused_seq` (conv, q/k norm, gates, delta rule, gated norm in one launch) against an
     /// f64 reference of the five steps, on 1 and 5 tokens (the 5 run starts from the 1 run's
-    /// states, so the carried conv window and delta state are checked too).
+    /// states, so the carried conv window and delta state are checked too; it also writes the
+    /// states after every token, the trace of a speculative verify, checked against the
+    /// reference's and, for the last token, bit for bit against the carried states).
     fn deltanet_fused(&mut self) {
         let d = DeltaDims {
             nk: 4,
@@ -1048,8 +1050,10 @@ impl Runner<'_> {
             let qkv = self.rng.normals(n * ch, 1.0);
             let ba = self.rng.normals(n * 2 * d.nv, 2.0);
             let z = self.rng.normals(n * d.nv * d.dv, 1.0);
+            let trace = n > 1;
             let got = ops::dn_fused_seq(
                 self.gpu,
+                trace,
                 &qkv,
                 &conv_state,
                 &conv_w,
@@ -1067,6 +1071,7 @@ impl Runner<'_> {
             hist.extend(qkv.iter().map(|&v| f64::from(v)));
             let mut rs: Vec<f64> = s.iter().map(|&v| f64::from(v)).collect();
             let mut ry = Vec::with_capacity(n * d.nv * d.dv);
+            let (mut r_st, mut r_ct) = (Vec::new(), Vec::new());
             for t in 0..n {
                 let mut c_out: Vec<f64> = (0..ch)
                     .map(|c| {
@@ -1112,19 +1117,42 @@ impl Runner<'_> {
                         ry.push(o[jj] * inv * f64::from(norm_w[jj]) * silu64(zv));
                     }
                 }
+                r_st.extend_from_slice(&rs);
+                r_ct.extend_from_slice(&hist[(t + 1) * ch..(t + kern) * ch]);
             }
             let r_state: Vec<f64> = hist[n * ch..].to_vec();
-            let r = got.map(|(y, cs, s1)| {
-                let e = rel_err(&y, &ry)
-                    .max(rel_err(&cs, &r_state))
-                    .max(rel_err(&s1, &rs));
-                conv_state = cs;
-                s = s1;
+            let r = got.map(|out| {
+                let mut e = rel_err(&out.y, &ry)
+                    .max(rel_err(&out.conv, &r_state))
+                    .max(rel_err(&out.state, &rs));
+                if trace {
+                    e = e
+                        .max(rel_err(&out.state_trace, &r_st))
+                        .max(rel_err(&out.conv_trace, &r_ct));
+                    let (sl, cl) = (out.state.len(), out.conv.len());
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
+                    if !same(&out.state_trace[(n - 1) * sl..], &out.state)
+                        || !same(&out.conv_trace[(n - 1) * cl..], &out.conv)
+                    {
+                        e = f64::INFINITY; // the last trace row must be the carried state
+                    }
+                }
+                conv_state = out.conv;
+                s = out.state;
                 (e, TOL_F32)
             });
             self.record(
                 "dn_fused_seq",
-                format!("{n} tokens, {}/{} heads, {}x{}", d.nk, d.nv, d.dk, d.dv),
+                format!(
+                    "{n} tokens, {}/{} heads, {}x{}{}",
+                    d.nk,
+                    d.nv,
+                    d.dk,
+                    d.dv,
+                    if trace { ", trace" } else { "" }
+                ),
                 r,
             );
         }
@@ -1310,6 +1338,60 @@ impl Runner<'_> {
                 r,
             );
         }
+        self.attention_split_rows(d);
+    }
+
+    /// Several rows in one `attn_split` + `attn_merge` (the verify pass of speculative decoding):
+    /// row t bit for bit what a one-row call at `pos0 + t` computes.
+    fn attention_split_rows(&mut self, d: AttnDims) {
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (rows, pos0, ctx, splits) = (5usize, 1021usize, 4096usize, 64usize);
+        let q = self.rng.normals(rows * heads * hd, 1.0);
+        let kc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let gate = self.rng.normals(rows * heads * hd, 2.0);
+        let dims = (heads, nkv, hd);
+        let r = (|| {
+            let all = ops::attn_split_merge(
+                self.gpu,
+                &q,
+                &kc,
+                &vc,
+                Some(&gate),
+                pos0,
+                dims,
+                scale,
+                (splits, 64),
+            )?;
+            let w = heads * hd;
+            let mut differ = 0usize;
+            for t in 0..rows {
+                let one = ops::attn_split_merge(
+                    self.gpu,
+                    &q[t * w..(t + 1) * w],
+                    &kc,
+                    &vc,
+                    Some(&gate[t * w..(t + 1) * w]),
+                    pos0 + t,
+                    dims,
+                    scale,
+                    (splits, 64),
+                )?;
+                differ += one
+                    .iter()
+                    .zip(&all[t * w..(t + 1) * w])
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+            }
+            // Values that differ from the one-row calls (bound 0: bit-identical).
+            Ok((differ as f64, 0.0))
+        })();
+        self.record(
+            "attn_split rows",
+            format!("{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, vs one row each"),
+            r,
+        );
     }
 
     fn sample_topk(&mut self) {

@@ -36,6 +36,7 @@ fn run(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize, policy: ExpertPolic
         graphs: true,
         experts,
         expert_policy: policy,
+        max_verify: 0,
     };
     let mut m = CudaModel::load(gpu.clone(), &path, opts)
         .unwrap_or_else(|e| panic!("{name} {experts:?}: {e}"));
@@ -86,6 +87,7 @@ fn bounded_expert_cache_gives_the_logits_of_full_residency() {
                 graphs: false,
                 experts: ExpertCacheSize::Min,
                 expert_policy: ExpertPolicy::Static,
+                max_verify: 0,
             },
         )
         .expect("load");

@@ -1,0 +1,117 @@
+//! Speculative verify on the GPU is exact: every row of a `CudaModel::verify` pass has the logits
+//! of a one-token `decode` step at its position, bit for bit, and `keep` after a rejection leaves
+//! the sequence as if only the kept rows had been decoded (the next step's logits compared).
+//!
+//! Needs a GPU: `#[ignore]`d; run on the device with `--ignored` (bench/gpu_check.sh).
+//! Fixtures: `$REDLITE_TEST_MODELS` or `shared/reference/models`.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use redlite_cuda::{CudaModel, CudaModelOptions, ExpertCacheSize, Gpu, GpuSampling};
+
+fn models() -> PathBuf {
+    std::env::var_os("REDLITE_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../../../shared/reference/models"
+            ))
+        })
+}
+
+fn load(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize) -> CudaModel {
+    let opts = CudaModelOptions {
+        max_context: 256,
+        max_batch: 32,
+        graphs: true,
+        experts,
+        max_verify: 16,
+        ..CudaModelOptions::default()
+    };
+    CudaModel::load(
+        gpu.clone(),
+        models().join(format!("tiny-{name}.gguf")),
+        opts,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+}
+
+/// Prompt, then `tokens` decoded one by one: the logits after each.
+fn decode_each(m: &mut CudaModel, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
+    m.reset().expect("reset");
+    m.prefill(prompt).expect("prefill");
+    tokens
+        .iter()
+        .map(|&t| {
+            m.decode(t, &GpuSampling::greedy(), 0.0).expect("decode");
+            m.last_logits().expect("logits")
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn verify_rows_are_decode_steps_and_keep_rolls_back_exactly() {
+    let gpu = Arc::new(Gpu::new(0).expect("a CUDA device"));
+    for name in ["Q4_K_M", "IQ2_XXS", "CF2"] {
+        for experts in [ExpertCacheSize::All, ExpertCacheSize::Min] {
+            let mut m = load(&gpu, name, experts);
+            let vocab = m.config.vocab as u32;
+            let prompt: Vec<u32> = (0..37u32).map(|i| (i * 7919 + 13) % vocab).collect();
+            // The pending token and 7 drafts, then the token that follows a rejection.
+            let rows: Vec<u32> = (0..8u32).map(|i| (i * 104_729 + 5) % vocab).collect();
+            let next = (rows[3] + 1) % vocab;
+            let stepped = decode_each(&mut m, &prompt, &rows);
+
+            m.reset().expect("reset");
+            m.prefill(&prompt).expect("prefill");
+            let verified = m.verify(&rows).expect("verify");
+            for (i, (v, s)) in verified.iter().zip(&stepped).enumerate() {
+                assert!(
+                    same_bits(v, s),
+                    "{name} {experts:?}: verify row {i} differs from the decode step"
+                );
+            }
+            // Reject after 4 rows: keep 4, then step `next`.
+            m.keep(4).expect("keep");
+            m.decode(next, &GpuSampling::greedy(), 0.0).expect("decode");
+            let after_keep = m.last_logits().expect("logits");
+            let mut kept = rows[..4].to_vec();
+            kept.push(next);
+            let reference = decode_each(&mut m, &prompt, &kept);
+            assert!(
+                same_bits(&after_keep, reference.last().expect("rows")),
+                "{name} {experts:?}: the step after keep(4) differs from never having drafted"
+            );
+            // Greedy verify: the rows' argmax ids, and keeping every row changes nothing.
+            m.reset().expect("reset");
+            m.prefill(&prompt).expect("prefill");
+            let ids = m.verify_greedy(&rows).expect("verify_greedy");
+            let want: Vec<u32> = stepped
+                .iter()
+                .map(|l| {
+                    l.iter()
+                        .enumerate()
+                        .fold(
+                            (0, f32::NEG_INFINITY),
+                            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+                        )
+                        .0 as u32
+                })
+                .collect();
+            assert_eq!(
+                ids, want,
+                "{name} {experts:?}: greedy ids of the verify rows"
+            );
+            m.keep(rows.len()).expect("keep all");
+            eprintln!("{name} {experts:?}: 8 verify rows = 8 decode steps; keep(4) exact");
+        }
+    }
+}
