@@ -336,15 +336,17 @@ fn top_prob(logits: &[f32], top: u32) -> f32 {
     1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>()
 }
 
-/// Adaptive prompt-lookup draft length.
-struct DraftLength {
+/// Adaptive prompt-lookup draft length: the length a source asks for next is doubled after a
+/// fully accepted draft (up to `max_draft`), the accepted length + 1 after a rejection
+/// (`adaptive`), else fixed.
+pub struct DraftLength {
     current: usize,
     max: usize,
     adaptive: bool,
 }
 
 impl DraftLength {
-    fn new(cfg: &SpecConfig) -> DraftLength {
+    pub fn new(cfg: &SpecConfig) -> DraftLength {
         let max = cfg.max_draft;
         DraftLength {
             current: if cfg.adaptive { max.min(4) } else { max },
@@ -353,7 +355,12 @@ impl DraftLength {
         }
     }
 
-    fn update(&mut self, drafted: usize, accepted: usize) {
+    /// Tokens to draft next.
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
         if !self.adaptive || drafted == 0 {
             return;
         }
