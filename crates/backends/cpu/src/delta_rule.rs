@@ -10,7 +10,9 @@
 use rayon::prelude::*;
 #[cfg(doc)]
 use redlite_model::delta_rule::delta_rule_chunked;
-use redlite_model::delta_rule::{delta_rule_step_traced, DeltaRule, HeadInputs, CHUNK};
+use redlite_model::delta_rule::{DeltaRule, HeadInputs, CHUNK};
+#[cfg(any(doc, test))]
+use redlite_model::delta_rule::delta_rule_step_traced;
 
 use crate::kernels::Isa;
 
@@ -43,9 +45,52 @@ fn one_head_portable(
     trace: Option<&mut Vec<f32>>,
 ) -> Vec<f32> {
     match rule {
-        DeltaRule::Step => delta_rule_step_traced(inp, s, trace),
+        DeltaRule::Step => step_two_pass(inp, s, trace),
         DeltaRule::Chunked { pos0 } => chunked_fast(inp, pos0, s),
     }
+}
+
+/// The recurrent step of [`delta_rule_step_traced`] in two passes over the state per token
+/// instead of four: (1) decay each row of S and add it into `m = Sᵀk`; (2) add `k ⊗ β(v − m)` to
+/// each row and the updated row into `o = Sᵀq`. Every element sees the oracle's operations in the
+/// oracle's order (the rows are visited in order in both passes, and `β(v − m)` is the same value
+/// the oracle forms per element), so it is bit-identical; the state (64 KiB per 128×128 head, in
+/// L2) is read twice and written twice per token instead of read four times.
+#[inline(always)]
+fn step_two_pass(inp: &HeadInputs, s: &mut [f32], mut trace: Option<&mut Vec<f32>>) -> Vec<f32> {
+    let (dk, dv, n) = (inp.dk, inp.dv, inp.beta.len());
+    let mut out = vec![0.0f32; n * dv];
+    let mut m = vec![0.0f32; dv];
+    let mut delta = vec![0.0f32; dv];
+    for t in 0..n {
+        let q = &inp.q[t * dk..(t + 1) * dk];
+        let k = &inp.k[t * dk..(t + 1) * dk];
+        let v = &inp.v[t * dv..(t + 1) * dv];
+        let (alpha, beta) = (inp.g[t].exp(), inp.beta[t]);
+        // S ← αS, m = Sᵀk.
+        m.fill(0.0);
+        for (ki, row) in k.iter().zip(s.chunks_exact_mut(dv)) {
+            for (mj, sj) in m.iter_mut().zip(row.iter_mut()) {
+                *sj *= alpha;
+                *mj += *sj * ki;
+            }
+        }
+        // S += k ⊗ β(v − m), o = Sᵀq.
+        for ((dj, vj), mj) in delta.iter_mut().zip(v).zip(&m) {
+            *dj = beta * (vj - mj);
+        }
+        let o = &mut out[t * dv..(t + 1) * dv];
+        for ((ki, qi), row) in k.iter().zip(q).zip(s.chunks_exact_mut(dv)) {
+            for ((sj, dj), oj) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                *sj += ki * dj;
+                *oj += *sj * qi;
+            }
+        }
+        if let Some(trace) = trace.as_deref_mut() {
+            trace.extend_from_slice(s);
+        }
+    }
+    out
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -410,13 +455,106 @@ mod tests {
             assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
         }
     }
+
+    /// The two-pass recurrent step equals the oracle's four-pass step bit for bit, outputs, states
+    /// and traces, on a full 128×128 head and odd shapes.
+    #[test]
+    fn two_pass_step_equals_the_oracle_bit_for_bit() {
+        let mut seed = 17u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (dk, dv, n) in [(128, 128, 3), (64, 48, 5), (16, 7, 1)] {
+            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
+            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
+            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+            let inp = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                beta: &beta,
+                g: &g,
+                dk,
+                dv,
+            };
+            let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
+            let (mut s1, mut s2) = (s0.clone(), s0.clone());
+            let (mut t1, mut t2) = (Vec::new(), Vec::new());
+            let oracle = delta_rule_step_traced(&inp, &mut s1, Some(&mut t1));
+            let fast = one_head(&inp, &mut s2, DeltaRule::Step, Some(&mut t2));
+            let same = |a: &[f32], b: &[f32]| {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
+            assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
+            assert!(same(&t1, &t2), "traces, dk {dk} dv {dv} n {n}");
+        }
+    }
 }
 
 #[cfg(test)]
 mod bench {
     use super::*;
-    use redlite_model::delta_rule::delta_rule_chunked;
+    use redlite_model::delta_rule::{delta_rule_chunked, delta_rule_step_traced};
     use std::time::Instant;
+
+    /// One decode step of 36 layers × 32 heads of 128×128 (72 MiB of state, beyond the caches, as
+    /// at full size), one thread: the oracle's four-pass step (compiled for this CPU through
+    /// the same wrapper) vs the two-pass step:
+    /// `cargo test --release -p redlite-cpu --lib delta_rule::bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn step_time() {
+        let (dk, dv, heads) = (128, 128, 36 * 32);
+        let q: Vec<f32> = (0..dk).map(|i| (i as f32 * 0.37).sin() * 0.1).collect();
+        let k: Vec<f32> = (0..dk).map(|i| (i as f32 * 0.91).cos() * 0.1).collect();
+        let v: Vec<f32> = (0..dv).map(|i| (i as f32 * 0.13).sin()).collect();
+        let (beta, g) = ([0.7f32], [-0.05f32]);
+        let inp = HeadInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            beta: &beta,
+            g: &g,
+            dk,
+            dv,
+        };
+        let mut states = vec![0.01f32; heads * dk * dv];
+        for round in 0..6 {
+            let t0 = Instant::now();
+            for s in states.chunks_exact_mut(dk * dv) {
+                // SAFETY: as in `one_head` (checked before use).
+                std::hint::black_box(if Isa::active() >= Isa::Avx512 {
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        oracle_step_avx512(&inp, s)
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    delta_rule_step_traced(&inp, s, None)
+                } else {
+                    delta_rule_step_traced(&inp, s, None)
+                });
+            }
+            let t_oracle = t0.elapsed();
+            let t0 = Instant::now();
+            for s in states.chunks_exact_mut(dk * dv) {
+                std::hint::black_box(one_head(&inp, s, DeltaRule::Step, None));
+            }
+            let t_two = t0.elapsed();
+            println!("round {round}: four-pass {t_oracle:?}, two-pass {t_two:?} per step of {heads} heads");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn oracle_step_avx512(inp: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
+        delta_rule_step_traced(inp, s, None)
+    }
 
     /// Time per 512-token head, oracle vs rearranged (one thread):
     /// `cargo test --release -p redlite-cpu --lib delta_rule::bench -- --ignored --nocapture`.
