@@ -10,9 +10,9 @@
 use rayon::prelude::*;
 #[cfg(doc)]
 use redlite_model::delta_rule::delta_rule_chunked;
-use redlite_model::delta_rule::{DeltaRule, HeadInputs, CHUNK};
 #[cfg(any(doc, test))]
 use redlite_model::delta_rule::delta_rule_step_traced;
+use redlite_model::delta_rule::{DeltaRule, HeadInputs, CHUNK};
 
 use crate::kernels::Isa;
 
