@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use redlite_engine::bench::{DecodeResult, PrefillResult, Progress};
 use redlite_engine::sampler::Sampler;
+use redlite_engine::speculative::{SpecConfig, SpecStats};
 use redlite_engine::{GenerateOptions, GenerationStats};
 use redlite_gguf::GgufFile;
 
@@ -40,6 +41,15 @@ pub struct CudaDecodeInfo {
     pub misses_per_token: f64,
     pub promotions_per_token: f64,
     pub pcie_mb_per_token: f64,
+}
+
+/// One line of `spec-bench verify --backend cuda`: a verify pass of `k + 1` rows against a
+/// one-token decode step (medians, milliseconds).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // built by the CUDA build only
+pub struct VerifyCost {
+    pub k: usize,
+    pub verify_ms: f64,
+    pub decode_ms: f64,
 }
 
 /// `--backend cuda` where no GPU can be used (no `cuda` feature, no driver, no NVRTC, no device):
@@ -116,6 +126,28 @@ mod imp {
         _cache: &CacheArgs,
         _progress: Progress,
     ) -> Result<(PrefillResult, String)> {
+        not_built()
+    }
+
+    pub fn generate_speculative(
+        _file: Arc<GgufFile>,
+        _prompt: &[u32],
+        _sampler: &mut Sampler,
+        _opts: &GenerateOptions,
+        _spec: &SpecConfig,
+        _cache: &CacheArgs,
+        _on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenerationStats, SpecStats)> {
+        not_built()
+    }
+
+    pub fn verify_cost(
+        _file: Arc<GgufFile>,
+        _context: usize,
+        _ks: &[usize],
+        _reps: usize,
+        _cache: &CacheArgs,
+    ) -> Result<Vec<VerifyCost>> {
         not_built()
     }
 }
@@ -447,6 +479,161 @@ mod imp {
             },
             format!("{batch} tokens per forward call"),
         ))
+    }
+
+    /// `generate --spec lookup` on the GPU, greedy: prompt-lookup drafts (the engine's
+    /// `lookup_draft` and adaptive length) verified in one `CudaModel::verify_greedy` pass,
+    /// rolled back with `CudaModel::keep`. Every token is the argmax of logits bit-identical to a
+    /// one-token step's, so the output is the plain greedy output.
+    pub fn generate_speculative(
+        file: Arc<GgufFile>,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        spec: &SpecConfig,
+        cache: &CacheArgs,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenerationStats, SpecStats)> {
+        use redlite_engine::speculative::{lookup_draft, DraftLength, SpecMode};
+        if !sampler.config().is_greedy() {
+            anyhow::bail!("--spec with --backend cuda needs greedy decoding (--temp 0) for now");
+        }
+        match spec.mode {
+            SpecMode::Lookup | SpecMode::Both => {}
+            m => anyhow::bail!(
+                "--spec {m:?} with --backend cuda: only prompt lookup runs on the GPU for now"
+            ),
+        }
+        let rows_max = (spec.max_draft + 1).min(redlite_cuda::MAX_VERIFY_ROWS);
+        let mut mo = options(prompt.len() + opts.max_tokens + rows_max + 1, prompt.len());
+        mo.max_batch = mo.max_batch.max(rows_max);
+        mo.max_verify = rows_max;
+        let mut model = open(file, mo, cache)?;
+        let greedy = GpuSampling::greedy();
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
+        let mut sp = SpecStats {
+            mode: spec.mode,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        if prompt.is_empty() || opts.max_tokens == 0 {
+            return Ok((out, stats, sp));
+        }
+        let mut len = DraftLength::new(spec);
+        let mut history = prompt.to_vec();
+        let t0 = Instant::now();
+        model.prefill(prompt)?;
+        let mut pending = model.sample_last(&greedy, 0.0)?;
+        stats.prompt_time = t0.elapsed();
+        let t1 = Instant::now();
+        'gen: loop {
+            if opts.stop_ids.contains(&pending) {
+                stats.stopped_on_eos = true;
+                break;
+            }
+            out.push(pending);
+            history.push(pending);
+            if !on_token(pending) || out.len() >= opts.max_tokens {
+                break;
+            }
+            let budget = opts.max_tokens - out.len();
+            let want = len.current().min(budget).min(rows_max - 1);
+            let td = Instant::now();
+            let drafts = lookup_draft(&history, spec.ngram_max, spec.ngram_min, want);
+            sp.draft_time += td.elapsed();
+            sp.forward_passes += 1;
+            sp.rows += 1 + drafts.len();
+            if drafts.is_empty() {
+                pending = model.decode(pending, &greedy, 0.0)?;
+                continue;
+            }
+            let mut rows = Vec::with_capacity(1 + drafts.len());
+            rows.push(pending);
+            rows.extend_from_slice(&drafts);
+            // ids[i]: the greedy token after rows[..=i].
+            let ids = model.verify_greedy(&rows)?;
+            let accepted = drafts.iter().zip(&ids).take_while(|(d, y)| d == y).count();
+            sp.lookup.steps += 1;
+            sp.lookup.drafted += drafts.len();
+            sp.lookup.accepted += accepted;
+            len.update(drafts.len(), accepted);
+            model.keep(1 + accepted)?;
+            for &d in &drafts[..accepted] {
+                if opts.stop_ids.contains(&d) {
+                    stats.stopped_on_eos = true;
+                    break 'gen;
+                }
+                out.push(d);
+                history.push(d);
+                if !on_token(d) || out.len() >= opts.max_tokens {
+                    break 'gen;
+                }
+            }
+            pending = ids[accepted];
+        }
+        stats.generated_tokens = out.len();
+        stats.decode_time = t1.elapsed();
+        Ok((out, stats, sp))
+    }
+
+    /// `spec-bench verify --backend cuda`: after a `context`-token prompt, a verify pass of
+    /// `k + 1` rows (then `keep(1)`, so every pass starts at the same position) against a
+    /// one-token decode step (graph replay), medians of `reps`.
+    pub fn verify_cost(
+        file: Arc<GgufFile>,
+        context: usize,
+        ks: &[usize],
+        reps: usize,
+        cache: &CacheArgs,
+    ) -> Result<Vec<VerifyCost>> {
+        let rows_max = ks.iter().max().copied().unwrap_or(0) + 1;
+        if rows_max > redlite_cuda::MAX_VERIFY_ROWS {
+            anyhow::bail!(
+                "K up to {} on the GPU (got {})",
+                redlite_cuda::MAX_VERIFY_ROWS - 1,
+                rows_max - 1
+            );
+        }
+        let context = context.max(1);
+        let mut mo = options(context + rows_max + reps + 8, context.max(rows_max));
+        mo.max_verify = rows_max;
+        let mut model = open(file, mo, cache)?;
+        let prompt = bench_tokens(context, model.config.vocab, 3);
+        let greedy = GpuSampling::greedy();
+        model.prefill(&prompt)?;
+        let token = model.sample_last(&greedy, 0.0)?;
+        // Every pass starts at the prompt's end (`skip_to`; the values are a bench's, the work
+        // is a real pass's). The decode step: captured once, then timed as the graph replay it
+        // is in generation.
+        let p0 = model.pos();
+        model.decode(token, &greedy, 0.0)?;
+        let mut out = Vec::with_capacity(ks.len());
+        for &k in ks {
+            let rows: Vec<u32> = bench_tokens(k + 1, model.config.vocab, 4);
+            // One untimed pass (first use of this row count), then the timed ones.
+            model.skip_to(p0)?;
+            model.verify_greedy(&rows)?;
+            let (mut v, mut d) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+            for _ in 0..reps.max(1) {
+                model.skip_to(p0)?;
+                let t = Instant::now();
+                model.verify_greedy(&rows)?;
+                v.push(t.elapsed().as_secs_f64());
+                model.skip_to(p0)?;
+                let t = Instant::now();
+                model.decode(token, &greedy, 0.0)?;
+                d.push(t.elapsed().as_secs_f64());
+            }
+            out.push(VerifyCost {
+                k,
+                verify_ms: median(&v) * 1e3,
+                decode_ms: median(&d) * 1e3,
+            });
+        }
+        Ok(out)
     }
 }
 

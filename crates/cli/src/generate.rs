@@ -178,10 +178,19 @@ pub fn run(args: Args) -> Result<()> {
         true
     };
     let (ids, stats, spec_stats) = match &model {
+        None if spec.mode != SpecMode::Off => {
+            let (ids, stats, s) = crate::cuda_cmd::generate_speculative(
+                file.clone(),
+                &prompt_ids,
+                &mut sampler,
+                &opts,
+                &spec,
+                &args.cache,
+                &mut emit,
+            )?;
+            (ids, stats, Some(s))
+        }
         None => {
-            if spec.mode != SpecMode::Off {
-                bail!("--spec is not available with --backend cuda yet");
-            }
             let (ids, stats) = crate::cuda_cmd::generate(
                 file.clone(),
                 &prompt_ids,

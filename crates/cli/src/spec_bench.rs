@@ -43,12 +43,14 @@ pub struct VerifyArgs {
     /// Timed repetitions per K (medians are reported; one more untimed warm-up).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Compute backend: cpu or oracle.
+    /// Compute backend: cpu, oracle or cuda (the device-resident GPU model).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// CPU threads (0: one per physical core).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
 }
 
 #[derive(clap::Args)]
@@ -101,13 +103,16 @@ fn open(path: &PathBuf) -> Result<Arc<GgufFile>> {
 }
 
 fn run_verify(args: VerifyArgs) -> Result<()> {
+    if args.ks.is_empty() || args.reps == 0 {
+        bail!("give at least one K and one repetition");
+    }
+    if args.backend == "cuda" {
+        return run_verify_cuda(&args);
+    }
     let choice = BackendChoice::parse(&args.backend)?;
     let file = open(&args.model)?;
     let model = load_model_from(file, choice, args.threads)
         .with_context(|| format!("loading {}", args.model.display()))?;
-    if args.ks.is_empty() || args.reps == 0 {
-        bail!("give at least one K and one repetition");
-    }
     // Fixed, spread-out token ids (the vocabulary of any Qwen3 file holds them).
     let tokens: Vec<u32> = (0..64u32).map(|i| 100 + i * 37).collect();
     println!(
@@ -132,6 +137,34 @@ fn run_verify(args: VerifyArgs) -> Result<()> {
             r.untraced.as_secs_f64() / r.decode.as_secs_f64().max(1e-12)
         );
     }))?;
+    Ok(())
+}
+
+/// The verify-cost table on the GPU (`CudaModel::verify_greedy` of K+1 rows against one decode
+/// step replayed from its graph).
+fn run_verify_cuda(args: &VerifyArgs) -> Result<()> {
+    let file = open(&args.model)?;
+    let rows = crate::cuda_cmd::verify_cost(file, args.context, &args.ks, args.reps, &args.cache)?;
+    println!(
+        "verify cost: {} (backend cuda), context {} tokens, median of {} reps",
+        args.model.display(),
+        args.context,
+        args.reps
+    );
+    println!("| K | rows | verify ms | 1-row decode ms | ratio | per row |");
+    println!("|---|------|-----------|-----------------|-------|---------|");
+    for r in rows {
+        let ratio = r.verify_ms / r.decode_ms.max(1e-9);
+        println!(
+            "| {} | {} | {:.3} | {:.3} | {:.2}x | {:.2}x |",
+            r.k,
+            r.k + 1,
+            r.verify_ms,
+            r.decode_ms,
+            ratio,
+            ratio / (r.k + 1) as f64
+        );
+    }
     Ok(())
 }
 

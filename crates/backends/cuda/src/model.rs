@@ -653,6 +653,7 @@ impl CudaModel {
             )));
         }
         self.pos = pos;
+        self.verified = None;
         Ok(())
     }
 
