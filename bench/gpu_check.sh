@@ -5,7 +5,7 @@
 # returns what it finished.
 #
 # Here (fills the git-ignored .device/check/; binaries travel stripped and xz-compressed):
-#   bench/gpu_check.sh prepare NEW_REDLITE OLD_REDLITE EXPERT_CACHE_GPU_TEST_BINARY
+#   bench/gpu_check.sh prepare NEW_REDLITE OLD_REDLITE EXPERT_CACHE_GPU_TEST [VERIFY_GPU_TEST]
 # There (`run` with `carry: [".device/check"]`):
 #   OLD_DEFINES="MOE_IQ2_SB=0" OUT=$OUT bash bench/gpu_check.sh
 # Steps: make-model of the full-size layout (uniform routing) in the background; the kernel
@@ -21,7 +21,7 @@ if [ "${1:-}" = "prepare" ]; then
     set -e
     REF=../shared/reference
     rm -rf "$DEV" && mkdir -p "$DEV/fixtures/logits" "$DEV/fixtures/models"
-    for pair in "redlite:$2" "redlite-old:$3" "expert_cache_gpu:$4"; do
+    for pair in "redlite:$2" "redlite-old:$3" "expert_cache_gpu:$4" ${5:+"verify_gpu:$5"}; do
         cp "${pair#*:}" "$DEV/${pair%%:*}"
         strip "$DEV/${pair%%:*}"
         xz -9 "$DEV/${pair%%:*}"
@@ -49,7 +49,9 @@ W=/tmp/redlite-check
 mkdir -p $W
 export REDLITE_CUDA_CACHE=$W/cache
 unxz() { python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$1" "$2"; }
-for b in redlite redlite-old expert_cache_gpu; do unxz "$DEV/$b.xz" $W/$b && chmod +x $W/$b; done
+for b in redlite redlite-old expert_cache_gpu verify_gpu; do
+    [ -f "$DEV/$b.xz" ] && unxz "$DEV/$b.xz" $W/$b && chmod +x $W/$b
+done
 unxz "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
 NEW=$W/redlite
 OLD=$W/redlite-old
@@ -89,6 +91,16 @@ step "exactness: expert_cache_gpu (new)"
 REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 150 $W/expert_cache_gpu --ignored --nocapture \
     >"$LOGS/exact_test.log" 2>&1 || status=1
 grep -h "bit\|identical\|test result\|panicked\|FAIL" "$LOGS/exact_test.log" | tail -8 | keep
+
+if [ -x $W/verify_gpu ]; then
+    step "speculative verify: verify_gpu (rows = decode steps, keep exact)"
+    REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/verify_gpu --ignored --nocapture \
+        >"$LOGS/verify_test.log" 2>&1 || status=1
+    grep -h "verify rows\|test result\|panicked" "$LOGS/verify_test.log" | tail -8 | keep
+    step "spec-bench verify --backend cuda (full size, K = 1, 3, 7, 15)"
+    timeout 120 $NEW spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
+        grep "^|\|rror\|panick" | keep
+fi
 
 step "decode all resident (new)"
 dec $NEW | keep
