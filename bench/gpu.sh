@@ -22,14 +22,8 @@ DEV=${DEV:-.device/cuda}
 LOGS=${OUT:-$DEV/out}
 mkdir -p "$LOGS"
 
-# libnvrtc (13.x): the toolkit's, else the pip package's (nvidia/cu13/lib).
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-    "$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)"; do
-    if [ -n "$d" ] && ls "$d"/libnvrtc.so* >/dev/null 2>&1; then
-        export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-        break
-    fi
-done
+. bench/device_lib.sh
+use_nvrtc || echo "warning: no libnvrtc found"
 export REDLITE_CUDA_CACHE="$LOGS/cache"   # a fresh cache: the first run compiles, the second reads it
 BIN=/tmp/redlite-cuda/redlite
 mkdir -p /tmp/redlite-cuda
@@ -99,24 +93,7 @@ if [ -f "$DEV/qwen3-vocab.gguf.gz" ]; then
                 | grep -E "^  [a-z_0-9]+|Duration|Throughput|Registers Per|Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Block Size" \
                 | grep -v "^    ---" >>"$LOGS/ncu_detail.txt" || status=1
         done
-        python3 - "$LOGS/ncu.csv" >"$LOGS/ncu.txt" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-head = rows[0]; rows = rows[1:]
-ki, mi, vi = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
-tot, cnt = collections.Counter(), collections.Counter()
-for r in rows:
-    if r[mi] == "gpu__time_duration.sum":
-        name = r[ki].split("(")[0]
-        tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1
-unit = head and [r for r in rows][0][head.index("Metric Unit")] if rows else "?"
-s = sum(tot.values())
-print(f"one decode step: {sum(cnt.values())} kernels, {s:.0f} {unit} of kernel time")
-print("| kernel | launches | total | share |")
-print("|---|---|---|---|")
-for k, v in tot.most_common(25):
-    print(f"| {k} | {cnt[k]} | {v:.0f} {unit} | {100*v/s:.1f}% |")
-PY
+        ncu_summary "$LOGS/ncu.csv" 25 >"$LOGS/ncu.txt"
     fi
 fi
 

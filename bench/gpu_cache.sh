@@ -32,13 +32,8 @@ fi
 
 LOGS=${OUT:-$DEV/out}
 mkdir -p "$LOGS"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-    "$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)"; do
-    if [ -n "$d" ] && ls "$d"/libnvrtc.so* >/dev/null 2>&1; then
-        export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-        break
-    fi
-done
+. bench/device_lib.sh
+use_nvrtc || echo "warning: no libnvrtc found"
 export REDLITE_CUDA_CACHE=/tmp/redlite-cuda2/cache
 W=/tmp/redlite-cuda2
 mkdir -p $W
@@ -106,22 +101,7 @@ if [ -n "${KERNEL_AB:-}" ]; then
         step "ncu: one decode step (default, graph off)"
         timeout 120 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
             $BIN bench decode --backend cuda --no-graphs --profile-step 1 -m $FULL -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
-        python3 - "$LOGS/ncu.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-head, rows = rows[0], rows[1:]
-ki, mi, vi, ui = (head.index(c) for c in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
-tot, cnt = collections.Counter(), collections.Counter()
-unit = "?"
-for r in rows:
-    if r[mi] == "gpu__time_duration.sum":
-        name = r[ki].split("(")[0]
-        tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1; unit = r[ui]
-s = sum(tot.values())
-print(f"one decode step: {sum(cnt.values())} kernels, {s:.0f} {unit} of kernel time")
-for k, v in tot.most_common(16):
-    print(f"| {k} | {cnt[k]} | {v:.0f} {unit} | {100*v/s:.1f}% |")
-PY
+        ncu_summary "$LOGS/ncu.csv" 16
     fi
     step "done"
     exit $status

@@ -7,23 +7,14 @@
 //! Fixtures: `$REDLITE_TEST_MODELS` or `shared/reference/models`.
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
+use common::models;
 use redlite_cuda::{
     CudaModel, CudaModelOptions, ExpertCacheSize, ExpertPolicy, ExpertStats, Gpu, GpuSampling,
 };
-
-fn models() -> PathBuf {
-    std::env::var_os("REDLITE_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../../../shared/reference/models"
-            ))
-        })
-}
 
 /// A prompt of varied ids, then greedy steps: `(prompt logits, step logits, counters)`.
 type Run = (Vec<Vec<f32>>, Vec<Vec<f32>>, ExpertStats);
@@ -64,10 +55,7 @@ fn run(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize, policy: ExpertPolic
 }
 
 fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-        })
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| common::same_bits(x, y))
 }
 
 #[test]

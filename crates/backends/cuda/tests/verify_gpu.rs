@@ -6,21 +6,12 @@
 //! Fixtures: `$REDLITE_TEST_MODELS` or `shared/reference/models`.
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
+use common::{models, same_bits};
 use redlite_cuda::{CudaModel, CudaModelOptions, ExpertCacheSize, Gpu, GpuSampling};
-
-fn models() -> PathBuf {
-    std::env::var_os("REDLITE_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../../../shared/reference/models"
-            ))
-        })
-}
 
 fn load(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize) -> CudaModel {
     let opts = CudaModelOptions {
@@ -37,10 +28,6 @@ fn load(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize) -> CudaModel {
         opts,
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
 }
 
 /// Prompt, then `tokens` decoded one by one: the logits after each.

@@ -1,0 +1,40 @@
+# Shell functions the GPU-machine scripts share (bench/gpu.sh, gpu_cache.sh, gpu_check.sh);
+# source it from the repository root.
+
+# libnvrtc (13.x) on LD_LIBRARY_PATH: the toolkit's, else the pip package's (nvidia/cu13/lib).
+use_nvrtc() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        "$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)"; do
+        if [ -n "$d" ] && ls "$d"/libnvrtc.so* >/dev/null 2>&1; then
+            export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# ncu_summary CSV [ROWS]: ncu's gpu__time_duration.sum per kernel name of one profiled step, as
+# a Markdown table, heaviest first.
+ncu_summary() {
+    python3 - "$1" "${2:-18}" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("ncu wrote no kernel rows")
+head, rows = rows[0], rows[1:]
+ki, mi, vi, ui = (head.index(c) for c in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
+tot, cnt = collections.Counter(), collections.Counter()
+unit = "?"
+for r in rows:
+    if r[mi] == "gpu__time_duration.sum":
+        name = r[ki].split("(")[0]
+        tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1; unit = r[ui]
+s = sum(tot.values())
+print(f"one decode step: {sum(cnt.values())} kernels, {s:.0f} {unit} of kernel time")
+print("| kernel | launches | total | share |")
+print("|---|---|---|---|")
+for k, v in tot.most_common(int(sys.argv[2])):
+    print(f"| {k} | {cnt[k]} | {v:.0f} {unit} | {100*v/s:.1f}% |")
+PY
+}
