@@ -141,6 +141,23 @@ pub trait Backend: Send + Sync + Sized {
         attention_two_pass(q, kv, n_heads, head_dim, scale)
     }
 
+    /// The MoE block of one token: [`Backend::routed_experts`], then the shared expert
+    /// `sigmoid(shared_gate · x) · swiglu(shared, x)` added to it ([`add_shared_expert`]). A
+    /// backend may run the shared expert's products alongside the routed ones; the result must
+    /// be the same.
+    fn moe_token(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[(usize, f32)],
+        shared: &FfnWeights<Self>,
+        shared_gate: &[f32],
+        x: &[f32],
+    ) -> Vec<f32> {
+        let mut out = self.routed_experts(experts, chosen, x);
+        add_shared_expert(&mut out, &swiglu(self, shared, x), shared_gate, x);
+        out
+    }
+
     /// The routed experts of one token: `Σ weight_e · down_e(silu(gate_e·x) ⊙ up_e·x)` over the
     /// chosen `(expert, weight)` pairs, summed in the given order. Backends fuse this.
     fn routed_experts(
@@ -183,6 +200,15 @@ pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec
         return ys.par_chunks_exact(rows).map(|r| r.to_vec()).collect();
     }
     ys.chunks_exact(rows).map(|r| r.to_vec()).collect()
+}
+
+/// `out += sigmoid(shared_gate · x) · down`: the gated shared expert (`down` its SwiGLU output)
+/// added to the routed sum of one token.
+pub fn add_shared_expert(out: &mut [f32], down: &[f32], shared_gate: &[f32], x: &[f32]) {
+    let gate = crate::ops::sigmoid(crate::ops::dot(shared_gate, x));
+    for (o, v) in out.iter_mut().zip(down) {
+        *o += gate * v;
+    }
 }
 
 /// One SwiGLU feed-forward: `down(silu(gate·x) ⊙ up·x)`.

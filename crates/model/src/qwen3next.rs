@@ -556,11 +556,11 @@ fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> 
 fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let router_logits = matvec_rows(b, &w.router, xs);
     let chosen = map_rows(&router_logits, |l| expert_choice(cfg, l));
-    let mut out = if xs.len() == 1 {
-        vec![b.routed_experts(&w.experts, &chosen[0], &xs[0])]
-    } else {
-        b.routed_experts_rows(&w.experts, &chosen, xs)
-    };
+    if xs.len() == 1 {
+        let (shared, gate) = (&w.shared, &w.shared_gate);
+        return vec![b.moe_token(&w.experts, &chosen[0], shared, gate, &xs[0])];
+    }
+    let mut out = b.routed_experts_rows(&w.experts, &chosen, xs);
     add_rows(&mut out, &shared_expert_rows(b, w, xs));
     out
 }

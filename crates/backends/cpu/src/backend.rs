@@ -13,7 +13,9 @@ use redlite_expert_cache::{
     CacheConfig, CacheShape, CacheStats, ExpertBytes, ExpertCache, ExpertRequest, Key,
 };
 use redlite_gguf::{GgmlType, GgufFile};
-use redlite_model::backend::{Backend, ExpertTag, LinearData, LinearSource};
+use redlite_model::backend::{
+    add_shared_expert, swiglu, Backend, ExpertTag, LinearData, LinearSource,
+};
 use redlite_model::delta_rule::{DeltaRule, HeadInputs};
 use redlite_model::ops::silu;
 use redlite_model::state::KvCache;
@@ -303,16 +305,28 @@ impl CpuBackend {
 
     /// `down_e(silu(gate_e·x) ⊙ up_e·x)` for each expert `e` of `ids`, its weights in `bytes`: gate
     /// and up of every expert in one parallel pass over the same quantized x, then every down.
+    /// With `shared`, the shared expert's three products ride along in the same two passes (its
+    /// output last): its memory-bound dense rows overlap the routed experts' compute-bound ones,
+    /// and the three parallel regions of its own are saved.
     fn expert_outputs(
         &self,
         experts: &[FfnWeights<Self>],
         ids: &[usize],
         bytes: &[ExpertBytes],
+        shared: Option<&FfnWeights<Self>>,
         x: &[f32],
     ) -> Vec<Vec<f32>> {
-        let mut products = Vec::with_capacity(2 * ids.len());
-        for (&e, b) in ids.iter().zip(bytes) {
-            for (w, wb) in [(&experts[e].gate, b[0]), (&experts[e].up, b[1])] {
+        let mut ffns: Vec<(&FfnWeights<Self>, ExpertBytes)> = ids
+            .iter()
+            .zip(bytes)
+            .map(|(&e, &b)| (&experts[e], b))
+            .collect();
+        if let Some(w) = shared {
+            ffns.push((w, [w.gate.bytes(), w.up.bytes(), w.down.bytes()]));
+        }
+        let mut products = Vec::with_capacity(2 * ffns.len());
+        for (ffn, b) in &ffns {
+            for (w, wb) in [(&ffn.gate, b[0]), (&ffn.up, b[1])] {
                 products.push(Product {
                     ty: w.ty,
                     w: wb,
@@ -336,19 +350,15 @@ impl CpuBackend {
             })
             .collect();
         let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
-        let products: Vec<Product> = ids
+        let products: Vec<Product> = ffns
             .iter()
-            .zip(bytes)
             .enumerate()
-            .map(|(i, (&e, b))| {
-                let w = &experts[e].down;
-                Product {
-                    ty: w.ty,
-                    w: b[2],
-                    rows: w.rows,
-                    cols: w.cols,
-                    input: i,
-                }
+            .map(|(i, (ffn, b))| Product {
+                ty: ffn.down.ty,
+                w: b[2],
+                rows: ffn.down.rows,
+                cols: ffn.down.cols,
+                input: i,
             })
             .collect();
         let mut downs = vec![Vec::new(); products.len()];
@@ -587,16 +597,49 @@ impl Backend for CpuBackend {
         chosen: &[(usize, f32)],
         x: &[f32],
     ) -> Vec<f32> {
+        self.moe_decode(experts, chosen, None, x).0
+    }
+
+    fn moe_token(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[(usize, f32)],
+        shared: &FfnWeights<Self>,
+        shared_gate: &[f32],
+        x: &[f32],
+    ) -> Vec<f32> {
+        let (mut out, down) = self.moe_decode(experts, chosen, Some(shared), x);
+        // Without a round (no experts chosen) the shared expert is computed on its own.
+        let down = down.unwrap_or_else(|| swiglu(self, shared, x));
+        add_shared_expert(&mut out, &down, shared_gate, x);
+        out
+    }
+}
+
+impl CpuBackend {
+    /// The weighted sum of the `chosen` routed experts of one token (in the given order) and,
+    /// with `shared`, the shared expert's SwiGLU output, computed in the first round of routed
+    /// experts (see [`CpuBackend::expert_outputs`]).
+    fn moe_decode(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[(usize, f32)],
+        mut shared: Option<&FfnWeights<Self>>,
+        x: &[f32],
+    ) -> (Vec<f32>, Option<Vec<f32>>) {
         let ids: Vec<usize> = chosen.iter().map(|&(e, _)| e).collect();
         // The next block's likely experts load while this block and the next one's mixer run.
         let ahead = self.guess_next(experts, x, ids.len());
         let mut downs = vec![Vec::new(); ids.len()];
+        let mut shared_down = None;
         self.with_experts(experts, &ids, &ahead, |idx, bytes| {
             let round: Vec<usize> = idx.iter().map(|&i| ids[i]).collect();
-            for (&i, y) in idx
-                .iter()
-                .zip(self.expert_outputs(experts, &round, bytes, x))
-            {
+            let with = shared.take();
+            let mut ys = self.expert_outputs(experts, &round, bytes, with, x);
+            if with.is_some() {
+                shared_down = ys.pop();
+            }
+            for (&i, y) in idx.iter().zip(ys) {
                 downs[i] = y;
             }
         });
@@ -607,6 +650,6 @@ impl Backend for CpuBackend {
                 *o += weight * v;
             }
         }
-        out
+        (out, shared_down)
     }
 }
