@@ -29,6 +29,9 @@ pub enum Kind {
     /// --per-call experts per call (no model loaded), experts in device memory and in pinned
     /// host memory (the expert cache's miss path).
     Expert,
+    /// cuda: the dense prompt product (the model's fused matvec on -p activation rows, default
+    /// 512) on random weights of --type (or the file's types), TFLOPS.
+    Gemm,
 }
 
 #[derive(clap::Args)]
@@ -233,6 +236,7 @@ pub fn run(mut args: Args) -> Result<()> {
             Report::Decode(r)
         }
         Kind::Expert => bail!("bench expert runs the GPU expert kernels: give --backend cuda"),
+        Kind::Gemm => bail!("bench gemm runs the GPU's prompt product: give --backend cuda"),
         Kind::Prefill => {
             let file = file.context("prefill needs -m FILE")?;
             progress("loading the model", 0, 0);
@@ -388,11 +392,71 @@ fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize, lab
     }
 }
 
+/// `bench kernel|gemm --backend cuda`: the model's dense product kernel on random weights, one
+/// activation row (kernel: GB/s against the device's read bandwidth measured in the same run) or
+/// -p rows (gemm: TFLOPS).
+fn run_cuda_kernels(args: &Args) -> Result<()> {
+    let specs = match (&args.ty, &args.model) {
+        (Some(t), _) => {
+            let ty = GgmlType::from_name(t).with_context(|| format!("--type {t}: unknown type"))?;
+            let (rows, cols) = parse_shape(&args.shape)?;
+            vec![(ty, rows, cols)]
+        }
+        (None, Some(p)) => {
+            let f = GgufFile::open(p).with_context(|| format!("opening {}", p.display()))?;
+            kernel_specs_from_file(&f)
+                .into_iter()
+                .map(|k| (k.ty, k.rows, k.cols))
+                .collect()
+        }
+        (None, None) => vec![(GgmlType::Q4K, 4096, 2048), (GgmlType::IQ2XXS, 4096, 2048)],
+    };
+    let tokens = match args.kind {
+        Kind::Gemm => args.prompt.unwrap_or(512),
+        _ => 1,
+    };
+    let ws = (args.working_set_mib.unwrap_or(512) as usize) << 20;
+    let reps = args.n.unwrap_or(10);
+    let (bw, rows) =
+        crate::cuda_cmd::bench_kernels(&specs, tokens, ws, reps, (args.bw_mib as usize) << 20)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"read_gbps": bw, "rows": rows}))?
+        );
+        return Ok(());
+    }
+    println!(
+        "device read bandwidth: {bw:.0} GB/s (read_sum over {} MiB, median of {reps})",
+        args.bw_mib
+    );
+    println!(
+        "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10} {:>8} {:>6} {:>7}",
+        "type", "shape", "tokens", "parts", "matrices", "us/call", "GB/s", "% bw", "TFLOPS"
+    );
+    for r in rows {
+        let g = r["gbps"].as_f64().unwrap_or(0.0);
+        println!(
+            "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10.2} {:>8.1} {:>5.1}% {:>7.2}",
+            r["type"].as_str().unwrap_or("?"),
+            format!("{}x{}", r["rows"], r["cols"]),
+            r["tokens"],
+            r["parts"],
+            r["matrices"],
+            r["us_per_call"].as_f64().unwrap_or(0.0),
+            g,
+            100.0 * g / bw.max(1e-9),
+            r["tflops"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
 /// `bench decode|prefill --backend cuda`: the device-resident model (crate::cuda_cmd). No host
 /// bandwidth run; GB/s is weight bytes per token × tok/s.
 fn run_cuda(args: Args) -> Result<()> {
-    if args.kind == Kind::Kernel {
-        bail!("bench kernel is not available with --backend cuda yet (decode and prefill are)");
+    if matches!(args.kind, Kind::Kernel | Kind::Gemm) {
+        return run_cuda_kernels(&args);
     }
     if args.kind == Kind::Expert {
         let path = args.model.as_ref().context("bench expert needs -m FILE")?;

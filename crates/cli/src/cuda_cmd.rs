@@ -141,6 +141,16 @@ mod imp {
         not_built()
     }
 
+    pub fn bench_kernels(
+        _specs: &[(redlite_gguf::GgmlType, usize, usize)],
+        _tokens: usize,
+        _working_set: usize,
+        _reps: usize,
+        _bw_bytes: usize,
+    ) -> Result<(f64, Vec<serde_json::Value>)> {
+        not_built()
+    }
+
     pub fn verify_cost(
         _file: Arc<GgufFile>,
         _context: usize,
@@ -577,6 +587,40 @@ mod imp {
         stats.generated_tokens = out.len();
         stats.decode_time = t1.elapsed();
         Ok((out, stats, sp))
+    }
+
+    /// `bench kernel|gemm --backend cuda`: the device's read bandwidth, then the model's fused
+    /// matvec (no norm) on `tokens` activation rows for each `(type, rows, cols)`; one JSON row
+    /// each.
+    pub fn bench_kernels(
+        specs: &[(redlite_gguf::GgmlType, usize, usize)],
+        tokens: usize,
+        working_set: usize,
+        reps: usize,
+        bw_bytes: usize,
+    ) -> Result<(f64, Vec<serde_json::Value>)> {
+        use redlite_cuda::kernel_bench::{bench_matvec, read_bandwidth, KernelBenchOptions};
+        let gpu = Gpu::new(0).context("opening the CUDA device")?;
+        eprintln!("{}", gpu.info);
+        let bw = read_bandwidth(&gpu, bw_bytes, reps).context("read bandwidth")?;
+        let mut rows = Vec::with_capacity(specs.len());
+        for &(ty, r, c) in specs {
+            let o = KernelBenchOptions {
+                ty,
+                rows: r,
+                cols: c,
+                tokens,
+                working_set,
+                reps,
+            };
+            let b = bench_matvec(&gpu, o).with_context(|| format!("{} {r}x{c}", ty.name()))?;
+            rows.push(serde_json::json!({
+                "type": ty.name(), "rows": r, "cols": c, "tokens": tokens, "parts": b.parts,
+                "matrices": b.matrices, "us_per_call": b.call_s * 1e6, "gbps": b.gbps,
+                "tflops": b.tflops,
+            }));
+        }
+        Ok((bw, rows))
     }
 
     /// `spec-bench verify --backend cuda`: after a `context`-token prompt, a verify pass of

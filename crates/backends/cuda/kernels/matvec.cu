@@ -459,3 +459,18 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
     }
 
 FOR_EACH_TYPE(MATVEC_KERNELS)
+
+// read_sum(p, n4, out): the device's read bandwidth for `bench kernel`: every float4 of p[0 .. n4)
+// read once (grid-stride, 16-byte loads), each block's sum written to out[blockIdx.x] so the
+// loads cannot be dropped. Launch: any grid, block = 256 threads.
+extern "C" __global__ void read_sum(const float4* __restrict__ p, unsigned long long n4, float* __restrict__ out) {
+    __shared__ float scratch[WARP];
+    float acc = 0.0f;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float4 v = p[i];
+        acc += (v.x + v.y) + (v.z + v.w);
+    }
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}

@@ -107,6 +107,7 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
 
 /// The kernels that do not depend on a weight type.
 pub const PLAIN_KERNELS: &[&str] = &[
+    "read_sum",
     "moe_router",
     "moe_router_warp",
     "rms_norm",

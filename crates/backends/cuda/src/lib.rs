@@ -35,6 +35,8 @@ pub mod expert_cache;
 #[cfg(feature = "cuda")]
 pub mod host;
 #[cfg(feature = "cuda")]
+pub mod kernel_bench;
+#[cfg(feature = "cuda")]
 pub mod model;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

@@ -63,7 +63,7 @@ pub const MAX_SAMPLE_TOP_K: usize = 64;
 /// Largest head dimension of the attention kernels (`ATTN_MAX_HD`).
 const MAX_HEAD_DIM: usize = 512;
 /// Warps per block of the fused matvec kernels (`MVF_WARPS`).
-const MVF_WARPS: usize = 8;
+pub(crate) const MVF_WARPS: usize = 8;
 const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
@@ -74,7 +74,7 @@ const ATTN_MAX_SPLITS: usize = 512;
 /// Slices of a row in the fused matvec kernels (warps per row, a power of two up to `MVF_WARPS`):
 /// enough that a lane walks about `lane_iters` units of work (one warp's loop iterations: blocks
 /// of the warp block decoders, groups of the group decoders, else values, 32 lanes at a time).
-fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
+pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
     let per_iter = match ty {
         GgmlType::Q6K => 256,
         GgmlType::Q4K | GgmlType::Q8_0 => 16 * 32,

@@ -1,0 +1,213 @@
+//! `bench kernel` and `bench gemm` on the GPU: the dense product kernel the model runs
+//! (`matvec_norm3_<type>` without norm weights, rows cut over warps as the model cuts them) on
+//! random weights of one type, next to the device's read bandwidth measured in the same run
+//! (`read_sum` over a buffer far larger than L2). `tokens = 1` is the decode matrix-vector
+//! product (GB/s of weights against the read bandwidth); `tokens > 1` the prompt product as the
+//! prefill runs it now (TFLOPS). The matrices together span `working_set` bytes, cycled through so
+//! every call reads its weights from memory.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result as cu, sys, LaunchConfig, PushKernelArg};
+use redlite_gguf::GgmlType;
+
+use crate::kernels::type_suffix;
+use crate::model::{mvf_parts, MVF_WARPS};
+use crate::ops::row_bytes;
+use crate::selftest::{random_weights, Rng};
+use crate::{CudaError, Gpu};
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelBenchOptions {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Activation rows per call (1: matrix-vector).
+    pub tokens: usize,
+    /// Bytes of weights cycled through (at least one matrix).
+    pub working_set: usize,
+    /// Timed passes over all matrices (the median is reported).
+    pub reps: usize,
+}
+
+/// One measurement.
+#[derive(Debug, Clone)]
+pub struct KernelBenchResult {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub tokens: usize,
+    /// Warps per row (`mvf_parts`, lane iterations 4 as the model).
+    pub parts: usize,
+    pub matrices: usize,
+    /// Median time of one call, seconds.
+    pub call_s: f64,
+    /// Weight bytes per second.
+    pub gbps: f64,
+    /// 2 · rows · cols · tokens per second, in TFLOPS.
+    pub tflops: f64,
+}
+
+fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::driver(what, e)
+}
+
+/// Device memory freed when dropped.
+struct DevBuf(u64);
+
+impl DevBuf {
+    fn new(bytes: usize) -> Result<DevBuf, CudaError> {
+        // SAFETY: plain allocation, freed once in `drop`.
+        Ok(DevBuf(
+            unsafe { cu::malloc_sync(bytes.max(16)) }.map_err(drv("allocating"))?,
+        ))
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_sync`, freed once.
+        let _ = unsafe { cu::free_sync(self.0) };
+    }
+}
+
+/// Median time of `reps` runs of `enqueue` on `stream`, seconds (CUDA events around each run).
+fn time_runs(
+    gpu: &Gpu,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    reps: usize,
+    mut enqueue: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (t0, t1) = (
+        gpu.ctx.new_event(flags).map_err(drv("creating an event"))?,
+        gpu.ctx.new_event(flags).map_err(drv("creating an event"))?,
+    );
+    enqueue()?; // warm-up: module load, first touch
+    let mut secs = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        t0.record(stream).map_err(drv("recording an event"))?;
+        enqueue()?;
+        t1.record(stream).map_err(drv("recording an event"))?;
+        secs.push(f64::from(t0.elapsed_ms(&t1).map_err(drv("timing"))?) / 1e3);
+    }
+    secs.sort_by(f64::total_cmp);
+    Ok(secs[secs.len() / 2])
+}
+
+/// The device's read bandwidth: `read_sum` over `bytes` (several times L2), GB/s, median of `reps`.
+pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaError> {
+    gpu.ctx
+        .bind_to_thread()
+        .map_err(drv("binding the context"))?;
+    let n4 = (bytes / 16).max(1) as u64;
+    let buf = DevBuf::new(16 * n4 as usize)?;
+    // SAFETY: `buf` holds 16 · n4 bytes.
+    unsafe { cu::memset_d8_sync(buf.0, 0, 16 * n4 as usize) }.map_err(drv("clearing"))?;
+    let blocks = 4 * 132u32;
+    let out = DevBuf::new(4 * blocks as usize)?;
+    let f = gpu.func("read_sum")?.clone();
+    let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    let s = time_runs(gpu, &stream, reps, || {
+        let mut b = stream.launch_builder(&f);
+        b.arg(&buf.0).arg(&n4).arg(&out.0);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments in the kernel's order and types; buffers live.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(drv("launching read_sum"))
+    })?;
+    Ok(16.0 * n4 as f64 / s / 1e9)
+}
+
+/// `matvec_norm3_<type>` (no norm) on `o.tokens` activation rows, cycling through matrices that
+/// span `o.working_set` bytes.
+pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResult, CudaError> {
+    if o.tokens == 0 || o.tokens > 65_535 || o.rows == 0 || o.cols == 0 {
+        return Err(CudaError::Invalid(format!(
+            "bench shape {}x{} with {} tokens",
+            o.rows, o.cols, o.tokens
+        )));
+    }
+    if 4 * o.cols > 48 * 1024 {
+        return Err(CudaError::Invalid(format!(
+            "{} columns: the fused matvec stages at most 12288",
+            o.cols
+        )));
+    }
+    gpu.ctx
+        .bind_to_thread()
+        .map_err(drv("binding the context"))?;
+    let bytes = row_bytes(o.ty, o.cols)? * o.rows;
+    let matrices = o.working_set.div_ceil(bytes).max(1);
+    let mut rng = Rng::new(0x6265_6e63_686b);
+    let w = random_weights(&mut rng, o.ty, o.rows, o.cols);
+    let weights = DevBuf::new(matrices * bytes)?;
+    for m in 0..matrices {
+        // SAFETY: matrix m's range lies inside `weights`.
+        unsafe { cu::memcpy_htod_sync(weights.0 + (m * bytes) as u64, &w) }
+            .map_err(drv("uploading weights"))?;
+    }
+    let x = rng.normals(o.tokens * o.cols, 1.0);
+    let (xd, yd) = (
+        DevBuf::new(4 * x.len())?,
+        DevBuf::new(4 * o.tokens * o.rows)?,
+    );
+    // SAFETY: `xd` holds x.
+    unsafe { cu::memcpy_htod_sync(xd.0, &x) }.map_err(drv("uploading x"))?;
+    let f = gpu
+        .func(&format!("matvec_norm3_{}", type_suffix(o.ty)))?
+        .clone();
+    let parts = mvf_parts(o.ty, o.cols, 4);
+    let rpb = MVF_WARPS / parts;
+    let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    let (eps, cols, pi, rows) = (1e-6f32, o.cols as i32, parts as i32, o.rows as i32);
+    let (null, zero) = (0u64, 0i32);
+    let s = time_runs(gpu, &stream, o.reps, || {
+        for m in 0..matrices {
+            let wm = weights.0 + (m * bytes) as u64;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&xd.0)
+                .arg(&null)
+                .arg(&eps)
+                .arg(&cols)
+                .arg(&pi)
+                .arg(&wm)
+                .arg(&yd.0)
+                .arg(&rows)
+                .arg(&null)
+                .arg(&null)
+                .arg(&zero)
+                .arg(&null)
+                .arg(&null)
+                .arg(&zero);
+            let cfg = LaunchConfig {
+                grid_dim: (o.rows.div_ceil(rpb) as u32, o.tokens as u32, 1),
+                block_dim: (32 * MVF_WARPS as u32, 1, 1),
+                shared_mem_bytes: 4 * o.cols as u32,
+            };
+            // SAFETY: arguments in matvec_norm3's order and types; buffers sized above.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(drv("launching matvec_norm3"))?;
+        }
+        Ok(())
+    })?;
+    let call_s = s / matrices as f64;
+    Ok(KernelBenchResult {
+        ty: o.ty,
+        rows: o.rows,
+        cols: o.cols,
+        tokens: o.tokens,
+        parts,
+        matrices,
+        call_s,
+        gbps: bytes as f64 / call_s / 1e9,
+        tflops: 2.0 * (o.rows * o.cols * o.tokens) as f64 / call_s / 1e12,
+    })
+}
