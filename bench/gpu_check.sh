@@ -97,6 +97,13 @@ if [ -x $W/verify_gpu ]; then
         grep "^|\|rror\|panick" | keep
 fi
 
+step "bench kernel / bench gemm --backend cuda (Q4_K, IQ2_XXS, Q6_K head shapes)"
+for t in "Q4_K 12288x2048" "IQ2_XXS 1024x2048" "Q6_K 151936x2048"; do
+    set -- $t
+    timeout 60 $NEW bench kernel --backend cuda --type $1 --shape $2 2>&1 | tail -1 | keep
+done
+timeout 60 $NEW bench gemm --backend cuda --type Q4_K --shape 12288x2048 -p 512 2>&1 | tail -1 | keep
+
 step "decode all resident (new)"
 dec $NEW | keep
 step "decode all resident (old, $OLD_DEFINES)"
