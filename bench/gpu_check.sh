@@ -11,7 +11,8 @@
 # Steps: make-model of the full-size layout (uniform routing) in the background; the kernel
 # self-test + fixture parity (prefill and graph step); decode at --memory 16GiB (lfu); the expert
 # cache exactness test; decode all resident; the same two decodes with the old build; resident
-# variants ($VARIANTS: NAME=VALUE environment settings, comma-separated per variant); the
+# variants ($VARIANTS: NAME=VALUE environment settings, comma-separated per variant; $MEM_VARIANTS
+# are measured at 16 GiB right after the default); the
 # MOE_IQ2_SB=2 expert kernels (self-test, decode); ncu's kernel times of one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,6 +82,12 @@ dec() {
 }
 step "decode --memory 16GiB --cache-policy lfu (new)"
 dec $NEW --memory 16GiB --cache-policy lfu | keep
+
+# MEM_VARIANTS: settings also measured at 16 GiB right away (NAME=VALUE, comma-separated per variant).
+for v in ${MEM_VARIANTS:-}; do
+    step "variant $v: decode --memory 16GiB --cache-policy lfu (new)"
+    (IFS=,; for kv in $v; do export "$kv"; done; dec $NEW --memory 16GiB --cache-policy lfu) | keep
+done
 
 step "exactness: expert_cache_gpu (new)"
 REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 150 $W/expert_cache_gpu --ignored --nocapture \
