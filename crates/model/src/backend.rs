@@ -106,6 +106,13 @@ pub trait Backend: Send + Sync + Sized {
     /// `(rows, cols)` of a prepared weight.
     fn linear_shape(&self, w: &Self::Linear) -> (usize, usize);
 
+    /// `W_i · x` for several weights that read the same one activation row (a decode token's
+    /// projections). Backends may run them as one parallel pass; each output must be what
+    /// [`matvec`] gives for it.
+    fn matvecs(&self, ws: &[&Self::Linear], x: &[f32]) -> Vec<Vec<f32>> {
+        ws.iter().map(|w| matvec(self, w, x)).collect()
+    }
+
     /// Runs `f`, one forward pass over the layers, where this backend's parallel regions start
     /// cheapest (the CPU backend: on a thread of its pool, so the pass takes part in its own
     /// regions instead of handing each one over and sleeping). The default runs it here.

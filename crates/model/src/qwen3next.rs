@@ -321,6 +321,20 @@ fn decoder_layer<B: Backend>(
     add_rows(x, &moe(b, cfg, &w.moe, &post));
 }
 
+/// `W_i · x` for every row of `xs` and each of `N` weights: a single row (a decode step) as one
+/// [`Backend::matvecs`] call, longer runs one batched product per weight.
+fn projections<B: Backend, const N: usize>(
+    b: &B,
+    ws: [&B::Linear; N],
+    xs: &[Vec<f32>],
+) -> [Vec<Vec<f32>>; N] {
+    if let [x] = xs {
+        let mut ys = b.matvecs(&ws, x).into_iter();
+        return std::array::from_fn(|_| vec![ys.next().unwrap_or_default()]);
+    }
+    ws.map(|w| matvec_rows(b, w, xs))
+}
+
 fn add_in_place(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;
@@ -340,9 +354,8 @@ fn gated_attention<B: Backend>(
 ) -> Vec<Vec<f32>> {
     let (nh, hd) = (cfg.n_heads, cfg.head_dim);
     let scale = 1.0 / (hd as f32).sqrt();
-    let qg_all = matvec_rows(b, &w.wq, xs); // [t][nh, 2, hd]
-    let k_all = matvec_rows(b, &w.wk, xs); // [t][nkv, hd]
-    let v_all = matvec_rows(b, &w.wv, xs);
+    // qg [t][nh, 2, hd], k and v [t][nkv, hd].
+    let [qg_all, k_all, v_all] = projections(b, [&w.wq, &w.wk, &w.wv], xs);
     let mut attn_out = Vec::with_capacity(xs.len());
     for (t, ((qg, mut k), v)) in qg_all.into_iter().zip(k_all).zip(v_all).enumerate() {
         let pos = pos0 + t;
@@ -398,9 +411,7 @@ fn gated_delta_net<B: Backend>(
     let kern = cfg.conv_kernel;
 
     // 1. Projections.
-    let qkv = matvec_rows(b, &w.qkv, xs);
-    let z = matvec_rows(b, &w.z, xs);
-    let ba = matvec_rows(b, &w.ba, xs);
+    let [qkv, z, ba] = projections(b, [&w.qkv, &w.z, &w.ba], xs);
 
     // 2. Causal conv over [state history (K−1 rows) | this run's inputs], then SiLU.
     let mut history = st.conv.clone();

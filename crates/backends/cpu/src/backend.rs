@@ -484,6 +484,25 @@ impl Backend for CpuBackend {
         (w.rows, w.cols)
     }
 
+    /// One fused pass over all the weights (one parallel region instead of one per weight; the
+    /// input quantized once per format); each row by `matvec`'s kernel, so the same values.
+    fn matvecs(&self, ws: &[&CpuLinear], x: &[f32]) -> Vec<Vec<f32>> {
+        let products: Vec<Product> = ws
+            .iter()
+            .map(|w| Product {
+                ty: w.ty,
+                w: w.bytes(),
+                rows: w.rows,
+                cols: w.cols,
+                input: 0,
+            })
+            .collect();
+        let mut ys = vec![Vec::new(); ws.len()];
+        fused::matvec_batch(&products, &[x], &mut ys)
+            .unwrap_or_else(|e| panic!("CPU projections: {e}"));
+        ys
+    }
+
     /// On a pool thread: every parallel region of the pass is then a fork inside the pool that
     /// this thread takes part in, and the caller sleeps once per pass. Run from the caller, each
     /// of the ≈10 regions per layer woke a worker and put the caller to sleep until the region
