@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use redlite_gguf::GgufFile;
 
-use crate::backend::{matvec, matvec_rows, Backend, Oracle};
+use crate::backend::{matvec_rows, Backend, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
@@ -211,34 +211,9 @@ impl<B: Backend> Model<B> {
         next_token: u32,
         t: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let cfg = &self.config;
-        let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
-        if mtp_state.kv.len() != t {
-            return Err(ModelError::State(format!(
-                "MTP slot {t} needs the {t} earlier slots in its cache, found {}",
-                mtp_state.kv.len()
-            )));
-        }
-        let e = rms_norm(&self.embed(next_token)?, &mtp.enorm, cfg.rms_eps);
-        let h = rms_norm(hidden_t, &mtp.hnorm, cfg.rms_eps);
-        let u = matvec(&self.backend, &mtp.eh_proj, &[e, h].concat());
-        let mut layer_state = LayerState::Attention(std::mem::take(&mut mtp_state.kv));
-        let mut x = vec![u];
-        decoder_layer(
-            &self.backend,
-            cfg,
-            &mtp.layer,
-            &mut layer_state,
-            &mut x,
-            t,
-            Mode::Step,
-            None,
-        );
-        if let LayerState::Attention(kv) = layer_state {
-            mtp_state.kv = kv;
-        }
-        let out = rms_norm(&x[0], &mtp.shared_head_norm, cfg.rms_eps);
-        Ok(matvec(&self.backend, &self.weights.output, &out))
+        // The one-slot case of `mtp_hidden`, then the lm_head.
+        let out = self.mtp_hidden(mtp_state, &[hidden_t.to_vec()], &[next_token], t)?;
+        Ok(self.lm_head(&out).pop().unwrap_or_default())
     }
 
     /// The MTP block over a run of slots `t0, t0+1, ..` at once, without the lm_head: row `i`
