@@ -138,6 +138,19 @@ fn verify_cost_cpu_time() {
     });
 }
 
+/// The file-rewrite prompt of `redlite spec-bench rewrite` (`$SPEC_FILE`, default
+/// /tmp/colorsys_60.py) as token ids.
+fn rewrite_prompt_ids(file: &GgufFile) -> Vec<u32> {
+    let tokenizer = Tokenizer::from_gguf(file).expect("tokenizer");
+    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
+    let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
+    let edit =
+        "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
+    tokenizer
+        .encode(&rewrite_prompt(&text, edit), false)
+        .expect("encode")
+}
+
 /// The file rewrite of `redlite spec-bench rewrite` (greedy, no stop tokens), decode CPU time
 /// plainly and per speculation mode: each run's CPU time minus that of the same run stopped
 /// after its first token (the prompt pass), medians over the repetitions.
@@ -145,14 +158,7 @@ fn verify_cost_cpu_time() {
 #[ignore]
 fn file_rewrite_cpu_time() {
     let (model, file) = load();
-    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
-    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
-    let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
-    let edit =
-        "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
-    let prompt = tokenizer
-        .encode(&rewrite_prompt(&text, edit), false)
-        .expect("encode");
+    let prompt = rewrite_prompt_ids(&file);
     let n = num("SPEC_N", 300);
     let reps = num("SPEC_REPS", 3).max(1);
     println!("prompt {} tokens, {n} generated", prompt.len());
@@ -239,14 +245,7 @@ fn file_rewrite_cpu_time() {
 #[ignore]
 fn mtp_draft_cost_cpu_time() {
     let (model, file) = load();
-    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
-    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
-    let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
-    let edit =
-        "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
-    let prompt = tokenizer
-        .encode(&rewrite_prompt(&text, edit), false)
-        .expect("encode");
+    let prompt = rewrite_prompt_ids(&file);
     let reps = num("SPEC_REPS", 3).max(1) * 10;
     with_model!(&model, m => {
         let mut state = m.new_state();
