@@ -111,50 +111,43 @@ pub fn matvec_batch(
             _ => {}
         }
     }
-    // Tasks: (product, first row, row count).
-    let mut tasks = Vec::new();
-    for (i, (p, (_, row_bytes))) in products.iter().zip(&kernels).enumerate() {
-        let per = (TASK_BYTES / (*row_bytes).max(1)).clamp(1, p.rows.max(1));
-        let mut r = 0;
-        while r < p.rows {
-            let n = per.min(p.rows - r);
-            tasks.push((i, r, n));
-            r += n;
-        }
-    }
-    let task = |&(i, r0, n): &(usize, usize, usize)| -> Vec<f32> {
-        let p = &products[i];
-        let (kernel, row_bytes) = kernels[i];
-        let x = inputs[p.input];
-        (r0..r0 + n)
-            .map(|r| {
-                let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
-                // Every input a kernel reads was quantized to its format above.
-                match kernel {
-                    Kernel::Row(RowDot::Q8K(f)) => f(w, q8k[p.input].as_deref().unwrap_or(&[])),
-                    Kernel::Row(RowDot::Q8_0(f)) => f(w, q80[p.input].as_deref().unwrap_or(&[])),
-                    Kernel::Row(RowDot::F32(f)) => f(w, x),
-                    Kernel::Iq2Interleaved(f) => {
-                        f(w, q8k_interleaved[p.input].as_deref().unwrap_or(&[]))
-                    }
-                }
-            })
-            .collect()
-    };
-    // Small products (a tiny model's whole MoE) run on the calling thread: handing them to the
-    // pool costs more than the work. Each task computes the same values either way.
-    let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
-    let results: Vec<Vec<f32>> = if weight_bytes < driver::PARALLEL_MIN_BYTES {
-        tasks.iter().map(task).collect()
-    } else {
-        tasks.par_iter().map(task).collect()
-    };
+    // Tasks: (product, first row, its slice of the product's output), ≈ TASK_BYTES of weights
+    // each; every task writes its own rows in place.
     for (o, p) in outputs.iter_mut().zip(products) {
         o.clear();
         o.resize(p.rows, 0.0);
     }
-    for (&(i, r0, n), vals) in tasks.iter().zip(results) {
-        outputs[i][r0..r0 + n].copy_from_slice(&vals);
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (i, (o, (_, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
+        let per = (TASK_BYTES / (*row_bytes).max(1)).max(1);
+        for (c, rows) in o.chunks_mut(per).enumerate() {
+            tasks.push((i, c * per, rows));
+        }
+    }
+    let task = |(i, r0, ys): &mut (usize, usize, &mut [f32])| {
+        let p = &products[*i];
+        let (kernel, row_bytes) = kernels[*i];
+        let x = inputs[p.input];
+        for (r, y) in (*r0..).zip(ys.iter_mut()) {
+            let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
+            // Every input a kernel reads was quantized to its format above.
+            *y = match kernel {
+                Kernel::Row(RowDot::Q8K(f)) => f(w, q8k[p.input].as_deref().unwrap_or(&[])),
+                Kernel::Row(RowDot::Q8_0(f)) => f(w, q80[p.input].as_deref().unwrap_or(&[])),
+                Kernel::Row(RowDot::F32(f)) => f(w, x),
+                Kernel::Iq2Interleaved(f) => {
+                    f(w, q8k_interleaved[p.input].as_deref().unwrap_or(&[]))
+                }
+            };
+        }
+    };
+    // Small products (a tiny model's whole MoE) run on the calling thread: handing them to the
+    // pool costs more than the work. Each task computes the same values either way.
+    let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
+    if weight_bytes < driver::PARALLEL_MIN_BYTES {
+        tasks.iter_mut().for_each(task);
+    } else {
+        tasks.par_iter_mut().for_each(task);
     }
     Ok(())
 }
