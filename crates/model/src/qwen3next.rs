@@ -197,8 +197,11 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         mode: Mode,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let hidden = self.forward_hidden(state, tokens, mode)?;
-        Ok(self.lm_head(&hidden))
+        // The lm_head in the same pass as the layers (see `Backend::run_pass`).
+        self.backend.run_pass(|| {
+            let hidden = self.forward_hidden(state, tokens, mode)?;
+            Ok(self.lm_head(&hidden))
+        })
     }
 
     /// MTP draft logits for token t+2 from `hidden_t` (the trunk's final hidden state at position t)

@@ -568,6 +568,11 @@ impl Backend for CpuBackend {
     fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         // Sizes the pool first if nothing has (as the kernels do).
         let _ = driver::num_threads();
+        // Already on a pool thread (a pass inside a pass, or a caller that is itself a pool
+        // task): run here, and leave the keepers to the outer pass.
+        if rayon::current_thread_index().is_some() {
+            return f();
+        }
         if std::env::var_os("REDLITE_NO_KEEP_WARM").is_some() {
             return rayon::scope(|_| f());
         }
