@@ -50,6 +50,27 @@ fn map_range<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> 
     }
 }
 
+/// A single token's element-wise work (DeltaNet conv channels, gated-norm heads) goes to the pool
+/// from this many elements: each element costs an `exp` (SiLU), ~8k of them per layer at full
+/// size, which the calling thread would otherwise do alone.
+const STEP_PARALLEL_ELEMENTS: usize = 4096;
+
+/// `[f(0), f(1), …, f(len − 1)]`, in a few pool tasks from [`STEP_PARALLEL_ELEMENTS`] elements
+/// (each element computed the same way either way).
+fn map_elements(len: usize, f: impl Fn(usize) -> f32 + Sync + Send) -> Vec<f32> {
+    if len < STEP_PARALLEL_ELEMENTS {
+        return (0..len).map(f).collect();
+    }
+    let mut out = vec![0.0f32; len];
+    let per = len.div_ceil(8);
+    out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
+        for (k, y) in o.iter_mut().enumerate() {
+            *y = f(i * per + k);
+        }
+    });
+    out
+}
+
 /// `h += m` row by row, on the pool for long runs.
 fn add_rows(x: &mut [Vec<f32>], m: &[Vec<f32>]) {
     if x.len() >= PARALLEL_ROWS {
@@ -396,17 +417,18 @@ fn gated_delta_net<B: Backend>(
     for row in &qkv {
         history.extend_from_slice(row);
     }
-    let conv_out: Vec<Vec<f32>> = map_range(n, |t| {
-        (0..ch)
-            .map(|c| {
-                let mut y = 0.0f32;
-                for j in 0..kern {
-                    y += w.conv[c * kern + j] * history[(t + j) * ch + c];
-                }
-                silu(y)
-            })
-            .collect()
-    });
+    let conv_at = |t: usize, c: usize| {
+        let mut y = 0.0f32;
+        for j in 0..kern {
+            y += w.conv[c * kern + j] * history[(t + j) * ch + c];
+        }
+        silu(y)
+    };
+    let conv_out: Vec<Vec<f32>> = if n == 1 {
+        vec![map_elements(ch, |c| conv_at(0, c))]
+    } else {
+        map_range(n, |t| (0..ch).map(|c| conv_at(t, c)).collect())
+    };
     st.conv.copy_from_slice(&history[n * ch..]);
 
     // 3./4. Per-head q, k, v, β, g, laid out per V head for the delta rule: q/k [nv][n][dk], v [nv][n][dv].
@@ -497,13 +519,25 @@ fn gated_delta_net<B: Backend>(
     }
 
     // 6. Gated RMSNorm per head, then the output projection.
+    // Head h of token t into `out` (`[dv]`).
+    let gate_head = |t: usize, h: usize, out: &mut [f32]| {
+        let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
+        let normed = rms_norm(oh, &w.norm, cfg.rms_eps);
+        for d in 0..dv {
+            out[d] = normed[d] * silu(z[t][h * dv + d]);
+        }
+    };
     let gated: Vec<Vec<f32>> = map_range(n, |t| {
         let mut gated = vec![0.0f32; nv * dv];
-        for h in 0..nv {
-            let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
-            let normed = rms_norm(oh, &w.norm, cfg.rms_eps);
-            for d in 0..dv {
-                gated[h * dv + d] = normed[d] * silu(z[t][h * dv + d]);
+        if n == 1 && gated.len() >= STEP_PARALLEL_ELEMENTS {
+            // One token (decode): its heads on the pool.
+            gated
+                .par_chunks_mut(dv)
+                .enumerate()
+                .for_each(|(h, out)| gate_head(t, h, out));
+        } else {
+            for (h, out) in gated.chunks_mut(dv).enumerate() {
+                gate_head(t, h, out);
             }
         }
         gated

@@ -340,16 +340,20 @@ impl CpuBackend {
         let mut gate_up = vec![Vec::new(); products.len()];
         fused::matvec_batch(&products, &[x], &mut gate_up)
             .unwrap_or_else(|e| panic!("expert gate/up: {e}"));
-        let acts: Vec<Vec<f32>> = gate_up
-            .chunks_exact(2)
-            .map(|gu| {
-                gu[0]
-                    .iter()
-                    .zip(&gu[1])
-                    .map(|(&g, &u)| silu(g) * u)
-                    .collect()
-            })
-            .collect();
+        let act = |gu: &[Vec<f32>]| -> Vec<f32> {
+            gu[0]
+                .iter()
+                .zip(&gu[1])
+                .map(|(&g, &u)| silu(g) * u)
+                .collect()
+        };
+        // One exp per value (≈ 5.6k at full size): on the pool when there are that many.
+        let values: usize = gate_up.iter().map(Vec::len).sum::<usize>() / 2;
+        let acts: Vec<Vec<f32>> = if values >= 4096 {
+            gate_up.par_chunks_exact(2).map(act).collect()
+        } else {
+            gate_up.chunks_exact(2).map(act).collect()
+        };
         let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
         let products: Vec<Product> = ffns
             .iter()
