@@ -413,28 +413,41 @@ mod tests {
     use super::*;
     use redlite_model::delta_rule::delta_rule_chunked;
 
+    /// Random inputs of one head over `n` tokens and a starting state: `(q, k, v, beta, g, s0)`.
+    type Head = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn random_head(seed: &mut u64, dk: usize, dv: usize, n: usize) -> Head {
+        let mut next = || {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+        let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+        let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
+        let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
+        let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+        let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
+        (q, k, v, beta, g, s0)
+    }
+
+    fn same(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// The rearranged chunked algorithm equals the oracle's bit for bit, on full 128×128 heads
     /// and on odd shapes (partial tiles, chunks of 1 row, prompts not starting on a boundary).
     #[test]
     fn chunked_fast_equals_the_oracle_bit_for_bit() {
         let mut seed = 11u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
         for (dk, dv, n, pos0) in [
             (128, 128, 150, 0),
             (64, 48, 70, 5),
             (24, 20, 9, 63),
             (16, 7, 2, 0),
         ] {
-            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
-            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
-            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
-            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
-            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+            let (q, k, v, beta, g, s0) = random_head(&mut seed, dk, dv, n);
             let inp = HeadInputs {
                 q: &q,
                 k: &k,
@@ -444,13 +457,9 @@ mod tests {
                 dk,
                 dv,
             };
-            let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
             let (mut s1, mut s2) = (s0.clone(), s0.clone());
             let oracle = delta_rule_chunked(&inp, pos0, &mut s1);
             let fast = one_head(&inp, &mut s2, DeltaRule::Chunked { pos0 }, None);
-            let same = |a: &[f32], b: &[f32]| {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-            };
             assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
             assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
         }
@@ -461,18 +470,8 @@ mod tests {
     #[test]
     fn two_pass_step_equals_the_oracle_bit_for_bit() {
         let mut seed = 17u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
         for (dk, dv, n) in [(128, 128, 3), (64, 48, 5), (16, 7, 1)] {
-            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
-            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
-            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
-            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
-            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+            let (q, k, v, beta, g, s0) = random_head(&mut seed, dk, dv, n);
             let inp = HeadInputs {
                 q: &q,
                 k: &k,
@@ -482,14 +481,10 @@ mod tests {
                 dk,
                 dv,
             };
-            let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
             let (mut s1, mut s2) = (s0.clone(), s0.clone());
             let (mut t1, mut t2) = (Vec::new(), Vec::new());
             let oracle = delta_rule_step_traced(&inp, &mut s1, Some(&mut t1));
             let fast = one_head(&inp, &mut s2, DeltaRule::Step, Some(&mut t2));
-            let same = |a: &[f32], b: &[f32]| {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-            };
             assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
             assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
             assert!(same(&t1, &t2), "traces, dk {dk} dv {dv} n {n}");
