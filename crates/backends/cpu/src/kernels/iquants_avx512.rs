@@ -795,17 +795,7 @@ fn iq2_xxs_pair_rows<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f32; R]
     let mut sumf = [0.0f32; R];
     let mut i = 0;
     while i < nb {
-        // An odd last block is paired with itself; its second result is dropped.
-        let i1 = if i + 1 < nb { i + 1 } else { i };
-        let b0 = &w[i * IQ2_XXS_BYTES..(i + 1) * IQ2_XXS_BYTES];
-        let b1 = &w[i1 * IQ2_XXS_BYTES..(i1 + 1) * IQ2_XXS_BYTES];
-        // SAFETY: bytes 2..66 of each block are 64 readable bytes.
-        let (q0, q1) = unsafe {
-            (
-                _mm512_loadu_si512(b0[2..66].as_ptr().cast()),
-                _mm512_loadu_si512(b1[2..66].as_ptr().cast()),
-            )
-        };
+        let (i1, b0, b1, q0, q1) = block_pair(w, i, nb);
         let idx = _mm512_permutex2var_epi8(q0, pack, q1);
         let high_half = _mm512_movepi8_mask(idx);
         let lo = lookup256(&code_lo, idx, high_half);
@@ -903,6 +893,24 @@ fn iq2_xxs_chunk_single<const CHECK: bool>(
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid, signed)
 }
 
+/// IQ2_XXS blocks `i` and `i1 = i + 1` of a row of `nb` (an odd last block is paired with itself,
+/// `i1 = i`; its second result is dropped): `(i1, block i, block i1, their quant bytes 2..66)`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn block_pair(w: &[u8], i: usize, nb: usize) -> (usize, &[u8], &[u8], __m512i, __m512i) {
+    let i1 = if i + 1 < nb { i + 1 } else { i };
+    let b0 = &w[i * IQ2_XXS_BYTES..(i + 1) * IQ2_XXS_BYTES];
+    let b1 = &w[i1 * IQ2_XXS_BYTES..(i1 + 1) * IQ2_XXS_BYTES];
+    // SAFETY: bytes 2..66 of each block are 64 readable bytes.
+    let (q0, q1) = unsafe {
+        (
+            _mm512_loadu_si512(b0[2..66].as_ptr().cast()),
+            _mm512_loadu_si512(b1[2..66].as_ptr().cast()),
+        )
+    };
+    (i1, b0, b1, q0, q1)
+}
+
 /// The IQ2_XXS kernel for one activation row (decode). Per block pair, as in
 /// [`iq2_xxs_pair_rows`], the grid-row codes of both blocks come from one set of table lookups
 /// and both block sums from one horizontal reduction; unlike it, the sign masks of both blocks
@@ -927,17 +935,7 @@ fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut flips = [0u64; 8];
     let mut i = 0;
     while i < nb {
-        // An odd last block is paired with itself; its second result is dropped.
-        let i1 = if i + 1 < nb { i + 1 } else { i };
-        let b0 = &w[i * IQ2_XXS_BYTES..(i + 1) * IQ2_XXS_BYTES];
-        let b1 = &w[i1 * IQ2_XXS_BYTES..(i1 + 1) * IQ2_XXS_BYTES];
-        // SAFETY: bytes 2..66 of each block are 64 readable bytes.
-        let (q0, q1) = unsafe {
-            (
-                _mm512_loadu_si512(b0[2..66].as_ptr().cast()),
-                _mm512_loadu_si512(b1[2..66].as_ptr().cast()),
-            )
-        };
+        let (i1, b0, b1, q0, q1) = block_pair(w, i, nb);
         let idx = _mm512_permutex2var_epi8(q0, pack, q1);
         let high_half = _mm512_movepi8_mask(idx);
         let lo = lookup256(&code_lo, idx, high_half);
@@ -1059,17 +1057,7 @@ fn iq2_xxs_pair_row_interleaved(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut flips = [0u64; 8];
     let mut i = 0;
     while i < nb {
-        // An odd last block is paired with itself; its second result is dropped.
-        let i1 = if i + 1 < nb { i + 1 } else { i };
-        let b0 = &w[i * IQ2_XXS_BYTES..(i + 1) * IQ2_XXS_BYTES];
-        let b1 = &w[i1 * IQ2_XXS_BYTES..(i1 + 1) * IQ2_XXS_BYTES];
-        // SAFETY: bytes 2..66 of each block are 64 readable bytes.
-        let (q0, q1) = unsafe {
-            (
-                _mm512_loadu_si512(b0[2..66].as_ptr().cast()),
-                _mm512_loadu_si512(b1[2..66].as_ptr().cast()),
-            )
-        };
+        let (i1, b0, b1, q0, q1) = block_pair(w, i, nb);
         let idx = _mm512_permutex2var_epi8(q0, pack, q1);
         let high_half = _mm512_movepi8_mask(idx);
         let lo = lookup256(&code_lo, idx, high_half);
