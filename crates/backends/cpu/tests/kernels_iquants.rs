@@ -502,14 +502,20 @@ fn iq2_xxs_kernel_without_minus_128_matches_scalar() {
         eprintln!("note: no AVX-512 VBMI/VNNI here; IQ2_XXS kernel without the −128 check not run");
         return;
     };
-    let mut rng = StdRng::seed_from_u64(29);
+    iq2_xxs_rows_match_scalar(29, |w, a| k(w, &a.q8k));
+}
+
+/// `kernel` against the scalar IQ2_XXS kernel, bit for bit, on random rows of 1..=9 blocks (odd
+/// counts end on a half pair), four rows each.
+fn iq2_xxs_rows_match_scalar(seed: u64, kernel: impl Fn(&[u8], &Acts) -> f32) {
+    let mut rng = StdRng::seed_from_u64(seed);
     let case = &CASES[0];
     for nb in 1..=9 {
         for _ in 0..4 {
             let w = random_blocks(&mut rng, case, nb);
             let a = random_acts(&mut rng, nb * 256);
             let want = (case.scalar)(nb * 256, &w, &a);
-            check_same(&format!("IQ2_XXS {nb} blocks"), k(&w, &a.q8k), want);
+            check_same(&format!("IQ2_XXS {nb} blocks"), kernel(&w, &a), want);
         }
     }
 }
@@ -526,17 +532,7 @@ fn iq2_xxs_interleaved_kernel_matches_scalar() {
         eprintln!("note: no AVX-512 VBMI/VNNI here; interleaved IQ2_XXS kernel not run");
         return;
     };
-    let mut rng = StdRng::seed_from_u64(31);
-    let case = &CASES[0];
-    for nb in 1..=9 {
-        for _ in 0..4 {
-            let w = random_blocks(&mut rng, case, nb);
-            let a = random_acts(&mut rng, nb * 256);
-            let want = (case.scalar)(nb * 256, &w, &a);
-            let x = interleave_q8k_for_iq2_xxs(&a.q8k);
-            check_same(&format!("IQ2_XXS {nb} blocks"), k(&w, &x), want);
-        }
-    }
+    iq2_xxs_rows_match_scalar(31, |w, a| k(w, &interleave_q8k_for_iq2_xxs(&a.q8k)));
 }
 
 /// Batched products (`matmul`, which uses the multi-row kernels where a type has them) give every
