@@ -416,6 +416,17 @@ impl<B: Backend> Backend for Recorder<B> {
     ) -> Vec<f32> {
         self.inner.attention(q, kv, n_heads, head_dim, scale)
     }
+
+    fn attention_rows(
+        &self,
+        q: &[Vec<f32>],
+        kv: &KvCache,
+        n_heads: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> Vec<Vec<f32>> {
+        self.inner.attention_rows(q, kv, n_heads, head_dim, scale)
+    }
     // `routed_experts` keeps the default: one `linear` per chosen expert, so every expert slice
     // sees exactly the tokens routed to it.
 }

@@ -148,6 +148,30 @@ pub trait Backend: Send + Sync + Sized {
         attention_two_pass(q, kv, n_heads, head_dim, scale)
     }
 
+    /// Causal attention of a run of tokens whose keys and values are the last `q.len()` rows of
+    /// `kv`: row t (`[n_heads, head_dim]`) attends over positions `0..kv.len() - q.len() + t + 1`.
+    /// Each row's result must be bit-identical to [`Backend::attention`] with the cache holding
+    /// only those positions (a verified row equals a one-token decode). The default does exactly
+    /// that, on a truncated copy of the cache per row; backends override it with one pass.
+    fn attention_rows(
+        &self,
+        q: &[Vec<f32>],
+        kv: &KvCache,
+        n_heads: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> Vec<Vec<f32>> {
+        let n0 = kv.len() - q.len();
+        q.iter()
+            .enumerate()
+            .map(|(t, qt)| {
+                let mut prefix = kv.clone();
+                prefix.truncate(n0 + t + 1);
+                self.attention(qt, &prefix, n_heads, head_dim, scale)
+            })
+            .collect()
+    }
+
     /// The MoE block of one token: [`Backend::routed_experts`], then the shared expert
     /// `sigmoid(shared_gate · x) · swiglu(shared, x)` added to it ([`add_shared_expert`]). A
     /// backend may run the shared expert's products alongside the routed ones; the result must
@@ -238,10 +262,21 @@ pub fn attention_two_pass(
     head_dim: usize,
     scale: f32,
 ) -> Vec<f32> {
+    attention_two_pass_prefix(q, kv, kv.len(), n_heads, head_dim, scale)
+}
+
+/// [`attention_two_pass`] over the first `n` positions of `kv` only.
+pub fn attention_two_pass_prefix(
+    q: &[f32],
+    kv: &KvCache,
+    n: usize,
+    n_heads: usize,
+    head_dim: usize,
+    scale: f32,
+) -> Vec<f32> {
     let hd = head_dim;
     let kv_heads = kv.width / hd;
     let group = n_heads / kv_heads.max(1);
-    let n = kv.len();
     let mut o = vec![0.0f32; n_heads * hd];
     for h in 0..n_heads {
         let g = h / group;
@@ -266,6 +301,21 @@ pub struct Oracle;
 
 impl Backend for Oracle {
     type Linear = Matrix;
+
+    fn attention_rows(
+        &self,
+        q: &[Vec<f32>],
+        kv: &KvCache,
+        n_heads: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> Vec<Vec<f32>> {
+        let n0 = kv.len() - q.len();
+        q.iter()
+            .enumerate()
+            .map(|(t, qt)| attention_two_pass_prefix(qt, kv, n0 + t + 1, n_heads, head_dim, scale))
+            .collect()
+    }
 
     fn name(&self) -> &'static str {
         "oracle"

@@ -355,7 +355,7 @@ fn gated_attention<B: Backend>(
     let scale = 1.0 / (hd as f32).sqrt();
     // qg [t][nh, 2, hd], k and v [t][nkv, hd].
     let [qg_all, k_all, v_all] = projections(b, [&w.wq, &w.wk, &w.wv], xs);
-    let mut attn_out = Vec::with_capacity(xs.len());
+    let (mut qs, mut gates) = (Vec::with_capacity(xs.len()), Vec::with_capacity(xs.len()));
     for (t, ((qg, mut k), v)) in qg_all.into_iter().zip(k_all).zip(v_all).enumerate() {
         let pos = pos0 + t;
         let mut q = vec![0.0f32; nh * hd];
@@ -373,13 +373,15 @@ fn gated_attention<B: Backend>(
             rope_neox(kh, pos, cfg.rope_dims, cfg.rope_theta);
         }
         kv.push(&k, &v);
-
-        // Causal attention over positions 0..=pos (everything in the cache).
-        let mut o = b.attention(&q, kv, nh, hd, scale);
-        for (od, gd) in o.iter_mut().zip(&gate) {
+        qs.push(q);
+        gates.push(gate);
+    }
+    // Causal attention: row t over positions 0..=pos0 + t, as a one-token step would.
+    let mut attn_out = b.attention_rows(&qs, kv, nh, hd, scale);
+    for (o, gate) in attn_out.iter_mut().zip(&gates) {
+        for (od, gd) in o.iter_mut().zip(gate) {
             *od *= sigmoid(*gd);
         }
-        attn_out.push(o);
     }
     matvec_rows(b, &w.wo, &attn_out)
 }

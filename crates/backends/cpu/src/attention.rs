@@ -144,16 +144,30 @@ impl HeadRows for Q8Rows<'_> {
 }
 
 /// Query heads `q` (`[m, hd]`, all reading the same KV head) over that head's keys `k` and
-/// values `v` (`n` positions): per head `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass. The heads
-/// share the pass so each cached row is read from memory once for all of them (GQA); every head's
-/// own operations and their order are those of a pass of its own.
+/// values `v`, query head `i` over positions `0..lens[i]`: per head
+/// `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass. The heads share the pass so each cached row is
+/// read from memory once for all of them (GQA heads, and the rows of a verify pass); every head's
+/// own operations and their order are those of a pass of its own, so a head's result does not
+/// depend on which other heads share the pass.
 #[inline(always)]
-fn head_online<R: HeadRows>(q: &[f32], k: &R, v: &R, n: usize, hd: usize, scale: f32) -> Vec<f32> {
+fn head_online<R: HeadRows>(
+    q: &[f32],
+    lens: &[usize],
+    k: &R,
+    v: &R,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
     let m = q.len() / hd;
+    debug_assert_eq!(lens.len(), m);
+    let n = lens.iter().copied().max().unwrap_or(0);
     let mut acc = vec![0.0f32; m * hd];
     let (mut max, mut norm) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
     for j in 0..n {
         for (h, (qh, ah)) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).enumerate() {
+            if j >= lens[h] {
+                continue;
+            }
             let s = k.dot(j, qh) * scale;
             if s > max[h] {
                 let c = (max[h] - s).exp();
@@ -178,22 +192,28 @@ fn head_online<R: HeadRows>(q: &[f32], k: &R, v: &R, n: usize, hd: usize, scale:
 /// [`head_online`] for query heads `q` (`[m, hd]`) against KV head `g` of `kv`, whatever its
 /// element type, with the portable row readers.
 #[inline(always)]
-fn head_portable(q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
+fn head_portable(
+    q: &[f32],
+    lens: &[usize],
+    kv: &KvCache,
+    g: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
     let at = HeadSlice {
         width: kv.width,
         offset: g * hd,
         hd,
     };
-    let n = kv.len();
     match (kv.keys(), kv.values()) {
         (KvRows::F32(k), KvRows::F32(v)) => {
-            head_online(q, &F32Rows(k, at), &F32Rows(v, at), n, hd, scale)
+            head_online(q, lens, &F32Rows(k, at), &F32Rows(v, at), hd, scale)
         }
         (KvRows::F16(k), KvRows::F16(v)) => {
-            head_online(q, &F16Rows(k, at), &F16Rows(v, at), n, hd, scale)
+            head_online(q, lens, &F16Rows(k, at), &F16Rows(v, at), hd, scale)
         }
         (KvRows::Q8_0(k), KvRows::Q8_0(v)) => {
-            head_online(q, &Q8Rows(k, at), &Q8Rows(v, at), n, hd, scale)
+            head_online(q, lens, &Q8Rows(k, at), &Q8Rows(v, at), hd, scale)
         }
         _ => unreachable!("a KvCache holds keys and values of one type"),
     }
@@ -316,6 +336,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub(super) unsafe fn head_avx512(
         q: &[f32],
+        lens: &[usize],
         kv: &KvCache,
         g: usize,
         hd: usize,
@@ -326,21 +347,20 @@ mod avx512 {
             offset: g * hd,
             hd,
         };
-        let n = kv.len();
         match (kv.keys(), kv.values()) {
             (KvRows::F16(k), KvRows::F16(v)) => {
-                head_online(q, &F16Rows512(k, at), &F16Rows512(v, at), n, hd, scale)
+                head_online(q, lens, &F16Rows512(k, at), &F16Rows512(v, at), hd, scale)
             }
             (KvRows::Q8_0(k), KvRows::Q8_0(v)) => head_online(
                 q,
+                lens,
                 &Q8Rows512(Q8Rows(k, at)),
                 &Q8Rows512(Q8Rows(v, at)),
-                n,
                 hd,
                 scale,
             ),
             // f32: the same code as every other ISA, so results stay bit-identical to before.
-            _ => head_portable(q, kv, g, hd, scale),
+            _ => head_portable(q, lens, kv, g, hd, scale),
         }
     }
 }
@@ -473,6 +493,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn head_avx2(
         q: &[f32],
+        lens: &[usize],
         kv: &KvCache,
         g: usize,
         hd: usize,
@@ -483,42 +504,49 @@ mod avx2 {
             offset: g * hd,
             hd,
         };
-        let n = kv.len();
         match (kv.keys(), kv.values()) {
             (KvRows::F16(k), KvRows::F16(v)) => {
-                head_online(q, &F16Rows256(k, at), &F16Rows256(v, at), n, hd, scale)
+                head_online(q, lens, &F16Rows256(k, at), &F16Rows256(v, at), hd, scale)
             }
             (KvRows::Q8_0(k), KvRows::Q8_0(v)) => head_online(
                 q,
+                lens,
                 &Q8Rows256(Q8Rows(k, at)),
                 &Q8Rows256(Q8Rows(v, at)),
-                n,
                 hd,
                 scale,
             ),
             // f32: the same code as every other ISA, so results stay bit-identical to before.
-            _ => head_portable(q, kv, g, hd, scale),
+            _ => head_portable(q, lens, kv, g, hd, scale),
         }
     }
 }
 
-/// Query heads `q` (`[m, hd]`, all of KV head `g`) with the code of `isa` (a level the CPU
-/// supports).
-fn head(isa: Isa, q: &[f32], kv: &KvCache, g: usize, hd: usize, scale: f32) -> Vec<f32> {
+/// Query heads `q` (`[m, hd]`, all of KV head `g`, head `i` over positions `0..lens[i]`) with the
+/// code of `isa` (a level the CPU supports).
+fn head(
+    isa: Isa,
+    q: &[f32],
+    lens: &[usize],
+    kv: &KvCache,
+    g: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
     debug_assert!(isa.supported());
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
             // SAFETY: callers pass `Isa::active()` or a level from `Isa::available()`, both only
             // AVX-512 when the CPU supports it.
-            return unsafe { avx512::head_avx512(q, kv, g, hd, scale) };
+            return unsafe { avx512::head_avx512(q, lens, kv, g, hd, scale) };
         }
         if isa >= Isa::Avx2 {
             // SAFETY: as above, for AVX2 + FMA + F16C.
-            return unsafe { avx2::head_avx2(q, kv, g, hd, scale) };
+            return unsafe { avx2::head_avx2(q, lens, kv, g, hd, scale) };
         }
     }
-    head_portable(q, kv, g, hd, scale)
+    head_portable(q, lens, kv, g, hd, scale)
 }
 
 /// Every query head of one token (`q` is `[n_heads, hd]`), heads in parallel.
@@ -541,11 +569,41 @@ pub fn attention_online_isa(
     hd: usize,
     scale: f32,
 ) -> Vec<f32> {
+    let mut rows = attention_rows_online_isa(isa, &[q.to_vec()], kv, n_heads, hd, scale);
+    rows.pop().unwrap_or_default()
+}
+
+/// Causal attention of a run of tokens whose keys and values are the last `qs.len()` rows of
+/// `kv` (`qs[t]` is `[n_heads, hd]`): row t over positions `0..kv.len() - qs.len() + t + 1`.
+/// One pass over each KV head's cached rows serves every row's query heads; each row's result is
+/// bit-identical to [`attention_online`] over its own prefix.
+pub fn attention_rows_online(
+    qs: &[Vec<f32>],
+    kv: &KvCache,
+    n_heads: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<Vec<f32>> {
+    attention_rows_online_isa(Isa::active(), qs, kv, n_heads, hd, scale)
+}
+
+/// [`attention_rows_online`] with the code of `isa` (one the CPU supports).
+pub fn attention_rows_online_isa(
+    isa: Isa,
+    qs: &[Vec<f32>],
+    kv: &KvCache,
+    n_heads: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<Vec<f32>> {
     let isa = isa.min(Isa::best());
+    let rows = qs.len();
+    let n0 = kv.len().saturating_sub(rows);
     let kv_heads = (kv.width / hd).max(1);
     let group = (n_heads / kv_heads).max(1);
-    // Each task streams its KV head's rows once for a run of that head's query heads: as few
-    // tasks as keep every thread busy (one per KV head on 2 threads, one per query head on 16+).
+    // Each task streams its KV head's rows once for a run of that head's query heads, of every
+    // row: as few tasks as keep every thread busy (one per KV head on 2 threads, one per query
+    // head on 16+).
     let tasks_per_kv = rayon::current_num_threads()
         .div_ceil(kv_heads)
         .clamp(1, group);
@@ -557,10 +615,30 @@ pub fn attention_online_isa(
                 .map(move |s| (g * group + s, g * group + (s + per_task).min(group)))
         })
         .collect();
-    runs.into_par_iter()
-        .map(|(h0, h1)| head(isa, &q[h0 * hd..h1 * hd], kv, h0 / group, hd, scale))
-        .collect::<Vec<_>>()
-        .concat()
+    // Per task: `[rows, h1 - h0, hd]`.
+    let outs: Vec<Vec<f32>> = runs
+        .par_iter()
+        .map(|&(h0, h1)| {
+            let width = (h1 - h0) * hd;
+            let mut q = Vec::with_capacity(rows * width);
+            let mut lens = Vec::with_capacity(rows * (h1 - h0));
+            for (t, qt) in qs.iter().enumerate() {
+                q.extend_from_slice(&qt[h0 * hd..h1 * hd]);
+                lens.extend(std::iter::repeat_n(n0 + t + 1, h1 - h0));
+            }
+            head(isa, &q, &lens, kv, h0 / group, hd, scale)
+        })
+        .collect();
+    (0..rows)
+        .map(|t| {
+            let mut o = Vec::with_capacity(n_heads * hd);
+            for (&(h0, h1), out) in runs.iter().zip(&outs) {
+                let width = (h1 - h0) * hd;
+                o.extend_from_slice(&out[t * width..(t + 1) * width]);
+            }
+            o
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -634,6 +712,40 @@ mod tests {
                 let a = attention_two_pass(&q, &kv, 8, 64, 0.125);
                 let b = attention_online_isa(isa, &q, &kv, 8, 64, 0.125);
                 assert!(max_rel(&a, &b) < 1e-5, "{t} {isa:?}: {}", max_rel(&a, &b));
+            }
+        }
+    }
+    /// A run of rows in one call (each row over its own causal prefix) gives every row the bits
+    /// of a one-row call over a cache truncated to that prefix, for every element type, ISA and
+    /// thread count (the speculative verify's invariant).
+    #[test]
+    fn rows_in_one_pass_match_one_row_calls_bit_for_bit() {
+        let (nkv, hd, rows, n) = (2, 64, 5, 40);
+        for t in KvType::ALL {
+            let (kv, _) = random_cache(t, nkv, hd, n);
+            let qs: Vec<Vec<f32>> = (0..rows)
+                .map(|r| random_cache(t, nkv, hd, 1 + r).1)
+                .collect();
+            for isa in Isa::available() {
+                for threads in [1, 2, 16] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let many =
+                        pool.install(|| attention_rows_online_isa(isa, &qs, &kv, 8, hd, 0.125));
+                    for (r, (q, got)) in qs.iter().zip(&many).enumerate() {
+                        let mut prefix = kv.clone();
+                        prefix.truncate(n - rows + r + 1);
+                        let one =
+                            pool.install(|| attention_online_isa(isa, q, &prefix, 8, hd, 0.125));
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert!(
+                            bits(got) == bits(&one),
+                            "{t} {isa:?} {threads} threads, row {r}"
+                        );
+                    }
+                }
             }
         }
     }

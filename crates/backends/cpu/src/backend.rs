@@ -607,6 +607,17 @@ impl Backend for CpuBackend {
         crate::attention::attention_online(q, kv, n_heads, head_dim, scale)
     }
 
+    fn attention_rows(
+        &self,
+        q: &[Vec<f32>],
+        kv: &KvCache,
+        n_heads: usize,
+        head_dim: usize,
+        scale: f32,
+    ) -> Vec<Vec<f32>> {
+        crate::attention::attention_rows_online(q, kv, n_heads, head_dim, scale)
+    }
+
     fn delta_rule(
         &self,
         heads: &[HeadInputs],
