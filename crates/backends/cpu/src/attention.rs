@@ -143,12 +143,63 @@ impl HeadRows for Q8Rows<'_> {
     }
 }
 
+/// Positions per softmax block: scores are computed, maximised and exponentiated 16 at a time
+/// (one AVX-512 register). Blocks start at absolute multiples of `BLOCK`, so a head's blocks, and
+/// with them its arithmetic, depend only on its own length.
+const BLOCK: usize = 16;
+
+/// `e^x` for `x ≤ 0` in plain f32 operations (no library call), so that [`exp_block`]
+/// vectorises; `x < -87.3` (including `-∞`) gives 0. `x = n·ln2 + r` with `|r| ≤ ln2/2`
+/// (Cody–Waite split of ln2), `e^r` by a degree-7 polynomial (Cephes' `expf` coefficients),
+/// `2^n` built in the exponent bits. Relative error about 1e-7.
+#[inline(always)]
+fn exp_neg(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5·2^23: adding it rounds to an integer, held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    const LOWEST: f32 = -87.3;
+    let xc = x.max(LOWEST);
+    let t = xc.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
+    let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, xc));
+    let mut p = 1.987_569_2e-4f32;
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = p.mul_add(r, c);
+    }
+    let er = (r * r).mul_add(p, r) + 1.0;
+    let y = er * f32::from_bits(((ni + 127) << 23) as u32);
+    if x < LOWEST {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// [`exp_neg`] of every lane.
+#[inline(always)]
+fn exp_block(x: &mut [f32; BLOCK]) {
+    for v in x.iter_mut() {
+        *v = exp_neg(*v);
+    }
+}
+
 /// Query heads `q` (`[m, hd]`, all reading the same KV head) over that head's keys `k` and
 /// values `v`, query head `i` over positions `0..lens[i]`: per head
-/// `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass. The heads share the pass so each cached row is
-/// read from memory once for all of them (GQA heads, and the rows of a verify pass); every head's
-/// own operations and their order are those of a pass of its own, so a head's result does not
-/// depend on which other heads share the pass.
+/// `Σ_j softmax(q·k_j·scale)_j · v_j` in one pass, an online softmax over blocks of [`BLOCK`]
+/// positions (block maximum, one rescale per block when it grows, the block's weights
+/// `e^(s - max)` in one vector exp, then `acc += p_j·v_j` in position order). The heads share the
+/// pass so each cached row is read from memory once for all of them (GQA heads, and the rows of a
+/// verify pass); every head's own operations and their order are those of a pass of its own, so a
+/// head's result does not depend on which other heads share the pass.
 #[inline(always)]
 fn head_online<R: HeadRows>(
     q: &[f32],
@@ -163,23 +214,33 @@ fn head_online<R: HeadRows>(
     let n = lens.iter().copied().max().unwrap_or(0);
     let mut acc = vec![0.0f32; m * hd];
     let (mut max, mut norm) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
-    for j in 0..n {
+    for j0 in (0..n).step_by(BLOCK) {
         for (h, (qh, ah)) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).enumerate() {
-            if j >= lens[h] {
+            let b = lens[h].min(j0 + BLOCK).saturating_sub(j0);
+            if b == 0 {
                 continue;
             }
-            let s = k.dot(j, qh) * scale;
-            if s > max[h] {
-                let c = (max[h] - s).exp();
+            let mut p = [f32::NEG_INFINITY; BLOCK];
+            for (i, s) in p[..b].iter_mut().enumerate() {
+                *s = k.dot(j0 + i, qh) * scale;
+            }
+            let block_max = p[..b].iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+            if block_max > max[h] {
+                let c = exp_neg(max[h] - block_max);
                 for a in ah.iter_mut() {
                     *a *= c;
                 }
                 norm[h] *= c;
-                max[h] = s;
+                max[h] = block_max;
             }
-            let p = (s - max[h]).exp();
-            norm[h] += p;
-            v.axpy(j, p, ah);
+            for s in p.iter_mut() {
+                *s -= max[h];
+            }
+            exp_block(&mut p);
+            for (i, &pi) in p[..b].iter().enumerate() {
+                norm[h] += pi;
+                v.axpy(j0 + i, pi, ah);
+            }
         }
     }
     for (ah, nh) in acc.chunks_exact_mut(hd).zip(&norm) {
@@ -748,5 +809,19 @@ mod tests {
                 }
             }
         }
+    }
+    /// The softmax's exp stays within a few f32 ulps of the library's over the range it sees.
+    #[test]
+    fn exp_neg_matches_libm() {
+        let mut worst = 0f32;
+        for i in 0..=200_000 {
+            let x = -87.0 * i as f32 / 200_000.0;
+            let (want, got) = (x.exp(), exp_neg(x));
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 4e-7, "worst relative error {worst}");
+        assert_eq!(exp_neg(0.0), 1.0);
+        assert_eq!(exp_neg(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_neg(-100.0), 0.0);
     }
 }
