@@ -337,6 +337,50 @@ mod avx512 {
         }
     }
 
+    pub(super) struct F32Rows512<'a>(pub &'a [f32], pub HeadSlice);
+
+    impl HeadRows for F32Rows512<'_> {
+        #[inline(always)]
+        fn dot(&self, j: usize, q: &[f32]) -> f32 {
+            let s = self.1.start(j);
+            let row = &self.0[s..s + self.1.hd];
+            let full = row.len() / 16 * 16;
+            // SAFETY: AVX-512F is present (module docs); every load reads 16 elements inside
+            // `row` / `q` (`i + 16 ≤ full ≤ len`).
+            let mut sum = unsafe {
+                let mut acc = _mm512_setzero_ps();
+                for i in (0..full).step_by(16) {
+                    let k = _mm512_loadu_ps(row.as_ptr().add(i));
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(i)), k, acc);
+                }
+                _mm512_reduce_add_ps(acc)
+            };
+            for (x, y) in q[full..].iter().zip(&row[full..]) {
+                sum += x * y;
+            }
+            sum
+        }
+
+        #[inline(always)]
+        fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
+            let s = self.1.start(j);
+            let row = &self.0[s..s + self.1.hd];
+            let full = row.len() / 16 * 16;
+            // SAFETY: as in `dot`; `acc` has `hd` elements like `row`.
+            unsafe {
+                let pv = _mm512_set1_ps(p);
+                for i in (0..full).step_by(16) {
+                    let a = acc.as_mut_ptr().add(i);
+                    let v = _mm512_loadu_ps(row.as_ptr().add(i));
+                    _mm512_storeu_ps(a, _mm512_fmadd_ps(pv, v, _mm512_loadu_ps(a)));
+                }
+            }
+            for (a, v) in acc[full..].iter_mut().zip(&row[full..]) {
+                *a += p * v;
+            }
+        }
+    }
+
     pub(super) struct Q8Rows512<'a>(pub Q8Rows<'a>);
 
     /// An f16 scale as f32 with the F16C instruction (inline, unlike a library call per block).
@@ -420,8 +464,10 @@ mod avx512 {
                 hd,
                 scale,
             ),
-            // f32: the same code as every other ISA, so results stay bit-identical to before.
-            _ => head_portable(q, lens, kv, g, hd, scale),
+            (KvRows::F32(k), KvRows::F32(v)) => {
+                head_online(q, lens, &F32Rows512(k, at), &F32Rows512(v, at), hd, scale)
+            }
+            _ => unreachable!("a KvCache holds keys and values of one type"),
         }
     }
 }
