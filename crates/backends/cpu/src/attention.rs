@@ -36,6 +36,14 @@ trait HeadRows {
     fn dot(&self, j: usize, q: &[f32]) -> f32;
     /// `acc += p · row_j`.
     fn axpy(&self, j: usize, p: f32, acc: &mut [f32]);
+    /// `acc += p_i · row_{j0 + i}` for every `i` in order: per element the same operations as
+    /// one [`HeadRows::axpy`] per position (a reader may keep `acc` in registers meanwhile).
+    #[inline(always)]
+    fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
+        for (i, &pi) in p.iter().enumerate() {
+            self.axpy(j0 + i, pi, acc);
+        }
+    }
 }
 
 /// Where head `g`'s values of position `j` start in a cache row layout.
@@ -237,10 +245,10 @@ fn head_online<R: HeadRows>(
                 *s -= max[h];
             }
             exp_block(&mut p);
-            for (i, &pi) in p[..b].iter().enumerate() {
+            for &pi in &p[..b] {
                 norm[h] += pi;
-                v.axpy(j0 + i, pi, ah);
             }
+            v.axpy_block(j0, &p[..b], ah);
         }
     }
     for (ah, nh) in acc.chunks_exact_mut(hd).zip(&norm) {
@@ -377,6 +385,37 @@ mod avx512 {
             }
             for (a, v) in acc[full..].iter_mut().zip(&row[full..]) {
                 *a += p * v;
+            }
+        }
+
+        /// 16 elements of `acc` at a time stay in a register over the whole block.
+        #[inline(always)]
+        fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
+            let Some(last) = p.len().checked_sub(1) else {
+                return;
+            };
+            let (at, hd) = (self.1, self.1.hd);
+            assert!(at.start(j0 + last) + hd <= self.0.len() && acc.len() >= hd);
+            let full = hd / 16 * 16;
+            // SAFETY: AVX-512F is present (module docs); position `j0 + i` (`i ≤ last`) reads
+            // `start(j0 + i) + c .. + 16 ≤ start(j0 + last) + hd ≤ len` (asserted above), and
+            // `acc` is read and written at `c .. c + 16 ≤ hd`.
+            unsafe {
+                for c in (0..full).step_by(16) {
+                    let a = acc.as_mut_ptr().add(c);
+                    let mut x = _mm512_loadu_ps(a);
+                    for (i, &pi) in p.iter().enumerate() {
+                        let v = _mm512_loadu_ps(self.0.as_ptr().add(at.start(j0 + i) + c));
+                        x = _mm512_fmadd_ps(_mm512_set1_ps(pi), v, x);
+                    }
+                    _mm512_storeu_ps(a, x);
+                }
+            }
+            for (i, &pi) in p.iter().enumerate() {
+                let s = at.start(j0 + i);
+                for (a, v) in acc[full..hd].iter_mut().zip(&self.0[s + full..s + hd]) {
+                    *a += pi * v;
+                }
             }
         }
     }
