@@ -156,7 +156,8 @@ impl HeadRows for Q8Rows<'_> {
 /// with them its arithmetic, depend only on its own length.
 const BLOCK: usize = 16;
 
-/// `e^x` for `x ≤ 0` in plain f32 operations (no library call), so that [`exp_block`]
+/// `e^x` for `x ≤ 0` in plain f32 operations (no library call, no fused multiply-add: no ISA falls back to a
+/// software `fmaf`), so that [`exp_block`]
 /// vectorises; `x < -87.3` (including `-∞`) gives 0. `x = n·ln2 + r` with `|r| ≤ ln2/2`
 /// (Cody–Waite split of ln2), `e^r` by a degree-7 polynomial (Cephes' `expf` coefficients),
 /// `2^n` built in the exponent bits. Relative error about 1e-7.
@@ -169,10 +170,11 @@ fn exp_neg(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
     const LOWEST: f32 = -87.3;
     let xc = x.max(LOWEST);
-    let t = xc.mul_add(LOG2E, ROUND);
+    let t = xc * LOG2E + ROUND;
     let n = t - ROUND;
     let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
-    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, xc));
+    // `n·LN2_HI` is exact (9 + 7 significant bits).
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.987_569_2e-4f32;
     for c in [
         1.398_199_9e-3,
@@ -181,9 +183,9 @@ fn exp_neg(x: f32) -> f32 {
         0.166_666_65,
         0.5,
     ] {
-        p = p.mul_add(r, c);
+        p = p * r + c;
     }
-    let er = (r * r).mul_add(p, r) + 1.0;
+    let er = (r * r * p + r) + 1.0;
     let y = er * f32::from_bits(((ni + 127) << 23) as u32);
     if x < LOWEST {
         0.0
