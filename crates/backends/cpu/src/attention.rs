@@ -345,6 +345,38 @@ mod avx512 {
                 *a += p * f16_to_f32(h);
             }
         }
+
+        /// 16 elements of `acc` at a time stay in a register over the whole block.
+        #[inline(always)]
+        fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
+            let Some(last) = p.len().checked_sub(1) else {
+                return;
+            };
+            let (at, hd) = (self.1, self.1.hd);
+            assert!(at.start(j0 + last) + hd <= self.0.len() && acc.len() >= hd);
+            let full = hd / 16 * 16;
+            // SAFETY: AVX-512F/F16C are present (module docs); position `j0 + i` (`i ≤ last`)
+            // reads `start(j0 + i) + c .. + 16 ≤ start(j0 + last) + hd ≤ len` (asserted above),
+            // and `acc` is read and written at `c .. c + 16 ≤ hd`.
+            unsafe {
+                for c in (0..full).step_by(16) {
+                    let a = acc.as_mut_ptr().add(c);
+                    let mut x = _mm512_loadu_ps(a);
+                    for (i, &pi) in p.iter().enumerate() {
+                        let h = self.0.as_ptr().add(at.start(j0 + i) + c);
+                        let v = _mm512_cvtph_ps(_mm256_loadu_si256(h as *const __m256i));
+                        x = _mm512_fmadd_ps(_mm512_set1_ps(pi), v, x);
+                    }
+                    _mm512_storeu_ps(a, x);
+                }
+            }
+            for (i, &pi) in p.iter().enumerate() {
+                let s = at.start(j0 + i);
+                for (a, &h) in acc[full..hd].iter_mut().zip(&self.0[s + full..s + hd]) {
+                    *a += pi * f16_to_f32(h);
+                }
+            }
+        }
     }
 
     pub(super) struct F32Rows512<'a>(pub &'a [f32], pub HeadSlice);
@@ -473,6 +505,41 @@ mod avx512 {
                         let a = acc.as_mut_ptr().add(b * Q8_0_BLOCK + half * 16);
                         let x = i8x16_to_f32(blk.qs.as_ptr().add(half * 16));
                         _mm512_storeu_ps(a, _mm512_fmadd_ps(c, x, _mm512_loadu_ps(a)));
+                    }
+                }
+            }
+        }
+
+        /// 16 elements of `acc` at a time stay in a register over the whole block.
+        #[inline(always)]
+        fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
+            if p.len() > BLOCK {
+                for (i, &pi) in p.iter().enumerate() {
+                    self.axpy(j0 + i, pi, acc);
+                }
+                return;
+            }
+            let mut rows: [&[BlockQ8_0]; BLOCK] = [&[]; BLOCK];
+            for (i, r) in rows.iter_mut().enumerate().take(p.len()) {
+                *r = self.0.blocks(j0 + i);
+            }
+            let n_blocks = self.0 .1.hd / Q8_0_BLOCK;
+            assert!(acc.len() >= n_blocks * Q8_0_BLOCK);
+            // SAFETY: AVX-512F/F16C are present; every `rows[i]` (`i < p.len()`) holds
+            // `n_blocks` blocks (a checked slice, indexed with bounds checks), and `acc` is read
+            // and written inside its `hd` elements.
+            unsafe {
+                for b in 0..n_blocks {
+                    for half in 0..2 {
+                        let a = acc.as_mut_ptr().add(b * Q8_0_BLOCK + half * 16);
+                        let mut x = _mm512_loadu_ps(a);
+                        for (row, &pi) in rows[..p.len()].iter().zip(p) {
+                            let blk = &row[b];
+                            let c = _mm512_set1_ps(pi * scale_f32(blk.d));
+                            let v = i8x16_to_f32(blk.qs.as_ptr().add(half * 16));
+                            x = _mm512_fmadd_ps(c, v, x);
+                        }
+                        _mm512_storeu_ps(a, x);
                     }
                 }
             }
