@@ -299,27 +299,61 @@ mod avx512 {
 
     use super::*;
 
-    pub(super) struct F16Rows512<'a>(pub &'a [u16], pub HeadSlice);
+    /// A cache element the 16-lane readers load: f32 as it is, f16 widened by F16C.
+    pub(super) trait Lane16: Copy {
+        /// 16 elements from `p` as f32 lanes.
+        ///
+        /// # Safety
+        /// `p .. p + 16` readable; AVX-512F (and F16C for f16) present.
+        unsafe fn load16(p: *const Self) -> __m512;
+        fn to_f32(self) -> f32;
+    }
 
-    impl HeadRows for F16Rows512<'_> {
+    impl Lane16 for f32 {
+        #[inline(always)]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            self
+        }
+    }
+
+    impl Lane16 for u16 {
+        #[inline(always)]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            f16_to_f32(self)
+        }
+    }
+
+    /// f32 or f16 cache rows read 16 lanes at a time (AVX-512F, F16C).
+    pub(super) struct Rows512<'a, E>(pub &'a [E], pub HeadSlice);
+
+    impl<E: Lane16> HeadRows for Rows512<'_, E> {
         #[inline(always)]
         fn dot(&self, j: usize, q: &[f32]) -> f32 {
             let s = self.1.start(j);
             let row = &self.0[s..s + self.1.hd];
             let full = row.len() / 16 * 16;
-            // SAFETY: AVX-512F is present (see the module docs); every load reads 16 elements
+            // SAFETY: AVX-512F/F16C are present (module docs); every load reads 16 elements
             // inside `row` / `q` (`i + 16 ≤ full ≤ len`).
             let mut sum = unsafe {
                 let mut acc = _mm512_setzero_ps();
                 for i in (0..full).step_by(16) {
-                    let h = _mm256_loadu_si256(row.as_ptr().add(i) as *const __m256i);
-                    let x = _mm512_loadu_ps(q.as_ptr().add(i));
-                    acc = _mm512_fmadd_ps(x, _mm512_cvtph_ps(h), acc);
+                    let k = E::load16(row.as_ptr().add(i));
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(i)), k, acc);
                 }
                 _mm512_reduce_add_ps(acc)
             };
-            for (x, &h) in q[full..].iter().zip(&row[full..]) {
-                sum += x * f16_to_f32(h);
+            for (x, &e) in q[full..].iter().zip(&row[full..]) {
+                sum += x * e.to_f32();
             }
             sum
         }
@@ -333,16 +367,13 @@ mod avx512 {
             unsafe {
                 let pv = _mm512_set1_ps(p);
                 for i in (0..full).step_by(16) {
-                    let h = _mm256_loadu_si256(row.as_ptr().add(i) as *const __m256i);
                     let a = acc.as_mut_ptr().add(i);
-                    _mm512_storeu_ps(
-                        a,
-                        _mm512_fmadd_ps(pv, _mm512_cvtph_ps(h), _mm512_loadu_ps(a)),
-                    );
+                    let v = E::load16(row.as_ptr().add(i));
+                    _mm512_storeu_ps(a, _mm512_fmadd_ps(pv, v, _mm512_loadu_ps(a)));
                 }
             }
-            for (a, &h) in acc[full..].iter_mut().zip(&row[full..]) {
-                *a += p * f16_to_f32(h);
+            for (a, &e) in acc[full..].iter_mut().zip(&row[full..]) {
+                *a += p * e.to_f32();
             }
         }
 
@@ -363,8 +394,7 @@ mod avx512 {
                     let a = acc.as_mut_ptr().add(c);
                     let mut x = _mm512_loadu_ps(a);
                     for (i, &pi) in p.iter().enumerate() {
-                        let h = self.0.as_ptr().add(at.start(j0 + i) + c);
-                        let v = _mm512_cvtph_ps(_mm256_loadu_si256(h as *const __m256i));
+                        let v = E::load16(self.0.as_ptr().add(at.start(j0 + i) + c));
                         x = _mm512_fmadd_ps(_mm512_set1_ps(pi), v, x);
                     }
                     _mm512_storeu_ps(a, x);
@@ -372,83 +402,8 @@ mod avx512 {
             }
             for (i, &pi) in p.iter().enumerate() {
                 let s = at.start(j0 + i);
-                for (a, &h) in acc[full..hd].iter_mut().zip(&self.0[s + full..s + hd]) {
-                    *a += pi * f16_to_f32(h);
-                }
-            }
-        }
-    }
-
-    pub(super) struct F32Rows512<'a>(pub &'a [f32], pub HeadSlice);
-
-    impl HeadRows for F32Rows512<'_> {
-        #[inline(always)]
-        fn dot(&self, j: usize, q: &[f32]) -> f32 {
-            let s = self.1.start(j);
-            let row = &self.0[s..s + self.1.hd];
-            let full = row.len() / 16 * 16;
-            // SAFETY: AVX-512F is present (module docs); every load reads 16 elements inside
-            // `row` / `q` (`i + 16 ≤ full ≤ len`).
-            let mut sum = unsafe {
-                let mut acc = _mm512_setzero_ps();
-                for i in (0..full).step_by(16) {
-                    let k = _mm512_loadu_ps(row.as_ptr().add(i));
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(i)), k, acc);
-                }
-                _mm512_reduce_add_ps(acc)
-            };
-            for (x, y) in q[full..].iter().zip(&row[full..]) {
-                sum += x * y;
-            }
-            sum
-        }
-
-        #[inline(always)]
-        fn axpy(&self, j: usize, p: f32, acc: &mut [f32]) {
-            let s = self.1.start(j);
-            let row = &self.0[s..s + self.1.hd];
-            let full = row.len() / 16 * 16;
-            // SAFETY: as in `dot`; `acc` has `hd` elements like `row`.
-            unsafe {
-                let pv = _mm512_set1_ps(p);
-                for i in (0..full).step_by(16) {
-                    let a = acc.as_mut_ptr().add(i);
-                    let v = _mm512_loadu_ps(row.as_ptr().add(i));
-                    _mm512_storeu_ps(a, _mm512_fmadd_ps(pv, v, _mm512_loadu_ps(a)));
-                }
-            }
-            for (a, v) in acc[full..].iter_mut().zip(&row[full..]) {
-                *a += p * v;
-            }
-        }
-
-        /// 16 elements of `acc` at a time stay in a register over the whole block.
-        #[inline(always)]
-        fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
-            let Some(last) = p.len().checked_sub(1) else {
-                return;
-            };
-            let (at, hd) = (self.1, self.1.hd);
-            assert!(at.start(j0 + last) + hd <= self.0.len() && acc.len() >= hd);
-            let full = hd / 16 * 16;
-            // SAFETY: AVX-512F is present (module docs); position `j0 + i` (`i ≤ last`) reads
-            // `start(j0 + i) + c .. + 16 ≤ start(j0 + last) + hd ≤ len` (asserted above), and
-            // `acc` is read and written at `c .. c + 16 ≤ hd`.
-            unsafe {
-                for c in (0..full).step_by(16) {
-                    let a = acc.as_mut_ptr().add(c);
-                    let mut x = _mm512_loadu_ps(a);
-                    for (i, &pi) in p.iter().enumerate() {
-                        let v = _mm512_loadu_ps(self.0.as_ptr().add(at.start(j0 + i) + c));
-                        x = _mm512_fmadd_ps(_mm512_set1_ps(pi), v, x);
-                    }
-                    _mm512_storeu_ps(a, x);
-                }
-            }
-            for (i, &pi) in p.iter().enumerate() {
-                let s = at.start(j0 + i);
-                for (a, v) in acc[full..hd].iter_mut().zip(&self.0[s + full..s + hd]) {
-                    *a += pi * v;
+                for (a, &e) in acc[full..hd].iter_mut().zip(&self.0[s + full..s + hd]) {
+                    *a += pi * e.to_f32();
                 }
             }
         }
@@ -562,7 +517,7 @@ mod avx512 {
         };
         match (kv.keys(), kv.values()) {
             (KvRows::F16(k), KvRows::F16(v)) => {
-                head_online(q, lens, &F16Rows512(k, at), &F16Rows512(v, at), hd, scale)
+                head_online(q, lens, &Rows512(k, at), &Rows512(v, at), hd, scale)
             }
             (KvRows::Q8_0(k), KvRows::Q8_0(v)) => head_online(
                 q,
@@ -573,7 +528,7 @@ mod avx512 {
                 scale,
             ),
             (KvRows::F32(k), KvRows::F32(v)) => {
-                head_online(q, lens, &F32Rows512(k, at), &F32Rows512(v, at), hd, scale)
+                head_online(q, lens, &Rows512(k, at), &Rows512(v, at), hd, scale)
             }
             _ => unreachable!("a KvCache holds keys and values of one type"),
         }
