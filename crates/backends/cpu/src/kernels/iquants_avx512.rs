@@ -893,6 +893,25 @@ fn iq2_xxs_chunk_single<const CHECK: bool>(
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid, signed)
 }
 
+/// The flip bits of a block pair's quant bytes `q0`, `q1`: the 7-bit sign codes cut out of
+/// each sub-block's aux word (`vpmultishiftqb`), compacted into lanes by `order`, then looked up
+/// in the 128-entry KSIGNS table (8 flip bits each).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c")]
+fn pair_flips(q0: __m512i, q1: __m512i, order: __m512i) -> __m512i {
+    let fields = load64(&IQ2XXS_SIGN_FIELDS);
+    let sign_idx = _mm512_permutex2var_epi8(
+        _mm512_multishift_epi64_epi8(fields, q0),
+        order,
+        _mm512_multishift_epi64_epi8(fields, q1),
+    );
+    _mm512_permutex2var_epi8(
+        load64(&IQ2XXS_KSIGNS[0]),
+        sign_idx,
+        load64(&IQ2XXS_KSIGNS[1]),
+    )
+}
+
 /// IQ2_XXS blocks `i` and `i1 = i + 1` of a row of `nb` (an odd last block is paired with itself,
 /// `i1 = i`; its second result is dropped): `(i1, block i, block i1, their quant bytes 2..66)`.
 #[inline]
@@ -943,17 +962,7 @@ fn iq2_xxs_pair_row<const CHECK: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let codes0 = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_CODES_T[0]), hi);
         let codes1 = _mm512_permutex2var_epi8(lo, load64(&IQ2XXS_PAIR_CODES_T[1]), hi);
         // Sign masks: lane 4h + c = the 64 flip bits of block h, chunk c.
-        let fields = load64(&IQ2XXS_SIGN_FIELDS);
-        let sign_idx = _mm512_permutex2var_epi8(
-            _mm512_multishift_epi64_epi8(fields, q0),
-            load64(&IQ2XXS_SIGN_COMPACT),
-            _mm512_multishift_epi64_epi8(fields, q1),
-        );
-        let signs = _mm512_permutex2var_epi8(
-            load64(&IQ2XXS_KSIGNS[0]),
-            sign_idx,
-            load64(&IQ2XXS_KSIGNS[1]),
-        );
+        let signs = pair_flips(q0, q1, load64(&IQ2XXS_SIGN_COMPACT));
         // SAFETY: `flips` is 64 writable bytes.
         unsafe { _mm512_storeu_si512(flips.as_mut_ptr().cast(), signs) };
         // Lane sb: (aux >> 59) | 1 = 2·(aux >> 28) + 1, the scale of sub-block sb.
@@ -1065,17 +1074,7 @@ fn iq2_xxs_pair_row_interleaved(w: &[u8], x: &[BlockQ8K]) -> f32 {
         let codes0 = _mm512_unpacklo_epi8(lo, hi);
         let codes1 = _mm512_unpackhi_epi8(lo, hi);
         // Sign masks: lane 4h + c = the 64 flip bits of block h, chunk c.
-        let fields = load64(&IQ2XXS_SIGN_FIELDS);
-        let sign_idx = _mm512_permutex2var_epi8(
-            _mm512_multishift_epi64_epi8(fields, q0),
-            load64(&IQ2XXS_INTERLEAVED_SIGNS),
-            _mm512_multishift_epi64_epi8(fields, q1),
-        );
-        let signs = _mm512_permutex2var_epi8(
-            load64(&IQ2XXS_KSIGNS[0]),
-            sign_idx,
-            load64(&IQ2XXS_KSIGNS[1]),
-        );
+        let signs = pair_flips(q0, q1, load64(&IQ2XXS_INTERLEAVED_SIGNS));
         // SAFETY: `flips` is 64 writable bytes.
         unsafe { _mm512_storeu_si512(flips.as_mut_ptr().cast(), signs) };
         let mut acc0 = _mm512_setzero_si512();
