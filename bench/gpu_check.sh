@@ -143,7 +143,7 @@ if [ -n "$best" ]; then
     (IFS=,; for kv in $best; do export "$kv"; done; dec $NEW --memory 16GiB --cache-policy lfu) | keep
 fi
 
-if [ -n "${SB2:-1}" ]; then
+if [ -n "${SB2-1}" ]; then
     step "MOE_IQ2_SB=2: self-test + decode all resident"
     REDLITE_CUDA_DEFINES=MOE_IQ2_SB=2 timeout 120 $NEW selftest --backend cuda >"$LOGS/selftest_sb2.log" 2>&1
     grep -h "^selftest:\|^kernels:\|FAIL" "$LOGS/selftest_sb2.log" | head -10 | keep
