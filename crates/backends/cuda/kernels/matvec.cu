@@ -19,6 +19,26 @@
 #ifndef WB_UNROLL
 #define WB_UNROLL 4
 #endif
+// Group-decoder iterations of a lane unrolled in row_partial (their loads issued together).
+#ifndef MVF_UNROLL
+#define MVF_UNROLL 2
+#endif
+
+// Byte-to-float without the conversion unit (MAGIC_CVT, default on): I2F issues at a quarter of
+// the FMA rate on Hopper; the f32 with bit pattern 0x4B000000 | b is 2^23 + b exactly, so
+// subtracting 2^23 gives b, the value (float)b gives, bit for bit. MAGIC_CVT=0: (float)b.
+#ifndef MAGIC_CVT
+#define MAGIC_CVT 1
+#endif
+
+// Byte j (0..3, a constant after unrolling) of v as an exact f32.
+__device__ __forceinline__ float byte_f32(u32 v, int j) {
+#if MAGIC_CVT
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540 | j)) - 8388608.0f;
+#else
+    return (float)((v >> (8 * j)) & 255);
+#endif
+}
 
 // Group decoders: dot(block, g, x) = sum over the G values of group g of the block of w * x[j].
 template <typename T>
@@ -109,14 +129,77 @@ struct WarpBlockDot<T_Q6_K> {
         for (int j = 0; j < 4; ++j) {
             const int q0 = ((vl >> (8 * j)) & 15) | (((vh >> (8 * j + 2 * h)) & 3) << 4);
             const int q1 = ((vl >> (8 * j + 4)) & 15) | (((vh >> (8 * j + 2 * h + 4)) & 3) << 4);
-            acc += (d0 * (float)(q0 - 32)) * xls[j];
-            acc += (d1 * (float)(q1 - 32)) * xhs[j];
+#if MAGIC_CVT
+            // 2^23 + q exactly, minus 2^23 + 32: q - 32, as (float)(q - 32) gives it.
+            const float f0 = __uint_as_float(0x4B000000u | (u32)q0) - 8388640.0f;
+            const float f1 = __uint_as_float(0x4B000000u | (u32)q1) - 8388640.0f;
+#else
+            const float f0 = (float)(q0 - 32), f1 = (float)(q1 - 32);
+#endif
+            acc += (d0 * f0) * xls[j];
+            acc += (d1 * f1) * xhs[j];
         }
         return acc;
     }
 };
 
-// Q4_K: 8 sub-blocks of 32 with 6-bit scale and min; group = half a sub-block (16 values). The
+// Q4_K group decoders. Q4K_PAIR (default) takes units of 32 values: unit u (0..7) of a block is
+// quant bytes 16u .. 16u + 15 (chunk c = u / 2, half h = u % 2), whose low nibbles are values
+// 64c + 16h + j of sub-block 2c and whose high nibbles are values 64c + 32 + 16h + j of sub-block
+// 2c + 1, so every quant byte is loaded once. Q4K_PAIR=0: the earlier decoder, groups of 16
+// values of one sub-block (each quant byte loaded by two lanes, one nibble used by each).
+#ifndef Q4K_PAIR
+#define Q4K_PAIR 1
+#endif
+#if Q4K_PAIR
+// The group pointer x is x[32 g] of the block (its activations start at x - 32 g). Word k of the
+// loop is quant word (k + c) % 4 of the unit: the 8 lanes that share a block then read eight
+// different 16-byte bank groups of x in shared memory (without the rotation lanes c = 0..3 hit
+// the same two: a 4-way conflict on every activation load). The sum order is fixed per unit.
+template <>
+struct GroupDot<T_Q4_K> {
+    enum { G = 32 };
+    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
+        const int c = g >> 1, h = g & 1;
+        const float* xl = x - 32 * g + 64 * c + 16 * h;  // values of sub-block 2c; +32: 2c + 1
+        const uint4 hd = *(const uint4*)b;
+        const u32 sw[3] = {hd.y, hd.z, hd.w};
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(sw, 2 * c, sc0, m0);
+        q4k_scale_min(sw, 2 * c + 1, sc1, m1);
+        const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
+        const float ds0 = d * (float)sc0, dm0 = dmin * (float)m0;
+        const float ds1 = d * (float)sc1, dm1 = dmin * (float)m1;
+        const uint4 u = *(const uint4*)(b + 16 + 16 * g);
+        u32 v0 = u.x, v1 = u.y, v2 = u.z, v3 = u.w;
+        if (c & 1) {  // rotate the words by c: v[k] = word (k + c) % 4
+            const u32 t = v0;
+            v0 = v1, v1 = v2, v2 = v3, v3 = t;
+        }
+        if (c & 2) {
+            u32 t = v0;
+            v0 = v2, v2 = t;
+            t = v1, v1 = v3, v3 = t;
+        }
+        const u32 v[4] = {v0, v1, v2, v3};
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int kk = (k + c) & 3;
+            const float4 a = ld_x4(xl + 4 * kk), e = ld_x4(xl + 32 + 4 * kk);
+            const float as[4] = {a.x, a.y, a.z, a.w}, es[4] = {e.x, e.y, e.z, e.w};
+            const u32 lo = v[k] & 0x0F0F0F0Fu, hi = (v[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc += (ds0 * byte_f32(lo, j) - dm0) * as[j];
+                acc += (ds1 * byte_f32(hi, j) - dm1) * es[j];
+            }
+        }
+        return acc;
+    }
+};
+#else
+// Q4_K (Q4K_PAIR=0): 8 sub-blocks of 32 with 6-bit scale and min; group = half a sub-block (16 values). The
 // 144-byte blocks are 16-byte aligned in an aligned buffer (every weight buffer here is), so the
 // header and the 16 quant bytes are one 16-byte load each.
 template <>
@@ -146,6 +229,7 @@ struct GroupDot<T_Q4_K> {
         return acc;
     }
 };
+#endif
 
 // Q8_0: one scale per block of 32; group = half a block.
 template <>
@@ -240,6 +324,7 @@ __device__ __forceinline__ float row_partial(const u8* __restrict__ wr, const fl
         // Groups inside a block.
         constexpr int PER_BLOCK = T::QK / G;
         const int groups = cols / G;
+#pragma unroll MVF_UNROLL
         for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
             acc += GroupDot<T>::dot(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK, x + (size_t)gi * G);
         }
@@ -285,32 +370,80 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const floa
 }
 
 // ----- Fused forms for the device-resident model (fewer launches per decode step) -----
-// Block = MVF_WARPS warps (256 threads) taking MVF_WARPS / parts rows: row r of the block gets
-// warps r * parts .. r * parts + parts - 1, warp p of them slice p of the row (row_partial), so a
-// lane walks few groups of a row and more of the row's loads are in flight at once (the host picks
-// parts, a power of two up to MVF_WARPS). The slices' sums are added in order in shared memory.
+// Block = MVF_WARPS warps (256 threads). The host's `split` argument is parts | rows << 8: each
+// row is cut into `parts` slices (a power of two up to MVF_WARPS) and each group of `parts` warps
+// takes `rows` consecutive rows (1 .. MVF_MAX_ROWS; 0 reads as 1), so a block covers
+// MVF_WARPS / parts * rows rows. Warp p of a group computes slice p of each of its rows
+// (row_partial): a lane walks few groups of a row and more loads are in flight at once; more rows
+// per warp spread a block's prologue (staging x, the IQ tables) over more weights. The slices'
+// sums are added in order in shared memory, so a row's value depends neither on `rows` nor on
+// where the row falls.
 #define MVF_WARPS 8
+#define MVF_MAX_ROWS 4
 
-// The block's rows: sets row (or -1 past the end) and part for this warp.
-__device__ __forceinline__ void mvf_row(int block, int parts, int rows, int& row, int& part) {
-    const int w = threadIdx.x / WARP;
-    row = block * (MVF_WARPS / parts) + w / parts;
-    part = w % parts;
-    if (row >= rows) row = -1;
+struct MvfSplit {
+    int parts, rows;
+};
+
+__device__ __forceinline__ MvfSplit mvf_split(int split) {
+    MvfSplit s;
+    s.parts = split & 255;
+    s.rows = min(max(split >> 8, 1), MVF_MAX_ROWS);
+    return s;
 }
 
-// Adds up the slices of each of the block's rows: returns the row's sum in warp `part == 0`
-// (lane 0), after a barrier every thread reaches.
-__device__ __forceinline__ float mvf_reduce(float lane_acc, int parts, float* red) {
+__device__ __forceinline__ int mvf_rows_per_block(MvfSplit s) { return MVF_WARPS / s.parts * s.rows; }
+
+// The first of this warp's rows (its rows: first .. first + s.rows - 1, those < rows) and its slice.
+__device__ __forceinline__ void mvf_first(int block, MvfSplit s, int& first, int& part) {
+    const int w = threadIdx.x / WARP;
+    first = (block * (MVF_WARPS / s.parts) + w / s.parts) * s.rows;
+    part = w % s.parts;
+}
+
+// Adds up the slices of each of the warp's rows: sums[k] is row k's sum in warp `part == 0`
+// (every lane), after a barrier every thread reaches.
+__device__ __forceinline__ void mvf_reduce(const float (&acc)[MVF_MAX_ROWS], int parts,
+                                           float (&sums)[MVF_MAX_ROWS]) {
+    __shared__ float red[MVF_MAX_ROWS][MVF_WARPS];
     const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const float v = warp_sum(lane_acc);
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float acc = 0.0f;
-    if (w % parts == 0) {
-        for (int p = 0; p < parts; ++p) acc += red[w + p];
+#pragma unroll
+    for (int k = 0; k < MVF_MAX_ROWS; ++k) {
+        const float v = warp_sum(acc[k]);
+        if (lane == 0) red[k][w] = v;
     }
-    return acc;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < MVF_MAX_ROWS; ++k) {
+        sums[k] = 0.0f;
+        if (w % parts == 0) {
+            for (int p = 0; p < parts; ++p) sums[k] += red[k][w + p];
+        }
+    }
+}
+
+// The lane's partial dot products of the warp's rows (zero past `rows`), every row's loads
+// issued before the first row's arithmetic where the compiler can.
+template <typename T>
+__device__ __forceinline__ void mvf_rows_partial(const u8* __restrict__ w, const float* __restrict__ x, int cols,
+                                                 int rows, int first, int part, MvfSplit s,
+                                                 float (&acc)[MVF_MAX_ROWS]) {
+#pragma unroll
+    for (int k = 0; k < MVF_MAX_ROWS; ++k) {
+        const int row = first + k;
+        acc[k] = (k < s.rows && row < rows)
+                     ? row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x, cols, threadIdx.x % WARP, part, s.parts)
+                     : 0.0f;
+    }
+}
+
+// Prefetch of the warp's rows into L2 (consecutive rows: one range).
+template <typename T>
+__device__ __forceinline__ void mvf_prefetch(const u8* w, int cols, int rows, int first, int part, MvfSplit s) {
+    if (first >= rows) return;
+    const int n = min(s.rows, rows - first);
+    prefetch_l2(w + (size_t)first * row_bytes<T>(cols), (size_t)n * row_bytes<T>(cols),
+                part * WARP + threadIdx.x % WARP, s.parts * WARP);
 }
 
 // xs = x * nw (n values, into shared memory) and the block's sum of squares of x, in one pass;
@@ -333,22 +466,22 @@ __device__ __forceinline__ float stage_normed(const float* __restrict__ x, const
     return 1.0f / sqrtf(tot / (float)n + eps);
 }
 
-// matvec_norm3_<type>(x, nw, eps, cols, parts, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): up to
+// matvec_norm3_<type>(x, nw, eps, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): up to
 // three matrices of one type and width that read the same normalised input, in one launch:
 // y_m[t] = W_m . (rms_norm(x[t]) * nw), computed as rsqrt(mean(x^2) + eps) * (W_m . (x[t] * nw));
 // nw null: W_m . x[t]. rows_m = 0 leaves matrix m out. Every block stages x[t] * nw in shared
 // memory and sums the squares itself (the 2048-wide input is cheap beside its rows), so the norm
-// costs no launch of its own. Launch: grid = (sum over m of ceil(rows_m / (MVF_WARPS / parts)),
+// costs no launch of its own. Launch: grid = (sum over m of ceil(rows_m / rows per block),
 // n), block = 32 * MVF_WARPS, dynamic shared memory = 4 * cols bytes.
 template <typename T>
 __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, const float* __restrict__ nw,
-                                                  float eps, int cols, int parts, const u8* w0, float* y0,
+                                                  float eps, int cols, int split, const u8* w0, float* y0,
                                                   int r0, const u8* w1, float* y1, int r1, const u8* w2,
                                                   float* y2, int r2) {
     extern __shared__ float4 mvf_x4[];  // float4: 16-byte aligned for the group decoders' loads
     float* mvf_x = (float*)mvf_x4;
-    __shared__ float red[MVF_WARPS];
-    const int rpb = MVF_WARPS / parts;
+    const MvfSplit s = mvf_split(split);
+    const int rpb = mvf_rows_per_block(s);
     const int nb0 = (r0 + rpb - 1) / rpb, nb1 = (r1 + rpb - 1) / rpb;
     int b = blockIdx.x;
     const u8* w = w0;
@@ -367,15 +500,21 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
         }
     }
     const int t = blockIdx.y, lane = threadIdx.x % WARP;
-    int row, part;
-    mvf_row(b, parts, rows, row, part);
-    // The warps of a row fetch its lines while the block stages x.
-    if (row >= 0) prefetch_l2(w + (size_t)row * row_bytes<T>(cols), row_bytes<T>(cols), part * WARP + lane, parts * WARP);
+    int first, part;
+    mvf_first(b, s, first, part);
+    // The warps fetch their rows' lines while the block stages x.
+    mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
     const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
-    const float acc = row < 0 ? 0.0f : row_partial<T>(w + (size_t)row * row_bytes<T>(cols), mvf_x, cols, lane, part, parts);
-    const float sum = mvf_reduce(acc, parts, red);
-    if (row >= 0 && part == 0 && lane == 0) y[(size_t)t * rows + row] = inv * sum;
+    float acc[MVF_MAX_ROWS], sums[MVF_MAX_ROWS];
+    mvf_rows_partial<T>(w, mvf_x, cols, rows, first, part, s, acc);
+    mvf_reduce(acc, s.parts, sums);
+    if (part == 0 && lane == 0) {
+#pragma unroll
+        for (int k = 0; k < MVF_MAX_ROWS; ++k) {
+            if (k < s.rows && first + k < rows) y[(size_t)t * rows + first + k] = inv * sums[k];
+        }
+    }
 }
 
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
@@ -385,31 +524,35 @@ __device__ __forceinline__ float ld_cg(const float* p) {
     return v;
 }
 
-// matvec_res_<type>(w, x, y, rows, cols, parts, nw, yn, counter, eps): the residual in the output
+// matvec_res_<type>(w, x, y, rows, cols, split, nw, yn, counter, eps): the residual in the output
 // projection's epilogue, y[t] += W . x[t]; then, when nw is not null, the last block of token t to
 // finish (counted in counter[t], which starts at 0 and is left at 0) writes
 // yn[t] = rms_norm(y[t]) * nw (the next norm, in the order and rounding of rms_norm).
-// Launch: grid = (ceil(rows / (MVF_WARPS / parts)), n), block = 32 * MVF_WARPS.
+// Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit).
 template <typename T>
 __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const float* __restrict__ x,
-                                                float* __restrict__ y, int rows, int cols, int parts,
+                                                float* __restrict__ y, int rows, int cols, int split,
                                                 const float* __restrict__ nw, float* __restrict__ yn,
                                                 u32* __restrict__ counter, float eps) {
     __shared__ float scratch[WARP];
-    __shared__ float red[MVF_WARPS];
     __shared__ int is_last;
+    const MvfSplit s = mvf_split(split);
     const int t = blockIdx.y, lane = threadIdx.x % WARP;
     float* yt = y + (size_t)t * rows;
-    int row, part;
-    mvf_row(blockIdx.x, parts, rows, row, part);
-    // All of the row's lines requested at once (the loop would wait for each in turn).
-    if (row >= 0) prefetch_l2(w + (size_t)row * row_bytes<T>(cols), row_bytes<T>(cols), part * WARP + lane, parts * WARP);
+    int first, part;
+    mvf_first(blockIdx.x, s, first, part);
+    // All of the rows' lines requested at once (the loop would wait for each in turn).
+    mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
-    const float acc = row < 0 ? 0.0f
-                              : row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t * cols, cols,
-                                               lane, part, parts);
-    const float sum = mvf_reduce(acc, parts, red);
-    if (row >= 0 && part == 0 && lane == 0) yt[row] += sum;
+    float acc[MVF_MAX_ROWS], sums[MVF_MAX_ROWS];
+    mvf_rows_partial<T>(w, x + (size_t)t * cols, cols, rows, first, part, s, acc);
+    mvf_reduce(acc, s.parts, sums);
+    if (part == 0 && lane == 0) {
+#pragma unroll
+        for (int k = 0; k < MVF_MAX_ROWS; ++k) {
+            if (k < s.rows && first + k < rows) yt[first + k] += sums[k];
+        }
+    }
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
     __syncthreads();
@@ -448,14 +591,14 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
         embed_body<T>(table, ids, out, cols);                                                        \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_norm3_##name(                \
-        const float* x, const float* nw, float eps, int cols, int parts, const u8* w0, float* y0,    \
+        const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0,    \
         int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {                  \
-        matvec_norm3_body<T>(x, nw, eps, cols, parts, w0, y0, r0, w1, y1, r1, w2, y2, r2);           \
+        matvec_norm3_body<T>(x, nw, eps, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);           \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_res_##name(                  \
-        const u8* w, const float* x, float* y, int rows, int cols, int parts, const float* nw,       \
+        const u8* w, const float* x, float* y, int rows, int cols, int split, const float* nw,       \
         float* yn, u32* counter, float eps) {                                                        \
-        matvec_res_body<T>(w, x, y, rows, cols, parts, nw, yn, counter, eps);                        \
+        matvec_res_body<T>(w, x, y, rows, cols, split, nw, yn, counter, eps);                        \
     }
 
 FOR_EACH_TYPE(MATVEC_KERNELS)

@@ -12,7 +12,7 @@ use cudarc::driver::{result as cu, sys, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
 
 use crate::kernels::type_suffix;
-use crate::model::{mvf_parts, MVF_WARPS};
+use crate::model::{mvf_parts, mvf_rows_from_env, MvfSplit, MVF_WARPS};
 use crate::ops::row_bytes;
 use crate::selftest::{random_weights, Rng};
 use crate::{CudaError, Gpu};
@@ -163,10 +163,13 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
     let f = gpu
         .func(&format!("matvec_norm3_{}", type_suffix(o.ty)))?
         .clone();
-    let parts = mvf_parts(o.ty, o.cols, 4);
-    let rpb = MVF_WARPS / parts;
+    let split = MvfSplit {
+        parts: mvf_parts(o.ty, o.cols, 4),
+        rows: mvf_rows_from_env(),
+    };
+    let (parts, rpb) = (split.parts, split.rows_per_block() as usize);
     let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
-    let (eps, cols, pi, rows) = (1e-6f32, o.cols as i32, parts as i32, o.rows as i32);
+    let (eps, cols, pi, rows) = (1e-6f32, o.cols as i32, split.arg(), o.rows as i32);
     let (null, zero) = (0u64, 0i32);
     let s = time_runs(gpu, &stream, o.reps, || {
         for m in 0..matrices {

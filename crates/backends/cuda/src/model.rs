@@ -71,6 +71,39 @@ const MVF_MAX_COLS: usize = 12 * 1024;
 const ATTN_MIN_CHUNK: usize = 64;
 const ATTN_MAX_SPLITS: usize = 512;
 
+/// Most consecutive rows per group of warps in the fused matvec kernels (`MVF_MAX_ROWS`).
+pub(crate) const MVF_MAX_ROWS: usize = 4;
+
+/// How the fused matvec kernels cut their work (`MvfSplit` in matvec.cu): each row in `parts`
+/// slices (warps), each group of `parts` warps taking `rows` consecutive rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MvfSplit {
+    pub parts: usize,
+    pub rows: usize,
+}
+
+impl MvfSplit {
+    /// The kernels' `split` argument: `parts | rows << 8`.
+    pub(crate) fn arg(self) -> i32 {
+        (self.parts | self.rows << 8) as i32
+    }
+
+    /// Matrix rows one block of `MVF_WARPS` warps covers.
+    pub(crate) fn rows_per_block(self) -> u32 {
+        (MVF_WARPS / self.parts * self.rows) as u32
+    }
+}
+
+/// Rows per group of warps of the fused matvecs (tuning switch `REDLITE_CUDA_MVF_ROWS`, 1 to
+/// `MVF_MAX_ROWS`; default 1).
+pub(crate) fn mvf_rows_from_env() -> usize {
+    std::env::var("REDLITE_CUDA_MVF_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1usize)
+        .clamp(1, MVF_MAX_ROWS)
+}
+
 /// Slices of a row in the fused matvec kernels (warps per row, a power of two up to `MVF_WARPS`):
 /// enough that a lane walks about `lane_iters` units of work (one warp's loop iterations: blocks
 /// of the warp block decoders, groups of the group decoders, else values, 32 lanes at a time).
@@ -453,6 +486,8 @@ pub struct CudaModel {
     /// Work units per lane the fused matvecs aim for (`mvf_parts`; tuning switch
     /// `REDLITE_CUDA_MVF_LANE_ITERS`, default 4: 168 tok/s against 156 with 2 and 140 with 1).
     mvf_lane_iters: usize,
+    /// Consecutive rows per group of warps in the fused matvecs (`mvf_rows_from_env`).
+    mvf_rows: usize,
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
@@ -576,6 +611,7 @@ impl CudaModel {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(4),
+            mvf_rows: mvf_rows_from_env(),
             head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1095,14 +1131,17 @@ impl CudaModel {
                 .gpu
                 .func(&format!("matvec_norm3_{}", type_suffix(ty)))?
                 .clone();
-            let parts = mvf_parts(ty, cols, self.mvf_lane_iters);
-            let rows_per_block = (MVF_WARPS / parts) as u32;
+            let split = MvfSplit {
+                parts: mvf_parts(ty, cols, self.mvf_lane_iters),
+                rows: self.mvf_rows,
+            };
+            let rows_per_block = split.rows_per_block();
             let mut args = vec![
                 A::P(x),
                 A::P(nw),
                 A::F(self.config.rms_eps),
                 A::I(cols as i32),
-                A::I(parts as i32),
+                A::I(split.arg()),
             ];
             let mut grid_x = 0;
             for m in 0..3 {
@@ -1140,11 +1179,14 @@ impl CudaModel {
             .gpu
             .func(&format!("matvec_res_{}", type_suffix(w.ty)))?
             .clone();
-        let parts = mvf_parts(w.ty, w.cols, self.mvf_lane_iters);
+        let split = MvfSplit {
+            parts: mvf_parts(w.ty, w.cols, self.mvf_lane_iters),
+            rows: self.mvf_rows,
+        };
         self.launch(
             "matvec_res",
             &f,
-            (blocks(w.rows, (MVF_WARPS / parts) as u32), n as u32, 1),
+            (blocks(w.rows, split.rows_per_block()), n as u32, 1),
             MVF_THREADS,
             0,
             &[
@@ -1153,7 +1195,7 @@ impl CudaModel {
                 A::P(x),
                 A::I(w.rows as i32),
                 A::I(w.cols as i32),
-                A::I(parts as i32),
+                A::I(split.arg()),
                 A::P(post_norm),
                 A::P(xn),
                 A::P(counter),

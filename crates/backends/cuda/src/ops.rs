@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfi
 use redlite_gguf::GgmlType;
 
 use crate::kernels::type_suffix;
+use crate::model::{MvfSplit, MVF_MAX_ROWS};
 use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
@@ -178,7 +179,8 @@ pub fn matvec(
 }
 
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
-/// of type `ty` on the device, each row cut into `parts` slices, 8 warps per block):
+/// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
+/// per group of warps, 8 warps per block):
 /// `matvec_norm3_<type>` gives `W · rms_norm(x, nw)`; with `residual` (`[n][rows]`),
 /// `matvec_res_<type>` gives `(residual + W · x, rms_norm(residual + W · x, nw))` instead.
 #[allow(clippy::too_many_arguments)]
@@ -190,7 +192,7 @@ pub fn matvec_fused(
     xs: &[f32],
     nw: &[f32],
     residual: Option<&[f32]>,
-    (eps, parts): (f32, usize),
+    (eps, parts, rows_per_warp): (f32, usize, usize),
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let n = check_rows(xs.len(), cols, "matvec_fused x")?;
     let norm_len = if residual.is_some() { rows } else { cols };
@@ -199,18 +201,19 @@ pub fn matvec_fused(
     if (nw.len() != norm_len && !plain)
         || !(1..=8).contains(&parts)
         || !parts.is_power_of_two()
+        || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
         || residual.is_some_and(|r| r.len() != n * rows)
         || 4 * cols > 48 * 1024
     {
         return Err(CudaError::Invalid("matvec_fused: sizes".into()));
     }
-    let rpb = (8 / parts) as u32;
+    let split = MvfSplit {
+        parts,
+        rows: rows_per_warp,
+    };
+    let rpb = split.rows_per_block();
     let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
-    let (r, c, p) = (
-        i32_arg(rows, "rows")?,
-        i32_arg(cols, "cols")?,
-        i32_arg(parts, "parts")?,
-    );
+    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
     let grid = (blocks(rows, rpb), n as u32, 1);
     let sfx = type_suffix(ty);
     match residual {

@@ -245,11 +245,19 @@ impl Runner<'_> {
     }
 
     /// `matvec_norm3` (norm folded in) and `matvec_res` (residual and the next norm folded in)
-    /// against f64, with rows cut into 1, 2 and 8 slices; 3 tokens. With 2 slices `matvec_norm3`
-    /// also runs without norm weights (the plain product the MoE router and shared expert use).
+    /// against f64, with rows cut into 1, 2 and 8 slices and 1 or 3 rows per warp (67 and 256 rows:
+    /// blocks that end past the matrix); 3 tokens. With 2 slices `matvec_norm3` also runs without
+    /// norm weights (the plain product the MoE router and shared expert use).
     fn matvec_fused(&mut self, ty: GgmlType) {
         let (rows, cols, n, eps) = (67usize, 2048usize, 3usize, 1e-6f32);
-        for (parts, plain) in [(1usize, false), (2, false), (2, true), (8, false)] {
+        for (parts, plain, rpw) in [
+            (1usize, false, 1usize),
+            (1, false, 3),
+            (2, false, 1),
+            (2, true, 1),
+            (2, false, 4),
+            (8, false, 1),
+        ] {
             let bytes = random_weights(&mut self.rng, ty, rows, cols);
             let xs = self.rng.normals(n * cols, 1.0);
             let nw: Vec<f32> = if plain {
@@ -267,7 +275,7 @@ impl Runner<'_> {
                     &xs,
                     &nw,
                     None,
-                    (eps, parts),
+                    (eps, parts, rpw),
                 )?;
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
@@ -297,7 +305,7 @@ impl Runner<'_> {
             self.record(
                 &format!("matvec_norm3 {}", ty.name()),
                 format!(
-                    "{rows}x{cols} n={n} parts={parts}{}",
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}{}",
                     if plain { " no norm" } else { "" }
                 ),
                 r,
@@ -323,7 +331,7 @@ impl Runner<'_> {
                     &xs,
                     &nw,
                     Some(&res),
-                    (eps, parts),
+                    (eps, parts, rpw),
                 )?;
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
@@ -345,7 +353,7 @@ impl Runner<'_> {
             })();
             self.record(
                 &format!("matvec_res {}", ty.name()),
-                format!("{rows2}x{cols2} n={n} parts={parts}"),
+                format!("{rows2}x{cols2} n={n} parts={parts} rows/warp={rpw}"),
                 r,
             );
         }
