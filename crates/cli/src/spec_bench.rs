@@ -3,13 +3,18 @@
 //! * `redlite spec-bench verify -m MODEL --backend cpu --ks 1,3,7,15`: time of a K+1-row verify
 //!   pass against a 1-row decode step.
 //! * `redlite spec-bench rewrite -m MODEL -f FILE`: ask the model to rewrite a file with a small
-//!   edit; decode tok/s plainly and with each speculation mode (outputs checked identical).
+//!   edit and let it write the whole file back (the file's tokens + 64 at most, stopping at
+//!   end-of-sequence); decode tok/s plainly and with each speculation mode (outputs checked
+//!   identical), and how much of the file the answer reproduces. `-n N` generates a fixed N
+//!   tokens instead (the first N of the answer; with `--ignore-eos`, the older benchmark).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use redlite_engine::spec_bench::{file_rewrite, rewrite_prompt, verify_cost};
+use redlite_engine::spec_bench::{
+    file_rewrite, reproduction, rewrite_budget, rewrite_prompt, verify_cost, REWRITE_MARGIN,
+};
 use redlite_engine::speculative::SpecMode;
 use redlite_engine::{load_model_from, with_model, BackendChoice};
 use redlite_gguf::GgufFile;
@@ -70,9 +75,11 @@ pub struct RewriteArgs {
         default_value = "Rewrite this file with one change: add a comment line at the top saying it was reviewed."
     )]
     pub edit: String,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
-    pub n: usize,
+    /// Tokens to generate at most. Default: the whole file back (its token count + 64,
+    /// stopping at end-of-sequence); a number gives the fixed-length benchmark (the first N
+    /// tokens of the answer, usually with --ignore-eos).
+    #[arg(short = 'n', long = "n-predict")]
+    pub n: Option<usize>,
     /// Speculation modes to compare with plain decoding.
     #[arg(long, value_delimiter = ',', default_value = "lookup,mtp,both")]
     pub modes: Vec<String>,
@@ -181,6 +188,8 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
         None => text,
     };
     let prompt = tokenizer.encode(&rewrite_prompt(&text, &args.edit), false)?;
+    let file_ids = tokenizer.encode(&text, false)?;
+    let max_tokens = args.n.unwrap_or_else(|| rewrite_budget(file_ids.len()));
     let modes = args
         .modes
         .iter()
@@ -192,18 +201,29 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
     } else {
         tokenizer.stop_token_ids().to_vec()
     };
+    let length = match args.n {
+        Some(n) => format!("a fixed {n} tokens"),
+        None => format!(
+            "the whole file ({} tokens + {REWRITE_MARGIN}: up to {max_tokens})",
+            file_ids.len()
+        ),
+    };
     println!(
-        "file rewrite: {} on {} (backend {}), prompt {} tokens, up to {} generated, greedy",
+        "file rewrite: {} on {} (backend {}), prompt {} tokens, generating {length}{}, greedy",
         args.file.display(),
         args.model.display(),
         args.backend,
         prompt.len(),
-        args.n
+        if stop_ids.is_empty() {
+            ""
+        } else {
+            " or to end-of-sequence"
+        },
     );
     println!("| spec | tokens | decode tok/s | speed-up | passes | acceptance | mean accepted | tokens/pass | same output |");
     println!("|------|--------|--------------|----------|--------|------------|---------------|-------------|-------------|");
     let mut base = 0.0;
-    let runs = with_model!(&model, m => file_rewrite(m, &prompt, args.n, &stop_ids, &modes, &spec, |r| {
+    let runs = with_model!(&model, m => file_rewrite(m, &prompt, max_tokens, &stop_ids, &modes, &spec, |r| {
         if r.spec.is_none() {
             base = r.decode_tok_per_s;
         }
@@ -234,6 +254,14 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
             if r.identical { "yes" } else { "NO" }
         );
     }))?;
+    if let Some(plain) = runs.first() {
+        let answer = tokenizer.decode(&plain.tokens, true)?;
+        let r = reproduction(&file_ids, &plain.tokens, &text, &answer);
+        println!(
+            "answer vs file: {} generated tokens; {} of the file's {} tokens reproduced in order, longest verbatim copy {} tokens; {} of {} lines in order",
+            r.generated, r.in_order, r.file_tokens, r.longest_copy, r.lines, r.file_lines
+        );
+    }
     if runs.iter().any(|r| !r.identical) {
         bail!("a speculative run's output differs from plain decoding");
     }

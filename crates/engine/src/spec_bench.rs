@@ -5,7 +5,10 @@
 //!   step, on whatever context the state holds. The weights dominate a decode step, so a
 //!   multi-row pass that reads each weight once should cost far less than `K + 1` steps.
 //! * [`file_rewrite`]: give the model a source file and ask for it back with a small edit;
-//!   decode speed with and without speculation, the outputs checked identical.
+//!   decode speed with and without speculation, the outputs checked identical. By default the
+//!   model writes the whole file back ([`rewrite_budget`] tokens at most, stopping at
+//!   end-of-sequence), as a coding agent does; [`Reproduction`] says how much of the file the
+//!   answer actually holds.
 
 use std::time::{Duration, Instant};
 
@@ -115,6 +118,86 @@ pub struct RewriteRun {
     pub spec: Option<SpecStats>,
     /// The tokens equal the plain run's.
     pub identical: bool,
+    /// The generated token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// Extra tokens a whole-file rewrite may generate beyond the file's own token count (the edit,
+/// the closing fence).
+pub const REWRITE_MARGIN: usize = 64;
+
+/// Token budget of a whole-file rewrite: the file's tokens plus [`REWRITE_MARGIN`].
+pub fn rewrite_budget(file_tokens: usize) -> usize {
+    file_tokens + REWRITE_MARGIN
+}
+
+/// How much of the file a rewrite's answer reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reproduction {
+    /// The file's tokens.
+    pub file_tokens: usize,
+    /// Generated tokens.
+    pub generated: usize,
+    /// Longest common subsequence of the file's and the answer's tokens: file tokens
+    /// reproduced in order.
+    pub in_order: usize,
+    /// Longest span of the file copied verbatim (tokens).
+    pub longest_copy: usize,
+    /// Lines of the file that appear in the answer in order (line-level common subsequence).
+    pub lines: usize,
+    /// The file's lines.
+    pub file_lines: usize,
+}
+
+/// Compare a rewrite's answer with the file it was asked to give back (token ids and text).
+pub fn reproduction(
+    file_ids: &[u32],
+    answer_ids: &[u32],
+    file_text: &str,
+    answer_text: &str,
+) -> Reproduction {
+    let file_lines: Vec<&str> = file_text.lines().collect();
+    let answer_lines: Vec<&str> = answer_text.lines().collect();
+    Reproduction {
+        file_tokens: file_ids.len(),
+        generated: answer_ids.len(),
+        in_order: common_subsequence(file_ids, answer_ids),
+        longest_copy: longest_common_span(file_ids, answer_ids),
+        lines: common_subsequence(&file_lines, &answer_lines),
+        file_lines: file_lines.len(),
+    }
+}
+
+/// Length of the longest common subsequence of `a` and `b` (one row of the table at a time).
+fn common_subsequence<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    let mut prev = vec![0usize; b.len() + 1];
+    let mut row = vec![0usize; b.len() + 1];
+    for x in a {
+        for (j, y) in b.iter().enumerate() {
+            row[j + 1] = if x == y {
+                prev[j] + 1
+            } else {
+                row[j].max(prev[j + 1])
+            };
+        }
+        std::mem::swap(&mut prev, &mut row);
+    }
+    prev[b.len()]
+}
+
+/// Length of the longest span that `a` and `b` share (longest common substring).
+fn longest_common_span<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    let mut prev = vec![0usize; b.len() + 1];
+    let mut row = vec![0usize; b.len() + 1];
+    let mut best = 0;
+    for x in a {
+        for (j, y) in b.iter().enumerate() {
+            row[j + 1] = if x == y { prev[j] + 1 } else { 0 };
+            best = best.max(row[j + 1]);
+        }
+        std::mem::swap(&mut prev, &mut row);
+    }
+    best
 }
 
 /// The file-rewrite prompt: the file, an instruction, and the opening of the answer.
@@ -124,8 +207,10 @@ pub fn rewrite_prompt(file_text: &str, edit: &str) -> String {
     )
 }
 
-/// Greedy generation of up to `max_tokens` after `prompt`, plainly and with each of `modes`
-/// (`SpecMode::Off` is always run first as the baseline).
+/// Greedy generation of up to `max_tokens` after `prompt` (stopping at `stop_ids`), plainly and
+/// with each of `modes` (`SpecMode::Off` is always run first as the baseline). A whole-file
+/// rewrite passes [`rewrite_budget`] and the model's end-of-sequence ids; the fixed-length
+/// variant a token count and no stop ids.
 pub fn file_rewrite<B: Backend>(
     model: &Model<B>,
     prompt: &[u32],
@@ -154,6 +239,7 @@ pub fn file_rewrite<B: Backend>(
         decode_tok_per_s: stats.decode_tok_per_s(),
         spec: None,
         identical: true,
+        tokens: base.clone(),
     };
     on_run(&plain);
     let mut out = vec![plain];
@@ -181,9 +267,29 @@ pub fn file_rewrite<B: Backend>(
             decode_tok_per_s: stats.decode_tok_per_s(),
             spec: Some(s),
             identical: ids == base,
+            tokens: ids,
         };
         on_run(&run);
         out.push(run);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reproduction_counts_tokens_spans_and_lines() {
+        let file = [1, 2, 3, 4, 5, 6];
+        // A comment token in front, one token changed, the end missing.
+        let answer = [9, 1, 2, 3, 7, 5];
+        let r = reproduction(&file, &answer, "a\nb\nc\nd", "# new\na\nc\nd\nd");
+        assert_eq!(r.in_order, 4);
+        assert_eq!(r.longest_copy, 3);
+        assert_eq!((r.lines, r.file_lines), (3, 4));
+        assert_eq!((r.file_tokens, r.generated), (6, 6));
+        assert_eq!(common_subsequence::<u32>(&[], &[1]), 0);
+        assert_eq!(longest_common_span(&[1, 2], &[3]), 0);
+    }
 }

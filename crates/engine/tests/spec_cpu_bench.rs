@@ -10,7 +10,9 @@
 //! `SPEC_MODEL` (relative to the repository root, or absolute), `SPEC_THREADS` (default 1),
 //! `SPEC_KS` (verify: draft lengths, default `1,3,7,15`), `SPEC_CONTEXT` (verify: context
 //! tokens, default 16), `SPEC_REPS` (default 3), `SPEC_FILE` (rewrite: the source file, default
-//! `/tmp/colorsys_60.py`), `SPEC_N` (rewrite: tokens, default 300), `SPEC_MODES` (rewrite: the
+//! `/tmp/colorsys_60.py`), `SPEC_N` (rewrite: a fixed number of tokens, no stop tokens, the
+//! older benchmark; default `whole`: the whole file back, its token count + 64 at most, stopping
+//! at end-of-sequence, like `redlite spec-bench rewrite` without `-n`), `SPEC_MODES` (rewrite: the
 //! configurations, the first being the baseline; default `off,lookup,mtp,both`; see
 //! `file_rewrite_cpu_time`).
 
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use redlite_engine::generate::{generate, GenerateOptions};
 use redlite_engine::sampler::{Sampler, SamplerConfig};
-use redlite_engine::spec_bench::rewrite_prompt;
+use redlite_engine::spec_bench::{rewrite_budget, rewrite_prompt};
 use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
 use redlite_engine::{load_model_from, with_model, AnyModel, BackendChoice};
 use redlite_gguf::GgufFile;
@@ -141,27 +143,44 @@ fn verify_cost_cpu_time() {
 /// The file-rewrite prompt of `redlite spec-bench rewrite` (`$SPEC_FILE`, default
 /// /tmp/colorsys_60.py) as token ids.
 fn rewrite_prompt_ids(file: &GgufFile) -> Vec<u32> {
+    rewrite_task(file).0
+}
+
+/// The file-rewrite prompt, the token budget and the stop tokens: `$SPEC_N` tokens without stops,
+/// or (`whole`, the default) the whole file back ([`rewrite_budget`]) stopping at end-of-sequence.
+fn rewrite_task(file: &GgufFile) -> (Vec<u32>, usize, Vec<u32>) {
     let tokenizer = Tokenizer::from_gguf(file).expect("tokenizer");
     let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
     let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
     let edit =
         "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
-    tokenizer
+    let prompt = tokenizer
         .encode(&rewrite_prompt(&text, edit), false)
-        .expect("encode")
+        .expect("encode");
+    match var("SPEC_N", "whole").as_str() {
+        "whole" => {
+            let file_tokens = tokenizer.encode(&text, false).expect("encode").len();
+            let stops = tokenizer.stop_token_ids().to_vec();
+            (prompt, rewrite_budget(file_tokens), stops)
+        }
+        n => (prompt, n.parse().expect("SPEC_N"), Vec::new()),
+    }
 }
 
-/// The file rewrite of `redlite spec-bench rewrite` (greedy, no stop tokens), decode CPU time
+/// The file rewrite of `redlite spec-bench rewrite` (greedy), decode CPU time
 /// plainly and per speculation mode: each run's CPU time minus that of the same run stopped
 /// after its first token (the prompt pass), medians over the repetitions.
 #[test]
 #[ignore]
 fn file_rewrite_cpu_time() {
     let (model, file) = load();
-    let prompt = rewrite_prompt_ids(&file);
-    let n = num("SPEC_N", 300);
+    let (prompt, n, stop_ids) = rewrite_task(&file);
     let reps = num("SPEC_REPS", 3).max(1);
-    println!("prompt {} tokens, {n} generated", prompt.len());
+    println!(
+        "prompt {} tokens, up to {n} generated, {} stop tokens",
+        prompt.len(),
+        stop_ids.len()
+    );
     // Configurations: `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft
     // cap), `nmin`/`nmax` (n-gram range), `p` (MTP chaining threshold, percent).
     let configs: Vec<(String, SpecConfig)> = var("SPEC_MODES", "off,lookup,mtp,both")
@@ -185,38 +204,41 @@ fn file_rewrite_cpu_time() {
             (c.to_string(), spec)
         })
         .collect();
-    println!("| spec | passes | rows | decode cpu s | tok per cpu-s | speed-up (cpu) | decode wall s | speed-up (wall) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| spec | tokens | passes | rows | decode cpu s | tok per cpu-s | speed-up (cpu) | decode wall s | speed-up (wall) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     with_model!(&model, m => {
         let run = |spec: &SpecConfig, max_tokens: usize| {
-            let opts = GenerateOptions { max_tokens, stop_ids: Vec::new() };
+            let opts = GenerateOptions { max_tokens, stop_ids: stop_ids.clone() };
             let mut state = m.new_state();
             let mut sampler = Sampler::new(SamplerConfig::greedy());
             let c0 = cpu_time();
-            let (wall, passes) = if spec.mode == SpecMode::Off {
+            let (wall, generated, passes) = if spec.mode == SpecMode::Off {
                 let (_, s) = generate(m, &mut state, &prompt, &mut sampler, &opts, |_| true)
                     .unwrap();
-                (s.decode_time, (max_tokens - 1, max_tokens - 1))
+                let steps = s.generated_tokens.saturating_sub(1);
+                (s.decode_time, s.generated_tokens, (steps, steps))
             } else {
                 let (_, s, ss) = generate_speculative(
                     m, &mut state, &prompt, &mut sampler, &opts, spec, |_| true,
                 )
                 .unwrap();
-                (s.decode_time, (ss.forward_passes, ss.rows))
+                (s.decode_time, s.generated_tokens, (ss.forward_passes, ss.rows))
             };
-            (cpu_time() - c0, wall, passes)
+            (cpu_time() - c0, wall, generated, passes)
         };
         // Repetitions interleave the configurations (A/B under a changing load).
         let mut cpu = vec![Vec::new(); configs.len()];
         let mut wall = vec![Vec::new(); configs.len()];
         let mut passes = vec![(0, 0); configs.len()];
+        let mut generated = vec![0; configs.len()];
         for _ in 0..reps {
             for (i, (_, spec)) in configs.iter().enumerate() {
-                let (prompt_only, _, _) = run(spec, 1);
-                let (all, w, p) = run(spec, n);
+                let (prompt_only, _, _, _) = run(spec, 1);
+                let (all, w, g, p) = run(spec, n);
                 cpu[i].push(all.saturating_sub(prompt_only));
                 wall[i].push(w);
                 passes[i] = p;
+                generated[i] = g;
             }
         }
         let mut base = None;
@@ -227,10 +249,11 @@ fn file_rewrite_cpu_time() {
             );
             let (base_cpu, base_wall) = *base.get_or_insert((c, w));
             println!(
-                "| {name} | {} | {} | {c:.3} | {:.1} | {:.2}x | {w:.3} | {:.2}x |",
+                "| {name} | {} | {} | {} | {c:.3} | {:.1} | {:.2}x | {w:.3} | {:.2}x |",
+                generated[i],
                 passes[i].0,
                 passes[i].1,
-                (n - 1) as f64 / c,
+                generated[i].saturating_sub(1) as f64 / c,
                 base_cpu / c,
                 base_wall / w
             );
