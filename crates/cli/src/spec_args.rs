@@ -18,6 +18,9 @@ pub struct SpecArgs {
     /// Prompt lookup: always draft --spec-max-draft tokens instead of adapting to acceptance.
     #[arg(long)]
     pub spec_fixed: bool,
+    /// Prompt lookup: search afresh for every draft instead of continuing the last draft's source.
+    #[arg(long)]
+    pub spec_no_follow: bool,
     /// MTP: most chained draft tokens per step.
     #[arg(long, default_value_t = SpecConfig::default().mtp_draft)]
     pub spec_mtp_draft: usize,
@@ -35,6 +38,7 @@ impl SpecArgs {
             ngram_min: self.spec_ngram_min,
             max_draft: self.spec_max_draft,
             adaptive: !self.spec_fixed,
+            lookup_follow: !self.spec_no_follow,
             mtp_draft: self.spec_mtp_draft,
             mtp_min_prob: self.spec_mtp_min_prob,
         }

@@ -7,7 +7,9 @@
 //!   everything generated so far) are searched for an earlier occurrence, longest `n` first
 //!   (`ngram_max` down to `ngram_min`), most recent occurrence first; the tokens that followed
 //!   it are the draft. Rewriting a file the model has just read makes these drafts long and
-//!   mostly right. The draft length adapts to recent acceptance: a fully accepted draft doubles
+//!   mostly right. [`LookupDrafter`] remembers where its last draft was copied from: while the
+//!   model keeps agreeing with that source, the next draft continues it without a new search.
+//!   The draft length adapts to recent acceptance: a fully accepted draft doubles
 //!   the next one (up to `max_draft`), a rejection shrinks it to one more than was accepted.
 //! * **MTP** (the model's `nextn` block, [`MtpDrafter`]): slot `t` takes the trunk's final hidden
 //!   state `h_t` and token `x_(t+1)` and predicts `x_(t+2)`. Chained drafting follows vLLM's
@@ -97,6 +99,9 @@ pub struct SpecConfig {
     pub max_draft: usize,
     /// Adapt the prompt-lookup draft length to recent acceptance (otherwise always `max_draft`).
     pub adaptive: bool,
+    /// Prompt lookup follows its source across passes ([`LookupDrafter`]); otherwise every
+    /// draft is a fresh n-gram search.
+    pub lookup_follow: bool,
     /// Most MTP drafts per step (chained through the MTP block's own hidden state).
     pub mtp_draft: usize,
     /// MTP chaining stops after a draft whose MTP probability is below this (0: always
@@ -112,6 +117,7 @@ impl Default for SpecConfig {
             ngram_min: 2,
             max_draft: 32,
             adaptive: true,
+            lookup_follow: true,
             mtp_draft: 3,
             mtp_min_prob: 0.5,
         }
@@ -227,9 +233,23 @@ pub fn lookup_draft(
     ngram_min: usize,
     max_len: usize,
 ) -> Vec<u32> {
+    match lookup_match(context, ngram_max, ngram_min, max_len) {
+        Some(start) => copy_draft(context, start, max_len),
+        None => Vec::new(),
+    }
+}
+
+/// The search of [`lookup_draft`]: the position in `context` of the token after the chosen
+/// earlier occurrence of the context's last `n` tokens (`None`: no match, or `max_len` 0).
+fn lookup_match(
+    context: &[u32],
+    ngram_max: usize,
+    ngram_min: usize,
+    max_len: usize,
+) -> Option<usize> {
     let len = context.len();
     if max_len == 0 {
-        return Vec::new();
+        return None;
     }
     for n in (ngram_min.max(1)..=ngram_max).rev() {
         if n >= len {
@@ -245,15 +265,125 @@ pub fn lookup_draft(
             .chain(matches)
             .find(|&s| s + n + max_len <= len)
             .unwrap_or(recent);
-        let start = chosen + n;
-        let mut draft = Vec::with_capacity(max_len);
-        for j in 0..max_len {
-            let i = start + j;
-            draft.push(if i < len { context[i] } else { draft[i - len] });
-        }
-        return draft;
+        return Some(chosen + n);
     }
-    Vec::new()
+    None
+}
+
+/// `len` tokens copied from `context` at `start < context.len()`: token `j` is token `start + j`
+/// of `context ++ draft` (a copy that reaches the end of the context repeats its last
+/// `context.len() - start` tokens).
+fn copy_draft(context: &[u32], start: usize, len: usize) -> Vec<u32> {
+    let end = context.len();
+    let mut draft = Vec::with_capacity(len);
+    for j in 0..len {
+        let i = start + j;
+        draft.push(if i < end { context[i] } else { draft[i - end] });
+    }
+    draft
+}
+
+/// Prompt lookup with a memory: where in the context the last draft was copied from, so that the
+/// next draft continues the same copy instead of searching again.
+///
+/// After a verify pass that accepted `a` of the drafts copied from `start`, the token the model
+/// emitted itself (the new `pending`) is compared with the source's token `start + a`:
+/// * equal (the usual case after a fully accepted draft): the next draft continues at
+///   `start + a + 1`, no search — the copy stays aligned with its source even where the last few
+///   tokens also occur elsewhere;
+/// * different (the model departed from the source): a fresh n-gram search; when it finds
+///   nothing and the source had been followed for at least `ngram_max` accepted tokens (a copy
+///   in progress, not a chance match), the continuation is still tried as a one-token
+///   substitution (`start + a + 1`: the model replaced one token and goes on with the source) —
+///   once: a guess rejected at its first token forgets the source.
+///
+/// The draft length is [`DraftLength`]'s (adapted to acceptance).
+pub struct LookupDrafter {
+    ngram_max: usize,
+    ngram_min: usize,
+    /// Follow the source across passes (otherwise every draft is a fresh [`lookup_draft`]).
+    follow: bool,
+    len: DraftLength,
+    /// Start of the last draft's copy in the context.
+    start: Option<usize>,
+    /// Context position the source predicts for the token after the accepted drafts.
+    next: Option<usize>,
+    /// The last draft was the substitution guess.
+    guessed: bool,
+    /// Tokens accepted from the current source since it was found.
+    run: usize,
+}
+
+impl LookupDrafter {
+    pub fn new(cfg: &SpecConfig) -> LookupDrafter {
+        LookupDrafter {
+            ngram_max: cfg.ngram_max,
+            ngram_min: cfg.ngram_min,
+            follow: cfg.lookup_follow,
+            len: DraftLength::new(cfg),
+            start: None,
+            next: None,
+            guessed: false,
+            run: 0,
+        }
+    }
+
+    /// Up to `room` drafts after `context` (which ends with the pending token); empty when no
+    /// source is found.
+    pub fn draft(&mut self, context: &[u32], room: usize) -> Vec<u32> {
+        let k = self.len.current().min(room);
+        self.start = None;
+        if k == 0 {
+            return Vec::new();
+        }
+        let (search, fallback) = match (self.follow, self.next.take(), context.split_last()) {
+            (true, Some(at), Some((&pending, _))) if at + 1 < context.len() => {
+                if context[at] == pending {
+                    (false, Some(at + 1))
+                } else if self.run >= self.ngram_max {
+                    (true, Some(at + 1))
+                } else {
+                    (true, None)
+                }
+            }
+            _ => (true, None),
+        };
+        let found = if search {
+            lookup_match(context, self.ngram_max, self.ngram_min, k)
+        } else {
+            None
+        };
+        self.guessed = search && found.is_none() && fallback.is_some();
+        if found.is_some() {
+            self.run = 0;
+        }
+        let start = found.or(fallback);
+        self.start = start;
+        start.map_or_else(Vec::new, |s| copy_draft(context, s, k))
+    }
+
+    /// After the verify pass of the last draft (`drafted` tokens, `accepted` of them kept).
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        self.len.update(drafted, accepted);
+        let guess_failed = self.guessed && accepted == 0;
+        self.next = match self.start.take() {
+            Some(s) if drafted > 0 && !guess_failed => Some(s + accepted),
+            _ => None,
+        };
+        self.run = if self.next.is_some() {
+            self.run + accepted
+        } else {
+            0
+        };
+    }
+
+    /// The last pass did not use a lookup draft: forget the source.
+    pub fn forget(&mut self) {
+        self.start = None;
+        self.next = None;
+        self.guessed = false;
+        self.run = 0;
+    }
 }
 
 /// The MTP head as a draft source, with its KV cache and the slots whose inputs are known but not
@@ -405,7 +535,7 @@ impl Verify {
 pub struct Speculator {
     cfg: SpecConfig,
     mtp: Option<MtpDrafter>,
-    lookup_len: DraftLength,
+    lookup: LookupDrafter,
     stats: SpecStats,
 }
 
@@ -423,7 +553,7 @@ impl Speculator {
             } else {
                 None
             },
-            lookup_len: DraftLength::new(cfg),
+            lookup: LookupDrafter::new(cfg),
             stats: SpecStats {
                 mode: cfg.mode,
                 ..SpecStats::default()
@@ -509,8 +639,7 @@ impl Speculator {
             m.push(last_hidden.to_vec(), pending);
         }
         if self.cfg.mode.uses_lookup() {
-            let k = self.lookup_len.current.min(room);
-            let d = lookup_draft(history, self.cfg.ngram_max, self.cfg.ngram_min, k);
+            let d = self.lookup.draft(history, room);
             if !d.is_empty() {
                 return Ok((d, Source::Lookup));
             }
@@ -541,9 +670,12 @@ impl Speculator {
         match v.source {
             Source::Lookup => {
                 self.stats.lookup.add(drafted, accepted);
-                self.lookup_len.update(drafted, accepted);
+                self.lookup.update(drafted, accepted);
             }
-            Source::Mtp => self.stats.mtp.add(drafted, accepted),
+            Source::Mtp => {
+                self.stats.mtp.add(drafted, accepted);
+                self.lookup.forget();
+            }
         }
         if drafted > 0 {
             model.keep(state, fed)?;
@@ -706,6 +838,48 @@ mod tests {
         // A token loop: the draft keeps repeating it.
         assert_eq!(lookup_draft(&[1, 1, 1], 2, 1, 4), vec![1, 1, 1, 1]);
         assert_eq!(lookup_draft(&[5, 1, 2, 1, 2], 2, 2, 5), vec![1, 2, 1, 2, 1]);
+    }
+
+    #[test]
+    fn lookup_drafter_follows_its_source() {
+        let cfg = SpecConfig {
+            ngram_max: 2,
+            ngram_min: 2,
+            max_draft: 4,
+            adaptive: false,
+            ..SpecConfig::default()
+        };
+        let mut d = LookupDrafter::new(&cfg);
+        // A source 1..9, a decoy `6 7 0 0 0 0`, and a copy of the source begun: `1 2`.
+        let mut ctx = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 6, 7, 0, 0, 0, 0, 1, 2];
+        assert_eq!(d.draft(&ctx, 32), vec![3, 4, 5, 6]);
+        // All accepted, and the model's own token 7 is the source's next: continue at 8 where a
+        // fresh search of `6 7` would pick the decoy.
+        d.update(4, 4);
+        ctx.extend([3, 4, 5, 6, 7]);
+        assert_eq!(lookup_draft(&ctx, 2, 2, 4), vec![0, 0, 0, 0]);
+        assert_eq!(d.draft(&ctx, 32), vec![8, 9, 6, 7]);
+        // One accepted, then the model writes 5 for 9: no n-gram match, so after a copy of 5
+        // tokens the continuation is tried as a substitution (skip the 9).
+        d.update(4, 1);
+        ctx.extend([8, 5]);
+        assert_eq!(lookup_draft(&ctx, 2, 2, 4), Vec::<u32>::new());
+        assert_eq!(d.draft(&ctx, 32), vec![6, 7, 0, 0]);
+        // The guess rejected at once: the source is forgotten.
+        d.update(4, 0);
+        ctx.push(11);
+        assert_eq!(d.draft(&ctx, 32), Vec::<u32>::new());
+        // The budget caps the draft; without `lookup_follow` every draft is `lookup_draft`.
+        let mut plain = LookupDrafter::new(&SpecConfig {
+            lookup_follow: false,
+            ..cfg
+        });
+        let ctx = [
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 6, 7, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7,
+        ];
+        assert_eq!(plain.draft(&ctx, 3), vec![0, 0, 0]);
+        plain.update(3, 3);
+        assert_eq!(plain.draft(&ctx, 32), lookup_draft(&ctx, 2, 2, 4));
     }
 
     #[test]

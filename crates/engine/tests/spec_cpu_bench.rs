@@ -182,7 +182,8 @@ fn file_rewrite_cpu_time() {
         stop_ids.len()
     );
     // Configurations: `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft
-    // cap), `nmin`/`nmax` (n-gram range), `p` (MTP chaining threshold, percent).
+    // cap), `nmin`/`nmax` (n-gram range), `p` (MTP chaining threshold, percent), `follow`
+    // (0: prompt lookup searches afresh for every draft).
     let configs: Vec<(String, SpecConfig)> = var("SPEC_MODES", "off,lookup,mtp,both")
         .split(',')
         .map(|c| {
@@ -198,6 +199,7 @@ fn file_rewrite_cpu_time() {
                     "nmin" => spec.ngram_min = v,
                     "nmax" => spec.ngram_max = v,
                     "p" => spec.mtp_min_prob = v as f32 / 100.0,
+                    "follow" => spec.lookup_follow = v != 0,
                     _ => panic!("unknown key {k}"),
                 }
             }
