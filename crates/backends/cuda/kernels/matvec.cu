@@ -401,39 +401,55 @@ __device__ __forceinline__ void mvf_first(int block, MvfSplit s, int& first, int
     part = w % s.parts;
 }
 
-// Adds up the slices of each of the warp's rows: sums[k] is row k's sum in warp `part == 0`
-// (every lane), after a barrier every thread reaches.
-__device__ __forceinline__ void mvf_reduce(const float (&acc)[MVF_MAX_ROWS], int parts,
-                                           float (&sums)[MVF_MAX_ROWS]) {
-    __shared__ float red[MVF_MAX_ROWS][MVF_WARPS];
-    const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+// The products of the warp's rows (at most NR of them, zero past `rows`) into y: lane partials
+// (every row's loads issued before the first row's arithmetic where the compiler can), each row's
+// slices added in order in shared memory, then y[row] = scale * sum (add: y[row] += sum) by warp
+// `part == 0`. Every thread reaches its barrier. NR = 1 is the one-row-per-warp form; callers
+// take it when s.rows == 1 so that form pays for no unused rows.
+template <typename T, int NR>
+__device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const float* __restrict__ x, int cols,
+                                             int rows, int first, int part, MvfSplit s, float* __restrict__ y,
+                                             float scale, bool add) {
+    __shared__ float red[NR][MVF_WARPS];
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    float acc[NR];
 #pragma unroll
-    for (int k = 0; k < MVF_MAX_ROWS; ++k) {
+    for (int k = 0; k < NR; ++k) {
+        const int row = first + k;
+        acc[k] = (k < s.rows && row < rows)
+                     ? row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x, cols, lane, part, s.parts)
+                     : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
         const float v = warp_sum(acc[k]);
-        if (lane == 0) red[k][w] = v;
+        if (lane == 0) red[k][wi] = v;
     }
     __syncthreads();
+    if (part != 0 || lane != 0) return;
 #pragma unroll
-    for (int k = 0; k < MVF_MAX_ROWS; ++k) {
-        sums[k] = 0.0f;
-        if (w % parts == 0) {
-            for (int p = 0; p < parts; ++p) sums[k] += red[k][w + p];
+    for (int k = 0; k < NR; ++k) {
+        const int row = first + k;
+        if (k < s.rows && row < rows) {
+            float sum = 0.0f;
+            for (int p = 0; p < s.parts; ++p) sum += red[k][wi + p];
+            if (add) {
+                y[row] += sum;
+            } else {
+                y[row] = scale * sum;
+            }
         }
     }
 }
 
-// The lane's partial dot products of the warp's rows (zero past `rows`), every row's loads
-// issued before the first row's arithmetic where the compiler can.
 template <typename T>
-__device__ __forceinline__ void mvf_rows_partial(const u8* __restrict__ w, const float* __restrict__ x, int cols,
-                                                 int rows, int first, int part, MvfSplit s,
-                                                 float (&acc)[MVF_MAX_ROWS]) {
-#pragma unroll
-    for (int k = 0; k < MVF_MAX_ROWS; ++k) {
-        const int row = first + k;
-        acc[k] = (k < s.rows && row < rows)
-                     ? row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x, cols, threadIdx.x % WARP, part, s.parts)
-                     : 0.0f;
+__device__ __forceinline__ void mvf_rows(const u8* __restrict__ w, const float* __restrict__ x, int cols, int rows,
+                                         int first, int part, MvfSplit s, float* __restrict__ y, float scale,
+                                         bool add) {
+    if (s.rows == 1) {
+        mvf_rows_dot<T, 1>(w, x, cols, rows, first, part, s, y, scale, add);
+    } else {
+        mvf_rows_dot<T, MVF_MAX_ROWS>(w, x, cols, rows, first, part, s, y, scale, add);
     }
 }
 
@@ -499,22 +515,14 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
             rows = r2;
         }
     }
-    const int t = blockIdx.y, lane = threadIdx.x % WARP;
+    const int t = blockIdx.y;
     int first, part;
     mvf_first(b, s, first, part);
     // The warps fetch their rows' lines while the block stages x.
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
     const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
-    float acc[MVF_MAX_ROWS], sums[MVF_MAX_ROWS];
-    mvf_rows_partial<T>(w, mvf_x, cols, rows, first, part, s, acc);
-    mvf_reduce(acc, s.parts, sums);
-    if (part == 0 && lane == 0) {
-#pragma unroll
-        for (int k = 0; k < MVF_MAX_ROWS; ++k) {
-            if (k < s.rows && first + k < rows) y[(size_t)t * rows + first + k] = inv * sums[k];
-        }
-    }
+    mvf_rows<T>(w, mvf_x, cols, rows, first, part, s, y + (size_t)t * rows, inv, false);
 }
 
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
@@ -537,22 +545,14 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     __shared__ float scratch[WARP];
     __shared__ int is_last;
     const MvfSplit s = mvf_split(split);
-    const int t = blockIdx.y, lane = threadIdx.x % WARP;
+    const int t = blockIdx.y;
     float* yt = y + (size_t)t * rows;
     int first, part;
     mvf_first(blockIdx.x, s, first, part);
     // All of the rows' lines requested at once (the loop would wait for each in turn).
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
-    float acc[MVF_MAX_ROWS], sums[MVF_MAX_ROWS];
-    mvf_rows_partial<T>(w, x + (size_t)t * cols, cols, rows, first, part, s, acc);
-    mvf_reduce(acc, s.parts, sums);
-    if (part == 0 && lane == 0) {
-#pragma unroll
-        for (int k = 0; k < MVF_MAX_ROWS; ++k) {
-            if (k < s.rows && first + k < rows) yt[first + k] += sums[k];
-        }
-    }
+    mvf_rows<T>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
     __syncthreads();
