@@ -603,6 +603,23 @@ impl Speculator {
         last_hidden: &[f32],
         budget: usize,
     ) -> Result<Verify, ModelError> {
+        // Drafting, the layers and the lm_head as one pass on the backend's threads (the CPU
+        // pool stays warm between them instead of being handed each region from outside).
+        model
+            .backend
+            .run_pass(|| self.draft_and_verify(model, state, history, pending, last_hidden, budget))
+    }
+
+    /// The body of [`Speculator::verify`].
+    fn draft_and_verify<B: Backend>(
+        &mut self,
+        model: &Model<B>,
+        state: &mut SequenceState,
+        history: &[u32],
+        pending: u32,
+        last_hidden: &[f32],
+        budget: usize,
+    ) -> Result<Verify, ModelError> {
         let td = Instant::now();
         let (drafts, source) = self.draft(model, history, pending, last_hidden, budget)?;
         self.stats.draft_time += td.elapsed();
