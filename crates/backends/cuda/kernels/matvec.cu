@@ -24,26 +24,29 @@
 #define MVF_UNROLL 2
 #endif
 
-// Byte-to-float without the conversion unit (MAGIC_CVT, default on): I2F issues at a quarter of
-// the FMA rate on Hopper; the f32 with bit pattern 0x4B000000 | b is 2^23 + b exactly, so
-// subtracting 2^23 gives b, the value (float)b gives, bit for bit. MAGIC_CVT=0: (float)b.
+// Byte-to-float: one byte permute (byte j of v, zeros above) and one I2FP. MAGIC_CVT=1: without
+// the conversion: the f32 with bit pattern 0x4B000000 | b is 2^23 + b exactly, so subtracting
+// 2^23 gives b, bit for bit; measured no faster on the H200 (I2FP is not the quarter-rate I2F)
+// and its selector constants cost a register move each, so it is off.
 #ifndef MAGIC_CVT
-#define MAGIC_CVT 1
+#define MAGIC_CVT 0
 #endif
 
-// Byte j (0..3, a constant after unrolling) of v as an exact f32.
+// Byte j of v as an exact f32.
 __device__ __forceinline__ float byte_f32(u32 v, int j) {
 #if MAGIC_CVT
     return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540 | j)) - 8388608.0f;
 #else
-    return (float)((v >> (8 * j)) & 255);
+    return (float)__byte_perm(v, 0u, 0x4440 | j);
 #endif
 }
 
 // Group decoders: dot(block, g, x) = sum over the G values of group g of the block of w * x[j].
+// SPLIT = 1: the decoder also has load(block, g) (the group's raw bytes) and dot_loaded(raw, g,
+// x), so row_partial can issue two groups' loads before either's arithmetic.
 template <typename T>
 struct GroupDot {
-    enum { G = 0 };  // no group decoder: per-value path
+    enum { G = 0, SPLIT = 0 };  // no group decoder: per-value path
 };
 
 // Four activations in one 16-byte load: a group's x starts at a multiple of its G (4, 8 or 16)
@@ -158,20 +161,28 @@ struct WarpBlockDot<T_Q6_K> {
 // the same two: a 4-way conflict on every activation load). The sum order is fixed per unit.
 template <>
 struct GroupDot<T_Q4_K> {
-    enum { G = 32 };
-    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
+    enum { G = 32, SPLIT = 1 };
+    // A unit's raw bytes: the block header (d, dmin, 12 scale bytes) and its 16 quant bytes.
+    struct Raw {
+        uint4 hd, q;
+    };
+    static __device__ __forceinline__ Raw load(const u8* __restrict__ b, int g) {
+        return Raw{*(const uint4*)b, *(const uint4*)(b + 16 + 16 * g)};
+    }
+    static __device__ __forceinline__ float dot_loaded(const Raw& r, int g, const float* __restrict__ x) {
         const int c = g >> 1, h = g & 1;
         const float* xl = x - 32 * g + 64 * c + 16 * h;  // values of sub-block 2c; +32: 2c + 1
-        const uint4 hd = *(const uint4*)b;
-        const u32 sw[3] = {hd.y, hd.z, hd.w};
-        int sc0, m0, sc1, m1;
-        q4k_scale_min(sw, 2 * c, sc0, m0);
-        q4k_scale_min(sw, 2 * c + 1, sc1, m1);
-        const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
-        const float ds0 = d * (float)sc0, dm0 = dmin * (float)m0;
-        const float ds1 = d * (float)sc1, dm1 = dmin * (float)m1;
-        const uint4 u = *(const uint4*)(b + 16 + 16 * g);
-        u32 v0 = u.x, v1 = u.y, v2 = u.z, v3 = u.w;
+        // The 6-bit scales and mins of sub-blocks 0..3 and 4..7, four to a word (bytes 0..3 of
+        // the scales hold sub-blocks 0..3 and the top bits of 4..7, bytes 8..11 their low nibbles),
+        // decoded without branches; unit c takes bytes 2c % 4 and 2c % 4 + 1 of its half.
+        const u32 sc_w = c < 2 ? (r.hd.y & 0x3F3F3F3Fu) : ((r.hd.w & 0x0F0F0F0Fu) | ((r.hd.y >> 2) & 0x30303030u));
+        const u32 m_w = c < 2 ? (r.hd.z & 0x3F3F3F3Fu)
+                              : (((r.hd.w >> 4) & 0x0F0F0F0Fu) | ((r.hd.z >> 2) & 0x30303030u));
+        const int b0 = (2 * c) & 3;
+        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
+        const float ds0 = d * byte_f32(sc_w, b0), dm0 = dmin * byte_f32(m_w, b0);
+        const float ds1 = d * byte_f32(sc_w, b0 + 1), dm1 = dmin * byte_f32(m_w, b0 + 1);
+        u32 v0 = r.q.x, v1 = r.q.y, v2 = r.q.z, v3 = r.q.w;
         if (c & 1) {  // rotate the words by c: v[k] = word (k + c) % 4
             const u32 t = v0;
             v0 = v1, v1 = v2, v2 = v3, v3 = t;
@@ -197,6 +208,14 @@ struct GroupDot<T_Q4_K> {
         }
         return acc;
     }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
+        return dot_loaded(load(b, g), g, x);
+    }
+    // a's first word made to depend on b's loaded words (an identity lop3: result = a): a's
+    // arithmetic then waits for b's loads, so ptxas issues them before it.
+    static __device__ __forceinline__ void pin(Raw& a, const Raw& b) {
+        asm volatile("lop3.b32 %0, %0, %1, %2, 0xF0;" : "+r"(a.q.x) : "r"(b.q.x), "r"(b.hd.x));
+    }
 };
 #else
 // Q4_K (Q4K_PAIR=0): 8 sub-blocks of 32 with 6-bit scale and min; group = half a sub-block (16 values). The
@@ -204,7 +223,7 @@ struct GroupDot<T_Q4_K> {
 // header and the 16 quant bytes are one 16-byte load each.
 template <>
 struct GroupDot<T_Q4_K> {
-    enum { G = 16 };
+    enum { G = 16, SPLIT = 0 };
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
         const int sub = g >> 1;
         // d, dmin and the 12 scale bytes in one 16-byte load, decoded in registers.
@@ -234,7 +253,7 @@ struct GroupDot<T_Q4_K> {
 // Q8_0: one scale per block of 32; group = half a block.
 template <>
 struct GroupDot<T_Q8_0> {
-    enum { G = 16 };
+    enum { G = 16, SPLIT = 0 };
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
         const float d = ld_f16(b);
         const u8* q = b + 2 + 16 * g;
@@ -271,7 +290,7 @@ __device__ __forceinline__ void stage_tables<T_IQ2_XXS>() {
 // group = one grid entry (8 values).
 template <>
 struct GroupDot<T_IQ2_XXS> {
-    enum { G = 8 };
+    enum { G = 8, SPLIT = 0 };
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
         const int ib = g >> 2, l = g & 3;
         const u8* at = b + 2 + 8 * ib;
@@ -291,7 +310,7 @@ struct GroupDot<T_IQ2_XXS> {
 // F32 (blocks of one value): group = 4 values, one 16-byte load when aligned.
 template <>
 struct GroupDot<T_F32> {
-    enum { G = 4 };
+    enum { G = 4, SPLIT = 0 };
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int, const float* __restrict__ x) {
         float4 v;
         if (((size_t)b & 15) == 0) {
@@ -324,9 +343,28 @@ __device__ __forceinline__ float row_partial(const u8* __restrict__ wr, const fl
         // Groups inside a block.
         constexpr int PER_BLOCK = T::QK / G;
         const int groups = cols / G;
+        if constexpr (GroupDot<T>::SPLIT) {
+            // Two groups per iteration, both loaded first; the sums in the one-at-a-time order.
+            const int stride = parts * WARP;
+            int gi = part * WARP + lane;
+            for (; gi + stride < groups; gi += 2 * stride) {
+                const int gj = gi + stride;
+                auto r0 = GroupDot<T>::load(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK);
+                const auto r1 = GroupDot<T>::load(wr + (size_t)(gj / PER_BLOCK) * T::BB, gj % PER_BLOCK);
+                // Uses of both loads here keep ptxas from sinking the second pair below the first
+                // group's arithmetic: the two groups' latencies overlap.
+                GroupDot<T>::pin(r0, r1);
+                acc += GroupDot<T>::dot_loaded(r0, gi % PER_BLOCK, x + (size_t)gi * G);
+                acc += GroupDot<T>::dot_loaded(r1, gj % PER_BLOCK, x + (size_t)gj * G);
+            }
+            if (gi < groups) {
+                acc += GroupDot<T>::dot(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK, x + (size_t)gi * G);
+            }
+        } else {
 #pragma unroll MVF_UNROLL
-        for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
-            acc += GroupDot<T>::dot(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK, x + (size_t)gi * G);
+            for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
+                acc += GroupDot<T>::dot(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK, x + (size_t)gi * G);
+            }
         }
     } else if constexpr (G > 0) {
         // Groups of several one-value blocks (F32); a tail shorter than a group goes value by value.

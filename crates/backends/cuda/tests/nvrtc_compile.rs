@@ -48,3 +48,24 @@ fn every_kernel_source_compiles_for_sm_90a() {
         );
     }
 }
+
+/// For reading the machine code here (no GPU needed): writes the matvec family's `sm_90a` cubin,
+/// with `REDLITE_CUDA_DEFINES`-style `NAME=VALUE` settings from `REDLITE_CUBIN_DEFINES`
+/// (space-separated) prepended, to `REDLITE_CUBIN_OUT`; then
+/// `nvdisasm -c -fun <kernel> FILE` (pip `nvidia-cuda-nvdisasm`) shows the SASS.
+#[test]
+#[ignore]
+fn write_matvec_cubin() {
+    let Ok(out) = std::env::var("REDLITE_CUBIN_OUT") else {
+        eprintln!("SKIPPED: set REDLITE_CUBIN_OUT");
+        return;
+    };
+    let defines: String = std::env::var("REDLITE_CUBIN_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|d| format!("#define {}\n", d.replacen('=', " ", 1)))
+        .collect();
+    let src = defines + &family_source("matvec.cu").expect("family");
+    let (cubin, _) = nvrtc::compile_cubin(&src, ARCH).expect("compiles");
+    std::fs::write(&out, cubin).expect("writing the cubin");
+}
