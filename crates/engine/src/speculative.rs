@@ -9,7 +9,7 @@
 //!   it are the draft. Rewriting a file the model has just read makes these drafts long and
 //!   mostly right. [`LookupDrafter`] remembers where its last draft was copied from: while the
 //!   model keeps agreeing with that source, the next draft continues it without a new search.
-//!   The draft length adapts to recent acceptance: a fully accepted draft doubles
+//!   The draft length adapts to recent acceptance: a fully accepted draft doubles the rows of
 //!   the next one (up to `max_draft`), a rejection shrinks it to one more than was accepted.
 //! * **MTP** (the model's `nextn` block, [`MtpDrafter`]): slot `t` takes the trunk's final hidden
 //!   state `h_t` and token `x_(t+1)` and predicts `x_(t+2)`. Chained drafting follows vLLM's
@@ -115,7 +115,7 @@ impl Default for SpecConfig {
             mode: SpecMode::Off,
             ngram_max: 8,
             ngram_min: 2,
-            max_draft: 32,
+            max_draft: 63,
             adaptive: true,
             lookup_follow: true,
             mtp_draft: 3,
@@ -466,9 +466,12 @@ fn top_prob(logits: &[f32], top: u32) -> f32 {
     1.0 / logits.iter().map(|&l| (l - max).exp()).sum::<f32>()
 }
 
-/// Adaptive prompt-lookup draft length: the length a source asks for next is doubled after a
-/// fully accepted draft (up to `max_draft`), the accepted length + 1 after a rejection
-/// (`adaptive`), else fixed.
+/// Adaptive prompt-lookup draft length (`adaptive`, else always `max_draft`): it starts at 3
+/// drafts, a fully accepted draft doubles the verify pass's rows (`K + 1` → `2(K + 1)`: 4, 8, 16,
+/// 32, 64 rows, up to `max_draft` drafts), a rejection after `a` accepted drafts sets it to
+/// `a + 1`. Passes of a power-of-two number of rows fill the CPU's multi-row kernels (16 rows per
+/// weight pass for Q8_0): a 33-row pass costs about as much more than a 32-row one as a whole
+/// extra pass's weight reads.
 pub struct DraftLength {
     current: usize,
     max: usize,
@@ -479,7 +482,7 @@ impl DraftLength {
     pub fn new(cfg: &SpecConfig) -> DraftLength {
         let max = cfg.max_draft;
         DraftLength {
-            current: if cfg.adaptive { max.min(4) } else { max },
+            current: if cfg.adaptive { max.min(3) } else { max },
             max,
             adaptive: cfg.adaptive,
         }
@@ -495,7 +498,7 @@ impl DraftLength {
             return;
         }
         self.current = if accepted == drafted {
-            (self.current * 2).min(self.max)
+            (2 * (self.current + 1) - 1).min(self.max)
         } else {
             (accepted + 1).min(self.max)
         };
@@ -902,18 +905,26 @@ mod tests {
     #[test]
     fn draft_length_adapts() {
         let mut d = DraftLength::new(&SpecConfig::default());
-        assert_eq!(d.current, 4);
-        d.update(4, 4);
-        assert_eq!(d.current, 8);
-        d.update(8, 8);
-        d.update(16, 16);
-        assert_eq!(d.current, 32);
-        d.update(32, 32);
-        assert_eq!(d.current, 32);
-        d.update(32, 2);
+        assert_eq!(d.current, 3);
+        d.update(3, 3);
+        assert_eq!(d.current, 7);
+        d.update(7, 7);
+        d.update(15, 15);
+        assert_eq!(d.current, 31);
+        d.update(31, 31);
+        assert_eq!(d.current, 63);
+        d.update(63, 63);
+        assert_eq!(d.current, 63);
+        d.update(63, 2);
         assert_eq!(d.current, 3);
         d.update(0, 0);
         assert_eq!(d.current, 3);
+        let fixed = DraftLength::new(&SpecConfig {
+            adaptive: false,
+            max_draft: 10,
+            ..SpecConfig::default()
+        });
+        assert_eq!(fixed.current(), 10);
     }
 
     #[test]
