@@ -16,7 +16,7 @@ use redlite_model::{Backend, Mode, Model, ModelError};
 
 use crate::generate::{generate, GenerateOptions};
 use crate::sampler::{Sampler, SamplerConfig};
-use crate::speculative::{generate_speculative, SpecConfig, SpecMode, SpecStats};
+use crate::speculative::{generate_speculative, LookupDrafter, SpecConfig, SpecMode, SpecStats};
 
 /// One row of the verify-cost table.
 #[derive(Debug, Clone)]
@@ -275,6 +275,51 @@ pub fn file_rewrite<B: Backend>(
     Ok(out)
 }
 
+/// One verify pass of a replayed rewrite ([`lookup_replay`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayPass {
+    /// The rows fed: the pending token and its drafts.
+    pub tokens: Vec<u32>,
+    /// Rows kept: the pending token and the accepted drafts.
+    pub kept: usize,
+}
+
+/// The verify passes greedy prompt-lookup decoding makes when the model's answer is `target` —
+/// as if the model wrote exactly the expected rewrite: drafts from a [`LookupDrafter`] over the
+/// prompt and the answer so far, accepted while they equal the target, capped by the budget of
+/// `target.len()` tokens as in [`generate_speculative`]. `target[0]` comes from the prompt pass;
+/// the passes then feed `target[..len - 1]`, as plain decoding's `len - 1` steps do.
+pub fn lookup_replay(prompt: &[u32], target: &[u32], spec: &SpecConfig) -> Vec<ReplayPass> {
+    let mut drafter = LookupDrafter::new(spec);
+    let mut passes = Vec::new();
+    let Some(&first) = target.first() else {
+        return passes;
+    };
+    let mut history = prompt.to_vec();
+    history.push(first);
+    // Tokens of `target` emitted so far.
+    let mut done = 1;
+    while done < target.len() {
+        let drafts = drafter.draft(&history, target.len() - done - 1);
+        let accepted = drafts
+            .iter()
+            .zip(&target[done..])
+            .take_while(|(d, t)| d == t)
+            .count();
+        drafter.update(drafts.len(), accepted);
+        let mut tokens = vec![target[done - 1]];
+        tokens.extend_from_slice(&drafts);
+        passes.push(ReplayPass {
+            tokens,
+            kept: accepted + 1,
+        });
+        // The accepted drafts and the token the model samples after them.
+        history.extend_from_slice(&target[done..done + accepted + 1]);
+        done += accepted + 1;
+    }
+    passes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +336,29 @@ mod tests {
         assert_eq!((r.file_tokens, r.generated), (6, 6));
         assert_eq!(common_subsequence::<u32>(&[], &[1]), 0);
         assert_eq!(longest_common_span(&[1, 2], &[3]), 0);
+    }
+
+    #[test]
+    fn replay_feeds_the_target_like_plain_decoding() {
+        // The prompt holds the answer's text; the answer copies it with a new first token.
+        let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        let target = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+        for follow in [true, false] {
+            let spec = SpecConfig {
+                ngram_min: 1,
+                lookup_follow: follow,
+                ..SpecConfig::default()
+            };
+            let passes = lookup_replay(&prompt, &target, &spec);
+            // The kept rows are the target's tokens before the last, in order.
+            let fed: Vec<u32> = passes
+                .iter()
+                .flat_map(|p| p.tokens[..p.kept].to_vec())
+                .collect();
+            assert_eq!(fed, target[..target.len() - 1]);
+            assert!(passes.len() < target.len() - 1, "{passes:?}");
+            assert!(passes.iter().all(|p| p.kept <= p.tokens.len()));
+        }
+        assert!(lookup_replay(&prompt, &[], &SpecConfig::default()).is_empty());
     }
 }

@@ -14,14 +14,15 @@
 //! older benchmark; default `whole`: the whole file back, its token count + 64 at most, stopping
 //! at end-of-sequence, like `redlite spec-bench rewrite` without `-n`), `SPEC_MODES` (rewrite: the
 //! configurations, the first being the baseline; default `off,lookup,mtp,both`; see
-//! `file_rewrite_cpu_time`).
+//! `spec_configs`). `forced_rewrite_cpu_time` times the rewrite teacher-forced (the passes
+//! prompt lookup would make if the model wrote the expected answer).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlite_engine::generate::{generate, GenerateOptions};
 use redlite_engine::sampler::{Sampler, SamplerConfig};
-use redlite_engine::spec_bench::{rewrite_budget, rewrite_prompt};
+use redlite_engine::spec_bench::{lookup_replay, rewrite_budget, rewrite_prompt, ReplayPass};
 use redlite_engine::speculative::{generate_speculative, SpecConfig, SpecMode};
 use redlite_engine::{load_model_from, with_model, AnyModel, BackendChoice};
 use redlite_gguf::GgufFile;
@@ -146,12 +147,17 @@ fn rewrite_prompt_ids(file: &GgufFile) -> Vec<u32> {
     rewrite_task(file).0
 }
 
+/// The text of `$SPEC_FILE` (default /tmp/colorsys_60.py).
+fn rewrite_file() -> String {
+    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
+    std::fs::read_to_string(&path).expect("SPEC_FILE")
+}
+
 /// The file-rewrite prompt, the token budget and the stop tokens: `$SPEC_N` tokens without stops,
 /// or (`whole`, the default) the whole file back ([`rewrite_budget`]) stopping at end-of-sequence.
 fn rewrite_task(file: &GgufFile) -> (Vec<u32>, usize, Vec<u32>) {
     let tokenizer = Tokenizer::from_gguf(file).expect("tokenizer");
-    let path = var("SPEC_FILE", "/tmp/colorsys_60.py");
-    let text = std::fs::read_to_string(&path).expect("SPEC_FILE");
+    let text = rewrite_file();
     let edit =
         "Rewrite this file with one change: add a comment line at the top saying it was reviewed.";
     let prompt = tokenizer
@@ -167,24 +173,12 @@ fn rewrite_task(file: &GgufFile) -> (Vec<u32>, usize, Vec<u32>) {
     }
 }
 
-/// The file rewrite of `redlite spec-bench rewrite` (greedy), decode CPU time
-/// plainly and per speculation mode: each run's CPU time minus that of the same run stopped
-/// after its first token (the prompt pass), medians over the repetitions.
-#[test]
-#[ignore]
-fn file_rewrite_cpu_time() {
-    let (model, file) = load();
-    let (prompt, n, stop_ids) = rewrite_task(&file);
-    let reps = num("SPEC_REPS", 3).max(1);
-    println!(
-        "prompt {} tokens, up to {n} generated, {} stop tokens",
-        prompt.len(),
-        stop_ids.len()
-    );
-    // Configurations: `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft
-    // cap), `nmin`/`nmax` (n-gram range), `p` (MTP chaining threshold, percent), `follow`
-    // (0: prompt lookup searches afresh for every draft).
-    let configs: Vec<(String, SpecConfig)> = var("SPEC_MODES", "off,lookup,mtp,both")
+/// The configurations of `$SPEC_MODES` (or `default`), the first being the baseline:
+/// `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft cap), `nmin`/`nmax`
+/// (n-gram range), `p` (MTP chaining threshold, percent), `follow` (0: prompt lookup searches
+/// afresh for every draft).
+fn spec_configs(default: &str) -> Vec<(String, SpecConfig)> {
+    var("SPEC_MODES", default)
         .split(',')
         .map(|c| {
             let mut parts = c.split(':');
@@ -205,7 +199,24 @@ fn file_rewrite_cpu_time() {
             }
             (c.to_string(), spec)
         })
-        .collect();
+        .collect()
+}
+
+/// The file rewrite of `redlite spec-bench rewrite` (greedy), decode CPU time
+/// plainly and per speculation mode: each run's CPU time minus that of the same run stopped
+/// after its first token (the prompt pass), medians over the repetitions.
+#[test]
+#[ignore]
+fn file_rewrite_cpu_time() {
+    let (model, file) = load();
+    let (prompt, n, stop_ids) = rewrite_task(&file);
+    let reps = num("SPEC_REPS", 3).max(1);
+    println!(
+        "prompt {} tokens, up to {n} generated, {} stop tokens",
+        prompt.len(),
+        stop_ids.len()
+    );
+    let configs = spec_configs("off,lookup,mtp,both");
     println!("| spec | tokens | passes | rows | decode cpu s | tok per cpu-s | speed-up (cpu) | decode wall s | speed-up (wall) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     with_model!(&model, m => {
@@ -256,6 +267,95 @@ fn file_rewrite_cpu_time() {
                 passes[i].0,
                 passes[i].1,
                 generated[i].saturating_sub(1) as f64 / c,
+                base_cpu / c,
+                base_wall / w
+            );
+        }
+    });
+}
+
+/// The file rewrite teacher-forced: the verify passes greedy prompt lookup would make if the
+/// model's answer were the expected one (`# Reviewed.`, the file, the closing fence;
+/// [`lookup_replay`]), timed on the model against plain decoding's one-token steps over the same
+/// tokens. The demo model does not write the file back (it loops), so this measures what the
+/// engine gains on a real rewrite; the tokens the model would sample are not checked. Lookup
+/// configurations only (`$SPEC_MODES`, default `off,lookup,lookup:follow=0`); the search itself
+/// runs before the timing (its wall time is printed).
+#[test]
+#[ignore]
+fn forced_rewrite_cpu_time() {
+    let (model, file) = load();
+    let prompt = rewrite_prompt_ids(&file);
+    let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
+    let target = tokenizer
+        .encode(&format!("# Reviewed.\n{}\n```", rewrite_file()), false)
+        .expect("encode");
+    let reps = num("SPEC_REPS", 3).max(1);
+    let configs = spec_configs("off,lookup,lookup:follow=0");
+    let plans: Vec<Vec<ReplayPass>> = configs
+        .iter()
+        .map(|(name, spec)| match spec.mode {
+            SpecMode::Off => target[..target.len() - 1]
+                .iter()
+                .map(|&t| ReplayPass {
+                    tokens: vec![t],
+                    kept: 1,
+                })
+                .collect(),
+            SpecMode::Lookup => {
+                let t = Instant::now();
+                let plan = lookup_replay(&prompt, &target, spec);
+                println!("{name}: drafting {:.2} ms", ms(t.elapsed()));
+                plan
+            }
+            _ => panic!("{name}: the teacher-forced rewrite replays prompt lookup only"),
+        })
+        .collect();
+    println!(
+        "prompt {} tokens, answer {} tokens (teacher-forced)",
+        prompt.len(),
+        target.len()
+    );
+    println!("| spec | passes | rows | accepted | decode cpu s | speed-up (cpu) | decode wall s | speed-up (wall) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    with_model!(&model, m => {
+        let mut state = m.new_state();
+        m.forward(&mut state, &prompt, Mode::Prefill).unwrap();
+        let snap = state.snapshot();
+        let mut cpu = vec![Vec::new(); configs.len()];
+        let mut wall = vec![Vec::new(); configs.len()];
+        // Repetitions interleave the configurations (A/B under a changing load).
+        for _ in 0..reps {
+            for (i, plan) in plans.iter().enumerate() {
+                state.restore(&snap).unwrap();
+                let (c0, w0) = (cpu_time(), Instant::now());
+                for pass in plan {
+                    let drafted = pass.tokens.len() > 1;
+                    if drafted {
+                        state.begin_trace();
+                    }
+                    m.forward(&mut state, &pass.tokens, Mode::Step).unwrap();
+                    if drafted {
+                        m.keep(&mut state, pass.kept).unwrap();
+                    }
+                }
+                cpu[i].push(cpu_time() - c0);
+                wall[i].push(w0.elapsed());
+            }
+        }
+        let mut base = None;
+        for (i, (name, _)) in configs.iter().enumerate() {
+            let (c, w) = (
+                median(cpu[i].clone()).as_secs_f64(),
+                median(wall[i].clone()).as_secs_f64(),
+            );
+            let (base_cpu, base_wall) = *base.get_or_insert((c, w));
+            let rows: usize = plans[i].iter().map(|p| p.tokens.len()).sum();
+            let kept: usize = plans[i].iter().map(|p| p.kept).sum();
+            println!(
+                "| {name} | {} | {rows} | {} | {c:.3} | {:.2}x | {w:.3} | {:.2}x |",
+                plans[i].len(),
+                kept - plans[i].len(),
                 base_cpu / c,
                 base_wall / w
             );
