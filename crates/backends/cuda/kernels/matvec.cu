@@ -383,6 +383,45 @@ __device__ __forceinline__ float row_partial(const u8* __restrict__ wr, const fl
     return acc;
 }
 
+// Two rows' lane partials at once (group decoders with SPLIT only): each iteration loads two
+// groups of each row before any arithmetic, so four loads per lane are in flight. Each row's sum
+// is in row_partial's order, so the values are row_partial's bit for bit.
+template <typename T>
+__device__ __forceinline__ void row_partial2(const u8* __restrict__ wa, const u8* __restrict__ wb,
+                                             const float* __restrict__ x, int cols, int lane, int part, int parts,
+                                             float& acc_a, float& acc_b) {
+    using D = GroupDot<T>;
+    constexpr int G = D::G, PER_BLOCK = T::QK / G;
+    const int groups = cols / G, stride = parts * WARP;
+    float a = 0.0f, b = 0.0f;
+    int gi = part * WARP + lane;
+    for (; gi + stride < groups; gi += 2 * stride) {
+        const int gj = gi + stride;
+        const size_t oi = (size_t)(gi / PER_BLOCK) * T::BB, oj = (size_t)(gj / PER_BLOCK) * T::BB;
+        auto a0 = D::load(wa + oi, gi % PER_BLOCK);
+        const auto a1 = D::load(wa + oj, gj % PER_BLOCK);
+        const auto b0 = D::load(wb + oi, gi % PER_BLOCK);
+        const auto b1 = D::load(wb + oj, gj % PER_BLOCK);
+        D::pin(a0, a1);
+        D::pin(a0, b0);
+        D::pin(a0, b1);
+        a += D::dot_loaded(a0, gi % PER_BLOCK, x + (size_t)gi * G);
+        a += D::dot_loaded(a1, gj % PER_BLOCK, x + (size_t)gj * G);
+        b += D::dot_loaded(b0, gi % PER_BLOCK, x + (size_t)gi * G);
+        b += D::dot_loaded(b1, gj % PER_BLOCK, x + (size_t)gj * G);
+    }
+    if (gi < groups) {
+        const size_t oi = (size_t)(gi / PER_BLOCK) * T::BB;
+        auto a0 = D::load(wa + oi, gi % PER_BLOCK);
+        const auto b0 = D::load(wb + oi, gi % PER_BLOCK);
+        D::pin(a0, b0);
+        a += D::dot_loaded(a0, gi % PER_BLOCK, x + (size_t)gi * G);
+        b += D::dot_loaded(b0, gi % PER_BLOCK, x + (size_t)gi * G);
+    }
+    acc_a = a;
+    acc_b = b;
+}
+
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
     return warp_sum(row_partial<T>(wr, x, cols, lane, 0, 1));
@@ -443,7 +482,8 @@ __device__ __forceinline__ void mvf_first(int block, MvfSplit s, int& first, int
 // (every row's loads issued before the first row's arithmetic where the compiler can), each row's
 // slices added in order in shared memory, then y[row] = scale * sum (add: y[row] += sum) by warp
 // `part == 0`. Every thread reaches its barrier. NR = 1 is the one-row-per-warp form; callers
-// take it when s.rows == 1 so that form pays for no unused rows.
+// take it when s.rows == 1 so that form pays for no unused rows; NR = 2 runs the two rows
+// together (row_partial2) where the decoder allows.
 template <typename T, int NR>
 __device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const float* __restrict__ x, int cols,
                                              int rows, int first, int part, MvfSplit s, float* __restrict__ y,
@@ -451,12 +491,23 @@ __device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const flo
     __shared__ float red[NR][MVF_WARPS];
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     float acc[NR];
+    constexpr bool PAIRED = NR == 2 && GroupDot<T>::SPLIT && GroupDot<T>::G > 0 && GroupDot<T>::G <= T::QK;
+    bool paired = false;
+    if constexpr (PAIRED) {
+        if (first + 1 < rows) {
+            row_partial2<T>(w + (size_t)first * row_bytes<T>(cols), w + (size_t)(first + 1) * row_bytes<T>(cols),
+                            x, cols, lane, part, s.parts, acc[0], acc[NR - 1]);
+            paired = true;
+        }
+    }
+    if (!paired) {
 #pragma unroll
-    for (int k = 0; k < NR; ++k) {
-        const int row = first + k;
-        acc[k] = (k < s.rows && row < rows)
-                     ? row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x, cols, lane, part, s.parts)
-                     : 0.0f;
+        for (int k = 0; k < NR; ++k) {
+            const int row = first + k;
+            acc[k] = (k < s.rows && row < rows)
+                         ? row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x, cols, lane, part, s.parts)
+                         : 0.0f;
+        }
     }
 #pragma unroll
     for (int k = 0; k < NR; ++k) {
@@ -486,6 +537,8 @@ __device__ __forceinline__ void mvf_rows(const u8* __restrict__ w, const float* 
                                          bool add) {
     if (s.rows == 1) {
         mvf_rows_dot<T, 1>(w, x, cols, rows, first, part, s, y, scale, add);
+    } else if (s.rows == 2) {
+        mvf_rows_dot<T, 2>(w, x, cols, rows, first, part, s, y, scale, add);
     } else {
         mvf_rows_dot<T, MVF_MAX_ROWS>(w, x, cols, rows, first, part, s, y, scale, add);
     }

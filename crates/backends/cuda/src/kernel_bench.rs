@@ -165,7 +165,7 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
         .clone();
     let split = MvfSplit {
         parts: mvf_parts(o.ty, o.cols, 4),
-        rows: mvf_rows_from_env(),
+        rows: mvf_rows_from_env(false),
     };
     let (parts, rpb) = (split.parts, split.rows_per_block() as usize);
     let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;

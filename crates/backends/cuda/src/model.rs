@@ -94,13 +94,20 @@ impl MvfSplit {
     }
 }
 
-/// Rows per group of warps of the fused matvecs (tuning switch `REDLITE_CUDA_MVF_ROWS`, 1 to
-/// `MVF_MAX_ROWS`; default 1).
-pub(crate) fn mvf_rows_from_env() -> usize {
-    std::env::var("REDLITE_CUDA_MVF_ROWS")
+/// Rows per group of warps of `matvec_norm3` (tuning switch `REDLITE_CUDA_MVF_ROWS`, 1 to
+/// `MVF_MAX_ROWS`; default 2: two rows' loads in flight per lane, the block's staging of x spread
+/// over twice the rows) and of `matvec_res` (`REDLITE_CUDA_RES_ROWS`, default 1: its 2048 rows
+/// give few enough blocks already).
+pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
+    let (var, default) = if residual {
+        ("REDLITE_CUDA_RES_ROWS", 1)
+    } else {
+        ("REDLITE_CUDA_MVF_ROWS", 2)
+    };
+    std::env::var(var)
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(1usize)
+        .unwrap_or(default)
         .clamp(1, MVF_MAX_ROWS)
 }
 
@@ -486,8 +493,10 @@ pub struct CudaModel {
     /// Work units per lane the fused matvecs aim for (`mvf_parts`; tuning switch
     /// `REDLITE_CUDA_MVF_LANE_ITERS`, default 4: 168 tok/s against 156 with 2 and 140 with 1).
     mvf_lane_iters: usize,
-    /// Consecutive rows per group of warps in the fused matvecs (`mvf_rows_from_env`).
+    /// Consecutive rows per group of warps in `matvec_norm3` and `matvec_res`
+    /// (`mvf_rows_from_env`); the lm_head takes one.
     mvf_rows: usize,
+    res_rows: usize,
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
@@ -611,7 +620,8 @@ impl CudaModel {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(4),
-            mvf_rows: mvf_rows_from_env(),
+            mvf_rows: mvf_rows_from_env(false),
+            res_rows: mvf_rows_from_env(true),
             head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1181,7 +1191,7 @@ impl CudaModel {
             .clone();
         let split = MvfSplit {
             parts: mvf_parts(w.ty, w.cols, self.mvf_lane_iters),
-            rows: self.mvf_rows,
+            rows: self.res_rows,
         };
         self.launch(
             "matvec_res",
@@ -1256,8 +1266,10 @@ impl CudaModel {
     fn lm_head(&mut self, x: u64, n: usize) -> Result<(), CudaError> {
         let out = self.output.clone();
         let iters = std::mem::replace(&mut self.mvf_lane_iters, self.head_lane_iters);
+        let rows = std::mem::replace(&mut self.mvf_rows, 1);
         let r = self.matvec_normed(x, Some(self.output_norm), &[(&out, self.sc.logits)], n);
         self.mvf_lane_iters = iters;
+        self.mvf_rows = rows;
         r
     }
 

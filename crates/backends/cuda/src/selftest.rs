@@ -245,13 +245,14 @@ impl Runner<'_> {
     }
 
     /// `matvec_norm3` (norm folded in) and `matvec_res` (residual and the next norm folded in)
-    /// against f64, with rows cut into 1, 2 and 8 slices and 1 or 3 rows per warp (67 and 256 rows:
-    /// blocks that end past the matrix); 3 tokens. With 2 slices `matvec_norm3` also runs without
+    /// against f64, with rows cut into 1, 2 and 8 slices and 1 to 4 rows per warp (67 and 256 rows:
+    /// blocks that end past the matrix, a warp left with one of its two rows); 3 tokens. With 2 slices `matvec_norm3` also runs without
     /// norm weights (the plain product the MoE router and shared expert use).
     fn matvec_fused(&mut self, ty: GgmlType) {
         let (rows, cols, n, eps) = (67usize, 2048usize, 3usize, 1e-6f32);
         for (parts, plain, rpw) in [
             (1usize, false, 1usize),
+            (1, false, 2),
             (1, false, 3),
             (2, false, 1),
             (2, true, 1),
