@@ -19,6 +19,10 @@
 #ifndef WB_UNROLL
 #define WB_UNROLL 4
 #endif
+// matvec_res stages its input in shared memory (1) or reads it from global memory (0).
+#ifndef RES_STAGE
+#define RES_STAGE 1
+#endif
 // Group-decoder iterations of a lane unrolled in row_partial (their loads issued together).
 #ifndef MVF_UNROLL
 #define MVF_UNROLL 2
@@ -457,6 +461,7 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const floa
 // where the row falls.
 #define MVF_WARPS 8
 #define MVF_MAX_ROWS 4
+#define MVF_MAX_COLS 12288  // widest staged input (48 KiB of shared memory; model.rs MVF_MAX_COLS)
 
 struct MvfSplit {
     int parts, rows;
@@ -627,7 +632,9 @@ __device__ __forceinline__ float ld_cg(const float* p) {
 // projection's epilogue, y[t] += W . x[t]; then, when nw is not null, the last block of token t to
 // finish (counted in counter[t], which starts at 0 and is left at 0) writes
 // yn[t] = rms_norm(y[t]) * nw (the next norm, in the order and rounding of rms_norm).
-// Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit).
+// Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit),
+// dynamic shared memory = 4 * cols bytes up to MVF_MAX_COLS columns (x[t] is staged there; wider
+// inputs and RES_STAGE=0 read it from global memory, with no shared memory).
 template <typename T>
 __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int cols, int split,
@@ -643,7 +650,15 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     // All of the rows' lines requested at once (the loop would wait for each in turn).
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
-    mvf_rows<T>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
+    if (RES_STAGE && cols <= MVF_MAX_COLS) {
+        // x[t] staged in shared memory: the group decoders' activation loads are laid out for
+        // its banks (from global memory the same loads touch four times the L1 lines).
+        extern __shared__ float4 mvf_x4[];
+        stage_normed(x + (size_t)t * cols, nullptr, 0.0f, cols, (float*)mvf_x4);
+        mvf_rows<T>(w, (const float*)mvf_x4, cols, rows, first, part, s, yt, 1.0f, true);
+    } else {
+        mvf_rows<T>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
+    }
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
     __syncthreads();
