@@ -258,7 +258,7 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
         let answer = tokenizer.decode(&plain.tokens, true)?;
         let r = reproduction(&file_ids, &plain.tokens, &text, &answer);
         println!(
-            "answer vs file: {} generated tokens; {} of the file's {} tokens reproduced in order, longest verbatim copy {} tokens; {} of {} lines in order",
+            "answer vs file: {} generated tokens; {} of the file's {} tokens reproduced in order, longest verbatim copy {} tokens; {} of its {} non-blank lines in order",
             r.generated, r.in_order, r.file_tokens, r.longest_copy, r.lines, r.file_lines
         );
     }

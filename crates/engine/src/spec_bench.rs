@@ -143,9 +143,10 @@ pub struct Reproduction {
     pub in_order: usize,
     /// Longest span of the file copied verbatim (tokens).
     pub longest_copy: usize,
-    /// Lines of the file that appear in the answer in order (line-level common subsequence).
+    /// Non-blank lines of the file that appear in the answer in order (line-level common
+    /// subsequence).
     pub lines: usize,
-    /// The file's lines.
+    /// The file's non-blank lines.
     pub file_lines: usize,
 }
 
@@ -156,8 +157,14 @@ pub fn reproduction(
     file_text: &str,
     answer_text: &str,
 ) -> Reproduction {
-    let file_lines: Vec<&str> = file_text.lines().collect();
-    let answer_lines: Vec<&str> = answer_text.lines().collect();
+    // Blank lines would match anywhere: only lines with text count.
+    let text_lines = |t: &'_ str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let (file_lines, answer_lines) = (text_lines(file_text), text_lines(answer_text));
     Reproduction {
         file_tokens: file_ids.len(),
         generated: answer_ids.len(),
@@ -329,7 +336,7 @@ mod tests {
         let file = [1, 2, 3, 4, 5, 6];
         // A comment token in front, one token changed, the end missing.
         let answer = [9, 1, 2, 3, 7, 5];
-        let r = reproduction(&file, &answer, "a\nb\nc\nd", "# new\na\nc\nd\nd");
+        let r = reproduction(&file, &answer, "a\nb\n\nc\nd", "# new\na\n\nc\nd\nd");
         assert_eq!(r.in_order, 4);
         assert_eq!(r.longest_copy, 3);
         assert_eq!((r.lines, r.file_lines), (3, 4));
