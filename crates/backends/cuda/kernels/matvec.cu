@@ -19,11 +19,6 @@
 #ifndef WB_UNROLL
 #define WB_UNROLL 4
 #endif
-// matvec_res stages its input in shared memory (1) or reads it from global memory (0, default:
-// staging 16 KiB per block made the kernel twice as slow on the H200, 1.32 against 0.68 ms a step).
-#ifndef RES_STAGE
-#define RES_STAGE 0
-#endif
 // Group-decoder iterations of a lane unrolled in row_partial (their loads issued together).
 #ifndef MVF_UNROLL
 #define MVF_UNROLL 2
@@ -462,7 +457,6 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const floa
 // where the row falls.
 #define MVF_WARPS 8
 #define MVF_MAX_ROWS 4
-#define MVF_MAX_COLS 12288  // widest staged input (48 KiB of shared memory; model.rs MVF_MAX_COLS)
 
 struct MvfSplit {
     int parts, rows;
@@ -537,13 +531,15 @@ __device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const flo
     }
 }
 
-template <typename T>
+// PAIRS: compile the two-row form too (it takes registers from every path of the kernel: 64 → 80
+// for Q4_K, so matvec_res, which runs one row per warp, leaves it out).
+template <typename T, bool PAIRS>
 __device__ __forceinline__ void mvf_rows(const u8* __restrict__ w, const float* __restrict__ x, int cols, int rows,
                                          int first, int part, MvfSplit s, float* __restrict__ y, float scale,
                                          bool add) {
     if (s.rows == 1) {
         mvf_rows_dot<T, 1>(w, x, cols, rows, first, part, s, y, scale, add);
-    } else if (s.rows == 2) {
+    } else if (PAIRS && s.rows == 2) {
         mvf_rows_dot<T, 2>(w, x, cols, rows, first, part, s, y, scale, add);
     } else {
         mvf_rows_dot<T, MVF_MAX_ROWS>(w, x, cols, rows, first, part, s, y, scale, add);
@@ -619,7 +615,7 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
     const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
-    mvf_rows<T>(w, mvf_x, cols, rows, first, part, s, y + (size_t)t * rows, inv, false);
+    mvf_rows<T, true>(w, mvf_x, cols, rows, first, part, s, y + (size_t)t * rows, inv, false);
 }
 
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
@@ -633,9 +629,8 @@ __device__ __forceinline__ float ld_cg(const float* p) {
 // projection's epilogue, y[t] += W . x[t]; then, when nw is not null, the last block of token t to
 // finish (counted in counter[t], which starts at 0 and is left at 0) writes
 // yn[t] = rms_norm(y[t]) * nw (the next norm, in the order and rounding of rms_norm).
-// Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit),
-// dynamic shared memory = 4 * cols bytes up to MVF_MAX_COLS columns (x[t] is staged there; wider
-// inputs and RES_STAGE=0 read it from global memory, with no shared memory).
+// Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit).
+// (Staging x[t] in shared memory here was tried: twice as slow, docs/perf-ledger.md.)
 template <typename T>
 __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int cols, int split,
@@ -651,15 +646,7 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     // All of the rows' lines requested at once (the loop would wait for each in turn).
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
-    if (RES_STAGE && cols <= MVF_MAX_COLS) {
-        // x[t] staged in shared memory: the group decoders' activation loads are laid out for
-        // its banks (from global memory the same loads touch four times the L1 lines).
-        extern __shared__ float4 mvf_x4[];
-        stage_normed(x + (size_t)t * cols, nullptr, 0.0f, cols, (float*)mvf_x4);
-        mvf_rows<T>(w, (const float*)mvf_x4, cols, rows, first, part, s, yt, 1.0f, true);
-    } else {
-        mvf_rows<T>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
-    }
+    mvf_rows<T, false>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
     __syncthreads();

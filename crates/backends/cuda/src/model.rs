@@ -65,8 +65,7 @@ const MAX_HEAD_DIM: usize = 512;
 /// Warps per block of the fused matvec kernels (`MVF_WARPS`).
 pub(crate) const MVF_WARPS: usize = 8;
 const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
-/// Largest input of `matvec_norm3_*` and the staged `matvec_res_*` (their shared memory holds the
-/// input; `MVF_MAX_COLS` in matvec.cu).
+/// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
 const ATTN_MIN_CHUNK: usize = 64;
@@ -1199,11 +1198,7 @@ impl CudaModel {
             &f,
             (blocks(w.rows, split.rows_per_block()), n as u32, 1),
             MVF_THREADS,
-            if w.cols <= MVF_MAX_COLS {
-                (4 * w.cols) as u32
-            } else {
-                0
-            },
+            0,
             &[
                 A::P(w.ptr),
                 A::P(a),

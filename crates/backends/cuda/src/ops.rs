@@ -252,7 +252,7 @@ pub fn matvec_fused(
                 gpu,
                 gpu.func(&format!("matvec_res_{sfx}"))?,
                 "matvec_res",
-                cfg(grid, 256, (4 * cols) as u32),
+                cfg(grid, 256, 0),
                 [w, &x, &mut y, &r, &c, &p, &nwd, &mut yn, &mut counter, &eps]
             )?;
             let left = download(gpu, &counter)?;
