@@ -38,3 +38,13 @@ for k, v in tot.most_common(int(sys.argv[2])):
     print(f"| {k} | {cnt[k]} | {v:.0f} {unit} | {100*v/s:.1f}% |")
 PY
 }
+
+# device_env W: libnvrtc on the path, work folder W, the kernel cache inside it.
+device_env() {
+    use_nvrtc || echo "warning: no libnvrtc found"
+    mkdir -p "$1"
+    export REDLITE_CUDA_CACHE="$1/cache"
+}
+
+# unxz_py SRC DST: xz-decompress with Python's lzma (the GPU machines have no xz tool).
+unxz_py() { python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$1" "$2"; }

@@ -10,13 +10,10 @@ DEV=${DEV:-.device/check}
 LOGS=${OUT:-$DEV/out}
 mkdir -p "$LOGS"
 . bench/device_lib.sh
-use_nvrtc || echo "warning: no libnvrtc found"
 W=/tmp/redlite-ab
-mkdir -p $W
-export REDLITE_CUDA_CACHE=$W/cache
-unxz() { python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$1" "$2"; }
-for b in redlite redlite-old; do unxz "$DEV/$b.xz" $W/$b && chmod +x $W/$b; done
-unxz "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
+device_env $W
+for b in redlite redlite-old; do unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b; done
+unxz_py "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
 FULL=$W/full.gguf
 keep() { tee -a "$LOGS/summary.txt"; }
 dec() {

@@ -40,15 +40,12 @@ fi
 LOGS=${OUT:-$DEV/out}
 mkdir -p "$LOGS"
 . bench/device_lib.sh
-use_nvrtc || echo "warning: no libnvrtc found"
 W=/tmp/redlite-check
-mkdir -p $W
-export REDLITE_CUDA_CACHE=$W/cache
-unxz() { python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$1" "$2"; }
+device_env $W
 for b in redlite redlite-old expert_cache_gpu verify_gpu; do
-    [ -f "$DEV/$b.xz" ] && unxz "$DEV/$b.xz" $W/$b && chmod +x $W/$b
+    [ -f "$DEV/$b.xz" ] && unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b
 done
-unxz "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
+unxz_py "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
 NEW=$W/redlite
 OLD=$W/redlite-old
 FULL=$W/full.gguf
