@@ -211,6 +211,62 @@ struct GroupDot<T_Q4_K> {
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
         return dot_loaded(load(b, g), g, x);
     }
+    // The unit's dot with the activations of nt (<= NT) tokens (token t's at x + t * stride),
+    // added to acc[t]: each weight decoded once, then per token the multiply-adds of dot_loaded
+    // in its order (a fresh sum per unit, then added), so acc[t] gets dot_loaded's value bit for bit.
+    template <int NT>
+    static __device__ __forceinline__ void dot_loaded_tok(const Raw& r, int g, const float* __restrict__ x,
+                                                          int stride, int nt, float (&acc)[NT]) {
+        const int c = g >> 1, h = g & 1;
+        const float* xl = x - 32 * g + 64 * c + 16 * h;
+        const u32 sc_w = c < 2 ? (r.hd.y & 0x3F3F3F3Fu) : ((r.hd.w & 0x0F0F0F0Fu) | ((r.hd.y >> 2) & 0x30303030u));
+        const u32 m_w = c < 2 ? (r.hd.z & 0x3F3F3F3Fu)
+                              : (((r.hd.w >> 4) & 0x0F0F0F0Fu) | ((r.hd.z >> 2) & 0x30303030u));
+        const int b0 = (2 * c) & 3;
+        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
+        const float ds0 = d * byte_f32(sc_w, b0), dm0 = dmin * byte_f32(m_w, b0);
+        const float ds1 = d * byte_f32(sc_w, b0 + 1), dm1 = dmin * byte_f32(m_w, b0 + 1);
+        u32 v0 = r.q.x, v1 = r.q.y, v2 = r.q.z, v3 = r.q.w;
+        if (c & 1) {
+            const u32 t = v0;
+            v0 = v1, v1 = v2, v2 = v3, v3 = t;
+        }
+        if (c & 2) {
+            u32 t = v0;
+            v0 = v2, v2 = t;
+            t = v1, v1 = v3, v3 = t;
+        }
+        const u32 v[4] = {v0, v1, v2, v3};
+        float part[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) part[t] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int kk = (k + c) & 3;
+            const u32 lo = v[k] & 0x0F0F0F0Fu, hi = (v[k] >> 4) & 0x0F0F0F0Fu;
+            float w0[4], w1[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                w0[j] = ds0 * byte_f32(lo, j) - dm0;
+                w1[j] = ds1 * byte_f32(hi, j) - dm1;
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float* xt = xl + (size_t)t * stride;
+                    const float4 a = ld_x4(xt + 4 * kk), e = ld_x4(xt + 32 + 4 * kk);
+                    const float as[4] = {a.x, a.y, a.z, a.w}, es[4] = {e.x, e.y, e.z, e.w};
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        part[t] += w0[j] * as[j];
+                        part[t] += w1[j] * es[j];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] += part[t];
+    }
     // a's first word made to depend on b's loaded words (an identity lop3: result = a): a's
     // arithmetic then waits for b's loads, so ptxas issues them before it.
     static __device__ __forceinline__ void pin(Raw& a, const Raw& b) {
@@ -422,6 +478,41 @@ __device__ __forceinline__ void row_partial2(const u8* __restrict__ wa, const u8
     acc_b = b;
 }
 
+// The lane's partials of one row for nt (<= NT) tokens whose activations are NT rows `stride`
+// apart (the token-tile kernels): with a SPLIT group decoder each group's weights are loaded and
+// decoded once for all the tokens (dot_loaded_tok); otherwise row_partial per token. Each token's
+// value is row_partial's for that token bit for bit (same groups, same order).
+template <typename T, int NT>
+__device__ __forceinline__ void row_partial_tok(const u8* __restrict__ wr, const float* __restrict__ x, int cols,
+                                                int stride, int nt, int lane, int part, int parts,
+                                                float (&acc)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    using D = GroupDot<T>;
+    if constexpr (D::SPLIT && D::G > 0 && D::G <= T::QK) {
+        constexpr int G = D::G, PER_BLOCK = T::QK / G;
+        const int groups = cols / G, step = parts * WARP;
+        int gi = part * WARP + lane;
+        for (; gi + step < groups; gi += 2 * step) {
+            const int gj = gi + step;
+            auto r0 = D::load(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK);
+            const auto r1 = D::load(wr + (size_t)(gj / PER_BLOCK) * T::BB, gj % PER_BLOCK);
+            D::pin(r0, r1);
+            D::template dot_loaded_tok<NT>(r0, gi % PER_BLOCK, x + (size_t)gi * G, stride, nt, acc);
+            D::template dot_loaded_tok<NT>(r1, gj % PER_BLOCK, x + (size_t)gj * G, stride, nt, acc);
+        }
+        if (gi < groups) {
+            const auto r0 = D::load(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK);
+            D::template dot_loaded_tok<NT>(r0, gi % PER_BLOCK, x + (size_t)gi * G, stride, nt, acc);
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < nt) acc[t] = row_partial<T>(wr, x + (size_t)t * stride, cols, lane, part, parts);
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
     return warp_sum(row_partial<T>(wr, x, cols, lane, 0, 1));
@@ -618,6 +709,77 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
     mvf_rows<T, true>(w, mvf_x, cols, rows, first, part, s, y + (size_t)t * rows, inv, false);
 }
 
+// matvec_norm3_tok_<type>(x, nw, eps, cols, split, n, w0, y0, rows0, ...): matvec_norm3 for n
+// tokens with the weights read once per tile of `tile` tokens (split = parts | tile << 16, one row
+// per warp): a block stages the normalised inputs of its tile's tokens (tile * cols floats) and
+// each warp computes its row for all of them (row_partial_tok: SPLIT decoders decode each weight
+// once). Every output is matvec_norm3's bit for bit. Launch: grid = (sum over m of
+// ceil(rows_m / (MVF_WARPS / parts)), ceil(n / tile)), block = 32 * MVF_WARPS, dynamic shared
+// memory = 4 * tile * cols bytes.
+#define MVF_MAX_TILE 4
+template <typename T>
+__device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ x, const float* __restrict__ nw,
+                                                      float eps, int cols, int split, int n, const u8* w0,
+                                                      float* y0, int r0, const u8* w1, float* y1, int r1,
+                                                      const u8* w2, float* y2, int r2) {
+    extern __shared__ float4 mvf_x4[];
+    float* xs = (float*)mvf_x4;  // [tile][cols]
+    __shared__ float invs[MVF_MAX_TILE];
+    __shared__ float red[MVF_MAX_TILE][MVF_WARPS];
+    MvfSplit s = mvf_split(split);
+    s.rows = 1;
+    const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
+    const int rpb = mvf_rows_per_block(s);
+    const int nb0 = (r0 + rpb - 1) / rpb, nb1 = (r1 + rpb - 1) / rpb;
+    int b = blockIdx.x;
+    const u8* w = w0;
+    float* y = y0;
+    int rows = r0;
+    if (b >= nb0) {
+        b -= nb0;
+        w = w1;
+        y = y1;
+        rows = r1;
+        if (b >= nb1) {
+            b -= nb1;
+            w = w2;
+            y = y2;
+            rows = r2;
+        }
+    }
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row, part;
+    mvf_first(b, s, row, part);
+    mvf_prefetch<T>(w, cols, rows, row, part, s);
+    stage_tables<T>();
+    for (int t = 0; t < nt; ++t) {
+        const float inv = stage_normed(x + (size_t)(t0 + t) * cols, nw, eps, cols, xs + (size_t)t * cols);
+        if (threadIdx.x == 0) invs[t] = inv;
+        __syncthreads();  // part_ss of stage_normed is reused by the next token
+    }
+    float acc[MVF_MAX_TILE];
+    if (row < rows) {
+        row_partial_tok<T, MVF_MAX_TILE>(w + (size_t)row * row_bytes<T>(cols), xs, cols, cols, nt, lane, part,
+                                         s.parts, acc);
+    } else {
+#pragma unroll
+        for (int t = 0; t < MVF_MAX_TILE; ++t) acc[t] = 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < MVF_MAX_TILE; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) red[t][wi] = v;
+    }
+    __syncthreads();
+    if (row >= rows || part != 0 || lane != 0) return;
+    for (int t = 0; t < nt; ++t) {
+        float sum = 0.0f;
+        for (int p = 0; p < s.parts; ++p) sum += red[t][wi + p];
+        y[(size_t)(t0 + t) * rows + row] = invs[t] * sum;
+    }
+}
+
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;
@@ -688,6 +850,11 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
         const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0,    \
         int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {                  \
         matvec_norm3_body<T>(x, nw, eps, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);           \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_norm3_tok_##name(            \
+        const float* x, const float* nw, float eps, int cols, int split, int n, const u8* w0,        \
+        float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {       \
+        matvec_norm3_tok_body<T>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);    \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_res_##name(                  \
         const u8* w, const float* x, float* y, int rows, int cols, int split, const float* nw,       \

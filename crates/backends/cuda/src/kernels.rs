@@ -100,6 +100,7 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
     "moe_gate_up_ids",
     "moe_down_ids",
     "matvec_norm3",
+    "matvec_norm3_tok",
     "matvec_res",
     "moe_gate_up_tab",
     "moe_down_combine_tab",

@@ -111,6 +111,29 @@ pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
         .clamp(1, MVF_MAX_ROWS)
 }
 
+/// Most tokens per tile of `matvec_norm3_tok` (`MVF_MAX_TILE`).
+pub(crate) const MVF_MAX_TILE: usize = 4;
+
+/// Tokens per tile of the token-tile matvec (`matvec_norm3_tok`: weights read and decoded once per
+/// tile) for calls of more than one token: tuning switch `REDLITE_CUDA_TOKEN_TILE`, 1 (off, the
+/// default until measured on a GPU) to `MVF_MAX_TILE`.
+pub(crate) fn token_tile_from_env() -> usize {
+    std::env::var("REDLITE_CUDA_TOKEN_TILE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1usize)
+        .clamp(1, MVF_MAX_TILE)
+}
+
+/// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
+/// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`).
+pub(crate) fn token_tile(want: usize, n: usize, cols: usize) -> usize {
+    if n < 2 {
+        return 1;
+    }
+    want.min(n).min((48 * 1024) / (4 * cols.max(1))).max(1)
+}
+
 /// Slices of a row in the fused matvec kernels (warps per row, a power of two up to `MVF_WARPS`):
 /// enough that a lane walks about `lane_iters` units of work (one warp's loop iterations: blocks
 /// of the warp block decoders, groups of the group decoders, else values, 32 lanes at a time).
@@ -497,6 +520,8 @@ pub struct CudaModel {
     /// (`mvf_rows_from_env`); the lm_head takes one.
     mvf_rows: usize,
     res_rows: usize,
+    /// Tokens per tile of `matvec_norm3_tok` for multi-token calls (`token_tile_from_env`).
+    token_tile: usize,
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
@@ -622,6 +647,7 @@ impl CudaModel {
                 .unwrap_or(4),
             mvf_rows: mvf_rows_from_env(false),
             res_rows: mvf_rows_from_env(true),
+            token_tile: token_tile_from_env(),
             head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1137,13 +1163,20 @@ impl CudaModel {
                 group.push(mats[i + group.len()]);
             }
             i += group.len();
+            // Several tokens: the token-tile kernel when it is on (weights read once per tile).
+            let tile = token_tile(self.token_tile, n, cols);
+            let kernel = if tile > 1 {
+                "matvec_norm3_tok"
+            } else {
+                "matvec_norm3"
+            };
             let f = self
                 .gpu
-                .func(&format!("matvec_norm3_{}", type_suffix(ty)))?
+                .func(&format!("{kernel}_{}", type_suffix(ty)))?
                 .clone();
             let split = MvfSplit {
                 parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                rows: self.mvf_rows,
+                rows: if tile > 1 { 1 } else { self.mvf_rows },
             };
             let rows_per_block = split.rows_per_block();
             let mut args = vec![
@@ -1151,8 +1184,11 @@ impl CudaModel {
                 A::P(nw),
                 A::F(self.config.rms_eps),
                 A::I(cols as i32),
-                A::I(split.arg()),
+                A::I(split.arg() | (tile << 16) as i32),
             ];
+            if tile > 1 {
+                args.push(A::I(n as i32));
+            }
             let mut grid_x = 0;
             for m in 0..3 {
                 match group.get(m) {
@@ -1166,9 +1202,9 @@ impl CudaModel {
             self.launch(
                 "matvec_norm3",
                 &f,
-                (grid_x, n as u32, 1),
+                (grid_x, n.div_ceil(tile) as u32, 1),
                 MVF_THREADS,
-                (4 * cols) as u32,
+                (4 * tile * cols) as u32,
                 &args,
             )?;
         }

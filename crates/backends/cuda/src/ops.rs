@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfi
 use redlite_gguf::GgmlType;
 
 use crate::kernels::type_suffix;
-use crate::model::{MvfSplit, MVF_MAX_ROWS};
+use crate::model::{MvfSplit, MVF_MAX_ROWS, MVF_MAX_TILE};
 use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
@@ -192,7 +192,7 @@ pub fn matvec_fused(
     xs: &[f32],
     nw: &[f32],
     residual: Option<&[f32]>,
-    (eps, parts, rows_per_warp): (f32, usize, usize),
+    (eps, parts, rows_per_warp, tile): (f32, usize, usize, usize),
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let n = check_rows(xs.len(), cols, "matvec_fused x")?;
     let norm_len = if residual.is_some() { rows } else { cols };
@@ -202,6 +202,8 @@ pub fn matvec_fused(
         || !(1..=8).contains(&parts)
         || !parts.is_power_of_two()
         || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
+        || !(1..=MVF_MAX_TILE).contains(&tile)
+        || (tile > 1 && (residual.is_some() || rows_per_warp != 1 || 4 * tile * cols > 48 * 1024))
         || residual.is_some_and(|r| r.len() != n * rows)
         || 4 * cols > 48 * 1024
     {
@@ -213,10 +215,49 @@ pub fn matvec_fused(
     };
     let rpb = split.rows_per_block();
     let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
-    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
+    let (r, c, p) = (
+        i32_arg(rows, "rows")?,
+        i32_arg(cols, "cols")?,
+        split.arg() | (tile << 16) as i32,
+    );
     let grid = (blocks(rows, rpb), n as u32, 1);
     let sfx = type_suffix(ty);
     match residual {
+        None if tile > 1 => {
+            // The token-tile kernel: weights read once per tile of `tile` tokens.
+            let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+            let (zero, zi, ni) = (0u64, 0i32, i32_arg(n, "tokens")?);
+            let f = gpu.func(&format!("matvec_norm3_tok_{sfx}"))?;
+            let conf = cfg(
+                (grid.0, n.div_ceil(tile) as u32, 1),
+                256,
+                (4 * tile * cols) as u32,
+            );
+            if plain {
+                launch!(
+                    gpu,
+                    f,
+                    "matvec_norm3_tok",
+                    conf,
+                    [
+                        &x, &zero, &eps, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero,
+                        &zero, &zi
+                    ]
+                )?;
+            } else {
+                launch!(
+                    gpu,
+                    f,
+                    "matvec_norm3_tok",
+                    conf,
+                    [
+                        &x, &nwd, &eps, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero,
+                        &zero, &zi
+                    ]
+                )?;
+            }
+            Ok((download(gpu, &y)?, Vec::new()))
+        }
         None => {
             let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
             let (zero, zi) = (0u64, 0i32);

@@ -276,8 +276,29 @@ impl Runner<'_> {
                     &xs,
                     &nw,
                     None,
-                    (eps, parts, rpw),
+                    (eps, parts, rpw, 1),
                 )?;
+                // The token-tile kernel (weights read once per tile): every output bit for bit
+                // the one-token-per-block kernel's (a tile of 2 leaves a partial last tile).
+                if rpw == 1 {
+                    for tile in [2usize, 4] {
+                        let (yt, _) = ops::matvec_fused(
+                            self.gpu,
+                            ty,
+                            &w,
+                            (rows, cols),
+                            &xs,
+                            &nw,
+                            None,
+                            (eps, parts, 1, tile),
+                        )?;
+                        if yt.iter().zip(&y).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                            return Err(CudaError::Invalid(format!(
+                                "matvec_norm3_tok with a tile of {tile} tokens differs from matvec_norm3"
+                            )));
+                        }
+                    }
+                }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
@@ -306,8 +327,13 @@ impl Runner<'_> {
             self.record(
                 &format!("matvec_norm3 {}", ty.name()),
                 format!(
-                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}{}",
-                    if plain { " no norm" } else { "" }
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}{}{}",
+                    if plain { " no norm" } else { "" },
+                    if rpw == 1 {
+                        ", token tiles 2 and 4 bit-identical"
+                    } else {
+                        ""
+                    }
                 ),
                 r,
             );
@@ -332,7 +358,7 @@ impl Runner<'_> {
                     &xs,
                     &nw,
                     Some(&res),
-                    (eps, parts, rpw),
+                    (eps, parts, rpw, 1),
                 )?;
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
