@@ -99,6 +99,15 @@ if [ -x $W/verify_gpu ]; then
     step "spec-bench verify --backend cuda (full size, K = 1, 3, 7, 15)"
     timeout 120 $NEW spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
         grep "^|\|rror\|panick" | keep
+    # TILE_ENV (e.g. REDLITE_CUDA_TOKEN_TILE=4): the verify test and bench again with it.
+    if [ -n "${TILE_ENV:-}" ]; then
+        step "with $TILE_ENV: verify_gpu, spec-bench verify"
+        (export "$TILE_ENV"
+            REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/verify_gpu --ignored --nocapture 2>&1 |
+                grep -h "verify rows\|test result\|panicked" | tail -8
+            timeout 120 $NEW spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
+                grep "^|\|rror\|panick") | keep
+    fi
 fi
 
 step "bench kernel / bench gemm --backend cuda (Q4_K, IQ2_XXS, Q6_K head shapes)"
