@@ -110,6 +110,12 @@ if [ -x $W/verify_gpu ]; then
     fi
 fi
 
+if [ -n "${TILE_ENV:-}" ]; then
+    step "bench prefill --backend cuda -p 512 (default, then $TILE_ENV)"
+    timeout 120 $NEW bench prefill --backend cuda -m $FULL -p 512 -n 3 2>&1 | grep "^cuda\|rror" | keep
+    (export "$TILE_ENV"; timeout 120 $NEW bench prefill --backend cuda -m $FULL -p 512 -n 3 2>&1 | grep "^cuda\|rror") | keep
+fi
+
 step "bench kernel / bench gemm --backend cuda (Q4_K, IQ2_XXS, Q6_K head shapes)"
 for t in "Q4_K 12288x2048" "IQ2_XXS 1024x2048" "Q6_K 151936x2048"; do
     set -- $t
