@@ -19,6 +19,11 @@
 #ifndef WB_UNROLL
 #define WB_UNROLL 4
 #endif
+// IQ2_XXS group decoder: grid bytes to floats from 32-bit halves (1, default) or from the 64-bit
+// row (0, the earlier form; same results bit for bit).
+#ifndef IQ2_U32
+#define IQ2_U32 1
+#endif
 // Group-decoder iterations of a lane unrolled in row_partial (their loads issued together).
 #ifndef MVF_UNROLL
 #define MVF_UNROLL 2
@@ -357,8 +362,21 @@ struct GroupDot<T_IQ2_XXS> {
         const float4 x0 = ld_x4(x), x1 = ld_x4(x + 4);
         const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float acc = 0.0f;
+#if IQ2_U32
+        // The grid row as two 32-bit halves: a byte becomes a float by a byte permute and I2FP
+        // (from the 64-bit row the compiler emits one I2F.U64 per weight); the sign as a negation
+        // (x * -1 is -x exactly). Same values in the same order: bit for bit the form below.
+        const u32 lo = (u32)row, hi = (u32)(row >> 32);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float w = db * byte_f32(j < 4 ? lo : hi, j & 3);
+            if ((signs >> j) & 1) w = -w;
+            acc += w * xs[j];
+        }
+#else
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc += (db * (float)((row >> (8 * j)) & 255) * sign_of(signs, j)) * xs[j];
+#endif
         return acc;
     }
 };

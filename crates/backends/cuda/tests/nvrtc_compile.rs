@@ -49,7 +49,8 @@ fn every_kernel_source_compiles_for_sm_90a() {
     }
 }
 
-/// For reading the machine code here (no GPU needed): writes the matvec family's `sm_90a` cubin,
+/// For reading the machine code here (no GPU needed): writes a kernel family's `sm_90a` cubin
+/// (`REDLITE_CUBIN_FAMILY`, default `matvec.cu`),
 /// with `REDLITE_CUDA_DEFINES`-style `NAME=VALUE` settings from `REDLITE_CUBIN_DEFINES`
 /// (space-separated) prepended, to `REDLITE_CUBIN_OUT`; then
 /// `nvdisasm -c -fun <kernel> FILE` (pip `nvidia-cuda-nvdisasm`) shows the SASS.
@@ -65,7 +66,8 @@ fn write_matvec_cubin() {
         .split_whitespace()
         .map(|d| format!("#define {}\n", d.replacen('=', " ", 1)))
         .collect();
-    let src = defines + &family_source("matvec.cu").expect("family");
+    let family = std::env::var("REDLITE_CUBIN_FAMILY").unwrap_or_else(|_| "matvec.cu".into());
+    let src = defines + &family_source(&family).expect("family");
     let (cubin, _) = nvrtc::compile_cubin(&src, ARCH).expect("compiles");
     std::fs::write(&out, cubin).expect("writing the cubin");
 }
