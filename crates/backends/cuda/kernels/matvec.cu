@@ -24,6 +24,11 @@
 #ifndef IQ2_U32
 #define IQ2_U32 1
 #endif
+// IQ2_XXS group = one grid entry (8 values, default 0) or a whole sub-block (32 values, 1; not
+// yet run on a GPU).
+#ifndef IQ2_G32
+#define IQ2_G32 0
+#endif
 // Group-decoder iterations of a lane unrolled in row_partial (their loads issued together).
 #ifndef MVF_UNROLL
 #define MVF_UNROLL 2
@@ -349,6 +354,35 @@ __device__ __forceinline__ void stage_tables<T_IQ2_XXS>() {
 
 // IQ2_XXS: 8 sub-blocks of 32 (4 grid indices, then a u32 of 7-bit sign codes and the scale);
 // group = one grid entry (8 values).
+#if IQ2_G32
+// IQ2_XXS with a whole sub-block (32 values, one scale, four grid entries) per group: its index and
+// sign/scale words loaded and the scale computed once for 32 weights instead of once per 8.
+template <>
+struct GroupDot<T_IQ2_XXS> {
+    enum { G = 32, SPLIT = 0 };
+    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int g, const float* __restrict__ x) {
+        const u8* at = b + 2 + 8 * g;
+        const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
+        const float db = ld_f16(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u64 row = s_iq2xxs_grid[(idx >> (8 * l)) & 255];  // staged by stage_tables
+            const u8 signs = s_ksigns_iq2xs[(aux >> (7 * l)) & 127];
+            const float4 x0 = ld_x4(x + 8 * l), x1 = ld_x4(x + 8 * l + 4);
+            const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            const u32 lo = (u32)row, hi = (u32)(row >> 32);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                float w = db * byte_f32(j < 4 ? lo : hi, j & 3);
+                if ((signs >> j) & 1) w = -w;
+                acc += w * xs[j];
+            }
+        }
+        return acc;
+    }
+};
+#else
 template <>
 struct GroupDot<T_IQ2_XXS> {
     enum { G = 8, SPLIT = 0 };
@@ -380,6 +414,7 @@ struct GroupDot<T_IQ2_XXS> {
         return acc;
     }
 };
+#endif
 
 // F32 (blocks of one value): group = 4 values, one 16-byte load when aligned.
 template <>
