@@ -82,6 +82,11 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 // weights may differ from it in the last bits; the chosen ids are the same whenever no two
 // probabilities tie within a rounding step. Launch: grid = n tokens, block = 32 threads.
 #define ROUTER_VPL 16
+// The tail after the k rounds: by the lanes in parallel (1, default; k <= 32) or serially by lane
+// 0 with shared memory (0, the earlier form). Same outputs bit for bit.
+#ifndef ROUTER_LANE_TAIL
+#define ROUTER_LANE_TAIL 1
+#endif
 extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int n_expert, int k,
                                            int* __restrict__ idx_out, float* __restrict__ w_out) {
     __shared__ int chosen[64];
@@ -108,6 +113,8 @@ extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int
     // Probabilities are >= 0: -2 marks a lane slot past the last expert, -1 a chosen expert.
 #pragma unroll
     for (int j = 0; j < ROUTER_VPL; ++j) v[j] = lane + WARP * j < n_expert ? v[j] / s : -2.0f;
+    int my_id = 0;  // lane r < k: the r-th choice (ROUTER_LANE_TAIL)
+    float my_p = 0.0f;
     for (int r = 0; r < k; ++r) {
         // The lane's best (ties: its lower slot = lower id), then the warp's.
         float bv = v[0];
@@ -141,6 +148,24 @@ extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int
             chosen[r] = bi;
             chosen_p[r] = bv;
         }
+        if (lane == r) {
+            my_id = bi;
+            my_p = bv;
+        }
+    }
+    if (ROUTER_LANE_TAIL && k <= WARP) {
+        // Lane r < k holds the r-th choice: the total in rank order (the same additions as the
+        // serial loop below), each choice's place in ascending id order by counting the smaller
+        // ids (ids are distinct), written by its lane: the serial loop's output bit for bit.
+        float total = 0.0f;
+        for (int r = 0; r < k; ++r) total += __shfl_sync(0xffffffffu, my_p, r);
+        int pos = 0;
+        for (int r = 0; r < k; ++r) pos += __shfl_sync(0xffffffffu, my_id, r) < my_id;
+        if (lane < k) {
+            idx_out[(size_t)blockIdx.x * k + pos] = my_id;
+            w_out[(size_t)blockIdx.x * k + pos] = my_p / total;
+        }
+        return;
     }
     __syncwarp();
     if (lane == 0) {
