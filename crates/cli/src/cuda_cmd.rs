@@ -504,7 +504,7 @@ mod imp {
         cache: &CacheArgs,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats, SpecStats)> {
-        use redlite_engine::speculative::{lookup_draft, DraftLength, SpecMode};
+        use redlite_engine::speculative::{LookupDrafter, SpecMode};
         if !sampler.config().is_greedy() {
             anyhow::bail!("--spec with --backend cuda needs greedy decoding (--temp 0) for now");
         }
@@ -532,7 +532,8 @@ mod imp {
         if prompt.is_empty() || opts.max_tokens == 0 {
             return Ok((out, stats, sp));
         }
-        let mut len = DraftLength::new(spec);
+        // The CPU path's drafter: follows its source across passes, draft length adapted.
+        let mut drafter = LookupDrafter::new(spec);
         let mut history = prompt.to_vec();
         let t0 = Instant::now();
         model.prefill(prompt)?;
@@ -550,13 +551,13 @@ mod imp {
                 break;
             }
             let budget = opts.max_tokens - out.len();
-            let want = len.current().min(budget).min(rows_max - 1);
             let td = Instant::now();
-            let drafts = lookup_draft(&history, spec.ngram_max, spec.ngram_min, want);
+            let drafts = drafter.draft(&history, budget.min(rows_max - 1));
             sp.draft_time += td.elapsed();
             sp.forward_passes += 1;
             sp.rows += 1 + drafts.len();
             if drafts.is_empty() {
+                drafter.update(0, 0);
                 pending = model.decode(pending, &greedy, 0.0)?;
                 continue;
             }
@@ -569,7 +570,7 @@ mod imp {
             sp.lookup.steps += 1;
             sp.lookup.drafted += drafts.len();
             sp.lookup.accepted += accepted;
-            len.update(drafts.len(), accepted);
+            drafter.update(drafts.len(), accepted);
             model.keep(1 + accepted)?;
             for &d in &drafts[..accepted] {
                 if opts.stop_ids.contains(&d) {
