@@ -699,6 +699,23 @@ __device__ __forceinline__ void mvf_prefetch(const u8* w, int cols, int rows, in
                 part * WARP + threadIdx.x % WARP, s.parts * WARP);
 }
 
+// The matrix of up to three (norm3 kernels: rows_m = 0 leaves m out) that block `block` works on,
+// its output, its rows and the block's index within it (`rpb` rows per block).
+struct MvfMatrix {
+    const u8* w;
+    float* y;
+    int rows, block;
+};
+
+__device__ __forceinline__ MvfMatrix mvf_matrix(int block, int rpb, const u8* w0, float* y0, int r0, const u8* w1,
+                                                float* y1, int r1, const u8* w2, float* y2, int r2) {
+    const int nb0 = (r0 + rpb - 1) / rpb, nb1 = (r1 + rpb - 1) / rpb;
+    if (block < nb0) return MvfMatrix{w0, y0, r0, block};
+    block -= nb0;
+    if (block < nb1) return MvfMatrix{w1, y1, r1, block};
+    return MvfMatrix{w2, y2, r2, block - nb1};
+}
+
 // xs = x * nw (n values, into shared memory) and the block's sum of squares of x, in one pass;
 // returns 1 / rms(x) (nw null: xs = x, returns 1). Ends with a barrier.
 __device__ __forceinline__ float stage_normed(const float* __restrict__ x, const float* __restrict__ nw,
@@ -735,23 +752,10 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
     float* mvf_x = (float*)mvf_x4;
     const MvfSplit s = mvf_split(split);
     const int rpb = mvf_rows_per_block(s);
-    const int nb0 = (r0 + rpb - 1) / rpb, nb1 = (r1 + rpb - 1) / rpb;
-    int b = blockIdx.x;
-    const u8* w = w0;
-    float* y = y0;
-    int rows = r0;
-    if (b >= nb0) {
-        b -= nb0;
-        w = w1;
-        y = y1;
-        rows = r1;
-        if (b >= nb1) {
-            b -= nb1;
-            w = w2;
-            y = y2;
-            rows = r2;
-        }
-    }
+    const MvfMatrix m = mvf_matrix(blockIdx.x, rpb, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const u8* w = m.w;
+    float* y = m.y;
+    const int rows = m.rows, b = m.block;
     const int t = blockIdx.y;
     int first, part;
     mvf_first(b, s, first, part);
@@ -783,23 +787,10 @@ __device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ 
     s.rows = 1;
     const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
     const int rpb = mvf_rows_per_block(s);
-    const int nb0 = (r0 + rpb - 1) / rpb, nb1 = (r1 + rpb - 1) / rpb;
-    int b = blockIdx.x;
-    const u8* w = w0;
-    float* y = y0;
-    int rows = r0;
-    if (b >= nb0) {
-        b -= nb0;
-        w = w1;
-        y = y1;
-        rows = r1;
-        if (b >= nb1) {
-            b -= nb1;
-            w = w2;
-            y = y2;
-            rows = r2;
-        }
-    }
+    const MvfMatrix m = mvf_matrix(blockIdx.x, rpb, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const u8* w = m.w;
+    float* y = m.y;
+    const int rows = m.rows, b = m.block;
     const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int row, part;

@@ -268,30 +268,25 @@ impl Runner<'_> {
             };
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
-                let (y, _) = ops::matvec_fused(
-                    self.gpu,
-                    ty,
-                    &w,
-                    (rows, cols),
-                    &xs,
-                    &nw,
-                    None,
-                    (eps, parts, rpw, 1),
-                )?;
+                let norm3 = |rpw: usize, tile: usize| {
+                    ops::matvec_fused(
+                        self.gpu,
+                        ty,
+                        &w,
+                        (rows, cols),
+                        &xs,
+                        &nw,
+                        None,
+                        (eps, parts, rpw, tile),
+                    )
+                    .map(|(y, _)| y)
+                };
+                let y = norm3(rpw, 1)?;
                 // The token-tile kernel (weights read once per tile): every output bit for bit
                 // the one-token-per-block kernel's (a tile of 2 leaves a partial last tile).
                 if rpw == 1 {
                     for tile in [2usize, 4] {
-                        let (yt, _) = ops::matvec_fused(
-                            self.gpu,
-                            ty,
-                            &w,
-                            (rows, cols),
-                            &xs,
-                            &nw,
-                            None,
-                            (eps, parts, 1, tile),
-                        )?;
+                        let yt = norm3(1, tile)?;
                         if yt.iter().zip(&y).any(|(a, b)| a.to_bits() != b.to_bits()) {
                             return Err(CudaError::Invalid(format!(
                                 "matvec_norm3_tok with a tile of {tile} tokens differs from matvec_norm3"
