@@ -34,21 +34,11 @@
 #define MVF_UNROLL 2
 #endif
 
-// Byte-to-float: one byte permute (byte j of v, zeros above) and one I2FP. MAGIC_CVT=1: without
-// the conversion: the f32 with bit pattern 0x4B000000 | b is 2^23 + b exactly, so subtracting
-// 2^23 gives b, bit for bit; measured no faster on the H200 (I2FP is not the quarter-rate I2F)
-// and its selector constants cost a register move each, so it is off.
-#ifndef MAGIC_CVT
-#define MAGIC_CVT 0
-#endif
-
+// Byte-to-float: one byte permute (byte j of v, zeros above) and one I2FP. (A magic-number form,
+// 0x4B000000 | b as f32 minus 2^23, measured 1.2 % slower on the H200: docs/perf-ledger.md.)
 // Byte j of v as an exact f32.
 __device__ __forceinline__ float byte_f32(u32 v, int j) {
-#if MAGIC_CVT
-    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540 | j)) - 8388608.0f;
-#else
     return (float)__byte_perm(v, 0u, 0x4440 | j);
-#endif
 }
 
 // Group decoders: dot(block, g, x) = sum over the G values of group g of the block of w * x[j].
@@ -142,13 +132,7 @@ struct WarpBlockDot<T_Q6_K> {
         for (int j = 0; j < 4; ++j) {
             const int q0 = ((vl >> (8 * j)) & 15) | (((vh >> (8 * j + 2 * h)) & 3) << 4);
             const int q1 = ((vl >> (8 * j + 4)) & 15) | (((vh >> (8 * j + 2 * h + 4)) & 3) << 4);
-#if MAGIC_CVT
-            // 2^23 + q exactly, minus 2^23 + 32: q - 32, as (float)(q - 32) gives it.
-            const float f0 = __uint_as_float(0x4B000000u | (u32)q0) - 8388640.0f;
-            const float f1 = __uint_as_float(0x4B000000u | (u32)q1) - 8388640.0f;
-#else
             const float f0 = (float)(q0 - 32), f1 = (float)(q1 - 32);
-#endif
             acc += (d0 * f0) * xls[j];
             acc += (d1 * f1) * xhs[j];
         }
