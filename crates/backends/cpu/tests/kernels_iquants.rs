@@ -535,6 +535,19 @@ fn iq2_xxs_interleaved_kernel_matches_scalar() {
     iq2_xxs_rows_match_scalar(31, |w, a| k(w, &interleave_q8k_for_iq2_xxs(&a.q8k)));
 }
 
+/// The IQ2_XXS kernel on element-major activations (GFNI; the decode kernel where the CPU has
+/// it) gives the scalar kernel's value on the activations in their usual order, bit for bit.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn iq2_xxs_element_major_kernel_matches_scalar() {
+    use redlite_cpu::kernels::iquants_avx512::{element_major_q8k, iq2_xxs_element_major_kernel};
+    let Some(k) = iq2_xxs_element_major_kernel() else {
+        eprintln!("note: no AVX-512 VBMI/VNNI/GFNI here; element-major IQ2_XXS kernel not run");
+        return;
+    };
+    iq2_xxs_rows_match_scalar(37, |w, a| k(w, &element_major_q8k(&a.q8k)));
+}
+
 /// Batched products (`matmul`, which uses the multi-row kernels where a type has them) give every
 /// activation row exactly what `matvec` gives it, for every row count around the group size and
 /// at every ISA level.
@@ -798,9 +811,13 @@ fn bench_bandwidth() {
             let twin = kernel_without_minus_128(case.ty);
             let interleaved = iq2_xxs_interleaved_kernel();
             let xi = interleave_q8k_for_iq2_xxs(&a.q8k);
+            let element_major =
+                redlite_cpu::kernels::iquants_avx512::iq2_xxs_element_major_kernel();
+            let xe = redlite_cpu::kernels::iquants_avx512::element_major_q8k(&a.q8k);
             for (label, k, x) in [
                 ("without -128 check", twin, &a.q8k[..]),
                 ("interleaved acts  ", interleaved, &xi[..]),
+                ("element-major acts", element_major, &xe[..]),
             ] {
                 let Some(k) = k else { continue };
                 let t = best(&|| w.chunks_exact(row_bytes).map(|r| k(r, x)).sum::<f32>());

@@ -281,7 +281,7 @@ pub fn matvec(
     y: &mut [f32],
 ) -> Result<(), KernelError> {
     let (kernel, shape) = check(ty, w, rows, cols, x.len(), y.len(), 1)?;
-    run_matvec(kernel, shape, w, cols, x, y);
+    run_matvec(Isa::active(), kernel, shape, w, cols, x, y);
     Ok(())
 }
 
@@ -297,11 +297,39 @@ pub fn matvec_isa(
 ) -> Result<(), KernelError> {
     let kernel = lookup(ty, isa).ok_or(KernelError::Unsupported(ty))?;
     let (kernel, shape) = check_with(kernel, ty, w, rows, cols, x.len(), y.len(), 1)?;
-    run_matvec(kernel, shape, w, cols, x, y);
+    run_matvec(isa, kernel, shape, w, cols, x, y);
     Ok(())
 }
 
-fn run_matvec(kernel: RowDot, shape: Shape, w: &[u8], cols: usize, x: &[f32], y: &mut [f32]) {
+/// The activations of a one-row product at level `isa` and the kernel that reads them: the
+/// dispatch kernel on [`Acts::quantize`]'s, except for IQ2_XXS at the AVX-512 level with GFNI,
+/// whose element-major kernel reads the Q8_K blocks reordered once here
+/// (`iquants_avx512::element_major_q8k`; same results bit for bit, ~30 % fewer ns per block).
+fn matvec_acts(isa: Isa, kernel: RowDot, ty: GgmlType, x: &[f32], cols: usize) -> (RowDot, Acts) {
+    let acts = Acts::quantize(kernel, x, cols, 1);
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::IQ2XXS && isa.min(Isa::best()) == Isa::Avx512 {
+        if let (Some(f), Acts::Q8K(q, _)) =
+            (super::iquants_avx512::iq2_xxs_element_major_kernel(), &acts)
+        {
+            let q = super::iquants_avx512::element_major_q8k(q);
+            let per = q.len();
+            return (RowDot::Q8K(f), Acts::Q8K(q, per));
+        }
+    }
+    let _ = (isa, ty);
+    (kernel, acts)
+}
+
+fn run_matvec(
+    isa: Isa,
+    kernel: RowDot,
+    shape: Shape,
+    w: &[u8],
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
     if y.is_empty() {
         return;
     }
@@ -310,7 +338,7 @@ fn run_matvec(kernel: RowDot, shape: Shape, w: &[u8], cols: usize, x: &[f32], y:
         y.fill(0.0);
         return;
     }
-    let acts = Acts::quantize(kernel, x, cols, 1);
+    let (kernel, acts) = matvec_acts(isa, kernel, shape.ty, x, cols);
     if w.len() < PARALLEL_MIN_BYTES {
         for (out, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
             *out = acts.dot(kernel, wr, 0);
@@ -539,7 +567,7 @@ fn run_matmul_at(
         }
     }
     let multis = (multi, multi_q8_0, multi_f32, lanes_q8_0);
-    run_matmul(kernel, multis, shape, w, rows, cols, xs, n, ys)
+    run_matmul(isa, kernel, multis, shape, w, rows, cols, xs, n, ys)
 }
 
 /// The multi-row kernels [`run_matmul`] may use: Q8_K-activation, Q8_0 (≤ 4 rows), float, and
@@ -553,6 +581,7 @@ type Multis = (
 
 #[allow(clippy::too_many_arguments)]
 fn run_matmul(
+    isa: Isa,
     kernel: RowDot,
     (multi, multi_q8_0, multi_f32, lanes_q8_0): Multis,
     shape: Shape,
@@ -567,7 +596,7 @@ fn run_matmul(
         return;
     }
     if n == 1 {
-        return run_matvec(kernel, shape, w, cols, xs, ys);
+        return run_matvec(isa, kernel, shape, w, cols, xs, ys);
     }
     let rb = shape.row_bytes;
     if rb == 0 {

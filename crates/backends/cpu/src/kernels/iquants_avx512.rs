@@ -1462,7 +1462,18 @@ fn iq1_m_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
     unsafe { vec_dot_iq1_m_q8_k_avx512(n, w, x) }
 }
 
+mod element_major;
 mod grouped;
+
+pub use element_major::element_major_q8k;
+
+/// The IQ2_XXS single-row kernel on activations reordered by [`element_major_q8k`] (holding no
+/// −128, as [`quantize_row_q8_k`](super::q8::quantize_row_q8_k) makes them), when the CPU has it
+/// (this module's features plus GFNI). The same result as the [`kernel`] entry on the
+/// activations in their usual order.
+pub fn iq2_xxs_element_major_kernel() -> Option<Q8KRowDot> {
+    element_major::supported().then_some(element_major::iq2_xxs_row as Q8KRowDot)
+}
 
 /// The multi-row kernel for `ty` that takes its activation rows grouped and in offset form
 /// (`kquants_multi_x86::grouped_activations(_, true)`), with the most rows it takes per call,

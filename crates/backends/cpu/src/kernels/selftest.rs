@@ -306,6 +306,26 @@ fn selftest_shape(
             });
         }
 
+        // The IQ2_XXS decode kernel on element-major activations (matvec's and the fused MoE
+        // decode's at this level) vs scalar, bit for bit.
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && ty == GgmlType::IQ2XXS {
+            if let Some(k) = super::iquants_avx512::iq2_xxs_element_major_kernel() {
+                let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
+                quantize_row_q8_k(x, &mut q);
+                let xe = super::iquants_avx512::element_major_q8k(&q);
+                let differ = w
+                    .chunks_exact(row_bytes)
+                    .zip(&scalar_out)
+                    .filter(|(wr, s)| k(wr, &xe).to_bits() != s.to_bits())
+                    .count();
+                report(SelftestResult {
+                    variant: "element-major",
+                    ..result(isa, Check::VsScalar, differ as f64, 0.0)
+                });
+            }
+        }
+
         // matmul over MATMUL_N activation rows vs matvec of each, bit for bit.
         let mut ys = vec![0.0f32; MATMUL_N * rows];
         let mut differing = 0usize;

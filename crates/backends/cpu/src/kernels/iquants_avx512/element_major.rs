@@ -1,0 +1,255 @@
+//! IQ2_XXS single-row kernel on element-major activations (decode), with GFNI.
+//!
+//! A pair of weight blocks holds 64 grid rows of 8 elements. Packed row `k = 32h + 4sb + l` is
+//! grid row `l` of sub-block `sb` of block `h`. The activations are reordered once per input
+//! ([`element_major_q8k`]) so that 64-byte chunk `j` of a block pair holds element `j` of every
+//! packed row: byte `k` of chunk `j` = activation `32sb + 8l + j` of block `h`. Then
+//!
+//! * **grid values**: one `vgf2p8affineqb` per chunk. A grid row's 16-bit code (two table
+//!   lookups per pair, as in the other kernels) holds element `j`'s value index in bits
+//!   `2j, 2j + 1`, and index → value (0 → 8, 1 → 25, 2 → 43) is affine over GF(2):
+//!   `8 ⊕ 17·bit0 ⊕ 35·bit1`. One 8×8 bit matrix per `j % 4` picks the two bits of the code
+//!   byte and maps them to the value, so no `vpmultishiftqb` + `vpermb` pair per 64 elements;
+//! * **signs**: byte `k` of one register is row `k`'s KSIGNS byte (one `vpermi2b` per pair);
+//!   element `j`'s flip mask is bit `j` of every byte (`vptestmb`), applied to the activations
+//!   (`0 − q8`, exact as long as no activation is −128);
+//! * **sub-block sums without shuffles**: four packed rows of a sub-block sit in one i32 lane, so
+//!   each `vpdpbusd` adds 4 products of one sub-block to its lane, and after the 8 chunks
+//!   lane `8h + sb` is sub-block `sb`'s exact sum; one `vpmulld` by the scales
+//!   (`2·(aux >> 28) + 1`, lane-aligned by one `vpermt2d` of the aux words) and one reduction
+//!   per half give the two exact block sums.
+//!
+//! The block sums are the exact integers of the scalar kernel and the f32 operations are its
+//! own, in block order, so the result is bit-identical to every other IQ2_XXS kernel.
+
+use super::{
+    block_pair, f16_to_f32, load256, load64, lookup256, BlockQ8K, IQ2XXS_CODE_HI, IQ2XXS_CODE_LO,
+    IQ2XXS_KSIGNS, IQ2_XXS_BYTES, V64,
+};
+use core::arch::x86_64::*;
+
+/// Whether the CPU has the features of the parent module plus GFNI.
+pub fn supported() -> bool {
+    super::supported() && is_x86_feature_detected!("gfni")
+}
+
+/// `vpermt2b` over the 64 bytes after `d` of a block pair: packed row `k = 32h + 4sb + l` takes
+/// index byte `8sb + l` of block `h`.
+static PACK: V64 = {
+    let mut t = [0u8; 64];
+    let mut k = 0;
+    while k < 64 {
+        let (h, sb, l) = (k / 32, (k % 32) / 4, k % 4);
+        t[k] = (64 * h + 8 * sb + l) as u8;
+        k += 1;
+    }
+    V64(t)
+};
+
+/// `vpermt2d` over the same bytes: dword `t = 8h + sb` takes the aux word of sub-block `sb` of
+/// block `h` (the high dword of its qword).
+static AUX_DWORDS: V64 = {
+    let mut t = [0u8; 64];
+    let mut d = 0;
+    while d < 16 {
+        let (h, sb) = (d / 8, d % 8);
+        t[4 * d] = (16 * h + 2 * sb + 1) as u8;
+        d += 1;
+    }
+    V64(t)
+};
+
+/// `vpmultishiftqb` over the lane-aligned aux words (qword `q` = aux words `2q` and `2q + 1`):
+/// byte `4s + l` of a qword takes the 7-bit sign index of row `l` (bits `7l..`) of aux word `s`.
+static SIGN_FIELDS: V64 = lanes!(|_g, j| (32 * (j / 4) + 7 * (j % 4)) as u8);
+
+/// The GF(2) matrix (`vgf2p8affineqb` layout: byte `7 − i` selects the input bits of output
+/// bit `i`) mapping the 2-bit field `m` of a byte to `17·bit0 ⊕ 35·bit1`; with the constant
+/// 8 added this is the IQ2 grid value of the field's index (0 → 8, 1 → 25, 2 → 43).
+const fn value_matrix(m: usize) -> u64 {
+    let (b0, b1) = (1u64 << (2 * m), 1u64 << (2 * m + 1));
+    // 17 = bits 0, 4; 35 = bits 0, 1, 5: output bit i reads b0 where 17 has bit i, b1 where
+    // 35 has it.
+    let mut a = 0u64;
+    let mut i = 0;
+    while i < 8 {
+        let mut row = 0;
+        if (17 >> i) & 1 == 1 {
+            row |= b0;
+        }
+        if (35 >> i) & 1 == 1 {
+            row |= b1;
+        }
+        a |= row << (8 * (7 - i));
+        i += 1;
+    }
+    a
+}
+
+/// The four value matrices, one per 2-bit field of a code byte.
+const VALUE_MATRICES: [u64; 4] = [
+    value_matrix(0),
+    value_matrix(1),
+    value_matrix(2),
+    value_matrix(3),
+];
+
+/// Q8_K activations in the element-major order of [`iq2_xxs_row_element_major`]: blocks in
+/// pairs (a zero block appended to an odd count), and 64-byte chunk `j` of a pair (chunks 0..4
+/// in the first block's `qs`, 4..8 in the second's) holds, at byte `32h + 4sb + l`, element
+/// `32sb + 8l + j` of block `h`. `d` and `bsums` stay with their blocks. Made once per
+/// activation vector and read by every weight row.
+pub fn element_major_q8k(x: &[BlockQ8K]) -> Vec<BlockQ8K> {
+    let mut out = x.to_vec();
+    if out.len() % 2 == 1 {
+        out.push(BlockQ8K::ZERO);
+    }
+    for (p, pair) in out.chunks_exact_mut(2).enumerate() {
+        let src = |h: usize, e: usize| x.get(2 * p + h).map_or(0, |b| b.qs[e]);
+        for j in 0..8 {
+            for k in 0..64 {
+                let (h, sb, l) = (k / 32, (k % 32) / 4, k % 4);
+                let at = 64 * j + k;
+                pair[at / 256].qs[at % 256] = src(h, 32 * sb + 8 * l + j);
+            }
+        }
+    }
+    out
+}
+
+/// The exact sums of i32 lanes 0..8 and of lanes 8..16 of `v`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+fn hsum_halves(v: __m512i) -> (i32, i32) {
+    // Per 128-bit lane: every dword = the lane's sum.
+    let t = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0x4E>(v));
+    let t = _mm512_add_epi32(t, _mm512_shuffle_epi32::<0xB1>(t));
+    // 128-bit lanes 0 + 1 (block 0) and 2 + 3 (block 1).
+    let t = _mm512_add_epi32(t, _mm512_shuffle_i64x2::<0b1011_0001>(t, t));
+    let s1 = _mm512_extracti32x4_epi32::<2>(t);
+    (
+        _mm_cvtsi128_si32(_mm512_castsi512_si128(t)),
+        _mm_cvtsi128_si32(s1),
+    )
+}
+
+/// The constant registers of [`pair_sums`].
+struct Tables {
+    code_lo: [__m512i; 4],
+    code_hi: [__m512i; 4],
+    pack: __m512i,
+    aux_dwords: __m512i,
+    fields: __m512i,
+}
+
+/// The exact block sums of IQ2_XXS blocks `q0`, `q1` (their 64 bytes after `d`) against the
+/// element-major activations of their pair `y` (two blocks).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+fn pair_sums(t: &Tables, q0: __m512i, q1: __m512i, y: &[BlockQ8K]) -> (i32, i32) {
+    let zero = _mm512_setzero_si512();
+    // Grid-row codes of the 64 packed rows (low byte: elements 0..4, high: 4..8).
+    let idx = _mm512_permutex2var_epi8(q0, t.pack, q1);
+    let high_half = _mm512_movepi8_mask(idx);
+    let lo = lookup256(&t.code_lo, idx, high_half);
+    let hi = lookup256(&t.code_hi, idx, high_half);
+    // Dword 8h + sb: the aux word of sub-block sb of block h.
+    let aux = _mm512_permutex2var_epi32(q0, t.aux_dwords, q1);
+    // Byte k: the KSIGNS byte (8 flip bits) of packed row k.
+    let signs = _mm512_permutex2var_epi8(
+        load64(&IQ2XXS_KSIGNS[0]),
+        _mm512_multishift_epi64_epi8(t.fields, aux),
+        load64(&IQ2XXS_KSIGNS[1]),
+    );
+    // (aux >> 27) | 1 = 2·(aux >> 28) + 1.
+    let scales = _mm512_or_si512(_mm512_srli_epi32::<27>(aux), _mm512_set1_epi32(1));
+    let mut acc = [zero; 4];
+    for j in 0..8 {
+        let codes = if j < 4 { lo } else { hi };
+        let matrix = _mm512_set1_epi64(VALUE_MATRICES[j % 4] as i64);
+        let grid = _mm512_gf2p8affine_epi64_epi8::<8>(codes, matrix);
+        let flip = _mm512_test_epi8_mask(signs, _mm512_set1_epi8(1 << j));
+        // Chunk j: bytes 64·(j % 4).. of block j / 4.
+        let chunk = &y[j / 4].qs[64 * (j % 4)..64 * (j % 4) + 64];
+        // SAFETY: `chunk` is 64 readable bytes.
+        let q8 = unsafe { _mm512_loadu_si512(chunk.as_ptr().cast()) };
+        let signed = _mm512_mask_sub_epi8(q8, flip, zero, q8);
+        acc[j % 4] = _mm512_dpbusd_epi32(acc[j % 4], grid, signed);
+    }
+    let sums = _mm512_add_epi32(
+        _mm512_add_epi32(acc[0], acc[1]),
+        _mm512_add_epi32(acc[2], acc[3]),
+    );
+    hsum_halves(_mm512_mullo_epi32(sums, scales))
+}
+
+/// The f16 scale `d` of the IQ2_XXS block at `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+fn block_d(b: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// The 64 bytes after `d` of IQ2_XXS block `i` of `w`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+fn block_quants(w: &[u8], i: usize) -> __m512i {
+    let q = &w[i * IQ2_XXS_BYTES + 2..(i + 1) * IQ2_XXS_BYTES];
+    // SAFETY: `q` is 64 readable bytes.
+    unsafe { _mm512_loadu_si512(q.as_ptr().cast()) }
+}
+
+/// The IQ2_XXS kernel for one activation row in element-major order ([`element_major_q8k`],
+/// no activation −128): `w` holds `nb` blocks and `x` at least `nb` rounded up to even. Two
+/// pairs per iteration (independent work to overlap), then a last pair or half pair.
+///
+/// # Safety
+/// The CPU must support the features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+pub unsafe fn iq2_xxs_row_element_major(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let nb = w.len() / IQ2_XXS_BYTES;
+    let t = Tables {
+        code_lo: load256(&IQ2XXS_CODE_LO),
+        code_hi: load256(&IQ2XXS_CODE_HI),
+        pack: load64(&PACK),
+        aux_dwords: load64(&AUX_DWORDS),
+        fields: load64(&SIGN_FIELDS),
+    };
+    let mut sumf = 0.0f32;
+    let mut i = 0;
+    while i + 4 <= nb {
+        let a = pair_sums(&t, block_quants(w, i), block_quants(w, i + 1), &x[i..i + 2]);
+        let b = pair_sums(
+            &t,
+            block_quants(w, i + 2),
+            block_quants(w, i + 3),
+            &x[i + 2..i + 4],
+        );
+        for (k, s) in [a.0, a.1, b.0, b.1].into_iter().enumerate() {
+            let blk = &w[(i + k) * IQ2_XXS_BYTES..];
+            sumf += block_d(blk) * x[i + k].d * s as f32;
+        }
+        i += 4;
+    }
+    while i < nb {
+        let (i1, b0, b1, q0, q1) = block_pair(w, i, nb);
+        let (s0, s1) = pair_sums(&t, q0, q1, &x[i..i + 2]);
+        sumf += block_d(b0) * x[i].d * s0 as f32;
+        if i1 != i {
+            sumf += block_d(b1) * x[i1].d * s1 as f32;
+        }
+        i += 2;
+    }
+    0.125 * sumf
+}
+
+/// Safe entry: blocks `min(w.len() / 66, x.len())`; `x` in element-major order (padded to an
+/// even count by [`element_major_q8k`]).
+pub fn iq2_xxs_row(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    // An odd block count needs the pair's padding block; `element_major_q8k` always makes an
+    // even count, so an odd `x` here was not made by it and only its even part is used.
+    let nb = (w.len() / IQ2_XXS_BYTES).min(x.len() & !1);
+    // SAFETY: handed out only when `supported()` holds; `x` holds `nb` rounded up to even
+    // blocks.
+    unsafe { iq2_xxs_row_element_major(&w[..nb * IQ2_XXS_BYTES], x) }
+}
