@@ -233,10 +233,20 @@ mod imp {
         )
     }
 
+    /// Most prompt tokens per forward call: 512, or `REDLITE_CUDA_BATCH` (up to 4096; the
+    /// prompt GEMMs decode each expert's weights once per call, so longer calls share more).
+    fn prompt_batch_cap() -> usize {
+        std::env::var("REDLITE_CUDA_BATCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(512usize)
+            .clamp(1, 4096)
+    }
+
     fn options(context: usize, batch: usize) -> CudaModelOptions {
         CudaModelOptions {
             max_context: context.max(1),
-            max_batch: batch.clamp(1, 512),
+            max_batch: batch.clamp(1, prompt_batch_cap()),
             ..CudaModelOptions::default()
         }
     }

@@ -13,6 +13,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("dequant.cu", include_str!("../kernels/dequant.cu")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("rope.cu", include_str!("../kernels/rope.cu")),
     ("deltanet.cu", include_str!("../kernels/deltanet.cu")),
@@ -27,6 +28,7 @@ fn prerequisites(file: &str) -> &'static [&'static str] {
         "dequant.cu" => &["common.cu"],
         "matvec.cu" => &["common.cu", "dequant.cu"],
         "moe.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
+        "gemm.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         _ => &["common.cu"],
     }
 }
@@ -104,6 +106,8 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
     "matvec_res",
     "moe_gate_up_tab",
     "moe_down_combine_tab",
+    "gemm",
+    "moe_gemm",
 ];
 
 /// The kernels that do not depend on a weight type.
@@ -134,6 +138,9 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_merge",
     "moe_combine",
     "sample_topk",
+    "moe_group",
+    "swiglu_pairs",
+    "moe_combine_pairs",
 ];
 
 /// The name of every kernel entry point in the module.
@@ -191,6 +198,39 @@ mod tests {
             );
         }
         assert_eq!(ALL_TYPES.len(), redlite_gguf::TYPE_TRAITS.len());
+    }
+
+    /// The reverse of the check above: every `__global__` entry point the sources define (plain,
+    /// or `<prefix>_##name` inside a per-type macro) is listed, so the loader resolves it.
+    #[test]
+    fn every_kernel_in_the_sources_is_listed() {
+        let src = module_source();
+        let names = kernel_names();
+        for part in src.split("__global__").skip(1) {
+            // `void NAME(` possibly after `__launch_bounds__(...)` and line continuations.
+            let Some(at) = part.find("void ") else {
+                continue;
+            };
+            let mut rest = part[at + 5..].trim_start_matches(['\\', ' ', '\n']);
+            if let Some(bounds) = rest.strip_prefix("__launch_bounds__(") {
+                rest = bounds[bounds.find(')').map_or(0, |i| i + 1)..]
+                    .trim_start_matches(['\\', ' ', '\n']);
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '#')
+                .collect();
+            match name.strip_suffix("_##name") {
+                Some(prefix) => assert!(
+                    PER_TYPE_KERNELS.contains(&prefix),
+                    "per-type kernel family {prefix} is not in PER_TYPE_KERNELS"
+                ),
+                None => assert!(
+                    names.contains(&name),
+                    "kernel {name} is not in PLAIN_KERNELS"
+                ),
+            }
+        }
     }
 
     #[test]

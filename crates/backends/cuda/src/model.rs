@@ -115,14 +115,30 @@ pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
 pub(crate) const MVF_MAX_TILE: usize = 4;
 
 /// Tokens per tile of the token-tile matvec (`matvec_norm3_tok`: weights read and decoded once per
-/// tile) for calls of more than one token: tuning switch `REDLITE_CUDA_TOKEN_TILE`, 1 (off, the
-/// default until measured on a GPU) to `MVF_MAX_TILE`.
+/// tile) for calls of more than one token: tuning switch `REDLITE_CUDA_TOKEN_TILE`, 1 (off) to
+/// `MVF_MAX_TILE` (the default: an 8-row verify 20.08 → 18.70 ms, prefill-512 520 → 574 tok/s on
+/// the H200, outputs bit-identical).
 pub(crate) fn token_tile_from_env() -> usize {
     std::env::var("REDLITE_CUDA_TOKEN_TILE")
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(1usize)
+        .unwrap_or(MVF_MAX_TILE)
         .clamp(1, MVF_MAX_TILE)
+}
+
+/// Prompts of at least this many tokens run their quantized products through the tensor-core
+/// GEMMs (`gemm.cu`: `gemm_<type>`, and `moe_gemm_<type>` over the routed experts grouped by
+/// expert) instead of the per-token matvecs; `REDLITE_CUDA_GEMM=0` turns them off. Decode steps and
+/// speculative verify rows always take the matvecs (their rows stay bit-identical to each other).
+pub(crate) const GEMM_MIN_TOKENS: usize = 16;
+/// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
+const GEMM_BM: usize = 64;
+const GEMM_BN: usize = 64;
+const GEMM_BK: usize = 32;
+const GEMM_THREADS: u32 = 128;
+
+fn gemm_from_env() -> bool {
+    std::env::var("REDLITE_CUDA_GEMM").map_or(true, |v| v.trim() != "0")
 }
 
 /// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
@@ -342,6 +358,9 @@ struct DevLinear {
 #[derive(Clone)]
 struct DevExperts {
     layer: usize,
+    /// `moe_gemm_<type>` of the gate/up parts and of the down part (prompts, [`GEMM_MIN_TOKENS`]).
+    gemm_gate_up_f: CudaFunction,
+    gemm_down_f: CudaFunction,
     gate_up_f: CudaFunction,
     down_f: CudaFunction,
     /// Warps per block of both kernels ([`moe_warps`]).
@@ -434,6 +453,9 @@ struct Kernels {
     attn_merge: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
+    moe_group: CudaFunction,
+    swiglu_pairs: CudaFunction,
+    moe_combine_pairs: CudaFunction,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -475,6 +497,16 @@ struct Scratch {
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
+    // Prompts through the GEMMs ([`GEMM_MIN_TOKENS`]): the routed experts' (token, choice) pairs
+    // grouped by expert, their gate/up rows, their down rows.
+    /// i32 `[n_expert + 1]`: where each expert's pairs start in `pairs`.
+    pair_off: u64,
+    /// i32 `[max_batch · k]`: pair indices `t · k + j`, grouped by expert.
+    pairs: u64,
+    /// f32 `[max_batch · k][2 · expert_ff]`: each pair's gate then up rows.
+    gu: u64,
+    /// f32 `[max_batch · k][hidden]`: each pair's down rows (unweighted).
+    down: u64,
     /// f32 `[max(1, max_verify)][heads][attn_splits][head_dim + 2]`: the chunks of `attn_split`.
     attn_part: u64,
 }
@@ -522,6 +554,9 @@ pub struct CudaModel {
     res_rows: usize,
     /// Tokens per tile of `matvec_norm3_tok` for multi-token calls (`token_tile_from_env`).
     token_tile: usize,
+    /// Prompts may use the GEMMs (`gemm_from_env`), and whether the call being enqueued does.
+    gemm: bool,
+    gemm_now: bool,
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
@@ -599,6 +634,9 @@ impl CudaModel {
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
+            moe_group: f("moe_group")?,
+            swiglu_pairs: f("swiglu_pairs")?,
+            moe_combine_pairs: f("moe_combine_pairs")?,
         };
 
         // Token embedding, straight from the file.
@@ -648,6 +686,8 @@ impl CudaModel {
             mvf_rows: mvf_rows_from_env(false),
             res_rows: mvf_rows_from_env(true),
             token_tile: token_tile_from_env(),
+            gemm: gemm_from_env(),
+            gemm_now: false,
             head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1105,6 +1145,9 @@ impl CudaModel {
 
     /// `y[t] = W · x[t]` for `n` rows.
     fn matvec(&mut self, w: &DevLinear, x: u64, y: u64, n: usize) -> Result<(), CudaError> {
+        if self.gemm_fits(w) {
+            return self.gemm(w, x, y, n, false);
+        }
         let args = [
             A::P(w.ptr),
             A::P(x),
@@ -1128,6 +1171,36 @@ impl CudaModel {
     /// to three of one type, each block normalising `x[t]` itself. Wider inputs than its shared
     /// memory holds go through `rms_norm` into `xn` and plain matvecs.
     fn matvec_normed(
+        &mut self,
+        x: u64,
+        nw: Option<u64>,
+        mats: &[(&DevLinear, u64)],
+        n: usize,
+    ) -> Result<(), CudaError> {
+        if self.gemm_now {
+            let (big, rest): (Vec<_>, Vec<_>) = mats.iter().partition(|(w, _)| self.gemm_fits(w));
+            if let Some((w0, _)) = big.first() {
+                // Normalise once into xn (free at a mixer's input; the MoE passes xn itself
+                // without norm weights), then one GEMM per matrix.
+                let input = match nw {
+                    Some(nw) => {
+                        let xn = self.sc.xn;
+                        self.rms_norm(x, nw, xn, n, w0.cols)?;
+                        xn
+                    }
+                    None => x,
+                };
+                for (w, y) in &big {
+                    self.gemm(w, input, *y, n, false)?;
+                }
+                return self.matvec_normed_fused(x, nw, &rest, n);
+            }
+        }
+        self.matvec_normed_fused(x, nw, mats, n)
+    }
+
+    /// [`Self::matvec_normed`] through the fused matvec kernels.
+    fn matvec_normed_fused(
         &mut self,
         x: u64,
         nw: Option<u64>,
@@ -1221,6 +1294,10 @@ impl CudaModel {
         n: usize,
     ) -> Result<(), CudaError> {
         let (x, xn, counter) = (self.sc.x, self.sc.xn, self.sc.counter);
+        if self.gemm_fits(w) {
+            self.gemm(w, a, x, n, true)?;
+            return self.rms_norm(x, post_norm, xn, n, self.config.hidden);
+        }
         let f = self
             .gpu
             .func(&format!("matvec_res_{}", type_suffix(w.ty)))?
@@ -1250,6 +1327,46 @@ impl CudaModel {
         )
     }
 
+    /// Whether `w` goes through [`Self::gemm`] in the call being enqueued.
+    fn gemm_fits(&self, w: &DevLinear) -> bool {
+        self.gemm_now && w.ty != GgmlType::F32 && w.cols.is_multiple_of(GEMM_BK)
+    }
+
+    /// `y[t] (+)= W · x[t]` for the `n` tokens of a prompt on the tensor cores (`gemm_<type>`).
+    fn gemm(
+        &mut self,
+        w: &DevLinear,
+        x: u64,
+        y: u64,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let f = self
+            .gpu
+            .func(&format!("gemm_{}", type_suffix(w.ty)))?
+            .clone();
+        self.launch(
+            "gemm",
+            &f,
+            (
+                w.rows.div_ceil(GEMM_BM) as u32,
+                n.div_ceil(GEMM_BN) as u32,
+                1,
+            ),
+            GEMM_THREADS,
+            0,
+            &[
+                A::P(w.ptr),
+                A::P(x),
+                A::P(y),
+                A::I(w.rows as i32),
+                A::I(w.cols as i32),
+                A::I(n as i32),
+                A::I(accumulate as i32),
+            ],
+        )
+    }
+
     fn rms_norm(&mut self, x: u64, w: u64, y: u64, rows: usize, n: usize) -> Result<(), CudaError> {
         let f = self.k.rms_norm.clone();
         let eps = self.config.rms_eps;
@@ -1272,6 +1389,13 @@ impl CudaModel {
     /// Embedding, every layer, final norm and the lm_head for `n` tokens whose ids and start
     /// position are already in `input`.
     fn enqueue_forward(&mut self, n: usize, head: Head, rows: Rows) -> Result<(), CudaError> {
+        self.gemm_now = self.gemm && rows == Rows::Prompt && n >= GEMM_MIN_TOKENS;
+        let r = self.enqueue_forward_rows(n, head, rows);
+        self.gemm_now = false;
+        r
+    }
+
+    fn enqueue_forward_rows(&mut self, n: usize, head: Head, rows: Rows) -> Result<(), CudaError> {
         let h = self.config.hidden;
         let x = self.sc.x;
         let ids = self.sc.input + 4;
@@ -1729,6 +1853,9 @@ impl CudaModel {
                 A::P(wts),
             ],
         )?;
+        if self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK) {
+            return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
+        }
         self.launch(
             "moe_gate_up_tab",
             &e.gate_up_f,
@@ -1763,6 +1890,100 @@ impl CudaModel {
                 A::P(gl),
                 A::I(h as i32),
                 A::I(ff as i32),
+                A::I(k as i32),
+            ],
+        )
+    }
+
+    /// The routed experts of a prompt's `n` tokens on the tensor cores, after the router: the
+    /// (token, choice) pairs grouped by expert, one `moe_gemm` over every expert's gate and up
+    /// rows, SwiGLU, one over the down rows, then `x += Σ weight · down + sigmoid(g) · shared` per
+    /// token (once the shared expert's stream has joined).
+    fn enqueue_routed_gemm(
+        &mut self,
+        e: &DevExperts,
+        n: usize,
+        (ids, tab): (u64, u64),
+        drv: impl Fn(cudarc::driver::DriverError) -> CudaError,
+    ) -> Result<(), CudaError> {
+        let c = &self.config;
+        let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
+        let sc = &self.sc;
+        let (x, xn, wts, act, shared, gl) = (sc.x, sc.xn, sc.wts, sc.act, sc.shared, sc.gl);
+        let (off, pairs, gu, down) = (sc.pair_off, sc.pairs, sc.gu, sc.down);
+        let f = self.k.moe_group.clone();
+        self.launch(
+            "moe_group",
+            &f,
+            (1, 1, 1),
+            1024,
+            0,
+            &[
+                A::P(ids),
+                A::I((n * k) as i32),
+                A::I(ne as i32),
+                A::P(off),
+                A::P(pairs),
+            ],
+        )?;
+        // gate and up: parts 0 and 1 of every expert, rows into gu[p][0 .. 2 ff).
+        self.launch(
+            "moe_gemm gate/up",
+            &e.gemm_gate_up_f,
+            ((2 * ff.div_ceil(GEMM_BM)) as u32, ne as u32, 1),
+            GEMM_THREADS,
+            0,
+            &[
+                A::P(tab),
+                A::I(0),
+                A::I(2),
+                A::P(off),
+                A::P(pairs),
+                A::P(xn),
+                A::I(k as i32),
+                A::P(gu),
+                A::I(ff as i32),
+                A::I(h as i32),
+                A::I((2 * ff) as i32),
+            ],
+        )?;
+        let f = self.k.swiglu_pairs.clone();
+        self.elementwise(&f, &[A::P(gu), A::P(act), A::I(ff as i32)], n * k * ff)?;
+        self.launch(
+            "moe_gemm down",
+            &e.gemm_down_f,
+            (h.div_ceil(GEMM_BM) as u32, ne as u32, 1),
+            GEMM_THREADS,
+            0,
+            &[
+                A::P(tab),
+                A::I(2),
+                A::I(1),
+                A::P(off),
+                A::P(pairs),
+                A::P(act),
+                A::I(1),
+                A::P(down),
+                A::I(h as i32),
+                A::I(ff as i32),
+                A::I(h as i32),
+            ],
+        )?;
+        self.stream.wait(&self.side.join).map_err(drv)?;
+        let f = self.k.moe_combine_pairs.clone();
+        self.launch(
+            "moe_combine_pairs",
+            &f,
+            (blocks(h, 256), n as u32, 1),
+            256,
+            0,
+            &[
+                A::P(x),
+                A::P(down),
+                A::P(wts),
+                A::P(shared),
+                A::P(gl),
+                A::I(h as i32),
                 A::I(k as i32),
             ],
         )
@@ -2042,6 +2263,12 @@ fn dev_layer(
             ))?
             .clone(),
         warps: moe_warps(),
+        gemm_gate_up_f: gpu
+            .func(&format!("moe_gemm_{}", type_suffix(expert.gate.ty)))?
+            .clone(),
+        gemm_down_f: gpu
+            .func(&format!("moe_gemm_{}", type_suffix(expert.down.ty)))?
+            .clone(),
     };
     Ok(DevLayer {
         attn_norm: arena.upload_f32(&w.attn_norm)?,
@@ -2100,6 +2327,10 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
+        pair_off: arena.alloc(4 * (ne + 1))?,
+        pairs: arena.alloc(4 * b * k)?,
+        gu: arena.f32s(b * k * 2 * ff)?,
+        down: arena.f32s(b * k * h)?,
         attn_part: arena
             .f32s(o.max_verify.max(1) * c.n_heads * attn_splits(o) * (c.head_dim + 2))?,
     })

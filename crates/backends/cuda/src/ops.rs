@@ -178,6 +178,46 @@ pub fn matvec(
     download(gpu, &y)
 }
 
+/// `gemm_<type>` (the prompt GEMM on the tensor cores, f16 inputs): `ys[t] = W · xs[t]` for `n`
+/// rows, plus `ys[t]`'s previous value when `acc` is given (`[n][rows]`, the residual form).
+/// `cols` a multiple of 32.
+pub fn gemm(
+    gpu: &Gpu,
+    ty: GgmlType,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    acc: Option<&[f32]>,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xs.len(), cols, "gemm x")?;
+    if !cols.is_multiple_of(32) || acc.is_some_and(|a| a.len() != n * rows) {
+        return Err(CudaError::Invalid(format!(
+            "gemm: {cols} columns (a multiple of 32 wanted) or a residual of the wrong length"
+        )));
+    }
+    let name = format!("gemm_{}", type_suffix(ty));
+    let f = gpu.func(&name)?;
+    let x = upload(gpu, xs)?;
+    let mut y = match acc {
+        Some(a) => upload(gpu, a)?,
+        None => alloc_poisoned::<f32>(gpu, n * rows)?,
+    };
+    let (r, c, nn) = (
+        i32_arg(rows, "rows")?,
+        i32_arg(cols, "cols")?,
+        i32_arg(n, "tokens")?,
+    );
+    let accumulate = i32::from(acc.is_some());
+    launch!(
+        gpu,
+        f,
+        &name,
+        cfg((rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1), 128, 0),
+        [w, &x, &mut y, &r, &c, &nn, &accumulate]
+    )?;
+    download(gpu, &y)
+}
+
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
 /// per group of warps, 8 warps per block):

@@ -19,6 +19,9 @@ use crate::{CudaError, Gpu};
 /// Relative error allowed for kernels that compute in f32 (far above f32 rounding on these sizes,
 /// far below any indexing or formula mistake).
 pub const TOL_F32: f64 = 1e-5;
+/// The prompt GEMMs' bound: f16 inputs (2^-11 relative rounding each, so ≤ 2^-10 ≈ 9.8e-4 of
+/// Σ|w·x| per output) plus f32 accumulation.
+pub const TOL_GEMM_F16: f64 = 1.2e-3;
 
 /// One comparison.
 #[derive(Debug, Clone)]
@@ -239,6 +242,55 @@ impl Runner<'_> {
             self.record(
                 &format!("matvec {}", ty.name()),
                 format!("{rows}x{cols} n={n}"),
+                r,
+            );
+        }
+    }
+
+    /// `gemm_<type>` (prompts on the tensor cores) against f64: rows and tokens that end inside a
+    /// tile, several column steps, once with a residual. Inputs are rounded to f16 (2^-11
+    /// relative each), so every output is within ≈ 2^-10 of Σ|w·x| of the exact sum: the error
+    /// norm is measured against that magnitude, like `matvec`, with [`TOL_GEMM_F16`].
+    fn gemm(&mut self, ty: GgmlType) {
+        let be = ty.block_elems().max(32);
+        for (rows, cols, n, residual) in [
+            (64usize, be, 16usize, false),
+            (100, 2048, 70, false),
+            (37, 512, 130, true),
+        ] {
+            let bytes = random_weights(&mut self.rng, ty, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let res = residual.then(|| self.rng.normals(n * rows, 1.0));
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let y = ops::gemm(self.gpu, ty, &w, (rows, cols), &xs, res.as_deref())?;
+                let wf =
+                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let (mut reference, mut magnitude) = (Vec::with_capacity(n * rows), 0.0f64);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (w, x) = (&wf[r * cols..(r + 1) * cols], &xs[t * cols..(t + 1) * cols]);
+                        let base = res.as_ref().map_or(0.0, |v| f64::from(v[t * rows + r]));
+                        reference.push(base + dot64(w, x));
+                        let m: f64 = w
+                            .iter()
+                            .zip(x)
+                            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                            .sum();
+                        magnitude += m * m;
+                    }
+                }
+                Ok((
+                    abs_err(&y, &reference) / magnitude.sqrt().max(f64::MIN_POSITIVE),
+                    TOL_GEMM_F16,
+                ))
+            })();
+            self.record(
+                &format!("gemm {}", ty.name()),
+                format!(
+                    "{rows}x{cols} n={n}{}",
+                    if residual { " +residual" } else { "" }
+                ),
                 r,
             );
         }
@@ -1467,6 +1519,9 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     }
     for &ty in ALL_TYPES {
         r.embed(ty);
+    }
+    for &ty in ALL_TYPES {
+        r.gemm(ty);
     }
     for &ty in ALL_TYPES {
         r.experts(ty);
