@@ -548,6 +548,35 @@ fn iq2_xxs_element_major_kernel_matches_scalar() {
     iq2_xxs_rows_match_scalar(37, |w, a| k(w, &element_major_q8k(&a.q8k)));
 }
 
+/// The element-major kernel over several rows per call gives each row the scalar kernel's
+/// value, bit for bit (rows of 1..=9 blocks, 1..=5 rows per call).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn iq2_xxs_element_major_rows_kernel_matches_scalar() {
+    use redlite_cpu::kernels::iquants_avx512::{
+        element_major_q8k, iq2_xxs_element_major_rows_kernel,
+    };
+    let Some(k) = iq2_xxs_element_major_rows_kernel() else {
+        eprintln!("note: no AVX-512 VBMI/VNNI/GFNI here; element-major IQ2_XXS rows not run");
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(41);
+    let case = &CASES[0];
+    for nb in 1..=9 {
+        for rows in 1..=5 {
+            let w = random_blocks(&mut rng, case, nb * rows);
+            let a = random_acts(&mut rng, nb * 256);
+            let mut out = vec![f32::NAN; rows];
+            k(&w, nb * case.bytes, &element_major_q8k(&a.q8k), &mut out);
+            for (r, got) in out.iter().enumerate() {
+                let row = &w[r * nb * case.bytes..(r + 1) * nb * case.bytes];
+                let want = (case.scalar)(nb * 256, row, &a);
+                check_same(&format!("IQ2_XXS rows, {nb} blocks, row {r}"), *got, want);
+            }
+        }
+    }
+}
+
 /// Batched products (`matmul`, which uses the multi-row kernels where a type has them) give every
 /// activation row exactly what `matvec` gives it, for every row count around the group size and
 /// at every ISA level.
@@ -823,6 +852,25 @@ fn bench_bandwidth() {
                 let t = best(&|| w.chunks_exact(row_bytes).map(|r| k(r, x)).sum::<f32>());
                 println!(
                     "  avx512 {label}: {:6.2} GB/s, {:5.1} ns per 256 weights",
+                    total / t / 1e9,
+                    t * 1e9 / (rows * cols / 256) as f64
+                );
+            }
+            if let Some(k) =
+                redlite_cpu::kernels::iquants_avx512::iq2_xxs_element_major_rows_kernel()
+            {
+                let t = best(&|| {
+                    let mut out = vec![0.0f32; 64];
+                    let mut s = 0.0f32;
+                    for ws in w.chunks(64 * row_bytes) {
+                        let n = ws.len() / row_bytes;
+                        k(ws, row_bytes, &xe, &mut out[..n]);
+                        s += out[..n].iter().sum::<f32>();
+                    }
+                    s
+                });
+                println!(
+                    "  avx512 element-major, 64 rows per call: {:6.2} GB/s, {:5.1} ns per 256 weights",
                     total / t / 1e9,
                     t * 1e9 / (rows * cols / 256) as f64
                 );

@@ -28,6 +28,9 @@ pub struct Product<'a> {
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
 const TASK_BYTES: usize = 64 * 1024;
 
+/// A kernel over several rows: `out[r]` = row `r` of `w` (rows of `row_bytes`) · `x`.
+type RowsDot = fn(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]);
+
 /// A product's row kernel and the activations it reads.
 #[derive(Clone, Copy)]
 enum Kernel {
@@ -37,6 +40,8 @@ enum Kernel {
     /// interleaved order of `iquants_avx512`).
     Iq2Reordered {
         f: fn(w: &[u8], x: &[BlockQ8K]) -> f32,
+        /// The same kernel over a task's rows in one call, where there is one.
+        rows: Option<RowsDot>,
         reorder: fn(&[BlockQ8K]) -> Vec<BlockQ8K>,
     },
 }
@@ -54,12 +59,17 @@ fn decode_kernel(ty: GgmlType, kernel: RowDot) -> Kernel {
     {
         use super::iquants_avx512 as k;
         if let Some(f) = k::iq2_xxs_element_major_kernel() {
+            let rows = k::iq2_xxs_element_major_rows_kernel();
             let reorder = k::element_major_q8k;
-            return Kernel::Iq2Reordered { f, reorder };
+            return Kernel::Iq2Reordered { f, rows, reorder };
         }
         if let Some(f) = k::iq2_xxs_interleaved_kernel() {
             let reorder = k::interleave_q8k_for_iq2_xxs;
-            return Kernel::Iq2Reordered { f, reorder };
+            return Kernel::Iq2Reordered {
+                f,
+                rows: None,
+                reorder,
+            };
         }
     }
     let _ = ty;
@@ -136,6 +146,17 @@ pub fn matvec_batch(
         let p = &products[*i];
         let (kernel, row_bytes) = kernels[*i];
         let x = inputs[p.input];
+        if let Kernel::Iq2Reordered { rows: Some(f), .. } = kernel {
+            // The task's rows in one call (2-block expert rows: 8.1 → 6.5 ns per block).
+            let w = &p.w[*r0 * row_bytes..(*r0 + ys.len()) * row_bytes];
+            f(
+                w,
+                row_bytes,
+                q8k_reordered[p.input].as_deref().unwrap_or(&[]),
+                ys,
+            );
+            return;
+        }
         for (r, y) in (*r0..).zip(ys.iter_mut()) {
             let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
             // Every input a kernel reads was quantized to its format above.

@@ -1475,6 +1475,15 @@ pub fn iq2_xxs_element_major_kernel() -> Option<Q8KRowDot> {
     element_major::supported().then_some(element_major::iq2_xxs_row as Q8KRowDot)
 }
 
+/// Several weight rows at once: `out[r]` = row `r` of `w` (rows of `row_bytes` bytes) · `x`.
+pub type Q8KRowsDot = fn(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]);
+
+/// [`iq2_xxs_element_major_kernel`] over a range of rows per call (tables loaded once; the same
+/// result per row).
+pub fn iq2_xxs_element_major_rows_kernel() -> Option<Q8KRowsDot> {
+    element_major::supported().then_some(element_major::iq2_xxs_rows as Q8KRowsDot)
+}
+
 /// The multi-row kernel for `ty` that takes its activation rows grouped and in offset form
 /// (`kquants_multi_x86::grouped_activations(_, true)`), with the most rows it takes per call,
 /// when [`kernel`] hands out this module's single-row kernel for it, else `None`.
