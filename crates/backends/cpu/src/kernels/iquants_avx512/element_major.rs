@@ -104,15 +104,19 @@ pub fn element_major_q8k(x: &[BlockQ8K]) -> Vec<BlockQ8K> {
     if out.len() % 2 == 1 {
         out.push(BlockQ8K::ZERO);
     }
-    for (p, pair) in out.chunks_exact_mut(2).enumerate() {
-        let src = |h: usize, e: usize| x.get(2 * p + h).map_or(0, |b| b.qs[e]);
-        for j in 0..8 {
-            for k in 0..64 {
-                let (h, sb, l) = (k / 32, (k % 32) / 4, k % 4);
-                let at = 64 * j + k;
-                pair[at / 256].qs[at % 256] = src(h, 32 * sb + 8 * l + j);
+    for (pair, src) in out.chunks_exact_mut(2).zip(x.chunks(2)) {
+        // The pair's 512 reordered bytes: the 8 elements of grid row r = 4sb + l of block h
+        // (elements 8r..8r + 8) go to byte k = 32h + r of chunks 0..8.
+        let mut bytes = [0i8; 512];
+        for (h, b) in src.iter().enumerate() {
+            for (r, row) in b.qs.chunks_exact(8).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    bytes[64 * j + 32 * h + r] = v;
+                }
             }
         }
+        pair[0].qs.copy_from_slice(&bytes[..256]);
+        pair[1].qs.copy_from_slice(&bytes[256..]);
     }
     out
 }
