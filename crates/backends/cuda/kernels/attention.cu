@@ -177,6 +177,93 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
     }
 }
 
+// attn_prompt(q, kc, vc, gate, o, pos, ntok, heads, nkv, hd, scale): attn_causal for the ntok
+// tokens of a prompt, a GQA group per block: block (g, b) takes KV head g and the r = heads / nkv
+// query heads that read it, for tokens b·QT .. b·QT + QT − 1 (QT = 32 / r): 32 query rows, row
+// ri = (token ri / r, head g·r + ri % r), AP_ROWS rows per warp. Key and value rows are staged
+// AP_KT at a time in shared memory once for all 32 rows (attn_causal reads them from L2 per
+// row); each row keeps attn_causal's online softmax over its own causal range.
+// Launch: grid = (nkv, ceil(ntok / QT)), block = 256, dynamic shared memory = 2·AP_KT·hd floats;
+// r divides 32, hd a multiple of 32 and <= 32 · AP_PER_LANE.
+#define AP_KT 16
+#define AP_ROWS 4
+#define AP_PER_LANE 8
+extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __restrict__ q, const float* __restrict__ kc,
+                                                              const float* __restrict__ vc, const float* __restrict__ gate,
+                                                              float* __restrict__ o, const int* __restrict__ pos_ptr,
+                                                              int ntok, int heads, int nkv, int hd, float scale) {
+    extern __shared__ float kv[];
+    float* ks = kv;              // [AP_KT][hd]
+    float* vs = kv + AP_KT * hd;  // [AP_KT][hd]
+    const int g = blockIdx.x, r = heads / nkv, qt = WARP / r;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int pos0 = *pos_ptr, per = hd / WARP;
+    float qr[AP_ROWS][AP_PER_LANE], acc[AP_ROWS][AP_PER_LANE], m[AP_ROWS], l[AP_ROWS];
+    int lim[AP_ROWS];
+#pragma unroll
+    for (int i = 0; i < AP_ROWS; ++i) {
+        const int ri = w * AP_ROWS + i, t = blockIdx.y * qt + ri / r, h = g * r + ri % r;
+        lim[i] = t < ntok ? pos0 + t + 1 : 0;  // keys 0 .. lim - 1; none for a row past the prompt
+        const float* qh = q + ((size_t)(t < ntok ? t : 0) * heads + h) * hd;
+#pragma unroll
+        for (int c = 0; c < AP_PER_LANE; ++c) {
+            qr[i][c] = c < per ? qh[c * WARP + lane] : 0.0f;
+            acc[i][c] = 0.0f;
+        }
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+    }
+    const int last = min(ntok, (int)(blockIdx.y + 1) * qt);  // tokens of this block end before it
+    const int nkeys = pos0 + last;
+    for (int j0 = 0; j0 < nkeys; j0 += AP_KT) {
+        const int kt = min(AP_KT, nkeys - j0);
+        __syncthreads();  // the previous tile is read
+        for (int idx = threadIdx.x; idx < kt * hd; idx += blockDim.x) {
+            const int jj = idx / hd, d = idx - jj * hd;
+            const size_t at = ((size_t)(j0 + jj) * nkv + g) * hd + d;
+            ks[idx] = kc[at];
+            vs[idx] = vc[at];
+        }
+        __syncthreads();
+        for (int jj = 0; jj < kt; ++jj) {
+            const int j = j0 + jj;
+            float kr[AP_PER_LANE], vr[AP_PER_LANE];
+#pragma unroll
+            for (int c = 0; c < AP_PER_LANE; ++c) {
+                kr[c] = c < per ? ks[jj * hd + c * WARP + lane] : 0.0f;
+                vr[c] = c < per ? vs[jj * hd + c * WARP + lane] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < AP_ROWS; ++i) {
+                if (j >= lim[i]) continue;  // the same for every lane of the warp
+                float d = 0.0f;
+#pragma unroll
+                for (int c = 0; c < AP_PER_LANE; ++c) d += qr[i][c] * kr[c];
+                d = warp_sum(d) * scale;
+                const float m_new = fmaxf(m[i], d);
+                const float corr = expf(m[i] - m_new);  // 0 on the first position (m = -inf)
+                const float p = expf(d - m_new);
+                l[i] = l[i] * corr + p;
+#pragma unroll
+                for (int c = 0; c < AP_PER_LANE; ++c) acc[i][c] = acc[i][c] * corr + p * vr[c];
+                m[i] = m_new;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < AP_ROWS; ++i) {
+        if (lim[i] == 0) continue;
+        const int ri = w * AP_ROWS + i, t = blockIdx.y * qt + ri / r, h = g * r + ri % r;
+#pragma unroll
+        for (int c = 0; c < AP_PER_LANE; ++c) {
+            if (c >= per) continue;
+            const size_t at = ((size_t)t * heads + h) * hd + c * WARP + lane;
+            const float a = acc[i][c] / l[i];
+            o[at] = gate == nullptr ? a : a * sigmoidf_(gate[at]);
+        }
+    }
+}
+
 // Decode attention split over the cache length (flash-decoding), for new tokens t = blockIdx.z at
 // positions p = *pos + t (n = p + 1 cache rows each; their K/V rows are all written first, and
 // row t reads only rows <= p, so each row is what a one-token step at p computes, bit for bit:

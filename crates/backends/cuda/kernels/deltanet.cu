@@ -115,6 +115,57 @@ extern "C" __global__ void dn_conv_seq(const float* __restrict__ x, float* __res
     }
 }
 
+// dn_conv_prompt(x, state, w, y, n, ch, kern): dn_conv_seq's outputs for a prompt with every
+// (token tile, channel) in parallel (the conv is not recurrent: row t reads inputs t − kern + 1 ..
+// t of [state | x]); the same arithmetic per output as dn_conv_seq, bit for bit. The state is
+// left as it was: dn_conv_shift moves it afterwards. Launch: grid = (ceil(ch / 128),
+// ceil(n / DNC_TOK)), block = 128.
+#define DNC_TOK 32
+extern "C" __global__ void dn_conv_prompt(const float* __restrict__ x, const float* __restrict__ state,
+                                          const float* __restrict__ w, float* __restrict__ y, int n, int ch,
+                                          int kern) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    const int t0 = blockIdx.y * DNC_TOK, t1 = min(n, t0 + DNC_TOK);
+    float wc[DN_MAX_KERN], hist[DN_MAX_KERN];
+#pragma unroll
+    for (int j = 0; j < DN_MAX_KERN; ++j) {
+        const int src = t0 - (kern - 1) + j;  // index into x; negative: the state's rows
+        wc[j] = j < kern ? w[(size_t)c * kern + j] : 0.0f;
+        hist[j] = j < kern - 1 ? (src >= 0 ? x[(size_t)src * ch + c] : state[(size_t)(kern - 1 + src) * ch + c])
+                               : 0.0f;
+    }
+    for (int t = t0; t < t1; ++t) {
+        const float xt = x[(size_t)t * ch + c];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+            if (j < kern - 1) acc += wc[j] * hist[j];
+        }
+        acc += wc[kern - 1] * xt;
+        y[(size_t)t * ch + c] = siluf_(acc);
+#pragma unroll
+        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+            if (j + 1 < kern - 1) hist[j] = hist[j + 1];
+            else if (j + 1 == kern - 1) hist[j] = xt;
+        }
+    }
+}
+
+// dn_conv_shift(x, state, n, ch, kern): the conv state after n tokens of x: the last kern − 1
+// inputs of [state | x]. Launch: ceil(ch / 128) blocks of 128.
+extern "C" __global__ void dn_conv_shift(const float* __restrict__ x, float* __restrict__ state, int n, int ch,
+                                         int kern) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    float nw[DN_MAX_KERN];
+    for (int j = 0; j < kern - 1; ++j) {
+        const int m = n + j;  // index into [state rows | tokens]
+        nw[j] = m < kern - 1 ? state[(size_t)m * ch + c] : x[(size_t)(m - (kern - 1)) * ch + c];
+    }
+    for (int j = 0; j < kern - 1; ++j) state[(size_t)j * ch + c] = nw[j];
+}
+
 // dn_qk_norm(qkv, ch, nk, dk, eps, q_scale): in place on the conv output [n][ch] (ch starts with
 // q of the nk QK heads, then k): row r = blockIdx.x of token t = blockIdx.y (r < nk: q head r,
 // else k head r - nk) becomes x * rsqrt(sum x^2 + eps), q rows then times q_scale.
@@ -160,15 +211,30 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
         const int i = i0 + r;
         st[r] = (col && i < dk) ? sh[(size_t)i * dv + j] : 0.0f;
     }
-    for (int t = 0; t < n; ++t) {
+    // This thread's share of a token's inputs (blockDim.x >= dk: element threadIdx.x of q and k),
+    // fetched one token ahead so the loads' latency overlaps the previous token's arithmetic.
+    const int li = threadIdx.x;
+    float nq = 0.0f, nkv = 0.0f, nvv = 0.0f, ng = 0.0f, nb = 0.0f;
+    auto fetch = [&](int t) {
         const float* row = qkv + (size_t)t * ch;
-        __syncthreads();  // the previous token's q, k and partial sums are no longer read
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            qs[i] = row[kh * dk + i];
-            ks[i] = row[nk * dk + kh * dk + i];
+        if (li < dk) {
+            nq = row[kh * dk + li];
+            nkv = row[nk * dk + kh * dk + li];
         }
+        nvv = col ? row[2 * nk * dk + h * dv + j] : 0.0f;
+        ng = g[(size_t)t * nv + h];
+        nb = beta[(size_t)t * nv + h];
+    };
+    if (n > 0) fetch(0);
+    for (int t = 0; t < n; ++t) {
+        __syncthreads();  // the previous token's q, k and partial sums are no longer read
+        if (li < dk) {
+            qs[li] = nq;
+            ks[li] = nkv;
+        }
+        const float alpha = expf(ng), v = nvv, bt = nb;
         __syncthreads();
-        const float alpha = expf(g[(size_t)t * nv + h]);
+        if (t + 1 < n) fetch(t + 1);
         float m = 0.0f;
 #pragma unroll
         for (int r = 0; r < DN_ROWS; ++r) {
@@ -181,8 +247,7 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
         __syncthreads();
         float mt = 0.0f;
         for (int ww = 0; ww < warps; ++ww) mt += part[ww * WARP + lane];
-        const float v = col ? row[2 * nk * dk + h * dv + j] : 0.0f;
-        const float delta = beta[(size_t)t * nv + h] * (v - mt);
+        const float delta = bt * (v - mt);
         float out = 0.0f;
 #pragma unroll
         for (int r = 0; r < DN_ROWS; ++r) {

@@ -330,3 +330,54 @@ extern "C" __global__ void moe_combine_pairs(float* __restrict__ x, const float*
     const size_t at = (size_t)t * hidden + i;
     x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
 }
+
+// gemm_f32_simt(w, x, y, rows, cols, n, accumulate): gemm_<type> for f32 weights (the MoE router)
+// in plain f32 on the CUDA cores: the router's logits choose the experts, so they keep f32 inputs
+// (only the summation order differs from the matvec). 64 rows × 64 tokens per block of 256
+// threads, each thread 4 rows × 4 tokens; tiles of 16 columns staged k-major in shared memory.
+// cols a multiple of 16. Launch: grid = (ceil(rows / 64), ceil(n / 64)), block = 256.
+#define SIMT_BK 16
+extern "C" __global__ __launch_bounds__(256) void gemm_f32_simt(const float* __restrict__ w,
+                                                                const float* __restrict__ x,
+                                                                float* __restrict__ y, int rows, int cols,
+                                                                int n, int accumulate) {
+    __shared__ __align__(16) float ws[SIMT_BK][64 + 4];
+    __shared__ __align__(16) float xs[SIMT_BK][64 + 4];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64;
+    // Loader: row (token) tid / 4 of the tile, columns 4 (tid % 4) .. + 3.
+    const int lr = tid >> 2, lc = 4 * (tid & 3);
+    const float* wp = r0 + lr < rows ? w + (size_t)(r0 + lr) * cols + lc : nullptr;
+    const float* xp = t0 + lr < n ? x + (size_t)(t0 + lr) * cols + lc : nullptr;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < cols; k0 += SIMT_BK) {
+        const float4 a = wp ? *(const float4*)(wp + k0) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 b = xp ? *(const float4*)(xp + k0) : make_float4(0.f, 0.f, 0.f, 0.f);
+        __syncthreads();
+        ws[lc][lr] = a.x, ws[lc + 1][lr] = a.y, ws[lc + 2][lr] = a.z, ws[lc + 3][lr] = a.w;
+        xs[lc][lr] = b.x, xs[lc + 1][lr] = b.y, xs[lc + 2][lr] = b.z, xs[lc + 3][lr] = b.w;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < SIMT_BK; ++kk) {
+            const float4 wv = *(const float4*)&ws[kk][4 * ty];
+            const float4 xv = *(const float4*)&xs[kk][4 * tx];
+            const float wr[4] = {wv.x, wv.y, wv.z, wv.w}, xr[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(wr[i], xr[j], acc[i][j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int t = t0 + 4 * tx + j;
+        if (t >= n) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = r0 + 4 * ty + i;
+            if (r >= rows) continue;
+            float* p = y + (size_t)t * rows + r;
+            *p = accumulate ? *p + acc[i][j] : acc[i][j];
+        }
+    }
+}

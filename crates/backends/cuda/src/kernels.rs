@@ -139,6 +139,10 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_combine",
     "sample_topk",
     "moe_group",
+    "gemm_f32_simt",
+    "attn_prompt",
+    "dn_conv_prompt",
+    "dn_conv_shift",
     "swiglu_pairs",
     "moe_combine_pairs",
 ];

@@ -126,9 +126,9 @@ pub(crate) fn token_tile_from_env() -> usize {
         .clamp(1, MVF_MAX_TILE)
 }
 
-/// Prompts of at least this many tokens run their quantized products through the tensor-core
-/// GEMMs (`gemm.cu`: `gemm_<type>`, and `moe_gemm_<type>` over the routed experts grouped by
-/// expert) instead of the per-token matvecs; `REDLITE_CUDA_GEMM=0` turns them off. Decode steps and
+/// Prompts of at least this many tokens run their products through the GEMMs (`gemm.cu`: the
+/// tensor-core `gemm_<type>`, `gemm_f32_simt` for f32 weights, and `moe_gemm_<type>` over the
+/// routed experts grouped by expert) instead of the per-token matvecs; `REDLITE_CUDA_GEMM=0` turns them off. Decode steps and
 /// speculative verify rows always take the matvecs (their rows stay bit-identical to each other).
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 /// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
@@ -443,12 +443,15 @@ struct Kernels {
     rms_norm_gated: CudaFunction,
     swiglu: CudaFunction,
     dn_conv_seq: CudaFunction,
+    dn_conv_prompt: CudaFunction,
+    dn_conv_shift: CudaFunction,
     dn_qk_norm: CudaFunction,
     dn_gates: CudaFunction,
     dn_delta_seq: CudaFunction,
     dn_fused_seq: CudaFunction,
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
+    attn_prompt: CudaFunction,
     attn_split: CudaFunction,
     attn_merge: CudaFunction,
     argmax: CudaFunction,
@@ -557,6 +560,8 @@ pub struct CudaModel {
     /// Prompts may use the GEMMs (`gemm_from_env`), and whether the call being enqueued does.
     gemm: bool,
     gemm_now: bool,
+    /// Prompts through the GEMMs still take `dn_fused_seq` (`REDLITE_CUDA_DN_PROMPT_FUSED=1`).
+    dn_fused_prompt: bool,
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
@@ -624,12 +629,15 @@ impl CudaModel {
             rms_norm_gated: f("rms_norm_gated")?,
             swiglu: f("swiglu")?,
             dn_conv_seq: f("dn_conv_seq")?,
+            dn_conv_prompt: f("dn_conv_prompt")?,
+            dn_conv_shift: f("dn_conv_shift")?,
             dn_qk_norm: f("dn_qk_norm")?,
             dn_gates: f("dn_gates")?,
             dn_delta_seq: f("dn_delta_seq")?,
             dn_fused_seq: f("dn_fused_seq")?,
             attn_qk_prep: f("attn_qk_prep")?,
             attn_causal: f("attn_causal")?,
+            attn_prompt: f("attn_prompt")?,
             attn_split: f("attn_split")?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
@@ -688,6 +696,8 @@ impl CudaModel {
             token_tile: token_tile_from_env(),
             gemm: gemm_from_env(),
             gemm_now: false,
+            dn_fused_prompt: std::env::var("REDLITE_CUDA_DN_PROMPT_FUSED")
+                .is_ok_and(|v| v.trim() == "1"),
             head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1329,7 +1339,7 @@ impl CudaModel {
 
     /// Whether `w` goes through [`Self::gemm`] in the call being enqueued.
     fn gemm_fits(&self, w: &DevLinear) -> bool {
-        self.gemm_now && w.ty != GgmlType::F32 && w.cols.is_multiple_of(GEMM_BK)
+        self.gemm_now && w.cols.is_multiple_of(GEMM_BK)
     }
 
     /// `y[t] (+)= W · x[t]` for the `n` tokens of a prompt on the tensor cores (`gemm_<type>`).
@@ -1341,10 +1351,12 @@ impl CudaModel {
         n: usize,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        let f = self
-            .gpu
-            .func(&format!("gemm_{}", type_suffix(w.ty)))?
-            .clone();
+        // f32 weights (the router: its logits pick the experts) keep f32 inputs.
+        let (name, threads) = match w.ty {
+            GgmlType::F32 => ("gemm_f32_simt".to_string(), 256),
+            ty => (format!("gemm_{}", type_suffix(ty)), GEMM_THREADS),
+        };
+        let f = self.gpu.func(&name)?.clone();
         self.launch(
             "gemm",
             &f,
@@ -1353,7 +1365,7 @@ impl CudaModel {
                 n.div_ceil(GEMM_BN) as u32,
                 1,
             ),
-            GEMM_THREADS,
+            threads,
             0,
             &[
                 A::P(w.ptr),
@@ -1627,6 +1639,30 @@ impl CudaModel {
                     A::I(ATTN_MIN_CHUNK as i32),
                 ],
             )?;
+        } else if self.gemm_now && crate::ops::attn_prompt_fits(nh, nkv, hd) {
+            // A prompt: a GQA group of query rows per block, K/V staged once for all of them.
+            let f = self.k.attn_prompt.clone();
+            let (grid, block, shared) = crate::ops::attn_prompt_launch(n, nh, nkv, hd);
+            self.launch(
+                "attn_prompt",
+                &f,
+                grid,
+                block,
+                shared,
+                &[
+                    A::P(q),
+                    A::P(*kc),
+                    A::P(*vc),
+                    A::P(gate),
+                    A::P(att),
+                    A::P(pos),
+                    A::I(n as i32),
+                    A::I(nh as i32),
+                    A::I(nkv as i32),
+                    A::I(hd as i32),
+                    A::F(scale),
+                ],
+            )?;
         } else {
             let f = self.k.attn_causal.clone();
             self.launch(
@@ -1688,7 +1724,9 @@ impl CudaModel {
         let (x, qkv_b, conv, z_b, ba_b, beta, g, o, gated) = (
             sc.x, sc.qkv, sc.conv, sc.z, sc.ba, sc.beta, sc.g, sc.o, sc.gated,
         );
-        let fused = dn_fused(c);
+        // Prompts through the GEMMs take the five-kernel form: its delta rule runs nv × dv/32
+        // blocks (the fused kernel nk), each one token after another.
+        let fused = dn_fused(c).filter(|_| !self.gemm_now || self.dn_fused_prompt);
         self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
         if let Some((threads, shared)) = fused {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
@@ -1727,23 +1765,59 @@ impl CudaModel {
             )?;
             return self.matvec_residual(out, gated, post_norm, n);
         }
-        let f = self.k.dn_conv_seq.clone();
-        self.launch(
-            "dn_conv_seq",
-            &f,
-            (blocks(ch, 128), 1, 1),
-            128,
-            0,
-            &[
-                A::P(qkv_b),
-                A::P(*conv_state),
-                A::P(*conv_w),
-                A::P(conv),
-                A::I(n as i32),
-                A::I(ch as i32),
-                A::I(kern as i32),
-            ],
-        )?;
+        if self.gemm_now {
+            // A prompt: outputs by (channel, token tile) blocks, then the state shift.
+            let f = self.k.dn_conv_prompt.clone();
+            self.launch(
+                "dn_conv_prompt",
+                &f,
+                (blocks(ch, 128), n.div_ceil(32) as u32, 1),
+                128,
+                0,
+                &[
+                    A::P(qkv_b),
+                    A::P(*conv_state),
+                    A::P(*conv_w),
+                    A::P(conv),
+                    A::I(n as i32),
+                    A::I(ch as i32),
+                    A::I(kern as i32),
+                ],
+            )?;
+            let f = self.k.dn_conv_shift.clone();
+            self.launch(
+                "dn_conv_shift",
+                &f,
+                (blocks(ch, 128), 1, 1),
+                128,
+                0,
+                &[
+                    A::P(qkv_b),
+                    A::P(*conv_state),
+                    A::I(n as i32),
+                    A::I(ch as i32),
+                    A::I(kern as i32),
+                ],
+            )?;
+        } else {
+            let f = self.k.dn_conv_seq.clone();
+            self.launch(
+                "dn_conv_seq",
+                &f,
+                (blocks(ch, 128), 1, 1),
+                128,
+                0,
+                &[
+                    A::P(qkv_b),
+                    A::P(*conv_state),
+                    A::P(*conv_w),
+                    A::P(conv),
+                    A::I(n as i32),
+                    A::I(ch as i32),
+                    A::I(kern as i32),
+                ],
+            )?;
+        }
         let f = self.k.dn_qk_norm.clone();
         self.launch(
             "dn_qk_norm",

@@ -178,7 +178,8 @@ pub fn matvec(
     download(gpu, &y)
 }
 
-/// `gemm_<type>` (the prompt GEMM on the tensor cores, f16 inputs): `ys[t] = W · xs[t]` for `n`
+/// `gemm_<type>` (the prompt GEMM on the tensor cores, f16 inputs; f32 weights: `gemm_f32_simt`,
+/// f32 inputs): `ys[t] = W · xs[t]` for `n`
 /// rows, plus `ys[t]`'s previous value when `acc` is given (`[n][rows]`, the residual form).
 /// `cols` a multiple of 32.
 pub fn gemm(
@@ -195,7 +196,11 @@ pub fn gemm(
             "gemm: {cols} columns (a multiple of 32 wanted) or a residual of the wrong length"
         )));
     }
-    let name = format!("gemm_{}", type_suffix(ty));
+    // As the model: f32 weights through the f32 kernel, the rest on the tensor cores.
+    let (name, threads) = match ty {
+        GgmlType::F32 => ("gemm_f32_simt".to_string(), 256),
+        _ => (format!("gemm_{}", type_suffix(ty)), 128),
+    };
     let f = gpu.func(&name)?;
     let x = upload(gpu, xs)?;
     let mut y = match acc {
@@ -212,7 +217,11 @@ pub fn gemm(
         gpu,
         f,
         &name,
-        cfg((rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1), 128, 0),
+        cfg(
+            (rows.div_ceil(64) as u32, n.div_ceil(64) as u32, 1),
+            threads,
+            0
+        ),
         [w, &x, &mut y, &r, &c, &nn, &accumulate]
     )?;
     download(gpu, &y)
@@ -841,6 +850,7 @@ pub fn dn_conv_seq(
     w: &[f32],
     ch: usize,
     kern: usize,
+    prompt: bool,
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let n = check_rows(x.len(), ch, "dn_conv_seq")?;
     if kern == 0 || kern > 8 || state.len() != (kern - 1) * ch || w.len() != kern * ch {
@@ -853,13 +863,31 @@ pub fn dn_conv_seq(
     let mut sd = upload(gpu, &[state, &[0.0]].concat())?;
     let mut y = alloc_poisoned::<f32>(gpu, x.len())?;
     let (ni, chi, ki) = (i32_arg(n, "n")?, i32_arg(ch, "ch")?, i32_arg(kern, "kern")?);
-    launch!(
-        gpu,
-        gpu.func("dn_conv_seq")?,
-        "dn_conv_seq",
-        cfg((blocks(ch, 128), 1, 1), 128, 0),
-        [&xd, &mut sd, &wd, &mut y, &ni, &chi, &ki]
-    )?;
+    if prompt {
+        // The prompt form: outputs by (channel, token tile) blocks, then the state shift.
+        launch!(
+            gpu,
+            gpu.func("dn_conv_prompt")?,
+            "dn_conv_prompt",
+            cfg((blocks(ch, 128), n.div_ceil(32) as u32, 1), 128, 0),
+            [&xd, &sd, &wd, &mut y, &ni, &chi, &ki]
+        )?;
+        launch!(
+            gpu,
+            gpu.func("dn_conv_shift")?,
+            "dn_conv_shift",
+            cfg((blocks(ch, 128), 1, 1), 128, 0),
+            [&xd, &mut sd, &ni, &chi, &ki]
+        )?;
+    } else {
+        launch!(
+            gpu,
+            gpu.func("dn_conv_seq")?,
+            "dn_conv_seq",
+            cfg((blocks(ch, 128), 1, 1), 128, 0),
+            [&xd, &mut sd, &wd, &mut y, &ni, &chi, &ki]
+        )?;
+    }
     let mut st = download(gpu, &sd)?;
     st.truncate(state.len());
     Ok((download(gpu, &y)?, st))
@@ -1157,8 +1185,12 @@ pub fn attn_causal(
     nkv: usize,
     hd: usize,
     scale: f32,
+    prompt: bool,
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(q.len(), heads * hd, "attn_causal q")?;
+    if prompt && !attn_prompt_fits(heads, nkv, hd) {
+        return Err(CudaError::Invalid("attn_prompt: sizes".into()));
+    }
     let ctx = check_rows(kc.len(), nkv * hd, "attn_causal cache")?;
     if vc.len() != kc.len()
         || pos0 + n > ctx
@@ -1172,14 +1204,51 @@ pub fn attn_causal(
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
     let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
     let (nkvi, hdi) = (i32_arg(nkv, "nkv")?, i32_arg(hd, "hd")?);
-    launch!(
-        gpu,
-        gpu.func("attn_causal")?,
-        "attn_causal",
-        cfg((heads as u32, n as u32, 1), 128, 0),
-        [&qd, &kd, &vd, &0u64, &mut o, &pos, &nkvi, &hdi, &scale]
-    )?;
+    if prompt {
+        let (ntok, headsi) = (i32_arg(n, "tokens")?, i32_arg(heads, "heads")?);
+        let (grid, block, shared) = attn_prompt_launch(n, heads, nkv, hd);
+        launch!(
+            gpu,
+            gpu.func("attn_prompt")?,
+            "attn_prompt",
+            cfg(grid, block, shared),
+            [&qd, &kd, &vd, &0u64, &mut o, &pos, &ntok, &headsi, &nkvi, &hdi, &scale]
+        )?;
+    } else {
+        launch!(
+            gpu,
+            gpu.func("attn_causal")?,
+            "attn_causal",
+            cfg((heads as u32, n as u32, 1), 128, 0),
+            [&qd, &kd, &vd, &0u64, &mut o, &pos, &nkvi, &hdi, &scale]
+        )?;
+    }
     download(gpu, &o)
+}
+
+/// Whether `attn_prompt` takes these heads: `heads / nkv` query heads per KV head dividing 32,
+/// head_dim a multiple of 32 up to 256.
+pub fn attn_prompt_fits(heads: usize, nkv: usize, hd: usize) -> bool {
+    nkv > 0
+        && heads.is_multiple_of(nkv)
+        && (32usize).is_multiple_of(heads / nkv)
+        && hd.is_multiple_of(32)
+        && hd <= 256
+}
+
+/// `attn_prompt`'s launch for `n` tokens: `(grid, block, dynamic shared bytes)`.
+pub fn attn_prompt_launch(
+    n: usize,
+    heads: usize,
+    nkv: usize,
+    hd: usize,
+) -> ((u32, u32, u32), u32, u32) {
+    let per_block = 32 / (heads / nkv);
+    (
+        (nkv as u32, n.div_ceil(per_block) as u32, 1),
+        256,
+        (2 * 16 * hd * 4) as u32,
+    )
 }
 
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over

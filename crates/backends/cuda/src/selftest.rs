@@ -250,7 +250,8 @@ impl Runner<'_> {
     /// `gemm_<type>` (prompts on the tensor cores) against f64: rows and tokens that end inside a
     /// tile, several column steps, once with a residual. Inputs are rounded to f16 (2^-11
     /// relative each), so every output is within ≈ 2^-10 of Σ|w·x| of the exact sum: the error
-    /// norm is measured against that magnitude, like `matvec`, with [`TOL_GEMM_F16`].
+    /// norm is measured against that magnitude, like `matvec`, with [`TOL_GEMM_F16`] (f32 weights:
+    /// `gemm_f32_simt`, f32 inputs, [`TOL_F32`]).
     fn gemm(&mut self, ty: GgmlType) {
         let be = ty.block_elems().max(32);
         for (rows, cols, n, residual) in [
@@ -280,9 +281,14 @@ impl Runner<'_> {
                         magnitude += m * m;
                     }
                 }
+                let tol = if ty == GgmlType::F32 {
+                    TOL_F32
+                } else {
+                    TOL_GEMM_F16
+                };
                 Ok((
                     abs_err(&y, &reference) / magnitude.sqrt().max(f64::MIN_POSITIVE),
-                    TOL_GEMM_F16,
+                    tol,
                 ))
             })();
             self.record(
@@ -986,33 +992,40 @@ impl Runner<'_> {
         let (kern, n) = (4usize, 7usize);
         let ch = 2 * d.nk * d.dk + d.nv * d.dv;
 
-        // Conv over n tokens.
-        let x = self.rng.normals(n * ch, 1.0);
-        let state = self.rng.normals((kern - 1) * ch, 1.0);
-        let w = self.rng.normals(kern * ch, 0.5);
-        let r = ops::dn_conv_seq(self.gpu, &x, &state, &w, ch, kern).map(|(y, st)| {
-            let mut hist: Vec<f32> = state.clone();
-            hist.extend_from_slice(&x);
-            let mut reference = Vec::with_capacity(n * ch);
-            for t in 0..n {
-                for c in 0..ch {
-                    let acc: f64 = (0..kern)
-                        .map(|j| f64::from(w[c * kern + j]) * f64::from(hist[(t + j) * ch + c]))
-                        .sum();
-                    reference.push(silu64(acc));
+        // Conv over n tokens: dn_conv_seq, and the prompt form (dn_conv_prompt + dn_conv_shift)
+        // over several token tiles.
+        for (n, prompt) in [(n, false), (70, true)] {
+            let x = self.rng.normals(n * ch, 1.0);
+            let state = self.rng.normals((kern - 1) * ch, 1.0);
+            let w = self.rng.normals(kern * ch, 0.5);
+            let r = ops::dn_conv_seq(self.gpu, &x, &state, &w, ch, kern, prompt).map(|(y, st)| {
+                let mut hist: Vec<f32> = state.clone();
+                hist.extend_from_slice(&x);
+                let mut reference = Vec::with_capacity(n * ch);
+                for t in 0..n {
+                    for c in 0..ch {
+                        let acc: f64 = (0..kern)
+                            .map(|j| f64::from(w[c * kern + j]) * f64::from(hist[(t + j) * ch + c]))
+                            .sum();
+                        reference.push(silu64(acc));
+                    }
                 }
-            }
-            let ref_state: Vec<f64> = hist[n * ch..].iter().map(|&v| f64::from(v)).collect();
-            (
-                rel_err(&y, &reference).max(rel_err(&st, &ref_state)),
-                TOL_F32,
-            )
-        });
-        self.record(
-            "dn_conv_seq",
-            format!("{n} tokens, {ch} ch, kernel {kern}"),
-            r,
-        );
+                let ref_state: Vec<f64> = hist[n * ch..].iter().map(|&v| f64::from(v)).collect();
+                (
+                    rel_err(&y, &reference).max(rel_err(&st, &ref_state)),
+                    TOL_F32,
+                )
+            });
+            self.record(
+                if prompt {
+                    "dn_conv_prompt"
+                } else {
+                    "dn_conv_seq"
+                },
+                format!("{n} tokens, {ch} ch, kernel {kern}"),
+                r,
+            );
+        }
 
         // q/k L2 norm in place.
         let raw = self.rng.normals(n * ch, 2.0);
@@ -1252,7 +1265,12 @@ impl Runner<'_> {
         };
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
-        for (n, pos0, ctx) in [(7usize, 0usize, 16usize), (1, 999, 1024), (5, 30, 40)] {
+        for (n, pos0, ctx) in [
+            (7usize, 0usize, 16usize),
+            (1, 999, 1024),
+            (5, 30, 40),
+            (37, 20, 64),
+        ] {
             let qg = self.rng.normals(n * heads * 2 * hd, 1.0);
             let kn = self.rng.normals(n * nkv * hd, 1.0);
             let vn = self.rng.normals(n * nkv * hd, 1.0);
@@ -1316,39 +1334,46 @@ impl Runner<'_> {
             let q = self.rng.normals(n * heads * hd, 1.0);
             let kc = self.rng.normals(ctx * nkv * hd, 1.0);
             let vc = self.rng.normals(ctx * nkv * hd, 1.0);
-            let r =
-                ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale).map(|o| {
-                    let mut reference = vec![0.0f64; n * heads * hd];
-                    for t in 0..n {
-                        let len = pos0 + t + 1;
-                        for h in 0..heads {
-                            let g = h / (heads / nkv);
-                            let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                            let sc: Vec<f64> = (0..len)
-                                .map(|j| {
-                                    dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
-                                        * f64::from(scale)
-                                })
-                                .collect();
-                            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                            let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
-                            let sum: f64 = p.iter().sum();
-                            let out =
-                                &mut reference[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                            for (j, pj) in p.iter().enumerate() {
-                                for i in 0..hd {
-                                    out[i] += pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
+            // attn_causal, and attn_prompt (a GQA group of rows per block) on the same data.
+            for prompt in [false, true] {
+                let r =
+                    ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale, prompt)
+                        .map(|o| {
+                            let mut reference = vec![0.0f64; n * heads * hd];
+                            for t in 0..n {
+                                let len = pos0 + t + 1;
+                                for h in 0..heads {
+                                    let g = h / (heads / nkv);
+                                    let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                                    let sc: Vec<f64> = (0..len)
+                                        .map(|j| {
+                                            dot64(
+                                                qh,
+                                                &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd],
+                                            ) * f64::from(scale)
+                                        })
+                                        .collect();
+                                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                                    let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                                    let sum: f64 = p.iter().sum();
+                                    let out = &mut reference
+                                        [(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                                    for (j, pj) in p.iter().enumerate() {
+                                        for i in 0..hd {
+                                            out[i] +=
+                                                pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
+                                        }
+                                    }
                                 }
                             }
-                        }
-                    }
-                    (rel_err(&o, &reference), TOL_F32)
-                });
-            self.record(
-                "attn_causal",
-                format!("{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}"),
-                r,
-            );
+                            (rel_err(&o, &reference), TOL_F32)
+                        });
+                self.record(
+                    if prompt { "attn_prompt" } else { "attn_causal" },
+                    format!("{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}"),
+                    r,
+                );
+            }
         }
         self.attention_split(d);
     }
