@@ -264,6 +264,183 @@ extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __res
     }
 }
 
+// attn_prompt_mma_<hd>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale): attn_prompt on the
+// tensor cores (the flash-attention form). Block (g, b) takes the same 32 query rows as
+// attn_prompt (KV head g, its r query heads × 32 / r tokens), 16 rows per warp. Q (times the
+// softmax scale) sits in shared memory as f16; per tile of APM_KT positions K (row-major) and V
+// (transposed) are staged as f16, S = Q·Kᵀ is one m16n8k16 product per 16 dims and 8 positions,
+// the online softmax runs on S's fragments (each row's max over the 4 lanes that hold it), and
+// P (f16, straight from S's fragments) · V accumulates into the f32 output fragments. Inputs are
+// rounded to f16 like the prompt GEMMs'. Launch: grid = (nkv, ceil(ntok / (32 / r))), block = 64,
+// dynamic shared memory = attn_prompt_mma_shared(hd) bytes; r divides 32.
+#define APM_KT 16
+#define APM_ROWS 32
+template <int HD>
+__device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q, const float* __restrict__ kc,
+                                                     const float* __restrict__ vc, const float* __restrict__ gate,
+                                                     float* __restrict__ o, const int* __restrict__ pos_ptr,
+                                                     int ntok, int heads, int nkv, float scale) {
+    constexpr int QP = HD + 8;        // halves per row of Q and K (conflict-free fragment loads)
+    constexpr int VP = APM_KT + 8;    // halves per row of Vᵀ
+    extern __shared__ __align__(16) u16 apm[];
+    u16* qs = apm;                    // [APM_ROWS][QP]
+    u16* ks = qs + APM_ROWS * QP;     // [APM_KT][QP]
+    u16* vt = ks + APM_KT * QP;       // [HD][VP]
+    const int g = blockIdx.x, r = heads / nkv, qt = APM_ROWS / r;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, c = lane & 3;
+    const int pos0 = *pos_ptr;
+    const int last = min(ntok, (int)(blockIdx.y + 1) * qt);
+    const int nkeys = pos0 + last;
+
+    // Q rows (zeros past the prompt), scaled, as f16.
+    for (int idx = tid; idx < APM_ROWS * HD / 2; idx += blockDim.x) {
+        const int ri = idx / (HD / 2), d = 2 * (idx % (HD / 2));
+        const int t = blockIdx.y * qt + ri / r, h = g * r + ri % r;
+        float a = 0.0f, b = 0.0f;
+        if (t < ntok) {
+            const float* qh = q + ((size_t)t * heads + h) * HD + d;
+            a = qh[0] * scale;
+            b = qh[1] * scale;
+        }
+        *(u32*)(qs + ri * QP + d) = pack_f16x2(a, b);
+    }
+    // This thread's two rows (fragment rows gq and gq + 8 of its warp) and their causal ends.
+    int lim[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int ri = 16 * w + gq + 8 * hr, t = blockIdx.y * qt + ri / r;
+        lim[hr] = t < ntok ? pos0 + t + 1 : 0;
+    }
+    float acc[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[i][v] = 0.0f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+
+    for (int j0 = 0; j0 < nkeys; j0 += APM_KT) {
+        __syncthreads();  // Q is written; the previous tile is read
+        for (int idx = tid; idx < APM_KT * HD / 4; idx += blockDim.x) {
+            const int jj = idx / (HD / 4), d = 4 * (idx % (HD / 4));
+            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
+            if (j0 + jj < nkeys) {
+                const size_t at = ((size_t)(j0 + jj) * nkv + g) * HD + d;
+                kv4 = *(const float4*)(kc + at);
+                vv4 = *(const float4*)(vc + at);
+            }
+            *(u32*)(ks + jj * QP + d) = pack_f16x2(kv4.x, kv4.y);
+            *(u32*)(ks + jj * QP + d + 2) = pack_f16x2(kv4.z, kv4.w);
+            const u32 v01 = pack_f16x2(vv4.x, vv4.y), v23 = pack_f16x2(vv4.z, vv4.w);
+            vt[(d + 0) * VP + jj] = (u16)(v01 & 0xffff);
+            vt[(d + 1) * VP + jj] = (u16)(v01 >> 16);
+            vt[(d + 2) * VP + jj] = (u16)(v23 & 0xffff);
+            vt[(d + 3) * VP + jj] = (u16)(v23 >> 16);
+        }
+        __syncthreads();
+        // S = Q Kᵀ for this warp's 16 rows and the tile's 16 positions (two n8 tiles).
+        float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kd = 0; kd < HD; kd += 16) {
+            const u16* pa = qs + (16 * w + gq) * QP + kd + 2 * c;
+            const u32 a[4] = {*(const u32*)pa, *(const u32*)(pa + 8 * QP), *(const u32*)(pa + 8),
+                              *(const u32*)(pa + 8 * QP + 8)};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const u16* pb = ks + (nt * 8 + gq) * QP + kd + 2 * c;
+                const u32 b[2] = {*(const u32*)pb, *(const u32*)(pb + 8)};
+                mma_16816(sc[nt], a, b);
+            }
+        }
+        // Online softmax on the fragments: value v of tile nt is row gq + 8 (v / 2), position
+        // j0 + 8 nt + 2 c + v % 2.
+        float tmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const int j = j0 + 8 * nt + 2 * c + (v & 1), hr = v >> 1;
+                if (j >= lim[hr]) sc[nt][v] = NEG_INF;
+                tmax[hr] = fmaxf(tmax[hr], sc[nt][v]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            tmax[hr] = fmaxf(tmax[hr], __shfl_xor_sync(0xffffffffu, tmax[hr], 1));
+            tmax[hr] = fmaxf(tmax[hr], __shfl_xor_sync(0xffffffffu, tmax[hr], 2));
+            const float m_new = fmaxf(m[hr], tmax[hr]);
+            // Nothing seen yet (m_new = -inf): nothing to rescale and every p is 0.
+            corr[hr] = m_new == NEG_INF ? 1.0f : expf(m[hr] - m_new);
+            m[hr] = m_new;
+        }
+        float p[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const int hr = v >> 1;
+                p[nt][v] = sc[nt][v] == NEG_INF ? 0.0f : expf(sc[nt][v] - m[hr]);
+            }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            l[hr] = l[hr] * corr[hr] + p[0][2 * hr] + p[0][2 * hr + 1] + p[1][2 * hr] + p[1][2 * hr + 1];
+        }
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+            acc[i][0] *= corr[0];
+            acc[i][1] *= corr[0];
+            acc[i][2] *= corr[1];
+            acc[i][3] *= corr[1];
+        }
+        // O += P V: P's fragments are S's, as the A operand of one m16n8k16 per 8 dims.
+        const u32 pa[4] = {pack_f16x2(p[0][0], p[0][1]), pack_f16x2(p[0][2], p[0][3]),
+                           pack_f16x2(p[1][0], p[1][1]), pack_f16x2(p[1][2], p[1][3])};
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            const u16* pb = vt + (dt * 8 + gq) * VP + 2 * c;
+            const u32 b[2] = {*(const u32*)pb, *(const u32*)(pb + 8)};
+            mma_16816(acc[dt], pa, b);
+        }
+    }
+    // Each row's sum over the 4 lanes that hold it; then o = acc / l (· sigmoid(gate)).
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        if (lim[hr] == 0) continue;
+        const int ri = 16 * w + gq + 8 * hr, t = blockIdx.y * qt + ri / r, h = g * r + ri % r;
+        float* out = o + ((size_t)t * heads + h) * HD;
+        const float* gt = gate == nullptr ? nullptr : gate + ((size_t)t * heads + h) * HD;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d = dt * 8 + 2 * c + e;
+                const float a = acc[dt][2 * hr + e] / l[hr];
+                out[d] = gt == nullptr ? a : a * sigmoidf_(gt[d]);
+            }
+        }
+    }
+}
+
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_64(const float* q, const float* kc, const float* vc,
+                                                                     const float* gate, float* o, const int* pos,
+                                                                     int ntok, int heads, int nkv, float scale) {
+    attn_prompt_mma_body<64>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_128(const float* q, const float* kc, const float* vc,
+                                                                      const float* gate, float* o, const int* pos,
+                                                                      int ntok, int heads, int nkv, float scale) {
+    attn_prompt_mma_body<128>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_256(const float* q, const float* kc, const float* vc,
+                                                                      const float* gate, float* o, const int* pos,
+                                                                      int ntok, int heads, int nkv, float scale) {
+    attn_prompt_mma_body<256>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+
 // Decode attention split over the cache length (flash-decoding), for new tokens t = blockIdx.z at
 // positions p = *pos + t (n = p + 1 cache rows each; their K/V rows are all written first, and
 // row t reads only rows <= p, so each row is what a one-token step at p computes, bit for bit:

@@ -25,22 +25,6 @@
 // different banks.
 #define GEMM_PITCH 40
 
-// Two f32 to one f16x2 word: `lo` in the low half (the element of the lower index).
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// c += a · b for one m16n8k16 tile (a: 16×16 row-major, b: 16×8 column-major, f32 c).
-__device__ __forceinline__ void mma_16816(float* c, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // 16 consecutive weights of one row from column k (k a multiple of 16), as 8 f16x2 words.
 // Generic form: one dq per element. Types whose 16 elements share their block's scales decode
 // them once below.

@@ -562,6 +562,9 @@ pub struct CudaModel {
     gemm_now: bool,
     /// Prompts through the GEMMs still take `dn_fused_seq` (`REDLITE_CUDA_DN_PROMPT_FUSED=1`).
     dn_fused_prompt: bool,
+    /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
+    /// `attn_prompt`).
+    attn_mma: bool,
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
@@ -696,6 +699,7 @@ impl CudaModel {
             token_tile: token_tile_from_env(),
             gemm: gemm_from_env(),
             gemm_now: false,
+            attn_mma: std::env::var("REDLITE_CUDA_ATTN_MMA").map_or(true, |v| v.trim() != "0"),
             dn_fused_prompt: std::env::var("REDLITE_CUDA_DN_PROMPT_FUSED")
                 .is_ok_and(|v| v.trim() == "1"),
             head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
@@ -1637,6 +1641,31 @@ impl CudaModel {
                     A::I(splits as i32),
                     A::I(hd as i32),
                     A::I(ATTN_MIN_CHUNK as i32),
+                ],
+            )?;
+        } else if let Some(launch) =
+            crate::ops::attn_prompt_mma(nh, nkv, hd).filter(|_| self.gemm_now && self.attn_mma)
+        {
+            // A prompt on the tensor cores (flash-attention form).
+            let (name, grid, block, shared) = launch(n);
+            let f = self.gpu.func(name)?.clone();
+            self.launch(
+                "attn_prompt_mma",
+                &f,
+                grid,
+                block,
+                shared,
+                &[
+                    A::P(q),
+                    A::P(*kc),
+                    A::P(*vc),
+                    A::P(gate),
+                    A::P(att),
+                    A::P(pos),
+                    A::I(n as i32),
+                    A::I(nh as i32),
+                    A::I(nkv as i32),
+                    A::F(scale),
                 ],
             )?;
         } else if self.gemm_now && crate::ops::attn_prompt_fits(nh, nkv, hd) {

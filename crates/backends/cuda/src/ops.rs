@@ -1185,10 +1185,12 @@ pub fn attn_causal(
     nkv: usize,
     hd: usize,
     scale: f32,
-    prompt: bool,
+    kind: AttnKind,
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(q.len(), heads * hd, "attn_causal q")?;
-    if prompt && !attn_prompt_fits(heads, nkv, hd) {
+    if (kind == AttnKind::Prompt && !attn_prompt_fits(heads, nkv, hd))
+        || (kind == AttnKind::PromptMma && attn_prompt_mma(heads, nkv, hd).is_none())
+    {
         return Err(CudaError::Invalid("attn_prompt: sizes".into()));
     }
     let ctx = check_rows(kc.len(), nkv * hd, "attn_causal cache")?;
@@ -1204,8 +1206,18 @@ pub fn attn_causal(
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
     let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
     let (nkvi, hdi) = (i32_arg(nkv, "nkv")?, i32_arg(hd, "hd")?);
-    if prompt {
-        let (ntok, headsi) = (i32_arg(n, "tokens")?, i32_arg(heads, "heads")?);
+    let (ntok, headsi) = (i32_arg(n, "tokens")?, i32_arg(heads, "heads")?);
+    if kind == AttnKind::PromptMma {
+        let (name, grid, block, shared) =
+            attn_prompt_mma(heads, nkv, hd).map_or(Default::default(), |f| f(n));
+        launch!(
+            gpu,
+            gpu.func(name)?,
+            name,
+            cfg(grid, block, shared),
+            [&qd, &kd, &vd, &0u64, &mut o, &pos, &ntok, &headsi, &nkvi, &scale]
+        )?;
+    } else if kind == AttnKind::Prompt {
         let (grid, block, shared) = attn_prompt_launch(n, heads, nkv, hd);
         launch!(
             gpu,
@@ -1224,6 +1236,45 @@ pub fn attn_causal(
         )?;
     }
     download(gpu, &o)
+}
+
+/// Which causal attention kernel [`attn_causal`] runs: one block per head and token, a GQA group
+/// per block (`attn_prompt`), or that on the tensor cores (`attn_prompt_mma_<hd>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKind {
+    Causal,
+    Prompt,
+    PromptMma,
+}
+
+/// `attn_prompt_mma_<hd>` for these heads (head_dim 64, 128 or 256; `heads / nkv` dividing 32):
+/// its name and its launch for `n` tokens `(grid, block, dynamic shared bytes)`, or `None`.
+#[allow(clippy::type_complexity)]
+pub fn attn_prompt_mma(
+    heads: usize,
+    nkv: usize,
+    hd: usize,
+) -> Option<impl Fn(usize) -> (&'static str, (u32, u32, u32), u32, u32)> {
+    let name = match hd {
+        64 => "attn_prompt_mma_64",
+        128 => "attn_prompt_mma_128",
+        256 => "attn_prompt_mma_256",
+        _ => return None,
+    };
+    if !attn_prompt_fits(heads, nkv, hd) {
+        return None;
+    }
+    let per_block = 32 / (heads / nkv);
+    // Q [32][hd + 8], K [16][hd + 8], Vᵀ [hd][16 + 8] in f16.
+    let shared = (2 * (32 * (hd + 8) + 16 * (hd + 8) + hd * 24)) as u32;
+    Some(move |n: usize| {
+        (
+            name,
+            (nkv as u32, n.div_ceil(per_block) as u32, 1),
+            64,
+            shared,
+        )
+    })
 }
 
 /// Whether `attn_prompt` takes these heads: `heads / nkv` query heads per KV head dividing 32,

@@ -22,6 +22,9 @@ pub const TOL_F32: f64 = 1e-5;
 /// The prompt GEMMs' bound: f16 inputs (2^-11 relative rounding each, so ≤ 2^-10 ≈ 9.8e-4 of
 /// Σ|w·x| per output) plus f32 accumulation.
 pub const TOL_GEMM_F16: f64 = 1.2e-3;
+/// Attention on the tensor cores (q, k, v and the probabilities rounded to f16, 2^-11 relative
+/// each): the output's relative error norm, a few times that rounding.
+pub const TOL_ATTN_F16: f64 = 2e-3;
 
 /// One comparison.
 #[derive(Debug, Clone)]
@@ -1334,42 +1337,52 @@ impl Runner<'_> {
             let q = self.rng.normals(n * heads * hd, 1.0);
             let kc = self.rng.normals(ctx * nkv * hd, 1.0);
             let vc = self.rng.normals(ctx * nkv * hd, 1.0);
-            // attn_causal, and attn_prompt (a GQA group of rows per block) on the same data.
-            for prompt in [false, true] {
-                let r =
-                    ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale, prompt)
-                        .map(|o| {
-                            let mut reference = vec![0.0f64; n * heads * hd];
-                            for t in 0..n {
-                                let len = pos0 + t + 1;
-                                for h in 0..heads {
-                                    let g = h / (heads / nkv);
-                                    let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                                    let sc: Vec<f64> = (0..len)
-                                        .map(|j| {
-                                            dot64(
-                                                qh,
-                                                &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd],
-                                            ) * f64::from(scale)
-                                        })
-                                        .collect();
-                                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                                    let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
-                                    let sum: f64 = p.iter().sum();
-                                    let out = &mut reference
-                                        [(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                                    for (j, pj) in p.iter().enumerate() {
-                                        for i in 0..hd {
-                                            out[i] +=
-                                                pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
-                                        }
+            // attn_causal, attn_prompt (a GQA group of rows per block) and its tensor-core form
+            // (f16 inputs: TOL_ATTN_F16) on the same data.
+            for kind in [
+                ops::AttnKind::Causal,
+                ops::AttnKind::Prompt,
+                ops::AttnKind::PromptMma,
+            ] {
+                let r = ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale, kind)
+                    .map(|o| {
+                        let mut reference = vec![0.0f64; n * heads * hd];
+                        for t in 0..n {
+                            let len = pos0 + t + 1;
+                            for h in 0..heads {
+                                let g = h / (heads / nkv);
+                                let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                                let sc: Vec<f64> = (0..len)
+                                    .map(|j| {
+                                        dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
+                                            * f64::from(scale)
+                                    })
+                                    .collect();
+                                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                                let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                                let sum: f64 = p.iter().sum();
+                                let out =
+                                    &mut reference[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+                                for (j, pj) in p.iter().enumerate() {
+                                    for i in 0..hd {
+                                        out[i] += pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
                                     }
                                 }
                             }
-                            (rel_err(&o, &reference), TOL_F32)
-                        });
+                        }
+                        let tol = if kind == ops::AttnKind::PromptMma {
+                            TOL_ATTN_F16
+                        } else {
+                            TOL_F32
+                        };
+                        (rel_err(&o, &reference), tol)
+                    });
                 self.record(
-                    if prompt { "attn_prompt" } else { "attn_causal" },
+                    match kind {
+                        ops::AttnKind::Causal => "attn_causal",
+                        ops::AttnKind::Prompt => "attn_prompt",
+                        ops::AttnKind::PromptMma => "attn_prompt_mma",
+                    },
                     format!("{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}"),
                     r,
                 );
