@@ -79,6 +79,29 @@ extern "C" __global__ void dn_delta_step(const float* __restrict__ qkv, const fl
 
 #define DN_MAX_KERN 8
 
+// Tokens t0 .. t1 - 1 of channel c through the causal conv + SiLU: y[t][c] = silu(Σ_j w[c][j] ·
+// window[j]), the window (hist: the kern − 1 previous inputs, oldest first, then x[t]) moved along
+// in registers; hist ends as the last kern − 1 inputs.
+__device__ __forceinline__ void dn_conv_tokens(const float* __restrict__ x, float* __restrict__ y,
+                                               const float* wc, float* hist, int t0, int t1, int ch, int c,
+                                               int kern) {
+    for (int t = t0; t < t1; ++t) {
+        const float xt = x[(size_t)t * ch + c];
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+            if (j < kern - 1) acc += wc[j] * hist[j];
+        }
+        acc += wc[kern - 1] * xt;
+        y[(size_t)t * ch + c] = siluf_(acc);
+#pragma unroll
+        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
+            if (j + 1 < kern - 1) hist[j] = hist[j + 1];
+            else if (j + 1 == kern - 1) hist[j] = xt;
+        }
+    }
+}
+
 // dn_conv_seq(x, state, w, y, n, ch, kern): the causal depthwise conv over n tokens, x and y
 // [n][ch]; channel c = thread keeps its window in registers. y[t][c] = silu(sum_j w[c][j] *
 // history[t + j][c]) over [state (kern-1 rows, oldest first) | x]; the state ends as the last kern-1
@@ -94,21 +117,7 @@ extern "C" __global__ void dn_conv_seq(const float* __restrict__ x, float* __res
         wc[j] = j < kern ? w[(size_t)c * kern + j] : 0.0f;
         hist[j] = j < kern - 1 ? state[(size_t)j * ch + c] : 0.0f;
     }
-    for (int t = 0; t < n; ++t) {
-        const float xt = x[(size_t)t * ch + c];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
-            if (j < kern - 1) acc += wc[j] * hist[j];
-        }
-        acc += wc[kern - 1] * xt;
-        y[(size_t)t * ch + c] = siluf_(acc);
-#pragma unroll
-        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
-            if (j + 1 < kern - 1) hist[j] = hist[j + 1];
-            else if (j + 1 == kern - 1) hist[j] = xt;
-        }
-    }
+    dn_conv_tokens(x, y, wc, hist, 0, n, ch, c, kern);
 #pragma unroll
     for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
         if (j < kern - 1) state[(size_t)j * ch + c] = hist[j];
@@ -135,21 +144,7 @@ extern "C" __global__ void dn_conv_prompt(const float* __restrict__ x, const flo
         hist[j] = j < kern - 1 ? (src >= 0 ? x[(size_t)src * ch + c] : state[(size_t)(kern - 1 + src) * ch + c])
                                : 0.0f;
     }
-    for (int t = t0; t < t1; ++t) {
-        const float xt = x[(size_t)t * ch + c];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
-            if (j < kern - 1) acc += wc[j] * hist[j];
-        }
-        acc += wc[kern - 1] * xt;
-        y[(size_t)t * ch + c] = siluf_(acc);
-#pragma unroll
-        for (int j = 0; j < DN_MAX_KERN - 1; ++j) {
-            if (j + 1 < kern - 1) hist[j] = hist[j + 1];
-            else if (j + 1 == kern - 1) hist[j] = xt;
-        }
-    }
+    dn_conv_tokens(x, y, wc, hist, t0, t1, ch, c, kern);
 }
 
 // dn_conv_shift(x, state, n, ch, kern): the conv state after n tokens of x: the last kern − 1

@@ -1643,55 +1643,39 @@ impl CudaModel {
                     A::I(ATTN_MIN_CHUNK as i32),
                 ],
             )?;
-        } else if let Some(launch) =
-            crate::ops::attn_prompt_mma(nh, nkv, hd).filter(|_| self.gemm_now && self.attn_mma)
-        {
-            // A prompt on the tensor cores (flash-attention form).
-            let (name, grid, block, shared) = launch(n);
-            let f = self.gpu.func(name)?.clone();
-            self.launch(
-                "attn_prompt_mma",
-                &f,
-                grid,
-                block,
-                shared,
-                &[
-                    A::P(q),
-                    A::P(*kc),
-                    A::P(*vc),
-                    A::P(gate),
-                    A::P(att),
-                    A::P(pos),
-                    A::I(n as i32),
-                    A::I(nh as i32),
-                    A::I(nkv as i32),
-                    A::F(scale),
-                ],
-            )?;
         } else if self.gemm_now && crate::ops::attn_prompt_fits(nh, nkv, hd) {
-            // A prompt: a GQA group of query rows per block, K/V staged once for all of them.
-            let f = self.k.attn_prompt.clone();
-            let (grid, block, shared) = crate::ops::attn_prompt_launch(n, nh, nkv, hd);
-            self.launch(
-                "attn_prompt",
-                &f,
-                grid,
-                block,
-                shared,
-                &[
-                    A::P(q),
-                    A::P(*kc),
-                    A::P(*vc),
-                    A::P(gate),
-                    A::P(att),
-                    A::P(pos),
-                    A::I(n as i32),
-                    A::I(nh as i32),
-                    A::I(nkv as i32),
-                    A::I(hd as i32),
-                    A::F(scale),
-                ],
-            )?;
+            // A prompt: a GQA group of query rows per block, K/V staged once for all of them; on
+            // the tensor cores (flash-attention form, head_dim 64/128/256) unless switched off.
+            // The two kernels take the same arguments but for head_dim (the tensor-core one has
+            // it in its name).
+            let mut args = vec![
+                A::P(q),
+                A::P(*kc),
+                A::P(*vc),
+                A::P(gate),
+                A::P(att),
+                A::P(pos),
+                A::I(n as i32),
+                A::I(nh as i32),
+                A::I(nkv as i32),
+                A::F(scale),
+            ];
+            let (name, f, (grid, block, shared)) =
+                match crate::ops::attn_prompt_mma(nh, nkv, hd).filter(|_| self.attn_mma) {
+                    Some(launch) => {
+                        let (name, grid, block, shared) = launch(n);
+                        (name, self.gpu.func(name)?.clone(), (grid, block, shared))
+                    }
+                    None => {
+                        args.insert(9, A::I(hd as i32));
+                        (
+                            "attn_prompt",
+                            self.k.attn_prompt.clone(),
+                            crate::ops::attn_prompt_launch(n, nh, nkv, hd),
+                        )
+                    }
+                };
+            self.launch(name, &f, grid, block, shared, &args)?;
         } else {
             let f = self.k.attn_causal.clone();
             self.launch(
@@ -1794,25 +1778,34 @@ impl CudaModel {
             )?;
             return self.matvec_residual(out, gated, post_norm, n);
         }
-        if self.gemm_now {
-            // A prompt: outputs by (channel, token tile) blocks, then the state shift.
-            let f = self.k.dn_conv_prompt.clone();
-            self.launch(
+        // The conv: one thread per channel over the tokens (the state updated in place), or for a
+        // prompt by (channel, 32-token tile) blocks and then the state shift.
+        let (f, name, tiles) = if self.gemm_now {
+            (
+                self.k.dn_conv_prompt.clone(),
                 "dn_conv_prompt",
-                &f,
-                (blocks(ch, 128), n.div_ceil(32) as u32, 1),
-                128,
-                0,
-                &[
-                    A::P(qkv_b),
-                    A::P(*conv_state),
-                    A::P(*conv_w),
-                    A::P(conv),
-                    A::I(n as i32),
-                    A::I(ch as i32),
-                    A::I(kern as i32),
-                ],
-            )?;
+                n.div_ceil(32),
+            )
+        } else {
+            (self.k.dn_conv_seq.clone(), "dn_conv_seq", 1)
+        };
+        self.launch(
+            name,
+            &f,
+            (blocks(ch, 128), tiles as u32, 1),
+            128,
+            0,
+            &[
+                A::P(qkv_b),
+                A::P(*conv_state),
+                A::P(*conv_w),
+                A::P(conv),
+                A::I(n as i32),
+                A::I(ch as i32),
+                A::I(kern as i32),
+            ],
+        )?;
+        if self.gemm_now {
             let f = self.k.dn_conv_shift.clone();
             self.launch(
                 "dn_conv_shift",
@@ -1823,24 +1816,6 @@ impl CudaModel {
                 &[
                     A::P(qkv_b),
                     A::P(*conv_state),
-                    A::I(n as i32),
-                    A::I(ch as i32),
-                    A::I(kern as i32),
-                ],
-            )?;
-        } else {
-            let f = self.k.dn_conv_seq.clone();
-            self.launch(
-                "dn_conv_seq",
-                &f,
-                (blocks(ch, 128), 1, 1),
-                128,
-                0,
-                &[
-                    A::P(qkv_b),
-                    A::P(*conv_state),
-                    A::P(*conv_w),
-                    A::P(conv),
                     A::I(n as i32),
                     A::I(ch as i32),
                     A::I(kern as i32),

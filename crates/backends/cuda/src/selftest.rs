@@ -183,6 +183,52 @@ fn dot64(w: &[f32], x: &[f32]) -> f64 {
         .sum()
 }
 
+/// `W · x[t]` in f64 for every token `x[t]` of `xs` and row of `wf` (`[rows][cols]`; outputs
+/// `[n][rows]`), and the norm over the outputs of Σ|w·x| (at least the smallest positive f64): the
+/// scale the kernels' rounding error is measured against.
+fn products64(wf: &[f32], xs: &[f32], rows: usize, cols: usize) -> (Vec<f64>, f64) {
+    let n = xs.len() / cols;
+    let (mut out, mut magnitude) = (Vec::with_capacity(n * rows), 0.0f64);
+    for x in xs.chunks_exact(cols) {
+        for w in wf.chunks_exact(cols).take(rows) {
+            out.push(dot64(w, x));
+            let m: f64 = w
+                .iter()
+                .zip(x)
+                .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                .sum();
+            magnitude += m * m;
+        }
+    }
+    (out, magnitude.sqrt().max(f64::MIN_POSITIVE))
+}
+
+/// Softmax attention of one query row `qh` over cache positions `0..len` of KV head `g` (`kc`,
+/// `vc`: `[position][nkv][head_dim]`), in f64.
+fn attention_row64(
+    qh: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    (len, nkv, g): (usize, usize, usize),
+    scale: f32,
+) -> Vec<f64> {
+    let hd = qh.len();
+    let at = |j: usize| (j * nkv + g) * hd;
+    let sc: Vec<f64> = (0..len)
+        .map(|j| dot64(qh, &kc[at(j)..at(j) + hd]) * f64::from(scale))
+        .collect();
+    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+    let sum: f64 = p.iter().sum();
+    let mut out = vec![0.0f64; hd];
+    for (j, pj) in p.iter().enumerate() {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o += pj / sum * f64::from(vc[at(j) + i]);
+        }
+    }
+    out
+}
+
 fn silu64(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
@@ -224,23 +270,8 @@ impl Runner<'_> {
                 let y = ops::matvec(self.gpu, ty, &w, rows, cols, &xs, n)?;
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
-                let (mut reference, mut magnitude) = (Vec::with_capacity(n * rows), 0.0f64);
-                for t in 0..n {
-                    for r in 0..rows {
-                        let (w, x) = (&wf[r * cols..(r + 1) * cols], &xs[t * cols..(t + 1) * cols]);
-                        reference.push(dot64(w, x));
-                        let m: f64 = w
-                            .iter()
-                            .zip(x)
-                            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
-                            .sum();
-                        magnitude += m * m;
-                    }
-                }
-                Ok((
-                    abs_err(&y, &reference) / magnitude.sqrt().max(f64::MIN_POSITIVE),
-                    TOL_F32,
-                ))
+                let (reference, magnitude) = products64(&wf, &xs[..n * cols], rows, cols);
+                Ok((abs_err(&y, &reference) / magnitude, TOL_F32))
             })();
             self.record(
                 &format!("matvec {}", ty.name()),
@@ -270,18 +301,10 @@ impl Runner<'_> {
                 let y = ops::gemm(self.gpu, ty, &w, (rows, cols), &xs, res.as_deref())?;
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
-                let (mut reference, mut magnitude) = (Vec::with_capacity(n * rows), 0.0f64);
-                for t in 0..n {
-                    for r in 0..rows {
-                        let (w, x) = (&wf[r * cols..(r + 1) * cols], &xs[t * cols..(t + 1) * cols]);
-                        let base = res.as_ref().map_or(0.0, |v| f64::from(v[t * rows + r]));
-                        reference.push(base + dot64(w, x));
-                        let m: f64 = w
-                            .iter()
-                            .zip(x)
-                            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
-                            .sum();
-                        magnitude += m * m;
+                let (mut reference, magnitude) = products64(&wf, &xs, rows, cols);
+                if let Some(res) = &res {
+                    for (r, &b) in reference.iter_mut().zip(res) {
+                        *r += f64::from(b);
                     }
                 }
                 let tol = if ty == GgmlType::F32 {
@@ -289,10 +312,7 @@ impl Runner<'_> {
                 } else {
                     TOL_GEMM_F16
                 };
-                Ok((
-                    abs_err(&y, &reference) / magnitude.sqrt().max(f64::MIN_POSITIVE),
-                    tol,
-                ))
+                Ok((abs_err(&y, &reference) / magnitude, tol))
             })();
             self.record(
                 &format!("gemm {}", ty.name()),
@@ -788,26 +808,12 @@ impl Runner<'_> {
             let kc = self.rng.normals(n * nkv * hd, 1.0);
             let vc = self.rng.normals(n * nkv * hd, 1.0);
             let r = ops::attn_decode(self.gpu, &q, &kc, &vc, heads, nkv, hd, scale).map(|o| {
-                let mut reference = vec![0.0f64; heads * hd];
-                for h in 0..heads {
-                    let g = h / (heads / nkv);
-                    let qh = &q[h * hd..(h + 1) * hd];
-                    let sc: Vec<f64> = (0..n)
-                        .map(|j| {
-                            dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
-                                * f64::from(scale)
-                        })
-                        .collect();
-                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
-                    let sum: f64 = p.iter().sum();
-                    for (j, pj) in p.iter().enumerate() {
-                        for i in 0..hd {
-                            reference[h * hd + i] +=
-                                pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
-                        }
-                    }
-                }
+                let reference: Vec<f64> = (0..heads)
+                    .flat_map(|h| {
+                        let qh = &q[h * hd..(h + 1) * hd];
+                        attention_row64(qh, &kc, &vc, (n, nkv, h / (heads / nkv)), scale)
+                    })
+                    .collect();
                 (rel_err(&o, &reference), TOL_F32)
             });
             self.record(
@@ -1346,30 +1352,14 @@ impl Runner<'_> {
             ] {
                 let r = ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale, kind)
                     .map(|o| {
-                        let mut reference = vec![0.0f64; n * heads * hd];
-                        for t in 0..n {
-                            let len = pos0 + t + 1;
-                            for h in 0..heads {
-                                let g = h / (heads / nkv);
-                                let qh = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                                let sc: Vec<f64> = (0..len)
-                                    .map(|j| {
-                                        dot64(qh, &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd])
-                                            * f64::from(scale)
-                                    })
-                                    .collect();
-                                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                                let p: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
-                                let sum: f64 = p.iter().sum();
-                                let out =
-                                    &mut reference[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                                for (j, pj) in p.iter().enumerate() {
-                                    for i in 0..hd {
-                                        out[i] += pj / sum * f64::from(vc[(j * nkv + g) * hd + i]);
-                                    }
-                                }
-                            }
-                        }
+                        let reference: Vec<f64> = (0..n * heads)
+                            .flat_map(|th| {
+                                let (t, h) = (th / heads, th % heads);
+                                let qh = &q[th * hd..(th + 1) * hd];
+                                let at = (pos0 + t + 1, nkv, h / (heads / nkv));
+                                attention_row64(qh, &kc, &vc, at, scale)
+                            })
+                            .collect();
                         let tol = if kind == ops::AttnKind::PromptMma {
                             TOL_ATTN_F16
                         } else {
