@@ -86,6 +86,108 @@ struct Dq16<T_IQ2_XXS> {
     }
 };
 
+// GEMM_SPLIT_FETCH=1 (experiment, off until measured on a GPU): the next step's global loads
+// are issued alone before this step's mma (`Fetch16::fetch` into registers) and decoded after it
+// (`Fetch16::decode`), so their latency is covered by the mma instead of stalling the decoder
+// right after the load (the default form decodes as soon as it loads). Same values either way.
+#ifndef GEMM_SPLIT_FETCH
+#define GEMM_SPLIT_FETCH 0
+#endif
+
+// Generic: nothing to fetch ahead; decode reads the block (Dq16).
+template <typename T>
+struct Fetch16 {
+    struct Raw {
+        const u8* row;
+        int k;
+    };
+    static __device__ __forceinline__ void fetch(const u8* row, int k, Raw& r) {
+        r.row = row;
+        r.k = k;
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, u32* out) { Dq16<T>::run(r.row, r.k, out); }
+};
+
+// Q4_K: the 16 quant bytes, d | dmin and the 12 scale bytes as words; Dq16<T_Q4_K>'s arithmetic.
+template <>
+struct Fetch16<T_Q4_K> {
+    struct Raw {
+        uint4 q;
+        u32 dm, s0, s1, s2;
+        int sub;
+    };
+    static __device__ __forceinline__ void fetch(const u8* row, int k, Raw& r) {
+        const u8* b = row + (size_t)(k >> 8) * T_Q4_K::BB;
+        const int e = k & 255;
+        r.sub = e >> 5;
+        r.q = *(const uint4*)(b + 16 + 32 * (r.sub >> 1) + (e & 31));
+        r.dm = *(const u32*)b;
+        r.s0 = *(const u32*)(b + 4);
+        r.s1 = *(const u32*)(b + 8);
+        r.s2 = *(const u32*)(b + 12);
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, u32* out) {
+        // scale_min_k4 on the scale bytes held in s0..s2.
+        auto byte = [&](int i) -> int {
+            const u32 w = i < 4 ? r.s0 : i < 8 ? r.s1 : r.s2;
+            return (int)((w >> (8 * (i & 3))) & 255);
+        };
+        const int j = r.sub;
+        int sc, m;
+        if (j < 4) {
+            sc = byte(j) & 63;
+            m = byte(j + 4) & 63;
+        } else {
+            sc = (byte(j + 4) & 15) | ((byte(j - 4) >> 6) << 4);
+            m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+        }
+        const float d = f16_to_f32((u16)(r.dm & 0xffff)) * (float)sc;
+        const float dm = f16_to_f32((u16)(r.dm >> 16)) * (float)m;
+        const u32 w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 v = w[i] >> shift;
+            out[2 * i] = pack_f16x2(d * (float)(v & 15) - dm, d * (float)((v >> 8) & 15) - dm);
+            out[2 * i + 1] = pack_f16x2(d * (float)((v >> 16) & 15) - dm, d * (float)((v >> 24) & 15) - dm);
+        }
+    }
+};
+
+// IQ2_XXS: the sub-block's 4 grid indices and its aux word, and d; Dq16<T_IQ2_XXS>'s arithmetic.
+template <>
+struct Fetch16<T_IQ2_XXS> {
+    struct Raw {
+        u32 idx, aux;
+        u16 d;
+        int l0;
+    };
+    static __device__ __forceinline__ void fetch(const u8* row, int k, Raw& r) {
+        const u8* b = row + (size_t)(k >> 8) * T_IQ2_XXS::BB;
+        const int e = k & 255;
+        const u8* at = b + 2 + 8 * (e >> 5);
+        r.l0 = (e >> 3) & 3;
+        r.idx = ld_u32(at);
+        r.aux = ld_u32(at + 4);
+        r.d = ld_u16(b);
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, u32* out) {
+        const float db = f16_to_f32(r.d) * (0.5f + (float)(r.aux >> 28)) * 0.25f;
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            const int l = r.l0 + g;
+            const u64 row8 = g_iq2xxs_grid[(r.idx >> (8 * l)) & 255];
+            const u8 signs = g_ksigns_iq2xs[(r.aux >> (7 * l)) & 127];
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const float a = db * (float)((row8 >> (8 * j)) & 255) * sign_of(signs, j);
+                const float c = db * (float)((row8 >> (8 * j + 8)) & 255) * sign_of(signs, j + 1);
+                out[4 * g + j / 2] = pack_f16x2(a, c);
+            }
+        }
+    }
+};
+
 // The block's tile: rows [0, rows_valid) of `w`, tokens [0, nt) whose activation rows are
 // x_at(t) and whose outputs go to y + y_at(t) * y_stride. Tokens map through `map` (a list of
 // row indices, divided by `map_div` for the input row) or, without one, are t0 + t.
@@ -139,8 +241,39 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ w, size_t row_b
         }
     };
 
+#if GEMM_SPLIT_FETCH
+    typename Fetch16<T>::Raw raw;
+    float4 xr[4];
+    auto fetch = [&](int k0) {
+        const int k = k0 + 16 * lh;
+        if (wrow) Fetch16<T>::fetch(wrow, k, raw);
+        if (xrow) {
+            const float4* p = (const float4*)(xrow + k);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xr[i] = p[i];
+        }
+    };
+    auto decode = [&]() {
+        if (wrow) {
+            Fetch16<T>::decode(raw, wv);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) wv[i] = 0;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            xv[2 * i] = xrow ? pack_f16x2(xr[i].x, xr[i].y) : 0u;
+            xv[2 * i + 1] = xrow ? pack_f16x2(xr[i].z, xr[i].w) : 0u;
+        }
+    };
+    fetch(0);
+#else
     load(0);
+#endif
     for (int k0 = 0; k0 < cols; k0 += GEMM_BK) {
+#if GEMM_SPLIT_FETCH
+        decode();
+#endif
         __syncthreads();  // the previous step's fragments are read
         uint4* wd = (uint4*)(ws + lr * GEMM_PITCH + 16 * lh);
         uint4* xd = (uint4*)(xs + lr * GEMM_PITCH + 16 * lh);
@@ -149,7 +282,11 @@ __device__ __forceinline__ void gemm_tile(const u8* __restrict__ w, size_t row_b
         xd[0] = make_uint4(xv[0], xv[1], xv[2], xv[3]);
         xd[1] = make_uint4(xv[4], xv[5], xv[6], xv[7]);
         __syncthreads();
+#if GEMM_SPLIT_FETCH
+        if (k0 + GEMM_BK < cols) fetch(k0 + GEMM_BK);  // loads only: decoded after the mma
+#else
         if (k0 + GEMM_BK < cols) load(k0 + GEMM_BK);  // next step's loads overlap this step's mma
+#endif
 #pragma unroll
         for (int ks = 0; ks < GEMM_BK; ks += 16) {
             u32 a[2][4], bf[4][2];
