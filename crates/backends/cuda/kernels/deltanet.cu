@@ -186,6 +186,19 @@ extern "C" __global__ void dn_qk_norm(float* __restrict__ qkv, int ch, int nk, i
 // Launch: grid = (nv, ceil(dv / 32)), block = 32 * ceil(dk / 32) threads (dk <= 1024),
 // dynamic shared memory = (2 * dk + blockDim.x) floats.
 #define DN_ROWS 32
+// dn_delta_seq's per-warp column sums as this many interleaved chains (1: the plain sequential
+// sum; 4: an experiment, not yet measured on a GPU, for prompts where the 32-long chain of
+// dependent multiply-adds per token is the critical path).
+#ifndef DN_SEQ_CHAINS
+#define DN_SEQ_CHAINS 1
+#endif
+__device__ __forceinline__ float dn_chains_sum(const float* c) {
+    if (DN_SEQ_CHAINS == 1) return c[0];
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < DN_SEQ_CHAINS; ++q) s += c[q];
+    return s;
+}
 extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const float* __restrict__ beta,
                                         const float* __restrict__ g, float* __restrict__ s,
                                         float* __restrict__ o, int n, int ch, int nk, int dk, int dv) {
@@ -230,29 +243,35 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
         const float alpha = expf(ng), v = nvv, bt = nb;
         __syncthreads();
         if (t + 1 < n) fetch(t + 1);
-        float m = 0.0f;
+        // The column sums over this warp's rows: one chain, or DN_SEQ_CHAINS interleaved chains
+        // added at the end (a shorter dependency chain per token; another summation order).
+        float mc[DN_SEQ_CHAINS];
+#pragma unroll
+        for (int q = 0; q < DN_SEQ_CHAINS; ++q) mc[q] = 0.0f;
 #pragma unroll
         for (int r = 0; r < DN_ROWS; ++r) {
             if (i0 + r < dk) {
                 st[r] *= alpha;
-                m += st[r] * ks[i0 + r];
+                mc[r % DN_SEQ_CHAINS] += st[r] * ks[i0 + r];
             }
         }
-        part[w * WARP + lane] = m;
+        part[w * WARP + lane] = dn_chains_sum(mc);
         __syncthreads();
         float mt = 0.0f;
         for (int ww = 0; ww < warps; ++ww) mt += part[ww * WARP + lane];
         const float delta = bt * (v - mt);
-        float out = 0.0f;
+        float oc[DN_SEQ_CHAINS];
+#pragma unroll
+        for (int q = 0; q < DN_SEQ_CHAINS; ++q) oc[q] = 0.0f;
 #pragma unroll
         for (int r = 0; r < DN_ROWS; ++r) {
             if (i0 + r < dk) {
                 st[r] += ks[i0 + r] * delta;
-                out += st[r] * qs[i0 + r];
+                oc[r % DN_SEQ_CHAINS] += st[r] * qs[i0 + r];
             }
         }
         __syncthreads();  // every warp has read the S^T k sums
-        part[w * WARP + lane] = out;
+        part[w * WARP + lane] = dn_chains_sum(oc);
         __syncthreads();
         if (w == 0 && col) {
             float ot = 0.0f;
