@@ -183,6 +183,12 @@ mod imp {
         cache: &CacheArgs,
     ) -> Result<CudaModel> {
         (opts.experts, opts.expert_policy) = gpu_experts(&file, cache)?;
+        // Prompt tokens per forward call: --ubatch (a verify pass still gets its rows).
+        opts.max_batch = opts
+            .max_batch
+            .min(cache.ubatch.clamp(1, MAX_UBATCH))
+            .max(opts.max_verify)
+            .max(1);
         let gpu = Gpu::new(0)
             .context("opening the CUDA device (use --backend cpu on a machine without a GPU)")?;
         eprintln!("{}", gpu.info);
@@ -233,20 +239,14 @@ mod imp {
         )
     }
 
-    /// Most prompt tokens per forward call: 512, or `REDLITE_CUDA_BATCH` (up to 4096; the
-    /// prompt GEMMs decode each expert's weights once per call, so longer calls share more).
-    fn prompt_batch_cap() -> usize {
-        std::env::var("REDLITE_CUDA_BATCH")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(512usize)
-            .clamp(1, 4096)
-    }
+    /// The most prompt tokens per forward call `--ubatch` may ask for: the activations (and the
+    /// logits of a forward that keeps every row's) take ≈ 1 MB of GPU memory per token.
+    const MAX_UBATCH: usize = 4096;
 
     fn options(context: usize, batch: usize) -> CudaModelOptions {
         CudaModelOptions {
             max_context: context.max(1),
-            max_batch: batch.clamp(1, prompt_batch_cap()),
+            max_batch: batch.clamp(1, MAX_UBATCH),
             ..CudaModelOptions::default()
         }
     }
