@@ -1443,7 +1443,12 @@ impl CudaModel {
         let out = self.output.clone();
         let iters = std::mem::replace(&mut self.mvf_lane_iters, self.head_lane_iters);
         let rows = std::mem::replace(&mut self.mvf_rows, 1);
+        // A prompt's last row alone (Head::Last) takes the matvec, not a 1-token GEMM (ncu: 1.2
+        // ms for the Q6_K head against 0.26).
+        let gemm = self.gemm_now;
+        self.gemm_now = gemm && n >= GEMM_MIN_TOKENS;
         let r = self.matvec_normed(x, Some(self.output_norm), &[(&out, self.sc.logits)], n);
+        self.gemm_now = gemm;
         self.mvf_lane_iters = iters;
         self.mvf_rows = rows;
         r
