@@ -8,6 +8,7 @@
 #   bench/gpu_check.sh prepare NEW_REDLITE OLD_REDLITE EXPERT_CACHE_GPU_TEST [VERIFY_GPU_TEST]
 # There (`run` with `carry: [".device/check"]`):
 #   OLD_DEFINES="MOE_IQ2_SB=0" OUT=$OUT bash bench/gpu_check.sh
+#   PREFILL_VARIANTS="REDLITE_CUDA_DEFINES=GEMM_SPLIT_FETCH=1 REDLITE_CUDA_DEFINES=DN_SEQ_CHAINS=4" SB2= ...
 # Steps: make-model of the full-size layout (uniform routing) in the background; the kernel
 # self-test + fixture parity (prefill and graph step); decode at --memory 16GiB (lfu); the expert
 # cache exactness test; decode all resident; the same two decodes with the old build; resident
@@ -109,6 +110,23 @@ if [ -x $W/verify_gpu ]; then
                 grep "^|\|rror\|panick") | keep
     fi
 fi
+
+# Prefill: 512 and 4,096 tokens (--ubatch 4096) with the default build, then each of
+# $PREFILL_VARIANTS (NAME=VALUE environment settings, comma-separated per variant, e.g.
+# "REDLITE_CUDA_DEFINES=GEMM_SPLIT_FETCH=1 REDLITE_CUDA_DEFINES=DN_SEQ_CHAINS=4"): its self-test
+# and fixture parity first (the variants change kernels), then the same two prefills, then the
+# default again (A B A B).
+pre() { timeout 120 $NEW bench prefill --backend cuda -m $FULL "$@" 2>&1 | grep "^cuda\|rror\|panick"; }
+step "bench prefill --backend cuda: 512 tokens, 4096 tokens --ubatch 4096 (default)"
+(pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096) | keep
+for v in ${PREFILL_VARIANTS:-}; do
+    step "prefill variant $v: self-test + parity, then 512 / 4096 tokens, then the default again"
+    (IFS=,; for kv in $v; do export "$kv"; done
+        timeout 150 $NEW selftest --backend cuda --fixtures "$DEV/fixtures" 2>&1 |
+            grep -h "^selftest:\|FAIL\|| prefill" | head -12
+        pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096) | keep
+    (pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096) | keep
+done
 
 if [ -n "${TILE_ENV:-}" ]; then
     step "bench prefill --backend cuda -p 512 (default, then $TILE_ENV)"
