@@ -568,6 +568,9 @@ pub struct CudaModel {
     /// The same for the lm_head (`REDLITE_CUDA_HEAD_LANE_ITERS`, default 8: one warp per row of
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
+    /// The router matvec's `(lane_iters, rows per warp)`: `REDLITE_CUDA_ROUTER_LANE_ITERS` and
+    /// `REDLITE_CUDA_ROUTER_ROWS` (tuning switches; default the other matrices' 4 and 2).
+    router_split: (usize, usize),
     /// The router kernel (`RouterKernel::for_model`: the one-warp one unless
     /// `REDLITE_CUDA_ROUTER=block`) and its function.
     router: (CudaFunction, RouterKernel),
@@ -670,6 +673,11 @@ impl CudaModel {
         let side = MoeSide::new(&gpu.ctx)?;
         let router_kernel = RouterKernel::for_model(config.n_experts);
         let router = (gpu.func(router_kernel.name)?.clone(), router_kernel);
+        let mvf_lane_iters = std::env::var("REDLITE_CUDA_MVF_LANE_ITERS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(4);
+        let mvf_rows = mvf_rows_from_env(false);
         let mut model = CudaModel {
             config,
             opts,
@@ -690,11 +698,8 @@ impl CudaModel {
             decode_steps: 0,
             nvtx: None,
             in_profile: false,
-            mvf_lane_iters: std::env::var("REDLITE_CUDA_MVF_LANE_ITERS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(4),
-            mvf_rows: mvf_rows_from_env(false),
+            mvf_lane_iters,
+            mvf_rows,
             res_rows: mvf_rows_from_env(true),
             token_tile: token_tile_from_env(),
             gemm: gemm_from_env(),
@@ -706,6 +711,17 @@ impl CudaModel {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(8),
+            router_split: (
+                std::env::var("REDLITE_CUDA_ROUTER_LANE_ITERS")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(mvf_lane_iters),
+                std::env::var("REDLITE_CUDA_ROUTER_ROWS")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(mvf_rows)
+                    .clamp(1, MVF_MAX_ROWS),
+            ),
             router,
             verified: None,
             profile_step: std::env::var("REDLITE_CUDA_PROFILE_STEP")
@@ -1920,7 +1936,15 @@ impl CudaModel {
         shared_done?;
         self.side.join.record(&self.side.stream).map_err(drv)?;
         // Router logits and the shared expert's gate logit (both rows of xn) in one launch.
-        self.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)?;
+        // With its own row split (`router_split`: 512 rows of 2048 f32 fill only part of the GPU
+        // at the matrices' split).
+        let (iters, rows) = self.router_split;
+        let iters = std::mem::replace(&mut self.mvf_lane_iters, iters);
+        let rows = std::mem::replace(&mut self.mvf_rows, rows);
+        let r = self.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n);
+        self.mvf_lane_iters = iters;
+        self.mvf_rows = rows;
+        r?;
         let (f, rk) = self.router.clone();
         self.launch(
             rk.name,
