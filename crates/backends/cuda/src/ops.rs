@@ -1513,3 +1513,40 @@ pub fn sample_topk(
     )?;
     download(gpu, &out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prompt attention kernels' launches for the full-size heads (16 query heads over 2 KV
+    /// heads of 256) and the tiny fixtures' shapes: 32 query rows per block, static shared memory
+    /// within the 48 KiB a launch gets without opting in.
+    #[test]
+    fn prompt_attention_launches_fit() {
+        for (heads, nkv, hd) in [
+            (16usize, 2usize, 256usize),
+            (4, 2, 64),
+            (8, 8, 128),
+            (32, 1, 64),
+        ] {
+            assert!(attn_prompt_fits(heads, nkv, hd));
+            let ((gx, gy, _), block, shared) = attn_prompt_launch(100, heads, nkv, hd);
+            assert_eq!((gx as usize, block), (nkv, 256));
+            assert_eq!(gy as usize, 100usize.div_ceil(32 / (heads / nkv)));
+            assert!(shared <= 48 * 1024);
+            let launch = attn_prompt_mma(heads, nkv, hd).expect("tensor-core form");
+            let (name, (mx, my, _), mblock, mshared) = launch(100);
+            assert!(name.ends_with(&format!("_{hd}")));
+            assert_eq!((mx, my, mblock), (gx, gy, 64));
+            assert!(
+                mshared <= 48 * 1024,
+                "{name}: {mshared} bytes of shared memory"
+            );
+        }
+        // 3 query heads per KV head do not divide the 32 rows of a block; head_dim 96 has no
+        // tensor-core kernel; 512 is over the SIMT kernel's registers.
+        assert!(!attn_prompt_fits(6, 2, 128));
+        assert!(attn_prompt_mma(4, 2, 96).is_none());
+        assert!(!attn_prompt_fits(4, 2, 512));
+    }
+}
