@@ -525,6 +525,9 @@ impl Backend for CpuBackend {
         let shape = *self.shape.lock().unwrap_or_else(|e| e.into_inner());
         let cache = ExpertCache::new(file.clone(), shape, &self.config)
             .map_err(|e| ModelError::BadConfig(format!("expert cache: {e}")))?;
+        if cache.is_unbounded() {
+            crate::populate::populate_map(file.bytes());
+        }
         if cache.prefetches() {
             let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(p) = Predictor::new(file.clone(), &seen, shape.layers) {

@@ -5,5 +5,6 @@ pub mod attention;
 pub mod backend;
 pub mod delta_rule;
 pub mod kernels;
+mod populate;
 
 pub use backend::{CpuBackend, CpuLinear};
