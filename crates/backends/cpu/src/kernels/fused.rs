@@ -173,7 +173,7 @@ pub fn matvec_batch(
     // Small products (a tiny model's whole MoE) run on the calling thread: handing them to the
     // pool costs more than the work. Each task computes the same values either way.
     let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
-    if weight_bytes < driver::PARALLEL_MIN_BYTES {
+    if weight_bytes < driver::matvec_parallel_min_bytes() {
         tasks.iter_mut().for_each(task);
     } else {
         tasks.par_iter_mut().for_each(task);
