@@ -71,6 +71,7 @@ enum Command {
 }
 
 fn main() {
+    redlite_cpu::heap::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),

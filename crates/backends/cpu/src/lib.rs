@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod backend;
 pub mod delta_rule;
+pub mod heap;
 pub mod kernels;
 mod populate;
 
