@@ -25,6 +25,28 @@
 // different banks.
 #define GEMM_PITCH 40
 
+// 16 Q4_K weights of one sub-block from its 16 quant bytes (nibble `shift / 4` of each), scale d
+// and min dm, as 8 f16x2 words.
+__device__ __forceinline__ void q4k_pack16(const uint4 q, int shift, float d, float dm, u32* out) {
+    const u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 v = w[i] >> shift;
+        out[2 * i] = pack_f16x2(d * (float)(v & 15) - dm, d * (float)((v >> 8) & 15) - dm);
+        out[2 * i + 1] = pack_f16x2(d * (float)((v >> 16) & 15) - dm, d * (float)((v >> 24) & 15) - dm);
+    }
+}
+
+// One IQ2_XXS group: the 8 grid bytes of `row8` with their sign bits, times db, as 4 f16x2 words.
+__device__ __forceinline__ void iq2xxs_pack8(u64 row8, u8 signs, float db, u32* out) {
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        const float a = db * (float)((row8 >> (8 * j)) & 255) * sign_of(signs, j);
+        const float c = db * (float)((row8 >> (8 * j + 8)) & 255) * sign_of(signs, j + 1);
+        out[j / 2] = pack_f16x2(a, c);
+    }
+}
+
 // 16 consecutive weights of one row from column k (k a multiple of 16), as 8 f16x2 words.
 // Generic form: one dq per element. Types whose 16 elements share their block's scales decode
 // them once below.
@@ -51,14 +73,7 @@ struct Dq16<T_Q4_K> {
         scale_min_k4(b + 4, sub, &sc, &m);
         const float d = ld_f16(b) * (float)sc, dm = ld_f16(b + 2) * (float)m;
         const uint4 q = *(const uint4*)(b + 16 + 32 * (sub >> 1) + l0);
-        const u32 w[4] = {q.x, q.y, q.z, q.w};
-        const int shift = 4 * (sub & 1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 v = w[i] >> shift;
-            out[2 * i] = pack_f16x2(d * (float)(v & 15) - dm, d * (float)((v >> 8) & 15) - dm);
-            out[2 * i + 1] = pack_f16x2(d * (float)((v >> 16) & 15) - dm, d * (float)((v >> 24) & 15) - dm);
-        }
+        q4k_pack16(q, 4 * (sub & 1), d, dm, out);
     }
 };
 
@@ -76,12 +91,7 @@ struct Dq16<T_IQ2_XXS> {
             const int l = l0 + g;
             const u64 row8 = g_iq2xxs_grid[at[l]];
             const u8 signs = g_ksigns_iq2xs[(aux >> (7 * l)) & 127];
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const float a = db * (float)((row8 >> (8 * j)) & 255) * sign_of(signs, j);
-                const float c = db * (float)((row8 >> (8 * j + 8)) & 255) * sign_of(signs, j + 1);
-                out[4 * g + j / 2] = pack_f16x2(a, c);
-            }
+            iq2xxs_pack8(row8, signs, db, out + 4 * g);
         }
     }
 };
@@ -113,7 +123,7 @@ template <>
 struct Fetch16<T_Q4_K> {
     struct Raw {
         uint4 q;
-        u32 dm, s0, s1, s2;
+        u32 dm, s[3];
         int sub;
     };
     static __device__ __forceinline__ void fetch(const u8* row, int k, Raw& r) {
@@ -122,35 +132,16 @@ struct Fetch16<T_Q4_K> {
         r.sub = e >> 5;
         r.q = *(const uint4*)(b + 16 + 32 * (r.sub >> 1) + (e & 31));
         r.dm = *(const u32*)b;
-        r.s0 = *(const u32*)(b + 4);
-        r.s1 = *(const u32*)(b + 8);
-        r.s2 = *(const u32*)(b + 12);
+        r.s[0] = *(const u32*)(b + 4);
+        r.s[1] = *(const u32*)(b + 8);
+        r.s[2] = *(const u32*)(b + 12);
     }
     static __device__ __forceinline__ void decode(const Raw& r, u32* out) {
-        // scale_min_k4 on the scale bytes held in s0..s2.
-        auto byte = [&](int i) -> int {
-            const u32 w = i < 4 ? r.s0 : i < 8 ? r.s1 : r.s2;
-            return (int)((w >> (8 * (i & 3))) & 255);
-        };
-        const int j = r.sub;
         int sc, m;
-        if (j < 4) {
-            sc = byte(j) & 63;
-            m = byte(j + 4) & 63;
-        } else {
-            sc = (byte(j + 4) & 15) | ((byte(j - 4) >> 6) << 4);
-            m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
-        }
+        q4k_scale_min(r.s, r.sub, sc, m);  // matvec.cu's, on the scale words
         const float d = f16_to_f32((u16)(r.dm & 0xffff)) * (float)sc;
         const float dm = f16_to_f32((u16)(r.dm >> 16)) * (float)m;
-        const u32 w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-        const int shift = 4 * (j & 1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 v = w[i] >> shift;
-            out[2 * i] = pack_f16x2(d * (float)(v & 15) - dm, d * (float)((v >> 8) & 15) - dm);
-            out[2 * i + 1] = pack_f16x2(d * (float)((v >> 16) & 15) - dm, d * (float)((v >> 24) & 15) - dm);
-        }
+        q4k_pack16(r.q, 4 * (r.sub & 1), d, dm, out);
     }
 };
 
@@ -178,12 +169,7 @@ struct Fetch16<T_IQ2_XXS> {
             const int l = r.l0 + g;
             const u64 row8 = g_iq2xxs_grid[(r.idx >> (8 * l)) & 255];
             const u8 signs = g_ksigns_iq2xs[(r.aux >> (7 * l)) & 127];
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const float a = db * (float)((row8 >> (8 * j)) & 255) * sign_of(signs, j);
-                const float c = db * (float)((row8 >> (8 * j + 8)) & 255) * sign_of(signs, j + 1);
-                out[4 * g + j / 2] = pack_f16x2(a, c);
-            }
+            iq2xxs_pack8(row8, signs, db, out + 4 * g);
         }
     }
 };
