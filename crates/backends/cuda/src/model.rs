@@ -104,11 +104,21 @@ pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
     } else {
         ("REDLITE_CUDA_MVF_ROWS", 2)
     };
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default)
-        .clamp(1, MVF_MAX_ROWS)
+    env_parse(var).unwrap_or(default).clamp(1, MVF_MAX_ROWS)
+}
+
+/// A tuning setting from the environment, parsed, or `None` when unset or unreadable.
+pub(crate) fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// An on/off tuning switch from the environment: `0` off, `1` on, anything else the default.
+fn env_switch(name: &str, default: bool) -> bool {
+    match std::env::var(name).as_deref().map(str::trim) {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => default,
+    }
 }
 
 /// Most tokens per tile of `matvec_norm3_tok` (`MVF_MAX_TILE`).
@@ -119,27 +129,22 @@ pub(crate) const MVF_MAX_TILE: usize = 4;
 /// `MVF_MAX_TILE` (the default: an 8-row verify 20.08 → 18.70 ms, prefill-512 520 → 574 tok/s on
 /// the H200, outputs bit-identical).
 pub(crate) fn token_tile_from_env() -> usize {
-    std::env::var("REDLITE_CUDA_TOKEN_TILE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
+    env_parse("REDLITE_CUDA_TOKEN_TILE")
         .unwrap_or(MVF_MAX_TILE)
         .clamp(1, MVF_MAX_TILE)
 }
 
 /// Prompts of at least this many tokens run their products through the GEMMs (`gemm.cu`: the
 /// tensor-core `gemm_<type>`, `gemm_f32_simt` for f32 weights, and `moe_gemm_<type>` over the
-/// routed experts grouped by expert) instead of the per-token matvecs; `REDLITE_CUDA_GEMM=0` turns them off. Decode steps and
-/// speculative verify rows always take the matvecs (their rows stay bit-identical to each other).
+/// routed experts grouped by expert) instead of the per-token matvecs; `REDLITE_CUDA_GEMM=0` turns
+/// them off. Decode steps and speculative verify rows always take the matvecs (their rows stay
+/// bit-identical to each other).
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 /// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
 const GEMM_BM: usize = 64;
 const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 32;
 const GEMM_THREADS: u32 = 128;
-
-fn gemm_from_env() -> bool {
-    std::env::var("REDLITE_CUDA_GEMM").map_or(true, |v| v.trim() != "0")
-}
 
 /// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
 /// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`).
@@ -673,10 +678,7 @@ impl CudaModel {
         let side = MoeSide::new(&gpu.ctx)?;
         let router_kernel = RouterKernel::for_model(config.n_experts);
         let router = (gpu.func(router_kernel.name)?.clone(), router_kernel);
-        let mvf_lane_iters = std::env::var("REDLITE_CUDA_MVF_LANE_ITERS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(4);
+        let mvf_lane_iters = env_parse("REDLITE_CUDA_MVF_LANE_ITERS").unwrap_or(4);
         let mvf_rows = mvf_rows_from_env(false);
         let mut model = CudaModel {
             config,
@@ -702,31 +704,20 @@ impl CudaModel {
             mvf_rows,
             res_rows: mvf_rows_from_env(true),
             token_tile: token_tile_from_env(),
-            gemm: gemm_from_env(),
+            gemm: env_switch("REDLITE_CUDA_GEMM", true),
             gemm_now: false,
-            attn_mma: std::env::var("REDLITE_CUDA_ATTN_MMA").map_or(true, |v| v.trim() != "0"),
-            dn_fused_prompt: std::env::var("REDLITE_CUDA_DN_PROMPT_FUSED")
-                .is_ok_and(|v| v.trim() == "1"),
-            head_lane_iters: std::env::var("REDLITE_CUDA_HEAD_LANE_ITERS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(8),
+            attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
+            dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
+            head_lane_iters: env_parse("REDLITE_CUDA_HEAD_LANE_ITERS").unwrap_or(8),
             router_split: (
-                std::env::var("REDLITE_CUDA_ROUTER_LANE_ITERS")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(mvf_lane_iters),
-                std::env::var("REDLITE_CUDA_ROUTER_ROWS")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
+                env_parse("REDLITE_CUDA_ROUTER_LANE_ITERS").unwrap_or(mvf_lane_iters),
+                env_parse("REDLITE_CUDA_ROUTER_ROWS")
                     .unwrap_or(mvf_rows)
                     .clamp(1, MVF_MAX_ROWS),
             ),
             router,
             verified: None,
-            profile_step: std::env::var("REDLITE_CUDA_PROFILE_STEP")
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
+            profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             experts,
             side,
             arena,
@@ -1457,14 +1448,27 @@ impl CudaModel {
     /// (`head_lane_iters`).
     fn lm_head(&mut self, x: u64, n: usize) -> Result<(), CudaError> {
         let out = self.output.clone();
-        let iters = std::mem::replace(&mut self.mvf_lane_iters, self.head_lane_iters);
-        let rows = std::mem::replace(&mut self.mvf_rows, 1);
         // A prompt's last row alone (Head::Last) takes the matvec, not a 1-token GEMM (ncu: 1.2
         // ms for the Q6_K head against 0.26).
         let gemm = self.gemm_now;
         self.gemm_now = gemm && n >= GEMM_MIN_TOKENS;
-        let r = self.matvec_normed(x, Some(self.output_norm), &[(&out, self.sc.logits)], n);
+        let r = self.with_split((self.head_lane_iters, 1), |m| {
+            m.matvec_normed(x, Some(m.output_norm), &[(&out, m.sc.logits)], n)
+        });
         self.gemm_now = gemm;
+        r
+    }
+
+    /// `f` with the fused matvecs' row split set to `(lane_iters, rows per warp)`, then the
+    /// split restored.
+    fn with_split<R>(
+        &mut self,
+        (iters, rows): (usize, usize),
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
+        let iters = std::mem::replace(&mut self.mvf_lane_iters, iters);
+        let rows = std::mem::replace(&mut self.mvf_rows, rows);
+        let r = f(self);
         self.mvf_lane_iters = iters;
         self.mvf_rows = rows;
         r
@@ -1938,13 +1942,9 @@ impl CudaModel {
         // Router logits and the shared expert's gate logit (both rows of xn) in one launch.
         // With its own row split (`router_split`: 512 rows of 2048 f32 fill only part of the GPU
         // at the matrices' split).
-        let (iters, rows) = self.router_split;
-        let iters = std::mem::replace(&mut self.mvf_lane_iters, iters);
-        let rows = std::mem::replace(&mut self.mvf_rows, rows);
-        let r = self.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n);
-        self.mvf_lane_iters = iters;
-        self.mvf_rows = rows;
-        r?;
+        self.with_split(self.router_split, |s| {
+            s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
+        })?;
         let (f, rk) = self.router.clone();
         self.launch(
             rk.name,
