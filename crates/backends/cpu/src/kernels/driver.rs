@@ -354,20 +354,26 @@ fn run_matvec(
         return;
     }
     let (kernel, acts) = matvec_acts(isa, kernel, shape.ty, x, cols);
-    if w.len() < matvec_parallel_min_bytes() {
-        for (out, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
-            *out = acts.dot(kernel, wr, 0);
+    // Several rows per kernel call where the type has a rows kernel (same values).
+    let rows = match (kernel, &acts) {
+        (RowDot::Q8K(_), Acts::Q8K(q, _)) => super::lookup_rows(shape.ty, isa).map(|f| (f, q)),
+        _ => None,
+    };
+    let run = |ys: &mut [f32], ws: &[u8]| match rows {
+        Some((f, q)) => f(ws, rb, q, ys),
+        None => {
+            for (out, wr) in ys.iter_mut().zip(ws.chunks_exact(rb)) {
+                *out = acts.dot(kernel, wr, 0);
+            }
         }
-        return;
+    };
+    if w.len() < matvec_parallel_min_bytes() {
+        return run(y, w);
     }
     let per = rows_per_task(y.len(), rb);
     y.par_chunks_mut(per)
         .zip(w.par_chunks(per * rb))
-        .for_each(|(ys, ws)| {
-            for (out, wr) in ys.iter_mut().zip(ws.chunks_exact(rb)) {
-                *out = acts.dot(kernel, wr, 0);
-            }
-        });
+        .for_each(|(ys, ws)| run(ys, ws));
 }
 
 /// `Y = X · Wᵀ`: `xs` holds `n` activation rows of `cols` values, `ys` gets `n` rows of `rows`

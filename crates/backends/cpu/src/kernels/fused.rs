@@ -12,7 +12,7 @@ use redlite_gguf::GgmlType;
 
 use super::driver;
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
-use super::{KernelError, RowDot};
+use super::{KernelError, RowDot, RowsDot};
 
 /// One product `y = W · x`: `w` is `rows` rows of `cols` values of type `ty` (raw GGUF bytes).
 #[derive(Clone, Copy)]
@@ -28,14 +28,14 @@ pub struct Product<'a> {
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
 const TASK_BYTES: usize = 64 * 1024;
 
-/// A kernel over several rows: `out[r]` = row `r` of `w` (rows of `row_bytes`) · `x`.
-type RowsDot = fn(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]);
-
 /// A product's row kernel and the activations it reads.
 #[derive(Clone, Copy)]
 enum Kernel {
     /// A row kernel of the dispatch table, on the input quantized to its format.
     Row(RowDot),
+    /// The rows kernel of the dispatch table's Q8_K row kernel ([`super::lookup_rows`]): a
+    /// task's rows in one call, on the input quantized to Q8_K.
+    Rows(RowsDot),
     /// An IQ2_XXS kernel on Q8_K activations reordered by `reorder` (the element-major or the
     /// interleaved order of `iquants_avx512`).
     Iq2Reordered {
@@ -72,7 +72,9 @@ fn decode_kernel(ty: GgmlType, kernel: RowDot) -> Kernel {
             };
         }
     }
-    let _ = ty;
+    if let (RowDot::Q8K(_), Some(f)) = (kernel, super::lookup_rows(ty, super::Isa::active())) {
+        return Kernel::Rows(f);
+    }
     Kernel::Row(kernel)
 }
 
@@ -109,7 +111,7 @@ pub fn matvec_batch(
         let x = inputs[p.input];
         let needs_q8k = matches!(
             kernel,
-            Kernel::Row(RowDot::Q8K(_)) | Kernel::Iq2Reordered { .. }
+            Kernel::Row(RowDot::Q8K(_)) | Kernel::Rows(_) | Kernel::Iq2Reordered { .. }
         );
         if needs_q8k && q8k[p.input].is_none() {
             let mut q = vec![BlockQ8K::ZERO; x.len() / QK_K];
@@ -157,6 +159,11 @@ pub fn matvec_batch(
             );
             return;
         }
+        if let Kernel::Rows(f) = kernel {
+            let w = &p.w[*r0 * row_bytes..(*r0 + ys.len()) * row_bytes];
+            f(w, row_bytes, q8k[p.input].as_deref().unwrap_or(&[]), ys);
+            return;
+        }
         for (r, y) in (*r0..).zip(ys.iter_mut()) {
             let w = &p.w[r * row_bytes..(r + 1) * row_bytes];
             // Every input a kernel reads was quantized to its format above.
@@ -167,6 +174,7 @@ pub fn matvec_batch(
                 Kernel::Iq2Reordered { f, .. } => {
                     f(w, q8k_reordered[p.input].as_deref().unwrap_or(&[]))
                 }
+                Kernel::Rows(_) => unreachable!("rows kernels run above"),
             };
         }
     };

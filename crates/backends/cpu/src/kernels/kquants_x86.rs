@@ -113,6 +113,31 @@ simd_kernel!(
     true,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 );
+/// [`q4k_vl_rows`] for the VNNI CPUs whose row kernel is [`q4k_avx512_vnni`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_avx512_vnni_rows_i(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
+    q4k_vl_rows::<true>(w, row_bytes, x, out)
+}
+
+fn q4k_avx512_vnni_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
+    assert!(row_bytes.is_multiple_of(Q4K_BYTES) && w.len() >= out.len() * row_bytes);
+    // SAFETY: only reachable through `rows_kernel`, after the CPU features were checked; the
+    // rows read lie inside `w` (checked above).
+    unsafe { q4k_avx512_vnni_rows_i(w, row_bytes, x, out) }
+}
+
+/// A kernel over several weight rows against one Q8_K row: `out[r]` = row `r` of `w` (rows of
+/// `row_bytes` bytes) · `x`, each bit-identical to [`kernel`]'s row kernel for the same type
+/// and level; `None` where there is no such kernel.
+pub(crate) fn rows_kernel(ty: GgmlType, isa: Isa) -> Option<super::RowsDot> {
+    match ty {
+        GgmlType::Q4K if isa == Isa::Avx512 && isa.supported() && has_vnni() => {
+            Some(q4k_avx512_vnni_rows)
+        }
+        _ => None,
+    }
+}
+
 simd_kernel!(q4k_avx2, q4k_avx2_i, q4k_256, false, "avx2,fma,f16c");
 simd_kernel!(q5k_avx2, q5k_avx2_i, q5k_256, false, "avx2,fma,f16c");
 simd_kernel!(q6k_avx2, q6k_avx2_i, q6k_256, false, "avx2,fma,f16c");
@@ -211,23 +236,72 @@ unsafe fn q4k_vl_vnni<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         // An odd last block is paired with itself; its second result is dropped.
         let i1 = if i + 1 < nb { i + 1 } else { i };
         let (t0, u0) = q4k_vl_block(w.as_ptr().add(i * Q4K_BYTES), &x[i], pf);
-        let (t1, u1) = q4k_vl_block(w.as_ptr().add(i1 * Q4K_BYTES), &x[i1], pf);
-        // [Σ t0, Σ u0, Σ t1, Σ u1] (exact i32 sums of the 8 lanes of each).
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(t0, u0), _mm256_hadd_epi32(t1, u1));
-        let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-        let sums: [i32; 4] = std::mem::transmute(sums);
-        for (k, (j, y)) in [(i, &x[i]), (i1, &x[i1])].into_iter().enumerate() {
-            if k == 1 && i1 == i {
-                break;
-            }
-            let dh = f16x2_hw(read_u32(w.as_ptr().add(j * Q4K_BYTES)));
-            let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
-            let (isum, isumm) = (sums[2 * k], sums[2 * k + 1]);
-            acc += (y.d * d) * isum as f32 - (y.d * dmin) * isumm as f32;
+        if i1 == i {
+            // The odd last block alone (a one-block row is just this).
+            let sums = reduce_pairs(t0, u0, _mm256_setzero_si256(), _mm256_setzero_si256());
+            acc += q4k_block_value(w.as_ptr().add(i * Q4K_BYTES), &x[i], sums[0], sums[1]);
+            break;
         }
+        let (t1, u1) = q4k_vl_block(w.as_ptr().add(i1 * Q4K_BYTES), &x[i1], pf);
+        let sums = reduce_pairs(t0, u0, t1, u1);
+        acc += q4k_block_value(w.as_ptr().add(i * Q4K_BYTES), &x[i], sums[0], sums[1]);
+        acc += q4k_block_value(w.as_ptr().add(i1 * Q4K_BYTES), &x[i1], sums[2], sums[3]);
         i += 2;
     }
     acc
+}
+
+/// `[Σ t0, Σ u0, Σ t1, Σ u1]`: the exact i32 sums of the 8 lanes of each.
+#[inline(always)]
+unsafe fn reduce_pairs(t0: __m256i, u0: __m256i, t1: __m256i, u1: __m256i) -> [i32; 4] {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(t0, u0), _mm256_hadd_epi32(t1, u1));
+    let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    std::mem::transmute(sums)
+}
+
+/// A Q4_K block's f32 term from its exact integer sums (scaled products `isum`, `Σ bsums ·
+/// mins` `isumm`): the scalar kernel's expression.
+#[inline(always)]
+unsafe fn q4k_block_value(b: *const u8, y: &BlockQ8K, isum: i32, isumm: i32) -> f32 {
+    let dh = f16x2_hw(read_u32(b));
+    let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
+    (y.d * d) * isum as f32 - (y.d * dmin) * isumm as f32
+}
+
+/// Rows of Q4_K · one Q8_K row, two rows at a time: block `i` of both rows shares one
+/// reduction (on the tiny models' one-block rows, the per-row reduction and call were most of
+/// the time). Each row's value is [`q4k_vl_vnni`]'s (same block sums, same f32 expression in
+/// block order). `w` holds `out.len()` rows of `row_bytes` bytes.
+#[inline(always)]
+unsafe fn q4k_vl_rows<const VNNI: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[BlockQ8K],
+    out: &mut [f32],
+) {
+    let nb = (row_bytes / Q4K_BYTES).min(x.len());
+    let pf = prefetch_distance();
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut row = w.as_ptr();
+    for pair in &mut pairs {
+        let (a, b) = (row, row.add(row_bytes));
+        let (mut acc_a, mut acc_b) = (0.0f32, 0.0f32);
+        for (i, y) in x.iter().enumerate().take(nb) {
+            let (ba, bb) = (a.add(i * Q4K_BYTES), b.add(i * Q4K_BYTES));
+            let (t0, u0) = q4k_vl_block(ba, y, pf);
+            let (t1, u1) = q4k_vl_block(bb, y, pf);
+            let sums = reduce_pairs(t0, u0, t1, u1);
+            acc_a += q4k_block_value(ba, y, sums[0], sums[1]);
+            acc_b += q4k_block_value(bb, y, sums[2], sums[3]);
+        }
+        pair[0] = acc_a;
+        pair[1] = acc_b;
+        row = row.add(2 * row_bytes);
+    }
+    if let [last] = pairs.into_remainder() {
+        let start = row.offset_from(w.as_ptr()) as usize;
+        *last = q4k_vl_vnni::<VNNI>(&w[start..start + row_bytes], x);
+    }
 }
 
 /// Eight i32 on a 32-byte boundary (one `__m256i` store).

@@ -68,6 +68,11 @@ pub enum RowDot {
     F32(fn(w: &[u8], x: &[f32]) -> f32),
 }
 
+/// A kernel over several weight rows against one Q8_K activation row: `out[r]` = row `r` of `w`
+/// (rows of `row_bytes` bytes) · `x`. Each value is bit-identical to the row kernel [`lookup`]
+/// gives for the same type and level ([`lookup_rows`]).
+pub type RowsDot = fn(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]);
+
 /// Instruction-set level of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
@@ -225,4 +230,18 @@ pub fn lookup_exact(ty: GgmlType, isa: Isa) -> Option<RowDot> {
         return None;
     }
     MODULES.iter().find_map(|k| k(ty, isa))
+}
+
+/// A rows kernel ([`RowsDot`]) for `ty` where [`lookup`]`(ty, isa)` returns a row kernel that has
+/// one (the AVX-512 VNNI Q4_K kernel: two rows share each block's reduction); `None` otherwise.
+pub fn lookup_rows(ty: GgmlType, isa: Isa) -> Option<RowsDot> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        kquants_x86::rows_kernel(ty, isa.min(Isa::best()))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, isa);
+        None
+    }
 }

@@ -18,7 +18,8 @@
 //!   and a remainder of the multi-row kernels.
 //! * [`Check::VsScalar`]: a SIMD kernel against the scalar kernel of the same type, bit for bit
 //!   (error = number of differing outputs): every level computes the same exact integer block
-//!   sums and the same f32 operations in the same order.
+//!   sums and the same f32 operations in the same order. The same for the level's rows kernel
+//!   ([`lookup_rows`](super::lookup_rows), variant `rows`), on an even and an odd row count.
 
 use super::driver::{matmul_isa, matvec_isa};
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k};
@@ -324,6 +325,27 @@ fn selftest_shape(
                     ..result(isa, Check::VsScalar, differ as f64, 0.0)
                 });
             }
+        }
+
+        // The rows kernel of this level (matvec's and the fused decode's), over all rows and
+        // over all but the last (an odd count: the single-row remainder), vs scalar bit for bit.
+        if let Some(f) = super::lookup_rows(ty, isa) {
+            let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
+            quantize_row_q8_k(x, &mut q);
+            let mut differ = 0;
+            for n in [rows, rows - 1] {
+                let mut out = vec![0.0f32; n];
+                f(&w[..n * row_bytes], row_bytes, &q, &mut out);
+                differ += out
+                    .iter()
+                    .zip(&scalar_out)
+                    .filter(|(g, s)| g.to_bits() != s.to_bits())
+                    .count();
+            }
+            report(SelftestResult {
+                variant: "rows",
+                ..result(isa, Check::VsScalar, differ as f64, 0.0)
+            });
         }
 
         // matmul over MATMUL_N activation rows vs matvec of each, bit for bit.
