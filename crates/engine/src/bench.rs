@@ -22,7 +22,7 @@ use crate::backends::{BackendChoice, CacheStats};
 use redlite_cpu::CpuBackend;
 
 /// Progress of a benchmark: `(stage, done, total)`; `total` 0 means unknown.
-pub type Progress<'a> = &'a mut dyn FnMut(&str, u64, u64);
+pub type Progress<'a> = &'a mut (dyn FnMut(&str, u64, u64) + Send);
 
 /// A progress sink that ignores everything.
 pub fn no_progress(_: &str, _: u64, _: u64) {}
@@ -351,17 +351,22 @@ pub fn bench_decode_with<B: Backend>(
     let before = probe.cache_stats();
     probe.set_trace(true);
     let mut traces = Vec::with_capacity(steps);
-    for s in 0..steps {
-        progress("decode", s as u64, steps as u64);
-        let token = argmax(&logits);
-        let t = Instant::now();
-        logits = model
-            .forward(&mut state, &[token], Mode::Step)?
-            .pop()
-            .unwrap_or_default();
-        step_secs.push(t.elapsed().as_secs_f64());
-        traces.push(probe.take_trace());
-    }
+    // All steps in one pass on the backend's threads (see `Backend::run_pass`): one hand-off
+    // for the run instead of one per token, as a generation loop does.
+    model.backend.run_pass(|| -> Result<(), ModelError> {
+        for s in 0..steps {
+            progress("decode", s as u64, steps as u64);
+            let token = argmax(&logits);
+            let t = Instant::now();
+            logits = model
+                .forward(&mut state, &[token], Mode::Step)?
+                .pop()
+                .unwrap_or_default();
+            step_secs.push(t.elapsed().as_secs_f64());
+            traces.push(probe.take_trace());
+        }
+        Ok(())
+    })?;
     probe.set_trace(false);
     let cache = match (before, probe.cache_stats()) {
         (Some(b), Some(a)) => Some(a.since(&b)),
@@ -390,7 +395,7 @@ pub fn bench_decode_with<B: Backend>(
 }
 
 /// What a decode bench can ask of the expert cache (no-op for `()`).
-pub trait ExpertProbe {
+pub trait ExpertProbe: Sync {
     fn cache_stats(&self) -> Option<CacheStats>;
     fn set_trace(&self, on: bool);
     /// The `(block, expert)` pairs requested since the last call.

@@ -46,7 +46,7 @@ pub fn generate<B: Backend>(
     prompt: &[u32],
     sampler: &mut Sampler,
     opts: &GenerateOptions,
-    mut on_token: impl FnMut(u32) -> bool,
+    mut on_token: impl FnMut(u32) -> bool + Send,
 ) -> Result<(Vec<u32>, GenerationStats), ModelError> {
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
@@ -64,22 +64,27 @@ pub fn generate<B: Backend>(
     let mut logits = model.lm_head(&[last]).pop().expect("one row");
     stats.prompt_time = t0.elapsed();
     let t1 = Instant::now();
-    loop {
-        let token = sampler.sample(&logits, &history);
-        if opts.stop_ids.contains(&token) {
-            stats.stopped_on_eos = true;
-            break;
+    // The whole loop in one pass on the backend's threads (see `Backend::run_pass`): one
+    // hand-off per generation instead of one per token (tiny Q4_K_M fixture decode, 2 threads:
+    // 4202 → 4671 tok/s).
+    model.backend.run_pass(|| -> Result<(), ModelError> {
+        loop {
+            let token = sampler.sample(&logits, &history);
+            if opts.stop_ids.contains(&token) {
+                stats.stopped_on_eos = true;
+                return Ok(());
+            }
+            out.push(token);
+            history.push(token);
+            if !on_token(token) || out.len() >= opts.max_tokens {
+                return Ok(());
+            }
+            logits = model
+                .forward(state, &[token], Mode::Step)?
+                .pop()
+                .expect("one token");
         }
-        out.push(token);
-        history.push(token);
-        if !on_token(token) || out.len() >= opts.max_tokens {
-            break;
-        }
-        logits = model
-            .forward(state, &[token], Mode::Step)?
-            .pop()
-            .expect("one token");
-    }
+    })?;
     stats.generated_tokens = out.len();
     stats.decode_time = t1.elapsed();
     Ok((out, stats))
