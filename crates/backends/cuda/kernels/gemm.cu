@@ -368,6 +368,47 @@ __device__ __forceinline__ void moe_gemm_body(const u64* __restrict__ tab, int p
 
 FOR_EACH_TYPE(GEMM_KERNELS)
 
+// ----- Prompt GEMMs through cuBLAS (model.rs `gemm_blas`) -----
+//
+// Long prompts can run a product as one library GEMM instead of `gemm_<type>`: the weight matrix
+// decoded whole into f16 (`dequant_f16_<type>`), the tokens' activations rounded to f16
+// (`f32_to_f16`), then cublasGemmEx (f16 × f16, f32 accumulation and output). The f16 values are
+// the ones `gemm_<type>` puts in shared memory (the same Dq16 decoders, the same rounding), so
+// the two forms differ only in the order of the f32 sums.
+
+// dequant_f16_<type>(w, out, rows, cols): out[r][k] = f16(W[r][k]), row-major, cols a multiple
+// of 32. One thread per 16 consecutive weights of a row.
+template <typename T>
+__device__ __forceinline__ void dequant_f16_body(const u8* __restrict__ w, u32* __restrict__ out, int rows,
+                                                 int cols) {
+    const int groups = cols / 16;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * groups) return;
+    const int r = (int)(i / groups), k = (int)(i % groups) * 16;
+    u32 v[8];
+    Dq16<T>::run(w + (size_t)r * row_bytes<T>(cols), k, v);
+    uint4* o = (uint4*)(out + ((size_t)r * cols + k) / 2);
+    o[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    o[1] = make_uint4(v[4], v[5], v[6], v[7]);
+}
+
+#define DEQUANT_F16_KERNEL(name, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                                \
+        dequant_f16_##name(const u8* w, u32* out, int rows, int cols) {                              \
+        dequant_f16_body<T>(w, out, rows, cols);                                                     \
+    }
+
+FOR_EACH_TYPE(DEQUANT_F16_KERNEL)
+
+// f32_to_f16(x, out, len4): out[i] = f16(x[i]) for i < 4 · len4 (rounded to nearest, as the GEMMs).
+extern "C" __global__ __launch_bounds__(256) void f32_to_f16(const float4* __restrict__ x, uint2* __restrict__ out,
+                                                            int len4) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len4) return;
+    const float4 v = x[i];
+    out[i] = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
+}
+
 // moe_group(ids, pairs_n, n_expert, off, pairs): the (token, choice) pairs p < pairs_n grouped by
 // their expert ids[p]: off[e] = pairs of experts below e (off[n_expert] = pairs_n), and pairs[off[e]
 // ..] the pairs of expert e (in no particular order: each pair's result does not depend on

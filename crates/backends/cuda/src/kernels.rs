@@ -108,6 +108,7 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
     "moe_down_combine_tab",
     "gemm",
     "moe_gemm",
+    "dequant_f16",
 ];
 
 /// The kernels that do not depend on a weight type.
@@ -148,6 +149,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "dn_conv_shift",
     "swiglu_pairs",
     "moe_combine_pairs",
+    "f32_to_f16",
 ];
 
 /// The name of every kernel entry point in the module.

@@ -27,6 +27,8 @@ pub use error::CudaError;
 #[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
+pub mod blas;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 pub mod expert_bench;

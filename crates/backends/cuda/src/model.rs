@@ -372,6 +372,77 @@ struct DevExperts {
     warps: u32,
 }
 
+/// Prompt GEMMs through cuBLAS: a weight matrix is decoded whole into f16 (`dequant_f16_<type>`),
+/// the tokens' activations rounded to f16 (`f32_to_f16`), then one cublasGemmEx. Used for calls
+/// of at least `min_tokens` tokens (`REDLITE_CUDA_CUBLAS_MIN`, default 64) on matrices of at
+/// least 64 rows that fit the f16 buffers (every dense layer matrix; not the lm_head, whose
+/// prompt rows are one matvec). The main stream and the shared expert's stream each have their
+/// own handle and buffers, since they run at the same time.
+struct PromptBlas {
+    min_tokens: usize,
+    main: BlasLane,
+    side: BlasLane,
+}
+
+/// One stream's cuBLAS handle and f16 staging buffers.
+struct BlasLane {
+    blas: crate::blas::Blas,
+    /// f16 `[w_elems]`: the decoded weight matrix.
+    wh: u64,
+    w_elems: usize,
+    /// f16 `[x_elems]`: the activations.
+    xh: u64,
+    x_elems: usize,
+}
+
+impl PromptBlas {
+    /// Handles and buffers for prompts of up to `max_batch` tokens; `None` when cuBLAS is off or
+    /// missing or the batches are too small to reach `min_tokens`.
+    fn new(
+        arena: &mut Arena,
+        file: &GgufFile,
+        c: &Config,
+        opts: &CudaModelOptions,
+        (main, side): (&Arc<CudaStream>, &Arc<CudaStream>),
+    ) -> Result<Option<PromptBlas>, CudaError> {
+        let min_tokens = env_parse("REDLITE_CUDA_CUBLAS_MIN")
+            .unwrap_or(64)
+            .max(GEMM_MIN_TOKENS);
+        if !env_switch("REDLITE_CUDA_CUBLAS", true)
+            || !env_switch("REDLITE_CUDA_GEMM", true)
+            || opts.max_batch < min_tokens
+            || !crate::blas::available()
+        {
+            return Ok(None);
+        }
+        // The largest dense matrix of the layers (routed experts excluded: they have their own
+        // grouped kernels).
+        let (mut w_elems, mut cols) = (0usize, c.hidden);
+        for t in file.tensors() {
+            if t.name.starts_with("blk.") && t.dims.len() == 2 && !t.name.contains("_exps") {
+                w_elems = w_elems.max(t.n_elements as usize);
+                cols = cols.max(t.dims[0] as usize);
+            }
+        }
+        let sh = c.shared_ff * c.hidden;
+        let b = opts.max_batch;
+        let mut lane = |stream: &Arc<CudaStream>, w_elems: usize, x_elems: usize| {
+            Ok::<_, CudaError>(BlasLane {
+                blas: crate::blas::Blas::new(stream.clone())?,
+                wh: arena.alloc(2 * w_elems)?,
+                w_elems,
+                xh: arena.alloc(2 * x_elems)?,
+                x_elems,
+            })
+        };
+        Ok(Some(PromptBlas {
+            min_tokens,
+            main: lane(main, w_elems, b * cols)?,
+            side: lane(side, sh, b * c.hidden.max(c.shared_ff))?,
+        }))
+    }
+}
+
 /// The shared expert's own stream: forked from the model's stream after the router and joined
 /// before the routed down projection, so it runs beside the routed experts (two branches of the
 /// captured graph).
@@ -584,6 +655,9 @@ pub struct CudaModel {
     /// The routed experts: device slots, host copies, per-layer address tables.
     experts: ExpertCache,
     side: MoeSide,
+    /// Long prompts' dense products through cuBLAS ([`PromptBlas`]; `None`: the library is not
+    /// there, `REDLITE_CUDA_CUBLAS=0`, or batches too small to use it).
+    blas: Option<PromptBlas>,
     // Last: frees the device memory after everything that may point into it.
     arena: Arena,
 }
@@ -673,9 +747,10 @@ impl CudaModel {
             layers.push(dev_layer(&gpu, &mut arena, &config, &opts, i, w)?);
         }
         let sc = scratch(&mut arena, &config, &opts)?;
+        let side = MoeSide::new(&gpu.ctx)?;
+        let blas = PromptBlas::new(&mut arena, &file, &config, &opts, (&stream, &side.stream))?;
         // The experts last, so that a memory budget gives them what the rest leaves.
         let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights)?;
-        let side = MoeSide::new(&gpu.ctx)?;
         let router_kernel = RouterKernel::for_model(config.n_experts);
         let router = (gpu.func(router_kernel.name)?.clone(), router_kernel);
         let mvf_lane_iters = env_parse("REDLITE_CUDA_MVF_LANE_ITERS").unwrap_or(4);
@@ -720,6 +795,7 @@ impl CudaModel {
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             experts,
             side,
+            blas,
             arena,
         };
         model.reset()?;
@@ -1362,6 +1438,9 @@ impl CudaModel {
         n: usize,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        if self.gemm_blas(w, x, y, n, accumulate)? {
+            return Ok(());
+        }
         // f32 weights (the router: its logits pick the experts) keep f32 inputs.
         let (name, threads) = match w.ty {
             GgmlType::F32 => ("gemm_f32_simt".to_string(), 256),
@@ -1388,6 +1467,62 @@ impl CudaModel {
                 A::I(accumulate as i32),
             ],
         )
+    }
+
+    /// [`Self::gemm`] through cuBLAS ([`PromptBlas`]) when it applies; `false` when it does not
+    /// (nothing enqueued).
+    fn gemm_blas(
+        &mut self,
+        w: &DevLinear,
+        x: u64,
+        y: u64,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<bool, CudaError> {
+        let side = Arc::ptr_eq(&self.stream, &self.side.stream);
+        let Some(pb) = &self.blas else {
+            return Ok(false);
+        };
+        let lane = if side { &pb.side } else { &pb.main };
+        let (rows, cols) = (w.rows, w.cols);
+        if w.ty == GgmlType::F32
+            || n < pb.min_tokens
+            || rows < 64
+            || rows * cols > lane.w_elems
+            || n * cols > lane.x_elems
+        {
+            return Ok(false);
+        }
+        let (wh, xh) = (lane.wh, lane.xh);
+        let f = self
+            .gpu
+            .func(&format!("dequant_f16_{}", type_suffix(w.ty)))?
+            .clone();
+        let groups = rows * cols / 16;
+        self.launch(
+            "dequant_f16",
+            &f,
+            (blocks(groups, 256), 1, 1),
+            256,
+            0,
+            &[A::P(w.ptr), A::P(wh), A::I(rows as i32), A::I(cols as i32)],
+        )?;
+        let f = self.gpu.func("f32_to_f16")?.clone();
+        let len4 = n * cols / 4;
+        self.launch(
+            "f32_to_f16",
+            &f,
+            (blocks(len4, 256), 1, 1),
+            256,
+            0,
+            &[A::P(x), A::P(xh), A::I(i32_of(len4, "activations")?)],
+        )?;
+        let pb = self.blas.as_ref().expect("checked above");
+        let lane = if side { &pb.side } else { &pb.main };
+        lane.blas
+            .gemm_f16((wh, xh, y), (rows, cols, n), accumulate)?;
+        self.launches += 1;
+        Ok(true)
     }
 
     fn rms_norm(&mut self, x: u64, w: u64, y: u64, rows: usize, n: usize) -> Result<(), CudaError> {

@@ -227,6 +227,58 @@ pub fn gemm(
     download(gpu, &y)
 }
 
+/// The long-prompt form of [`gemm`] (model.rs `gemm_blas`): `W` decoded whole into f16
+/// (`dequant_f16_<type>`), `xs` rounded to f16 (`f32_to_f16`), then cublasGemmEx with f32
+/// accumulation; `acc` as in [`gemm`]. Quantized types only; `cols` a multiple of 32.
+pub fn gemm_blas(
+    gpu: &Gpu,
+    ty: GgmlType,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    acc: Option<&[f32]>,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xs.len(), cols, "gemm x")?;
+    if !cols.is_multiple_of(32) || acc.is_some_and(|a| a.len() != n * rows) {
+        return Err(CudaError::Invalid(format!(
+            "gemm_blas: {cols} columns (a multiple of 32 wanted) or a residual of the wrong length"
+        )));
+    }
+    let blas = crate::blas::Blas::new(gpu.stream.clone())?;
+    let x = upload(gpu, xs)?;
+    let mut wh = alloc_poisoned::<u16>(gpu, rows * cols)?;
+    let mut xh = alloc_poisoned::<u16>(gpu, n * cols)?;
+    let mut y = match acc {
+        Some(a) => upload(gpu, a)?,
+        None => alloc_poisoned::<f32>(gpu, n * rows)?,
+    };
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let name = format!("dequant_f16_{}", type_suffix(ty));
+    let groups = rows * cols / 16;
+    launch!(
+        gpu,
+        gpu.func(&name)?,
+        &name,
+        cfg((groups.div_ceil(256) as u32, 1, 1), 256, 0),
+        [w, &mut wh, &r, &c]
+    )?;
+    let len4 = i32_arg(n * cols / 4, "activations")?;
+    launch!(
+        gpu,
+        gpu.func("f32_to_f16")?,
+        "f32_to_f16",
+        cfg(((n * cols / 4).div_ceil(256) as u32, 1, 1), 256, 0),
+        [&x, &mut xh, &len4]
+    )?;
+    {
+        let (wp, _gw) = wh.device_ptr(&gpu.stream);
+        let (xp, _gx) = xh.device_ptr(&gpu.stream);
+        let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
+        blas.gemm_f16((wp, xp, yp), (rows, cols, n), acc.is_some())?;
+    }
+    download(gpu, &y)
+}
+
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
 /// per group of warps, 8 warps per block):

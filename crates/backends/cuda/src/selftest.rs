@@ -296,32 +296,48 @@ impl Runner<'_> {
             let bytes = random_weights(&mut self.rng, ty, rows, cols);
             let xs = self.rng.normals(n * cols, 1.0);
             let res = residual.then(|| self.rng.normals(n * rows, 1.0));
-            let r = (|| {
-                let w = ops::upload(self.gpu, &bytes)?;
-                let y = ops::gemm(self.gpu, ty, &w, (rows, cols), &xs, res.as_deref())?;
-                let wf =
-                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
-                let (mut reference, magnitude) = products64(&wf, &xs, rows, cols);
-                if let Some(res) = &res {
-                    for (r, &b) in reference.iter_mut().zip(res) {
-                        *r += f64::from(b);
-                    }
+            // The own kernel and, for quantized types when the library is there, the cuBLAS
+            // form of long prompts (the same f16 inputs, the library's summation order).
+            let blas = ty != GgmlType::F32 && crate::blas::available();
+            for use_blas in [false, true] {
+                if use_blas && !blas {
+                    continue;
                 }
-                let tol = if ty == GgmlType::F32 {
-                    TOL_F32
-                } else {
-                    TOL_GEMM_F16
-                };
-                Ok((abs_err(&y, &reference) / magnitude, tol))
-            })();
-            self.record(
-                &format!("gemm {}", ty.name()),
-                format!(
-                    "{rows}x{cols} n={n}{}",
-                    if residual { " +residual" } else { "" }
-                ),
-                r,
-            );
+                let r = (|| {
+                    let w = ops::upload(self.gpu, &bytes)?;
+                    let y = if use_blas {
+                        ops::gemm_blas(self.gpu, ty, &w, (rows, cols), &xs, res.as_deref())?
+                    } else {
+                        ops::gemm(self.gpu, ty, &w, (rows, cols), &xs, res.as_deref())?
+                    };
+                    let wf = dequantize_to_vec(ty, &bytes)
+                        .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                    let (mut reference, magnitude) = products64(&wf, &xs, rows, cols);
+                    if let Some(res) = &res {
+                        for (r, &b) in reference.iter_mut().zip(res) {
+                            *r += f64::from(b);
+                        }
+                    }
+                    let tol = if ty == GgmlType::F32 {
+                        TOL_F32
+                    } else {
+                        TOL_GEMM_F16
+                    };
+                    Ok((abs_err(&y, &reference) / magnitude, tol))
+                })();
+                self.record(
+                    &format!(
+                        "gemm{} {}",
+                        if use_blas { " cublas" } else { "" },
+                        ty.name()
+                    ),
+                    format!(
+                        "{rows}x{cols} n={n}{}",
+                        if residual { " +residual" } else { "" }
+                    ),
+                    r,
+                );
+            }
         }
     }
 
