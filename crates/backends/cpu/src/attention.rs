@@ -6,7 +6,6 @@
 //! the two inner products (`q·k_j` and `acc += p·v_j`), never materialised: f16 through the
 //! hardware half→single conversion, Q8_0 as `d · Σ q_i·qs_i` with the query kept in f32.
 
-use rayon::prelude::*;
 use redlite_model::kv_type::{f16_to_f32, BlockQ8_0, Q8_0_BLOCK};
 use redlite_model::state::{KvCache, KvRows};
 
@@ -786,9 +785,10 @@ pub fn attention_rows_online_isa(
         })
         .collect();
     // Per task: `[rows, h1 - h0, hd]`.
-    let outs: Vec<Vec<f32>> = runs
-        .par_iter()
-        .map(|&(h0, h1)| {
+    let mut outs: Vec<((usize, usize), Vec<f32>)> = runs.iter().map(|&r| (r, Vec::new())).collect();
+    crate::team::for_each_mut(&mut outs, |((h0, h1), out)| {
+        *out = {
+            let (h0, h1) = (*h0, *h1);
             let width = (h1 - h0) * hd;
             let mut q = Vec::with_capacity(rows * width);
             let mut lens = Vec::with_capacity(rows * (h1 - h0));
@@ -797,12 +797,12 @@ pub fn attention_rows_online_isa(
                 lens.extend(std::iter::repeat_n(n0 + t + 1, h1 - h0));
             }
             head(isa, &q, &lens, kv, h0 / group, hd, scale)
-        })
-        .collect();
+        }
+    });
     (0..rows)
         .map(|t| {
             let mut o = Vec::with_capacity(n_heads * hd);
-            for (&(h0, h1), out) in runs.iter().zip(&outs) {
+            for ((h0, h1), out) in &outs {
                 let width = (h1 - h0) * hd;
                 o.extend_from_slice(&out[t * width..(t + 1) * width]);
             }

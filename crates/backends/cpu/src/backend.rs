@@ -429,8 +429,14 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     if rayon::current_thread_index() == pass_thread {
         return;
     }
+    let _helper = crate::team::Helper::enter();
     let mut idle = 0u32;
     while !done.load(Ordering::Acquire) && ACTIVE_PASSES.load(Ordering::Acquire) == 1 {
+        // The pass's small regions come as team jobs (see `team`), the larger ones via rayon.
+        if crate::team::help() {
+            idle = 0;
+            continue;
+        }
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle = 0,
             _ => {

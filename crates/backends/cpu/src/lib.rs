@@ -7,5 +7,6 @@ pub mod delta_rule;
 pub mod heap;
 pub mod kernels;
 mod populate;
+pub mod team;
 
 pub use backend::{CpuBackend, CpuLinear};

@@ -371,9 +371,8 @@ fn run_matvec(
         return run(y, w);
     }
     let per = rows_per_task(y.len(), rb);
-    y.par_chunks_mut(per)
-        .zip(w.par_chunks(per * rb))
-        .for_each(|(ys, ws)| run(ys, ws));
+    let mut chunks: Vec<(&mut [f32], &[u8])> = y.chunks_mut(per).zip(w.chunks(per * rb)).collect();
+    crate::team::for_each_mut(&mut chunks, |(ys, ws)| run(ys, ws));
 }
 
 /// `Y = X · Wᵀ`: `xs` holds `n` activation rows of `cols` values, `ys` gets `n` rows of `rows`

@@ -7,7 +7,6 @@
 //! quantized once. Each output row is computed by the same row kernel on the same quantized
 //! activations as `matvec`, so results are bit-identical to it.
 
-use rayon::prelude::*;
 use redlite_gguf::GgmlType;
 
 use super::driver;
@@ -26,7 +25,16 @@ pub struct Product<'a> {
 }
 
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
-const TASK_BYTES: usize = 64 * 1024;
+fn task_bytes() -> usize {
+    static KB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    1024 * *KB.get_or_init(|| {
+        std::env::var("REDLITE_FUSED_TASK_KB")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&kb: &usize| kb > 0)
+            .unwrap_or(64)
+    })
+}
 
 /// A product's row kernel and the activations it reads.
 #[derive(Clone, Copy)]
@@ -139,7 +147,7 @@ pub fn matvec_batch(
     }
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, (o, (_, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
-        let per = (TASK_BYTES / (*row_bytes).max(1)).max(1);
+        let per = (task_bytes() / (*row_bytes).max(1)).max(1);
         for (c, rows) in o.chunks_mut(per).enumerate() {
             tasks.push((i, c * per, rows));
         }
@@ -184,7 +192,7 @@ pub fn matvec_batch(
     if weight_bytes < driver::matvec_parallel_min_bytes() {
         tasks.iter_mut().for_each(task);
     } else {
-        tasks.par_iter_mut().for_each(task);
+        crate::team::for_each_mut(&mut tasks, task);
     }
     Ok(())
 }
