@@ -25,6 +25,7 @@ use redlite_model::ModelError;
 
 use crate::kernels::driver;
 use crate::kernels::fused::{self, Product};
+use crate::kernels::q4k_tiles_x86::Q4kTiles;
 
 /// Where a weight's bytes live.
 enum Bytes {
@@ -42,6 +43,8 @@ pub struct CpuLinear {
     bytes: Bytes,
     /// Set for routed-expert slabs, which are read through the expert cache.
     expert: Option<ExpertTag>,
+    /// A Q4_K matrix of a small file, repacked for one-row products ([`decode_tiles`]).
+    tiles: Option<Q4kTiles>,
 }
 
 impl CpuLinear {
@@ -334,6 +337,7 @@ impl CpuBackend {
                     rows: w.rows,
                     cols: w.cols,
                     input: 0,
+                    tiles: w.tiles.as_ref(),
                 });
             }
         }
@@ -364,6 +368,7 @@ impl CpuBackend {
                 rows: ffn.down.rows,
                 cols: ffn.down.cols,
                 input: i,
+                tiles: ffn.down.tiles.as_ref(),
             })
             .collect();
         let mut downs = vec![Vec::new(); products.len()];
@@ -452,6 +457,25 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     }
 }
 
+/// Files up to this size get their Q4_K matrices repacked as [`Q4kTiles`] for one-row products:
+/// `REDLITE_DECODE_TILES_MB` MiB, default 64 (0: never). Small models' products run from cache,
+/// where the row kernels' per-row work (one block per row on the tiny fixture) dominates; the
+/// tiles cost a second copy of those matrices (≈ 1.03× their bytes).
+fn decode_tiles_max_bytes() -> usize {
+    static MB: OnceLock<usize> = OnceLock::new();
+    let mb = *MB.get_or_init(|| {
+        std::env::var("REDLITE_DECODE_TILES_MB")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(64)
+    });
+    if mb == 0 {
+        0
+    } else {
+        mb << 20
+    }
+}
+
 /// `ys = W · xs` for `n` rows of a weight given by its bytes.
 fn run_linear(
     ty: GgmlType,
@@ -514,17 +538,26 @@ impl Backend for CpuBackend {
             shape.all_expert_bytes += expected;
         }
         self.see(&src);
+        let file_bytes = match &src.data {
+            LinearData::Mapped { file, .. } => file.bytes().len(),
+            LinearData::Owned(v) => v.len(),
+        };
         let bytes = match src.data {
             LinearData::Mapped { file, range } => Bytes::Mapped(file.clone(), range),
             LinearData::Owned(v) => Bytes::Owned(v),
         };
-        Ok(CpuLinear {
+        let mut linear = CpuLinear {
             ty: src.ty,
             rows: src.rows,
             cols: src.cols,
             bytes,
             expert: src.expert,
-        })
+            tiles: None,
+        };
+        if linear.ty == GgmlType::Q4K && file_bytes <= decode_tiles_max_bytes() {
+            linear.tiles = Q4kTiles::repack(linear.bytes(), linear.rows, linear.cols);
+        }
+        Ok(linear)
     }
 
     fn weights_loaded(&self, file: &Arc<GgufFile>) -> Result<(), ModelError> {
@@ -548,6 +581,22 @@ impl Backend for CpuBackend {
     }
 
     fn linear(&self, w: &CpuLinear, xs: &[f32], n: usize, ys: &mut [f32]) {
+        if let (1, Some(tiles)) = (n, &w.tiles) {
+            // One row on the tiles (same values as `matvec`).
+            let product = Product {
+                ty: w.ty,
+                w: w.bytes(),
+                rows: w.rows,
+                cols: w.cols,
+                input: 0,
+                tiles: Some(tiles),
+            };
+            let mut out = [Vec::new()];
+            fused::matvec_batch(&[product], &[xs], &mut out)
+                .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
+            ys.copy_from_slice(&out[0]);
+            return;
+        }
         run_linear(w.ty, w.bytes(), (w.rows, w.cols), xs, n, ys);
     }
 
@@ -566,6 +615,7 @@ impl Backend for CpuBackend {
                 rows: w.rows,
                 cols: w.cols,
                 input: 0,
+                tiles: w.tiles.as_ref(),
             })
             .collect();
         let mut ys = vec![Vec::new(); ws.len()];

@@ -10,6 +10,7 @@
 use redlite_gguf::GgmlType;
 
 use super::driver;
+use super::q4k_tiles_x86::{pair_sums, Q4kTiles, TILE_ROWS};
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use super::{KernelError, RowDot, RowsDot};
 
@@ -22,6 +23,8 @@ pub struct Product<'a> {
     pub cols: usize,
     /// Index into the `inputs` slice given to [`matvec_batch`].
     pub input: usize,
+    /// The same Q4_K matrix repacked as tiles (small models), computed through those instead.
+    pub tiles: Option<&'a Q4kTiles>,
 }
 
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
@@ -44,6 +47,8 @@ enum Kernel {
     /// The rows kernel of the dispatch table's Q8_K row kernel ([`super::lookup_rows`]): a
     /// task's rows in one call, on the input quantized to Q8_K.
     Rows(RowsDot),
+    /// The product's [`Q4kTiles`] on the input quantized to Q8_K (and its sub-block sums).
+    Tiles,
     /// An IQ2_XXS kernel on Q8_K activations reordered by `reorder` (the element-major or the
     /// interleaved order of `iquants_avx512`).
     Iq2Reordered {
@@ -101,7 +106,11 @@ pub fn matvec_batch(
             got: p.input,
         })?;
         let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
-        kernels.push((decode_kernel(p.ty, kernel), shape.row_bytes));
+        let kernel = match p.tiles {
+            Some(_) if p.ty == GgmlType::Q4K => Kernel::Tiles,
+            _ => decode_kernel(p.ty, kernel),
+        };
+        kernels.push((kernel, shape.row_bytes));
     }
     if outputs.len() != products.len() {
         return Err(KernelError::BadLength {
@@ -115,11 +124,15 @@ pub fn matvec_batch(
     let mut q8k: Vec<Option<Vec<BlockQ8K>>> = vec![None; inputs.len()];
     let mut q80: Vec<Option<Vec<BlockQ8_0>>> = vec![None; inputs.len()];
     let mut q8k_reordered: Vec<Option<Vec<BlockQ8K>>> = vec![None; inputs.len()];
+    let mut pairs: Vec<Option<Vec<[i32; 4]>>> = vec![None; inputs.len()];
     for (p, (kernel, _)) in products.iter().zip(&kernels) {
         let x = inputs[p.input];
         let needs_q8k = matches!(
             kernel,
-            Kernel::Row(RowDot::Q8K(_)) | Kernel::Rows(_) | Kernel::Iq2Reordered { .. }
+            Kernel::Row(RowDot::Q8K(_))
+                | Kernel::Rows(_)
+                | Kernel::Tiles
+                | Kernel::Iq2Reordered { .. }
         );
         if needs_q8k && q8k[p.input].is_none() {
             let mut q = vec![BlockQ8K::ZERO; x.len() / QK_K];
@@ -131,6 +144,9 @@ pub fn matvec_batch(
                 let mut q = vec![BlockQ8_0::ZERO; x.len() / QK8_0];
                 quantize_row_q8_0(x, &mut q);
                 q80[p.input] = Some(q);
+            }
+            Kernel::Tiles if pairs[p.input].is_none() => {
+                pairs[p.input] = Some(pair_sums(q8k[p.input].as_deref().unwrap_or(&[])));
             }
             Kernel::Iq2Reordered { reorder, .. } if q8k_reordered[p.input].is_none() => {
                 let q = q8k[p.input].as_deref().unwrap_or(&[]);
@@ -146,8 +162,12 @@ pub fn matvec_batch(
         o.resize(p.rows, 0.0);
     }
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
-    for (i, (o, (_, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
-        let per = (task_bytes() / (*row_bytes).max(1)).max(1);
+    for (i, (o, (kernel, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
+        let mut per = (task_bytes() / (*row_bytes).max(1)).max(1);
+        if let Kernel::Tiles = kernel {
+            // Whole tile groups.
+            per = per.next_multiple_of(TILE_ROWS);
+        }
         for (c, rows) in o.chunks_mut(per).enumerate() {
             tasks.push((i, c * per, rows));
         }
@@ -167,6 +187,12 @@ pub fn matvec_batch(
             );
             return;
         }
+        if let (Kernel::Tiles, Some(tiles)) = (kernel, p.tiles) {
+            let q = q8k[p.input].as_deref().unwrap_or(&[]);
+            let s = pairs[p.input].as_deref().unwrap_or(&[]);
+            tiles.matvec_groups(*r0 / TILE_ROWS, q, s, ys);
+            return;
+        }
         if let Kernel::Rows(f) = kernel {
             let w = &p.w[*r0 * row_bytes..(*r0 + ys.len()) * row_bytes];
             f(w, row_bytes, q8k[p.input].as_deref().unwrap_or(&[]), ys);
@@ -182,7 +208,7 @@ pub fn matvec_batch(
                 Kernel::Iq2Reordered { f, .. } => {
                     f(w, q8k_reordered[p.input].as_deref().unwrap_or(&[]))
                 }
-                Kernel::Rows(_) => unreachable!("rows kernels run above"),
+                Kernel::Rows(_) | Kernel::Tiles => unreachable!("run above"),
             };
         }
     };

@@ -36,6 +36,34 @@ mod kquants;
 mod kquants_multi_x86;
 #[cfg(target_arch = "x86_64")]
 mod kquants_x86;
+#[cfg(target_arch = "x86_64")]
+pub mod q4k_tiles_x86;
+/// No tile kernel off x86-64: [`Q4kTiles::repack`](q4k_tiles_x86::Q4kTiles::repack) says so.
+#[cfg(not(target_arch = "x86_64"))]
+pub mod q4k_tiles_x86 {
+    use super::q8::BlockQ8K;
+
+    /// Never built off x86-64.
+    pub enum Q4kTiles {}
+
+    impl Q4kTiles {
+        pub fn repack(_: &[u8], _: usize, _: usize) -> Option<Q4kTiles> {
+            None
+        }
+        pub fn groups(&self) -> usize {
+            match *self {}
+        }
+        pub fn matvec_groups(&self, _: usize, _: &[BlockQ8K], _: &[[i32; 4]], _: &mut [f32]) {
+            match *self {}
+        }
+    }
+
+    pub const TILE_ROWS: usize = 16;
+
+    pub fn pair_sums(_: &[BlockQ8K]) -> Vec<[i32; 4]> {
+        Vec::new()
+    }
+}
 pub mod q8;
 #[cfg(target_arch = "x86_64")]
 mod q8_0_lanes_x86;

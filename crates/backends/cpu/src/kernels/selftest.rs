@@ -348,6 +348,27 @@ fn selftest_shape(
             });
         }
 
+        // The Q4_K decode tiles (small files' one-row products) vs scalar, bit for bit.
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && ty == GgmlType::Q4K {
+            use super::q4k_tiles_x86::{pair_sums, Q4kTiles};
+            if let Some(tiles) = Q4kTiles::repack(&w, rows, cols) {
+                let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
+                quantize_row_q8_k(x, &mut q);
+                let mut out = vec![0.0f32; rows];
+                tiles.matvec_groups(0, &q, &pair_sums(&q), &mut out);
+                let differ = out
+                    .iter()
+                    .zip(&scalar_out)
+                    .filter(|(g, s)| g.to_bits() != s.to_bits())
+                    .count();
+                report(SelftestResult {
+                    variant: "tiles",
+                    ..result(isa, Check::VsScalar, differ as f64, 0.0)
+                });
+            }
+        }
+
         // matmul over MATMUL_N activation rows vs matvec of each, bit for bit.
         let mut ys = vec![0.0f32; MATMUL_N * rows];
         let mut differing = 0usize;
