@@ -25,7 +25,7 @@ use redlite_model::ModelError;
 
 use crate::kernels::driver;
 use crate::kernels::fused::{self, Product};
-use crate::kernels::q4k_tiles_x86::Q4kTiles;
+use crate::kernels::tiles_x86::DecodeTiles;
 
 /// Where a weight's bytes live.
 enum Bytes {
@@ -43,8 +43,9 @@ pub struct CpuLinear {
     bytes: Bytes,
     /// Set for routed-expert slabs, which are read through the expert cache.
     expert: Option<ExpertTag>,
-    /// A Q4_K matrix of a small file, repacked for one-row products ([`decode_tiles`]).
-    tiles: Option<Q4kTiles>,
+    /// A Q4_K or Q6_K matrix of a small file, repacked for one-row products
+    /// ([`decode_tiles_max_bytes`]).
+    tiles: Option<DecodeTiles>,
 }
 
 impl CpuLinear {
@@ -457,10 +458,10 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     }
 }
 
-/// Files up to this size get their Q4_K matrices repacked as [`Q4kTiles`] for one-row products:
-/// `REDLITE_DECODE_TILES_MB` MiB, default 64 (0: never). Small models' products run from cache,
-/// where the row kernels' per-row work (one block per row on the tiny fixture) dominates; the
-/// tiles cost a second copy of those matrices (≈ 1.03× their bytes).
+/// Files up to this size get their Q4_K and Q6_K matrices repacked as [`DecodeTiles`] for one-row
+/// products: `REDLITE_DECODE_TILES_MB` MiB, default 64 (0: never). Small models' products run
+/// from cache, where the row kernels' per-row work (one block per row on the tiny fixture)
+/// dominates; the tiles cost a second copy of those matrices (1.03× / 1.39× their bytes).
 fn decode_tiles_max_bytes() -> usize {
     static MB: OnceLock<usize> = OnceLock::new();
     let mb = *MB.get_or_init(|| {
@@ -554,8 +555,8 @@ impl Backend for CpuBackend {
             expert: src.expert,
             tiles: None,
         };
-        if linear.ty == GgmlType::Q4K && file_bytes <= decode_tiles_max_bytes() {
-            linear.tiles = Q4kTiles::repack(linear.bytes(), linear.rows, linear.cols);
+        if file_bytes <= decode_tiles_max_bytes() {
+            linear.tiles = DecodeTiles::repack(linear.ty, linear.bytes(), linear.rows, linear.cols);
         }
         Ok(linear)
     }

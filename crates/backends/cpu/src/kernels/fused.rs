@@ -10,8 +10,8 @@
 use redlite_gguf::GgmlType;
 
 use super::driver;
-use super::q4k_tiles_x86::{pair_sums, Q4kTiles, TILE_ROWS};
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
+use super::tiles_x86::{pair_sums, DecodeTiles, TILE_ROWS};
 use super::{KernelError, RowDot, RowsDot};
 
 /// One product `y = W · x`: `w` is `rows` rows of `cols` values of type `ty` (raw GGUF bytes).
@@ -23,8 +23,8 @@ pub struct Product<'a> {
     pub cols: usize,
     /// Index into the `inputs` slice given to [`matvec_batch`].
     pub input: usize,
-    /// The same Q4_K matrix repacked as tiles (small models), computed through those instead.
-    pub tiles: Option<&'a Q4kTiles>,
+    /// The same matrix repacked as tiles (small models), computed through those instead.
+    pub tiles: Option<&'a DecodeTiles>,
 }
 
 /// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
@@ -47,7 +47,7 @@ enum Kernel {
     /// The rows kernel of the dispatch table's Q8_K row kernel ([`super::lookup_rows`]): a
     /// task's rows in one call, on the input quantized to Q8_K.
     Rows(RowsDot),
-    /// The product's [`Q4kTiles`] on the input quantized to Q8_K (and its sub-block sums).
+    /// The product's [`DecodeTiles`] on the input quantized to Q8_K (and its sub-block sums).
     Tiles,
     /// An IQ2_XXS kernel on Q8_K activations reordered by `reorder` (the element-major or the
     /// interleaved order of `iquants_avx512`).
@@ -107,8 +107,8 @@ pub fn matvec_batch(
         })?;
         let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
         let kernel = match p.tiles {
-            Some(_) if p.ty == GgmlType::Q4K => Kernel::Tiles,
-            _ => decode_kernel(p.ty, kernel),
+            Some(_) => Kernel::Tiles,
+            None => decode_kernel(p.ty, kernel),
         };
         kernels.push((kernel, shape.row_bytes));
     }
@@ -145,7 +145,9 @@ pub fn matvec_batch(
                 quantize_row_q8_0(x, &mut q);
                 q80[p.input] = Some(q);
             }
-            Kernel::Tiles if pairs[p.input].is_none() => {
+            Kernel::Tiles
+                if pairs[p.input].is_none() && p.tiles.is_some_and(|t| t.needs_pairs()) =>
+            {
                 pairs[p.input] = Some(pair_sums(q8k[p.input].as_deref().unwrap_or(&[])));
             }
             Kernel::Iq2Reordered { reorder, .. } if q8k_reordered[p.input].is_none() => {

@@ -37,23 +37,24 @@ mod kquants_multi_x86;
 #[cfg(target_arch = "x86_64")]
 mod kquants_x86;
 #[cfg(target_arch = "x86_64")]
-pub mod q4k_tiles_x86;
-/// No tile kernel off x86-64: [`Q4kTiles::repack`](q4k_tiles_x86::Q4kTiles::repack) says so.
+pub mod tiles_x86;
+/// No tile kernel off x86-64: [`DecodeTiles::repack`](tiles_x86::DecodeTiles::repack) says so.
 #[cfg(not(target_arch = "x86_64"))]
-pub mod q4k_tiles_x86 {
+pub mod tiles_x86 {
     use super::q8::BlockQ8K;
+    use redlite_gguf::quant::GgmlType;
 
     /// Never built off x86-64.
-    pub enum Q4kTiles {}
+    pub enum DecodeTiles {}
 
-    impl Q4kTiles {
-        pub fn repack(_: &[u8], _: usize, _: usize) -> Option<Q4kTiles> {
+    impl DecodeTiles {
+        pub fn repack(_: GgmlType, _: &[u8], _: usize, _: usize) -> Option<DecodeTiles> {
             None
         }
-        pub fn groups(&self) -> usize {
+        pub fn matvec_groups(&self, _: usize, _: &[BlockQ8K], _: &[[i32; 4]], _: &mut [f32]) {
             match *self {}
         }
-        pub fn matvec_groups(&self, _: usize, _: &[BlockQ8K], _: &[[i32; 4]], _: &mut [f32]) {
+        pub fn needs_pairs(&self) -> bool {
             match *self {}
         }
     }

@@ -348,11 +348,11 @@ fn selftest_shape(
             });
         }
 
-        // The Q4_K decode tiles (small files' one-row products) vs scalar, bit for bit.
+        // The decode tiles (small files' one-row products) vs scalar, bit for bit.
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 && ty == GgmlType::Q4K {
-            use super::q4k_tiles_x86::{pair_sums, Q4kTiles};
-            if let Some(tiles) = Q4kTiles::repack(&w, rows, cols) {
+        if isa == Isa::Avx512 {
+            use super::tiles_x86::{pair_sums, DecodeTiles};
+            if let Some(tiles) = DecodeTiles::repack(ty, &w, rows, cols) {
                 let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
                 quantize_row_q8_k(x, &mut q);
                 let mut out = vec![0.0f32; rows];
