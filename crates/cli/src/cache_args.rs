@@ -32,13 +32,32 @@ pub struct CacheArgs {
     #[arg(long)]
     pub no_prefetch: bool,
     /// GPU: prompt tokens per forward call (at most 4096; llama.cpp's -ub). Longer calls share
-    /// each expert's decoded weights among more tokens (4,096-token prefill on the H200: 2,977
-    /// tok/s at 512, 6,179 at 4096) and take ≈ 1 MB of GPU memory per token.
-    #[arg(long, value_name = "N", default_value_t = 512)]
-    pub ubatch: usize,
+    /// each expert's decoded weights among more tokens (4,096-token prefill on the H200: 3,742
+    /// tok/s at 512, 10,868 at 4096) and take ≈ 1 MB of GPU memory per token. Default: 4096
+    /// when every routed expert is resident on the GPU (no --memory / --expert-cache), else 512
+    /// (the GPU memory goes to the expert cache).
+    #[arg(long, value_name = "N")]
+    pub ubatch: Option<usize>,
 }
 
+/// `--ubatch`'s default with every routed expert on the GPU, and under a memory budget.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub const UBATCH_RESIDENT: usize = 4096;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub const UBATCH_BOUNDED: usize = 512;
+
 impl CacheArgs {
+    /// GPU prompt tokens per forward call: `--ubatch`, else [`UBATCH_RESIDENT`] when the routed
+    /// experts are all resident and [`UBATCH_BOUNDED`] under an expert cache.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn gpu_ubatch(&self, all_resident: bool) -> usize {
+        self.ubatch.unwrap_or(if all_resident {
+            UBATCH_RESIDENT
+        } else {
+            UBATCH_BOUNDED
+        })
+    }
+
     /// The cache settings for `file`; a --memory plan reserves KV in `kv_type`.
     pub fn config(&self, file: &GgufFile, kv_type: KvType) -> Result<CacheConfig> {
         let policy: CachePolicy = self

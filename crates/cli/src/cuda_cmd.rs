@@ -184,9 +184,10 @@ mod imp {
     ) -> Result<CudaModel> {
         (opts.experts, opts.expert_policy) = gpu_experts(&file, cache)?;
         // Prompt tokens per forward call: --ubatch (a verify pass still gets its rows).
+        let ubatch = cache.gpu_ubatch(matches!(opts.experts, ExpertCacheSize::All));
         opts.max_batch = opts
             .max_batch
-            .min(cache.ubatch.clamp(1, MAX_UBATCH))
+            .min(ubatch.clamp(1, MAX_UBATCH))
             .max(opts.max_verify)
             .max(1);
         let gpu = Gpu::new(0)

@@ -286,6 +286,142 @@ extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const flo
     }
 }
 
+// dn_delta_warp_<dk>(qkv, beta, g, s, o, n, ch, nk, dv): the recurrence of dn_delta_seq (same
+// arguments, same per-row operations) for prompts, dk = 64 or 128, dv a multiple of 32. Block
+// (h, c) takes V head h, state columns 32c .. 32c + 31; warp w takes 8 of them, lane = 4 cl + p
+// holds column j = 32c + 8w + cl, rows p dk/4 .. (p + 1) dk/4 - 1, in registers. A token's column
+// sums S^T k and S^T q are the lane's own rows (4 interleaved chains) and two xor-shuffles over
+// the column's 4 lanes (each lane ends with the same sum): no barrier per token. The inputs come
+// in chunks of DNW_T tokens staged in shared memory (q and k of the head's QK head, the block's 32
+// v columns, g, beta): the next chunk's loads are issued into registers before this chunk's
+// tokens run and stored after them, one barrier per chunk. (dn_delta_seq's 4 barriers per token
+// made it ≈ 1 µs a token a layer on the H200; one-token-ahead register prefetch without the
+// barriers, 0.8 µs: the loads' latency was the critical path.)
+// Launch: grid = (nv, dv / 32), block = 128 threads.
+#define DNW_T 16
+template <int DK>
+__device__ __forceinline__ void dn_delta_warp_body(const float* __restrict__ qkv, const float* __restrict__ beta,
+                                                   const float* __restrict__ g, float* __restrict__ s,
+                                                   float* __restrict__ o, int n, int ch, int nk, int dv) {
+    constexpr int R = DK / 4;          // state rows per lane
+    constexpr int QP = R + 4;          // a quarter's pitch in shared memory (padding: no bank conflicts)
+    constexpr int TOK = 8 * QP;        // floats per token: q quarters, then k quarters
+    constexpr int QK4 = 2 * DK / 4;    // float4s of q and k per token
+    constexpr int LOADS = DNW_T * QK4 / 128;  // float4s of q/k per thread per chunk
+    static_assert(DNW_T * QK4 % 128 == 0 && DNW_T * 8 == 128, "chunk shape");
+    __shared__ __align__(16) float qk_s[2][DNW_T * TOK];
+    __shared__ __align__(16) float v_s[2][DNW_T * 32];
+    __shared__ float gb_s[2][2 * DNW_T];
+
+    const int h = blockIdx.x, nv = gridDim.x, kh = h / (nv / nk);
+    const int tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    const int c0 = blockIdx.y * 32;
+    const int jl = 8 * w + lane / 4, j = c0 + jl, p = lane % 4, i0 = p * R;
+    float* sh = s + (size_t)h * DK * dv;
+    float st[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) st[r] = sh[(size_t)(i0 + r) * dv + j];
+
+    // The staging registers of one chunk's inputs and where they go.
+    float4 lq[LOADS], lv;
+    float lgb = 0.0f;
+    auto load = [&](int t0) {
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int f = tid + 128 * u, tok = f / QK4, e = 4 * (f % QK4);  // e < 2 DK: q then k
+            const int t = t0 + tok;
+            const int src = e < DK ? kh * DK + e : nk * DK + kh * DK + (e - DK);
+            lq[u] = t < n ? *(const float4*)(qkv + (size_t)t * ch + src) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        {
+            const int tok = tid / 8, t = t0 + tok;
+            lv = t < n ? *(const float4*)(qkv + (size_t)t * ch + 2 * nk * DK + h * dv + c0 + 4 * (tid % 8))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (tid < 2 * DNW_T) {
+            const int t = t0 + tid % DNW_T;
+            lgb = t < n ? (tid < DNW_T ? g : beta)[(size_t)t * nv + h] : 0.0f;
+        }
+    };
+    auto store = [&](int b) {
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int f = tid + 128 * u, tok = f / QK4, e = 4 * (f % QK4);
+            const int which = e / DK, ee = e % DK;  // 0 q, 1 k; element of the head
+            *(float4*)(qk_s[b] + tok * TOK + which * 4 * QP + (ee / R) * QP + ee % R) = lq[u];
+        }
+        *(float4*)(v_s[b] + 4 * tid) = lv;
+        if (tid < 2 * DNW_T) gb_s[b][tid] = lgb;
+    };
+
+    if (n > 0) {
+        load(0);
+        store(0);
+    }
+    __syncthreads();
+    for (int t0 = 0, b = 0; t0 < n; t0 += DNW_T, b ^= 1) {
+        const bool more = t0 + DNW_T < n;
+        if (more) load(t0 + DNW_T);  // in flight while this chunk's tokens run
+        const int nt = min(DNW_T, n - t0);
+        for (int tt = 0; tt < nt; ++tt) {
+            const float* qs = qk_s[b] + tt * TOK + p * QP;
+            const float* ks = qs + 4 * QP;
+            const float alpha = expf(gb_s[b][tt]), bt = gb_s[b][DNW_T + tt], v = v_s[b][tt * 32 + jl];
+            float k[R];
+#pragma unroll
+            for (int r = 0; r < R; r += 4) {
+                const float4 k4 = *(const float4*)(ks + r);
+                k[r] = k4.x, k[r + 1] = k4.y, k[r + 2] = k4.z, k[r + 3] = k4.w;
+            }
+            float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                st[r] *= alpha;
+                m[r % 4] += st[r] * k[r];
+            }
+            float sk = (m[0] + m[1]) + (m[2] + m[3]);
+            sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+            sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+            const float delta = bt * (v - sk);
+            float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < R; r += 4) {
+                const float4 q4 = *(const float4*)(qs + r);
+                const float q[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    st[r + u] += k[r + u] * delta;
+                    a[u] += st[r + u] * q[u];
+                }
+            }
+            float out = (a[0] + a[1]) + (a[2] + a[3]);
+            out += __shfl_xor_sync(0xffffffffu, out, 1);
+            out += __shfl_xor_sync(0xffffffffu, out, 2);
+            if (p == 0) o[((size_t)(t0 + tt) * nv + h) * dv + j] = out;
+        }
+        if (more) store(b ^ 1);  // the other buffer: last read before the previous barrier
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) sh[(size_t)(i0 + r) * dv + j] = st[r];
+}
+
+extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_64(const float* __restrict__ qkv,
+                                                                   const float* __restrict__ beta,
+                                                                   const float* __restrict__ g, float* __restrict__ s,
+                                                                   float* __restrict__ o, int n, int ch, int nk,
+                                                                   int dv) {
+    dn_delta_warp_body<64>(qkv, beta, g, s, o, n, ch, nk, dv);
+}
+
+extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_128(const float* __restrict__ qkv,
+                                                                    const float* __restrict__ beta,
+                                                                    const float* __restrict__ g, float* __restrict__ s,
+                                                                    float* __restrict__ o, int n, int ch, int nk,
+                                                                    int dv) {
+    dn_delta_warp_body<128>(qkv, beta, g, s, o, n, ch, nk, dv);
+}
+
 #define DNF_ROWS 32
 #define DNF_MAX_THREADS 1024
 // dn_fused_seq(qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern,

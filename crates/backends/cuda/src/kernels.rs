@@ -150,6 +150,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "swiglu_pairs",
     "moe_combine_pairs",
     "f32_to_f16",
+    "dn_delta_warp_64",
+    "dn_delta_warp_128",
 ];
 
 /// The name of every kernel entry point in the module.

@@ -638,6 +638,8 @@ pub struct CudaModel {
     gemm_now: bool,
     /// Prompts through the GEMMs still take `dn_fused_seq` (`REDLITE_CUDA_DN_PROMPT_FUSED=1`).
     dn_fused_prompt: bool,
+    /// Prompts' delta rule by `dn_delta_warp_<dk>` (`REDLITE_CUDA_DN_WARP=0`: `dn_delta_seq`).
+    dn_warp: bool,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
     /// `attn_prompt`).
     attn_mma: bool,
@@ -783,6 +785,7 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
+            dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
             head_lane_iters: env_parse("REDLITE_CUDA_HEAD_LANE_ITERS").unwrap_or(8),
             router_split: (
                 env_parse("REDLITE_CUDA_ROUTER_LANE_ITERS").unwrap_or(mvf_lane_iters),
@@ -2015,27 +2018,52 @@ impl CudaModel {
                 A::I((nv / nk) as i32),
             ],
         )?;
-        let f = self.k.dn_delta_seq.clone();
-        let (grid, block, shared) = delta_seq_launch(nv, dk, dv);
-        self.launch(
-            "dn_delta_seq",
-            &f,
-            grid,
-            block,
-            shared,
-            &[
-                A::P(conv),
-                A::P(beta),
-                A::P(g),
-                A::P(*s),
-                A::P(o),
-                A::I(n as i32),
-                A::I(ch as i32),
-                A::I(nk as i32),
-                A::I(dk as i32),
-                A::I(dv as i32),
-            ],
-        )?;
+        // Prompts: the barrier-free form when the shape has one (`REDLITE_CUDA_DN_WARP=0`: not).
+        let warp =
+            crate::ops::delta_warp_launch(nv, dk, dv).filter(|_| self.gemm_now && self.dn_warp);
+        if let Some((name, grid)) = warp {
+            let f = self.gpu.func(&name)?.clone();
+            self.launch(
+                "dn_delta_warp",
+                &f,
+                grid,
+                128,
+                0,
+                &[
+                    A::P(conv),
+                    A::P(beta),
+                    A::P(g),
+                    A::P(*s),
+                    A::P(o),
+                    A::I(n as i32),
+                    A::I(ch as i32),
+                    A::I(nk as i32),
+                    A::I(dv as i32),
+                ],
+            )?;
+        } else {
+            let f = self.k.dn_delta_seq.clone();
+            let (grid, block, shared) = delta_seq_launch(nv, dk, dv);
+            self.launch(
+                "dn_delta_seq",
+                &f,
+                grid,
+                block,
+                shared,
+                &[
+                    A::P(conv),
+                    A::P(beta),
+                    A::P(g),
+                    A::P(*s),
+                    A::P(o),
+                    A::I(n as i32),
+                    A::I(ch as i32),
+                    A::I(nk as i32),
+                    A::I(dk as i32),
+                    A::I(dv as i32),
+                ],
+            )?;
+        }
         let f = self.k.rms_norm_gated.clone();
         self.launch(
             "rms_norm_gated",

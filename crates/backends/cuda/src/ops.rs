@@ -984,8 +984,19 @@ pub fn delta_seq_launch(nv: usize, dk: usize, dv: usize) -> ((u32, u32, u32), u3
     )
 }
 
-/// The delta rule over `n` tokens (conv rows `[n][ch]`, β and g `[n][nv]`): returns
-/// `(o [n][nv][dv], new state)`.
+/// `dn_delta_warp_<dk>` for these shapes (dk 64 or 128, dv a multiple of 32): its name and grid
+/// (blocks of 128 threads, static shared memory), or `None`.
+pub fn delta_warp_launch(nv: usize, dk: usize, dv: usize) -> Option<(String, (u32, u32, u32))> {
+    ((dk == 64 || dk == 128) && dv > 0 && dv.is_multiple_of(32)).then(|| {
+        (
+            format!("dn_delta_warp_{dk}"),
+            (nv as u32, dv.div_ceil(32) as u32, 1),
+        )
+    })
+}
+
+/// The delta rule over `n` tokens (conv rows `[n][ch]`, β and g `[n][nv]`) by `dn_delta_seq`, or
+/// by `dn_delta_warp_<dk>` with `warp`: returns `(o [n][nv][dv], new state)`.
 pub fn dn_delta_seq(
     gpu: &Gpu,
     qkv: &[f32],
@@ -993,6 +1004,7 @@ pub fn dn_delta_seq(
     g: &[f32],
     state: &[f32],
     d: DeltaDims,
+    warp: bool,
 ) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
     let ch = 2 * d.nk * d.dk + d.nv * d.dv;
     let n = check_rows(qkv.len(), ch, "dn_delta_seq")?;
@@ -1014,14 +1026,26 @@ pub fn dn_delta_seq(
         i32_arg(d.dk, "dk")?,
         i32_arg(d.dv, "dv")?,
     );
-    let (grid, block, shared) = delta_seq_launch(d.nv, d.dk, d.dv);
-    launch!(
-        gpu,
-        gpu.func("dn_delta_seq")?,
-        "dn_delta_seq",
-        cfg(grid, block, shared),
-        [&qd, &bd, &gd, &mut sd, &mut o, &ni, &chi, &nki, &dki, &dvi]
-    )?;
+    if warp {
+        let (name, grid) = delta_warp_launch(d.nv, d.dk, d.dv)
+            .ok_or_else(|| CudaError::Invalid(format!("dn_delta_warp: sizes {d:?}")))?;
+        launch!(
+            gpu,
+            gpu.func(&name)?,
+            &name,
+            cfg(grid, 128, 0),
+            [&qd, &bd, &gd, &mut sd, &mut o, &ni, &chi, &nki, &dvi]
+        )?;
+    } else {
+        let (grid, block, shared) = delta_seq_launch(d.nv, d.dk, d.dv);
+        launch!(
+            gpu,
+            gpu.func("dn_delta_seq")?,
+            "dn_delta_seq",
+            cfg(grid, block, shared),
+            [&qd, &bd, &gd, &mut sd, &mut o, &ni, &chi, &nki, &dki, &dvi]
+        )?;
+    }
     Ok((download(gpu, &o)?, download(gpu, &sd)?))
 }
 

@@ -1096,7 +1096,23 @@ impl Runner<'_> {
         });
         self.record("dn_gates", format!("{n} tokens, {} V heads", d.nv), r);
 
-        // The delta rule over n tokens in one launch.
+        // The delta rule over n tokens in one launch: dn_delta_seq, and dn_delta_warp_<dk> on
+        // this shape and on the tiny fixtures' (dk = dv = 64).
+        self.delta_rule(d, n);
+        self.delta_rule(
+            DeltaDims {
+                nk: 2,
+                nv: 4,
+                dk: 64,
+                dv: 64,
+            },
+            n,
+        );
+    }
+
+    /// `dn_delta_seq` and `dn_delta_warp_<dk>` over `n` tokens against an f64 reference.
+    fn delta_rule(&mut self, d: DeltaDims, n: usize) {
+        let ch = 2 * d.nk * d.dk + d.nv * d.dv;
         let mut qkv = self.rng.normals(n * ch, 1.0);
         for t in 0..n {
             for head in qkv[t * ch..t * ch + 2 * d.nk * d.dk].chunks_exact_mut(d.dk) {
@@ -1109,7 +1125,7 @@ impl Runner<'_> {
             .map(|_| -(self.rng.uniform() * 2.0) as f32)
             .collect();
         let s0 = self.rng.normals(d.nv * d.dk * d.dv, 0.1);
-        let r = ops::dn_delta_seq(self.gpu, &qkv, &beta, &g, &s0, d).map(|(o, s1)| {
+        let reference = || {
             let mut ro = vec![0.0f64; n * d.nv * d.dv];
             let mut rs: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
             for t in 0..n {
@@ -1133,13 +1149,25 @@ impl Runner<'_> {
                     }
                 }
             }
-            (rel_err(&o, &ro).max(rel_err(&s1, &rs)), TOL_F32)
-        });
-        self.record(
-            "dn_delta_seq",
-            format!("{n} tokens, {}/{} heads, {}x{}", d.nk, d.nv, d.dk, d.dv),
-            r,
-        );
+            (ro, rs)
+        };
+        let (ro, rs) = reference();
+        for warp in [false, true] {
+            if warp && ops::delta_warp_launch(d.nv, d.dk, d.dv).is_none() {
+                continue;
+            }
+            let r = ops::dn_delta_seq(self.gpu, &qkv, &beta, &g, &s0, d, warp)
+                .map(|(o, s1)| (rel_err(&o, &ro).max(rel_err(&s1, &rs)), TOL_F32));
+            self.record(
+                if warp {
+                    "dn_delta_warp"
+                } else {
+                    "dn_delta_seq"
+                },
+                format!("{n} tokens, {}/{} heads, {}x{}", d.nk, d.nv, d.dk, d.dv),
+                r,
+            );
+        }
     }
 
     /// `dn_fused_seq` (conv, q/k norm, gates, delta rule, gated norm in one launch) against an
