@@ -438,25 +438,30 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     let _helper = crate::team::Helper::enter();
     let mut idle = 0u32;
     while !done.load(Ordering::Acquire) && ACTIVE_PASSES.load(Ordering::Acquire) == 1 {
-        // The pass's small regions come as team jobs (see `team`), the larger ones via rayon.
+        // The pass's small regions come as team jobs (see `team`), polled often (one load);
+        // the larger ones via rayon, whose poll costs ≈ 0.5 µs (deque steals), once in 16.
         if crate::team::help() {
             idle = 0;
             continue;
         }
-        match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => idle = 0,
-            _ => {
-                idle = idle.saturating_add(1);
-                // Spin briefly, then leave the CPU to other processes between checks.
-                if idle < 4096 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+        idle = idle.saturating_add(1);
+        if idle.is_multiple_of(RAYON_POLL_EVERY)
+            && rayon::yield_now() == Some(rayon::Yield::Executed)
+        {
+            idle = 0;
+            continue;
+        }
+        // Spin briefly, then leave the CPU to other processes between checks.
+        if idle < 1 << 16 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
         }
     }
 }
+
+/// Idle polls of the team job per poll of rayon's queues in [`keep_warm`].
+const RAYON_POLL_EVERY: u32 = 16;
 
 /// Files up to this size get their Q4_K and Q6_K matrices repacked as [`DecodeTiles`] for one-row
 /// products: `REDLITE_DECODE_TILES_MB` MiB, default 64 (0: never). Small models' products run

@@ -392,12 +392,17 @@ pub fn delta_rule_parallel(
     // calling thread (the hand-off to the pool costs more); each head is computed the same.
     let work = heads.iter().map(|h| h.beta.len()).sum::<usize>() * per * 4;
     if work < PARALLEL_MIN_WORK_BYTES {
-        heads
+        // Split only over threads the pass keeps warm (see `team`).
+        let mut items: Vec<_> = heads
             .iter()
             .zip(states.chunks_mut(per))
             .zip(traces.iter_mut())
-            .map(|((inp, s), t)| one_head(inp, s, rule, t.as_deref_mut()))
-            .collect()
+            .map(|x| (x, Vec::new()))
+            .collect();
+        crate::team::for_each_mut_or_serial(&mut items, |(((inp, s), t), out)| {
+            *out = one_head(inp, s, rule, t.as_deref_mut());
+        });
+        items.into_iter().map(|(_, out)| out).collect()
     } else {
         heads
             .par_iter()

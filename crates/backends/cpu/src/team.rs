@@ -89,15 +89,35 @@ pub(crate) fn help() -> bool {
 /// `f(i)` for every `i` in `0..n`, spread over the warm threads and this one (see the module
 /// docs); on rayon's pool when there are none.
 pub fn for_each(n: usize, f: impl Fn(usize) + Sync + Send) {
-    if n <= 1 {
+    if n <= 1 || rayon::current_num_threads() <= 1 {
         (0..n).for_each(f);
         return;
     }
-    if n > MAX_TASKS || HELPERS.load(Ordering::Acquire) == 0 || BUSY.swap(true, Ordering::AcqRel) {
+    if !try_publish(n) {
         (0..n).into_par_iter().for_each(f);
         return;
     }
-    let task: Task = &f;
+    run_published(n, &f);
+}
+
+/// [`for_each`] for work too small for rayon: on the calling thread when no thread is warm.
+pub fn for_each_or_serial(n: usize, f: impl Fn(usize) + Sync + Send) {
+    if n <= 1 || !try_publish(n) {
+        (0..n).for_each(f);
+        return;
+    }
+    run_published(n, &f);
+}
+
+/// Whether a job of `n` tasks may be published now (then the caller holds [`BUSY`]).
+fn try_publish(n: usize) -> bool {
+    n <= MAX_TASKS && HELPERS.load(Ordering::Acquire) > 0 && !BUSY.swap(true, Ordering::AcqRel)
+}
+
+/// Publishes `f` as a job of `n` tasks (the caller holds [`BUSY`]), takes part, and returns
+/// when every task has finished.
+fn run_published(n: usize, f: &(dyn Fn(usize) + Sync)) {
+    let task: Task = f;
     FUNC.store(&task as *const Task as *mut (), Ordering::Relaxed);
     DONE.store(0, Ordering::Relaxed);
     let id = ((JOB.load(Ordering::Relaxed) >> (2 * INDEX_BITS)) + 1) & ID_MASK;
@@ -145,6 +165,14 @@ pub fn for_each_mut<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync + Send) 
     let items = Items(items.as_mut_ptr());
     // SAFETY: `for_each` runs each index in 0..n once, so each element has one borrower.
     for_each(n, |i| f(unsafe { items.get(i) }));
+}
+
+/// `f(item)` for every element of `items`, as [`for_each_or_serial`] spreads indices.
+pub fn for_each_mut_or_serial<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync + Send) {
+    let n = items.len();
+    let items = Items(items.as_mut_ptr());
+    // SAFETY: as in `for_each_mut`.
+    for_each_or_serial(n, |i| f(unsafe { items.get(i) }));
 }
 
 #[cfg(test)]
