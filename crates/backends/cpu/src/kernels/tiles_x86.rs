@@ -113,9 +113,8 @@ impl Q4kTiles {
         for (g, ys) in (g0..).zip(out.chunks_mut(TILE_ROWS)) {
             let group = &self.tiles[g * self.nb..(g + 1) * self.nb];
             // SAFETY: tiles exist only where `supported()` (AVX-512 VNNI) holds; the blocks read
-            // are within `group`, `x` and `pairs` (checked above).
-            let v = unsafe { group_dot(group, x, pairs) };
-            ys.copy_from_slice(&v[..ys.len()]);
+            // are within `group`, `x` and `pairs` (checked above); `ys` has at most 16 rows.
+            unsafe { group_dot(group, x, pairs, ys) };
         }
     }
 }
@@ -213,8 +212,7 @@ impl Q6kTiles {
         for (g, ys) in (g0..).zip(out.chunks_mut(TILE_ROWS)) {
             let group = &self.tiles[g * self.nb..(g + 1) * self.nb];
             // SAFETY: as in `Q4kTiles::matvec_groups`.
-            let v = unsafe { group_dot_q6k(group, x) };
-            ys.copy_from_slice(&v[..ys.len()]);
+            unsafe { group_dot_q6k(group, x, ys) };
         }
     }
 }
@@ -245,9 +243,9 @@ fn put_row_q6k(tile: &mut Q6kTile, r: usize, b: &[u8]) {
     tile.d[r] = u16::from_le_bytes([b[208], b[209]]);
 }
 
-/// The 16 rows of one Q6_K tile group (`nb` tiles) · `x`.
+/// The first `out.len()` (≤ 16) rows of one Q6_K tile group (`nb` tiles) · `x` into `out`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_dot_q6k(group: &[Q6kTile], x: &[BlockQ8K]) -> [f32; TILE_ROWS] {
+unsafe fn group_dot_q6k(group: &[Q6kTile], x: &[BlockQ8K], out: &mut [f32]) {
     let mut acc = _mm512_setzero_ps();
     for (tb, y) in group.iter().zip(x) {
         let yq = y.qs.as_ptr();
@@ -278,9 +276,14 @@ unsafe fn group_dot_q6k(group: &[Q6kTile], x: &[BlockQ8K]) -> [f32; TILE_ROWS] {
             _mm512_mul_ps(_mm512_mul_ps(yd, d), _mm512_cvtepi32_ps(isum)),
         );
     }
-    let mut out = [0.0f32; TILE_ROWS];
-    _mm512_storeu_ps(out.as_mut_ptr(), acc);
-    out
+    store_rows(out, acc);
+}
+
+/// The first `out.len()` (≤ 16) lanes of `v` into `out`.
+#[inline(always)]
+unsafe fn store_rows(out: &mut [f32], v: __m512) {
+    let mask = (1u32 << out.len().min(TILE_ROWS)) - 1;
+    _mm512_mask_storeu_ps(out.as_mut_ptr(), mask as __mmask16, v);
 }
 
 /// The activation blocks' sub-block sums as the tile kernel reads them.
@@ -305,9 +308,9 @@ fn put_row(tile: &mut Q4kTile, r: usize, b: &[u8]) {
     }
 }
 
-/// The 16 rows of one tile group (`nb` tiles) · `x`.
+/// The first `out.len()` (≤ 16) rows of one tile group (`nb` tiles) · `x` into `out`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_dot(group: &[Q4kTile], x: &[BlockQ8K], pairs: &[[i32; 4]]) -> [f32; TILE_ROWS] {
+unsafe fn group_dot(group: &[Q4kTile], x: &[BlockQ8K], pairs: &[[i32; 4]], out: &mut [f32]) {
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = _mm512_setzero_ps();
     for ((tb, y), p) in group.iter().zip(x).zip(pairs) {
@@ -343,9 +346,7 @@ unsafe fn group_dot(group: &[Q4kTile], x: &[BlockQ8K], pairs: &[[i32; 4]]) -> [f
         let b = _mm512_mul_ps(_mm512_mul_ps(yd, dmin), _mm512_cvtepi32_ps(isumm));
         acc = _mm512_add_ps(acc, _mm512_sub_ps(a, b));
     }
-    let mut out = [0.0f32; TILE_ROWS];
-    _mm512_storeu_ps(out.as_mut_ptr(), acc);
-    out
+    store_rows(out, acc);
 }
 
 #[cfg(test)]
