@@ -38,14 +38,34 @@ impl Blas {
     /// `y[t][r] = Σ_k w[r][k] · x[t][k]` (+ the previous `y[t][r]` when `accumulate`) for
     /// `t < n`, `r < rows`, `k < cols`: `w` f16 `[rows][cols]`, `x` f16 `[n][cols]`, `y` f32
     /// `[n][rows]`, all row-major device buffers.
-    ///
+    pub fn gemm_f16(
+        &self,
+        wxy: (u64, u64, u64),
+        shape: (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        self.gemm(wxy, shape, accumulate, sys::cudaDataType_t::CUDA_R_16F)
+    }
+
+    /// [`Self::gemm_f16`] with f32 `w` and `x` (full f32 products: the default math mode
+    /// uses no TF32).
+    pub fn gemm_f32(
+        &self,
+        wxy: (u64, u64, u64),
+        shape: (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        self.gemm(wxy, shape, accumulate, sys::cudaDataType_t::CUDA_R_32F)
+    }
+
     /// In cuBLAS's column-major terms `w` is a `cols × rows` matrix and `x` a `cols × n` one, so
     /// `y` (`rows × n`, leading dimension `rows`) is `wᵀ · x`.
-    pub fn gemm_f16(
+    fn gemm(
         &self,
         (w, x, y): (u64, u64, u64),
         (rows, cols, n): (usize, usize, usize),
         accumulate: bool,
+        input: sys::cudaDataType_t,
     ) -> Result<(), CudaError> {
         let int = |v: usize, what: &str| {
             i32::try_from(v)
@@ -55,9 +75,9 @@ impl Blas {
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0 };
         // SAFETY: `w`, `x` and `y` are live device buffers of at least rows·cols and n·cols
-        // halves and n·rows floats (the caller's contract), ordered on the handle's stream;
-        // alpha and beta are host scalars (the handle's default pointer mode) that outlive the
-        // call, which only enqueues the work.
+        // elements of `input` and n·rows floats (the caller's contract), ordered on the handle's
+        // stream; alpha and beta are host scalars (the handle's default pointer mode) that
+        // outlive the call, which only enqueues the work.
         unsafe {
             result::gemm_ex(
                 *self.blas.handle(),
@@ -68,10 +88,10 @@ impl Blas {
                 k,
                 (&alpha as *const f32).cast::<c_void>(),
                 w as *const c_void,
-                sys::cudaDataType_t::CUDA_R_16F,
+                input,
                 k,
                 x as *const c_void,
-                sys::cudaDataType_t::CUDA_R_16F,
+                input,
                 k,
                 (&beta as *const f32).cast::<c_void>(),
                 y as *mut c_void,

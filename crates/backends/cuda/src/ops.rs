@@ -229,7 +229,8 @@ pub fn gemm(
 
 /// The long-prompt form of [`gemm`] (model.rs `gemm_blas`): `W` decoded whole into f16
 /// (`dequant_f16_<type>`), `xs` rounded to f16 (`f32_to_f16`), then cublasGemmEx with f32
-/// accumulation; `acc` as in [`gemm`]. Quantized types only; `cols` a multiple of 32.
+/// accumulation; `acc` as in [`gemm`]; f32 weights (the router) in f32 as they are. `cols` a
+/// multiple of 32.
 pub fn gemm_blas(
     gpu: &Gpu,
     ty: GgmlType,
@@ -246,6 +247,20 @@ pub fn gemm_blas(
     }
     let blas = crate::blas::Blas::new(gpu.stream.clone())?;
     let x = upload(gpu, xs)?;
+    if ty == GgmlType::F32 {
+        // f32 weights (the router) as they are: f32 inputs, f32 products.
+        let mut y = match acc {
+            Some(a) => upload(gpu, a)?,
+            None => alloc_poisoned::<f32>(gpu, n * rows)?,
+        };
+        {
+            let (wp, _gw) = w.device_ptr(&gpu.stream);
+            let (xp, _gx) = x.device_ptr(&gpu.stream);
+            let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
+            blas.gemm_f32((wp, xp, yp), (rows, cols, n), acc.is_some())?;
+        }
+        return download(gpu, &y);
+    }
     let mut wh = alloc_poisoned::<u16>(gpu, rows * cols)?;
     let mut xh = alloc_poisoned::<u16>(gpu, n * cols)?;
     let mut y = match acc {

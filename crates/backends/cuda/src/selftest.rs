@@ -296,9 +296,9 @@ impl Runner<'_> {
             let bytes = random_weights(&mut self.rng, ty, rows, cols);
             let xs = self.rng.normals(n * cols, 1.0);
             let res = residual.then(|| self.rng.normals(n * rows, 1.0));
-            // The own kernel and, for quantized types when the library is there, the cuBLAS
-            // form of long prompts (the same f16 inputs, the library's summation order).
-            let blas = ty != GgmlType::F32 && crate::blas::available();
+            // The own kernel and, when the library is there, the cuBLAS form of long prompts
+            // (the same f16 inputs, or f32 for f32 weights; the library's summation order).
+            let blas = crate::blas::available();
             for use_blas in [false, true] {
                 if use_blas && !blas {
                     continue;
