@@ -2030,51 +2030,33 @@ impl CudaModel {
             ],
         )?;
         // Prompts: the barrier-free form when the shape has one (`REDLITE_CUDA_DN_WARP=0`: not).
+        // Same arguments, but dn_delta_warp_<dk> has dk in its name.
         let warp =
             crate::ops::delta_warp_launch(nv, dk, dv).filter(|_| self.gemm_now && self.dn_warp);
-        if let Some((name, grid)) = warp {
-            let f = self.gpu.func(&name)?.clone();
-            self.launch(
+        let mut args = vec![
+            A::P(conv),
+            A::P(beta),
+            A::P(g),
+            A::P(*s),
+            A::P(o),
+            A::I(n as i32),
+            A::I(ch as i32),
+            A::I(nk as i32),
+        ];
+        let (what, f, (grid, block, shared)) = match warp {
+            Some((name, grid)) => (
                 "dn_delta_warp",
-                &f,
-                grid,
-                128,
-                0,
-                &[
-                    A::P(conv),
-                    A::P(beta),
-                    A::P(g),
-                    A::P(*s),
-                    A::P(o),
-                    A::I(n as i32),
-                    A::I(ch as i32),
-                    A::I(nk as i32),
-                    A::I(dv as i32),
-                ],
-            )?;
-        } else {
-            let f = self.k.dn_delta_seq.clone();
-            let (grid, block, shared) = delta_seq_launch(nv, dk, dv);
-            self.launch(
-                "dn_delta_seq",
-                &f,
-                grid,
-                block,
-                shared,
-                &[
-                    A::P(conv),
-                    A::P(beta),
-                    A::P(g),
-                    A::P(*s),
-                    A::P(o),
-                    A::I(n as i32),
-                    A::I(ch as i32),
-                    A::I(nk as i32),
-                    A::I(dk as i32),
-                    A::I(dv as i32),
-                ],
-            )?;
-        }
+                self.gpu.func(&name)?.clone(),
+                (grid, 128, 0),
+            ),
+            None => {
+                args.push(A::I(dk as i32));
+                let f = self.k.dn_delta_seq.clone();
+                ("dn_delta_seq", f, delta_seq_launch(nv, dk, dv))
+            }
+        };
+        args.push(A::I(dv as i32));
+        self.launch(what, &f, grid, block, shared, &args)?;
         let f = self.k.rms_norm_gated.clone();
         self.launch(
             "rms_norm_gated",

@@ -178,6 +178,28 @@ pub fn matvec(
     download(gpu, &y)
 }
 
+/// The inputs of [`gemm`] and [`gemm_blas`] on the device: `(n, x, y)` with `y` holding `acc`
+/// (the residual form) or poison.
+fn gemm_io(
+    gpu: &Gpu,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    acc: Option<&[f32]>,
+    what: &str,
+) -> Result<(usize, CudaSlice<f32>, CudaSlice<f32>), CudaError> {
+    let n = check_rows(xs.len(), cols, what)?;
+    if !cols.is_multiple_of(32) || acc.is_some_and(|a| a.len() != n * rows) {
+        return Err(CudaError::Invalid(format!(
+            "{what}: {cols} columns (a multiple of 32 wanted) or a residual of the wrong length"
+        )));
+    }
+    let y = match acc {
+        Some(a) => upload(gpu, a)?,
+        None => alloc_poisoned::<f32>(gpu, n * rows)?,
+    };
+    Ok((n, upload(gpu, xs)?, y))
+}
+
 /// `gemm_<type>` (the prompt GEMM on the tensor cores, f16 inputs; f32 weights: `gemm_f32_simt`,
 /// f32 inputs): `ys[t] = W · xs[t]` for `n`
 /// rows, plus `ys[t]`'s previous value when `acc` is given (`[n][rows]`, the residual form).
@@ -190,23 +212,13 @@ pub fn gemm(
     xs: &[f32],
     acc: Option<&[f32]>,
 ) -> Result<Vec<f32>, CudaError> {
-    let n = check_rows(xs.len(), cols, "gemm x")?;
-    if !cols.is_multiple_of(32) || acc.is_some_and(|a| a.len() != n * rows) {
-        return Err(CudaError::Invalid(format!(
-            "gemm: {cols} columns (a multiple of 32 wanted) or a residual of the wrong length"
-        )));
-    }
+    let (n, x, mut y) = gemm_io(gpu, (rows, cols), xs, acc, "gemm")?;
     // As the model: f32 weights through the f32 kernel, the rest on the tensor cores.
     let (name, threads) = match ty {
         GgmlType::F32 => ("gemm_f32_simt".to_string(), 256),
         _ => (format!("gemm_{}", type_suffix(ty)), 128),
     };
     let f = gpu.func(&name)?;
-    let x = upload(gpu, xs)?;
-    let mut y = match acc {
-        Some(a) => upload(gpu, a)?,
-        None => alloc_poisoned::<f32>(gpu, n * rows)?,
-    };
     let (r, c, nn) = (
         i32_arg(rows, "rows")?,
         i32_arg(cols, "cols")?,
@@ -239,57 +251,45 @@ pub fn gemm_blas(
     xs: &[f32],
     acc: Option<&[f32]>,
 ) -> Result<Vec<f32>, CudaError> {
-    let n = check_rows(xs.len(), cols, "gemm x")?;
-    if !cols.is_multiple_of(32) || acc.is_some_and(|a| a.len() != n * rows) {
-        return Err(CudaError::Invalid(format!(
-            "gemm_blas: {cols} columns (a multiple of 32 wanted) or a residual of the wrong length"
-        )));
-    }
+    let (n, x, mut y) = gemm_io(gpu, (rows, cols), xs, acc, "gemm_blas")?;
     let blas = crate::blas::Blas::new(gpu.stream.clone())?;
-    let x = upload(gpu, xs)?;
-    if ty == GgmlType::F32 {
-        // f32 weights (the router) as they are: f32 inputs, f32 products.
-        let mut y = match acc {
-            Some(a) => upload(gpu, a)?,
-            None => alloc_poisoned::<f32>(gpu, n * rows)?,
+    // Quantized weights: W and X staged as f16 first.
+    let staged = if ty == GgmlType::F32 {
+        None
+    } else {
+        let mut wh = alloc_poisoned::<u16>(gpu, rows * cols)?;
+        let mut xh = alloc_poisoned::<u16>(gpu, n * cols)?;
+        let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+        let name = format!("dequant_f16_{}", type_suffix(ty));
+        let groups = rows * cols / 16;
+        launch!(
+            gpu,
+            gpu.func(&name)?,
+            &name,
+            cfg((groups.div_ceil(256) as u32, 1, 1), 256, 0),
+            [w, &mut wh, &r, &c]
+        )?;
+        let len4 = i32_arg(n * cols / 4, "activations")?;
+        launch!(
+            gpu,
+            gpu.func("f32_to_f16")?,
+            "f32_to_f16",
+            cfg(((n * cols / 4).div_ceil(256) as u32, 1, 1), 256, 0),
+            [&x, &mut xh, &len4]
+        )?;
+        Some((wh, xh))
+    };
+    {
+        let ((wp, _gw), (xp, _gx)) = match &staged {
+            Some((wh, xh)) => (wh.device_ptr(&gpu.stream), xh.device_ptr(&gpu.stream)),
+            None => (w.device_ptr(&gpu.stream), x.device_ptr(&gpu.stream)),
         };
-        {
-            let (wp, _gw) = w.device_ptr(&gpu.stream);
-            let (xp, _gx) = x.device_ptr(&gpu.stream);
-            let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
+        let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
+        if staged.is_some() {
+            blas.gemm_f16((wp, xp, yp), (rows, cols, n), acc.is_some())?;
+        } else {
             blas.gemm_f32((wp, xp, yp), (rows, cols, n), acc.is_some())?;
         }
-        return download(gpu, &y);
-    }
-    let mut wh = alloc_poisoned::<u16>(gpu, rows * cols)?;
-    let mut xh = alloc_poisoned::<u16>(gpu, n * cols)?;
-    let mut y = match acc {
-        Some(a) => upload(gpu, a)?,
-        None => alloc_poisoned::<f32>(gpu, n * rows)?,
-    };
-    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
-    let name = format!("dequant_f16_{}", type_suffix(ty));
-    let groups = rows * cols / 16;
-    launch!(
-        gpu,
-        gpu.func(&name)?,
-        &name,
-        cfg((groups.div_ceil(256) as u32, 1, 1), 256, 0),
-        [w, &mut wh, &r, &c]
-    )?;
-    let len4 = i32_arg(n * cols / 4, "activations")?;
-    launch!(
-        gpu,
-        gpu.func("f32_to_f16")?,
-        "f32_to_f16",
-        cfg(((n * cols / 4).div_ceil(256) as u32, 1, 1), 256, 0),
-        [&x, &mut xh, &len4]
-    )?;
-    {
-        let (wp, _gw) = wh.device_ptr(&gpu.stream);
-        let (xp, _gx) = xh.device_ptr(&gpu.stream);
-        let (yp, _gy) = y.device_ptr_mut(&gpu.stream);
-        blas.gemm_f16((wp, xp, yp), (rows, cols, n), acc.is_some())?;
     }
     download(gpu, &y)
 }
