@@ -225,6 +225,10 @@ pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec
     let flat: Vec<f32> = xs.concat();
     let mut ys = vec![0.0f32; rows * xs.len()];
     b.linear(w, &flat, xs.len(), &mut ys);
+    if xs.len() == 1 {
+        // A decode step's row is the whole output (no copy of, e.g., the vocabulary's logits).
+        return vec![ys];
+    }
     if xs.len() >= 16 && rows > 0 {
         // Prompt-sized: the copies on the pool.
         use rayon::prelude::*;

@@ -597,10 +597,8 @@ impl Backend for CpuBackend {
                 input: 0,
                 tiles: Some(tiles),
             };
-            let mut out = [Vec::new()];
-            fused::matvec_batch(&[product], &[xs], &mut out)
+            fused::matvec_into(&product, xs, ys)
                 .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
-            ys.copy_from_slice(&out[0]);
             return;
         }
         run_linear(w.ty, w.bytes(), (w.rows, w.cols), xs, n, ys);

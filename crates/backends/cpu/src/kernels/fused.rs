@@ -97,6 +97,26 @@ pub fn matvec_batch(
     inputs: &[&[f32]],
     outputs: &mut [Vec<f32>],
 ) -> Result<(), KernelError> {
+    for (o, p) in outputs.iter_mut().zip(products) {
+        o.clear();
+        o.resize(p.rows, 0.0);
+    }
+    let mut outs: Vec<&mut [f32]> = outputs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    batch_into(products, inputs, &mut outs)
+}
+
+/// `y = W · x` for one product, into `y` (`rows` values): [`matvec_batch`] of one product
+/// without an output vector of its own.
+pub fn matvec_into(product: &Product, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    batch_into(std::slice::from_ref(product), &[x], &mut [y])
+}
+
+/// [`matvec_batch`] into slices of exactly each product's rows.
+fn batch_into(
+    products: &[Product],
+    inputs: &[&[f32]],
+    outputs: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
     // Kernel and row size per product, with exactly `matvec`'s checks.
     let mut kernels = Vec::with_capacity(products.len());
     for p in products {
@@ -118,6 +138,15 @@ pub fn matvec_batch(
             expected: products.len(),
             got: outputs.len(),
         });
+    }
+    for (o, p) in outputs.iter().zip(products) {
+        if o.len() != p.rows {
+            return Err(KernelError::BadLength {
+                what: "output rows",
+                expected: p.rows,
+                got: o.len(),
+            });
+        }
     }
 
     // Quantize each input once per activation format it is read in.
@@ -159,10 +188,6 @@ pub fn matvec_batch(
     }
     // Tasks: (product, first row, its slice of the product's output), ≈ TASK_BYTES of weights
     // each; every task writes its own rows in place.
-    for (o, p) in outputs.iter_mut().zip(products) {
-        o.clear();
-        o.resize(p.rows, 0.0);
-    }
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, (o, (kernel, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
         let mut per = (task_bytes() / (*row_bytes).max(1)).max(1);
