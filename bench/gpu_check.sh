@@ -14,7 +14,8 @@
 # cache exactness test; decode all resident; the same two decodes with the old build; resident
 # variants ($VARIANTS: NAME=VALUE environment settings, comma-separated per variant; $MEM_VARIANTS
 # are measured at 16 GiB right after the default); the
-# MOE_IQ2_SB=2 expert kernels (self-test, decode); ncu's kernel times of one step.
+# MOE_IQ2_SB=2 expert kernels (self-test, decode); ncu's kernel times of one step and of one
+# 4,096-token prefill call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/check}
@@ -117,8 +118,11 @@ fi
 # and fixture parity first (the variants change kernels), then the same two prefills, then the
 # default again (A B A B).
 pre() { timeout 120 $NEW bench prefill --backend cuda -m $FULL "$@" 2>&1 | grep "^cuda\|rror\|panick"; }
-step "bench prefill --backend cuda: 512 tokens, 4096 tokens --ubatch 4096 (default)"
-(pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096) | keep
+step "bench prefill --backend cuda: 512 tokens, 4096 tokens --ubatch 4096 (default), 4096 tokens --ubatch 512"
+(pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096; pre -p 4096 -n 2 --ubatch 512) | keep
+step "fixture parity with REDLITE_CUDA_CUBLAS_MIN=16 (the fixtures' prompts through cuBLAS)"
+REDLITE_CUDA_CUBLAS_MIN=16 timeout 150 $NEW selftest --backend cuda --fixtures "$DEV/fixtures" 2>&1 |
+    grep -h "^selftest:\|FAIL\|| prefill" | head -8 | keep
 for v in ${PREFILL_VARIANTS:-}; do
     step "prefill variant $v: self-test + parity, then 512 / 4096 tokens, then the default again"
     (IFS=,; for kv in $v; do export "$kv"; done
@@ -185,6 +189,12 @@ if command -v ncu >/dev/null; then
     timeout 120 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
         $NEW bench decode --backend cuda --no-graphs --profile-step 1 -m $FULL -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
     ncu_summary "$LOGS/ncu.csv" 18 | keep
+fi
+if command -v ncu >/dev/null; then
+    step "ncu: one 4096-token prefill call"
+    timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        $NEW bench prefill --backend cuda -m $FULL -p 4096 -n 1 --ubatch 4096 >"$LOGS/ncu_prefill.csv" 2>"$LOGS/ncu_prefill.err"
+    ncu_summary "$LOGS/ncu_prefill.csv" 16 | keep
 fi
 step "done (status $status)"
 rm -f $FULL
