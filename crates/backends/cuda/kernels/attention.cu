@@ -448,7 +448,11 @@ extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_256(const float
 // attn_merge combines the chunks. Both derive the same chunking from n: chunk = max(min_chunk, ceil(n /
 // splits)) rounded up to a multiple of 4, active chunks = ceil(n / chunk) (splits = gridDim.y of
 // attn_split); chunks past the active ones do nothing.
+// Positions per step of a warp in attn_split (their K and V rows loaded before any arithmetic);
+// REDLITE_CUDA_DEFINES=ATTN_UNROLL=8 tries more loads in flight (an experiment for long contexts).
+#ifndef ATTN_UNROLL
 #define ATTN_UNROLL 4
+#endif
 
 __device__ __forceinline__ int attn_chunk(int n, int splits, int min_chunk) {
     int c = (n + splits - 1) / splits;

@@ -645,6 +645,10 @@ pub struct CudaModel {
     dn_fused_prompt: bool,
     /// Prompts' delta rule by `dn_delta_warp_<dk>` (`REDLITE_CUDA_DN_WARP=0`: `dn_delta_seq`).
     dn_warp: bool,
+    /// Fewest cache positions per chunk of the decode attention split (`attn_split`):
+    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, rounded up to a multiple of 4; default
+    /// [`ATTN_MIN_CHUNK`]). Larger chunks: fewer blocks and partial results at long context.
+    attn_min_chunk: usize,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
     /// `attn_prompt`).
     attn_mma: bool,
@@ -792,6 +796,10 @@ impl CudaModel {
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
+            attn_min_chunk: env_parse("REDLITE_CUDA_ATTN_MIN_CHUNK")
+                .unwrap_or(ATTN_MIN_CHUNK)
+                .max(ATTN_MIN_CHUNK)
+                .next_multiple_of(4),
             head_lane_iters: env_parse("REDLITE_CUDA_HEAD_LANE_ITERS").unwrap_or(8),
             router_split: (
                 env_parse("REDLITE_CUDA_ROUTER_LANE_ITERS").unwrap_or(1),
@@ -1797,7 +1805,7 @@ impl CudaModel {
                     A::I(nkv as i32),
                     A::I(hd as i32),
                     A::F(scale),
-                    A::I(ATTN_MIN_CHUNK as i32),
+                    A::I(self.attn_min_chunk as i32),
                 ],
             )?;
             let f = self.k.attn_merge.clone();
@@ -1814,7 +1822,7 @@ impl CudaModel {
                     A::P(pos),
                     A::I(splits as i32),
                     A::I(hd as i32),
-                    A::I(ATTN_MIN_CHUNK as i32),
+                    A::I(self.attn_min_chunk as i32),
                 ],
             )?;
         } else if self.gemm_now && crate::ops::attn_prompt_fits(nh, nkv, hd) {
