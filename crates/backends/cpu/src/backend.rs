@@ -437,12 +437,21 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     }
     let _helper = crate::team::Helper::enter();
     let mut idle = 0u32;
+    let mut seen = crate::team::latest_job();
     while !done.load(Ordering::Acquire) && ACTIVE_PASSES.load(Ordering::Acquire) == 1 {
         // The pass's small regions come as team jobs (see `team`), polled often (one load);
         // the larger ones via rayon, whose poll costs ≈ 0.5 µs (deque steals), once in 16.
         if crate::team::help() {
             idle = 0;
             continue;
+        }
+        // A new job counts as activity even when the publisher ran all of it: a thread that
+        // only counted its own tasks fell into the yielding mode below during a decode run
+        // and, on a loaded machine, got the CPU back too late to take any task.
+        let job = crate::team::latest_job();
+        if job != seen {
+            seen = job;
+            idle = 0;
         }
         idle = idle.saturating_add(1);
         if idle.is_multiple_of(RAYON_POLL_EVERY)
@@ -650,9 +659,11 @@ impl Backend for CpuBackend {
             // Only a pass that runs alone keeps the pool warm (see `keep_warm`).
             if ACTIVE_PASSES.load(Ordering::Acquire) == 1 {
                 let pass_thread = rayon::current_thread_index();
-                for _ in 1..rayon::current_num_threads() {
-                    s.spawn(move |_| keep_warm(done, pass_thread));
-                }
+                // One keeper per thread, each bound to its thread (a broadcast job cannot be
+                // stolen): with plain spawns, the pass thread could pop the keepers from its
+                // own deque while the others were still waking (a keeper returns at once there),
+                // and the pass then ran without any warm thread.
+                s.spawn_broadcast(move |_, _| keep_warm(done, pass_thread));
             }
             let _stop = SetOnDrop(done);
             f()

@@ -59,6 +59,12 @@ impl Drop for Helper {
     }
 }
 
+/// The id of the latest published job: a warm thread that sees it change knows the pass is still
+/// publishing, even when the publisher claimed every task itself.
+pub(crate) fn latest_job() -> u64 {
+    JOB.load(Ordering::Relaxed) >> (2 * INDEX_BITS)
+}
+
 /// Runs one task of the published job, if one is left to claim; `true` if it ran one.
 pub(crate) fn help() -> bool {
     let mut w = JOB.load(Ordering::Acquire);
