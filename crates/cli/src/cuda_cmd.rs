@@ -197,10 +197,11 @@ mod imp {
         let model = CudaModel::from_gguf(Arc::new(gpu), file, opts)
             .context("loading the model onto the GPU")?;
         eprintln!(
-            "model on the GPU: {} MiB in {:.1} s; {}",
+            "model on the GPU: {} MiB in {:.1} s; {}; {}",
             model.device_bytes() >> 20,
             t0.elapsed().as_secs_f64(),
-            experts_note(&model)
+            experts_note(&model),
+            model.prompt_gemms()
         );
         Ok(model)
     }

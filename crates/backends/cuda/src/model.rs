@@ -400,25 +400,40 @@ struct BlasLane {
 }
 
 impl PromptBlas {
-    /// Handles and buffers for prompts of up to `max_batch` tokens; `None` when cuBLAS is off or
-    /// missing or the batches are too small to reach `min_tokens`.
+    /// Handles and buffers for prompts of up to `max_batch` tokens, or `None` and why not (cuBLAS
+    /// switched off, its library missing or failing to start, batches too small to reach
+    /// `min_tokens`): the prompts then keep the own GEMM kernels. Only a failed allocation is an
+    /// error.
     fn new(
         arena: &mut Arena,
         file: &GgufFile,
         c: &Config,
         opts: &CudaModelOptions,
         (main, side): (&Arc<CudaStream>, &Arc<CudaStream>),
-    ) -> Result<Option<PromptBlas>, CudaError> {
+    ) -> Result<Result<PromptBlas, String>, CudaError> {
         let min_tokens = env_parse("REDLITE_CUDA_CUBLAS_MIN")
             .unwrap_or(64)
             .max(GEMM_MIN_TOKENS);
-        if !env_switch("REDLITE_CUDA_CUBLAS", true)
-            || !env_switch("REDLITE_CUDA_GEMM", true)
-            || opts.max_batch < min_tokens
-            || !crate::blas::available()
-        {
-            return Ok(None);
+        if !env_switch("REDLITE_CUDA_CUBLAS", true) || !env_switch("REDLITE_CUDA_GEMM", true) {
+            return Ok(Err("switched off".into()));
         }
+        if opts.max_batch < min_tokens {
+            return Ok(Err(format!(
+                "{} tokens per call, cuBLAS from {min_tokens}",
+                opts.max_batch
+            )));
+        }
+        if !crate::blas::available() {
+            return Ok(Err("libcublas not found".into()));
+        }
+        let handles = (
+            crate::blas::Blas::new(main.clone()),
+            crate::blas::Blas::new(side.clone()),
+        );
+        let (main_blas, side_blas) = match handles {
+            (Ok(m), Ok(s)) => (m, s),
+            (Err(e), _) | (_, Err(e)) => return Ok(Err(e.to_string())),
+        };
         // The largest dense matrix of the layers (routed experts excluded: they have their own
         // grouped kernels).
         let (mut w_elems, mut cols) = (0usize, c.hidden);
@@ -430,20 +445,20 @@ impl PromptBlas {
         }
         let sh = c.shared_ff * c.hidden;
         let b = opts.max_batch;
-        let mut lane = |stream: &Arc<CudaStream>, w_elems: usize, x_elems: usize| {
+        let mut lane = |blas, w_elems: usize, x_elems: usize| {
             Ok::<_, CudaError>(BlasLane {
-                blas: crate::blas::Blas::new(stream.clone())?,
+                blas,
                 wh: arena.alloc(2 * w_elems)?,
                 w_elems,
                 xh: arena.alloc(2 * x_elems)?,
                 x_elems,
             })
         };
-        Ok(Some(PromptBlas {
+        Ok(Ok(PromptBlas {
             min_tokens,
             f32: env_switch("REDLITE_CUDA_CUBLAS_F32", true),
-            main: lane(main, w_elems, b * cols)?,
-            side: lane(side, sh, b * c.hidden.max(c.shared_ff))?,
+            main: lane(main_blas, w_elems, b * cols)?,
+            side: lane(side_blas, sh, b * c.hidden.max(c.shared_ff))?,
         }))
     }
 }
@@ -670,6 +685,8 @@ pub struct CudaModel {
     /// Long prompts' dense products through cuBLAS ([`PromptBlas`]; `None`: the library is not
     /// there, `REDLITE_CUDA_CUBLAS=0`, or batches too small to use it).
     blas: Option<PromptBlas>,
+    /// Why `blas` is `None`.
+    blas_off: Option<String>,
     // Last: frees the device memory after everything that may point into it.
     arena: Arena,
 }
@@ -760,7 +777,11 @@ impl CudaModel {
         }
         let sc = scratch(&mut arena, &config, &opts)?;
         let side = MoeSide::new(&gpu.ctx)?;
-        let blas = PromptBlas::new(&mut arena, &file, &config, &opts, (&stream, &side.stream))?;
+        let (blas, blas_off) =
+            match PromptBlas::new(&mut arena, &file, &config, &opts, (&stream, &side.stream))? {
+                Ok(b) => (Some(b), None),
+                Err(why) => (None, Some(why)),
+            };
         // The experts last, so that a memory budget gives them what the rest leaves.
         let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights)?;
         let router_kernel = RouterKernel::for_model(config.n_experts);
@@ -813,6 +834,7 @@ impl CudaModel {
             experts,
             side,
             blas,
+            blas_off,
             arena,
         };
         model.reset()?;
@@ -831,6 +853,18 @@ impl CudaModel {
 
     pub fn options(&self) -> &CudaModelOptions {
         &self.opts
+    }
+
+    /// How long prompts' dense products run, in words: through cuBLAS from how many tokens, or
+    /// on the own kernels and why.
+    pub fn prompt_gemms(&self) -> String {
+        match (&self.blas, &self.blas_off) {
+            (Some(b), _) => format!("prompt GEMMs through cuBLAS from {} tokens", b.min_tokens),
+            (None, why) => format!(
+                "prompt GEMMs on the own kernels ({})",
+                why.as_deref().unwrap_or("cuBLAS off")
+            ),
+        }
     }
 
     /// Device memory the model holds (weights, caches, states, scratch), bytes.
