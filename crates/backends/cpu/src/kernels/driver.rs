@@ -820,10 +820,8 @@ fn run_tile_gemm<T: Send>(
                 let m = TILE_ACT_ROWS.min(n - j0);
                 micro(&tile, j0, &mut res[..m]);
                 for (jj, row) in res[..m].iter().enumerate() {
-                    for (r, &v) in row[..here].iter().enumerate() {
-                        // SAFETY: this task owns weight rows r0..r0 + here; j0 + jj < n.
-                        unsafe { out.set(j0 + jj, r0 + r, v) };
-                    }
+                    // SAFETY: this task owns weight rows r0..r0 + here; j0 + jj < n.
+                    unsafe { out.set_run(j0 + jj, r0, &row[..here]) };
                 }
                 j0 += m;
             }
@@ -934,6 +932,17 @@ impl SharedOut {
         let at = j * self.rows + r;
         debug_assert!(r < self.rows && at < self.len);
         *self.ptr.add(at) = v;
+    }
+
+    /// `ys[j·rows + r0 + i] = vs[i]` for every `i` (one copy of consecutive elements).
+    ///
+    /// # Safety
+    /// As [`SharedOut::set`], for each of the elements.
+    #[inline(always)]
+    unsafe fn set_run(&self, j: usize, r0: usize, vs: &[f32]) {
+        let at = j * self.rows + r0;
+        debug_assert!(r0 + vs.len() <= self.rows && at + vs.len() <= self.len);
+        std::ptr::copy_nonoverlapping(vs.as_ptr(), self.ptr.add(at), vs.len());
     }
 
     /// The same output from row `j0` on (row `j` of the result is row `j0 + j` here).
