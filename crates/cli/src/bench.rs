@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use redlite_engine::bench::ExpertReport;
 use redlite_engine::bench::{
     bench_decode_with, bench_kernel_on, bench_prefill, kernel_specs_from_file,
-    measure_read_bandwidth, Bandwidth, KernelResult, KernelSpec,
+    measure_read_bandwidth, Bandwidth, KernelResult, KernelSpec, ReadProbe,
 };
 use redlite_engine::default_model::resolve_model;
 use redlite_engine::{load_model_from, load_model_with_cache, with_model, BackendChoice};
@@ -203,15 +203,16 @@ pub fn run(mut args: Args) -> Result<()> {
                 _ => 512,
             });
             let passes = args.n.unwrap_or(10);
+            // A bandwidth run after every timed pass: the "% bw paired" column.
+            let probe = ReadProbe::new((args.bw_mib as usize) << 20, threads);
             let mut results = Vec::new();
             for spec in specs {
                 let r = bench_kernel_on(
                     choice,
                     args.threads,
                     spec,
-                    ws_mib << 20,
-                    passes,
-                    0x5eed,
+                    (ws_mib << 20, passes, 0x5eed),
+                    Some(&probe),
                     &mut progress,
                 )
                 .with_context(|| format!("kernel {} {}x{}", spec.ty, spec.rows, spec.cols))?;
@@ -295,6 +296,8 @@ impl Report {
                     "matrices": r.matrices, "bytes_per_pass": r.bytes_per_pass, "passes": r.passes,
                     "us_per_matvec": r.per_matvec.as_secs_f64() * 1e6,
                     "gbps": r.gbps, "fraction_of_bandwidth": r.gbps / bw.gbps.max(1e-12),
+                    "fraction_of_bandwidth_paired": r.paired.as_ref().map(|p| p.fraction),
+                    "paired_bandwidth_runs_gbps": r.paired.as_ref().map(|p| p.runs_gbps.clone()),
                 })).collect::<Vec<_>>(),
             }),
             Report::Decode(r) => json!({
@@ -331,22 +334,31 @@ fn print_table(report: &Report, args: &Args, bw: &Bandwidth, threads: usize, lab
     match report {
         Report::Kernel(rs) => {
             println!(
-                "{:<8} {:>12} {:>8} {:>10} {:>12} {:>9} {:>8}",
-                "type", "shape", "matrices", "set MiB", "us/matvec", "GB/s", "% bw"
+                "{:<8} {:>12} {:>8} {:>10} {:>12} {:>9} {:>8} {:>13}",
+                "type", "shape", "matrices", "set MiB", "us/matvec", "GB/s", "% bw", "% bw paired"
             );
             for r in rs {
+                let paired = r
+                    .paired
+                    .as_ref()
+                    .map_or("-".to_string(), |p| format!("{:.1}%", 100.0 * p.fraction));
                 println!(
-                    "{:<8} {:>12} {:>8} {:>10.1} {:>12.1} {:>9.2} {:>7.1}%",
+                    "{:<8} {:>12} {:>8} {:>10.1} {:>12.1} {:>9.2} {:>7.1}% {:>13}",
                     r.spec.ty.name(),
                     format!("{}x{}", r.spec.rows, r.spec.cols),
                     r.matrices,
                     r.bytes_per_pass as f64 / (1u64 << 20) as f64,
                     r.per_matvec.as_secs_f64() * 1e6,
                     r.gbps,
-                    pct(r.gbps, bw)
+                    pct(r.gbps, bw),
+                    paired
                 );
             }
-            println!("\nbackend {label}, {threads} threads");
+            println!(
+                "\n% bw: against the bandwidth measured first; % bw paired: median over the passes of \
+                 the pass against a bandwidth run right after it"
+            );
+            println!("backend {label}, {threads} threads");
         }
         Report::Decode(r) => {
             println!(

@@ -73,39 +73,43 @@ fn read_sum(s: &[u64]) -> u64 {
     acc.iter().fold(tail, |a, &b| a.wrapping_add(b))
 }
 
-/// Measures the memory read bandwidth the way STREAM's read kernels do: `threads` threads each
-/// sum their share of a `buffer_bytes` buffer (first touched by the same thread, so the pages are
-/// real and local), `runs` times after one warm-up run; reports the median GB/s. The buffer
-/// should be much larger than the last-level cache (1 GiB is a good default).
-pub fn measure_read_bandwidth(
-    buffer_bytes: usize,
+/// A buffer for STREAM-like read runs: `threads` threads each sum their share of it. The pages
+/// are first touched by the thread that later reads them (real and local pages).
+pub struct ReadProbe {
+    buf: Vec<u64>,
+    per: usize,
     threads: usize,
-    runs: usize,
-    progress: Progress,
-) -> Bandwidth {
-    let threads = threads.max(1);
-    let words = (buffer_bytes / 8).max(threads * 8);
-    // A zeroed allocation maps the shared zero page: each thread then writes its own share, so
-    // the pages are real (and first touched by the thread that reads them).
-    let mut buf: Vec<u64> = vec![0; words];
-    let per = words.div_ceil(threads);
-    std::thread::scope(|s| {
-        for (t, part) in buf.chunks_mut(per).enumerate() {
-            s.spawn(move || {
-                for (i, w) in part.iter_mut().enumerate() {
-                    *w = (t * per + i) as u64 | 1;
-                }
-            });
-        }
-    });
+}
 
-    let runs = runs.max(1);
-    let mut runs_gbps = Vec::with_capacity(runs);
-    for r in 0..=runs {
-        progress("memory bandwidth", r as u64, runs as u64 + 1);
-        let barrier = Barrier::new(threads + 1);
+impl ReadProbe {
+    /// A probe of `buffer_bytes` (much larger than the last-level cache: 1 GiB is a good default).
+    pub fn new(buffer_bytes: usize, threads: usize) -> ReadProbe {
+        let threads = threads.max(1);
+        let words = (buffer_bytes / 8).max(threads * 8);
+        // A zeroed allocation maps the shared zero page: each thread then writes its own share.
+        let mut buf: Vec<u64> = vec![0; words];
+        let per = words.div_ceil(threads);
+        std::thread::scope(|s| {
+            for (t, part) in buf.chunks_mut(per).enumerate() {
+                s.spawn(move || {
+                    for (i, w) in part.iter_mut().enumerate() {
+                        *w = (t * per + i) as u64 | 1;
+                    }
+                });
+            }
+        });
+        ReadProbe { buf, per, threads }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.buf.len() * 8) as u64
+    }
+
+    /// One timed read of the whole buffer by all threads at once: GB/s.
+    pub fn run(&self) -> f64 {
+        let barrier = Barrier::new(self.threads + 1);
         let start = std::thread::scope(|s| {
-            for part in buf.chunks(per) {
+            for part in self.buf.chunks(self.per) {
                 let barrier = &barrier;
                 s.spawn(move || {
                     barrier.wait();
@@ -116,15 +120,33 @@ pub fn measure_read_bandwidth(
             Instant::now()
         });
         let secs = start.elapsed().as_secs_f64();
+        self.bytes() as f64 / secs.max(1e-9) / 1e9
+    }
+}
+
+/// Measures the memory read bandwidth the way STREAM's read kernels do ([`ReadProbe`]): `runs`
+/// timed runs after one warm-up run; reports the median GB/s.
+pub fn measure_read_bandwidth(
+    buffer_bytes: usize,
+    threads: usize,
+    runs: usize,
+    progress: Progress,
+) -> Bandwidth {
+    let probe = ReadProbe::new(buffer_bytes, threads);
+    let runs = runs.max(1);
+    let mut runs_gbps = Vec::with_capacity(runs);
+    for r in 0..=runs {
+        progress("memory bandwidth", r as u64, runs as u64 + 1);
+        let gbps = probe.run();
         if r > 0 {
-            runs_gbps.push((words * 8) as f64 / secs.max(1e-9) / 1e9);
+            runs_gbps.push(gbps);
         }
     }
     progress("memory bandwidth", runs as u64 + 1, runs as u64 + 1);
     let gbps = median(&runs_gbps);
     Bandwidth {
-        buffer_bytes: (words * 8) as u64,
-        threads,
+        buffer_bytes: probe.bytes(),
+        threads: probe.threads,
         runs_gbps,
         gbps,
     }
@@ -155,6 +177,18 @@ pub struct KernelResult {
     pub per_matvec: Duration,
     /// GB/s of quantized weight bytes, from the median pass.
     pub gbps: f64,
+    /// With a [`ReadProbe`]: one bandwidth run after each timed pass, and the median over the
+    /// passes of (pass GB/s / the run right after it): the fraction of the bandwidth measured
+    /// side by side, which a machine whose load changes during the bench moves far less than
+    /// the ratio of two medians taken at different times.
+    pub paired: Option<PairedBandwidth>,
+}
+
+/// See [`KernelResult::paired`].
+#[derive(Debug, Clone)]
+pub struct PairedBandwidth {
+    pub runs_gbps: Vec<f64>,
+    pub fraction: f64,
 }
 
 /// One kernel shape per weight type of `file`, taken from that type's largest tensor of at least
@@ -183,12 +217,15 @@ pub fn kernel_specs_from_file(file: &GgufFile) -> Vec<KernelSpec> {
 /// Times `W · x` for random valid matrices of `spec` on `backend`: enough distinct matrices to
 /// make `working_set_bytes` of quantized weights (at least one), one warm-up pass, then
 /// `passes` timed passes over all of them. Reports GB/s of quantized weight bytes read.
+///
+/// With `probe`, every timed pass is followed by one bandwidth run ([`KernelResult::paired`]).
 pub fn bench_kernel<B: Backend>(
     backend: &B,
     spec: KernelSpec,
     working_set_bytes: u64,
     passes: usize,
     seed: u64,
+    probe: Option<&ReadProbe>,
     progress: Progress,
 ) -> Result<KernelResult, ModelError> {
     let bad = |message: String| ModelError::Tensor {
@@ -227,6 +264,7 @@ pub fn bench_kernel<B: Backend>(
 
     let passes = passes.max(1);
     let mut pass_secs = Vec::with_capacity(passes);
+    let mut probe_gbps = Vec::with_capacity(passes);
     for p in 0..=passes {
         progress(&stage, p as u64, passes as u64 + 1);
         let t0 = Instant::now();
@@ -236,18 +274,34 @@ pub fn bench_kernel<B: Backend>(
         }
         if p > 0 {
             pass_secs.push(t0.elapsed().as_secs_f64());
+            if let Some(probe) = probe {
+                probe_gbps.push(probe.run());
+            }
         }
     }
     progress(&stage, passes as u64 + 1, passes as u64 + 1);
     let pass = median(&pass_secs);
     let bytes_per_pass = bytes * matrices as u64;
+    let gbps_of = |secs: f64| bytes_per_pass as f64 / secs.max(1e-12) / 1e9;
+    let paired = probe.map(|_| {
+        let ratios: Vec<f64> = pass_secs
+            .iter()
+            .zip(&probe_gbps)
+            .map(|(&secs, &bw)| gbps_of(secs) / bw.max(1e-12))
+            .collect();
+        PairedBandwidth {
+            fraction: median(&ratios),
+            runs_gbps: probe_gbps.clone(),
+        }
+    });
     Ok(KernelResult {
         spec,
         matrices,
         bytes_per_pass,
         passes,
         per_matvec: Duration::from_secs_f64(pass / matrices as f64),
-        gbps: bytes_per_pass as f64 / pass.max(1e-12) / 1e9,
+        gbps: gbps_of(pass),
+        paired,
     })
 }
 
@@ -257,21 +311,27 @@ pub fn bench_kernel_on(
     choice: BackendChoice,
     threads: usize,
     spec: KernelSpec,
-    working_set_bytes: u64,
-    passes: usize,
-    seed: u64,
+    (working_set_bytes, passes, seed): (u64, usize, u64),
+    probe: Option<&ReadProbe>,
     progress: Progress,
 ) -> Result<KernelResult, ModelError> {
     match choice {
-        BackendChoice::Oracle => {
-            bench_kernel(&Oracle, spec, working_set_bytes, passes, seed, progress)
-        }
+        BackendChoice::Oracle => bench_kernel(
+            &Oracle,
+            spec,
+            working_set_bytes,
+            passes,
+            seed,
+            probe,
+            progress,
+        ),
         BackendChoice::Cpu => bench_kernel(
             &CpuBackend::with_threads(threads),
             spec,
             working_set_bytes,
             passes,
             seed,
+            probe,
             progress,
         ),
     }
@@ -583,10 +643,14 @@ mod tests {
             rows: 8,
             cols: 512,
         };
-        let r = bench_kernel(&Oracle, spec, 10_000, 2, 1, &mut no_progress).unwrap();
+        let probe = ReadProbe::new(1 << 20, 2);
+        let r = bench_kernel(&Oracle, spec, 10_000, 2, 1, Some(&probe), &mut no_progress).unwrap();
         assert_eq!(r.bytes_per_pass, r.matrices as u64 * 8 * 2 * 144);
         assert!(r.matrices >= 2);
+        let paired = r.paired.expect("a probe was given");
+        assert_eq!(paired.runs_gbps.len(), 2);
+        assert!(paired.fraction > 0.0 && paired.fraction.is_finite());
         let bad = KernelSpec { cols: 100, ..spec };
-        assert!(bench_kernel(&Oracle, bad, 1, 1, 1, &mut no_progress).is_err());
+        assert!(bench_kernel(&Oracle, bad, 1, 1, 1, None, &mut no_progress).is_err());
     }
 }
