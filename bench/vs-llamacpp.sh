@@ -8,7 +8,10 @@
 # prompt, a 512-token prefill. llama.cpp runs through llama-cpp-python (pip install
 # llama-cpp-python); redlite is $REDLITE or target/release/redlite (built when missing).
 # Decode is reported two ways: mean over the steps, and from the median step (robust to other
-# load on the machine). Timings are measurements, not pass/fail checks.
+# load on the machine). ROUNDS (default 3) alternates the two engines (redlite, llama.cpp,
+# redlite, ...): each figure is the median over the rounds, and the ratio the median of the
+# rounds' ratios (a single run of either engine moves up to 2x on a shared machine). Timings are
+# measurements, not pass/fail checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,28 +35,37 @@ fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-echo "model: $MODEL, threads: $THREADS, decode: 8-token prompt + $STEPS steps, prefill: $PREFILL tokens" >&2
-"$REDLITE" bench decode -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -n "$STEPS" -p 8 --json > "$TMP/rd.json"
-# Median of 3 prompt passes: the first one maps the weights in (page faults), like the untimed
-# warm-up pass llama_cpp_bench.py gives llama.cpp.
-"$REDLITE" bench prefill -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -p "$PREFILL" -n "${PREFILL_RUNS:-3}" --json > "$TMP/rp.json"
-python3 bench/llamacpp_bench.py "$MODEL" --threads "$THREADS" -n "$STEPS" -p "$PREFILL" > "$TMP/ll.json"
+ROUNDS=${ROUNDS:-3}
+echo "model: $MODEL, threads: $THREADS, decode: 8-token prompt + $STEPS steps, prefill: $PREFILL tokens, $ROUNDS rounds" >&2
+for r in $(seq 1 "$ROUNDS"); do
+    echo "round $r/$ROUNDS ..." >&2
+    "$REDLITE" bench decode -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -n "$STEPS" -p 8 --json > "$TMP/rd$r.json"
+    # Median of 3 prompt passes: the first one maps the weights in (page faults), like the untimed
+    # warm-up pass llama_cpp_bench.py gives llama.cpp.
+    "$REDLITE" bench prefill -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -p "$PREFILL" -n "${PREFILL_RUNS:-3}" --json > "$TMP/rp$r.json"
+    python3 bench/llamacpp_bench.py "$MODEL" --threads "$THREADS" -n "$STEPS" -p "$PREFILL" > "$TMP/ll$r.json"
+done
 
-python3 - "$TMP" "$MODEL" <<'PY'
-import json, sys, os
-tmp, model = sys.argv[1], sys.argv[2]
-rd = json.load(open(os.path.join(tmp, "rd.json")))
-rp = json.load(open(os.path.join(tmp, "rp.json")))
-ll = json.load(open(os.path.join(tmp, "ll.json")))
-rows = [
-    ("decode tok/s (mean)", rd["tok_per_s"], ll["decode_tok_per_s"]),
-    ("decode tok/s (median step)", 1e3 / max(rd["median_step_ms"], 1e-9), ll["decode_median_tok_per_s"]),
-    ("prefill tok/s", rp["tok_per_s"], ll["prefill_tok_per_s"]),
-]
+python3 - "$TMP" "$MODEL" "$ROUNDS" <<'PY'
+import json, sys, os, statistics
+tmp, model, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+load = lambda name, r: json.load(open(os.path.join(tmp, f"{name}{r}.json")))
+figures = {  # name: (redlite figure of a round, llama.cpp figure of a round)
+    "decode tok/s (mean)": (lambda rd, rp: rd["tok_per_s"], lambda ll: ll["decode_tok_per_s"]),
+    "decode tok/s (median step)": (lambda rd, rp: 1e3 / max(rd["median_step_ms"], 1e-9),
+                                   lambda ll: ll["decode_median_tok_per_s"]),
+    "prefill tok/s": (lambda rd, rp: rp["tok_per_s"], lambda ll: ll["prefill_tok_per_s"]),
+}
+runs = [(load("rd", r), load("rp", r), load("ll", r)) for r in range(1, rounds + 1)]
+rd0 = runs[0][0]
 print(f"model: {model}")
-print(f"threads: {rd['threads']}, memory read bandwidth: {rd['bandwidth']['gbps']:.2f} GB/s, "
-      f"weights read per decode token: {rd['bytes_per_token'] / 1e6:.1f} MB")
-print(f"{'':28} {'redlite':>10} {'llama.cpp':>10} {'ratio':>7}")
-for name, r, l in rows:
-    print(f"{name:28} {r:10.2f} {l:10.2f} {r / max(l, 1e-12):6.2f}x")
+print(f"threads: {rd0['threads']}, memory read bandwidth (round 1): {rd0['bandwidth']['gbps']:.2f} GB/s, "
+      f"weights read per decode token: {rd0['bytes_per_token'] / 1e6:.1f} MB, {rounds} alternating rounds")
+print(f"{'':28} {'redlite':>10} {'llama.cpp':>10} {'ratio':>7}   per round (redlite / llama.cpp)")
+for name, (red, lla) in figures.items():
+    rs = [red(rd, rp) for rd, rp, _ in runs]
+    ls = [lla(ll) for _, _, ll in runs]
+    ratio = statistics.median(r / max(l, 1e-12) for r, l in zip(rs, ls))
+    each = ", ".join(f"{r:.1f}/{l:.1f}" for r, l in zip(rs, ls))
+    print(f"{name:28} {statistics.median(rs):10.2f} {statistics.median(ls):10.2f} {ratio:6.2f}x   {each}")
 PY
