@@ -454,7 +454,9 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
             idle = 0;
         }
         idle = idle.saturating_add(1);
-        if idle.is_multiple_of(RAYON_POLL_EVERY)
+        // Once yielding between polls (below), rayon is polled every time: a `sched_yield`
+        // costs as much as that poll.
+        if (idle.is_multiple_of(RAYON_POLL_EVERY) || idle >= spin_polls())
             && rayon::yield_now() == Some(rayon::Yield::Executed)
         {
             idle = 0;
