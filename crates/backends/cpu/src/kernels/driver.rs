@@ -356,7 +356,9 @@ fn run_matvec(
     let (kernel, acts) = matvec_acts(isa, kernel, shape.ty, x, cols);
     // Several rows per kernel call where the type has a rows kernel (same values).
     let rows = match (kernel, &acts) {
-        (RowDot::Q8K(_), Acts::Q8K(q, _)) => super::lookup_rows(shape.ty, isa).map(|f| (f, q)),
+        (RowDot::Q8K(_), Acts::Q8K(q, _)) => {
+            super::lookup_rows_for(shape.ty, isa, cols).map(|f| (f, q))
+        }
         _ => None,
     };
     let run = |ys: &mut [f32], ws: &[u8]| match rows {

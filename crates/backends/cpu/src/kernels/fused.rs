@@ -64,7 +64,7 @@ enum Kernel {
 /// reordered activations that skips the check for −128 (that quantizer never writes it): the
 /// element-major kernel where the CPU has GFNI (6.8–7.1 ns per block on 2048-column rows), else
 /// the interleaved one (9.6; the dispatch entry: 10.6). Same results bit for bit.
-fn decode_kernel(ty: GgmlType, kernel: RowDot) -> Kernel {
+fn decode_kernel(ty: GgmlType, kernel: RowDot, cols: usize) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     if matches!(kernel, RowDot::Q8K(_))
         && ty == GgmlType::IQ2XXS
@@ -85,7 +85,10 @@ fn decode_kernel(ty: GgmlType, kernel: RowDot) -> Kernel {
             };
         }
     }
-    if let (RowDot::Q8K(_), Some(f)) = (kernel, super::lookup_rows(ty, super::Isa::active())) {
+    if let (RowDot::Q8K(_), Some(f)) = (
+        kernel,
+        super::lookup_rows_for(ty, super::Isa::active(), cols),
+    ) {
         return Kernel::Rows(f);
     }
     Kernel::Row(kernel)
@@ -128,7 +131,7 @@ fn batch_into(
         let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
         let kernel = match p.tiles {
             Some(_) => Kernel::Tiles,
-            None => decode_kernel(p.ty, kernel),
+            None => decode_kernel(p.ty, kernel, p.cols),
         };
         kernels.push((kernel, shape.row_bytes));
     }

@@ -274,3 +274,23 @@ pub fn lookup_rows(ty: GgmlType, isa: Isa) -> Option<RowsDot> {
         None
     }
 }
+
+/// [`lookup_rows`] for products whose rows have `cols` columns: only for rows of at most
+/// `REDLITE_ROWS_KERNEL_MAX_COLS` columns (default 512; 0 never). The rows kernel pays where a row
+/// is one or two blocks (the tiny models: the per-row reduction and call were most of the cost);
+/// on the full-size layout's 2048-column rows read from the memory map it made decode 17 % slower
+/// (9.6–9.7 against 11.2–11.7 tok/s, 2 threads), although the kernel bench on owned memory runs
+/// it faster at every width.
+pub fn lookup_rows_for(ty: GgmlType, isa: Isa, cols: usize) -> Option<RowsDot> {
+    static MAX_COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let max = *MAX_COLS.get_or_init(|| {
+        std::env::var("REDLITE_ROWS_KERNEL_MAX_COLS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(512)
+    });
+    if cols > max {
+        return None;
+    }
+    lookup_rows(ty, isa)
+}
