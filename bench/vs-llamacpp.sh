@@ -40,9 +40,9 @@ echo "model: $MODEL, threads: $THREADS, decode: 8-token prompt + $STEPS steps, p
 for r in $(seq 1 "$ROUNDS"); do
     echo "round $r/$ROUNDS ..." >&2
     "$REDLITE" bench decode -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -n "$STEPS" -p 8 --json > "$TMP/rd$r.json"
-    # Median of 3 prompt passes: the first one maps the weights in (page faults), like the untimed
+    # Median of 5 prompt passes (PREFILL_RUNS): the first one maps the weights in (page faults), like the untimed
     # warm-up pass llama_cpp_bench.py gives llama.cpp.
-    "$REDLITE" bench prefill -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -p "$PREFILL" -n "${PREFILL_RUNS:-3}" --json > "$TMP/rp$r.json"
+    "$REDLITE" bench prefill -m "$MODEL" --backend "$BACKEND" -t "$THREADS" -p "$PREFILL" -n "${PREFILL_RUNS:-5}" --json > "$TMP/rp$r.json"
     python3 bench/llamacpp_bench.py "$MODEL" --threads "$THREADS" -n "$STEPS" -p "$PREFILL" > "$TMP/ll$r.json"
 done
 
