@@ -1,5 +1,12 @@
 //! The fast CPU backend: quantized matrix-vector and matrix-matrix kernels chosen at run time
 //! (AVX-512, AVX2, portable scalar) behind one dispatch point, a persistent thread pool, and fused MoE.
+//!
+//! Where things are: `kernels/` (the dispatch table in `kernels/mod.rs`, every SIMD kernel beside
+//! its scalar twin and checked by `kernels/selftest.rs`; `kernels/tiles_x86.rs`: Q4_K / Q6_K
+//! matrices of small files repacked at load as 16-row tiles for decode), `backend.rs` (the
+//! `Backend` implementation, the pool kept warm during a pass), `team.rs` (fork-join of a pass's
+//! small regions over the warm threads), `delta_rule.rs`, `attention.rs`, `populate.rs` (the
+//! weight map read in at load), `heap.rs` (freed activation memory kept by the allocator).
 
 pub mod attention;
 pub mod backend;
