@@ -9,6 +9,7 @@
 # There (`run` with `carry: [".device/check"]`):
 #   OLD_DEFINES="MOE_IQ2_SB=0" OUT=$OUT bash bench/gpu_check.sh
 #   PREFILL_VARIANTS="REDLITE_CUDA_DEFINES=GEMM_SPLIT_FETCH=1 REDLITE_CUDA_DEFINES=DN_SEQ_CHAINS=4" SB2= ...
+#   ATTN_VARIANTS="REDLITE_CUDA_ATTN_MIN_CHUNK=256 REDLITE_CUDA_DEFINES=ATTN_UNROLL=8" SB2= ...
 # Steps: make-model of the full-size layout (uniform routing) in the background; the kernel
 # self-test + fixture parity (prefill and graph step); decode at --memory 16GiB (lfu); the expert
 # cache exactness test; decode all resident; the same two decodes with the old build; resident
@@ -175,6 +176,18 @@ done
 if [ -n "$best" ]; then
     step "best variant $best: decode --memory 16GiB --cache-policy lfu"
     (IFS=,; for kv in $best; do export "$kv"; done; dec $NEW --memory 16GiB --cache-policy lfu) | keep
+fi
+
+# Long context: decode at position 32,768 with the default, then each of $ATTN_VARIANTS (e.g.
+# "REDLITE_CUDA_ATTN_MIN_CHUNK=256 REDLITE_CUDA_DEFINES=ATTN_UNROLL=8"), then the default again.
+if [ -n "${ATTN_VARIANTS:-}" ]; then
+    d32() { timeout 150 $NEW bench decode --backend cuda -m $FULL -p 8 -n 64 --position 32768 2>&1 | grep "^cuda\|rror\|panick"; }
+    step "decode at position 32768: default, then $ATTN_VARIANTS, then default"
+    d32 | keep
+    for v in $ATTN_VARIANTS; do
+        (IFS=,; for kv in $v; do export "$kv"; done; echo "$v"; d32) | keep
+    done
+    d32 | keep
 fi
 
 if [ -n "${SB2-1}" ]; then
