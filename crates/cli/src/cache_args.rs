@@ -142,3 +142,30 @@ impl CacheArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cache: CacheArgs,
+    }
+
+    fn parse(args: &[&str]) -> CacheArgs {
+        let argv = std::iter::once("redlite").chain(args.iter().copied());
+        Cli::try_parse_from(argv).expect("valid arguments").cache
+    }
+
+    #[test]
+    fn gpu_ubatch_defaults_follow_residency_and_the_flag_wins() {
+        let none = parse(&[]);
+        assert_eq!(none.gpu_ubatch(true), UBATCH_RESIDENT);
+        assert_eq!(none.gpu_ubatch(false), UBATCH_BOUNDED);
+        let given = parse(&["--ubatch", "1024"]);
+        assert_eq!(given.gpu_ubatch(true), 1024);
+        assert_eq!(given.gpu_ubatch(false), 1024);
+    }
+}
