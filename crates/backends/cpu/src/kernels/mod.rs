@@ -294,3 +294,23 @@ pub fn lookup_rows_for(ty: GgmlType, isa: Isa, cols: usize) -> Option<RowsDot> {
     }
     lookup_rows(ty, isa)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rows kernel serves short rows only (the default limit, 512 columns): longer rows take
+    /// the row kernel (`REDLITE_ROWS_KERNEL_MAX_COLS` unset in the test run).
+    #[test]
+    fn rows_kernel_only_for_short_rows() {
+        if std::env::var_os("REDLITE_ROWS_KERNEL_MAX_COLS").is_some() {
+            return;
+        }
+        let isa = Isa::active();
+        let has = lookup_rows(GgmlType::Q4K, isa).is_some();
+        assert_eq!(lookup_rows_for(GgmlType::Q4K, isa, 256).is_some(), has);
+        assert_eq!(lookup_rows_for(GgmlType::Q4K, isa, 512).is_some(), has);
+        assert!(lookup_rows_for(GgmlType::Q4K, isa, 768).is_none());
+        assert!(lookup_rows_for(GgmlType::Q4K, isa, 2048).is_none());
+    }
+}
