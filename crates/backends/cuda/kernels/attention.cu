@@ -6,6 +6,7 @@
 extern "C" __global__ void attn_decode(const float* __restrict__ q, const float* __restrict__ kc,
                                        const float* __restrict__ vc, float* __restrict__ scores,
                                        float* __restrict__ o, int n, int nkv, int hd, float scale) {
+    pdl_enter();
     __shared__ float scratch[WARP];
     const int h = blockIdx.x, heads = gridDim.x;
     const int g = h / (heads / nkv);
@@ -73,6 +74,7 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                         const int* __restrict__ pos_ptr, int nh, int nkv, int hd, int rope_dims,
                                         double theta, float eps) {
+    pdl_enter();
     __shared__ float head[ATTN_MAX_HD];
     __shared__ float scratch[WARP];
     const int t = blockIdx.y;
@@ -118,6 +120,7 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
                                        const float* __restrict__ vc, const float* __restrict__ gate,
                                        float* __restrict__ o, const int* __restrict__ pos_ptr, int nkv, int hd,
                                        float scale) {
+    pdl_enter();
     __shared__ float part_m[ATTN_WARPS], part_l[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS * ATTN_MAX_HD];
     const int h = blockIdx.x, heads = gridDim.x, t = blockIdx.y;
@@ -192,6 +195,7 @@ extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __res
                                                               const float* __restrict__ vc, const float* __restrict__ gate,
                                                               float* __restrict__ o, const int* __restrict__ pos_ptr,
                                                               int ntok, int heads, int nkv, int hd, float scale) {
+    pdl_enter();
     extern __shared__ float kv[];
     float* ks = kv;              // [AP_KT][hd]
     float* vs = kv + AP_KT * hd;  // [AP_KT][hd]
@@ -428,16 +432,19 @@ __device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q
 extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_64(const float* q, const float* kc, const float* vc,
                                                                      const float* gate, float* o, const int* pos,
                                                                      int ntok, int heads, int nkv, float scale) {
+    pdl_enter();
     attn_prompt_mma_body<64>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
 }
 extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_128(const float* q, const float* kc, const float* vc,
                                                                       const float* gate, float* o, const int* pos,
                                                                       int ntok, int heads, int nkv, float scale) {
+    pdl_enter();
     attn_prompt_mma_body<128>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
 }
 extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_256(const float* q, const float* kc, const float* vc,
                                                                       const float* gate, float* o, const int* pos,
                                                                       int ntok, int heads, int nkv, float scale) {
+    pdl_enter();
     attn_prompt_mma_body<256>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
 }
 
@@ -542,6 +549,7 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
                                       const float* __restrict__ vc, float* __restrict__ part,
                                       const int* __restrict__ pos_ptr, int heads, int nkv, int hd, float scale,
                                       int min_chunk) {
+    pdl_enter();
     const int per = hd / WARP;
     if (per <= 2) attn_split_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
     else if (per <= 4) attn_split_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
@@ -562,6 +570,7 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
 extern "C" __global__ void attn_merge(const float* __restrict__ part, const float* __restrict__ gate,
                                       float* __restrict__ o, const int* __restrict__ pos_ptr, int splits, int hd,
                                       int min_chunk) {
+    pdl_enter();
     __shared__ float wc[ATTN_MAX_SPLITS];
     __shared__ float scratch[WARP];
     __shared__ float red[ATTN_MERGE_WARPS][WARP];

@@ -63,6 +63,21 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Programmatic dependent launch (sm_90+). The host may launch a kernel before the one ahead of it
+// in the stream has finished (REDLITE_CUDA_PDL); every kernel calls pdl_enter() before it reads
+// anything an earlier kernel wrote or writes anything an earlier kernel reads: it waits there
+// until the earlier grid has completed and its writes are visible, then lets the next kernel
+// launch (its blocks take free SM slots and run their own prologue meanwhile). Work that reads
+// only the weights or constant tables (L2 prefetch, staging the IQ tables) may come before it.
+// Without the launch attribute, and before sm_90, both instructions are no-ops. The
+// `pdl_coverage` test checks that every kernel reaches pdl_enter().
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Weight prefetch into L2 before a block's prologue (staging the activations or the IQ tables and
 // its barrier), so the row's DRAM (or PCIe) latency overlaps it; off with MVF_PREFETCH=0.
 #ifndef MVF_PREFETCH

@@ -14,6 +14,7 @@
 // drops its oldest row and appends x. Launch: ceil(ch / block) blocks.
 extern "C" __global__ void dn_conv_step(const float* __restrict__ x, float* __restrict__ state,
                                         const float* __restrict__ w, float* __restrict__ y, int ch, int kern) {
+    pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     float acc = 0.0f;
@@ -32,6 +33,7 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : lo
 extern "C" __global__ void dn_gates(const float* __restrict__ ba, const float* __restrict__ a,
                                     const float* __restrict__ dt_bias, float* __restrict__ beta,
                                     float* __restrict__ g, int nv, int r) {
+    pdl_enter();
     const int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= nv) return;
     const size_t t = blockIdx.y;
@@ -48,6 +50,7 @@ extern "C" __global__ void dn_gates(const float* __restrict__ ba, const float* _
 extern "C" __global__ void dn_delta_step(const float* __restrict__ qkv, const float* __restrict__ beta,
                                          const float* __restrict__ g, float* __restrict__ s,
                                          float* __restrict__ o, int nk, int dk, int dv) {
+    pdl_enter();
     extern __shared__ float qk[];  // q then k of this head's QK head
     const int h = blockIdx.x, nv = gridDim.x;
     const int kh = h / (nv / nk);
@@ -109,6 +112,7 @@ __device__ __forceinline__ void dn_conv_tokens(const float* __restrict__ x, floa
 extern "C" __global__ void dn_conv_seq(const float* __restrict__ x, float* __restrict__ state,
                                        const float* __restrict__ w, float* __restrict__ y, int n, int ch,
                                        int kern) {
+    pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     float wc[DN_MAX_KERN], hist[DN_MAX_KERN];
@@ -133,6 +137,7 @@ extern "C" __global__ void dn_conv_seq(const float* __restrict__ x, float* __res
 extern "C" __global__ void dn_conv_prompt(const float* __restrict__ x, const float* __restrict__ state,
                                           const float* __restrict__ w, float* __restrict__ y, int n, int ch,
                                           int kern) {
+    pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int t0 = blockIdx.y * DNC_TOK, t1 = min(n, t0 + DNC_TOK);
@@ -151,6 +156,7 @@ extern "C" __global__ void dn_conv_prompt(const float* __restrict__ x, const flo
 // inputs of [state | x]. Launch: ceil(ch / 128) blocks of 128.
 extern "C" __global__ void dn_conv_shift(const float* __restrict__ x, float* __restrict__ state, int n, int ch,
                                          int kern) {
+    pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     float nw[DN_MAX_KERN];
@@ -166,6 +172,7 @@ extern "C" __global__ void dn_conv_shift(const float* __restrict__ x, float* __r
 // else k head r - nk) becomes x * rsqrt(sum x^2 + eps), q rows then times q_scale.
 // Launch: grid = (2 nk, n), block = any multiple of 32.
 extern "C" __global__ void dn_qk_norm(float* __restrict__ qkv, int ch, int nk, int dk, float eps, float q_scale) {
+    pdl_enter();
     __shared__ float scratch[WARP];
     float* xr = qkv + (size_t)blockIdx.y * ch + (size_t)blockIdx.x * dk;
     float ss = 0.0f;
@@ -202,6 +209,7 @@ __device__ __forceinline__ float dn_chains_sum(const float* c) {
 extern "C" __global__ void dn_delta_seq(const float* __restrict__ qkv, const float* __restrict__ beta,
                                         const float* __restrict__ g, float* __restrict__ s,
                                         float* __restrict__ o, int n, int ch, int nk, int dk, int dv) {
+    pdl_enter();
     extern __shared__ float sm[];
     float* qs = sm;              // q of this head's QK head, current token
     float* ks = sm + dk;         // k
@@ -411,6 +419,7 @@ extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_64(const float* 
                                                                    const float* __restrict__ g, float* __restrict__ s,
                                                                    float* __restrict__ o, int n, int ch, int nk,
                                                                    int dv) {
+    pdl_enter();
     dn_delta_warp_body<64>(qkv, beta, g, s, o, n, ch, nk, dv);
 }
 
@@ -419,6 +428,7 @@ extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_128(const float*
                                                                     const float* __restrict__ g, float* __restrict__ s,
                                                                     float* __restrict__ o, int n, int ch, int nk,
                                                                     int dv) {
+    pdl_enter();
     dn_delta_warp_body<128>(qkv, beta, g, s, o, n, ch, nk, dv);
 }
 
@@ -446,6 +456,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
     float* __restrict__ conv_trace) {
+    pdl_enter();
     extern __shared__ float sm[];
     const int kh = blockIdx.x, nv = nk * r;
     const int own = 2 * dk + r * dv;  // this block's conv channels: q of kh, k of kh, v of its V heads

@@ -358,11 +358,13 @@ __device__ __forceinline__ void moe_gemm_body(const u64* __restrict__ tab, int p
 #define GEMM_KERNELS(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                       \
         gemm_##name(const u8* w, const float* x, float* y, int rows, int cols, int n, int accumulate) { \
+        pdl_enter();                                                                                 \
         gemm_body<T>(w, x, y, rows, cols, n, accumulate);                                            \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS)                                       \
         moe_gemm_##name(const u64* tab, int part0, int parts, const int* off, const int* pairs,      \
                         const float* x, int x_div, float* y, int rows, int cols, int y_stride) {     \
+        pdl_enter();                                                                                 \
         moe_gemm_body<T>(tab, part0, parts, off, pairs, x, x_div, y, rows, cols, y_stride);          \
     }
 
@@ -395,6 +397,7 @@ __device__ __forceinline__ void dequant_f16_body(const u8* __restrict__ w, u32* 
 #define DEQUANT_F16_KERNEL(name, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                                \
         dequant_f16_##name(const u8* w, u32* out, int rows, int cols) {                              \
+        pdl_enter();                                                                                 \
         dequant_f16_body<T>(w, out, rows, cols);                                                     \
     }
 
@@ -403,6 +406,7 @@ FOR_EACH_TYPE(DEQUANT_F16_KERNEL)
 // f32_to_f16(x, out, len4): out[i] = f16(x[i]) for i < 4 · len4 (rounded to nearest, as the GEMMs).
 extern "C" __global__ __launch_bounds__(256) void f32_to_f16(const float4* __restrict__ x, uint2* __restrict__ out,
                                                             int len4) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= len4) return;
     const float4 v = x[i];
@@ -415,6 +419,7 @@ extern "C" __global__ __launch_bounds__(256) void f32_to_f16(const float4* __res
 // where it sits). n_expert <= 1024. Launch: grid = 1, block = 1024.
 extern "C" __global__ void moe_group(const int* __restrict__ ids, int pairs_n, int n_expert,
                                      int* __restrict__ off, int* __restrict__ pairs) {
+    pdl_enter();
     __shared__ int count[1024];
     __shared__ int base[1024];
     __shared__ int warp_total[32];
@@ -456,6 +461,7 @@ extern "C" __global__ void moe_group(const int* __restrict__ ids, int pairs_n, i
 // swiglu_pairs(gu, act, ff, len): act[p][j] = silu(gu[p][j]) · gu[p][ff + j] for the rows of
 // moe_gemm's gate/up output (gate then up per pair). Launch: grid = ceil(len / 256), block = 256.
 extern "C" __global__ void swiglu_pairs(const float* __restrict__ gu, float* __restrict__ act, int ff, int len) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= len) return;
     const int p = i / ff, j = i - p * ff;
@@ -470,6 +476,7 @@ extern "C" __global__ void swiglu_pairs(const float* __restrict__ gu, float* __r
 extern "C" __global__ void moe_combine_pairs(float* __restrict__ x, const float* __restrict__ down,
                                              const float* __restrict__ weight, const float* __restrict__ shared,
                                              const float* __restrict__ gate_logit, int hidden, int k) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hidden) return;
     const int t = blockIdx.y;
@@ -489,6 +496,7 @@ extern "C" __global__ __launch_bounds__(256) void gemm_f32_simt(const float* __r
                                                                 const float* __restrict__ x,
                                                                 float* __restrict__ y, int rows, int cols,
                                                                 int n, int accumulate) {
+    pdl_enter();
     __shared__ __align__(16) float ws[SIMT_BK][64 + 4];
     __shared__ __align__(16) float xs[SIMT_BK][64 + 4];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;

@@ -569,6 +569,7 @@ __device__ __forceinline__ void matvec_body(const u8* __restrict__ w, const floa
     const int t = blockIdx.y;
     if (row < rows && t == 0) prefetch_l2(w + (size_t)row * row_bytes<T>(cols), row_bytes<T>(cols), lane, WARP);
     stage_tables<T>();  // before any warp leaves
+    pdl_enter();  // the weights are on their way; x comes from the kernel before
     if (row >= rows) return;  // whole warps leave together
     const float acc = row_dot<T>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t * cols, cols, lane);
     if (lane == 0) y[(size_t)t * rows + row] = acc;
@@ -746,6 +747,7 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
     // The warps fetch their rows' lines while the block stages x.
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
+    pdl_enter();  // x comes from the kernel before
     const float inv = stage_normed(x + (size_t)t * cols, nw, eps, cols, mvf_x);
     mvf_rows<T, true>(w, mvf_x, cols, rows, first, part, s, y + (size_t)t * rows, inv, false);
 }
@@ -781,6 +783,7 @@ __device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ 
     mvf_first(b, s, row, part);
     mvf_prefetch<T>(w, cols, rows, row, part, s);
     stage_tables<T>();
+    pdl_enter();
     for (int t = 0; t < nt; ++t) {
         const float inv = stage_normed(x + (size_t)(t0 + t) * cols, nw, eps, cols, xs + (size_t)t * cols);
         if (threadIdx.x == 0) invs[t] = inv;
@@ -836,6 +839,7 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     // All of the rows' lines requested at once (the loop would wait for each in turn).
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
+    pdl_enter();  // x and y come from the kernels before
     mvf_rows<T, false>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
@@ -872,6 +876,7 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
         matvec_body<T>(w, x, y, rows, cols);                                                         \
     }                                                                                                \
     extern "C" __global__ void embed_##name(const u8* table, const int* ids, float* out, int cols) { \
+        pdl_enter();                                                                                 \
         embed_body<T>(table, ids, out, cols);                                                        \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_norm3_##name(                \
@@ -896,6 +901,7 @@ FOR_EACH_TYPE(MATVEC_KERNELS)
 // read once (grid-stride, 16-byte loads), each block's sum written to out[blockIdx.x] so the
 // loads cannot be dropped. Launch: any grid, block = 256 threads.
 extern "C" __global__ void read_sum(const float4* __restrict__ p, unsigned long long n4, float* __restrict__ out) {
+    pdl_enter();
     __shared__ float scratch[WARP];
     float acc = 0.0f;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4;

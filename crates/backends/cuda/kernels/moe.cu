@@ -8,6 +8,7 @@
 // dynamic shared memory = n_expert floats.
 extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_expert, int k,
                                       int* __restrict__ idx_out, float* __restrict__ w_out) {
+    pdl_enter();
     extern __shared__ float probs[];
     __shared__ float scratch[WARP];
     __shared__ int chosen[64];
@@ -89,6 +90,7 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 #endif
 extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int n_expert, int k,
                                            int* __restrict__ idx_out, float* __restrict__ w_out) {
+    pdl_enter();
     __shared__ int chosen[64];
     __shared__ float chosen_p[64];
     const int lane = threadIdx.x;
@@ -234,10 +236,12 @@ __device__ __forceinline__ void moe_down_body(const u64* __restrict__ down, cons
 #define MOE_KERNELS(name, T)                                                                         \
     extern "C" __global__ void moe_gate_up_##name(const u64* gate, const u64* up, const float* x,    \
                                                   float* act, int ff, int hidden) {                  \
+        pdl_enter();                                                                                 \
         moe_gate_up_body<T>(gate, up, x, act, ff, hidden);                                           \
     }                                                                                                \
     extern "C" __global__ void moe_down_##name(const u64* down, const float* act, const float* weight, \
                                                float* out, int hidden, int ff, int k) {              \
+        pdl_enter();                                                                                 \
         moe_down_body<T>(down, act, weight, out, hidden, ff, k);                                     \
     }
 
@@ -295,12 +299,14 @@ __device__ __forceinline__ void moe_down_ids_body(const u8* __restrict__ down, u
 #define MOE_IDS_KERNELS(name, T)                                                                      \
     extern "C" __global__ void moe_gate_up_ids_##name(const u8* gate, const u8* up, u64 stride,       \
                                                       const int* ids, const float* x, float* act,     \
-                                                      int ff, int hidden, int k) {                     \
+                                                      int ff, int hidden, int k) {                    \
+        pdl_enter();                                                                                  \
         moe_gate_up_ids_body<T>(gate, up, stride, ids, x, act, ff, hidden, k);                        \
     }                                                                                                 \
     extern "C" __global__ void moe_down_ids_##name(const u8* down, u64 stride, const int* ids,        \
                                                    const float* weight, const float* act, float* out, \
-                                                   int hidden, int ff, int k) {                        \
+                                                   int hidden, int ff, int k) {                       \
+        pdl_enter();                                                                                  \
         moe_down_ids_body<T>(down, stride, ids, weight, act, out, hidden, ff, k);                     \
     }
 
@@ -312,6 +318,7 @@ FOR_EACH_TYPE(MOE_IDS_KERNELS)
 extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ routed,
                                        const float* __restrict__ shared, const float* __restrict__ gate_logit,
                                        int hidden) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= hidden) return;
     const size_t at = (size_t)blockIdx.y * hidden + i;
@@ -547,20 +554,19 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
     const int warps = blockDim.x / WARP;
     const int row = blockIdx.x * warps + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
-    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
-    const u64* parts = tab + 3 * (size_t)ids[te];
-    const size_t off = (size_t)row * row_bytes<T>(hidden);
-    if (row < ff) {
-        // Both rows' lines are on their way while the block stages its tables.
-        prefetch_l2((const u8*)parts[0] + off, row_bytes<T>(hidden), lane, WARP);
-        prefetch_l2((const u8*)parts[1] + off, row_bytes<T>(hidden), lane, WARP);
-    }
+    // The tables first: they depend on nothing, so they are staged while the router still runs.
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
         stage_tables<T>();  // before any warp leaves
     }
+    pdl_enter();  // ids come from the router
+    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
+    const u64* parts = tab + 3 * (size_t)ids[te];
+    const size_t off = (size_t)row * row_bytes<T>(hidden);
     if (row >= ff) return;
+    prefetch_l2((const u8*)parts[0] + off, row_bytes<T>(hidden), lane, WARP);
+    prefetch_l2((const u8*)parts[1] + off, row_bytes<T>(hidden), lane, WARP);
     const float* xt = x + (size_t)blockIdx.z * hidden;
     float gv, uv;
     if constexpr (iq2_sb<T>()) {
@@ -590,16 +596,15 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const size_t off = (size_t)row * row_bytes<T>(ff);
-    if (row < hidden && lane < k) {
-        // Lane c fetches choice c's row while the block stages its tables.
-        prefetch_l2((const u8*)tab[3 * (size_t)ids[t * k + lane] + 2] + off, row_bytes<T>(ff), 0, 1);
-    }
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
         stage_tables<T>();  // before any warp leaves
     }
+    pdl_enter();  // ids, act and x come from the kernels before
     if (row >= hidden) return;
+    // Lane c fetches choice c's row.
+    if (lane < k) prefetch_l2((const u8*)tab[3 * (size_t)ids[t * k + lane] + 2] + off, row_bytes<T>(ff), 0, 1);
     float s = 0.0f;
     if constexpr (iq2_sb<T>()) {
         s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);

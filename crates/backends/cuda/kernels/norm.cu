@@ -5,6 +5,7 @@
 // Also the per-head QK-norm (rows = heads, n = head_dim, same w for every row).
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ y, int n, float eps) {
+    pdl_enter();
     __shared__ float scratch[WARP];
     const float* xr = x + (size_t)blockIdx.x * n;
     float* yr = y + (size_t)blockIdx.x * n;
@@ -19,6 +20,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // row of n values (one row per V head).
 extern "C" __global__ void rms_norm_gated(const float* __restrict__ o, const float* __restrict__ w,
                                           const float* __restrict__ z, float* __restrict__ y, int n, float eps) {
+    pdl_enter();
     __shared__ float scratch[WARP];
     const size_t base = (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -32,6 +34,7 @@ extern "C" __global__ void rms_norm_gated(const float* __restrict__ o, const flo
 
 // l2_normalize(x, n, eps, scale): in place, x[r] = (x[r] * rsqrt(sum(x[r]^2) + eps)) * scale.
 extern "C" __global__ void l2_normalize(float* __restrict__ x, int n, float eps, float scale) {
+    pdl_enter();
     __shared__ float scratch[WARP];
     float* xr = x + (size_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -43,12 +46,14 @@ extern "C" __global__ void l2_normalize(float* __restrict__ x, int n, float eps,
 
 // add_inplace(a, b, n): the residual, a += b.
 extern "C" __global__ void add_inplace(float* __restrict__ a, const float* __restrict__ b, int n) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] += b[i];
 }
 
 // sigmoid_mul(a, gate, n): a *= sigmoid(gate) (the output gate of gated attention).
 extern "C" __global__ void sigmoid_mul(float* __restrict__ a, const float* __restrict__ gate, int n) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] *= sigmoidf_(gate[i]);
 }
@@ -56,6 +61,7 @@ extern "C" __global__ void sigmoid_mul(float* __restrict__ a, const float* __res
 // swiglu(gate, up, out, n): out = silu(gate) * up (the shared expert's activation).
 extern "C" __global__ void swiglu(const float* __restrict__ gate, const float* __restrict__ up,
                                   float* __restrict__ out, int n) {
+    pdl_enter();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = siluf_(gate[i]) * up[i];
 }

@@ -4,6 +4,7 @@
 // pos * theta^(-2i/rope_dims); the angle and its sine and cosine are computed in double and rounded
 // once, like the oracle. Launch: grid = (heads, tokens), block = any (threads loop over the pairs).
 extern "C" __global__ void rope_neox(float* __restrict__ x, int head_dim, int rope_dims, int pos0, double theta) {
+    pdl_enter();
     const int half = rope_dims / 2;
     float* h = x + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * head_dim;
     const double pos = (double)(pos0 + (int)blockIdx.y);

@@ -2,6 +2,7 @@
 // index on ties (greedy decoding on the lm_head output). NaN never wins.
 // Launch: grid = rows, block = any multiple of 32.
 extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out) {
+    pdl_enter();
     __shared__ float sv[WARP];
     __shared__ int si[WARP];
     const float* r = x + (size_t)blockIdx.x * n;
@@ -47,6 +48,7 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
 extern "C" __global__ void sample_topk(const float* __restrict__ logits, int vocab, int k, float inv_temp,
                                        float top_p, float min_p, const float* __restrict__ u,
                                        int* __restrict__ out) {
+    pdl_enter();
     __shared__ float cand_v[SAMPLE_MAX_K];
     __shared__ int cand_i[SAMPLE_MAX_K];
     __shared__ float sv[WARP];

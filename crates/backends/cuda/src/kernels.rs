@@ -244,6 +244,67 @@ mod tests {
         }
     }
 
+    /// The braced body that follows `from` (the first `{` after the parameter list that starts
+    /// at the first `(`), or `None` if the braces do not close.
+    fn braced_body(from: &str) -> Option<&str> {
+        let open_paren = from.find('(')?;
+        let mut depth = 0usize;
+        let mut close_paren = None;
+        for (i, c) in from[open_paren..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close_paren = Some(open_paren + i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let start = close_paren? + from[close_paren?..].find('{')?;
+        let mut depth = 0usize;
+        for (i, c) in from[start..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(&from[start..start + i + 1]);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Programmatic dependent launch is only safe if every kernel waits for the grid before it
+    /// (`pdl_enter()`, common.cu) before touching activations: each `__global__` body calls it,
+    /// directly or through the `*_body` function it forwards to.
+    #[test]
+    fn every_kernel_reaches_pdl_enter() {
+        let src = module_source();
+        let body_of = |name: &str| {
+            let at = src.find(&format!("void {name}("))?;
+            braced_body(&src[at..])
+        };
+        let mut kernels = 0;
+        for (at, _) in src.match_indices("__global__") {
+            let body = braced_body(&src[at..]).expect("a kernel body");
+            let head: String = src[at..].chars().take(120).collect();
+            let reaches = body.contains("pdl_enter();")
+                || body
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|w| w.ends_with("_body"))
+                    .any(|f| body_of(f).is_some_and(|b| b.contains("pdl_enter();")));
+            assert!(reaches, "kernel without pdl_enter(): {head}");
+            kernels += 1;
+        }
+        assert!(kernels > 40, "only {kernels} kernels found");
+    }
+
     #[test]
     fn families_resolve() {
         for (name, _) in SOURCES {

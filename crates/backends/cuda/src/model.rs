@@ -677,6 +677,11 @@ pub struct CudaModel {
     /// The router kernel (`RouterKernel::for_model`: the one-warp one unless
     /// `REDLITE_CUDA_ROUTER=block`) and its function.
     router: (CudaFunction, RouterKernel),
+    /// Launches with programmatic dependent launch (`pdl_enter` in common.cu): a kernel may start
+    /// while the one before it in the stream finishes, its blocks prefetching their weights until
+    /// the earlier grid completes. On for compute capability 9.0 and newer unless
+    /// `REDLITE_CUDA_PDL=0`.
+    pdl: bool,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -788,6 +793,7 @@ impl CudaModel {
         let router = (gpu.func(router_kernel.name)?.clone(), router_kernel);
         let mvf_lane_iters = env_parse("REDLITE_CUDA_MVF_LANE_ITERS").unwrap_or(4);
         let mvf_rows = mvf_rows_from_env(false);
+        let pdl = gpu.info.compute_capability.0 >= 9 && env_switch("REDLITE_CUDA_PDL", true);
         let mut model = CudaModel {
             config,
             opts,
@@ -829,6 +835,7 @@ impl CudaModel {
                     .clamp(1, MVF_MAX_ROWS),
             ),
             router,
+            pdl,
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             experts,
@@ -1270,6 +1277,9 @@ impl CudaModel {
         shared: u32,
         args: &[A],
     ) -> Result<(), CudaError> {
+        if self.pdl {
+            return self.launch_pdl(what, f, grid, block, shared, args);
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -1287,6 +1297,58 @@ impl CudaModel {
         // SAFETY: every kernel's arguments are listed in its declared order with its types
         // (pointers as u64 device addresses of live buffers sized for `max_batch` tokens).
         unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(what, e))?;
+        self.launches += 1;
+        Ok(())
+    }
+
+    /// [`Self::launch`] through `cuLaunchKernelEx` with the programmatic-stream-serialization
+    /// attribute (the kernel waits in `pdl_enter` for the grid before it).
+    fn launch_pdl(
+        &mut self,
+        what: &str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[A],
+    ) -> Result<(), CudaError> {
+        use std::ffi::c_void;
+        let mut params: Vec<*mut c_void> = args
+            .iter()
+            .map(|a| match a {
+                A::P(v) => v as *const u64 as *mut c_void,
+                A::I(v) => v as *const i32 as *mut c_void,
+                A::F(v) => v as *const f32 as *mut c_void,
+                A::D(v) => v as *const f64 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: an all-zero attribute value is valid (a union of plain integers).
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as in `launch`: the arguments are the kernel's, in order and of its types, and
+        // `params` points at values that live until the call returns (the driver copies them).
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        r.result().map_err(|e| CudaError::driver(what, e))?;
         self.launches += 1;
         Ok(())
     }
