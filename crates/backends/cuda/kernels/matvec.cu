@@ -859,6 +859,224 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     if (threadIdx.x == 0) counter[t] = 0;
 }
 
+// ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----
+// The block stages its input row as in matvec_norm3 (x * nw, the 1 / rms scale applied to the
+// sums), but quantised per 32 values to int8 with one f32 scale: d = max|v| / 127, q = rint(v / d)
+// (d = 0: all q = 0), plus the sum of each 16 quants. A Q4_K unit (32 weights: 16 quant bytes,
+// low nibbles of sub-block 2c, high nibbles of 2c + 1) then costs 8 dp4a instead of 64 FMAs, and
+// its value is d8_lo (ds0 Σ q4 q8 - dm0 Σ q8) + d8_hi (ds1 Σ q4 q8 - dm1 Σ q8): the integer sums
+// are exact, so a unit's value does not depend on the order of its products, and the unit
+// values are added in a fixed order per lane. The token-tile form decodes each unit once and
+// repeats exactly these operations per token: its outputs equal the one-token kernel's bit for bit.
+
+// Shared-memory bytes of one staged q8 row of `cols` values: the quants, a scale per 32, a sum per 16.
+#define Q8_ROW_BYTES(cols) ((cols) + (cols) / 32 * 4 + (cols) / 16 * 4)
+
+struct Q8Row {
+    const i8* q;
+    const float* d;
+    const int* s16;
+};
+
+__device__ __forceinline__ Q8Row q8_row(u8* base, int cols) {
+    return Q8Row{(const i8*)base, (const float*)(base + cols), (const int*)(base + cols + cols / 32 * 4)};
+}
+
+// Stages x * nw (nw null: x) of n values (a multiple of 32) as a q8 row at `base`; returns
+// 1 / rms(x) (nw null: 1). Warp w quantises the 32-value blocks w, w + 8, ...; ends with a barrier.
+__device__ __forceinline__ float stage_normed_q8(const float* __restrict__ x, const float* __restrict__ nw,
+                                                 float eps, int n, u8* base) {
+    __shared__ float part_ss[MVF_WARPS];
+    i8* q = (i8*)base;
+    float* d = (float*)(base + n);
+    int* s16 = (int*)(base + n + n / 32 * 4);
+    const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
+    float ss = 0.0f;
+    for (int b = wi; b < n / 32; b += nwarps) {
+        const float v = x[32 * b + lane];
+        ss += v * v;
+        const float u = nw == nullptr ? v : v * nw[32 * b + lane];
+        const float db = warp_max(fabsf(u)) / 127.0f;
+        const float id = db > 0.0f ? 1.0f / db : 0.0f;
+        const int qi = __float2int_rn(u * id);
+        q[32 * b + lane] = (i8)qi;
+        int sum = qi;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) d[b] = db;
+        if ((lane & 15) == 0) s16[2 * b + lane / 16] = sum;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) part_ss[wi] = ss;
+    __syncthreads();
+    if (nw == nullptr) return 1.0f;
+    float tot = 0.0f;
+    for (int w = 0; w < MVF_WARPS; ++w) tot += part_ss[w];
+    return 1.0f / sqrtf(tot / (float)n + eps);
+}
+
+__device__ __forceinline__ int dp4a(u32 a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// One Q4_K unit (g = 0..7 of its block: c = g / 2, h = g % 2) decoded: the two sub-blocks' scale
+// and min, the nibbles as bytes.
+struct Q4kUnit {
+    float ds0, dm0, ds1, dm1;
+    u32 lo[4], hi[4];
+    int at;  // the unit's low values start at value `at` of the block (its high ones at + 32)
+};
+
+__device__ __forceinline__ Q4kUnit q4k_unit(const uint4 hd, const uint4 qv, int g) {
+    const int c = g >> 1, h = g & 1;
+    const u32 sc_w = c < 2 ? (hd.y & 0x3F3F3F3Fu) : ((hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u));
+    const u32 m_w = c < 2 ? (hd.z & 0x3F3F3F3Fu) : (((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u));
+    const int b0 = (2 * c) & 3;
+    const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
+    Q4kUnit u;
+    u.ds0 = d * byte_f32(sc_w, b0);
+    u.dm0 = dmin * byte_f32(m_w, b0);
+    u.ds1 = d * byte_f32(sc_w, b0 + 1);
+    u.dm1 = dmin * byte_f32(m_w, b0 + 1);
+    const u32 v[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        u.lo[k] = v[k] & 0x0F0F0F0Fu;
+        u.hi[k] = (v[k] >> 4) & 0x0F0F0F0Fu;
+    }
+    u.at = 64 * c + 16 * h;
+    return u;
+}
+
+// The unit's dot with block `ib` of a staged q8 row.
+__device__ __forceinline__ float q4k_unit_q8(const Q4kUnit& u, const Q8Row& x, int ib) {
+    const int lo = 256 * ib + u.at, hi = lo + 32;
+    const int4 a = *(const int4*)(x.q + lo), e = *(const int4*)(x.q + hi);
+    int sl = dp4a(u.lo[0], a.x, 0), sh = dp4a(u.hi[0], e.x, 0);
+    sl = dp4a(u.lo[1], a.y, sl);
+    sh = dp4a(u.hi[1], e.y, sh);
+    sl = dp4a(u.lo[2], a.z, sl);
+    sh = dp4a(u.hi[2], e.z, sh);
+    sl = dp4a(u.lo[3], a.w, sl);
+    sh = dp4a(u.hi[3], e.w, sh);
+    return x.d[lo / 32] * (u.ds0 * (float)sl - u.dm0 * (float)x.s16[lo / 16]) +
+           x.d[hi / 32] * (u.ds1 * (float)sh - u.dm1 * (float)x.s16[hi / 16]);
+}
+
+// The lane's partials of one Q4_K row for nt (<= NT) staged q8 rows (row t at base + t * stride
+// bytes): units part * 32 + lane, + parts * 32, ... in that order, Q8_UNITS of them loaded before
+// their arithmetic; each unit decoded once for all tokens.
+#ifndef Q8_UNITS
+#define Q8_UNITS 4
+#endif
+template <int NT>
+__device__ __forceinline__ void q4k_row_q8(const u8* __restrict__ wr, u8* base, int stride, int nt, int cols,
+                                           int lane, int part, int parts, float (&acc)[NT]) {
+    Q8Row xr[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        xr[t] = q8_row(base + (size_t)t * stride, cols);
+        acc[t] = 0.0f;
+    }
+    const int units = cols / 32, step = parts * WARP;
+    int gi = part * WARP + lane;
+    for (; gi + (Q8_UNITS - 1) * step < units; gi += Q8_UNITS * step) {
+        uint4 hd[Q8_UNITS], qv[Q8_UNITS];
+#pragma unroll
+        for (int k = 0; k < Q8_UNITS; ++k) {
+            const int g = gi + k * step;
+            const u8* b = wr + (size_t)(g >> 3) * 144;
+            hd[k] = *(const uint4*)b;
+            qv[k] = *(const uint4*)(b + 16 + 16 * (g & 7));
+        }
+#pragma unroll
+        for (int k = 0; k < Q8_UNITS; ++k) {
+            const int g = gi + k * step;
+            const Q4kUnit u = q4k_unit(hd[k], qv[k], g & 7);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) acc[t] += q4k_unit_q8(u, xr[t], g >> 3);
+            }
+        }
+    }
+    for (; gi < units; gi += step) {
+        const u8* b = wr + (size_t)(gi >> 3) * 144;
+        const Q4kUnit u = q4k_unit(*(const uint4*)b, *(const uint4*)(b + 16 + 16 * (gi & 7)), gi & 7);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < nt) acc[t] += q4k_unit_q8(u, xr[t], gi >> 3);
+        }
+    }
+}
+
+// matvec_norm3_q8_q4_k(x, nw, eps, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2):
+// matvec_norm3_q4_k through the q8 row (one row per group of `parts` warps). Launch: as
+// matvec_norm3 with one row per warp group, dynamic shared memory = Q8_ROW_BYTES(cols).
+// matvec_norm3_tok_q8_q4_k(..., split, n, ...): the same for n tokens, `tile` (split >> 16) per
+// block, dynamic shared memory = tile * Q8_ROW_BYTES(cols); every output is the one-token
+// kernel's bit for bit.
+template <int NT>
+__device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x, const float* __restrict__ nw,
+                                                     float eps, int cols, int split, int n, const u8* w0,
+                                                     float* y0, int r0, const u8* w1, float* y1, int r1,
+                                                     const u8* w2, float* y2, int r2) {
+    extern __shared__ float4 mvf_x4[];
+    u8* base = (u8*)mvf_x4;
+    __shared__ float invs[NT];
+    __shared__ float red[NT][MVF_WARPS];
+    MvfSplit s = mvf_split(split);
+    s.rows = 1;
+    const int tile = NT == 1 ? 1 : min(max((split >> 16) & 255, 1), NT);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int rows = m.rows;
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int stride = Q8_ROW_BYTES(cols);
+    int row, part;
+    mvf_first(m.block, s, row, part);
+    mvf_prefetch<T_Q4_K>(m.w, cols, rows, row, part, s);
+    pdl_enter();  // x comes from the kernel before
+    for (int t = 0; t < nt; ++t) {
+        const float inv = stage_normed_q8(x + (size_t)(t0 + t) * cols, nw, eps, cols, base + (size_t)t * stride);
+        if (threadIdx.x == 0) invs[t] = inv;
+        __syncthreads();  // part_ss is reused by the next token
+    }
+    float acc[NT];
+    if (row < rows) {
+        q4k_row_q8<NT>(m.w + (size_t)row * row_bytes<T_Q4_K>(cols), base, stride, nt, cols, lane, part, s.parts,
+                       acc);
+    } else {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) red[t][wi] = v;
+    }
+    __syncthreads();
+    if (row >= rows || part != 0 || lane != 0) return;
+    for (int t = 0; t < nt; ++t) {
+        float sum = 0.0f;
+        for (int p = 0; p < s.parts; ++p) sum += red[t][wi + p];
+        m.y[(size_t)(t0 + t) * rows + row] = invs[t] * sum;
+    }
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_q8_q4_k(
+    const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    matvec_norm3_q8_body<1>(x, nw, eps, cols, split, 1, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8_q4_k(
+    const float* x, const float* nw, float eps, int cols, int split, int n, const u8* w0, float* y0, int r0,
+    const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
+    matvec_norm3_q8_body<MVF_MAX_TILE>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
 // embed_<type>(table, ids, out, cols): out[t] = dequantized row ids[t] of the table.
 // Launch: grid = n ids, block = any multiple of 32.
 template <typename T>

@@ -141,6 +141,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "sample_topk",
     "moe_group",
     "gemm_f32_simt",
+    "matvec_norm3_q8_q4_k",
+    "matvec_norm3_tok_q8_q4_k",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

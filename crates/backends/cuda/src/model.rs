@@ -682,6 +682,9 @@ pub struct CudaModel {
     /// the earlier grid completes. On for compute capability 9.0 and newer unless
     /// `REDLITE_CUDA_PDL=0`. Decode steps and verify rows only (not calls through the GEMMs).
     pdl: bool,
+    /// Q4_K products of the fused matvecs with 8-bit activations (`matvec_norm3_q8_q4_k`:
+    /// dp4a on the input quantised per 32 values; `REDLITE_CUDA_Q8=0`: f32 activations).
+    q8: bool,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -836,6 +839,7 @@ impl CudaModel {
             ),
             router,
             pdl,
+            q8: env_switch("REDLITE_CUDA_Q8", true),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             experts,
@@ -1450,10 +1454,12 @@ impl CudaModel {
             i += group.len();
             // Several tokens: the token-tile kernel when it is on (weights read once per tile).
             let tile = token_tile(self.token_tile, n, cols);
-            let kernel = if tile > 1 {
-                "matvec_norm3_tok"
-            } else {
-                "matvec_norm3"
+            let q8 = self.q8_fits(ty, cols);
+            let kernel = match (tile > 1, q8) {
+                (true, false) => "matvec_norm3_tok",
+                (false, false) => "matvec_norm3",
+                (true, true) => "matvec_norm3_tok_q8",
+                (false, true) => "matvec_norm3_q8",
             };
             let f = self
                 .gpu
@@ -1461,7 +1467,12 @@ impl CudaModel {
                 .clone();
             let split = MvfSplit {
                 parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                rows: if tile > 1 { 1 } else { self.mvf_rows },
+                rows: if tile > 1 || q8 { 1 } else { self.mvf_rows },
+            };
+            let shared = if q8 {
+                tile * crate::ops::q8_row_bytes(cols)
+            } else {
+                4 * tile * cols
             };
             let rows_per_block = split.rows_per_block();
             let mut args = vec![
@@ -1489,11 +1500,16 @@ impl CudaModel {
                 &f,
                 (grid_x, n.div_ceil(tile) as u32, 1),
                 MVF_THREADS,
-                (4 * tile * cols) as u32,
+                shared as u32,
                 &args,
             )?;
         }
         Ok(())
+    }
+
+    /// Whether the fused matvec of a `ty` matrix `cols` wide takes 8-bit activations.
+    fn q8_fits(&self, ty: GgmlType, cols: usize) -> bool {
+        self.q8 && ty == GgmlType::Q4K && cols.is_multiple_of(256)
     }
 
     /// The mixer's output projection with the residual and the next norm folded in:
@@ -2367,6 +2383,10 @@ impl CudaModel {
         self.matvec_normed(xn, None, &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
         let f = self.k.swiglu.clone();
         self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
+        if self.q8_fits(m.sh_down.ty, m.sh_down.cols) {
+            // One matrix through the fused kernel (no norm weights): the 8-bit form.
+            return self.matvec_normed(sa, None, &[(&m.sh_down, shared)], n);
+        }
         self.matvec(&m.sh_down, sa, shared, n)
     }
 }

@@ -294,6 +294,89 @@ pub fn gemm_blas(
     download(gpu, &y)
 }
 
+/// Shared-memory bytes of one staged 8-bit activation row (`Q8_ROW_BYTES` in matvec.cu): the
+/// quants, an f32 scale per 32 values, an i32 sum per 16.
+pub fn q8_row_bytes(cols: usize) -> usize {
+    cols + cols / 32 * 4 + cols / 16 * 4
+}
+
+/// `matvec_norm3_q8_q4_k` (`tile` 1) or `matvec_norm3_tok_q8_q4_k` on `n` tokens: `W · rms_norm(x,
+/// nw)` (`nw` empty: `W · x`) for a Q4_K matrix with the normalised input quantised per 32 values
+/// to 8 bits, each row cut into `parts` slices.
+pub fn matvec_norm3_q8(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    nw: &[f32],
+    (eps, parts, tile): (f32, usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xs.len(), cols, "matvec_norm3_q8 x")?;
+    if (!nw.is_empty() && nw.len() != cols)
+        || !cols.is_multiple_of(256)
+        || !(1..=8).contains(&parts)
+        || !parts.is_power_of_two()
+        || !(1..=MVF_MAX_TILE).contains(&tile)
+        || tile * q8_row_bytes(cols) > 48 * 1024
+    {
+        return Err(CudaError::Invalid("matvec_norm3_q8: sizes".into()));
+    }
+    let split = MvfSplit { parts, rows: 1 };
+    let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
+    let (r, c, p) = (
+        i32_arg(rows, "rows")?,
+        i32_arg(cols, "cols")?,
+        split.arg() | (tile << 16) as i32,
+    );
+    let grid_x = blocks(rows, split.rows_per_block());
+    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let (zero, zi, ni) = (0u64, 0i32, i32_arg(n, "tokens")?);
+    let (name, conf) = if tile > 1 {
+        let grid = (grid_x, n.div_ceil(tile) as u32, 1);
+        let shared = (tile * q8_row_bytes(cols)) as u32;
+        ("matvec_norm3_tok_q8_q4_k", cfg(grid, 256, shared))
+    } else {
+        let grid = (grid_x, n as u32, 1);
+        (
+            "matvec_norm3_q8_q4_k",
+            cfg(grid, 256, q8_row_bytes(cols) as u32),
+        )
+    };
+    let f = gpu.func(name)?;
+    // The token-tile kernel takes the token count after `split`; no norm weights: a null pointer.
+    match (tile > 1, nw.is_empty()) {
+        (true, true) => launch!(
+            gpu,
+            f,
+            name,
+            conf,
+            [&x, &zero, &eps, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?,
+        (true, false) => launch!(
+            gpu,
+            f,
+            name,
+            conf,
+            [&x, &nwd, &eps, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?,
+        (false, true) => launch!(
+            gpu,
+            f,
+            name,
+            conf,
+            [&x, &zero, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?,
+        (false, false) => launch!(
+            gpu,
+            f,
+            name,
+            conf,
+            [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?,
+    }
+    download(gpu, &y)
+}
+
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
 /// per group of warps, 8 warps per block):

@@ -159,6 +159,18 @@ pub fn abs_err(a: &[f32], b: &[f64]) -> f64 {
         .sqrt()
 }
 
+/// The values the 8-bit activation kernels compute with: per 32 values d = max|v| / 127 and
+/// q = rint(v / d) (as `stage_normed_q8` in matvec.cu, in f32), returned as d · q.
+pub fn quantize_q8_blocks(v: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(v.len());
+    for block in v.chunks(32) {
+        let d = block.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(block.iter().map(|&x| (x * id).round_ties_even() * d));
+    }
+    out
+}
+
 /// `‖a − b‖ / ‖b‖`, infinite when `a` has a NaN or the lengths differ.
 pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
@@ -338,6 +350,73 @@ impl Runner<'_> {
                     r,
                 );
             }
+        }
+    }
+
+    /// `matvec_norm3_q8_q4_k` (8-bit activations) against f64 on the same 8-bit activations,
+    /// quantised here as the kernel does (per 32 values: d = max|v| / 127, q = rint(v / d)): 2048
+    /// and 4096 columns, 1, 2 and 8 slices, with and without norm weights; token tiles of 2 and 4
+    /// bit for bit the one-token kernel.
+    fn matvec_norm3_q8(&mut self) {
+        let (rows, n, eps) = (67usize, 3usize, 1e-6f32);
+        for (cols, parts, plain) in [
+            (2048usize, 1usize, false),
+            (2048, 2, true),
+            (2048, 8, false),
+            (4096, 1, false),
+            (4096, 2, true),
+        ] {
+            let bytes = random_weights(&mut self.rng, GgmlType::Q4K, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let nw: Vec<f32> = if plain {
+                Vec::new()
+            } else {
+                (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect()
+            };
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let run = |tile| {
+                    ops::matvec_norm3_q8(self.gpu, &w, (rows, cols), &xs, &nw, (eps, parts, tile))
+                };
+                let y = run(1)?;
+                for tile in [2usize, 4] {
+                    let yt = run(tile)?;
+                    if yt.iter().zip(&y).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                        return Err(CudaError::Invalid(format!(
+                            "matvec_norm3_tok_q8 with a tile of {tile} tokens differs from matvec_norm3_q8"
+                        )));
+                    }
+                }
+                let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
+                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let mut reference = Vec::with_capacity(n * rows);
+                for t in 0..n {
+                    let x = &xs[t * cols..(t + 1) * cols];
+                    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    let inv = if plain {
+                        1.0
+                    } else {
+                        1.0 / (ss / cols as f64 + f64::from(eps)).sqrt()
+                    };
+                    let u: Vec<f32> = (0..cols)
+                        .map(|i| nw.get(i).map_or(x[i], |&g| x[i] * g))
+                        .collect();
+                    let xq = quantize_q8_blocks(&u);
+                    for r in 0..rows {
+                        let row = &wf[r * cols..(r + 1) * cols];
+                        reference.push(inv * dot64(row, &xq));
+                    }
+                }
+                Ok((rel_err(&y, &reference), TOL_F32))
+            })();
+            self.record(
+                "matvec_norm3_q8 Q4_K",
+                format!(
+                    "{rows}x{cols} n={n} parts={parts}{}, token tiles 2 and 4 bit-identical",
+                    if plain { " no norm" } else { "" }
+                ),
+                r,
+            );
         }
     }
 
@@ -1621,6 +1700,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     ] {
         r.matvec_fused(ty);
     }
+    r.matvec_norm3_q8();
     r.sample_topk();
     r.out
 }

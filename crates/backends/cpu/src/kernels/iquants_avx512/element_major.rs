@@ -269,11 +269,37 @@ pub fn iq2_xxs_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32])
     unsafe { rows_element_major(w, row_bytes, nb, x, out) }
 }
 
+/// How far ahead of the row being computed [`rows_element_major`] asks for weight bytes
+/// (`REDLITE_IQ2_PREFETCH` bytes, 0 = no software prefetch).
+fn prefetch_distance() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("REDLITE_IQ2_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(PREFETCH_BYTES)
+    })
+}
+
+/// Default of [`prefetch_distance`].
+const PREFETCH_BYTES: usize = 0;
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
 fn rows_element_major(w: &[u8], row_bytes: usize, nb: usize, x: &[BlockQ8K], out: &mut [f32]) {
     let t = Tables::load();
+    let ahead = prefetch_distance();
     for (r, y) in out.iter_mut().enumerate() {
         let at = r * row_bytes;
+        if ahead > 0 {
+            // The row `ahead` bytes on, one request per cache line (a prefetch never faults,
+            // so lines past the end of `w` are harmless).
+            let p = w.as_ptr().wrapping_add(at + ahead);
+            let mut line = 0;
+            while line < row_bytes {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
+                line += 64;
+            }
+        }
         *y = row_dot!(&t, &w[at..at + nb * IQ2_XXS_BYTES], x);
     }
 }
