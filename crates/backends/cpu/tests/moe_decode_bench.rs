@@ -65,6 +65,16 @@ fn bench_moe_decode() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(400);
     let f = GgufFile::open(&path).expect("model file");
+    // Map every page now, as the backend does at load (else first touches are page faults).
+    // SAFETY: the range is the file's live read-only mapping.
+    let map = f.bytes();
+    unsafe {
+        libc::madvise(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            libc::MADV_POPULATE_READ,
+        )
+    };
     let mut layers = Vec::new();
     for l in 0.. {
         let (Some(g), Some(u), Some(d)) = (
@@ -77,6 +87,13 @@ fn bench_moe_decode() {
         layers.push((g, u, d));
     }
     assert!(!layers.is_empty(), "no expert tensors in {path}");
+    // `REDLITE_BENCH_LAYERS=N`: only the first N layers.
+    if let Some(n) = std::env::var("REDLITE_BENCH_LAYERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        layers.truncate(n.max(1));
+    }
     // `REDLITE_BENCH_OWNED=N`: the first N layers' experts copied into heap memory (to compare
     // with the memory map).
     let owned_n: usize = std::env::var("REDLITE_BENCH_OWNED")

@@ -270,7 +270,11 @@ pub fn iq2_xxs_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32])
 }
 
 /// How far ahead of the row being computed [`rows_element_major`] asks for weight bytes
-/// (`REDLITE_IQ2_PREFETCH` bytes, 0 = no software prefetch).
+/// (`REDLITE_IQ2_PREFETCH` bytes, 0 = no software prefetch). The kernel reads its rows at
+/// ~10 GB/s per thread, compute-bound, so the hardware prefetcher, which restarts at every
+/// 4 KiB page (a 4 KiB page of a memory-mapped expert is ~0.4 µs of work), leaves it waiting at
+/// page starts; asking 2 KiB ahead measured 6.9 → 6.6 ns per block on one thread over the
+/// full-size file's experts and +2 % full-size decode.
 fn prefetch_distance() -> usize {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *D.get_or_init(|| {
@@ -282,7 +286,7 @@ fn prefetch_distance() -> usize {
 }
 
 /// Default of [`prefetch_distance`].
-const PREFETCH_BYTES: usize = 0;
+const PREFETCH_BYTES: usize = 2048;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
 fn rows_element_major(w: &[u8], row_bytes: usize, nb: usize, x: &[BlockQ8K], out: &mut [f32]) {
