@@ -27,17 +27,30 @@ pub struct Product<'a> {
     pub tiles: Option<&'a DecodeTiles>,
 }
 
-/// Weight bytes per task: large enough to amortise the hand-off, small enough to balance.
-fn task_bytes() -> usize {
-    static KB: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    1024 * *KB.get_or_init(|| {
+/// Weight bytes per task for a batch of `total` weight bytes: about 4 tasks per thread (as
+/// [`driver`]'s one-product split), at least 64 KiB; `REDLITE_FUSED_TASK_KB` fixes it instead.
+/// Large batches gain from long tasks: the full-size layout's decode (MoE batches of 3–7 MB,
+/// projections of up to 15 MB) ran 11.9 tok/s at a fixed 64 KiB, 13.2–13.3 at 256 KiB–1 MiB
+/// (2 threads, 4 alternating rounds): each task restarts the hardware prefetcher's streams and
+/// pays the hand-off.
+fn task_bytes(total: usize) -> usize {
+    static KB: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let fixed = KB.get_or_init(|| {
         std::env::var("REDLITE_FUSED_TASK_KB")
             .ok()
             .and_then(|v| v.trim().parse().ok())
             .filter(|&kb: &usize| kb > 0)
-            .unwrap_or(64)
-    })
+    });
+    match fixed {
+        Some(kb) => kb * 1024,
+        None => total
+            .div_ceil(4 * driver::num_threads().max(1))
+            .max(MIN_TASK_BYTES),
+    }
 }
+
+/// The smallest task of [`task_bytes`].
+const MIN_TASK_BYTES: usize = 64 * 1024;
 
 /// A product's row kernel and the activations it reads.
 #[derive(Clone, Copy)]
@@ -189,11 +202,13 @@ fn batch_into(
             _ => {}
         }
     }
-    // Tasks: (product, first row, its slice of the product's output), ≈ TASK_BYTES of weights
+    // Tasks: (product, first row, its slice of the product's output), ≈ `task_bytes` of weights
     // each; every task writes its own rows in place.
+    let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
+    let task_bytes = task_bytes(weight_bytes);
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, (o, (kernel, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
-        let mut per = (task_bytes() / (*row_bytes).max(1)).max(1);
+        let mut per = (task_bytes / (*row_bytes).max(1)).max(1);
         if let Kernel::Tiles = kernel {
             // Whole tile groups.
             per = per.next_multiple_of(TILE_ROWS);
@@ -244,7 +259,6 @@ fn batch_into(
     };
     // Small products (a tiny model's whole MoE) run on the calling thread: handing them to the
     // pool costs more than the work. Each task computes the same values either way.
-    let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
     if weight_bytes < driver::matvec_parallel_min_bytes() {
         tasks.iter_mut().for_each(task);
     } else {
