@@ -894,11 +894,11 @@ __device__ __forceinline__ float stage_normed_q8(const float* __restrict__ x, co
     float ss = 0.0f;
     for (int b = wi; b < n / 32; b += nwarps) {
         const float v = x[32 * b + lane];
-        ss += v * v;
-        const float u = nw == nullptr ? v : v * nw[32 * b + lane];
+        ss = __fmaf_rn(v, v, ss);
+        const float u = nw == nullptr ? v : __fmul_rn(v, nw[32 * b + lane]);
         const float db = warp_max(fabsf(u)) / 127.0f;
         const float id = db > 0.0f ? 1.0f / db : 0.0f;
-        const int qi = __float2int_rn(u * id);
+        const int qi = __float2int_rn(__fmul_rn(u, id));
         q[32 * b + lane] = (i8)qi;
         int sum = qi;
 #pragma unroll
@@ -961,52 +961,71 @@ __device__ __forceinline__ float q4k_unit_q8(const Q4kUnit& u, const Q8Row& x, i
     sh = dp4a(u.hi[2], e.z, sh);
     sl = dp4a(u.lo[3], a.w, sl);
     sh = dp4a(u.hi[3], e.w, sh);
-    return x.d[lo / 32] * (u.ds0 * (float)sl - u.dm0 * (float)x.s16[lo / 16]) +
-           x.d[hi / 32] * (u.ds1 * (float)sh - u.dm1 * (float)x.s16[hi / 16]);
+    // Rounded operations spelled out (no contraction left to the compiler): every kernel that
+    // inlines this computes the same value.
+    const float vl = __fsub_rn(__fmul_rn(u.ds0, (float)sl), __fmul_rn(u.dm0, (float)x.s16[lo / 16]));
+    const float vh = __fsub_rn(__fmul_rn(u.ds1, (float)sh), __fmul_rn(u.dm1, (float)x.s16[hi / 16]));
+    return __fadd_rn(__fmul_rn(x.d[lo / 32], vl), __fmul_rn(x.d[hi / 32], vh));
 }
 
-// The lane's partials of one Q4_K row for nt (<= NT) staged q8 rows (row t at base + t * stride
-// bytes): units part * 32 + lane, + parts * 32, ... in that order, Q8_UNITS of them loaded before
-// their arithmetic; each unit decoded once for all tokens.
+// The lane's partials of NR Q4_K rows (wr[r]; null: a row past the matrix, partial 0) for nt
+// (<= NT) staged q8 rows (token t's at base + t * stride bytes): units part * 32 + lane,
+// + parts * 32, ... in that order, Q8_UNITS per row loaded (every row's) before their arithmetic;
+// each unit decoded once for all tokens. A row's partial does not depend on NR.
 #ifndef Q8_UNITS
-#define Q8_UNITS 4
+#define Q8_UNITS 2
 #endif
-template <int NT>
-__device__ __forceinline__ void q4k_row_q8(const u8* __restrict__ wr, u8* base, int stride, int nt, int cols,
-                                           int lane, int part, int parts, float (&acc)[NT]) {
+template <int NR, int NT>
+__device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols,
+                                            int lane, int part, int parts, float (&acc)[NR][NT]) {
     Q8Row xr[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        xr[t] = q8_row(base + (size_t)t * stride, cols);
-        acc[t] = 0.0f;
+    for (int t = 0; t < NT; ++t) xr[t] = q8_row(base + (size_t)t * stride, cols);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
     }
     const int units = cols / 32, step = parts * WARP;
     int gi = part * WARP + lane;
     for (; gi + (Q8_UNITS - 1) * step < units; gi += Q8_UNITS * step) {
-        uint4 hd[Q8_UNITS], qv[Q8_UNITS];
+        uint4 hd[NR][Q8_UNITS], qv[NR][Q8_UNITS];
 #pragma unroll
-        for (int k = 0; k < Q8_UNITS; ++k) {
-            const int g = gi + k * step;
-            const u8* b = wr + (size_t)(g >> 3) * 144;
-            hd[k] = *(const uint4*)b;
-            qv[k] = *(const uint4*)(b + 16 + 16 * (g & 7));
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int k = 0; k < Q8_UNITS; ++k) {
+                const int g = gi + k * step;
+                if (wr[r] != nullptr) {
+                    const u8* b = wr[r] + (size_t)(g >> 3) * 144;
+                    hd[r][k] = *(const uint4*)b;
+                    qv[r][k] = *(const uint4*)(b + 16 + 16 * (g & 7));
+                }
+            }
         }
 #pragma unroll
-        for (int k = 0; k < Q8_UNITS; ++k) {
-            const int g = gi + k * step;
-            const Q4kUnit u = q4k_unit(hd[k], qv[k], g & 7);
+        for (int r = 0; r < NR; ++r) {
+            if (wr[r] == nullptr) continue;
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t < nt) acc[t] += q4k_unit_q8(u, xr[t], g >> 3);
+            for (int k = 0; k < Q8_UNITS; ++k) {
+                const int g = gi + k * step;
+                const Q4kUnit u = q4k_unit(hd[r][k], qv[r][k], g & 7);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < nt) acc[r][t] = __fadd_rn(acc[r][t], q4k_unit_q8(u, xr[t], g >> 3));
+                }
             }
         }
     }
     for (; gi < units; gi += step) {
-        const u8* b = wr + (size_t)(gi >> 3) * 144;
-        const Q4kUnit u = q4k_unit(*(const uint4*)b, *(const uint4*)(b + 16 + 16 * (gi & 7)), gi & 7);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t < nt) acc[t] += q4k_unit_q8(u, xr[t], gi >> 3);
+        for (int r = 0; r < NR; ++r) {
+            if (wr[r] == nullptr) continue;
+            const u8* b = wr[r] + (size_t)(gi >> 3) * 144;
+            const Q4kUnit u = q4k_unit(*(const uint4*)b, *(const uint4*)(b + 16 + 16 * (gi & 7)), gi & 7);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) acc[r][t] = __fadd_rn(acc[r][t], q4k_unit_q8(u, xr[t], gi >> 3));
+            }
         }
     }
 }
@@ -1017,51 +1036,82 @@ __device__ __forceinline__ void q4k_row_q8(const u8* __restrict__ wr, u8* base, 
 // matvec_norm3_tok_q8_q4_k(..., split, n, ...): the same for n tokens, `tile` (split >> 16) per
 // block, dynamic shared memory = tile * Q8_ROW_BYTES(cols); every output is the one-token
 // kernel's bit for bit.
+// Rows per warp group: split >> 8 (1 .. Q8_MAX_ROWS), walked two at a time by the one-token
+// kernel (four loads per lane in flight) and one at a time by the token-tile kernel. Many rows per
+// block spread the staging of x over more weights, and with few enough blocks to be resident at
+// once every block prefetches all its rows into L2 before it waits for the kernel ahead.
+#define Q8_MAX_ROWS 16
 template <int NT>
 __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x, const float* __restrict__ nw,
                                                      float eps, int cols, int split, int n, const u8* w0,
                                                      float* y0, int r0, const u8* w1, float* y1, int r1,
                                                      const u8* w2, float* y2, int r2) {
+    constexpr int NR = NT == 1 ? 2 : 1;
     extern __shared__ float4 mvf_x4[];
     u8* base = (u8*)mvf_x4;
     __shared__ float invs[NT];
-    __shared__ float red[NT][MVF_WARPS];
-    MvfSplit s = mvf_split(split);
-    s.rows = 1;
+    __shared__ float red[NR][NT][MVF_WARPS];
+    MvfSplit s;
+    s.parts = split & 255;
+    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
     const int tile = NT == 1 ? 1 : min(max((split >> 16) & 255, 1), NT);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int rows = m.rows;
     const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int stride = Q8_ROW_BYTES(cols);
-    int row, part;
-    mvf_first(m.block, s, row, part);
-    mvf_prefetch<T_Q4_K>(m.w, cols, rows, row, part, s);
+    int first, part;
+    mvf_first(m.block, s, first, part);
+    if (blockIdx.y == 0) mvf_prefetch<T_Q4_K>(m.w, cols, rows, first, part, s);
     pdl_enter();  // x comes from the kernel before
     for (int t = 0; t < nt; ++t) {
         const float inv = stage_normed_q8(x + (size_t)(t0 + t) * cols, nw, eps, cols, base + (size_t)t * stride);
         if (threadIdx.x == 0) invs[t] = inv;
         __syncthreads();  // part_ss is reused by the next token
     }
-    float acc[NT];
-    if (row < rows) {
-        q4k_row_q8<NT>(m.w + (size_t)row * row_bytes<T_Q4_K>(cols), base, stride, nt, cols, lane, part, s.parts,
-                       acc);
-    } else {
+    const size_t rb = row_bytes<T_Q4_K>(cols);
+    for (int r = 0; r < s.rows; r += NR) {
+        const u8* wr[NR];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    }
+        for (int k = 0; k < NR; ++k) {
+            const int row = first + r + k;
+            wr[k] = (r + k < s.rows && row < rows) ? m.w + (size_t)row * rb : nullptr;
+        }
+        float acc[NR][NT];
+        q4k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
+        if (s.parts == 1) {
+            // The warp holds whole rows.
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) red[t][wi] = v;
-    }
-    __syncthreads();
-    if (row >= rows || part != 0 || lane != 0) return;
-    for (int t = 0; t < nt; ++t) {
-        float sum = 0.0f;
-        for (int p = 0; p < s.parts; ++p) sum += red[t][wi + p];
-        m.y[(size_t)(t0 + t) * rows + row] = invs[t] * sum;
+            for (int k = 0; k < NR; ++k) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const float v = warp_sum(acc[k][t]);
+                    if (lane == 0 && wr[k] != nullptr && t < nt) m.y[(size_t)(t0 + t) * rows + first + r + k] = invs[t] * v;
+                }
+            }
+            continue;
+        }
+#pragma unroll
+        for (int k = 0; k < NR; ++k) {
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float v = warp_sum(acc[k][t]);
+                if (lane == 0) red[k][t][wi] = v;
+            }
+        }
+        __syncthreads();
+        if (part == 0 && lane == 0) {
+#pragma unroll
+            for (int k = 0; k < NR; ++k) {
+                if (wr[k] == nullptr) continue;
+                for (int t = 0; t < nt; ++t) {
+                    float sum = 0.0f;
+                    for (int p = 0; p < s.parts; ++p) sum += red[k][t][wi + p];
+                    m.y[(size_t)(t0 + t) * rows + first + r + k] = invs[t] * sum;
+                }
+            }
+        }
+        __syncthreads();  // red is reused by the next rows
     }
 }
 

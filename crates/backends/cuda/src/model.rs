@@ -685,6 +685,9 @@ pub struct CudaModel {
     /// Q4_K products of the fused matvecs with 8-bit activations (`matvec_norm3_q8_q4_k`:
     /// dp4a on the input quantised per 32 values; `REDLITE_CUDA_Q8=0`: f32 activations).
     q8: bool,
+    /// Rows per warp group of the one-token 8-bit kernel (`REDLITE_CUDA_Q8_ROWS`, 1 to
+    /// `Q8_MAX_ROWS` = 16; default 8: 64 rows a block, the input staged once for all of them).
+    q8_rows: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -840,6 +843,7 @@ impl CudaModel {
             router,
             pdl,
             q8: env_switch("REDLITE_CUDA_Q8", true),
+            q8_rows: env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(8).clamp(1, 16),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             experts,
@@ -1467,7 +1471,11 @@ impl CudaModel {
                 .clone();
             let split = MvfSplit {
                 parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                rows: if tile > 1 || q8 { 1 } else { self.mvf_rows },
+                rows: match (tile > 1, q8) {
+                    (true, _) => 1,
+                    (false, true) => self.q8_rows,
+                    (false, false) => self.mvf_rows,
+                },
             };
             let shared = if q8 {
                 tile * crate::ops::q8_row_bytes(cols)

@@ -302,14 +302,15 @@ pub fn q8_row_bytes(cols: usize) -> usize {
 
 /// `matvec_norm3_q8_q4_k` (`tile` 1) or `matvec_norm3_tok_q8_q4_k` on `n` tokens: `W · rms_norm(x,
 /// nw)` (`nw` empty: `W · x`) for a Q4_K matrix with the normalised input quantised per 32 values
-/// to 8 bits, each row cut into `parts` slices.
+/// to 8 bits, each row cut into `parts` slices, `rows_per_warp` rows per group of warps (one-token
+/// kernel only).
 pub fn matvec_norm3_q8(
     gpu: &Gpu,
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     xs: &[f32],
     nw: &[f32],
-    (eps, parts, tile): (f32, usize, usize),
+    (eps, parts, rows_per_warp, tile): (f32, usize, usize, usize),
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(xs.len(), cols, "matvec_norm3_q8 x")?;
     if (!nw.is_empty() && nw.len() != cols)
@@ -321,7 +322,13 @@ pub fn matvec_norm3_q8(
     {
         return Err(CudaError::Invalid("matvec_norm3_q8: sizes".into()));
     }
-    let split = MvfSplit { parts, rows: 1 };
+    if !(1..=16).contains(&rows_per_warp) || (tile > 1 && rows_per_warp != 1) {
+        return Err(CudaError::Invalid("matvec_norm3_q8: rows per warp".into()));
+    }
+    let split = MvfSplit {
+        parts,
+        rows: rows_per_warp,
+    };
     let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
     let (r, c, p) = (
         i32_arg(rows, "rows")?,

@@ -359,12 +359,13 @@ impl Runner<'_> {
     /// bit for bit the one-token kernel.
     fn matvec_norm3_q8(&mut self) {
         let (rows, n, eps) = (67usize, 3usize, 1e-6f32);
-        for (cols, parts, plain) in [
-            (2048usize, 1usize, false),
-            (2048, 2, true),
-            (2048, 8, false),
-            (4096, 1, false),
-            (4096, 2, true),
+        for (cols, parts, plain, rpw) in [
+            (2048usize, 1usize, false, 1usize),
+            (2048, 1, false, 8),
+            (2048, 2, true, 3),
+            (2048, 8, false, 16),
+            (4096, 1, false, 8),
+            (4096, 2, true, 1),
         ] {
             let bytes = random_weights(&mut self.rng, GgmlType::Q4K, rows, cols);
             let xs = self.rng.normals(n * cols, 1.0);
@@ -375,15 +376,36 @@ impl Runner<'_> {
             };
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
-                let run = |tile| {
-                    ops::matvec_norm3_q8(self.gpu, &w, (rows, cols), &xs, &nw, (eps, parts, tile))
+                let run = |rpw, tile| {
+                    ops::matvec_norm3_q8(
+                        self.gpu,
+                        &w,
+                        (rows, cols),
+                        &xs,
+                        &nw,
+                        (eps, parts, rpw, tile),
+                    )
                 };
-                let y = run(1)?;
+                let y = run(rpw, 1)?;
                 for tile in [2usize, 4] {
-                    let yt = run(tile)?;
-                    if yt.iter().zip(&y).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                    let yt = run(1, tile)?;
+                    let differ = yt
+                        .iter()
+                        .zip(&y)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    if differ > 0 {
+                        let worst = yt
+                            .iter()
+                            .zip(&y)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0f32, f32::max);
                         return Err(CudaError::Invalid(format!(
-                            "matvec_norm3_tok_q8 with a tile of {tile} tokens differs from matvec_norm3_q8"
+                            "matvec_norm3_tok_q8 with a tile of {tile} tokens differs from matvec_norm3_q8 \
+                             in {differ} of {} outputs (largest difference {worst:e}, non-finite: {} / {})",
+                            y.len(),
+                            yt.iter().filter(|v| !v.is_finite()).count(),
+                            y.iter().filter(|v| !v.is_finite()).count()
                         )));
                     }
                 }
@@ -412,7 +434,7 @@ impl Runner<'_> {
             self.record(
                 "matvec_norm3_q8 Q4_K",
                 format!(
-                    "{rows}x{cols} n={n} parts={parts}{}, token tiles 2 and 4 bit-identical",
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}{}, token tiles 2 and 4 bit-identical",
                     if plain { " no norm" } else { "" }
                 ),
                 r,
