@@ -1118,7 +1118,7 @@ __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_q8_q4_k(
     const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1,
     float* y1, int r1, const u8* w2, float* y2, int r2) {
-    matvec_norm3_q8_body<1>(x, nw, eps, cols, split, 1, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    matvec_norm3_q8_body<1>(x, nw, eps, cols, split, gridDim.y, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8_q4_k(

@@ -551,9 +551,12 @@ template <typename T>
 __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                      const float* __restrict__ x, float* __restrict__ act,
                                                      int ff, int hidden, int k) {
-    const int warps = blockDim.x / WARP;
-    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
+    // Rows per warp: as many as the grid leaves (the host may give fewer blocks than rows / warps
+    // so that each block stages its tables once for more rows); row r of warp w of block b is
+    // (b * per_warp + r) * warps + w.
+    const int per_warp = (ff + gridDim.x * warps - 1) / (gridDim.x * warps);
     // The tables first: they depend on nothing, so they are staged while the router still runs.
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
@@ -563,18 +566,26 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
     pdl_enter();  // ids come from the router
     const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
     const u64* parts = tab + 3 * (size_t)ids[te];
-    const size_t off = (size_t)row * row_bytes<T>(hidden);
-    if (row >= ff) return;
-    prefetch_l2((const u8*)parts[0] + off, row_bytes<T>(hidden), lane, WARP);
-    prefetch_l2((const u8*)parts[1] + off, row_bytes<T>(hidden), lane, WARP);
-    const float* xt = x + (size_t)blockIdx.z * hidden;
-    float gv, uv;
-    if constexpr (iq2_sb<T>()) {
-        iq2_gate_up_sb((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
-    } else {
-        gate_up_dot<T>((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
+    const size_t rb = row_bytes<T>(hidden);
+    for (int r = 0; r < per_warp; ++r) {
+        const int row = (blockIdx.x * per_warp + r) * warps + wid;
+        if (row >= ff) break;
+        prefetch_l2((const u8*)parts[0] + (size_t)row * rb, rb, lane, WARP);
+        prefetch_l2((const u8*)parts[1] + (size_t)row * rb, rb, lane, WARP);
     }
-    if (lane == 0) act[te * ff + row] = siluf_(gv) * uv;
+    const float* xt = x + (size_t)blockIdx.z * hidden;
+    for (int r = 0; r < per_warp; ++r) {
+        const int row = (blockIdx.x * per_warp + r) * warps + wid;
+        if (row >= ff) return;
+        const size_t off = (size_t)row * rb;
+        float gv, uv;
+        if constexpr (iq2_sb<T>()) {
+            iq2_gate_up_sb((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
+        } else {
+            gate_up_dot<T>((const u8*)parts[0] + off, (const u8*)parts[1] + off, xt, hidden, lane, gv, uv);
+        }
+        if (lane == 0) act[te * ff + row] = siluf_(gv) * uv;
+    }
 }
 
 // moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the
@@ -591,46 +602,57 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                           const float* __restrict__ shared,
                                                           const float* __restrict__ gate_logit, int hidden,
                                                           int ff, int k) {
-    const int warps = blockDim.x / WARP;
-    const int row = blockIdx.x * warps + threadIdx.x / WARP;
+    const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
-    const size_t off = (size_t)row * row_bytes<T>(ff);
+    // Rows per warp: as many as the grid leaves (see moe_gate_up_tab).
+    const int per_warp = (hidden + gridDim.x * warps - 1) / (gridDim.x * warps);
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
         stage_tables<T>();  // before any warp leaves
     }
     pdl_enter();  // ids, act and x come from the kernels before
-    if (row >= hidden) return;
-    // Lane c fetches choice c's row.
-    if (lane < k) prefetch_l2((const u8*)tab[3 * (size_t)ids[t * k + lane] + 2] + off, row_bytes<T>(ff), 0, 1);
-    float s = 0.0f;
-    if constexpr (iq2_sb<T>()) {
-        s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);
-    } else if constexpr (grouped<T>()) {
-        constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
-        const int groups = ff / G;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int i = lane; i < k * groups; i += WARP) {
-            const int c = i / groups, gi = i - c * groups;
-            const size_t te = t * k + c;
-            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
-            acc += weight[te] * GroupDot<T>::dot(down + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK,
-                                                 act + te * ff + (size_t)gi * G);
-        }
-        s = warp_sum(acc);
-    } else {
-        for (int c = 0; c < k; ++c) {
-            const size_t te = t * k + c;
-            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
-            s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
+    // Lane c fetches choice c's rows.
+    if (lane < k) {
+        const u8* down = (const u8*)tab[3 * (size_t)ids[t * k + lane] + 2];
+        for (int r = 0; r < per_warp; ++r) {
+            const int row = (blockIdx.x * per_warp + r) * warps + wid;
+            if (row >= hidden) break;
+            prefetch_l2(down + (size_t)row * row_bytes<T>(ff), row_bytes<T>(ff), 0, 1);
         }
     }
-    if (lane == 0) {
-        const size_t at = t * hidden + row;
-        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+    for (int r = 0; r < per_warp; ++r) {
+        const int row = (blockIdx.x * per_warp + r) * warps + wid;
+        if (row >= hidden) return;
+        const size_t off = (size_t)row * row_bytes<T>(ff);
+        float s = 0.0f;
+        if constexpr (iq2_sb<T>()) {
+            s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);
+        } else if constexpr (grouped<T>()) {
+            constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
+            const int groups = ff / G;
+            float acc = 0.0f;
+#pragma unroll 4
+            for (int i = lane; i < k * groups; i += WARP) {
+                const int c = i / groups, gi = i - c * groups;
+                const size_t te = t * k + c;
+                const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
+                acc += weight[te] * GroupDot<T>::dot(down + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK,
+                                                     act + te * ff + (size_t)gi * G);
+            }
+            s = warp_sum(acc);
+        } else {
+            for (int c = 0; c < k; ++c) {
+                const size_t te = t * k + c;
+                const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
+                s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
+            }
+        }
+        if (lane == 0) {
+            const size_t at = t * hidden + row;
+            x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+        }
     }
 }
 

@@ -10,7 +10,7 @@
 //! same summation order), so the two are bit-identical, whatever the thread count.
 
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
-use super::{lookup, Isa, RowDot};
+use super::{lookup, Isa, RowDot, RowsDot};
 use rayon::prelude::*;
 use redlite_gguf::quant::GgmlType;
 use std::sync::OnceLock;
@@ -320,7 +320,16 @@ pub fn matvec_isa(
 /// dispatch kernel on [`Acts::quantize`]'s, except for IQ2_XXS at the AVX-512 level with GFNI,
 /// whose element-major kernel reads the Q8_K blocks reordered once here
 /// (`iquants_avx512::element_major_q8k`; same results bit for bit, ~30 % fewer ns per block).
-fn matvec_acts(isa: Isa, kernel: RowDot, ty: GgmlType, x: &[f32], cols: usize) -> (RowDot, Acts) {
+///
+/// Also the kernel's rows form where it is to be used instead: for the element-major kernel its
+/// rows kernel (tables loaded once per task, rows prefetched ahead; same values).
+fn matvec_acts(
+    isa: Isa,
+    kernel: RowDot,
+    ty: GgmlType,
+    x: &[f32],
+    cols: usize,
+) -> (RowDot, Acts, Option<RowsDot>) {
     let acts = Acts::quantize(kernel, x, cols, 1);
     #[cfg(target_arch = "x86_64")]
     if ty == GgmlType::IQ2XXS && isa.min(Isa::best()) == Isa::Avx512 {
@@ -329,11 +338,15 @@ fn matvec_acts(isa: Isa, kernel: RowDot, ty: GgmlType, x: &[f32], cols: usize) -
         {
             let q = super::iquants_avx512::element_major_q8k(q);
             let per = q.len();
-            return (RowDot::Q8K(f), Acts::Q8K(q, per));
+            let rows = super::iquants_avx512::iq2_xxs_element_major_rows_kernel();
+            return (RowDot::Q8K(f), Acts::Q8K(q, per), rows);
         }
     }
-    let _ = (isa, ty);
-    (kernel, acts)
+    let rows = match kernel {
+        RowDot::Q8K(_) => super::lookup_rows_for(ty, isa, cols),
+        _ => None,
+    };
+    (kernel, acts, rows)
 }
 
 fn run_matvec(
@@ -353,12 +366,10 @@ fn run_matvec(
         y.fill(0.0);
         return;
     }
-    let (kernel, acts) = matvec_acts(isa, kernel, shape.ty, x, cols);
+    let (kernel, acts, rows_kernel) = matvec_acts(isa, kernel, shape.ty, x, cols);
     // Several rows per kernel call where the type has a rows kernel (same values).
-    let rows = match (kernel, &acts) {
-        (RowDot::Q8K(_), Acts::Q8K(q, _)) => {
-            super::lookup_rows_for(shape.ty, isa, cols).map(|f| (f, q))
-        }
+    let rows = match (rows_kernel, &acts) {
+        (Some(f), Acts::Q8K(q, _)) => Some((f, q)),
         _ => None,
     };
     let run = |ys: &mut [f32], ws: &[u8]| match rows {
