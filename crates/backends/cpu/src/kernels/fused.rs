@@ -27,14 +27,13 @@ pub struct Product<'a> {
     pub tiles: Option<&'a DecodeTiles>,
 }
 
-/// Weight bytes of the next task when `remaining` bytes of the batch are not in a task yet:
-/// guided self-scheduling, `remaining / (2 · threads)`, at least 64 KiB, so tasks shrink along
-/// the list (the pool takes them in order): long tasks first (each task restarts the hardware
-/// prefetcher's streams and pays a hand-off), short ones at the end (the threads finish
-/// together). `REDLITE_FUSED_TASK_KB` fixes the size instead. Full-size layout's decode (MoE
-/// batches of 3–7 MB, projections of up to 15 MB), 2 threads: fixed 64 KiB 11.9 tok/s, 256 KiB
-/// – 1 MiB 13.2–13.3, 4 equal tasks per thread 13.55.
-fn next_task_bytes(remaining: usize) -> usize {
+/// Weight bytes per task for a batch of `total` weight bytes: about 4 tasks per thread (as
+/// [`driver`]'s one-product split), at least 64 KiB; `REDLITE_FUSED_TASK_KB` fixes it instead.
+/// Large batches gain from long tasks: the full-size layout's decode (MoE batches of 3–7 MB,
+/// projections of up to 15 MB) ran 11.9 tok/s at a fixed 64 KiB, 13.2–13.3 at 256 KiB–1 MiB
+/// (2 threads, 4 alternating rounds): each task restarts the hardware prefetcher's streams and
+/// pays the hand-off.
+fn task_bytes(total: usize) -> usize {
     static KB: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let fixed = KB.get_or_init(|| {
         std::env::var("REDLITE_FUSED_TASK_KB")
@@ -44,11 +43,13 @@ fn next_task_bytes(remaining: usize) -> usize {
     });
     match fixed {
         Some(kb) => kb * 1024,
-        None => (remaining / (2 * driver::num_threads().max(1))).max(MIN_TASK_BYTES),
+        None => total
+            .div_ceil(4 * driver::num_threads().max(1))
+            .max(MIN_TASK_BYTES),
     }
 }
 
-/// The smallest task of [`next_task_bytes`].
+/// The smallest task of [`task_bytes`].
 const MIN_TASK_BYTES: usize = 64 * 1024;
 
 /// A product's row kernel and the activations it reads.
@@ -201,27 +202,19 @@ fn batch_into(
             _ => {}
         }
     }
-    // Tasks: (product, first row, its slice of the product's output), of `next_task_bytes` of
-    // weights each; every task writes its own rows in place.
+    // Tasks: (product, first row, its slice of the product's output), ≈ `task_bytes` of weights
+    // each; every task writes its own rows in place.
     let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
-    let mut remaining = weight_bytes;
+    let task_bytes = task_bytes(weight_bytes);
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, (o, (kernel, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
-        let row_bytes = (*row_bytes).max(1);
-        let mut rest: &mut [f32] = o;
-        let mut r0 = 0;
-        while !rest.is_empty() {
-            let mut per = (next_task_bytes(remaining) / row_bytes).max(1);
-            if let Kernel::Tiles = kernel {
-                // Whole tile groups.
-                per = per.next_multiple_of(TILE_ROWS);
-            }
-            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(per.min(rest.len()));
-            remaining = remaining.saturating_sub(rows.len() * row_bytes);
-            let n = rows.len();
-            tasks.push((i, r0, rows));
-            r0 += n;
-            rest = tail;
+        let mut per = (task_bytes / (*row_bytes).max(1)).max(1);
+        if let Kernel::Tiles = kernel {
+            // Whole tile groups.
+            per = per.next_multiple_of(TILE_ROWS);
+        }
+        for (c, rows) in o.chunks_mut(per).enumerate() {
+            tasks.push((i, c * per, rows));
         }
     }
     let task = |(i, r0, ys): &mut (usize, usize, &mut [f32])| {
