@@ -602,57 +602,63 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                           const float* __restrict__ shared,
                                                           const float* __restrict__ gate_logit, int hidden,
                                                           int ff, int k) {
+    __shared__ float red[32];
     const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
-    // Rows per warp: as many as the grid leaves (see moe_gate_up_tab).
-    const int per_warp = (hidden + gridDim.x * warps - 1) / (gridDim.x * warps);
+    // Warps per row: what the grid gives (the host launches hidden * parts / warps blocks); the
+    // `parts` warps of a row share out its (choice, group) pairs and add their sums in order.
+    // Group-decoded types only: otherwise the first warp of the row computes all of it.
+    const int parts = max(1, min(warps, (int)((size_t)gridDim.x * warps / hidden)));
+    const int row = blockIdx.x * (warps / parts) + wid / parts, part = wid % parts;
+    const bool valid = row < hidden;
+    const size_t off = (size_t)row * row_bytes<T>(ff);
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
         stage_tables<T>();  // before any warp leaves
     }
     pdl_enter();  // ids, act and x come from the kernels before
-    // Lane c fetches choice c's rows.
-    if (lane < k) {
-        const u8* down = (const u8*)tab[3 * (size_t)ids[t * k + lane] + 2];
-        for (int r = 0; r < per_warp; ++r) {
-            const int row = (blockIdx.x * per_warp + r) * warps + wid;
-            if (row >= hidden) break;
-            prefetch_l2(down + (size_t)row * row_bytes<T>(ff), row_bytes<T>(ff), 0, 1);
-        }
+    // Lane c fetches choice c's row.
+    if (valid && part == 0 && lane < k) {
+        prefetch_l2((const u8*)tab[3 * (size_t)ids[t * k + lane] + 2] + off, row_bytes<T>(ff), 0, 1);
     }
-    for (int r = 0; r < per_warp; ++r) {
-        const int row = (blockIdx.x * per_warp + r) * warps + wid;
-        if (row >= hidden) return;
-        const size_t off = (size_t)row * row_bytes<T>(ff);
-        float s = 0.0f;
-        if constexpr (iq2_sb<T>()) {
-            s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);
-        } else if constexpr (grouped<T>()) {
-            constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
-            const int groups = ff / G;
-            float acc = 0.0f;
+    float s = 0.0f;
+    if constexpr (iq2_sb<T>()) {
+        if (valid && part == 0) s = iq2_down_sb(tab, ids + t * k, weight + t * k, act + t * k * ff, off, ff, k, lane);
+    } else if constexpr (grouped<T>()) {
+        constexpr int G = GroupDot<T>::G, PER_BLOCK = T::QK / G;
+        const int groups = ff / G;
+        float acc = 0.0f;
+        if (valid) {
 #pragma unroll 4
-            for (int i = lane; i < k * groups; i += WARP) {
+            for (int i = part * WARP + lane; i < k * groups; i += parts * WARP) {
                 const int c = i / groups, gi = i - c * groups;
                 const size_t te = t * k + c;
                 const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
                 acc += weight[te] * GroupDot<T>::dot(down + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK,
                                                      act + te * ff + (size_t)gi * G);
             }
-            s = warp_sum(acc);
-        } else {
-            for (int c = 0; c < k; ++c) {
-                const size_t te = t * k + c;
-                const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
-                s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
-            }
         }
-        if (lane == 0) {
-            const size_t at = t * hidden + row;
-            x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+        s = warp_sum(acc);
+    } else if (valid && part == 0) {
+        for (int c = 0; c < k; ++c) {
+            const size_t te = t * k + c;
+            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2];
+            s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
         }
+    }
+    if (parts > 1) {
+        if (lane == 0) red[wid] = s;
+        __syncthreads();
+        if (part == 0 && lane == 0 && grouped<T>() && !iq2_sb<T>()) {
+            s = 0.0f;
+            for (int p = 0; p < parts; ++p) s += red[wid + p];
+        }
+    }
+    if (valid && part == 0 && lane == 0) {
+        const size_t at = t * hidden + row;
+        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
     }
 }
 

@@ -370,6 +370,8 @@ struct DevExperts {
     down_f: CudaFunction,
     /// Warps per block of both kernels ([`moe_warps`]).
     warps: u32,
+    /// The down part's type.
+    down_ty: GgmlType,
 }
 
 /// Prompt GEMMs through cuBLAS: a weight matrix is decoded whole into f16 (`dequant_f16_<type>`),
@@ -689,8 +691,8 @@ pub struct CudaModel {
     /// `Q8_MAX_ROWS` = 16; default 4: 32 rows a block, the input staged once for all of them; 227.95
     /// tok/s against 220.19 with 8, 205.53 with 16 and 220.70 with 2 on the H200).
     q8_rows: usize,
-    /// Rows per warp of the decode expert kernels (`moe_gate_up_tab`, `moe_down_combine_tab`):
-    /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1); the kernels take what the grid leaves.
+    /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
+    /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1: more were slower); it takes what the grid leaves.
     moe_rows: u32,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
@@ -1520,6 +1522,19 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Warps per row of `moe_down_combine_tab` (`REDLITE_CUDA_MOE_DOWN_PARTS`: 1, 2, 4 … up to the
+    /// block's warps; group-decoded expert types only, others take 1).
+    fn moe_down_parts(&self, e: &DevExperts) -> usize {
+        let grouped = matches!(e.down_ty, GgmlType::IQ2XXS | GgmlType::Q4K | GgmlType::Q8_0);
+        if !grouped || !self.config.hidden.is_multiple_of(e.warps as usize) {
+            return 1;
+        }
+        let want = env_parse::<usize>("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(1);
+        want.clamp(1, e.warps as usize)
+            .next_power_of_two()
+            .min(e.warps as usize)
+    }
+
     /// Whether the fused matvec of a `ty` matrix `cols` wide takes 8-bit activations.
     fn q8_fits(&self, ty: GgmlType, cols: usize) -> bool {
         self.q8 && ty == GgmlType::Q4K && cols.is_multiple_of(256)
@@ -2275,7 +2290,7 @@ impl CudaModel {
         self.launch(
             "moe_down_combine_tab",
             &e.down_f,
-            (blocks(h, e.warps * self.moe_rows), n as u32, 1),
+            (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
             32 * e.warps,
             0,
             &[
@@ -2665,6 +2680,7 @@ fn dev_layer(
             ))?
             .clone(),
         warps: moe_warps(),
+        down_ty: expert.down.ty,
         gemm_gate_up_f: gpu
             .func(&format!("moe_gemm_{}", type_suffix(expert.gate.ty)))?
             .clone(),
