@@ -279,11 +279,22 @@ fn min_task_bytes() -> usize {
 /// Rows per parallel task for a matrix of `rows` rows of `row_bytes` bytes: about 4 tasks per
 /// thread for load balance, at least [`min_task_bytes`] of weights per task.
 fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    rows_per_task_min(rows, row_bytes, min_task_bytes())
+}
+
+/// [`rows_per_task`] with at least `min_bytes` of weights per task.
+fn rows_per_task_min(rows: usize, row_bytes: usize, min_bytes: usize) -> usize {
     let threads = num_threads().max(1);
     let by_balance = rows.div_ceil(threads * 4);
-    let by_size = min_task_bytes().div_ceil(row_bytes.max(1));
+    let by_size = min_bytes.div_ceil(row_bytes.max(1));
     by_balance.max(by_size).clamp(1, rows.max(1))
 }
+
+/// Smallest task of a one-row product ([`run_matvec`]), unless `REDLITE_TASK_KB` asks for more:
+/// one pass over the weights per task, so each task restarts the hardware prefetcher's streams.
+/// `bench kernel --type IQ2_XXS --shape 512x2048 -t 2` (270 KB matrices): 16 KiB tasks
+/// 13.2–14.4 GB/s, 128 KiB 15.8–16.3 GB/s.
+const MATVEC_MIN_TASK_BYTES: usize = 128 * 1024;
 
 /// `y = W · x`: `W` is `rows × cols` of type `ty` (raw GGUF bytes), `x` has `cols` values, `y`
 /// gets `rows`. Uses the kernel level of [`Isa::active`].
@@ -383,7 +394,7 @@ fn run_matvec(
     if w.len() < matvec_parallel_min_bytes() {
         return run(y, w);
     }
-    let per = rows_per_task(y.len(), rb);
+    let per = rows_per_task_min(y.len(), rb, min_task_bytes().max(MATVEC_MIN_TASK_BYTES));
     let mut chunks: Vec<(&mut [f32], &[u8])> = y.chunks_mut(per).zip(w.chunks(per * rb)).collect();
     crate::team::for_each_mut(&mut chunks, |(ys, ws)| run(ys, ws));
 }
