@@ -824,13 +824,14 @@ __device__ __forceinline__ float ld_cg(const float* p) {
 // yn[t] = rms_norm(y[t]) * nw (the next norm, in the order and rounding of rms_norm).
 // Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit).
 // (Staging x[t] in shared memory here was tried: twice as slow, docs/perf-ledger.md.)
+__device__ __forceinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                              float* __restrict__ yn, u32* __restrict__ counter, float eps);
+
 template <typename T>
 __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int cols, int split,
                                                 const float* __restrict__ nw, float* __restrict__ yn,
                                                 u32* __restrict__ counter, float eps) {
-    __shared__ float scratch[WARP];
-    __shared__ int is_last;
     const MvfSplit s = mvf_split(split);
     const int t = blockIdx.y;
     float* yt = y + (size_t)t * rows;
@@ -841,6 +842,17 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     stage_tables<T>();
     pdl_enter();  // x and y come from the kernels before
     mvf_rows<T, false>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
+    res_next_norm(y, rows, nw, yn, counter, eps);
+}
+
+// matvec_res's epilogue: when nw is not null, the last block of token t = blockIdx.y to finish
+// (counted in counter[t], left at 0) writes yn[t] = rms_norm(y[t]) * nw. Every thread calls it.
+__device__ __forceinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                              float* __restrict__ yn, u32* __restrict__ counter, float eps) {
+    __shared__ float scratch[WARP];
+    __shared__ int is_last;
+    const int t = blockIdx.y;
+    const float* yt = y + (size_t)t * rows;
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
     __syncthreads();
@@ -1036,46 +1048,24 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
 // matvec_norm3_tok_q8_q4_k(..., split, n, ...): the same for n tokens, `tile` (split >> 16) per
 // block, dynamic shared memory = tile * Q8_ROW_BYTES(cols); every output is the one-token
 // kernel's bit for bit.
-// Rows per warp group: split >> 8 (1 .. Q8_MAX_ROWS), walked two at a time by the one-token
-// kernel (four loads per lane in flight) and one at a time by the token-tile kernel. Many rows per
-// block spread the staging of x over more weights, and with few enough blocks to be resident at
-// once every block prefetches all its rows into L2 before it waits for the kernel ahead.
-#define Q8_MAX_ROWS 16
-template <int NT>
-__device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x, const float* __restrict__ nw,
-                                                     float eps, int cols, int split, int n, const u8* w0,
-                                                     float* y0, int r0, const u8* w1, float* y1, int r1,
-                                                     const u8* w2, float* y2, int r2) {
+// The warp group's rows (first .. first + s.rows - 1, those < rows) against the staged q8 rows of
+// tokens t0 .. t0 + nt - 1, NR rows at a time (2 for one token): y[t][row] = invs[t] * dot, or
+// with ADD y[t][row] += dot (invs unused). Every thread of the block calls it (barriers when
+// s.parts > 1).
+template <int NT, bool ADD>
+__device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
+                                            MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
+                                            const float* invs) {
     constexpr int NR = NT == 1 ? 2 : 1;
-    extern __shared__ float4 mvf_x4[];
-    u8* base = (u8*)mvf_x4;
-    __shared__ float invs[NT];
     __shared__ float red[NR][NT][MVF_WARPS];
-    MvfSplit s;
-    s.parts = split & 255;
-    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
-    const int tile = NT == 1 ? 1 : min(max((split >> 16) & 255, 1), NT);
-    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const int rows = m.rows;
-    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int stride = Q8_ROW_BYTES(cols);
-    int first, part;
-    mvf_first(m.block, s, first, part);
-    if (blockIdx.y == 0) mvf_prefetch<T_Q4_K>(m.w, cols, rows, first, part, s);
-    pdl_enter();  // x comes from the kernel before
-    for (int t = 0; t < nt; ++t) {
-        const float inv = stage_normed_q8(x + (size_t)(t0 + t) * cols, nw, eps, cols, base + (size_t)t * stride);
-        if (threadIdx.x == 0) invs[t] = inv;
-        __syncthreads();  // part_ss is reused by the next token
-    }
     const size_t rb = row_bytes<T_Q4_K>(cols);
     for (int r = 0; r < s.rows; r += NR) {
         const u8* wr[NR];
 #pragma unroll
         for (int k = 0; k < NR; ++k) {
             const int row = first + r + k;
-            wr[k] = (r + k < s.rows && row < rows) ? m.w + (size_t)row * rb : nullptr;
+            wr[k] = (r + k < s.rows && row < rows) ? w + (size_t)row * rb : nullptr;
         }
         float acc[NR][NT];
         q4k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
@@ -1086,7 +1076,10 @@ __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     const float v = warp_sum(acc[k][t]);
-                    if (lane == 0 && wr[k] != nullptr && t < nt) m.y[(size_t)(t0 + t) * rows + first + r + k] = invs[t] * v;
+                    if (lane == 0 && wr[k] != nullptr && t < nt) {
+                        float* out = y + (size_t)(t0 + t) * rows + first + r + k;
+                        *out = ADD ? *out + v : invs[t] * v;
+                    }
                 }
             }
             continue;
@@ -1107,12 +1100,46 @@ __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x
                 for (int t = 0; t < nt; ++t) {
                     float sum = 0.0f;
                     for (int p = 0; p < s.parts; ++p) sum += red[k][t][wi + p];
-                    m.y[(size_t)(t0 + t) * rows + first + r + k] = invs[t] * sum;
+                    float* out = y + (size_t)(t0 + t) * rows + first + r + k;
+                    *out = ADD ? *out + sum : invs[t] * sum;
                 }
             }
         }
         __syncthreads();  // red is reused by the next rows
     }
+}
+
+// Rows per warp group: split >> 8 (1 .. Q8_MAX_ROWS), walked two at a time by the one-token
+// kernel (four loads per lane in flight) and one at a time by the token-tile kernel. Many rows per
+// block spread the staging of x over more weights, and with few enough blocks to be resident at
+// once every block prefetches all its rows into L2 before it waits for the kernel ahead.
+#define Q8_MAX_ROWS 16
+template <int NT>
+__device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x, const float* __restrict__ nw,
+                                                     float eps, int cols, int split, int n, const u8* w0,
+                                                     float* y0, int r0, const u8* w1, float* y1, int r1,
+                                                     const u8* w2, float* y2, int r2) {
+    extern __shared__ float4 mvf_x4[];
+    u8* base = (u8*)mvf_x4;
+    __shared__ float invs[NT];
+    MvfSplit s;
+    s.parts = split & 255;
+    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    const int tile = NT == 1 ? 1 : min(max((split >> 16) & 255, 1), NT);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int rows = m.rows;
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    const int stride = Q8_ROW_BYTES(cols);
+    int first, part;
+    mvf_first(m.block, s, first, part);
+    if (blockIdx.y == 0) mvf_prefetch<T_Q4_K>(m.w, cols, rows, first, part, s);
+    pdl_enter();  // x comes from the kernel before
+    for (int t = 0; t < nt; ++t) {
+        const float inv = stage_normed_q8(x + (size_t)(t0 + t) * cols, nw, eps, cols, base + (size_t)t * stride);
+        if (threadIdx.x == 0) invs[t] = inv;
+        __syncthreads();  // part_ss is reused by the next token
+    }
+    q8_rows_out<NT, false>(m.w, m.y, rows, cols, s, first, part, base, stride, t0, nt, invs);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_q8_q4_k(
@@ -1125,6 +1152,28 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
     const float* x, const float* nw, float eps, int cols, int split, int n, const u8* w0, float* y0, int r0,
     const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
     matvec_norm3_q8_body<MVF_MAX_TILE>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
+// matvec_res_q8_q4_k(w, x, y, rows, cols, split, nw, yn, counter, eps): matvec_res_q4_k through a
+// staged q8 row of x[t] (no norm), rows per warp group as matvec_norm3_q8: y[t] += W . x[t], then
+// the next norm by the last block. Launch: as matvec_res, dynamic shared memory = Q8_ROW_BYTES(cols).
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_q8_q4_k(const u8* w, const float* x, float* y,
+                                                                              int rows, int cols, int split,
+                                                                              const float* nw, float* yn,
+                                                                              u32* counter, float eps) {
+    extern __shared__ float4 q8_res_smem[];  // (a name of its own: an extern "C" kernel)
+    u8* base = (u8*)q8_res_smem;
+    MvfSplit s;
+    s.parts = split & 255;
+    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    const int t = blockIdx.y;
+    int first, part;
+    mvf_first(blockIdx.x, s, first, part);
+    if (t == 0) mvf_prefetch<T_Q4_K>(w, cols, rows, first, part, s);
+    pdl_enter();  // x and y come from the kernels before
+    stage_normed_q8(x + (size_t)t * cols, nullptr, 0.0f, cols, base);
+    q8_rows_out<1, true>(w, y, rows, cols, s, first, part, base, 0, t, 1, nullptr);
+    res_next_norm(y, rows, nw, yn, counter, eps);
 }
 
 // embed_<type>(table, ids, out, cols): out[t] = dequantized row ids[t] of the table.

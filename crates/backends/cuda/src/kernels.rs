@@ -143,6 +143,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "gemm_f32_simt",
     "matvec_norm3_q8_q4_k",
     "matvec_norm3_tok_q8_q4_k",
+    "matvec_res_q8_q4_k",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

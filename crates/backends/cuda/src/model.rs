@@ -691,6 +691,10 @@ pub struct CudaModel {
     /// `Q8_MAX_ROWS` = 16; default 4: 32 rows a block, the input staged once for all of them; 227.95
     /// tok/s against 220.19 with 8, 205.53 with 16 and 220.70 with 2 on the H200).
     q8_rows: usize,
+    /// The output projections (`matvec_res`) with 8-bit activations too (`REDLITE_CUDA_Q8_RES`,
+    /// default on with `q8`), `REDLITE_CUDA_Q8_RES_ROWS` rows per warp group (default 2).
+    q8_res: bool,
+    q8_res_rows: usize,
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
     /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1: more were slower); it takes what the grid leaves.
     moe_rows: u32,
@@ -850,6 +854,10 @@ impl CudaModel {
             pdl,
             q8: env_switch("REDLITE_CUDA_Q8", true),
             q8_rows: env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(4).clamp(1, 16),
+            q8_res: env_switch("REDLITE_CUDA_Q8_RES", true),
+            q8_res_rows: env_parse("REDLITE_CUDA_Q8_RES_ROWS")
+                .unwrap_or(2)
+                .clamp(1, 16),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -1555,20 +1563,28 @@ impl CudaModel {
             self.gemm(w, a, x, n, true)?;
             return self.rms_norm(x, post_norm, xn, n, self.config.hidden);
         }
-        let f = self
-            .gpu
-            .func(&format!("matvec_res_{}", type_suffix(w.ty)))?
-            .clone();
+        let q8 = self.q8_res && self.q8_fits(w.ty, w.cols);
+        let name = if q8 {
+            "matvec_res_q8_q4_k".to_string()
+        } else {
+            format!("matvec_res_{}", type_suffix(w.ty))
+        };
+        let f = self.gpu.func(&name)?.clone();
         let split = MvfSplit {
             parts: mvf_parts(w.ty, w.cols, self.mvf_lane_iters),
-            rows: self.res_rows,
+            rows: if q8 { self.q8_res_rows } else { self.res_rows },
+        };
+        let shared = if q8 {
+            crate::ops::q8_row_bytes(w.cols) as u32
+        } else {
+            0
         };
         self.launch(
             "matvec_res",
             &f,
             (blocks(w.rows, split.rows_per_block()), n as u32, 1),
             MVF_THREADS,
-            0,
+            shared,
             &[
                 A::P(w.ptr),
                 A::P(a),

@@ -384,6 +384,51 @@ pub fn matvec_norm3_q8(
     download(gpu, &y)
 }
 
+/// `matvec_res_q8_q4_k` on `n` tokens: `(residual + W · q8(x), rms_norm(residual + W · q8(x), nw))`
+/// for a Q4_K matrix, the input quantised per 32 values to 8 bits, `(parts, rows_per_warp)` split.
+pub fn matvec_res_q8(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    residual: &[f32],
+    nw: &[f32],
+    (eps, parts, rows_per_warp): (f32, usize, usize),
+) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    let n = check_rows(xs.len(), cols, "matvec_res_q8 x")?;
+    if nw.len() != rows
+        || residual.len() != n * rows
+        || !cols.is_multiple_of(256)
+        || !(1..=8).contains(&parts)
+        || !parts.is_power_of_two()
+        || !(1..=16).contains(&rows_per_warp)
+    {
+        return Err(CudaError::Invalid("matvec_res_q8: sizes".into()));
+    }
+    let split = MvfSplit {
+        parts,
+        rows: rows_per_warp,
+    };
+    let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
+    let mut y = upload(gpu, residual)?;
+    let mut yn = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let mut counter = upload(gpu, &vec![0u32; n])?;
+    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
+    let conf = cfg(
+        (blocks(rows, split.rows_per_block()), n as u32, 1),
+        256,
+        q8_row_bytes(cols) as u32,
+    );
+    launch!(
+        gpu,
+        gpu.func("matvec_res_q8_q4_k")?,
+        "matvec_res_q8",
+        conf,
+        [w, &x, &mut y, &r, &c, &p, &nwd, &mut yn, &mut counter, &eps]
+    )?;
+    Ok((download(gpu, &y)?, download(gpu, &yn)?))
+}
+
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
 /// per group of warps, 8 warps per block):

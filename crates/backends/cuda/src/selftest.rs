@@ -442,6 +442,56 @@ impl Runner<'_> {
         }
     }
 
+    /// `matvec_res_q8_q4_k` against f64 on the same 8-bit activations: `y = residual + W · q8(x)`
+    /// and the next norm; 256 rows of 1024 and 4096 columns, 1 and 2 slices, 1 to 8 rows per warp.
+    fn matvec_res_q8(&mut self) {
+        let (n, eps, rows) = (3usize, 1e-6f32, 256usize);
+        for (cols, parts, rpw) in [
+            (1024usize, 1usize, 1usize),
+            (1024, 2, 3),
+            (4096, 2, 2),
+            (4096, 1, 8),
+        ] {
+            let bytes = random_weights(&mut self.rng, GgmlType::Q4K, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let res = self.rng.normals(n * rows, 1.0);
+            let nw: Vec<f32> = (0..rows).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let (y, yn) = ops::matvec_res_q8(
+                    self.gpu,
+                    &w,
+                    (rows, cols),
+                    &xs,
+                    &res,
+                    &nw,
+                    (eps, parts, rpw),
+                )?;
+                let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
+                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let (mut ry, mut ryn) = (Vec::new(), Vec::new());
+                for t in 0..n {
+                    let xq = quantize_q8_blocks(&xs[t * cols..(t + 1) * cols]);
+                    let yt: Vec<f64> = (0..rows)
+                        .map(|r| {
+                            f64::from(res[t * rows + r]) + dot64(&wf[r * cols..(r + 1) * cols], &xq)
+                        })
+                        .collect();
+                    let ss: f64 = yt.iter().map(|v| v * v).sum();
+                    let inv = 1.0 / (ss / rows as f64 + f64::from(eps)).sqrt();
+                    ryn.extend(yt.iter().zip(&nw).map(|(v, &w)| v * inv * f64::from(w)));
+                    ry.extend(yt);
+                }
+                Ok((rel_err(&y, &ry).max(rel_err(&yn, &ryn)), TOL_F32))
+            })();
+            self.record(
+                "matvec_res_q8 Q4_K",
+                format!("{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, residual + next norm"),
+                r,
+            );
+        }
+    }
+
     /// `matvec_norm3` (norm folded in) and `matvec_res` (residual and the next norm folded in)
     /// against f64, with rows cut into 1, 2 and 8 slices and 1 to 4 rows per warp (67 and 256 rows:
     /// blocks that end past the matrix, a warp left with one of its two rows); 3 tokens. With 2 slices `matvec_norm3` also runs without
@@ -1723,6 +1773,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
         r.matvec_fused(ty);
     }
     r.matvec_norm3_q8();
+    r.matvec_res_q8();
     r.sample_topk();
     r.out
 }
