@@ -691,8 +691,9 @@ pub struct CudaModel {
     /// `Q8_MAX_ROWS` = 16; default 4: 32 rows a block, the input staged once for all of them; 227.95
     /// tok/s against 220.19 with 8, 205.53 with 16 and 220.70 with 2 on the H200).
     q8_rows: usize,
-    /// The output projections (`matvec_res`) with 8-bit activations too (`REDLITE_CUDA_Q8_RES`,
-    /// default on with `q8`), `REDLITE_CUDA_Q8_RES_ROWS` rows per warp group (default 2).
+    /// The output projections (`matvec_res`) with 8-bit activations too (`REDLITE_CUDA_Q8_RES=1`,
+    /// off by default: 217.0 against 230.3 tok/s on the H200, the staging of a 4,096-wide input
+    /// per block costs more than the dp4a saves), `REDLITE_CUDA_Q8_RES_ROWS` rows per warp group.
     q8_res: bool,
     q8_res_rows: usize,
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
@@ -854,7 +855,7 @@ impl CudaModel {
             pdl,
             q8: env_switch("REDLITE_CUDA_Q8", true),
             q8_rows: env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(4).clamp(1, 16),
-            q8_res: env_switch("REDLITE_CUDA_Q8_RES", true),
+            q8_res: env_switch("REDLITE_CUDA_Q8_RES", false),
             q8_res_rows: env_parse("REDLITE_CUDA_Q8_RES_ROWS")
                 .unwrap_or(2)
                 .clamp(1, 16),
