@@ -159,6 +159,31 @@ pub fn abs_err(a: &[f32], b: &[f64]) -> f64 {
         .sqrt()
 }
 
+/// One token of `matvec_res` in f64: `y = res + W · x` (W: `res.len()` rows of `x.len()`
+/// dequantized values) and the next norm `y / rms(y) · nw`.
+fn residual_and_norm64(
+    res: &[f32],
+    w: &[f32],
+    x: &[f32],
+    nw: &[f32],
+    eps: f32,
+) -> (Vec<f64>, Vec<f64>) {
+    let cols = x.len();
+    let y: Vec<f64> = res
+        .iter()
+        .enumerate()
+        .map(|(r, &v)| f64::from(v) + dot64(&w[r * cols..(r + 1) * cols], x))
+        .collect();
+    let ss: f64 = y.iter().map(|v| v * v).sum();
+    let inv = 1.0 / (ss / y.len() as f64 + f64::from(eps)).sqrt();
+    let yn = y
+        .iter()
+        .zip(nw)
+        .map(|(v, &g)| v * inv * f64::from(g))
+        .collect();
+    (y, yn)
+}
+
 /// The values the 8-bit activation kernels compute with: per 32 values d = max|v| / 127 and
 /// q = rint(v / d) (as `stage_normed_q8` in matvec.cu, in f32), returned as d · q.
 pub fn quantize_q8_blocks(v: &[f32]) -> Vec<f32> {
@@ -472,15 +497,10 @@ impl Runner<'_> {
                 let (mut ry, mut ryn) = (Vec::new(), Vec::new());
                 for t in 0..n {
                     let xq = quantize_q8_blocks(&xs[t * cols..(t + 1) * cols]);
-                    let yt: Vec<f64> = (0..rows)
-                        .map(|r| {
-                            f64::from(res[t * rows + r]) + dot64(&wf[r * cols..(r + 1) * cols], &xq)
-                        })
-                        .collect();
-                    let ss: f64 = yt.iter().map(|v| v * v).sum();
-                    let inv = 1.0 / (ss / rows as f64 + f64::from(eps)).sqrt();
-                    ryn.extend(yt.iter().zip(&nw).map(|(v, &w)| v * inv * f64::from(w)));
+                    let res_t = &res[t * rows..(t + 1) * rows];
+                    let (yt, ynt) = residual_and_norm64(res_t, &wf, &xq, &nw, eps);
                     ry.extend(yt);
+                    ryn.extend(ynt);
                 }
                 Ok((rel_err(&y, &ry).max(rel_err(&yn, &ryn)), TOL_F32))
             })();
@@ -608,16 +628,10 @@ impl Runner<'_> {
                 let (mut ry, mut ryn) = (Vec::new(), Vec::new());
                 for t in 0..n {
                     let x = &xs[t * cols2..(t + 1) * cols2];
-                    let yt: Vec<f64> = (0..rows2)
-                        .map(|r| {
-                            f64::from(res[t * rows2 + r])
-                                + dot64(&wf[r * cols2..(r + 1) * cols2], x)
-                        })
-                        .collect();
-                    let ss: f64 = yt.iter().map(|v| v * v).sum();
-                    let inv = 1.0 / (ss / rows2 as f64 + f64::from(eps)).sqrt();
-                    ryn.extend(yt.iter().zip(&nw).map(|(v, &w)| v * inv * f64::from(w)));
+                    let res_t = &res[t * rows2..(t + 1) * rows2];
+                    let (yt, ynt) = residual_and_norm64(res_t, &wf, x, &nw, eps);
                     ry.extend(yt);
+                    ryn.extend(ynt);
                 }
                 Ok((rel_err(&y, &ry).max(rel_err(&yn, &ryn)), TOL_F32))
             })();
