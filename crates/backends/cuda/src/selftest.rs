@@ -159,6 +159,12 @@ pub fn abs_err(a: &[f32], b: &[f64]) -> f64 {
         .sqrt()
 }
 
+/// `1 / sqrt(mean(x²) + eps)` in f64.
+fn inv_rms64(x: &[f32], eps: f32) -> f64 {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    1.0 / (ss / x.len() as f64 + f64::from(eps)).sqrt()
+}
+
 /// One token of `matvec_res` in f64: `y = res + W · x` (W: `res.len()` rows of `x.len()`
 /// dequantized values) and the next norm `y / rms(y) · nw`.
 fn residual_and_norm64(
@@ -378,6 +384,25 @@ impl Runner<'_> {
         }
     }
 
+    /// Random `ty` weights (`rows × cols`), `n` inputs and norm weights (none when `plain`) for the
+    /// fused matvec checks.
+    fn norm3_inputs(
+        &mut self,
+        ty: GgmlType,
+        (rows, cols): (usize, usize),
+        n: usize,
+        plain: bool,
+    ) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        let bytes = random_weights(&mut self.rng, ty, rows, cols);
+        let xs = self.rng.normals(n * cols, 1.0);
+        let nw = if plain {
+            Vec::new()
+        } else {
+            (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect()
+        };
+        (bytes, xs, nw)
+    }
+
     /// `matvec_norm3_q8_q4_k` (8-bit activations) against f64 on the same 8-bit activations,
     /// quantised here as the kernel does (per 32 values: d = max|v| / 127, q = rint(v / d)): 2048
     /// and 4096 columns, 1, 2 and 8 slices, with and without norm weights; token tiles of 2 and 4
@@ -392,13 +417,7 @@ impl Runner<'_> {
             (4096, 1, false, 8),
             (4096, 2, true, 1),
         ] {
-            let bytes = random_weights(&mut self.rng, GgmlType::Q4K, rows, cols);
-            let xs = self.rng.normals(n * cols, 1.0);
-            let nw: Vec<f32> = if plain {
-                Vec::new()
-            } else {
-                (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect()
-            };
+            let (bytes, xs, nw) = self.norm3_inputs(GgmlType::Q4K, (rows, cols), n, plain);
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let run = |rpw, tile| {
@@ -439,12 +458,7 @@ impl Runner<'_> {
                 let mut reference = Vec::with_capacity(n * rows);
                 for t in 0..n {
                     let x = &xs[t * cols..(t + 1) * cols];
-                    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-                    let inv = if plain {
-                        1.0
-                    } else {
-                        1.0 / (ss / cols as f64 + f64::from(eps)).sqrt()
-                    };
+                    let inv = if plain { 1.0 } else { inv_rms64(x, eps) };
                     let u: Vec<f32> = (0..cols)
                         .map(|i| nw.get(i).map_or(x[i], |&g| x[i] * g))
                         .collect();
@@ -527,13 +541,7 @@ impl Runner<'_> {
             (2, false, 4),
             (8, false, 1),
         ] {
-            let bytes = random_weights(&mut self.rng, ty, rows, cols);
-            let xs = self.rng.normals(n * cols, 1.0);
-            let nw: Vec<f32> = if plain {
-                Vec::new()
-            } else {
-                (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect()
-            };
+            let (bytes, xs, nw) = self.norm3_inputs(ty, (rows, cols), n, plain);
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let norm3 = |rpw: usize, tile: usize| {
@@ -567,12 +575,7 @@ impl Runner<'_> {
                 let mut reference = Vec::with_capacity(n * rows);
                 for t in 0..n {
                     let x = &xs[t * cols..(t + 1) * cols];
-                    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-                    let inv = if plain {
-                        1.0
-                    } else {
-                        1.0 / (ss / cols as f64 + f64::from(eps)).sqrt()
-                    };
+                    let inv = if plain { 1.0 } else { inv_rms64(x, eps) };
                     for r in 0..rows {
                         let row = &wf[r * cols..(r + 1) * cols];
                         reference.push(
