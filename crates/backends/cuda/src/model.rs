@@ -699,6 +699,9 @@ pub struct CudaModel {
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
     /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1: more were slower); it takes what the grid leaves.
     moe_rows: u32,
+    /// Warps per row asked of `moe_down_combine_tab` (`REDLITE_CUDA_MOE_DOWN_PARTS`, default 2;
+    /// [`Self::moe_down_parts`] fits it to the kernel).
+    moe_down_parts: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -859,6 +862,7 @@ impl CudaModel {
             q8_res_rows: env_parse("REDLITE_CUDA_Q8_RES_ROWS")
                 .unwrap_or(2)
                 .clamp(1, 16),
+            moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -1539,8 +1543,8 @@ impl CudaModel {
         if !grouped || !self.config.hidden.is_multiple_of(e.warps as usize) {
             return 1;
         }
-        let want = env_parse::<usize>("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2);
-        want.clamp(1, e.warps as usize)
+        self.moe_down_parts
+            .clamp(1, e.warps as usize)
             .next_power_of_two()
             .min(e.warps as usize)
     }
