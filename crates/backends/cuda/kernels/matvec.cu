@@ -824,14 +824,27 @@ __device__ __forceinline__ float ld_cg(const float* p) {
 // yn[t] = rms_norm(y[t]) * nw (the next norm, in the order and rounding of rms_norm).
 // Launch: grid = (ceil(rows / rows per block), n), block = 32 * MVF_WARPS (split: see MvfSplit).
 // (Staging x[t] in shared memory here was tried: twice as slow, docs/perf-ledger.md.)
-__device__ __forceinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                              float* __restrict__ yn, u32* __restrict__ counter, float eps);
+// Blocks per SM the register allocation of matvec_res_<type> must allow (4: at most 64 registers;
+// the q8 epilogue inlined took it to 80 and 3 blocks per SM; as a call it stays out of the main
+// loop's allocation: 64 registers, an 8-byte frame) and of matvec_q8x_q4_k.
+#ifndef RES_MIN_BLOCKS
+#define RES_MIN_BLOCKS 4
+#endif
+#ifndef Q8X_MIN_BLOCKS
+#define Q8X_MIN_BLOCKS 3
+#endif
+__device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                              float* __restrict__ yn, u32* __restrict__ counter, float eps,
+                                              u8* __restrict__ xq);
+// Bytes of one q8 row of `cols` values (staged in shared memory or written by a producer): the
+// quants, an f32 scale per 32, an i32 sum per 16.
+#define Q8_ROW_BYTES(cols) ((cols) + (cols) / 32 * 4 + (cols) / 16 * 4)
 
 template <typename T>
 __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int cols, int split,
                                                 const float* __restrict__ nw, float* __restrict__ yn,
-                                                u32* __restrict__ counter, float eps) {
+                                                u32* __restrict__ counter, float eps, u8* __restrict__ xq) {
     const MvfSplit s = mvf_split(split);
     const int t = blockIdx.y;
     float* yt = y + (size_t)t * rows;
@@ -842,13 +855,18 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     stage_tables<T>();
     pdl_enter();  // x and y come from the kernels before
     mvf_rows<T, false>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
-    res_next_norm(y, rows, nw, yn, counter, eps);
+    res_next_norm(y, rows, nw, yn, counter, eps, xq);
 }
 
 // matvec_res's epilogue: when nw is not null, the last block of token t = blockIdx.y to finish
-// (counted in counter[t], left at 0) writes yn[t] = rms_norm(y[t]) * nw. Every thread calls it.
-__device__ __forceinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                              float* __restrict__ yn, u32* __restrict__ counter, float eps) {
+// (counted in counter[t], left at 0) writes yn[t] = rms_norm(y[t]) * nw, and with xq not null also
+// yn[t] as a q8 row at xq + t * Q8_ROW_BYTES(rows) (q8_block32: the quants the consumers of xn
+// would stage from it, bit for bit). Every thread calls it; rows a multiple of 32 when xq is set.
+__device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q, float* __restrict__ d,
+                                           int* __restrict__ s16);
+__device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                              float* __restrict__ yn, u32* __restrict__ counter, float eps,
+                                              u8* __restrict__ xq) {
     __shared__ float scratch[WARP];
     __shared__ int is_last;
     const int t = blockIdx.y;
@@ -860,14 +878,43 @@ __device__ __forceinline__ void res_next_norm(float* __restrict__ y, int rows, c
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    // The first RN_REG values of each thread stay in registers between the two passes (all their
+    // loads in flight at once; 2048 rows of 256 threads: 8), the rest are read again.
+    constexpr int RN_REG = 8;
+    float v[RN_REG];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-        const float v = ld_cg(yt + i);
-        ss += v * v;
+#pragma unroll
+    for (int k = 0; k < RN_REG; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < rows ? ld_cg(yt + i) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < RN_REG; ++k) ss += v[k] * v[k];
+    for (int i = threadIdx.x + RN_REG * blockDim.x; i < rows; i += blockDim.x) {
+        const float w = ld_cg(yt + i);
+        ss += w * w;
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)rows + eps);
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) yn[(size_t)t * rows + i] = ld_cg(yt + i) * inv * nw[i];
+    // Value i sits in lane i % 32 of a warp that holds 32 consecutive values (blockDim.x is a
+    // multiple of 32): with xq, that warp quantises them as one q8 block (rows a multiple of 32,
+    // so the condition is the same for the whole warp).
+    const int lane = threadIdx.x % WARP;
+    u8* base = xq == nullptr ? nullptr : xq + (size_t)t * Q8_ROW_BYTES(rows);
+    auto out = [&](int i, float val) {
+        const float o = val * inv * nw[i];
+        yn[(size_t)t * rows + i] = o;
+        if (base != nullptr) {
+            const int b = i / 32;
+            q8_block32(o, lane, (i8*)base + 32 * b, (float*)(base + rows) + b, (int*)(base + rows + rows / 32 * 4) + 2 * b);
+        }
+    };
+#pragma unroll
+    for (int k = 0; k < RN_REG; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < rows) out(i, v[k]);
+    }
+    for (int i = threadIdx.x + RN_REG * blockDim.x; i < rows; i += blockDim.x) out(i, ld_cg(yt + i));
     if (threadIdx.x == 0) counter[t] = 0;
 }
 
@@ -881,8 +928,6 @@ __device__ __forceinline__ void res_next_norm(float* __restrict__ y, int rows, c
 // values are added in a fixed order per lane. The token-tile form decodes each unit once and
 // repeats exactly these operations per token: its outputs equal the one-token kernel's bit for bit.
 
-// Shared-memory bytes of one staged q8 row of `cols` values: the quants, a scale per 32, a sum per 16.
-#define Q8_ROW_BYTES(cols) ((cols) + (cols) / 32 * 4 + (cols) / 16 * 4)
 
 struct Q8Row {
     const i8* q;
@@ -892,6 +937,27 @@ struct Q8Row {
 
 __device__ __forceinline__ Q8Row q8_row(u8* base, int cols) {
     return Q8Row{(const i8*)base, (const float*)(base + cols), (const int*)(base + cols + cols / 32 * 4)};
+}
+
+// stage_normed_q8 with up to 8 of a warp's blocks loaded before their quantisation (1) or one
+// block at a time (0); the same values either way.
+#ifndef STAGE_ILP
+#define STAGE_ILP 1
+#endif
+
+// One block of 32 values quantised by a warp (lane l holds value l): d = max|u| / 127, q = rint(u / d)
+// (d = 0: q = 0), the sum of each 16 quants; q[l], d[0] and s16[0..2) written (any memory space).
+__device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q, float* __restrict__ d,
+                                           int* __restrict__ s16) {
+    const float db = warp_max(fabsf(u)) / 127.0f;
+    const float id = db > 0.0f ? 1.0f / db : 0.0f;
+    const int qi = __float2int_rn(__fmul_rn(u, id));
+    q[lane] = (i8)qi;
+    int sum = qi;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) *d = db;
+    if ((lane & 15) == 0) s16[lane / 16] = sum;
 }
 
 // Stages x * nw (nw null: x) of n values (a multiple of 32) as a q8 row at `base`; returns
@@ -904,20 +970,35 @@ __device__ __forceinline__ float stage_normed_q8(const float* __restrict__ x, co
     int* s16 = (int*)(base + n + n / 32 * 4);
     const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     float ss = 0.0f;
+#if STAGE_ILP
+    // Up to 8 of the warp's blocks at a time: their loads in flight together, then the
+    // quantisations (independent shuffle chains); ss in block order as one block at a time.
+    for (int b0 = wi; b0 < n / 32; b0 += 8 * nwarps) {
+        float v[8], u[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int b = b0 + j * nwarps;
+            v[j] = b < n / 32 ? x[32 * b + lane] : 0.0f;
+            u[j] = b < n / 32 && nw != nullptr ? nw[32 * b + lane] : 1.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int b = b0 + j * nwarps;
+            if (b < n / 32) {
+                ss = __fmaf_rn(v[j], v[j], ss);
+                const float w = nw == nullptr ? v[j] : __fmul_rn(v[j], u[j]);
+                q8_block32(w, lane, q + 32 * b, d + b, s16 + 2 * b);
+            }
+        }
+    }
+#else
     for (int b = wi; b < n / 32; b += nwarps) {
         const float v = x[32 * b + lane];
         ss = __fmaf_rn(v, v, ss);
         const float u = nw == nullptr ? v : __fmul_rn(v, nw[32 * b + lane]);
-        const float db = warp_max(fabsf(u)) / 127.0f;
-        const float id = db > 0.0f ? 1.0f / db : 0.0f;
-        const int qi = __float2int_rn(__fmul_rn(u, id));
-        q[32 * b + lane] = (i8)qi;
-        int sum = qi;
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) d[b] = db;
-        if ((lane & 15) == 0) s16[2 * b + lane / 16] = sum;
+        q8_block32(u, lane, q + 32 * b, d + b, s16 + 2 * b);
     }
+#endif
     ss = warp_sum(ss);
     if (lane == 0) part_ss[wi] = ss;
     __syncthreads();
@@ -1154,13 +1235,64 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
     matvec_norm3_q8_body<MVF_MAX_TILE>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
+// matvec_q8x_q4_k(xq, invs, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2):
+// matvec_norm3_q8_q4_k on a q8 row a producer wrote (token t's at xq + t * Q8_ROW_BYTES(cols), read
+// in place: no staging, no barrier before the rows): y_m[t] = invs[t] * (W_m . xq[t]) (invs null:
+// 1), the same values as matvec_norm3_q8_q4_k (and its token tiles) on the f32 row those quants
+// (and that 1 / rms) came from.
+// Launch: as matvec_norm3_q8_q4_k (grid.y = tokens), no dynamic shared memory.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q4_k(
+    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
+    int r1, const u8* w2, float* y2, int r2) {
+    MvfSplit s;
+    s.parts = split & 255;
+    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int t = blockIdx.y;
+    int first, part;
+    mvf_first(m.block, s, first, part);
+    if (t == 0) mvf_prefetch<T_Q4_K>(m.w, cols, m.rows, first, part, s);
+    pdl_enter();  // xq comes from the kernel before
+    const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
+    q8_rows_out<1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0, t,
+                          1, inv);
+}
+
+// rms_norm_q8(x, nw, eps, cols, xq, invs): token t = blockIdx.x's input as matvec_norm3_q8_q4_k
+// stages it (stage_normed_q8: the same 8 warps, so the same bits): the q8 row of x[t] * nw at
+// xq + t * Q8_ROW_BYTES(cols) and invs[t] = 1 / rms(x[t]), for matvec_q8x_q4_k. Once per token
+// instead of once per block of the matvec. Launch: grid = tokens, block = 32 * MVF_WARPS.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void rms_norm_q8(const float* x, const float* nw, float eps,
+                                                                      int cols, u8* xq, float* invs) {
+    pdl_enter();
+    const int t = blockIdx.x;
+    const float inv = stage_normed_q8(x + (size_t)t * cols, nw, eps, cols, xq + (size_t)t * Q8_ROW_BYTES(cols));
+    if (threadIdx.x == 0) invs[t] = inv;
+}
+
+// swiglu_q8(gate, up, out, xq, n): swiglu's out[t] = silu(gate[t]) * up[t] for token t = blockIdx.y
+// (n values per token, a multiple of 32), and the same values as a q8 row at xq + t *
+// Q8_ROW_BYTES(n) (q8_block32) for matvec_q8x_q4_k. Launch: grid = (ceil(n / 256), tokens), block = 256.
+extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float* __restrict__ up,
+                                     float* __restrict__ out, u8* __restrict__ xq, int n) {
+    pdl_enter();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // whole warps (n a multiple of 32)
+    const size_t at = (size_t)blockIdx.y * n + i;
+    const float v = siluf_(gate[at]) * up[at];
+    out[at] = v;
+    u8* base = xq + (size_t)blockIdx.y * Q8_ROW_BYTES(n);
+    const int b = i / 32;
+    q8_block32(v, threadIdx.x % WARP, (i8*)base + 32 * b, (float*)(base + n) + b, (int*)(base + n + n / 32 * 4) + 2 * b);
+}
+
 // matvec_res_q8_q4_k(w, x, y, rows, cols, split, nw, yn, counter, eps): matvec_res_q4_k through a
 // staged q8 row of x[t] (no norm), rows per warp group as matvec_norm3_q8: y[t] += W . x[t], then
 // the next norm by the last block. Launch: as matvec_res, dynamic shared memory = Q8_ROW_BYTES(cols).
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_q8_q4_k(const u8* w, const float* x, float* y,
                                                                               int rows, int cols, int split,
                                                                               const float* nw, float* yn,
-                                                                              u32* counter, float eps) {
+                                                                              u32* counter, float eps, u8* xq) {
     extern __shared__ float4 q8_res_smem[];  // (a name of its own: an extern "C" kernel)
     u8* base = (u8*)q8_res_smem;
     MvfSplit s;
@@ -1173,7 +1305,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_q8_q4_k(
     pdl_enter();  // x and y come from the kernels before
     stage_normed_q8(x + (size_t)t * cols, nullptr, 0.0f, cols, base);
     q8_rows_out<1, true>(w, y, rows, cols, s, first, part, base, 0, t, 1, nullptr);
-    res_next_norm(y, rows, nw, yn, counter, eps);
+    res_next_norm(y, rows, nw, yn, counter, eps, xq);
 }
 
 // embed_<type>(table, ids, out, cols): out[t] = dequantized row ids[t] of the table.
@@ -1206,10 +1338,10 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
         float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {       \
         matvec_norm3_tok_body<T>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);    \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_res_##name(                  \
+    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS, RES_MIN_BLOCKS) matvec_res_##name(  \
         const u8* w, const float* x, float* y, int rows, int cols, int split, const float* nw,       \
-        float* yn, u32* counter, float eps) {                                                        \
-        matvec_res_body<T>(w, x, y, rows, cols, split, nw, yn, counter, eps);                        \
+        float* yn, u32* counter, float eps, u8* xq) {                                                \
+        matvec_res_body<T>(w, x, y, rows, cols, split, nw, yn, counter, eps, xq);                    \
     }
 
 FOR_EACH_TYPE(MATVEC_KERNELS)

@@ -367,6 +367,8 @@ struct DevExperts {
     gemm_gate_up_f: CudaFunction,
     gemm_down_f: CudaFunction,
     gate_up_f: CudaFunction,
+    /// `moe_gate_up_tab_q8_iq2_xxs` when gate and up are IQ2_XXS (8-bit activations from `xq`).
+    gate_up_q8_f: Option<CudaFunction>,
     down_f: CudaFunction,
     /// Warps per block of both kernels ([`moe_warps`]).
     warps: u32,
@@ -557,6 +559,9 @@ struct Kernels {
     moe_group: CudaFunction,
     swiglu_pairs: CudaFunction,
     moe_combine_pairs: CudaFunction,
+    matvec_q8x: CudaFunction,
+    swiglu_q8: CudaFunction,
+    rms_norm_q8: CudaFunction,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -598,6 +603,15 @@ struct Scratch {
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
+    /// `[max_batch]` q8 rows of `xn` (`q8_row_bytes(hidden)` each), written with it by
+    /// `matvec_res` for the MoE's 8-bit kernels.
+    xq: u64,
+    /// `[max_batch]` q8 rows of the shared expert's activation `sa` (`swiglu_q8`).
+    xq_sa: u64,
+    /// `[max_batch]` q8 rows of a mixer's normalised input and f32 `[max_batch]` its 1 / rms
+    /// (`rms_norm_q8`).
+    xq_in: u64,
+    xq_inv: u64,
     // Prompts through the GEMMs ([`GEMM_MIN_TOKENS`]): the routed experts' (token, choice) pairs
     // grouped by expert, their gate/up rows, their down rows.
     /// i32 `[n_expert + 1]`: where each expert's pairs start in `pairs`.
@@ -696,6 +710,19 @@ pub struct CudaModel {
     /// per block costs more than the dp4a saves), `REDLITE_CUDA_Q8_RES_ROWS` rows per warp group.
     q8_res: bool,
     q8_res_rows: usize,
+    /// The MoE block's inputs as a q8 row written once, by `matvec_res`'s last block, beside `xn`
+    /// (`Scratch::xq`): the routed IQ2_XXS gate/up through `moe_gate_up_tab_q8_iq2_xxs` (dp4a,
+    /// `REDLITE_CUDA_Q8_MOE`, default on) and the shared expert's Q4_K gate/up through
+    /// `matvec_q8x_q4_k` (no per-block staging; `REDLITE_CUDA_XQ_SHARED`, default on), and its
+    /// down rows on the q8 row `swiglu_q8` writes beside `sa`.
+    q8_moe: bool,
+    xq_shared: bool,
+    /// A mixer's Q4_K input projections of a one-token-at-a-time call through `rms_norm_q8` (the
+    /// norm and its q8 row once per token) and `matvec_q8x_q4_k`, instead of every block of
+    /// `matvec_norm3_q8_q4_k` staging them (`REDLITE_CUDA_XQ_NORM`, default on).
+    xq_norm: bool,
+    /// Whether the last `matvec_residual` wrote `xq` (not when it went through a GEMM).
+    xq_fresh: bool,
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
     /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1: more were slower); it takes what the grid leaves.
     moe_rows: u32,
@@ -782,6 +809,9 @@ impl CudaModel {
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
             moe_group: f("moe_group")?,
+            matvec_q8x: f("matvec_q8x_q4_k")?,
+            swiglu_q8: f("swiglu_q8")?,
+            rms_norm_q8: f("rms_norm_q8")?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -862,6 +892,10 @@ impl CudaModel {
             q8_res_rows: env_parse("REDLITE_CUDA_Q8_RES_ROWS")
                 .unwrap_or(2)
                 .clamp(1, 16),
+            q8_moe: env_switch("REDLITE_CUDA_Q8_MOE", true),
+            xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
+            xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
+            xq_fresh: false,
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
@@ -1465,6 +1499,7 @@ impl CudaModel {
             return Ok(());
         }
         let nw = nw.unwrap_or(0);
+        let mut normed_q8 = false;
         let mut i = 0;
         while i < mats.len() {
             let ty = mats[i].0.ty;
@@ -1479,6 +1514,31 @@ impl CudaModel {
             // Several tokens: the token-tile kernel when it is on (weights read once per tile).
             let tile = token_tile(self.token_tile, n, cols);
             let q8 = self.q8_fits(ty, cols);
+            if q8 && tile == 1 && nw != 0 && self.xq_norm {
+                // The norm and its q8 row once per token, then the rows without staging.
+                let (xq, invs) = (self.sc.xq_in, self.sc.xq_inv);
+                if !normed_q8 {
+                    let f = self.k.rms_norm_q8.clone();
+                    self.launch(
+                        "rms_norm_q8",
+                        &f,
+                        (n as u32, 1, 1),
+                        MVF_THREADS,
+                        0,
+                        &[
+                            A::P(x),
+                            A::P(nw),
+                            A::F(self.config.rms_eps),
+                            A::I(cols as i32),
+                            A::P(xq),
+                            A::P(invs),
+                        ],
+                    )?;
+                    normed_q8 = true;
+                }
+                self.matvec_q8x((xq, invs), &group, n)?;
+                continue;
+            }
             let kernel = match (tile > 1, q8) {
                 (true, false) => "matvec_norm3_tok",
                 (false, false) => "matvec_norm3",
@@ -1554,6 +1614,42 @@ impl CudaModel {
         self.q8 && ty == GgmlType::Q4K && cols.is_multiple_of(256)
     }
 
+    /// `y_m[t] = W_m · xq[t]` for up to three Q4_K matrices of one width on the q8 rows a
+    /// producer wrote (`matvec_q8x_q4_k`: the rows of `matvec_norm3_q8_q4_k` without its staging).
+    /// `invs` (0: none) scales token t's outputs by `invs[t]` (the 1 / rms of [`Self::rms_norm_q8`]).
+    fn matvec_q8x(
+        &mut self,
+        (xq, invs): (u64, u64),
+        mats: &[(&DevLinear, u64)],
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let cols = mats[0].0.cols;
+        let split = MvfSplit {
+            parts: mvf_parts(GgmlType::Q4K, cols, self.mvf_lane_iters),
+            rows: self.q8_rows,
+        };
+        let mut args = vec![A::P(xq), A::P(invs), A::I(cols as i32), A::I(split.arg())];
+        let mut grid_x = 0;
+        for m in 0..3 {
+            match mats.get(m) {
+                Some((w, y)) => {
+                    args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
+                    grid_x += blocks(w.rows, split.rows_per_block());
+                }
+                None => args.extend([A::P(0), A::P(0), A::I(0)]),
+            }
+        }
+        let f = self.k.matvec_q8x.clone();
+        self.launch(
+            "matvec_q8x",
+            &f,
+            (grid_x, n as u32, 1),
+            MVF_THREADS,
+            0,
+            &args,
+        )
+    }
+
     /// The mixer's output projection with the residual and the next norm folded in:
     /// `x[t] += W · a[t]`, then `xn[t] = rms_norm(x[t], post_norm)` (by the last block per token).
     fn matvec_residual(
@@ -1564,10 +1660,18 @@ impl CudaModel {
         n: usize,
     ) -> Result<(), CudaError> {
         let (x, xn, counter) = (self.sc.x, self.sc.xn, self.sc.counter);
+        self.xq_fresh = false;
         if self.gemm_fits(w) {
             self.gemm(w, a, x, n, true)?;
             return self.rms_norm(x, post_norm, xn, n, self.config.hidden);
         }
+        // The q8 row of xn beside it, when an 8-bit MoE kernel will read it.
+        let xq = if (self.q8_moe || self.xq_shared) && self.config.hidden.is_multiple_of(32) {
+            self.sc.xq
+        } else {
+            0
+        };
+        self.xq_fresh = xq != 0;
         let q8 = self.q8_res && self.q8_fits(w.ty, w.cols);
         let name = if q8 {
             "matvec_res_q8_q4_k".to_string()
@@ -1601,6 +1705,7 @@ impl CudaModel {
                 A::P(xn),
                 A::P(counter),
                 A::F(self.config.rms_eps),
+                A::P(xq),
             ],
         )
     }
@@ -2291,16 +2396,21 @@ impl CudaModel {
         if self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK) {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
+        // IQ2_XXS gate/up on the q8 row of xn when matvec_res wrote it.
+        let (gate_up_f, input) = match &e.gate_up_q8_f {
+            Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq),
+            _ => (e.gate_up_f.clone(), xn),
+        };
         self.launch(
             "moe_gate_up_tab",
-            &e.gate_up_f,
+            &gate_up_f,
             (blocks(ff, e.warps * self.moe_rows), k as u32, n as u32),
             32 * e.warps,
             0,
             &[
                 A::P(tab),
                 A::P(ids),
-                A::P(xn),
+                A::P(input),
                 A::P(act),
                 A::I(ff as i32),
                 A::I(h as i32),
@@ -2428,9 +2538,38 @@ impl CudaModel {
     fn enqueue_shared_expert(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
         let sff = self.config.shared_ff;
         let sc = &self.sc;
-        let (xn, sg, su, sa, shared) = (sc.xn, sc.sg, sc.su, sc.sa, sc.shared);
-        // Gate and up rows read the same xn: one launch when they share a type.
-        self.matvec_normed(xn, None, &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
+        let (xn, xq, sg, su, sa, shared) = (sc.xn, sc.xq, sc.sg, sc.su, sc.sa, sc.shared);
+        // Gate and up rows read the same xn: one launch when they share a type (on the q8 row
+        // of xn matvec_res wrote, when there is one and they are Q4_K).
+        let xq_fits = self.xq_shared
+            && self.xq_fresh
+            && m.sh_gate.ty == m.sh_up.ty
+            && m.sh_gate.cols == m.sh_up.cols
+            && self.q8_fits(m.sh_gate.ty, m.sh_gate.cols);
+        if xq_fits {
+            self.matvec_q8x((xq, 0), &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
+        } else {
+            self.matvec_normed(xn, None, &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
+        }
+        if self.xq_shared
+            && !self.gemm_now
+            && sff.is_multiple_of(32)
+            && self.q8_fits(m.sh_down.ty, m.sh_down.cols)
+        {
+            // The activation quantised where it is made, then the down rows on it (no staging;
+            // not for prompts through the GEMMs: this reads the weights once per token).
+            let xq_sa = self.sc.xq_sa;
+            let f = self.k.swiglu_q8.clone();
+            self.launch(
+                "swiglu_q8",
+                &f,
+                (blocks(sff, 256), n as u32, 1),
+                256,
+                0,
+                &[A::P(sg), A::P(su), A::P(sa), A::P(xq_sa), A::I(sff as i32)],
+            )?;
+            return self.matvec_q8x((xq_sa, 0), &[(&m.sh_down, shared)], n);
+        }
         let f = self.k.swiglu.clone();
         self.elementwise(&f, &[A::P(sg), A::P(su), A::P(sa)], n * sff)?;
         if self.q8_fits(m.sh_down.ty, m.sh_down.cols) {
@@ -2695,6 +2834,10 @@ fn dev_layer(
         gate_up_f: gpu
             .func(&format!("moe_gate_up_tab_{}", type_suffix(expert.gate.ty)))?
             .clone(),
+        gate_up_q8_f: match expert.gate.ty {
+            GgmlType::IQ2XXS => Some(gpu.func("moe_gate_up_tab_q8_iq2_xxs")?.clone()),
+            _ => None,
+        },
         down_f: gpu
             .func(&format!(
                 "moe_down_combine_tab_{}",
@@ -2767,11 +2910,15 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
+        xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,
+        xq_sa: arena.alloc(b * crate::ops::q8_row_bytes(sff))?,
+        xq_in: arena.alloc(b * crate::ops::q8_row_bytes(MVF_MAX_COLS))?,
         pair_off: arena.alloc(4 * (ne + 1))?,
         pairs: arena.alloc(4 * b * k)?,
         gu: arena.f32s(b * k * 2 * ff)?,
         down: arena.f32s(b * k * h)?,
         attn_part: arena
             .f32s(o.max_verify.max(1) * c.n_heads * attn_splits(o) * (c.head_dim + 2))?,
+        xq_inv: arena.f32s(b)?,
     })
 }

@@ -384,8 +384,13 @@ pub fn matvec_norm3_q8(
     download(gpu, &y)
 }
 
-/// `matvec_res_q8_q4_k` on `n` tokens: `(residual + W · q8(x), rms_norm(residual + W · q8(x), nw))`
-/// for a Q4_K matrix, the input quantised per 32 values to 8 bits, `(parts, rows_per_warp)` split.
+/// What [`matvec_res_q8`] returns: the residual sums, their next norm, its q8 rows.
+pub type ResQ8 = (Vec<f32>, Vec<f32>, Vec<u8>);
+
+/// `matvec_res_q8_q4_k` on `n` tokens: `(residual + W · q8(x), rms_norm(residual + W · q8(x), nw),
+/// the q8 rows of that norm)` for a Q4_K matrix, the input quantised per 32 values to 8 bits,
+/// `(parts, rows_per_warp)` split; the last part is what the epilogue writes for the MoE's 8-bit
+/// kernels (`n` rows of [`q8_row_bytes`]).
 pub fn matvec_res_q8(
     gpu: &Gpu,
     w: &CudaSlice<u8>,
@@ -394,9 +399,10 @@ pub fn matvec_res_q8(
     residual: &[f32],
     nw: &[f32],
     (eps, parts, rows_per_warp): (f32, usize, usize),
-) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+) -> Result<ResQ8, CudaError> {
     let n = check_rows(xs.len(), cols, "matvec_res_q8 x")?;
     if nw.len() != rows
+        || !rows.is_multiple_of(32)
         || residual.len() != n * rows
         || !cols.is_multiple_of(256)
         || !(1..=8).contains(&parts)
@@ -413,6 +419,7 @@ pub fn matvec_res_q8(
     let mut y = upload(gpu, residual)?;
     let mut yn = alloc_poisoned::<f32>(gpu, n * rows)?;
     let mut counter = upload(gpu, &vec![0u32; n])?;
+    let mut xq = alloc_poisoned::<u8>(gpu, n * q8_row_bytes(rows))?;
     let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
     let conf = cfg(
         (blocks(rows, split.rows_per_block()), n as u32, 1),
@@ -424,9 +431,198 @@ pub fn matvec_res_q8(
         gpu.func("matvec_res_q8_q4_k")?,
         "matvec_res_q8",
         conf,
-        [w, &x, &mut y, &r, &c, &p, &nwd, &mut yn, &mut counter, &eps]
+        [
+            w,
+            &x,
+            &mut y,
+            &r,
+            &c,
+            &p,
+            &nwd,
+            &mut yn,
+            &mut counter,
+            &eps,
+            &mut xq
+        ]
     )?;
-    Ok((download(gpu, &y)?, download(gpu, &yn)?))
+    Ok((download(gpu, &y)?, download(gpu, &yn)?, download(gpu, &xq)?))
+}
+
+/// A q8 row as the kernels lay it out (`Q8_ROW_BYTES` in matvec.cu): per 32 values d = max|v| /
+/// 127 and q = rint(v / d) (`q8_block32`), then the f32 scales, then the i32 sum of each 16 quants.
+pub fn q8_row(v: &[f32]) -> Vec<u8> {
+    let n = v.len();
+    let (mut q, mut d, mut s16) = (Vec::with_capacity(n), Vec::new(), Vec::new());
+    for block in v.chunks(32) {
+        let db = block.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        let qs: Vec<i32> = block
+            .iter()
+            .map(|&x| (x * id).round_ties_even() as i32)
+            .collect();
+        d.push(db);
+        for half in qs.chunks(16) {
+            s16.push(half.iter().sum::<i32>());
+        }
+        q.extend(qs.iter().map(|&v| v as i8 as u8));
+    }
+    let mut out = q;
+    out.extend(d.iter().flat_map(|v| v.to_le_bytes()));
+    out.extend(s16.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+/// `swiglu_q8` on `n` tokens of `len` values: `(silu(gate) · up, its q8 rows)`.
+pub fn swiglu_q8(
+    gpu: &Gpu,
+    gate: &[f32],
+    up: &[f32],
+    len: usize,
+) -> Result<(Vec<f32>, Vec<u8>), CudaError> {
+    let n = check_rows(gate.len(), len, "swiglu_q8 gate")?;
+    if up.len() != gate.len() || !len.is_multiple_of(32) {
+        return Err(CudaError::Invalid("swiglu_q8: sizes".into()));
+    }
+    let (g, u) = (upload(gpu, gate)?, upload(gpu, up)?);
+    let mut out = alloc_poisoned::<f32>(gpu, n * len)?;
+    let mut xq = alloc_poisoned::<u8>(gpu, n * q8_row_bytes(len))?;
+    let li = i32_arg(len, "len")?;
+    launch!(
+        gpu,
+        gpu.func("swiglu_q8")?,
+        "swiglu_q8",
+        cfg((blocks(len, 256), n as u32, 1), 256, 0),
+        [&g, &u, &mut out, &mut xq, &li]
+    )?;
+    Ok((download(gpu, &out)?, download(gpu, &xq)?))
+}
+
+/// `rms_norm_q8` on `n` rows of `cols`: `(the q8 rows of x · nw, 1 / rms(x) per row)`.
+pub fn rms_norm_q8(
+    gpu: &Gpu,
+    xs: &[f32],
+    nw: &[f32],
+    cols: usize,
+    eps: f32,
+) -> Result<(Vec<u8>, Vec<f32>), CudaError> {
+    let n = check_rows(xs.len(), cols, "rms_norm_q8 x")?;
+    if nw.len() != cols || !cols.is_multiple_of(32) {
+        return Err(CudaError::Invalid("rms_norm_q8: sizes".into()));
+    }
+    let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
+    let mut xq = alloc_poisoned::<u8>(gpu, n * q8_row_bytes(cols))?;
+    let mut invs = alloc_poisoned::<f32>(gpu, n)?;
+    let c = i32_arg(cols, "cols")?;
+    launch!(
+        gpu,
+        gpu.func("rms_norm_q8")?,
+        "rms_norm_q8",
+        cfg((n as u32, 1, 1), 256, 0),
+        [&x, &nwd, &eps, &c, &mut xq, &mut invs]
+    )?;
+    Ok((download(gpu, &xq)?, download(gpu, &invs)?))
+}
+
+/// `matvec_q8x_q4_k`: `invs[t] · (W · xq[t])` (`invs` `None`: 1) for `n` q8 rows (`xq`: `n` rows of
+/// [`q8_row_bytes`]`(cols)`) of a Q4_K matrix, `(parts, rows_per_warp)` split.
+pub fn matvec_q8x(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    (xq, invs): (&[u8], Option<&[f32]>),
+    (parts, rows_per_warp): (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xq.len(), q8_row_bytes(cols), "matvec_q8x xq")?;
+    if !cols.is_multiple_of(256) || !(1..=8).contains(&parts) || !(1..=16).contains(&rows_per_warp)
+    {
+        return Err(CudaError::Invalid("matvec_q8x: sizes".into()));
+    }
+    let split = MvfSplit {
+        parts,
+        rows: rows_per_warp,
+    };
+    let xd = upload(gpu, xq)?;
+    let invs_d = match invs {
+        Some(v) if v.len() == n => Some(upload(gpu, v)?),
+        Some(_) => return Err(CudaError::Invalid("matvec_q8x: one 1/rms per row".into())),
+        None => None,
+    };
+    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
+    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let (zero, zi) = (0u64, 0i32);
+    let conf = cfg((blocks(rows, split.rows_per_block()), n as u32, 1), 256, 0);
+    let f = gpu.func("matvec_q8x_q4_k")?;
+    // No scales: a null pointer (the kernel's 1).
+    match &invs_d {
+        Some(iv) => launch!(
+            gpu,
+            f,
+            "matvec_q8x",
+            conf,
+            [&xd, iv, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?,
+        None => launch!(
+            gpu,
+            f,
+            "matvec_q8x",
+            conf,
+            [&xd, &zero, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?,
+    }
+    download(gpu, &y)
+}
+
+/// The routed experts of one token as the model runs them on a q8 row of `x` (`xq`,
+/// [`q8_row`]): `moe_gate_up_tab_q8_iq2_xxs` (IQ2_XXS gate and up), then
+/// `moe_down_combine_tab_<down type>`; returns `Σ weight · down(act)`.
+pub fn moe_experts_q8(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    weights: &[f32],
+    xq: &[u8],
+    (hidden, ff): (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let k = weights.len();
+    if set.gate_up_ty != GgmlType::IQ2XXS || set.gate.len() != k || xq.len() != q8_row_bytes(hidden)
+    {
+        return Err(CudaError::Invalid(
+            "experts (q8): IQ2_XXS gate/up and one q8 row".into(),
+        ));
+    }
+    let tab: Vec<u64> = (0..k)
+        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
+        .collect();
+    let tab_d = upload(gpu, &tab)?;
+    let ids: Vec<i32> = (0..k as i32).collect();
+    let ids_d = upload(gpu, &ids)?;
+    let x_d = upload(gpu, xq)?;
+    let w_d = upload(gpu, weights)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut out = upload(gpu, &vec![0.0f32; hidden])?;
+    let shared = upload(gpu, &vec![0.0f32; hidden])?;
+    let gl = upload(gpu, &[0.0f32])?;
+    let (ffi, hi, ki) = (
+        i32_arg(ff, "ff")?,
+        i32_arg(hidden, "hidden")?,
+        i32_arg(k, "k")?,
+    );
+    let warps = crate::expert_cache::moe_warps();
+    launch!(
+        gpu,
+        gpu.func("moe_gate_up_tab_q8_iq2_xxs")?,
+        "moe_gate_up_tab_q8_iq2_xxs",
+        cfg((blocks(ff, warps), k as u32, 1), 32 * warps, 0),
+        [&tab_d, &ids_d, &x_d, &mut act, &ffi, &hi, &ki]
+    )?;
+    let dn = format!("moe_down_combine_tab_{}", type_suffix(set.down_ty));
+    launch!(
+        gpu,
+        gpu.func(&dn)?,
+        &dn,
+        cfg((blocks(hidden, warps), 1, 1), 32 * warps, 0),
+        [&tab_d, &ids_d, &w_d, &act, &mut out, &shared, &gl, &hi, &ffi, &ki]
+    )?;
+    download(gpu, &out)
 }
 
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
@@ -545,7 +741,19 @@ pub fn matvec_fused(
                 gpu.func(&format!("matvec_res_{sfx}"))?,
                 "matvec_res",
                 cfg(grid, 256, 0),
-                [w, &x, &mut y, &r, &c, &p, &nwd, &mut yn, &mut counter, &eps]
+                [
+                    w,
+                    &x,
+                    &mut y,
+                    &r,
+                    &c,
+                    &p,
+                    &nwd,
+                    &mut yn,
+                    &mut counter,
+                    &eps,
+                    &0u64
+                ]
             )?;
             let left = download(gpu, &counter)?;
             if left.iter().any(|&v| v != 0) {

@@ -497,7 +497,7 @@ impl Runner<'_> {
             let nw: Vec<f32> = (0..rows).map(|_| 0.5 + self.rng.uniform() as f32).collect();
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
-                let (y, yn) = ops::matvec_res_q8(
+                let (y, yn, xq) = ops::matvec_res_q8(
                     self.gpu,
                     &w,
                     (rows, cols),
@@ -506,6 +506,15 @@ impl Runner<'_> {
                     &nw,
                     (eps, parts, rpw),
                 )?;
+                // The epilogue's q8 rows are the quantisation of its own yn, bit for bit.
+                let expect: Vec<u8> = yn.chunks(rows).flat_map(ops::q8_row).collect();
+                if xq != expect {
+                    let differ = xq.iter().zip(&expect).filter(|(a, b)| a != b).count();
+                    return Err(CudaError::Invalid(format!(
+                        "matvec_res_q8: {differ} of {} bytes of the q8 rows differ from the quantised yn",
+                        expect.len()
+                    )));
+                }
                 let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
                     .map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let (mut ry, mut ryn) = (Vec::new(), Vec::new());
@@ -520,7 +529,178 @@ impl Runner<'_> {
             })();
             self.record(
                 "matvec_res_q8 Q4_K",
-                format!("{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, residual + next norm"),
+                format!(
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, residual + next norm + its q8 rows"
+                ),
+                r,
+            );
+        }
+    }
+
+    /// `matvec_q8x_q4_k` on q8 rows made here (`ops::q8_row`) against f64 on the same 8-bit
+    /// activations, and bit for bit `matvec_norm3_q8_q4_k` without norm weights on the f32 rows.
+    fn matvec_q8x(&mut self) {
+        let (rows, n) = (67usize, 3usize);
+        for (cols, parts, rpw) in [(2048usize, 1usize, 4usize), (2048, 2, 1), (512, 1, 4)] {
+            let bytes = random_weights(&mut self.rng, GgmlType::Q4K, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let xq: Vec<u8> = xs.chunks(cols).flat_map(ops::q8_row).collect();
+                let y = ops::matvec_q8x(self.gpu, &w, (rows, cols), (&xq, None), (parts, rpw))?;
+                let staged = ops::matvec_norm3_q8(
+                    self.gpu,
+                    &w,
+                    (rows, cols),
+                    &xs,
+                    &[],
+                    (0.0, parts, rpw, 1),
+                )?;
+                let differ = y
+                    .iter()
+                    .zip(&staged)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                if differ > 0 {
+                    return Err(CudaError::Invalid(format!(
+                        "matvec_q8x differs from matvec_norm3_q8 in {differ} of {} outputs",
+                        y.len()
+                    )));
+                }
+                // With a norm: rms_norm_q8 then matvec_q8x = matvec_norm3_q8 with norm weights.
+                let nw: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+                let (xqn, invs) = ops::rms_norm_q8(self.gpu, &xs, &nw, cols, 1e-6)?;
+                let yn = ops::matvec_q8x(
+                    self.gpu,
+                    &w,
+                    (rows, cols),
+                    (&xqn, Some(&invs)),
+                    (parts, rpw),
+                )?;
+                let staged_n = ops::matvec_norm3_q8(
+                    self.gpu,
+                    &w,
+                    (rows, cols),
+                    &xs,
+                    &nw,
+                    (1e-6, parts, rpw, 1),
+                )?;
+                let differ = yn
+                    .iter()
+                    .zip(&staged_n)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                if differ > 0 {
+                    return Err(CudaError::Invalid(format!(
+                        "rms_norm_q8 + matvec_q8x differs from matvec_norm3_q8 in {differ} of {} outputs",
+                        yn.len()
+                    )));
+                }
+                let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
+                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let mut reference = Vec::with_capacity(n * rows);
+                for x in xs.chunks(cols) {
+                    let xq = quantize_q8_blocks(x);
+                    for r in 0..rows {
+                        reference.push(dot64(&wf[r * cols..(r + 1) * cols], &xq));
+                    }
+                }
+                Ok((rel_err(&y, &reference), TOL_F32))
+            })();
+            self.record(
+                "matvec_q8x Q4_K",
+                format!(
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_q8 bit for bit \
+                     (also after rms_norm_q8)"
+                ),
+                r,
+            );
+        }
+    }
+
+    /// `swiglu_q8`: silu(gate) · up against f64, and its q8 rows bit for bit the quantisation of
+    /// its own output (what `matvec_norm3_q8` would stage from it).
+    fn swiglu_q8(&mut self) {
+        let (n, len) = (3usize, 512usize);
+        let g = self.rng.normals(n * len, 2.0);
+        let u = self.rng.normals(n * len, 1.0);
+        let r = (|| {
+            let (out, xq) = ops::swiglu_q8(self.gpu, &g, &u, len)?;
+            let expect: Vec<u8> = out.chunks(len).flat_map(ops::q8_row).collect();
+            if xq != expect {
+                let differ = xq.iter().zip(&expect).filter(|(a, b)| a != b).count();
+                return Err(CudaError::Invalid(format!(
+                    "swiglu_q8: {differ} of {} q8 bytes differ from the quantised output",
+                    expect.len()
+                )));
+            }
+            let reference: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(&a, &b)| silu64(f64::from(a)) * f64::from(b))
+                .collect();
+            Ok((rel_err(&out, &reference), TOL_F32))
+        })();
+        self.record(
+            "swiglu_q8",
+            format!("n={n} of {len}, q8 rows of its output"),
+            r,
+        );
+    }
+
+    /// The routed experts with IQ2_XXS gate/up on a q8 row (`moe_gate_up_tab_q8_iq2_xxs`, then the
+    /// f32 down kernel) against f64 on the same 8-bit activations; 2048 and 512 wide.
+    fn experts_q8(&mut self) {
+        let ty = GgmlType::IQ2XXS;
+        for (hidden, ff) in [(2048usize, 512usize), (512, 256)] {
+            let (n_exp, chosen, weights) = (6usize, [0usize, 3, 5], [0.5f32, 0.3, 0.2]);
+            let mut make = |rows, cols| -> Vec<Vec<u8>> {
+                (0..n_exp)
+                    .map(|_| random_weights(&mut self.rng, ty, rows, cols))
+                    .collect()
+            };
+            let (gate, up, down) = (make(ff, hidden), make(ff, hidden), make(hidden, ff));
+            let x = self.rng.normals(hidden, 1.0);
+            let r = (|| {
+                let up_d = |v: &Vec<Vec<u8>>| -> Result<Vec<_>, CudaError> {
+                    chosen
+                        .iter()
+                        .map(|&e| ops::upload(self.gpu, &v[e]))
+                        .collect()
+                };
+                let (g_d, u_d, d_d) = (up_d(&gate)?, up_d(&up)?, up_d(&down)?);
+                let set = ExpertSet {
+                    gate_up_ty: ty,
+                    down_ty: ty,
+                    gate: g_d.iter().collect(),
+                    up: u_d.iter().collect(),
+                    down: d_d.iter().collect(),
+                };
+                let y =
+                    ops::moe_experts_q8(self.gpu, &set, &weights, &ops::q8_row(&x), (hidden, ff))?;
+                let deq = |b: &[u8]| {
+                    dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()))
+                };
+                let xq = quantize_q8_blocks(&x);
+                let mut reference = vec![0.0f64; hidden];
+                for (i, &e) in chosen.iter().enumerate() {
+                    let (g, u, d) = (deq(&gate[e])?, deq(&up[e])?, deq(&down[e])?);
+                    let act: Vec<f32> = (0..ff)
+                        .map(|r| {
+                            let gv = dot64(&g[r * hidden..(r + 1) * hidden], &xq);
+                            let uv = dot64(&u[r * hidden..(r + 1) * hidden], &xq);
+                            (silu64(gv) * uv) as f32
+                        })
+                        .collect();
+                    for (r, o) in reference.iter_mut().enumerate() {
+                        *o += f64::from(weights[i]) * dot64(&d[r * ff..(r + 1) * ff], &act);
+                    }
+                }
+                Ok((rel_err(&y, &reference), TOL_F32))
+            })();
+            self.record(
+                "experts q8 IQ2_XXS",
+                format!("k=3 of {n_exp}, {hidden}/{ff}, gate/up on a q8 row"),
                 r,
             );
         }
@@ -1791,6 +1971,9 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     }
     r.matvec_norm3_q8();
     r.matvec_res_q8();
+    r.matvec_q8x();
+    r.experts_q8();
+    r.swiglu_q8();
     r.sample_topk();
     r.out
 }
