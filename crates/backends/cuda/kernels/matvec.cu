@@ -752,6 +752,26 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
     mvf_rows<T, true>(w, mvf_x, cols, rows, first, part, s, y + (size_t)t * rows, inv, false);
 }
 
+// matvec3_x_f32(x, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): matvec_norm3_f32
+// without norm weights, x[t] read in place (no staging, no barrier before the rows): the router
+// logits and the shared expert's gate logit of a decode step. The same lane partials in the same
+// order as matvec_norm3_f32 on the staged x: its outputs bit for bit. Launch: as matvec_norm3,
+// no dynamic shared memory.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32(const float* x, int cols, int split,
+                                                                        const u8* w0, float* y0, int r0,
+                                                                        const u8* w1, float* y1, int r1,
+                                                                        const u8* w2, float* y2, int r2) {
+    const MvfSplit s = mvf_split(split);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int t = blockIdx.y;
+    int first, part;
+    mvf_first(m.block, s, first, part);
+    mvf_prefetch<T_F32>(m.w, cols, m.rows, first, part, s);
+    pdl_enter();  // x comes from the kernel before
+    mvf_rows<T_F32, true>(m.w, x + (size_t)t * cols, cols, m.rows, first, part, s, m.y + (size_t)t * m.rows, 1.0f,
+                          false);
+}
+
 // matvec_norm3_tok_<type>(x, nw, eps, cols, split, n, w0, y0, rows0, ...): matvec_norm3 for n
 // tokens with the weights read once per tile of `tile` tokens (split = parts | tile << 16, one row
 // per warp): a block stages the normalised inputs of its tile's tokens (tile * cols floats) and

@@ -147,6 +147,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "matvec_q8x_q4_k",
     "swiglu_q8",
     "rms_norm_q8",
+    "matvec3_x_f32",
     "moe_gate_up_tab_q8_iq2_xxs",
     "attn_prompt",
     "attn_prompt_mma_64",

@@ -562,6 +562,7 @@ struct Kernels {
     matvec_q8x: CudaFunction,
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
+    matvec3_x_f32: CudaFunction,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -721,6 +722,10 @@ pub struct CudaModel {
     /// norm and its q8 row once per token) and `matvec_q8x_q4_k`, instead of every block of
     /// `matvec_norm3_q8_q4_k` staging them (`REDLITE_CUDA_XQ_NORM`, default on).
     xq_norm: bool,
+    /// f32 products without norm weights (the router and the shared expert's gate logit) of a
+    /// one-token-at-a-time call read their input in place (`matvec3_x_f32`) instead of every block
+    /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
+    x_router: bool,
     /// Whether the last `matvec_residual` wrote `xq` (not when it went through a GEMM).
     xq_fresh: bool,
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
@@ -812,6 +817,7 @@ impl CudaModel {
             matvec_q8x: f("matvec_q8x_q4_k")?,
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
+            matvec3_x_f32: f("matvec3_x_f32")?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -895,6 +901,7 @@ impl CudaModel {
             q8_moe: env_switch("REDLITE_CUDA_Q8_MOE", true),
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
+            x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             xq_fresh: false,
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
@@ -1537,6 +1544,33 @@ impl CudaModel {
                     normed_q8 = true;
                 }
                 self.matvec_q8x((xq, invs), &group, n)?;
+                continue;
+            }
+            if ty == GgmlType::F32 && tile == 1 && nw == 0 && self.x_router {
+                let f = self.k.matvec3_x_f32.clone();
+                let split = MvfSplit {
+                    parts: mvf_parts(ty, cols, self.mvf_lane_iters),
+                    rows: self.mvf_rows,
+                };
+                let mut args = vec![A::P(x), A::I(cols as i32), A::I(split.arg())];
+                let mut grid_x = 0;
+                for m in 0..3 {
+                    match group.get(m) {
+                        Some((w, y)) => {
+                            args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
+                            grid_x += blocks(w.rows, split.rows_per_block());
+                        }
+                        None => args.extend([A::P(0), A::P(0), A::I(0)]),
+                    }
+                }
+                self.launch(
+                    "matvec3_x",
+                    &f,
+                    (grid_x, n as u32, 1),
+                    MVF_THREADS,
+                    0,
+                    &args,
+                )?;
                 continue;
             }
             let kernel = match (tile > 1, q8) {

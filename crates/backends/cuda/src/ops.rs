@@ -625,6 +625,41 @@ pub fn moe_experts_q8(
     download(gpu, &out)
 }
 
+/// `matvec3_x_f32`: `W · x[t]` for `n` rows of an f32 matrix, x read in place, `(parts,
+/// rows_per_warp)` split (the router's decode product).
+pub fn matvec3_x_f32(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    (parts, rows_per_warp): (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xs.len(), cols, "matvec3_x_f32 x")?;
+    if !(1..=8).contains(&parts)
+        || !parts.is_power_of_two()
+        || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
+    {
+        return Err(CudaError::Invalid("matvec3_x_f32: sizes".into()));
+    }
+    let split = MvfSplit {
+        parts,
+        rows: rows_per_warp,
+    };
+    let x = upload(gpu, xs)?;
+    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
+    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let (zero, zi) = (0u64, 0i32);
+    let conf = cfg((blocks(rows, split.rows_per_block()), n as u32, 1), 256, 0);
+    launch!(
+        gpu,
+        gpu.func("matvec3_x_f32")?,
+        "matvec3_x_f32",
+        conf,
+        [&x, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+    )?;
+    download(gpu, &y)
+}
+
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
 /// per group of warps, 8 warps per block):

@@ -618,6 +618,55 @@ impl Runner<'_> {
         }
     }
 
+    /// `matvec3_x_f32` (the router's decode product, x read in place) bit for bit
+    /// `matvec_norm3_f32` without norm weights (x staged), and against f64.
+    fn matvec3_x_f32(&mut self) {
+        let (rows, n) = (67usize, 3usize);
+        for (cols, parts, rpw) in [(2048usize, 1usize, 1usize), (2048, 4, 1), (512, 2, 2)] {
+            let bytes = random_weights(&mut self.rng, GgmlType::F32, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let y = ops::matvec3_x_f32(self.gpu, &w, (rows, cols), &xs, (parts, rpw))?;
+                let (staged, _) = ops::matvec_fused(
+                    self.gpu,
+                    GgmlType::F32,
+                    &w,
+                    (rows, cols),
+                    &xs,
+                    &[],
+                    None,
+                    (1e-6, parts, rpw, 1),
+                )?;
+                let differ = y
+                    .iter()
+                    .zip(&staged)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                if differ > 0 {
+                    return Err(CudaError::Invalid(format!(
+                        "matvec3_x_f32 differs from matvec_norm3_f32 in {differ} of {} outputs",
+                        y.len()
+                    )));
+                }
+                let wf = dequantize_to_vec(GgmlType::F32, &bytes)
+                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let mut reference = Vec::with_capacity(n * rows);
+                for x in xs.chunks(cols) {
+                    for r in 0..rows {
+                        reference.push(dot64(&wf[r * cols..(r + 1) * cols], x));
+                    }
+                }
+                Ok((rel_err(&y, &reference), TOL_F32))
+            })();
+            self.record(
+                "matvec3_x_f32",
+                format!("{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_f32 bit for bit"),
+                r,
+            );
+        }
+    }
+
     /// `swiglu_q8`: silu(gate) · up against f64, and its q8 rows bit for bit the quantisation of
     /// its own output (what `matvec_norm3_q8` would stage from it).
     fn swiglu_q8(&mut self) {
@@ -1974,6 +2023,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.matvec_q8x();
     r.experts_q8();
     r.swiglu_q8();
+    r.matvec3_x_f32();
     r.sample_topk();
     r.out
 }
