@@ -231,39 +231,63 @@ fn head_online<R: HeadRows>(
     debug_assert_eq!(lens.len(), m);
     let n = lens.iter().copied().max().unwrap_or(0);
     let mut acc = vec![0.0f32; m * hd];
-    let (mut max, mut norm) = (vec![f32::NEG_INFINITY; m], vec![0.0f32; m]);
+    // The softmax denominator per head as BLOCK lane sums (lane i adds the weights of positions
+    // i, i + BLOCK, …: no serial chain of adds per block), added in lane order at the end.
+    let (mut max, mut norm) = (vec![f32::NEG_INFINITY; m], vec![[0.0f32; BLOCK]; m]);
     for j0 in (0..n).step_by(BLOCK) {
         for (h, (qh, ah)) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).enumerate() {
             let b = lens[h].min(j0 + BLOCK).saturating_sub(j0);
             if b == 0 {
                 continue;
             }
+            // Positions past `b` stay −∞: their weight is e^−∞ = 0.
             let mut p = [f32::NEG_INFINITY; BLOCK];
             k.dots_block(j0, qh, scale, &mut p[..b]);
-            let block_max = p[..b].iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+            let block_max = max_of_block(&p);
             if block_max > max[h] {
                 let c = exp_neg(max[h] - block_max);
                 for a in ah.iter_mut() {
                     *a *= c;
                 }
-                norm[h] *= c;
+                for l in norm[h].iter_mut() {
+                    *l *= c;
+                }
                 max[h] = block_max;
             }
             for s in p.iter_mut() {
                 *s -= max[h];
             }
             exp_block(&mut p);
-            for &pi in &p[..b] {
-                norm[h] += pi;
+            for (l, &pi) in norm[h].iter_mut().zip(&p) {
+                *l += pi;
             }
             v.axpy_block(j0, &p[..b], ah);
         }
     }
     for (ah, nh) in acc.chunks_exact_mut(hd).zip(&norm) {
-        let inv = 1.0 / nh;
+        let inv = 1.0 / nh.iter().sum::<f32>();
         ah.iter_mut().for_each(|a| *a *= inv);
     }
     acc
+}
+
+/// The largest of a block's scores by a pairwise tree (exact, as a fold; vectorises). NaN-free
+/// input (scores of finite queries and keys, −∞ padding).
+#[inline(always)]
+fn max_of_block(p: &[f32; BLOCK]) -> f32 {
+    let mut m = *p;
+    let mut width = BLOCK / 2;
+    while width > 0 {
+        for i in 0..width {
+            m[i] = if m[i + width] > m[i] {
+                m[i + width]
+            } else {
+                m[i]
+            };
+        }
+        width /= 2;
+    }
+    m[0]
 }
 
 /// [`head_online`] for query heads `q` (`[m, hd]`) against KV head `g` of `kv`, whatever its
