@@ -464,7 +464,9 @@ mod avx512 {
             }
         }
 
-        /// 16 elements of `acc` at a time stay in a register over the whole block.
+        /// 16 elements of `acc` at a time stay in a register over the whole block; for head
+        /// sizes 64, 128 and 256 all of `acc` does, so the chunks' add chains run side by side
+        /// (per element the same operations in the same order either way).
         #[inline(always)]
         fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
             let Some(last) = p.len().checked_sub(1) else {
@@ -472,6 +474,13 @@ mod avx512 {
             };
             let (at, hd) = (self.1, self.1.hd);
             assert!(at.start(j0 + last) + hd <= self.0.len() && acc.len() >= hd);
+            match hd {
+                // SAFETY: as below (asserted bounds; `N · 16 = hd`).
+                64 => return unsafe { self.axpy_block_regs::<4>(j0, p, acc) },
+                128 => return unsafe { self.axpy_block_regs::<8>(j0, p, acc) },
+                256 => return unsafe { self.axpy_block_regs::<16>(j0, p, acc) },
+                _ => {}
+            }
             let full = hd / 16 * 16;
             // SAFETY: AVX-512F/F16C are present (module docs); position `j0 + i` (`i ≤ last`)
             // reads `start(j0 + i) + c .. + 16 ≤ start(j0 + last) + hd ≤ len` (asserted above),
@@ -491,6 +500,37 @@ mod avx512 {
                 let s = at.start(j0 + i);
                 for (a, &e) in acc[full..hd].iter_mut().zip(&self.0[s + full..s + hd]) {
                     *a += pi * e.to_f32();
+                }
+            }
+        }
+    }
+
+    impl<E: Lane16> Rows512<'_, E> {
+        /// [`HeadRows::axpy_block`] with all `N · 16 = hd` elements of `acc` in registers: per
+        /// position one broadcast of `p_i`, then one FMA per chunk.
+        ///
+        /// # Safety
+        /// `N · 16 == hd`, `acc.len() ≥ hd`, and `start(j0 + p.len() − 1) + hd ≤ len`; AVX-512F
+        /// (and F16C) present.
+        #[inline(always)]
+        unsafe fn axpy_block_regs<const N: usize>(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
+            let at = self.1;
+            // SAFETY: the caller's contract: every read is `start(j0 + i) + 16 c .. + 16 ≤
+            // start(j0 + i) + hd`, and `acc` is read and written at `16 c .. 16 c + 16 ≤ hd`.
+            unsafe {
+                let mut x = [_mm512_setzero_ps(); N];
+                for (c, xc) in x.iter_mut().enumerate() {
+                    *xc = _mm512_loadu_ps(acc.as_ptr().add(16 * c));
+                }
+                for (i, &pi) in p.iter().enumerate() {
+                    let pv = _mm512_set1_ps(pi);
+                    let row = self.0.as_ptr().add(at.start(j0 + i));
+                    for (c, xc) in x.iter_mut().enumerate() {
+                        *xc = _mm512_fmadd_ps(pv, E::load16(row.add(16 * c)), *xc);
+                    }
+                }
+                for (c, xc) in x.iter().enumerate() {
+                    _mm512_storeu_ps(acc.as_mut_ptr().add(16 * c), *xc);
                 }
             }
         }
