@@ -683,6 +683,89 @@ extern "C" __global__ void moe_gate_up_tab_q8_iq2_xxs(const u64* __restrict__ ta
     }
 }
 
+// ----- IQ2_XXS down projection on 8-bit activations (REDLITE_CUDA_Q8_MOE_DOWN; off by default) -----
+// moe_gate_up_tab_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k): moe_gate_up_tab_q8_iq2_xxs
+// with a block of 32 warps owning 32 consecutive rows of one (token, choice), so that it also
+// quantises their 32 activations as one q8 block of that pair's row at actq + (t k + c) *
+// Q8_ROW_BYTES(ff) (q8_block32; f32 act written too). Launch: grid = (ff / 32, k, tokens), block =
+// 1024 (ff a multiple of 32).
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
+    const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k) {
+    __shared__ float act_s[WARP];
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int row = blockIdx.x * WARP + wid;
+    stage_iq2_q8_tables();  // depends on nothing: before the wait
+    pdl_enter();            // ids and xq come from the kernels before
+    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
+    const u64* parts = tab + 3 * (size_t)ids[te];
+    const size_t off = (size_t)row * row_bytes<T_IQ2_XXS>(hidden);
+    const Q8Row x = q8_row((u8*)xq + (size_t)blockIdx.z * Q8_ROW_BYTES(hidden), hidden);
+    float ga, ua;
+    iq2xxs_gate_up_q8((const u8*)parts[0] + off, (const u8*)parts[1] + off, x, hidden, lane, ga, ua);
+    const float gv = warp_sum(ga), uv = warp_sum(ua);
+    if (lane == 0) {
+        const float a = siluf_(gv) * uv;
+        act_s[wid] = a;
+        act[te * ff + row] = a;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        u8* base = actq + te * Q8_ROW_BYTES(ff);
+        const int b = blockIdx.x;
+        q8_block32(act_s[lane], lane, (i8*)base + 32 * b, (float*)(base + ff) + b,
+                   (int*)(base + ff + ff / 32 * 4) + 2 * b);
+    }
+}
+
+// moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k):
+// moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
+// warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
+// value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order.
+// Launch: as moe_down_combine_tab (grid = (hidden * parts / warps, tokens), block = 32 * warps).
+extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
+                                                           const float* __restrict__ weight,
+                                                           const u8* __restrict__ actq, float* __restrict__ x,
+                                                           const float* __restrict__ shared,
+                                                           const float* __restrict__ gate_logit, int hidden, int ff,
+                                                           int k) {
+    __shared__ float red[32];
+    const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    const size_t t = blockIdx.y;
+    const int parts = max(1, min(warps, (int)((size_t)gridDim.x * warps / hidden)));
+    const int row = blockIdx.x * (warps / parts) + wid / parts, part = wid % parts;
+    const bool valid = row < hidden;
+    const size_t off = (size_t)row * row_bytes<T_IQ2_XXS>(ff);
+    stage_iq2_q8_tables();
+    pdl_enter();  // ids, actq and x come from the kernels before
+    const int sbs = ff / 32;
+    float acc = 0.0f;
+    if (valid) {
+        for (int i = part * WARP + lane; i < k * sbs; i += parts * WARP) {
+            const int c = i / sbs, sb = i - c * sbs;
+            const size_t te = t * k + c;
+            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
+            const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
+            const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
+            acc = __fadd_rn(acc, __fmul_rn(weight[te], iq2xxs_sub_value(down, sb, a, q0, q1)));
+        }
+    }
+    float s = warp_sum(acc);
+    if (parts > 1) {
+        if (lane == 0) red[wid] = s;
+        __syncthreads();
+        if (part == 0 && lane == 0) {
+            s = 0.0f;
+            for (int p = 0; p < parts; ++p) s += red[wid + p];
+        }
+    }
+    if (valid && part == 0 && lane == 0) {
+        const size_t at = t * hidden + row;
+        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+    }
+}
+
 // moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the
 // routed experts' down projections, their weighted sum (in choice order) and the MoE residual
 // in one: for token t = blockIdx.y, x[t][r] += sum_c weight[t][c] * (down_{ids[t][c]}[r] . act[t][c])

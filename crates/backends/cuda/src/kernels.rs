@@ -149,6 +149,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "rms_norm_q8",
     "matvec3_x_f32",
     "moe_gate_up_tab_q8_iq2_xxs",
+    "moe_gate_up_tab_q8q_iq2_xxs",
+    "moe_down_combine_tab_q8_iq2_xxs",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

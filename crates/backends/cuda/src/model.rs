@@ -369,6 +369,9 @@ struct DevExperts {
     gate_up_f: CudaFunction,
     /// `moe_gate_up_tab_q8_iq2_xxs` when gate and up are IQ2_XXS (8-bit activations from `xq`).
     gate_up_q8_f: Option<CudaFunction>,
+    /// `moe_gate_up_tab_q8q_iq2_xxs` and `moe_down_combine_tab_q8_iq2_xxs` when every part is
+    /// IQ2_XXS (the down projection on 8-bit activations too).
+    q8_down_f: Option<(CudaFunction, CudaFunction)>,
     down_f: CudaFunction,
     /// Warps per block of both kernels ([`moe_warps`]).
     warps: u32,
@@ -609,6 +612,9 @@ struct Scratch {
     xq: u64,
     /// `[max_batch]` q8 rows of the shared expert's activation `sa` (`swiglu_q8`).
     xq_sa: u64,
+    /// `[max_batch · k]` q8 rows of the routed experts' activations (`q8_row_bytes(expert_ff)`
+    /// each; `REDLITE_CUDA_Q8_MOE_DOWN`).
+    act_q: u64,
     /// `[max_batch]` q8 rows of a mixer's normalised input and f32 `[max_batch]` its 1 / rms
     /// (`rms_norm_q8`).
     xq_in: u64,
@@ -728,6 +734,11 @@ pub struct CudaModel {
     x_router: bool,
     /// Whether the last `matvec_residual` wrote `xq` (not when it went through a GEMM).
     xq_fresh: bool,
+    /// With `q8_moe`, the IQ2_XXS down projection on 8-bit activations as well
+    /// (`moe_gate_up_tab_q8q_iq2_xxs` quantises each 32 rows' activations, then
+    /// `moe_down_combine_tab_q8_iq2_xxs`; `REDLITE_CUDA_Q8_MOE_DOWN=1`; off by default: not yet
+    /// measured on a GPU).
+    q8_moe_down: bool,
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
     /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1: more were slower); it takes what the grid leaves.
     moe_rows: u32,
@@ -903,6 +914,7 @@ impl CudaModel {
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             xq_fresh: false,
+            q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", false),
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
@@ -2430,6 +2442,51 @@ impl CudaModel {
         if self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK) {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
+        // IQ2_XXS gate, up and down all on 8-bit activations (switch, off by default).
+        if let Some((gu_f, dn_f)) = e
+            .q8_down_f
+            .clone()
+            .filter(|_| self.q8_moe && self.q8_moe_down && self.xq_fresh && ff.is_multiple_of(32))
+        {
+            let act_q = self.sc.act_q;
+            self.launch(
+                "moe_gate_up_tab_q8q",
+                &gu_f,
+                ((ff / 32) as u32, k as u32, n as u32),
+                1024,
+                0,
+                &[
+                    A::P(tab),
+                    A::P(ids),
+                    A::P(self.sc.xq),
+                    A::P(act),
+                    A::P(act_q),
+                    A::I(ff as i32),
+                    A::I(h as i32),
+                    A::I(k as i32),
+                ],
+            )?;
+            self.stream.wait(&self.side.join).map_err(drv)?;
+            return self.launch(
+                "moe_down_combine_tab_q8",
+                &dn_f,
+                (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
+                32 * e.warps,
+                0,
+                &[
+                    A::P(tab),
+                    A::P(ids),
+                    A::P(wts),
+                    A::P(act_q),
+                    A::P(x),
+                    A::P(shared),
+                    A::P(gl),
+                    A::I(h as i32),
+                    A::I(ff as i32),
+                    A::I(k as i32),
+                ],
+            );
+        }
         // IQ2_XXS gate/up on the q8 row of xn when matvec_res wrote it.
         let (gate_up_f, input) = match &e.gate_up_q8_f {
             Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq),
@@ -2872,6 +2929,13 @@ fn dev_layer(
             GgmlType::IQ2XXS => Some(gpu.func("moe_gate_up_tab_q8_iq2_xxs")?.clone()),
             _ => None,
         },
+        q8_down_f: match (expert.gate.ty, expert.down.ty) {
+            (GgmlType::IQ2XXS, GgmlType::IQ2XXS) => Some((
+                gpu.func("moe_gate_up_tab_q8q_iq2_xxs")?.clone(),
+                gpu.func("moe_down_combine_tab_q8_iq2_xxs")?.clone(),
+            )),
+            _ => None,
+        },
         down_f: gpu
             .func(&format!(
                 "moe_down_combine_tab_{}",
@@ -2946,6 +3010,7 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         counter: arena.zeros(4 * b)?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,
         xq_sa: arena.alloc(b * crate::ops::q8_row_bytes(sff))?,
+        act_q: arena.alloc(b * k * crate::ops::q8_row_bytes(ff))?,
         xq_in: arena.alloc(b * crate::ops::q8_row_bytes(MVF_MAX_COLS))?,
         pair_off: arena.alloc(4 * (ne + 1))?,
         pairs: arena.alloc(4 * b * k)?,

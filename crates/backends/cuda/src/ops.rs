@@ -497,6 +497,72 @@ pub fn swiglu_q8(
     Ok((download(gpu, &out)?, download(gpu, &xq)?))
 }
 
+/// What [`moe_experts_q8_down`] returns: `Σ weight · down(act)`, the f32 activations `[k][ff]`
+/// and their q8 rows.
+pub type ExpertsQ8 = (Vec<f32>, Vec<f32>, Vec<u8>);
+
+/// The routed experts of one token with every part IQ2_XXS, all on 8-bit activations:
+/// `moe_gate_up_tab_q8q_iq2_xxs` on the q8 row `xq` (writing the activations and their q8
+/// rows), then `moe_down_combine_tab_q8_iq2_xxs` on those rows.
+pub fn moe_experts_q8_down(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    weights: &[f32],
+    xq: &[u8],
+    (hidden, ff): (usize, usize),
+) -> Result<ExpertsQ8, CudaError> {
+    let k = weights.len();
+    if set.gate_up_ty != GgmlType::IQ2XXS
+        || set.down_ty != GgmlType::IQ2XXS
+        || set.gate.len() != k
+        || xq.len() != q8_row_bytes(hidden)
+        || !ff.is_multiple_of(32)
+    {
+        return Err(CudaError::Invalid(
+            "experts (q8 down): IQ2_XXS parts and one q8 row".into(),
+        ));
+    }
+    let tab: Vec<u64> = (0..k)
+        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
+        .collect();
+    let tab_d = upload(gpu, &tab)?;
+    let ids: Vec<i32> = (0..k as i32).collect();
+    let ids_d = upload(gpu, &ids)?;
+    let x_d = upload(gpu, xq)?;
+    let w_d = upload(gpu, weights)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
+    let mut out = upload(gpu, &vec![0.0f32; hidden])?;
+    let shared = upload(gpu, &vec![0.0f32; hidden])?;
+    let gl = upload(gpu, &[0.0f32])?;
+    let (ffi, hi, ki) = (
+        i32_arg(ff, "ff")?,
+        i32_arg(hidden, "hidden")?,
+        i32_arg(k, "k")?,
+    );
+    launch!(
+        gpu,
+        gpu.func("moe_gate_up_tab_q8q_iq2_xxs")?,
+        "moe_gate_up_tab_q8q_iq2_xxs",
+        cfg(((ff / 32) as u32, k as u32, 1), 1024, 0),
+        [&tab_d, &ids_d, &x_d, &mut act, &mut actq, &ffi, &hi, &ki]
+    )?;
+    // Two warps per row, as the model runs it.
+    let warps = crate::expert_cache::moe_warps();
+    launch!(
+        gpu,
+        gpu.func("moe_down_combine_tab_q8_iq2_xxs")?,
+        "moe_down_combine_tab_q8_iq2_xxs",
+        cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
+        [&tab_d, &ids_d, &w_d, &actq, &mut out, &shared, &gl, &hi, &ffi, &ki]
+    )?;
+    Ok((
+        download(gpu, &out)?,
+        download(gpu, &act)?,
+        download(gpu, &actq)?,
+    ))
+}
+
 /// `rms_norm_q8` on `n` rows of `cols`: `(the q8 rows of x · nw, 1 / rms(x) per row)`.
 pub fn rms_norm_q8(
     gpu: &Gpu,

@@ -667,6 +667,81 @@ impl Runner<'_> {
         }
     }
 
+    /// Every IQ2_XXS part on 8-bit activations (`REDLITE_CUDA_Q8_MOE_DOWN`): the activations
+    /// against f64 on the q8 input, their q8 rows bit for bit the quantisation of those f32
+    /// activations, and the output against f64 on both q8 inputs.
+    fn experts_q8_down(&mut self) {
+        let ty = GgmlType::IQ2XXS;
+        for (hidden, ff) in [(2048usize, 512usize), (512, 256)] {
+            let (n_exp, chosen, weights) = (6usize, [1usize, 2, 4], [0.45f32, 0.35, 0.2]);
+            let mut make = |rows, cols| -> Vec<Vec<u8>> {
+                (0..n_exp)
+                    .map(|_| random_weights(&mut self.rng, ty, rows, cols))
+                    .collect()
+            };
+            let (gate, up, down) = (make(ff, hidden), make(ff, hidden), make(hidden, ff));
+            let x = self.rng.normals(hidden, 1.0);
+            let r = (|| {
+                let up_d = |v: &Vec<Vec<u8>>| -> Result<Vec<_>, CudaError> {
+                    chosen
+                        .iter()
+                        .map(|&e| ops::upload(self.gpu, &v[e]))
+                        .collect()
+                };
+                let (g_d, u_d, d_d) = (up_d(&gate)?, up_d(&up)?, up_d(&down)?);
+                let set = ExpertSet {
+                    gate_up_ty: ty,
+                    down_ty: ty,
+                    gate: g_d.iter().collect(),
+                    up: u_d.iter().collect(),
+                    down: d_d.iter().collect(),
+                };
+                let (y, act, actq) = ops::moe_experts_q8_down(
+                    self.gpu,
+                    &set,
+                    &weights,
+                    &ops::q8_row(&x),
+                    (hidden, ff),
+                )?;
+                let expect: Vec<u8> = act.chunks(ff).flat_map(ops::q8_row).collect();
+                if actq != expect {
+                    let differ = actq.iter().zip(&expect).filter(|(a, b)| a != b).count();
+                    return Err(CudaError::Invalid(format!(
+                        "moe_gate_up_tab_q8q: {differ} of {} q8 bytes differ from its quantised activations",
+                        expect.len()
+                    )));
+                }
+                let deq = |b: &[u8]| {
+                    dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()))
+                };
+                let xq = quantize_q8_blocks(&x);
+                let (mut ref_act, mut reference) = (Vec::new(), vec![0.0f64; hidden]);
+                for (i, &e) in chosen.iter().enumerate() {
+                    let (g, u, d) = (deq(&gate[e])?, deq(&up[e])?, deq(&down[e])?);
+                    for r in 0..ff {
+                        let gv = dot64(&g[r * hidden..(r + 1) * hidden], &xq);
+                        let uv = dot64(&u[r * hidden..(r + 1) * hidden], &xq);
+                        ref_act.push(silu64(gv) * uv);
+                    }
+                    // The down rows against the kernel's own activations, quantised.
+                    let aq = quantize_q8_blocks(&act[i * ff..(i + 1) * ff]);
+                    for (r, o) in reference.iter_mut().enumerate() {
+                        *o += f64::from(weights[i]) * dot64(&d[r * ff..(r + 1) * ff], &aq);
+                    }
+                }
+                Ok((
+                    rel_err(&y, &reference).max(rel_err(&act, &ref_act)),
+                    TOL_F32,
+                ))
+            })();
+            self.record(
+                "experts q8 down IQ2_XXS",
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows"),
+                r,
+            );
+        }
+    }
+
     /// `swiglu_q8`: silu(gate) · up against f64, and its q8 rows bit for bit the quantisation of
     /// its own output (what `matvec_norm3_q8` would stage from it).
     fn swiglu_q8(&mut self) {
@@ -2022,6 +2097,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.matvec_res_q8();
     r.matvec_q8x();
     r.experts_q8();
+    r.experts_q8_down();
     r.swiglu_q8();
     r.matvec3_x_f32();
     r.sample_topk();
