@@ -1565,16 +1565,7 @@ impl CudaModel {
                     rows: self.mvf_rows,
                 };
                 let mut args = vec![A::P(x), A::I(cols as i32), A::I(split.arg())];
-                let mut grid_x = 0;
-                for m in 0..3 {
-                    match group.get(m) {
-                        Some((w, y)) => {
-                            args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
-                            grid_x += blocks(w.rows, split.rows_per_block());
-                        }
-                        None => args.extend([A::P(0), A::P(0), A::I(0)]),
-                    }
-                }
+                let grid_x = push_mats3(&mut args, &group, split.rows_per_block());
                 self.launch(
                     "matvec3_x",
                     &f,
@@ -1619,16 +1610,7 @@ impl CudaModel {
             if tile > 1 {
                 args.push(A::I(n as i32));
             }
-            let mut grid_x = 0;
-            for m in 0..3 {
-                match group.get(m) {
-                    Some((w, y)) => {
-                        args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
-                        grid_x += blocks(w.rows, rows_per_block);
-                    }
-                    None => args.extend([A::P(0), A::P(0), A::I(0)]),
-                }
-            }
+            let grid_x = push_mats3(&mut args, &group, rows_per_block);
             self.launch(
                 "matvec_norm3",
                 &f,
@@ -1675,16 +1657,7 @@ impl CudaModel {
             rows: self.q8_rows,
         };
         let mut args = vec![A::P(xq), A::P(invs), A::I(cols as i32), A::I(split.arg())];
-        let mut grid_x = 0;
-        for m in 0..3 {
-            match mats.get(m) {
-                Some((w, y)) => {
-                    args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
-                    grid_x += blocks(w.rows, split.rows_per_block());
-                }
-                None => args.extend([A::P(0), A::P(0), A::I(0)]),
-            }
-        }
+        let grid_x = push_mats3(&mut args, mats, split.rows_per_block());
         let f = self.k.matvec_q8x.clone();
         self.launch(
             "matvec_q8x",
@@ -2442,77 +2415,63 @@ impl CudaModel {
         if self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK) {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
-        // IQ2_XXS gate, up and down all on 8-bit activations (switch, off by default).
-        if let Some((gu_f, dn_f)) = e
+        // IQ2_XXS gate, up and down all on 8-bit activations (switch, off by default), or
+        // IQ2_XXS gate/up on the q8 row of xn when matvec_res wrote it, or f32 activations.
+        let q8_down = e
             .q8_down_f
             .clone()
-            .filter(|_| self.q8_moe && self.q8_moe_down && self.xq_fresh && ff.is_multiple_of(32))
-        {
-            let act_q = self.sc.act_q;
-            self.launch(
-                "moe_gate_up_tab_q8q",
-                &gu_f,
-                ((ff / 32) as u32, k as u32, n as u32),
-                1024,
-                0,
-                &[
-                    A::P(tab),
-                    A::P(ids),
-                    A::P(self.sc.xq),
-                    A::P(act),
-                    A::P(act_q),
-                    A::I(ff as i32),
-                    A::I(h as i32),
-                    A::I(k as i32),
-                ],
-            )?;
-            self.stream.wait(&self.side.join).map_err(drv)?;
-            return self.launch(
-                "moe_down_combine_tab_q8",
-                &dn_f,
-                (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
-                32 * e.warps,
-                0,
-                &[
-                    A::P(tab),
-                    A::P(ids),
-                    A::P(wts),
-                    A::P(act_q),
-                    A::P(x),
-                    A::P(shared),
-                    A::P(gl),
-                    A::I(h as i32),
-                    A::I(ff as i32),
-                    A::I(k as i32),
-                ],
-            );
-        }
-        // IQ2_XXS gate/up on the q8 row of xn when matvec_res wrote it.
-        let (gate_up_f, input) = match &e.gate_up_q8_f {
-            Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq),
-            _ => (e.gate_up_f.clone(), xn),
+            .filter(|_| self.q8_moe && self.q8_moe_down && self.xq_fresh && ff.is_multiple_of(32));
+        let (down_f, down_act) = match q8_down {
+            Some((gu_f, dn_f)) => {
+                let act_q = self.sc.act_q;
+                self.launch(
+                    "moe_gate_up_tab_q8q",
+                    &gu_f,
+                    ((ff / 32) as u32, k as u32, n as u32),
+                    1024,
+                    0,
+                    &[
+                        A::P(tab),
+                        A::P(ids),
+                        A::P(self.sc.xq),
+                        A::P(act),
+                        A::P(act_q),
+                        A::I(ff as i32),
+                        A::I(h as i32),
+                        A::I(k as i32),
+                    ],
+                )?;
+                (dn_f, act_q)
+            }
+            None => {
+                let (gate_up_f, input) = match &e.gate_up_q8_f {
+                    Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq),
+                    _ => (e.gate_up_f.clone(), xn),
+                };
+                self.launch(
+                    "moe_gate_up_tab",
+                    &gate_up_f,
+                    (blocks(ff, e.warps * self.moe_rows), k as u32, n as u32),
+                    32 * e.warps,
+                    0,
+                    &[
+                        A::P(tab),
+                        A::P(ids),
+                        A::P(input),
+                        A::P(act),
+                        A::I(ff as i32),
+                        A::I(h as i32),
+                        A::I(k as i32),
+                    ],
+                )?;
+                (e.down_f.clone(), act)
+            }
         };
-        self.launch(
-            "moe_gate_up_tab",
-            &gate_up_f,
-            (blocks(ff, e.warps * self.moe_rows), k as u32, n as u32),
-            32 * e.warps,
-            0,
-            &[
-                A::P(tab),
-                A::P(ids),
-                A::P(input),
-                A::P(act),
-                A::I(ff as i32),
-                A::I(h as i32),
-                A::I(k as i32),
-            ],
-        )?;
         self.stream.wait(&self.side.join).map_err(drv)?;
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
         self.launch(
             "moe_down_combine_tab",
-            &e.down_f,
+            &down_f,
             (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
             32 * e.warps,
             0,
@@ -2520,7 +2479,7 @@ impl CudaModel {
                 A::P(tab),
                 A::P(ids),
                 A::P(wts),
-                A::P(act),
+                A::P(down_act),
                 A::P(x),
                 A::P(shared),
                 A::P(gl),
@@ -2678,6 +2637,23 @@ impl Drop for CudaModel {
         let _ = self.bind();
         let _ = self.sync();
     }
+}
+
+/// The `(w, y, rows)` arguments of up to three matrices for the fused matvec kernels (absent
+/// ones as nulls and 0 rows), appended to `args`; returns the blocks they take at `rpb` rows a
+/// block.
+fn push_mats3(args: &mut Vec<A>, mats: &[(&DevLinear, u64)], rpb: u32) -> u32 {
+    let mut grid_x = 0;
+    for m in 0..3 {
+        match mats.get(m) {
+            Some((w, y)) => {
+                args.extend([A::P(w.ptr), A::P(*y), A::I(w.rows as i32)]);
+                grid_x += blocks(w.rows, rpb);
+            }
+            None => args.extend([A::P(0), A::P(0), A::I(0)]),
+        }
+    }
+    grid_x
 }
 
 /// The shapes the kernels handle.

@@ -497,6 +497,45 @@ pub fn swiglu_q8(
     Ok((download(gpu, &out)?, download(gpu, &xq)?))
 }
 
+/// The device buffers of one token's routed experts through the per-layer table kernels: the
+/// table (`tab[3e + p]`: part p (gate, up, down) of expert e), ids `0..k`, the weights, the
+/// output (zeros), a zero shared-expert output and gate logit, and the sizes as kernel arguments.
+struct TabCall {
+    tab: CudaSlice<u64>,
+    ids: CudaSlice<i32>,
+    weights: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    shared: CudaSlice<f32>,
+    gl: CudaSlice<f32>,
+    ff: i32,
+    hidden: i32,
+    k: i32,
+}
+
+fn tab_call(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    weights: &[f32],
+    (hidden, ff): (usize, usize),
+) -> Result<TabCall, CudaError> {
+    let k = weights.len();
+    let tab: Vec<u64> = (0..k)
+        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
+        .collect();
+    let ids: Vec<i32> = (0..k as i32).collect();
+    Ok(TabCall {
+        tab: upload(gpu, &tab)?,
+        ids: upload(gpu, &ids)?,
+        weights: upload(gpu, weights)?,
+        out: upload(gpu, &vec![0.0f32; hidden])?,
+        shared: upload(gpu, &vec![0.0f32; hidden])?,
+        gl: upload(gpu, &[0.0f32])?,
+        ff: i32_arg(ff, "ff")?,
+        hidden: i32_arg(hidden, "hidden")?,
+        k: i32_arg(k, "k")?,
+    })
+}
+
 /// What [`moe_experts_q8_down`] returns: `Σ weight · down(act)`, the f32 activations `[k][ff]`
 /// and their q8 rows.
 pub type ExpertsQ8 = (Vec<f32>, Vec<f32>, Vec<u8>);
@@ -522,30 +561,16 @@ pub fn moe_experts_q8_down(
             "experts (q8 down): IQ2_XXS parts and one q8 row".into(),
         ));
     }
-    let tab: Vec<u64> = (0..k)
-        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
-        .collect();
-    let tab_d = upload(gpu, &tab)?;
-    let ids: Vec<i32> = (0..k as i32).collect();
-    let ids_d = upload(gpu, &ids)?;
+    let mut c = tab_call(gpu, set, weights, (hidden, ff))?;
     let x_d = upload(gpu, xq)?;
-    let w_d = upload(gpu, weights)?;
     let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
     let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
-    let mut out = upload(gpu, &vec![0.0f32; hidden])?;
-    let shared = upload(gpu, &vec![0.0f32; hidden])?;
-    let gl = upload(gpu, &[0.0f32])?;
-    let (ffi, hi, ki) = (
-        i32_arg(ff, "ff")?,
-        i32_arg(hidden, "hidden")?,
-        i32_arg(k, "k")?,
-    );
     launch!(
         gpu,
         gpu.func("moe_gate_up_tab_q8q_iq2_xxs")?,
         "moe_gate_up_tab_q8q_iq2_xxs",
         cfg(((ff / 32) as u32, k as u32, 1), 1024, 0),
-        [&tab_d, &ids_d, &x_d, &mut act, &mut actq, &ffi, &hi, &ki]
+        [&c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k]
     )?;
     // Two warps per row, as the model runs it.
     let warps = crate::expert_cache::moe_warps();
@@ -554,10 +579,10 @@ pub fn moe_experts_q8_down(
         gpu.func("moe_down_combine_tab_q8_iq2_xxs")?,
         "moe_down_combine_tab_q8_iq2_xxs",
         cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
-        [&tab_d, &ids_d, &w_d, &actq, &mut out, &shared, &gl, &hi, &ffi, &ki]
+        [&c.tab, &c.ids, &c.weights, &actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k]
     )?;
     Ok((
-        download(gpu, &out)?,
+        download(gpu, &c.out)?,
         download(gpu, &act)?,
         download(gpu, &actq)?,
     ))
@@ -655,40 +680,14 @@ pub fn moe_experts_q8(
             "experts (q8): IQ2_XXS gate/up and one q8 row".into(),
         ));
     }
-    let tab: Vec<u64> = (0..k)
-        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
-        .collect();
-    let tab_d = upload(gpu, &tab)?;
-    let ids: Vec<i32> = (0..k as i32).collect();
-    let ids_d = upload(gpu, &ids)?;
-    let x_d = upload(gpu, xq)?;
-    let w_d = upload(gpu, weights)?;
-    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
-    let mut out = upload(gpu, &vec![0.0f32; hidden])?;
-    let shared = upload(gpu, &vec![0.0f32; hidden])?;
-    let gl = upload(gpu, &[0.0f32])?;
-    let (ffi, hi, ki) = (
-        i32_arg(ff, "ff")?,
-        i32_arg(hidden, "hidden")?,
-        i32_arg(k, "k")?,
-    );
-    let warps = crate::expert_cache::moe_warps();
-    launch!(
+    experts_tab_run(
         gpu,
-        gpu.func("moe_gate_up_tab_q8_iq2_xxs")?,
+        set,
+        weights,
+        xq,
         "moe_gate_up_tab_q8_iq2_xxs",
-        cfg((blocks(ff, warps), k as u32, 1), 32 * warps, 0),
-        [&tab_d, &ids_d, &x_d, &mut act, &ffi, &hi, &ki]
-    )?;
-    let dn = format!("moe_down_combine_tab_{}", type_suffix(set.down_ty));
-    launch!(
-        gpu,
-        gpu.func(&dn)?,
-        &dn,
-        cfg((blocks(hidden, warps), 1, 1), 32 * warps, 0),
-        [&tab_d, &ids_d, &w_d, &act, &mut out, &shared, &gl, &hi, &ffi, &ki]
-    )?;
-    download(gpu, &out)
+        (hidden, ff),
+    )
 }
 
 /// `matvec3_x_f32`: `W · x[t]` for `n` rows of an f32 matrix, x read in place, `(parts,
@@ -1002,32 +1001,31 @@ pub fn moe_experts_tab(
             set.gate.len()
         )));
     }
-    // tab[3e + p]: part p (gate, up, down) of expert e.
-    let tab: Vec<u64> = (0..k)
-        .flat_map(|e| [set.gate[e], set.up[e], set.down[e]].map(|b| device_address(gpu, b)))
-        .collect();
-    let tab_d = upload(gpu, &tab)?;
-    let ids: Vec<i32> = (0..k as i32).collect();
-    let ids_d = upload(gpu, &ids)?;
-    let x_d = upload(gpu, x)?;
-    let w_d = upload(gpu, weights)?;
-    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
-    let mut out = upload(gpu, &vec![0.0f32; hidden])?;
-    let shared = upload(gpu, &vec![0.0f32; hidden])?;
-    let gl = upload(gpu, &[0.0f32])?;
-    let (ffi, hi, ki) = (
-        i32_arg(ff, "ff")?,
-        i32_arg(hidden, "hidden")?,
-        i32_arg(k, "k")?,
-    );
-    let warps = crate::expert_cache::moe_warps();
     let gu = format!("moe_gate_up_tab_{}", type_suffix(set.gate_up_ty));
+    experts_tab_run(gpu, set, weights, x, &gu, (hidden, ff))
+}
+
+/// The gate/up kernel `gu` on the input `x` (f32 values or a q8 row), then
+/// `moe_down_combine_tab_<down type>`: `Σ weight · down(act)` of one token.
+fn experts_tab_run<T: cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    weights: &[f32],
+    x: &[T],
+    gu: &str,
+    (hidden, ff): (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let k = weights.len();
+    let mut c = tab_call(gpu, set, weights, (hidden, ff))?;
+    let x_d = upload(gpu, x)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let warps = crate::expert_cache::moe_warps();
     launch!(
         gpu,
-        gpu.func(&gu)?,
-        &gu,
+        gpu.func(gu)?,
+        gu,
         cfg((blocks(ff, warps), k as u32, 1), 32 * warps, 0),
-        [&tab_d, &ids_d, &x_d, &mut act, &ffi, &hi, &ki]
+        [&c.tab, &c.ids, &x_d, &mut act, &c.ff, &c.hidden, &c.k]
     )?;
     let dn = format!("moe_down_combine_tab_{}", type_suffix(set.down_ty));
     launch!(
@@ -1035,9 +1033,9 @@ pub fn moe_experts_tab(
         gpu.func(&dn)?,
         &dn,
         cfg((blocks(hidden, warps), 1, 1), 32 * warps, 0),
-        [&tab_d, &ids_d, &w_d, &act, &mut out, &shared, &gl, &hi, &ffi, &ki]
+        [&c.tab, &c.ids, &c.weights, &act, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k]
     )?;
-    download(gpu, &out)
+    download(gpu, &c.out)
 }
 
 fn check_rows(len: usize, n: usize, what: &str) -> Result<usize, CudaError> {

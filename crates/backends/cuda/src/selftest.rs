@@ -9,6 +9,7 @@
 //! H200: IQ4_NL 1×32, 5.9e-6 against ‖ref‖). A NaN anywhere (outputs are poisoned before each
 //! launch) fails the check. Index outputs (router choice, argmax) must match exactly.
 
+use cudarc::driver::CudaSlice;
 use redlite_gguf::quant::dequantize_to_vec;
 use redlite_gguf::GgmlType;
 
@@ -200,6 +201,45 @@ pub fn quantize_q8_blocks(v: &[f32]) -> Vec<f32> {
         out.extend(block.iter().map(|&x| (x * id).round_ties_even() * d));
     }
     out
+}
+
+/// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
+fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
+    let differ = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    if differ > 0 || a.len() != b.len() {
+        return Err(CudaError::Invalid(format!(
+            "{what} in {differ} of {} outputs",
+            a.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The `chosen` experts' gate, up and down bytes on the device.
+fn upload_experts(
+    gpu: &Gpu,
+    parts: [&[Vec<u8>]; 3],
+    chosen: &[usize],
+) -> Result<[Vec<CudaSlice<u8>>; 3], CudaError> {
+    let one = |part: &[Vec<u8>]| -> Result<Vec<CudaSlice<u8>>, CudaError> {
+        chosen.iter().map(|&e| ops::upload(gpu, &part[e])).collect()
+    };
+    Ok([one(parts[0])?, one(parts[1])?, one(parts[2])?])
+}
+
+/// The [`ExpertSet`] of experts uploaded by [`upload_experts`], every part of type `ty`.
+fn expert_set(ty: GgmlType, parts: &[Vec<CudaSlice<u8>>; 3]) -> ExpertSet<'_> {
+    ExpertSet {
+        gate_up_ty: ty,
+        down_ty: ty,
+        gate: parts[0].iter().collect(),
+        up: parts[1].iter().collect(),
+        down: parts[2].iter().collect(),
+    }
 }
 
 /// `‖a − b‖ / ‖b‖`, infinite when `a` has a NaN or the lengths differ.
@@ -556,17 +596,7 @@ impl Runner<'_> {
                     &[],
                     (0.0, parts, rpw, 1),
                 )?;
-                let differ = y
-                    .iter()
-                    .zip(&staged)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                if differ > 0 {
-                    return Err(CudaError::Invalid(format!(
-                        "matvec_q8x differs from matvec_norm3_q8 in {differ} of {} outputs",
-                        y.len()
-                    )));
-                }
+                same_bits("matvec_q8x differs from matvec_norm3_q8", &y, &staged)?;
                 // With a norm: rms_norm_q8 then matvec_q8x = matvec_norm3_q8 with norm weights.
                 let nw: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect();
                 let (xqn, invs) = ops::rms_norm_q8(self.gpu, &xs, &nw, cols, 1e-6)?;
@@ -585,17 +615,11 @@ impl Runner<'_> {
                     &nw,
                     (1e-6, parts, rpw, 1),
                 )?;
-                let differ = yn
-                    .iter()
-                    .zip(&staged_n)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                if differ > 0 {
-                    return Err(CudaError::Invalid(format!(
-                        "rms_norm_q8 + matvec_q8x differs from matvec_norm3_q8 in {differ} of {} outputs",
-                        yn.len()
-                    )));
-                }
+                same_bits(
+                    "rms_norm_q8 + matvec_q8x differs from matvec_norm3_q8",
+                    &yn,
+                    &staged_n,
+                )?;
                 let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
                     .map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
@@ -638,17 +662,7 @@ impl Runner<'_> {
                     None,
                     (1e-6, parts, rpw, 1),
                 )?;
-                let differ = y
-                    .iter()
-                    .zip(&staged)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                if differ > 0 {
-                    return Err(CudaError::Invalid(format!(
-                        "matvec3_x_f32 differs from matvec_norm3_f32 in {differ} of {} outputs",
-                        y.len()
-                    )));
-                }
+                same_bits("matvec3_x_f32 differs from matvec_norm3_f32", &y, &staged)?;
                 let wf = dequantize_to_vec(GgmlType::F32, &bytes)
                     .map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
@@ -674,28 +688,11 @@ impl Runner<'_> {
         let ty = GgmlType::IQ2XXS;
         for (hidden, ff) in [(2048usize, 512usize), (512, 256)] {
             let (n_exp, chosen, weights) = (6usize, [1usize, 2, 4], [0.45f32, 0.35, 0.2]);
-            let mut make = |rows, cols| -> Vec<Vec<u8>> {
-                (0..n_exp)
-                    .map(|_| random_weights(&mut self.rng, ty, rows, cols))
-                    .collect()
-            };
-            let (gate, up, down) = (make(ff, hidden), make(ff, hidden), make(hidden, ff));
+            let [gate, up, down] = self.random_experts(ty, (hidden, ff), n_exp);
             let x = self.rng.normals(hidden, 1.0);
             let r = (|| {
-                let up_d = |v: &Vec<Vec<u8>>| -> Result<Vec<_>, CudaError> {
-                    chosen
-                        .iter()
-                        .map(|&e| ops::upload(self.gpu, &v[e]))
-                        .collect()
-                };
-                let (g_d, u_d, d_d) = (up_d(&gate)?, up_d(&up)?, up_d(&down)?);
-                let set = ExpertSet {
-                    gate_up_ty: ty,
-                    down_ty: ty,
-                    gate: g_d.iter().collect(),
-                    up: u_d.iter().collect(),
-                    down: d_d.iter().collect(),
-                };
+                let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
+                let set = expert_set(ty, &parts);
                 let (y, act, actq) = ops::moe_experts_q8_down(
                     self.gpu,
                     &set,
@@ -772,34 +769,32 @@ impl Runner<'_> {
         );
     }
 
+    /// `n` random experts of type `ty`: gate and up `[ff][hidden]`, down `[hidden][ff]`.
+    fn random_experts(
+        &mut self,
+        ty: GgmlType,
+        (hidden, ff): (usize, usize),
+        n: usize,
+    ) -> [Vec<Vec<u8>>; 3] {
+        let mut make = |rows, cols| -> Vec<Vec<u8>> {
+            (0..n)
+                .map(|_| random_weights(&mut self.rng, ty, rows, cols))
+                .collect()
+        };
+        [make(ff, hidden), make(ff, hidden), make(hidden, ff)]
+    }
+
     /// The routed experts with IQ2_XXS gate/up on a q8 row (`moe_gate_up_tab_q8_iq2_xxs`, then the
     /// f32 down kernel) against f64 on the same 8-bit activations; 2048 and 512 wide.
     fn experts_q8(&mut self) {
         let ty = GgmlType::IQ2XXS;
         for (hidden, ff) in [(2048usize, 512usize), (512, 256)] {
             let (n_exp, chosen, weights) = (6usize, [0usize, 3, 5], [0.5f32, 0.3, 0.2]);
-            let mut make = |rows, cols| -> Vec<Vec<u8>> {
-                (0..n_exp)
-                    .map(|_| random_weights(&mut self.rng, ty, rows, cols))
-                    .collect()
-            };
-            let (gate, up, down) = (make(ff, hidden), make(ff, hidden), make(hidden, ff));
+            let [gate, up, down] = self.random_experts(ty, (hidden, ff), n_exp);
             let x = self.rng.normals(hidden, 1.0);
             let r = (|| {
-                let up_d = |v: &Vec<Vec<u8>>| -> Result<Vec<_>, CudaError> {
-                    chosen
-                        .iter()
-                        .map(|&e| ops::upload(self.gpu, &v[e]))
-                        .collect()
-                };
-                let (g_d, u_d, d_d) = (up_d(&gate)?, up_d(&up)?, up_d(&down)?);
-                let set = ExpertSet {
-                    gate_up_ty: ty,
-                    down_ty: ty,
-                    gate: g_d.iter().collect(),
-                    up: u_d.iter().collect(),
-                    down: d_d.iter().collect(),
-                };
+                let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
+                let set = expert_set(ty, &parts);
                 let y =
                     ops::moe_experts_q8(self.gpu, &set, &weights, &ops::q8_row(&x), (hidden, ff))?;
                 let deq = |b: &[u8]| {
@@ -992,20 +987,8 @@ impl Runner<'_> {
         let weights = [0.5f32, 0.3, 0.2];
         let x = self.rng.normals(hidden, 1.0);
         let r = (|| {
-            let up_d = |v: &Vec<Vec<u8>>| -> Result<Vec<_>, CudaError> {
-                chosen
-                    .iter()
-                    .map(|&e| ops::upload(self.gpu, &v[e]))
-                    .collect()
-            };
-            let (g_d, u_d, d_d) = (up_d(&gate)?, up_d(&up)?, up_d(&down)?);
-            let set = ExpertSet {
-                gate_up_ty: ty,
-                down_ty: ty,
-                gate: g_d.iter().collect(),
-                up: u_d.iter().collect(),
-                down: d_d.iter().collect(),
-            };
+            let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
+            let set = expert_set(ty, &parts);
             // The pointer-array kernels and the table kernels the model runs, same reference.
             let y = ops::moe_experts(self.gpu, &set, &weights, &x, ff)?;
             let yt = ops::moe_experts_tab(self.gpu, &set, &weights, &x, ff)?;
