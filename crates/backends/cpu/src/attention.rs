@@ -717,7 +717,7 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! f16 and Q8_0 row readers with AVX2 + FMA + F16C intrinsics (8 lanes); constructed only
+    //! f32, f16 and Q8_0 row readers with AVX2 + FMA + F16C intrinsics (8 lanes); constructed only
     //! inside [`head_avx2`], which runs only when the CPU has those extensions.
 
     use std::arch::x86_64::*;
@@ -735,9 +735,65 @@ mod avx2 {
         }
     }
 
-    pub(super) struct F16Rows256<'a>(pub &'a [u16], pub HeadSlice);
+    /// A cache element the 8-lane readers load: f32 as it is, f16 widened by F16C.
+    pub(super) trait Lane8: Copy {
+        /// 8 elements from `p` as f32 lanes.
+        ///
+        /// # Safety
+        /// `p .. p + 8` readable; AVX2 (and F16C for f16) present.
+        unsafe fn load8(p: *const Self) -> __m256;
+        fn to_f32(self) -> f32;
+    }
 
-    impl HeadRows for F16Rows256<'_> {
+    impl Lane8 for f32 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            self
+        }
+    }
+
+    impl Lane8 for u16 {
+        #[inline(always)]
+        unsafe fn load8(p: *const u16) -> __m256 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            f16_to_f32(self)
+        }
+    }
+
+    /// The 8 horizontal sums of `acc` as one vector (lane i = the sum of `acc[i]`'s lanes) by a
+    /// transposing add tree (`hadd` pairs, then the 128-bit halves).
+    #[inline(always)]
+    unsafe fn lane_sums8(acc: &[__m256]) -> __m256 {
+        // SAFETY: register-only AVX operations (the caller guarantees the feature).
+        unsafe {
+            // hadd(a, b) per 128-bit half: [a0+a1, a2+a3, b0+b1, b2+b3].
+            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let h45 = _mm256_hadd_ps(acc[4], acc[5]);
+            let h67 = _mm256_hadd_ps(acc[6], acc[7]);
+            // per 128-bit half: [s0, s1, s2, s3] (rows 0..3) and [s4 .. s7].
+            let q0 = _mm256_hadd_ps(h01, h23);
+            let q1 = _mm256_hadd_ps(h45, h67);
+            // The two halves added: low half from q0's halves (rows 0..3), high from q1's.
+            let lo = _mm256_permute2f128_ps::<0x20>(q0, q1);
+            let hi = _mm256_permute2f128_ps::<0x31>(q0, q1);
+            _mm256_add_ps(lo, hi)
+        }
+    }
+
+    /// f32 or f16 cache rows read 8 lanes at a time (AVX2, FMA, F16C).
+    pub(super) struct Rows256<'a, E>(pub &'a [E], pub HeadSlice);
+
+    impl<E: Lane8> HeadRows for Rows256<'_, E> {
         #[inline(always)]
         fn dot(&self, j: usize, q: &[f32]) -> f32 {
             let s = self.1.start(j);
@@ -748,14 +804,13 @@ mod avx2 {
             let mut sum = unsafe {
                 let mut acc = _mm256_setzero_ps();
                 for i in (0..full).step_by(8) {
-                    let h = _mm_loadu_si128(row.as_ptr().add(i) as *const __m128i);
                     let x = _mm256_loadu_ps(q.as_ptr().add(i));
-                    acc = _mm256_fmadd_ps(x, _mm256_cvtph_ps(h), acc);
+                    acc = _mm256_fmadd_ps(x, E::load8(row.as_ptr().add(i)), acc);
                 }
                 hsum(acc)
             };
-            for (x, &h) in q[full..].iter().zip(&row[full..]) {
-                sum += x * f16_to_f32(h);
+            for (x, &e) in q[full..].iter().zip(&row[full..]) {
+                sum += x * e.to_f32();
             }
             sum
         }
@@ -769,14 +824,86 @@ mod avx2 {
             unsafe {
                 let pv = _mm256_set1_ps(p);
                 for i in (0..full).step_by(8) {
-                    let h = _mm_loadu_si128(row.as_ptr().add(i) as *const __m128i);
                     let a = acc.as_mut_ptr().add(i);
-                    let y = _mm256_fmadd_ps(pv, _mm256_cvtph_ps(h), _mm256_loadu_ps(a));
+                    let y = _mm256_fmadd_ps(pv, E::load8(row.as_ptr().add(i)), _mm256_loadu_ps(a));
                     _mm256_storeu_ps(a, y);
                 }
             }
-            for (a, &h) in acc[full..].iter_mut().zip(&row[full..]) {
-                *a += p * f16_to_f32(h);
+            for (a, &e) in acc[full..].iter_mut().zip(&row[full..]) {
+                *a += p * e.to_f32();
+            }
+        }
+
+        /// A full block of 16 positions with `hd` a multiple of 8: one accumulator per position,
+        /// then two transposing add trees of 8.
+        #[inline(always)]
+        fn dots_block(&self, j0: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+            let (at, hd) = (self.1, self.1.hd);
+            if out.len() != BLOCK || !hd.is_multiple_of(8) || q.len() < hd {
+                for (i, s) in out.iter_mut().enumerate() {
+                    *s = self.dot(j0 + i, q) * scale;
+                }
+                return;
+            }
+            assert!(at.start(j0 + BLOCK - 1) + hd <= self.0.len());
+            // SAFETY: AVX2/FMA/F16C are present (module docs); position `j0 + i` (`i < 16`)
+            // reads `start(j0 + i) + c .. + 8 ≤ start(j0 + 15) + hd ≤ len` (asserted above), `q`
+            // is read at `c .. c + 8 ≤ hd ≤ q.len()`, `out` holds 16 values.
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); BLOCK];
+                for c in (0..hd).step_by(8) {
+                    let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let k = E::load8(self.0.as_ptr().add(at.start(j0 + i) + c));
+                        *a = _mm256_fmadd_ps(qv, k, *a);
+                    }
+                }
+                let sv = _mm256_set1_ps(scale);
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(lane_sums8(&acc[..8]), sv));
+                _mm256_storeu_ps(
+                    out.as_mut_ptr().add(8),
+                    _mm256_mul_ps(lane_sums8(&acc[8..]), sv),
+                );
+            }
+        }
+
+        /// Up to 64 elements of `acc` (8 registers) at a time over the whole block, so 8
+        /// chains of FMAs run side by side; per element the same operations in the same order
+        /// as one `axpy` per position.
+        #[inline(always)]
+        fn axpy_block(&self, j0: usize, p: &[f32], acc: &mut [f32]) {
+            let Some(last) = p.len().checked_sub(1) else {
+                return;
+            };
+            let (at, hd) = (self.1, self.1.hd);
+            if !hd.is_multiple_of(8) {
+                for (i, &pi) in p.iter().enumerate() {
+                    self.axpy(j0 + i, pi, acc);
+                }
+                return;
+            }
+            assert!(at.start(j0 + last) + hd <= self.0.len() && acc.len() >= hd);
+            // SAFETY: AVX2/FMA/F16C are present; position `j0 + i` (`i ≤ last`) reads
+            // `start(j0 + i) + c .. + 8 ≤ start(j0 + last) + hd ≤ len` (asserted above), and `acc`
+            // is read and written at `c .. c + 8 ≤ hd`.
+            unsafe {
+                for c0 in (0..hd).step_by(64) {
+                    let n = ((hd - c0) / 8).min(8);
+                    let mut x = [_mm256_setzero_ps(); 8];
+                    for (k, xk) in x.iter_mut().enumerate().take(n) {
+                        *xk = _mm256_loadu_ps(acc.as_ptr().add(c0 + 8 * k));
+                    }
+                    for (i, &pi) in p.iter().enumerate() {
+                        let pv = _mm256_set1_ps(pi);
+                        let row = self.0.as_ptr().add(at.start(j0 + i) + c0);
+                        for (k, xk) in x.iter_mut().enumerate().take(n) {
+                            *xk = _mm256_fmadd_ps(pv, E::load8(row.add(8 * k)), *xk);
+                        }
+                    }
+                    for (k, xk) in x.iter().enumerate().take(n) {
+                        _mm256_storeu_ps(acc.as_mut_ptr().add(c0 + 8 * k), *xk);
+                    }
+                }
             }
         }
     }
@@ -856,7 +983,10 @@ mod avx2 {
         };
         match (kv.keys(), kv.values()) {
             (KvRows::F16(k), KvRows::F16(v)) => {
-                head_online(q, lens, &F16Rows256(k, at), &F16Rows256(v, at), hd, scale)
+                head_online(q, lens, &Rows256(k, at), &Rows256(v, at), hd, scale)
+            }
+            (KvRows::F32(k), KvRows::F32(v)) => {
+                head_online(q, lens, &Rows256(k, at), &Rows256(v, at), hd, scale)
             }
             (KvRows::Q8_0(k), KvRows::Q8_0(v)) => head_online(
                 q,
@@ -866,8 +996,7 @@ mod avx2 {
                 hd,
                 scale,
             ),
-            // f32: the same code as every other ISA, so results stay bit-identical to before.
-            _ => head_portable(q, lens, kv, g, hd, scale),
+            _ => unreachable!("a KvCache holds keys and values of one type"),
         }
     }
 }
