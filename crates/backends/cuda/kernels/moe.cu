@@ -683,6 +683,45 @@ extern "C" __global__ void moe_gate_up_tab_q8_iq2_xxs(const u64* __restrict__ ta
     }
 }
 
+// The row a warp of the down kernels (moe_down_combine_tab_*) works on: `parts` warps per row,
+// what the grid gives (the host launches hidden * parts / warps blocks), warp `part` of them.
+struct DownRow {
+    int parts, row, part;
+    bool valid;
+};
+
+__device__ __forceinline__ DownRow down_row(int hidden) {
+    const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
+    DownRow d;
+    d.parts = max(1, min(warps, (int)((size_t)gridDim.x * warps / hidden)));
+    d.row = blockIdx.x * (warps / d.parts) + wid / d.parts;
+    d.part = wid % d.parts;
+    d.valid = d.row < hidden;
+    return d;
+}
+
+// The down kernels' end: the warp's sum `s` (lane-summed), with sum_parts the row's parts added
+// in order (else part 0's own sum stands), then x[t][row] += that + sigmoid(gate_logit[t]) ·
+// shared[t][row]. Every thread of the block calls it (a barrier when the row has parts).
+__device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool sum_parts, size_t t, int hidden,
+                                                float* __restrict__ x, const float* __restrict__ shared,
+                                                const float* __restrict__ gate_logit) {
+    __shared__ float red[32];
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (d.parts > 1) {
+        if (lane == 0) red[wid] = s;
+        __syncthreads();
+        if (d.part == 0 && lane == 0 && sum_parts) {
+            s = 0.0f;
+            for (int p = 0; p < d.parts; ++p) s += red[wid + p];
+        }
+    }
+    if (d.valid && d.part == 0 && lane == 0) {
+        const size_t at = t * hidden + d.row;
+        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+    }
+}
+
 // ----- IQ2_XXS down projection on 8-bit activations (REDLITE_CUDA_Q8_MOE_DOWN; off by default) -----
 // moe_gate_up_tab_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k): moe_gate_up_tab_q8_iq2_xxs
 // with a block of 32 warps owning 32 consecutive rows of one (token, choice), so that it also
@@ -729,20 +768,16 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
                                                            const float* __restrict__ shared,
                                                            const float* __restrict__ gate_logit, int hidden, int ff,
                                                            int k) {
-    __shared__ float red[32];
-    const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
-    const int parts = max(1, min(warps, (int)((size_t)gridDim.x * warps / hidden)));
-    const int row = blockIdx.x * (warps / parts) + wid / parts, part = wid % parts;
-    const bool valid = row < hidden;
-    const size_t off = (size_t)row * row_bytes<T_IQ2_XXS>(ff);
+    const DownRow d = down_row(hidden);
+    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
     stage_iq2_q8_tables();
     pdl_enter();  // ids, actq and x come from the kernels before
     const int sbs = ff / 32;
     float acc = 0.0f;
-    if (valid) {
-        for (int i = part * WARP + lane; i < k * sbs; i += parts * WARP) {
+    if (d.valid) {
+        for (int i = d.part * WARP + lane; i < k * sbs; i += d.parts * WARP) {
             const int c = i / sbs, sb = i - c * sbs;
             const size_t te = t * k + c;
             const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
@@ -751,19 +786,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
             acc = __fadd_rn(acc, __fmul_rn(weight[te], iq2xxs_sub_value(down, sb, a, q0, q1)));
         }
     }
-    float s = warp_sum(acc);
-    if (parts > 1) {
-        if (lane == 0) red[wid] = s;
-        __syncthreads();
-        if (part == 0 && lane == 0) {
-            s = 0.0f;
-            for (int p = 0; p < parts; ++p) s += red[wid + p];
-        }
-    }
-    if (valid && part == 0 && lane == 0) {
-        const size_t at = t * hidden + row;
-        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
-    }
+    down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);
 }
 
 // moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the
@@ -780,17 +803,14 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                           const float* __restrict__ shared,
                                                           const float* __restrict__ gate_logit, int hidden,
                                                           int ff, int k) {
-    __shared__ float red[32];
-    const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
-    // Warps per row: what the grid gives (the host launches hidden * parts / warps blocks); the
-    // `parts` warps of a row share out its (choice, group) pairs and add their sums in order.
+    // The `parts` warps of a row share out its (choice, group) pairs and add their sums in order.
     // Group-decoded types only: otherwise the first warp of the row computes all of it.
-    const int parts = max(1, min(warps, (int)((size_t)gridDim.x * warps / hidden)));
-    const int row = blockIdx.x * (warps / parts) + wid / parts, part = wid % parts;
-    const bool valid = row < hidden;
-    const size_t off = (size_t)row * row_bytes<T>(ff);
+    const DownRow d = down_row(hidden);
+    const int parts = d.parts, part = d.part;
+    const bool valid = d.valid;
+    const size_t off = (size_t)d.row * row_bytes<T>(ff);
     if constexpr (iq2_sb<T>()) {
         stage_iq2_sb_tables();
     } else {
@@ -826,18 +846,7 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
             s += weight[te] * row_dot<T>(down + off, act + te * ff, ff, lane);
         }
     }
-    if (parts > 1) {
-        if (lane == 0) red[wid] = s;
-        __syncthreads();
-        if (part == 0 && lane == 0 && grouped<T>() && !iq2_sb<T>()) {
-            s = 0.0f;
-            for (int p = 0; p < parts; ++p) s += red[wid + p];
-        }
-    }
-    if (valid && part == 0 && lane == 0) {
-        const size_t at = t * hidden + row;
-        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
-    }
+    down_row_finish(d, s, grouped<T>() && !iq2_sb<T>(), t, hidden, x, shared, gate_logit);
 }
 
 #define MOE_TAB_KERNELS(name, T)                                                                      \
