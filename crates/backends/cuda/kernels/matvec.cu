@@ -948,7 +948,6 @@ __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, cons
 // values are added in a fixed order per lane. The token-tile form decodes each unit once and
 // repeats exactly these operations per token: its outputs equal the one-token kernel's bit for bit.
 
-
 struct Q8Row {
     const i8* q;
     const float* d;
@@ -1215,6 +1214,14 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
 // block spread the staging of x over more weights, and with few enough blocks to be resident at
 // once every block prefetches all its rows into L2 before it waits for the kernel ahead.
 #define Q8_MAX_ROWS 16
+// The split of the 8-bit kernels: parts = split & 255, rows per warp group (split >> 8) & 255,
+// clamped to 1 .. Q8_MAX_ROWS.
+__device__ __forceinline__ MvfSplit q8_split(int split) {
+    MvfSplit s;
+    s.parts = split & 255;
+    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    return s;
+}
 template <int NT>
 __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x, const float* __restrict__ nw,
                                                      float eps, int cols, int split, int n, const u8* w0,
@@ -1223,9 +1230,7 @@ __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x
     extern __shared__ float4 mvf_x4[];
     u8* base = (u8*)mvf_x4;
     __shared__ float invs[NT];
-    MvfSplit s;
-    s.parts = split & 255;
-    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    const MvfSplit s = q8_split(split);
     const int tile = NT == 1 ? 1 : min(max((split >> 16) & 255, 1), NT);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int rows = m.rows;
@@ -1264,9 +1269,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q4_k(
     const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
     int r1, const u8* w2, float* y2, int r2) {
-    MvfSplit s;
-    s.parts = split & 255;
-    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    const MvfSplit s = q8_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int t = blockIdx.y;
     int first, part;
@@ -1315,9 +1318,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_q8_q4_k(
                                                                               u32* counter, float eps, u8* xq) {
     extern __shared__ float4 q8_res_smem[];  // (a name of its own: an extern "C" kernel)
     u8* base = (u8*)q8_res_smem;
-    MvfSplit s;
-    s.parts = split & 255;
-    s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
+    const MvfSplit s = q8_split(split);
     const int t = blockIdx.y;
     int first, part;
     mvf_first(blockIdx.x, s, first, part);
