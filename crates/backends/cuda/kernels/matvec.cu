@@ -884,13 +884,13 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
 // would stage from it, bit for bit). Every thread calls it; rows a multiple of 32 when xq is set.
 __device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q, float* __restrict__ d,
                                            int* __restrict__ s16);
+__device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                            float* __restrict__ yn, float eps, u8* __restrict__ xq);
 __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
                                               float* __restrict__ yn, u32* __restrict__ counter, float eps,
                                               u8* __restrict__ xq) {
-    __shared__ float scratch[WARP];
     __shared__ int is_last;
     const int t = blockIdx.y;
-    const float* yt = y + (size_t)t * rows;
     if (nw == nullptr) return;
     __threadfence();  // this block's rows are visible before it is counted
     __syncthreads();
@@ -898,6 +898,17 @@ __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, cons
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    res_norm_write(y, rows, nw, yn, eps, xq);
+    if (threadIdx.x == 0) counter[t] = 0;
+}
+
+// res_next_norm's write by the block of token t = blockIdx.y: yn[t] = rms_norm(y[t]) * nw and,
+// with xq not null, its q8 row (rows a multiple of 32 then). Every thread of the block calls it.
+__device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                            float* __restrict__ yn, float eps, u8* __restrict__ xq) {
+    __shared__ float scratch[WARP];
+    const int t = blockIdx.y;
+    const float* yt = y + (size_t)t * rows;
     // The first RN_REG values of each thread stay in registers between the two passes (all their
     // loads in flight at once; 2048 rows of 256 threads: 8), the rest are read again.
     constexpr int RN_REG = 8;
@@ -935,7 +946,16 @@ __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, cons
         if (i < rows) out(i, v[k]);
     }
     for (int i = threadIdx.x + RN_REG * blockDim.x; i < rows; i += blockDim.x) out(i, ld_cg(yt + i));
-    if (threadIdx.x == 0) counter[t] = 0;
+}
+
+// res_norm_q8(y, rows, nw, yn, eps, xq): matvec_res's next norm as a kernel of its own (matvec_res
+// launched with nw null), the same function as its last block (so the same bits): yn[t] =
+// rms_norm(y[t]) * nw and its q8 row at xq + t * Q8_ROW_BYTES(rows) (xq null: none).
+// Launch: grid = (1, tokens), block = 32 * MVF_WARPS (as matvec_res's blocks).
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const float* y, int rows, const float* nw,
+                                                                      float* yn, float eps, u8* xq) {
+    pdl_enter();
+    res_norm_write(y, rows, nw, yn, eps, xq);
 }
 
 // ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----

@@ -1,32 +1,75 @@
-// argmax(x, n, out): per row (blockIdx.x) of n logits, the index of the largest value, lowest
-// index on ties (greedy decoding on the lm_head output). NaN never wins.
-// Launch: grid = rows, block = any multiple of 32.
-extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out) {
-    pdl_enter();
+// The better of two (value, index) candidates: the larger value, the lower index on ties.
+__device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// The block's best (value, index) of its threads' candidates: valid in thread 0.
+__device__ __forceinline__ void argmax_block(float& bv, int& bi) {
     __shared__ float sv[WARP];
     __shared__ int si[WARP];
-    const float* r = x + (size_t)blockIdx.x * n;
-    float bv = NEG_INF;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = r[i];
-        if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-    }
     for (int o = WARP / 2; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        argmax_take(bv, bi, ov, oi);
     }
     const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    if (lane == 0) { sv[wid] = bv; si[wid] = bi; }
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         bv = sv[0];
         bi = si[0];
-        for (int w = 1; w < nw; ++w) {
-            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) { bv = sv[w]; bi = si[w]; }
-        }
-        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+        for (int w = 1; w < nw; ++w) argmax_take(bv, bi, sv[w], si[w]);
+    }
+}
+
+// argmax(x, n, out, part, counter): per row (blockIdx.y) of n logits, the index of the largest
+// value, lowest index on ties (greedy decoding on the lm_head output). NaN never wins. The row is
+// cut into gridDim.x slices, a block each: every block writes its slice's best to part[row][slice]
+// (float value, int index: 8 bytes), and the last block of the row to finish (counted in
+// counter[row], which starts at 0 and is left at 0) picks the best of them in slice order. One
+// block per row (gridDim.x = 1) needs neither buffer (null). Exact whatever the split.
+// Launch: grid = (slices, rows), block = any multiple of 32.
+extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out,
+                                  float2* __restrict__ part, u32* __restrict__ counter) {
+    pdl_enter();
+    __shared__ int is_last;
+    const int row = blockIdx.y, slices = gridDim.x;
+    const float* r = x + (size_t)row * n;
+    const int per = (n + slices - 1) / slices;
+    const int lo = blockIdx.x * per, hi = min(n, lo + per);
+    float bv = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) argmax_take(bv, bi, r[i], i);
+    argmax_block(bv, bi);
+    if (slices == 1) {
+        if (threadIdx.x == 0) out[row] = bi == 0x7fffffff ? 0 : bi;
+        return;
+    }
+    float2* parts = part + (size_t)row * slices;
+    if (threadIdx.x == 0) {
+        parts[blockIdx.x] = make_float2(bv, __int_as_float(bi));
+        __threadfence();  // the slice's best is visible before the block is counted
+        is_last = atomicAdd(&counter[row], 1u) == (u32)slices - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    bv = NEG_INF;
+    bi = 0x7fffffff;
+    for (int s = threadIdx.x; s < slices; s += blockDim.x) {
+        const float2 p = __ldcg(parts + s);
+        argmax_take(bv, bi, p.x, __float_as_int(p.y));
+    }
+    argmax_block(bv, bi);
+    if (threadIdx.x == 0) {
+        out[row] = bi == 0x7fffffff ? 0 : bi;
+        counter[row] = 0;
     }
 }
 

@@ -148,6 +148,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "swiglu_q8",
     "rms_norm_q8",
     "matvec3_x_f32",
+    "matvec3_x_f32_router",
+    "res_norm_q8",
     "moe_gate_up_tab_q8_iq2_xxs",
     "moe_gate_up_tab_q8q_iq2_xxs",
     "moe_down_combine_tab_q8_iq2_xxs",

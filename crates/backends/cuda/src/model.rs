@@ -60,6 +60,9 @@ pub const MAX_VERIFY_ROWS: usize = 64;
 const MAX_EXPERTS_USED: usize = 64;
 /// Largest top-k of on-device sampling (the kernel's `SAMPLE_MAX_K`).
 pub const MAX_SAMPLE_TOP_K: usize = 64;
+/// Blocks per row of the greedy `argmax` (each takes a slice of the vocabulary; the last to finish
+/// picks the best of their winners).
+const ARGMAX_SLICES: usize = 128;
 /// Largest head dimension of the attention kernels (`ATTN_MAX_HD`).
 const MAX_HEAD_DIM: usize = 512;
 /// Warps per block of the fused matvec kernels (`MVF_WARPS`).
@@ -69,6 +72,11 @@ const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
 const ATTN_MIN_CHUNK: usize = 64;
+/// Default number of chunks a decode step's attention is cut into (`REDLITE_CUDA_ATTN_SPLITS`; the
+/// chunks are at least [`ATTN_MIN_CHUNK`] long): 128 (chunks of 256 at position 32,768). On the
+/// H200 (session 10): at 32,768 chunks of 256 gave 166.4 / 162.4 tok/s, of 64 (512 splits) 159.2,
+/// of 1,024 79.6; at 4,096 chunks of 64 (64 splits) 230.4, of 256 165.1.
+const ATTN_DEFAULT_SPLITS: usize = 128;
 const ATTN_MAX_SPLITS: usize = 512;
 
 /// Most consecutive rows per group of warps in the fused matvec kernels (`MVF_MAX_ROWS`).
@@ -566,6 +574,8 @@ struct Kernels {
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
+    matvec3_x_f32_router: CudaFunction,
+    res_norm_q8: CudaFunction,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -607,6 +617,16 @@ struct Scratch {
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
+    /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
+    /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
+    argmax_part: u64,
+    argmax_counter: u64,
+    /// u32 `[max_batch]`, zero between launches: router blocks finished per token
+    /// (`matvec3_x_f32_router`).
+    router_counter: u64,
+    /// u32 `[max_batch]`, zero between launches: MoE residual blocks finished per token
+    /// (`next_norm_q8`).
+    combine_counter: u64,
     /// `[max_batch]` q8 rows of `xn` (`q8_row_bytes(hidden)` each), written with it by
     /// `matvec_res` for the MoE's 8-bit kernels.
     xq: u64,
@@ -684,9 +704,13 @@ pub struct CudaModel {
     /// Prompts' delta rule by `dn_delta_warp_<dk>` (`REDLITE_CUDA_DN_WARP=0`: `dn_delta_seq`).
     dn_warp: bool,
     /// Fewest cache positions per chunk of the decode attention split (`attn_split`):
-    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, rounded up to a multiple of 4; default
-    /// [`ATTN_MIN_CHUNK`]). Larger chunks: fewer blocks and partial results at long context.
+    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, at least and by default [`ATTN_MIN_CHUNK`],
+    /// rounded up to a multiple of 4). Larger chunks: fewer blocks and partial results.
     attn_min_chunk: usize,
+    /// Chunks of the decode attention split at most (`REDLITE_CUDA_ATTN_SPLITS`, default
+    /// [`ATTN_DEFAULT_SPLITS`]; at most the buffers' [`attn_splits`]): long contexts get longer
+    /// chunks rather than more of them.
+    attn_splits: usize,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
     /// `attn_prompt`).
     attn_mma: bool,
@@ -732,12 +756,29 @@ pub struct CudaModel {
     /// one-token-at-a-time call read their input in place (`matvec3_x_f32`) instead of every block
     /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
     x_router: bool,
+    /// With `x_router`, the router's top-k in the router matvec's last block
+    /// (`matvec3_x_f32_router`; `REDLITE_CUDA_ROUTER_FUSED=0`: its own `moe_router_warp` launch).
+    router_fused: bool,
+    /// A one-token-at-a-time call's next-layer input norm (`rms_norm_q8`'s q8 row and 1 / rms)
+    /// written by the MoE residual's last block (`next_norm_q8` in moe.cu) instead of a launch of
+    /// its own (`REDLITE_CUDA_FOLD_NORM=1`; off by default: 230.7 against 244.2 tok/s on the H200,
+    /// the counting and the one-block tail after 1,024 blocks cost more than the launch).
+    fold_norm: bool,
+    /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`, one
+    /// block per token) instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=1`).
+    res_norm_split: bool,
+    /// Blocks per row of the greedy `argmax` (`REDLITE_CUDA_ARGMAX_SLICES`, 1 to
+    /// [`ARGMAX_SLICES`], the default).
+    argmax_slices: usize,
+    /// The norm weights whose q8 input `xq_in` / `xq_inv` hold for `x`, written by the MoE of
+    /// the layer before (taken by the next mixer's projections).
+    xq_in_ready: Option<u64>,
     /// Whether the last `matvec_residual` wrote `xq` (not when it went through a GEMM).
     xq_fresh: bool,
     /// With `q8_moe`, the IQ2_XXS down projection on 8-bit activations as well
     /// (`moe_gate_up_tab_q8q_iq2_xxs` quantises each 32 rows' activations, then
-    /// `moe_down_combine_tab_q8_iq2_xxs`; `REDLITE_CUDA_Q8_MOE_DOWN=1`; off by default: not yet
-    /// measured on a GPU).
+    /// `moe_down_combine_tab_q8_iq2_xxs`; `REDLITE_CUDA_Q8_MOE_DOWN=0` turns it off: on the H200
+    /// 255.4 / 256.5 tok/s against 250.3 / 248.9 without, 152.0 against 145.5 at 16 GiB lfu).
     q8_moe_down: bool,
     /// Rows per warp of the decode expert gate/up kernel (`moe_gate_up_tab`):
     /// `REDLITE_CUDA_MOE_ROWS` (1 to 8, default 1: more were slower); it takes what the grid leaves.
@@ -829,6 +870,8 @@ impl CudaModel {
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
+            matvec3_x_f32_router: f("matvec3_x_f32_router")?,
+            res_norm_q8: f("res_norm_q8")?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -890,6 +933,9 @@ impl CudaModel {
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
+            attn_splits: env_parse("REDLITE_CUDA_ATTN_SPLITS")
+                .unwrap_or(ATTN_DEFAULT_SPLITS)
+                .clamp(1, ATTN_MAX_SPLITS),
             attn_min_chunk: env_parse("REDLITE_CUDA_ATTN_MIN_CHUNK")
                 .unwrap_or(ATTN_MIN_CHUNK)
                 .max(ATTN_MIN_CHUNK)
@@ -913,8 +959,15 @@ impl CudaModel {
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
+            router_fused: env_switch("REDLITE_CUDA_ROUTER_FUSED", true),
+            fold_norm: env_switch("REDLITE_CUDA_FOLD_NORM", false),
+            res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", false),
+            argmax_slices: env_parse("REDLITE_CUDA_ARGMAX_SLICES")
+                .unwrap_or(ARGMAX_SLICES)
+                .clamp(1, ARGMAX_SLICES),
+            xq_in_ready: None,
             xq_fresh: false,
-            q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", false),
+            q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", true),
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
@@ -1170,16 +1223,7 @@ impl CudaModel {
     /// ids come back).
     pub fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, CudaError> {
         self.verify_rows(tokens)?;
-        let vocab = self.config.vocab;
-        let f = self.k.argmax.clone();
-        self.launch(
-            "argmax",
-            &f,
-            (tokens.len() as u32, 1, 1),
-            1024,
-            0,
-            &[A::P(self.sc.logits), A::I(vocab as i32), A::P(self.sc.out)],
-        )?;
+        self.argmax(self.sc.logits, tokens.len())?;
         let mut ids = vec![0i32; tokens.len()];
         // SAFETY: `out` holds max_verify >= tokens.len() i32; synchronized below.
         unsafe { cu::memcpy_dtoh_async(&mut ids, self.sc.out, self.stream.cu_stream()) }
@@ -1536,6 +1580,10 @@ impl CudaModel {
             if q8 && tile == 1 && nw != 0 && self.xq_norm {
                 // The norm and its q8 row once per token, then the rows without staging.
                 let (xq, invs) = (self.sc.xq_in, self.sc.xq_inv);
+                if !normed_q8 && x == self.sc.x && self.xq_in_ready.take() == Some(nw) {
+                    // The MoE residual's last block of the layer before wrote them.
+                    normed_q8 = true;
+                }
                 if !normed_q8 {
                     let f = self.k.rms_norm_q8.clone();
                     self.launch(
@@ -1702,6 +1750,9 @@ impl CudaModel {
             parts: mvf_parts(w.ty, w.cols, self.mvf_lane_iters),
             rows: if q8 { self.q8_res_rows } else { self.res_rows },
         };
+        // The next norm in the last block, or (null norm weights there) by `res_norm_q8` after.
+        let split_norm = self.res_norm_split;
+        let nw_in_kernel = if split_norm { 0 } else { post_norm };
         let shared = if q8 {
             crate::ops::q8_row_bytes(w.cols) as u32
         } else {
@@ -1720,9 +1771,28 @@ impl CudaModel {
                 A::I(w.rows as i32),
                 A::I(w.cols as i32),
                 A::I(split.arg()),
-                A::P(post_norm),
+                A::P(nw_in_kernel),
                 A::P(xn),
                 A::P(counter),
+                A::F(self.config.rms_eps),
+                A::P(xq),
+            ],
+        )?;
+        if !split_norm {
+            return Ok(());
+        }
+        let f = self.k.res_norm_q8.clone();
+        self.launch(
+            "res_norm_q8",
+            &f,
+            (1, n as u32, 1),
+            MVF_THREADS,
+            0,
+            &[
+                A::P(x),
+                A::I(w.rows as i32),
+                A::P(post_norm),
+                A::P(xn),
                 A::F(self.config.rms_eps),
                 A::P(xq),
             ],
@@ -1925,18 +1995,31 @@ impl CudaModel {
         self.enqueue_sample(self.sc.logits, s)
     }
 
+    /// Each of `rows` rows of logits at `logits`: its greedy token into `out` (`argmax`, the row
+    /// cut into [`ARGMAX_SLICES`] blocks: one block took 61 µs of a 4 ms step for 151,936 logits).
+    fn argmax(&mut self, logits: u64, rows: usize) -> Result<(), CudaError> {
+        let f = self.k.argmax.clone();
+        let (part, counter) = (self.sc.argmax_part, self.sc.argmax_counter);
+        self.launch(
+            "argmax",
+            &f,
+            (self.argmax_slices as u32, rows as u32, 1),
+            256,
+            0,
+            &[
+                A::P(logits),
+                A::I(self.config.vocab as i32),
+                A::P(self.sc.out),
+                A::P(part),
+                A::P(counter),
+            ],
+        )
+    }
+
     fn enqueue_sample(&mut self, row: u64, s: &GpuSampling) -> Result<(), CudaError> {
         let vocab = self.config.vocab as i32;
         if s.is_greedy() {
-            let f = self.k.argmax.clone();
-            return self.launch(
-                "argmax",
-                &f,
-                (1, 1, 1),
-                1024,
-                0,
-                &[A::P(row), A::I(vocab), A::P(self.sc.out)],
-            );
+            return self.argmax(row, 1);
         }
         if !s.supported() || s.top_k > self.config.vocab {
             return Err(CudaError::Invalid(format!(
@@ -2001,7 +2084,11 @@ impl CudaModel {
         if let Some(nv) = nvtx {
             nv.push(&format!("layer {i} moe"));
         }
-        let r = self.enqueue_moe(&moe, n);
+        // The next layer's input norm in the MoE residual's last block (a decode step's layers
+        // but the last; the mixer above has taken what this layer's MoE got).
+        self.xq_in_ready = None;
+        let next_norm = self.layers.get(i + 1).map(|l| l.attn_norm);
+        let r = self.enqueue_moe(&moe, n, next_norm);
         if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
             nv.pop();
             nv.pop();
@@ -2075,7 +2162,7 @@ impl CudaModel {
         if n == 1 || rows == Rows::Steps {
             // Decode (each row at its own position): the cache split into chunks
             // (flash-decoding), then the chunks merged and the output gate applied.
-            let splits = attn_splits(&self.opts);
+            let splits = attn_splits(&self.opts).min(self.attn_splits);
             let f = self.k.attn_split.clone();
             self.launch(
                 "attn_split",
@@ -2372,7 +2459,12 @@ impl CudaModel {
         self.matvec_residual(out, gated, post_norm, n)
     }
 
-    fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
+    fn enqueue_moe(
+        &mut self,
+        m: &DevMoe,
+        n: usize,
+        next_norm: Option<u64>,
+    ) -> Result<(), CudaError> {
         let c = &self.config;
         let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
         let sc = &self.sc;
@@ -2391,27 +2483,30 @@ impl CudaModel {
         self.stream = main;
         shared_done?;
         self.side.join.record(&self.side.stream).map_err(drv)?;
-        // Router logits and the shared expert's gate logit (both rows of xn) in one launch.
+        // Router logits and the shared expert's gate logit (both rows of xn) in one launch,
+        // with the top-k in its last block where the shapes allow (`matvec3_x_f32_router`).
         // With its own row split (`router_split`: 512 rows of 2048 f32 fill only part of the GPU
         // at the matrices' split).
-        self.with_split(self.router_split, |s| {
-            s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
-        })?;
-        let (f, rk) = self.router.clone();
-        self.launch(
-            rk.name,
-            &f,
-            (n as u32, 1, 1),
-            rk.threads,
-            rk.shared,
-            &[
-                A::P(rlog),
-                A::I(ne as i32),
-                A::I(k as i32),
-                A::P(ids),
-                A::P(wts),
-            ],
-        )?;
+        if !self.router_fused(m, n, ids, wts)? {
+            self.with_split(self.router_split, |s| {
+                s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
+            })?;
+            let (f, rk) = self.router.clone();
+            self.launch(
+                rk.name,
+                &f,
+                (n as u32, 1, 1),
+                rk.threads,
+                rk.shared,
+                &[
+                    A::P(rlog),
+                    A::I(ne as i32),
+                    A::I(k as i32),
+                    A::P(ids),
+                    A::P(wts),
+                ],
+            )?;
+        }
         if self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK) {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
@@ -2468,6 +2563,14 @@ impl CudaModel {
             }
         };
         self.stream.wait(&self.side.join).map_err(drv)?;
+        // The next layer's input as rms_norm_q8 would write it, by the last block below, when
+        // that layer's projections will read it (one token at a time, 8-bit inputs).
+        let next_nw = next_norm.filter(|_| {
+            self.fold_norm
+                && self.xq_norm
+                && token_tile(self.token_tile, n, h) == 1
+                && h.is_multiple_of(32)
+        });
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
         self.launch(
             "moe_down_combine_tab",
@@ -2486,8 +2589,75 @@ impl CudaModel {
                 A::I(h as i32),
                 A::I(ff as i32),
                 A::I(k as i32),
+                A::P(next_nw.unwrap_or(0)),
+                A::F(self.config.rms_eps),
+                A::P(self.sc.combine_counter),
+                A::P(self.sc.xq_in),
+                A::P(self.sc.xq_inv),
             ],
-        )
+        )?;
+        self.xq_in_ready = next_nw;
+        Ok(())
+    }
+
+    /// The router logits, the shared expert's gate logit and the router's top-k of a
+    /// one-token-at-a-time call in one launch (`matvec3_x_f32_router`: `matvec3_x_f32`, then
+    /// `moe_router_warp`'s work in the last block; `REDLITE_CUDA_ROUTER_FUSED=0` the two
+    /// launches). Returns whether it launched (false: the shapes or settings do not allow it).
+    fn router_fused(
+        &mut self,
+        m: &DevMoe,
+        n: usize,
+        ids: u64,
+        wts: u64,
+    ) -> Result<bool, CudaError> {
+        let (h, ne, k) = (
+            self.config.hidden,
+            self.config.n_experts,
+            self.config.n_experts_used,
+        );
+        let fits = self.router_fused
+            && !self.gemm_now
+            && self.x_router
+            && token_tile(self.token_tile, n, h) == 1
+            && self.router.1.name == "moe_router_warp"
+            && [&m.router, &m.sh_gate_vec]
+                .iter()
+                .all(|w| w.ty == GgmlType::F32 && w.cols == h)
+            && m.router.rows == ne
+            && h <= MVF_MAX_COLS;
+        if !fits {
+            return Ok(false);
+        }
+        let split = MvfSplit {
+            parts: mvf_parts(GgmlType::F32, h, self.router_split.0),
+            rows: self.router_split.1,
+        };
+        let (xn, rlog, gl) = (self.sc.xn, self.sc.rlog, self.sc.gl);
+        let mut args = vec![A::P(xn), A::I(h as i32), A::I(split.arg())];
+        let grid_x = push_mats3(
+            &mut args,
+            &[(&m.router, rlog), (&m.sh_gate_vec, gl)],
+            split.rows_per_block(),
+        );
+        // The kernel takes two matrices: drop the third's (null) arguments.
+        args.truncate(args.len() - 3);
+        args.extend([
+            A::P(self.sc.router_counter),
+            A::I(k as i32),
+            A::P(ids),
+            A::P(wts),
+        ]);
+        let f = self.k.matvec3_x_f32_router.clone();
+        self.launch(
+            "matvec3_x_f32_router",
+            &f,
+            (grid_x, n as u32, 1),
+            MVF_THREADS,
+            0,
+            &args,
+        )?;
+        Ok(true)
     }
 
     /// The routed experts of a prompt's `n` tokens on the tensor cores, after the router: the
@@ -2984,6 +3154,10 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
+        argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
+        argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
+        router_counter: arena.zeros(4 * b)?,
+        combine_counter: arena.zeros(4 * b)?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,
         xq_sa: arena.alloc(b * crate::ops::q8_row_bytes(sff))?,
         act_q: arena.alloc(b * k * crate::ops::q8_row_bytes(ff))?,

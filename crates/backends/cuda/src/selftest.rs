@@ -546,6 +546,19 @@ impl Runner<'_> {
                     &nw,
                     (eps, parts, rpw),
                 )?;
+                // The same norm as a kernel of its own (`REDLITE_CUDA_RES_NORM_SPLIT`): the
+                // same bits.
+                let (yn2, xq2) = ops::res_norm_q8(self.gpu, &y, rows, &nw, eps)?;
+                same_bits(
+                    "res_norm_q8 differs from matvec_res's last block",
+                    &yn2,
+                    &yn,
+                )?;
+                if xq2 != xq {
+                    return Err(CudaError::Invalid(
+                        "res_norm_q8's q8 rows differ from matvec_res's last block's".into(),
+                    ));
+                }
                 // The epilogue's q8 rows are the quantisation of its own yn, bit for bit.
                 let expect: Vec<u8> = yn.chunks(rows).flat_map(ops::q8_row).collect();
                 if xq != expect {
@@ -570,7 +583,7 @@ impl Runner<'_> {
             self.record(
                 "matvec_res_q8 Q4_K",
                 format!(
-                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, residual + next norm + its q8 rows"
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, residual + next norm + its q8 rows (= res_norm_q8)"
                 ),
                 r,
             );
@@ -681,6 +694,53 @@ impl Runner<'_> {
         }
     }
 
+    /// `matvec3_x_f32_router` (router logits, the shared expert's gate logit and the top-k in one
+    /// launch) bit for bit `matvec3_x_f32` on both matrices followed by `moe_router_warp`.
+    fn matvec3_x_f32_router(&mut self) {
+        let n = 3usize;
+        for (rows, cols, k, parts, rpw) in [
+            (512usize, 2048usize, 10usize, 1usize, 1usize),
+            (60, 512, 8, 2, 2),
+        ] {
+            let wr_bytes = random_weights(&mut self.rng, GgmlType::F32, rows, cols);
+            let wg_bytes = random_weights(&mut self.rng, GgmlType::F32, 1, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let r = (|| {
+                let wr = ops::upload(self.gpu, &wr_bytes)?;
+                let wg = ops::upload(self.gpu, &wg_bytes)?;
+                let (y, g, ids, wts) = ops::matvec3_x_f32_router(
+                    self.gpu,
+                    (&wr, &wg),
+                    (rows, cols),
+                    &xs,
+                    (parts, rpw),
+                    k,
+                )?;
+                let y_ref = ops::matvec3_x_f32(self.gpu, &wr, (rows, cols), &xs, (parts, rpw))?;
+                let g_ref = ops::matvec3_x_f32(self.gpu, &wg, (1, cols), &xs, (parts, rpw))?;
+                same_bits("router logits differ from matvec3_x_f32", &y, &y_ref)?;
+                same_bits("gate logit differs from matvec3_x_f32", &g, &g_ref)?;
+                let kernel = ops::RouterKernel::warp(rows)
+                    .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
+                let (ids_ref, wts_ref) = ops::moe_router(self.gpu, kernel, &y_ref, rows, k)?;
+                if ids != ids_ref {
+                    return Err(CudaError::Invalid(format!(
+                        "expert ids differ from moe_router_warp: {ids:?} vs {ids_ref:?}"
+                    )));
+                }
+                same_bits("expert weights differ from moe_router_warp", &wts, &wts_ref)?;
+                Ok((0.0, 0.0))
+            })();
+            self.record(
+                "matvec3_x_f32_router",
+                format!(
+                    "{rows}x{cols} top-{k} n={n} parts={parts} rows/warp={rpw}, = matvec3_x_f32 + moe_router_warp bit for bit"
+                ),
+                r,
+            );
+        }
+    }
+
     /// Every IQ2_XXS part on 8-bit activations (`REDLITE_CUDA_Q8_MOE_DOWN`): the activations
     /// against f64 on the q8 input, their q8 rows bit for bit the quantisation of those f32
     /// activations, and the output against f64 on both q8 inputs.
@@ -693,12 +753,26 @@ impl Runner<'_> {
             let r = (|| {
                 let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
                 let set = expert_set(ty, &parts);
-                let (y, act, actq) = ops::moe_experts_q8_down(
+                let nw = self.rng.normals(hidden, 1.0);
+                let (y, act, actq, next_q, next_inv) = ops::moe_experts_q8_down(
                     self.gpu,
                     &set,
                     &weights,
                     &ops::q8_row(&x),
                     (hidden, ff),
+                    Some((&nw, 1e-6)),
+                )?;
+                // The next layer's input from the last block = rms_norm_q8 on the output.
+                let (q_ref, inv_ref) = ops::rms_norm_q8(self.gpu, &y, &nw, hidden, 1e-6)?;
+                if next_q != q_ref {
+                    return Err(CudaError::Invalid(
+                        "next_norm_q8: the q8 row differs from rms_norm_q8's".into(),
+                    ));
+                }
+                same_bits(
+                    "next_norm_q8: 1/rms differs from rms_norm_q8's",
+                    &next_inv,
+                    &inv_ref,
                 )?;
                 let expect: Vec<u8> = act.chunks(ff).flat_map(ops::q8_row).collect();
                 if actq != expect {
@@ -733,7 +807,7 @@ impl Runner<'_> {
             })();
             self.record(
                 "experts q8 down IQ2_XXS",
-                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows"),
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, next norm = rms_norm_q8 bit for bit"),
                 r,
             );
         }
@@ -992,6 +1066,23 @@ impl Runner<'_> {
             // The pointer-array kernels and the table kernels the model runs, same reference.
             let y = ops::moe_experts(self.gpu, &set, &weights, &x, ff)?;
             let yt = ops::moe_experts_tab(self.gpu, &set, &weights, &x, ff)?;
+            // With the next layer's norm in the down kernel's last block: the same sum, and
+            // rms_norm_q8's bits for the next input.
+            let nw = self.rng.normals(hidden, 1.0);
+            let (yn, next_q, next_inv) =
+                ops::moe_experts_tab_next_norm(self.gpu, &set, &weights, &x, ff, (&nw, 1e-6))?;
+            same_bits("down kernel with next_norm_q8: the sum differs", &yn, &yt)?;
+            let (q_ref, inv_ref) = ops::rms_norm_q8(self.gpu, &yn, &nw, hidden, 1e-6)?;
+            if next_q != q_ref {
+                return Err(CudaError::Invalid(
+                    "next_norm_q8: the q8 row differs from rms_norm_q8's".into(),
+                ));
+            }
+            same_bits(
+                "next_norm_q8: 1/rms differs from rms_norm_q8's",
+                &next_inv,
+                &inv_ref,
+            )?;
             let deq =
                 |b: &[u8]| dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()));
             let mut reference = vec![0.0f64; hidden];
@@ -1298,27 +1389,38 @@ impl Runner<'_> {
     fn argmax(&mut self) {
         let (rows, n) = (3usize, 151_936usize);
         let mut x = self.rng.normals(rows * n, 3.0);
-        // Row 1: a tie between two maxima; the lower index must win.
+        // Row 1: a tie between two maxima in different slices; the lower index must win.
         let (a, b) = (1000 + self.rng.below(1000), 100_000 + self.rng.below(1000));
         x[n + a] = 100.0;
         x[n + b] = 100.0;
-        let r = ops::argmax(self.gpu, &x, n).map(|got| {
-            let mut mismatches = 0;
-            for (r, &g) in got.iter().enumerate() {
-                let row = &x[r * n..(r + 1) * n];
-                let mut best = 0;
-                for (i, &v) in row.iter().enumerate() {
-                    if v > row[best] {
-                        best = i;
+        // Row 2: a tie inside one slice, and a NaN (never the winner).
+        let c = 50_000 + self.rng.below(100);
+        x[2 * n + c] = 100.0;
+        x[2 * n + c + 3] = 100.0;
+        x[2 * n + 7] = f32::NAN;
+        for slices in [1usize, 128] {
+            let r = ops::argmax(self.gpu, &x, n, slices).map(|got| {
+                let mut mismatches = 0;
+                for (r, &g) in got.iter().enumerate() {
+                    let row = &x[r * n..(r + 1) * n];
+                    let mut best = 0;
+                    for (i, &v) in row.iter().enumerate() {
+                        if v > row[best] || row[best].is_nan() {
+                            best = i;
+                        }
+                    }
+                    if g != best as i32 {
+                        mismatches += 1;
                     }
                 }
-                if g != best as i32 {
-                    mismatches += 1;
-                }
-            }
-            (f64::from(mismatches), 0.0)
-        });
-        self.record("argmax", format!("{rows}x{n}, with a tie"), r);
+                (f64::from(mismatches), 0.0)
+            });
+            self.record(
+                "argmax",
+                format!("{rows}x{n}, {slices} slices, with ties and a NaN"),
+                r,
+            );
+        }
     }
 }
 
@@ -2083,6 +2185,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.experts_q8_down();
     r.swiglu_q8();
     r.matvec3_x_f32();
+    r.matvec3_x_f32_router();
     r.sample_topk();
     r.out
 }
