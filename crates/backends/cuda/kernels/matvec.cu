@@ -885,7 +885,8 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
 __device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q, float* __restrict__ d,
                                            int* __restrict__ s16);
 __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                            float* __restrict__ yn, float eps, u8* __restrict__ xq);
+                                            float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                            int slices);
 __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
                                               float* __restrict__ yn, u32* __restrict__ counter, float eps,
                                               u8* __restrict__ xq) {
@@ -898,14 +899,17 @@ __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, cons
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    res_norm_write(y, rows, nw, yn, eps, xq);
+    res_norm_write(y, rows, nw, yn, eps, xq, 0, 1);
     if (threadIdx.x == 0) counter[t] = 0;
 }
 
-// res_next_norm's write by the block of token t = blockIdx.y: yn[t] = rms_norm(y[t]) * nw and,
-// with xq not null, its q8 row (rows a multiple of 32 then). Every thread of the block calls it.
+// res_next_norm's write by a block of token t = blockIdx.y: yn[t] = rms_norm(y[t]) * nw and,
+// with xq not null, its q8 row (rows a multiple of 32 then): the values i with (i / blockDim.x) %
+// slices == slice (every block sums all the squares itself, in the same order: the same 1 / rms
+// whatever the slices). Every thread of the block calls it.
 __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                            float* __restrict__ yn, float eps, u8* __restrict__ xq) {
+                                            float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                            int slices) {
     __shared__ float scratch[WARP];
     const int t = blockIdx.y;
     const float* yt = y + (size_t)t * rows;
@@ -943,19 +947,22 @@ __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int row
 #pragma unroll
     for (int k = 0; k < RN_REG; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
-        if (i < rows) out(i, v[k]);
+        if (i < rows && k % slices == slice) out(i, v[k]);
     }
-    for (int i = threadIdx.x + RN_REG * blockDim.x; i < rows; i += blockDim.x) out(i, ld_cg(yt + i));
+    for (int k = RN_REG, i = threadIdx.x + RN_REG * blockDim.x; i < rows; ++k, i += blockDim.x) {
+        if (k % slices == slice) out(i, ld_cg(yt + i));
+    }
 }
 
 // res_norm_q8(y, rows, nw, yn, eps, xq): matvec_res's next norm as a kernel of its own (matvec_res
 // launched with nw null), the same function as its last block (so the same bits): yn[t] =
-// rms_norm(y[t]) * nw and its q8 row at xq + t * Q8_ROW_BYTES(rows) (xq null: none).
-// Launch: grid = (1, tokens), block = 32 * MVF_WARPS (as matvec_res's blocks).
+// rms_norm(y[t]) * nw and its q8 row at xq + t * Q8_ROW_BYTES(rows) (xq null: none), the row cut
+// into gridDim.x slices of whole warps' values, a block each (each sums all the squares).
+// Launch: grid = (slices, tokens), block = 32 * MVF_WARPS (as matvec_res's blocks).
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const float* y, int rows, const float* nw,
                                                                       float* yn, float eps, u8* xq) {
     pdl_enter();
-    res_norm_write(y, rows, nw, yn, eps, xq);
+    res_norm_write(y, rows, nw, yn, eps, xq, blockIdx.x, gridDim.x);
 }
 
 // ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----
@@ -1001,8 +1008,10 @@ __device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q
 
 // Stages x * nw (nw null: x) of n values (a multiple of 32) as a q8 row at `base`; returns
 // 1 / rms(x) (nw null: 1). Warp w quantises the 32-value blocks w, w + 8, ...; ends with a barrier.
+// With slices > 1 only the q8 blocks b with (b / warps) % slices == slice are written (the sum of
+// squares, and so the returned 1 / rms, is the whole row's in every case).
 __device__ __forceinline__ float stage_normed_q8(const float* __restrict__ x, const float* __restrict__ nw,
-                                                 float eps, int n, u8* base) {
+                                                 float eps, int n, u8* base, int slice = 0, int slices = 1) {
     __shared__ float part_ss[MVF_WARPS];
     i8* q = (i8*)base;
     float* d = (float*)(base + n);
@@ -1026,7 +1035,7 @@ __device__ __forceinline__ float stage_normed_q8(const float* __restrict__ x, co
             if (b < n / 32) {
                 ss = __fmaf_rn(v[j], v[j], ss);
                 const float w = nw == nullptr ? v[j] : __fmul_rn(v[j], u[j]);
-                q8_block32(w, lane, q + 32 * b, d + b, s16 + 2 * b);
+                if ((b / nwarps) % slices == slice) q8_block32(w, lane, q + 32 * b, d + b, s16 + 2 * b);
             }
         }
     }
@@ -1035,7 +1044,7 @@ __device__ __forceinline__ float stage_normed_q8(const float* __restrict__ x, co
         const float v = x[32 * b + lane];
         ss = __fmaf_rn(v, v, ss);
         const float u = nw == nullptr ? v : __fmul_rn(v, nw[32 * b + lane]);
-        q8_block32(u, lane, q + 32 * b, d + b, s16 + 2 * b);
+        if ((b / nwarps) % slices == slice) q8_block32(u, lane, q + 32 * b, d + b, s16 + 2 * b);
     }
 #endif
     ss = warp_sum(ss);
@@ -1301,16 +1310,18 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void mat
                           1, inv);
 }
 
-// rms_norm_q8(x, nw, eps, cols, xq, invs): token t = blockIdx.x's input as matvec_norm3_q8_q4_k
+// rms_norm_q8(x, nw, eps, cols, xq, invs): token t = blockIdx.y's input as matvec_norm3_q8_q4_k
 // stages it (stage_normed_q8: the same 8 warps, so the same bits): the q8 row of x[t] * nw at
 // xq + t * Q8_ROW_BYTES(cols) and invs[t] = 1 / rms(x[t]), for matvec_q8x_q4_k. Once per token
-// instead of once per block of the matvec. Launch: grid = tokens, block = 32 * MVF_WARPS.
+// instead of once per block of the matvec; the q8 blocks cut into gridDim.x slices, a block each
+// (each sums all the squares). Launch: grid = (slices, tokens), block = 32 * MVF_WARPS.
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void rms_norm_q8(const float* x, const float* nw, float eps,
                                                                       int cols, u8* xq, float* invs) {
     pdl_enter();
-    const int t = blockIdx.x;
-    const float inv = stage_normed_q8(x + (size_t)t * cols, nw, eps, cols, xq + (size_t)t * Q8_ROW_BYTES(cols));
-    if (threadIdx.x == 0) invs[t] = inv;
+    const int t = blockIdx.y;
+    const float inv = stage_normed_q8(x + (size_t)t * cols, nw, eps, cols, xq + (size_t)t * Q8_ROW_BYTES(cols),
+                                      blockIdx.x, gridDim.x);
+    if (threadIdx.x == 0 && blockIdx.x == 0) invs[t] = inv;
 }
 
 // swiglu_q8(gate, up, out, xq, n): swiglu's out[t] = silu(gate[t]) * up[t] for token t = blockIdx.y

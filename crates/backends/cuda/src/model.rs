@@ -757,19 +757,26 @@ pub struct CudaModel {
     /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
     x_router: bool,
     /// With `x_router`, the router's top-k in the router matvec's last block
-    /// (`matvec3_x_f32_router`; `REDLITE_CUDA_ROUTER_FUSED=0`: its own `moe_router_warp` launch).
+    /// (`matvec3_x_f32_router`, `REDLITE_CUDA_ROUTER_FUSED=1`; off by default: 255.6 / 254.7 tok/s
+    /// against 256.6 / 256.0 with its own `moe_router_warp` launch on the H200).
     router_fused: bool,
     /// A one-token-at-a-time call's next-layer input norm (`rms_norm_q8`'s q8 row and 1 / rms)
     /// written by the MoE residual's last block (`next_norm_q8` in moe.cu) instead of a launch of
     /// its own (`REDLITE_CUDA_FOLD_NORM=1`; off by default: 230.7 against 244.2 tok/s on the H200,
     /// the counting and the one-block tail after 1,024 blocks cost more than the launch).
     fold_norm: bool,
-    /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`, one
-    /// block per token) instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=1`).
+    /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
+    /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
+    /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
+    /// and the one-block tail gone).
     res_norm_split: bool,
     /// Blocks per row of the greedy `argmax` (`REDLITE_CUDA_ARGMAX_SLICES`, 1 to
     /// [`ARGMAX_SLICES`], the default).
     argmax_slices: usize,
+    /// Blocks per token of the one-token norms `rms_norm_q8` and `res_norm_q8` (each sums all the
+    /// squares and writes a slice of the q8 row; `REDLITE_CUDA_NORM_SLICES`, 1 to 64, default
+    /// [`crate::ops::NORM_SLICES`]).
+    norm_slices: usize,
     /// The norm weights whose q8 input `xq_in` / `xq_inv` hold for `x`, written by the MoE of
     /// the layer before (taken by the next mixer's projections).
     xq_in_ready: Option<u64>,
@@ -959,9 +966,12 @@ impl CudaModel {
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
-            router_fused: env_switch("REDLITE_CUDA_ROUTER_FUSED", true),
+            router_fused: env_switch("REDLITE_CUDA_ROUTER_FUSED", false),
             fold_norm: env_switch("REDLITE_CUDA_FOLD_NORM", false),
-            res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", false),
+            res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
+            norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
+                .unwrap_or(crate::ops::NORM_SLICES)
+                .clamp(1, 64),
             argmax_slices: env_parse("REDLITE_CUDA_ARGMAX_SLICES")
                 .unwrap_or(ARGMAX_SLICES)
                 .clamp(1, ARGMAX_SLICES),
@@ -1589,7 +1599,7 @@ impl CudaModel {
                     self.launch(
                         "rms_norm_q8",
                         &f,
-                        (n as u32, 1, 1),
+                        (self.norm_slices as u32, n as u32, 1),
                         MVF_THREADS,
                         0,
                         &[
@@ -1785,7 +1795,7 @@ impl CudaModel {
         self.launch(
             "res_norm_q8",
             &f,
-            (1, n as u32, 1),
+            (self.norm_slices as u32, n as u32, 1),
             MVF_THREADS,
             0,
             &[

@@ -15,6 +15,9 @@ use crate::{CudaError, Gpu};
 pub const MATVEC_WARPS: u32 = 4;
 /// Threads of the block-wide router kernel `moe_router` per token.
 pub const ROUTER_THREADS: u32 = 256;
+/// Blocks per token of the one-token norm kernels (`rms_norm_q8`, `res_norm_q8`) as the model runs
+/// them: each sums all the squares and writes one slice of the q8 row.
+pub const NORM_SLICES: usize = 8;
 /// Most experts the one-warp router kernel `moe_router_warp` takes (its `32 * ROUTER_VPL`).
 pub const ROUTER_WARP_MAX_EXPERTS: usize = 512;
 
@@ -664,7 +667,7 @@ pub fn rms_norm_q8(
         gpu,
         gpu.func("rms_norm_q8")?,
         "rms_norm_q8",
-        cfg((n as u32, 1, 1), 256, 0),
+        cfg((NORM_SLICES as u32, n as u32, 1), 256, 0),
         [&x, &nwd, &eps, &c, &mut xq, &mut invs]
     )?;
     Ok((download(gpu, &xq)?, download(gpu, &invs)?))
@@ -691,7 +694,7 @@ pub fn res_norm_q8(
         gpu,
         gpu.func("res_norm_q8")?,
         "res_norm_q8",
-        cfg((1, n as u32, 1), 256, 0),
+        cfg((NORM_SLICES as u32, n as u32, 1), 256, 0),
         [&y, &r, &nwd, &mut yn, &eps, &mut xq]
     )?;
     Ok((download(gpu, &yn)?, download(gpu, &xq)?))
