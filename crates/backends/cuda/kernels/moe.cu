@@ -819,29 +819,35 @@ __device__ __noinline__ void next_norm_q8(const float* __restrict__ x, int n, co
 
 // ----- IQ2_XXS down projection on 8-bit activations (REDLITE_CUDA_Q8_MOE_DOWN; on by default) -----
 // moe_gate_up_tab_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k): moe_gate_up_tab_q8_iq2_xxs
-// with a block of 32 warps owning 32 consecutive rows of one (token, choice), so that it also
-// quantises their 32 activations as one q8 block of that pair's row at actq + (t k + c) *
-// Q8_ROW_BYTES(ff) (q8_block32; f32 act written too). Launch: grid = (ff / 32, k, tokens), block =
-// 1024 (ff a multiple of 32).
+// with a block owning 32 consecutive rows of one (token, choice), so that it also quantises their
+// 32 activations as one q8 block of that pair's row at actq + (t k + c) * Q8_ROW_BYTES(ff)
+// (q8_block32; f32 act written too). Warp w of the block's W = blockDim.x / 32 warps takes rows
+// w, w + W, ... (W = 32: one row each; 16: two, so that two 512-thread blocks fit an SM: at 64
+// registers a 1,024-thread block has an SM to itself and a decode step's 160 blocks take two
+// waves on 132 SMs; 16 is the default, +1.4 % decode). Launch: grid = (ff / 32, k, tokens),
+// block = 32 * W threads, W = 8, 16 or 32 (ff a multiple of 32).
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
     const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
     u8* __restrict__ actq, int ff, int hidden, int k) {
     __shared__ float act_s[WARP];
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int row = blockIdx.x * WARP + wid;
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     stage_iq2_q8_tables();  // depends on nothing: before the wait
     pdl_enter();            // ids and xq come from the kernels before
     const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
     const u64* parts = tab + 3 * (size_t)ids[te];
-    const size_t off = (size_t)row * row_bytes<T_IQ2_XXS>(hidden);
+    const u8 *gate = (const u8*)parts[0], *up = (const u8*)parts[1];
     const Q8Row x = q8_row((u8*)xq + (size_t)blockIdx.z * Q8_ROW_BYTES(hidden), hidden);
-    float ga, ua;
-    iq2xxs_gate_up_q8((const u8*)parts[0] + off, (const u8*)parts[1] + off, x, hidden, lane, ga, ua);
-    const float gv = warp_sum(ga), uv = warp_sum(ua);
-    if (lane == 0) {
-        const float a = siluf_(gv) * uv;
-        act_s[wid] = a;
-        act[te * ff + row] = a;
+    for (int r = wid; r < WARP; r += nw) {
+        const int row = blockIdx.x * WARP + r;
+        const size_t off = (size_t)row * row_bytes<T_IQ2_XXS>(hidden);
+        float ga, ua;
+        iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
+        const float gv = warp_sum(ga), uv = warp_sum(ua);
+        if (lane == 0) {
+            const float a = siluf_(gv) * uv;
+            act_s[r] = a;
+            act[te * ff + row] = a;
+        }
     }
     __syncthreads();
     if (wid == 0) {

@@ -2533,7 +2533,7 @@ impl CudaModel {
                     "moe_gate_up_tab_q8q",
                     &gu_f,
                     ((ff / 32) as u32, k as u32, n as u32),
-                    1024,
+                    crate::ops::q8q_threads(),
                     0,
                     &[
                         A::P(tab),
