@@ -757,10 +757,9 @@ __device__ __forceinline__ void matvec_norm3_body(const float* __restrict__ x, c
 // logits and the shared expert's gate logit of a decode step. The same lane partials in the same
 // order as matvec_norm3_f32 on the staged x: its outputs bit for bit. Launch: as matvec_norm3,
 // no dynamic shared memory.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32(const float* x, int cols, int split,
-                                                                        const u8* w0, float* y0, int r0,
-                                                                        const u8* w1, float* y1, int r1,
-                                                                        const u8* w2, float* y2, int r2) {
+__device__ __forceinline__ void matvec3_x_f32_body(const float* x, int cols, int split, const u8* w0, float* y0,
+                                                   int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
+                                                   int r2) {
     const MvfSplit s = mvf_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int t = blockIdx.y;
@@ -770,6 +769,13 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32(const
     pdl_enter();  // x comes from the kernel before
     mvf_rows<T_F32, true>(m.w, x + (size_t)t * cols, cols, m.rows, first, part, s, m.y + (size_t)t * m.rows, 1.0f,
                           false);
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32(const float* x, int cols, int split,
+                                                                        const u8* w0, float* y0, int r0,
+                                                                        const u8* w1, float* y1, int r1,
+                                                                        const u8* w2, float* y2, int r2) {
+    matvec3_x_f32_body(x, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
 // matvec_norm3_tok_<type>(x, nw, eps, cols, split, n, w0, y0, rows0, ...): matvec_norm3 for n

@@ -211,15 +211,8 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32_route
     const float* x, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1,
     u32* __restrict__ counter, int k, int* __restrict__ ids, float* __restrict__ wts) {
     __shared__ int is_last;
-    const MvfSplit s = mvf_split(split);
-    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, nullptr, nullptr, 0);
     const int t = blockIdx.y;
-    int first, part;
-    mvf_first(m.block, s, first, part);
-    mvf_prefetch<T_F32>(m.w, cols, m.rows, first, part, s);
-    pdl_enter();  // x comes from the kernel before
-    mvf_rows<T_F32, true>(m.w, x + (size_t)t * cols, cols, m.rows, first, part, s, m.y + (size_t)t * m.rows, 1.0f,
-                          false);
+    matvec3_x_f32_body(x, cols, split, w0, y0, r0, w1, y1, r1, nullptr, nullptr, 0);
     __threadfence();  // this block's logits are visible before it is counted
     __syncthreads();
     if (threadIdx.x == 0) is_last = atomicAdd(&counter[t], 1u) == gridDim.x - 1;

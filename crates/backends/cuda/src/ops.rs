@@ -580,6 +580,42 @@ fn tab_call(
     })
 }
 
+/// A down kernel of the per-layer table form (`moe_down_combine_tab_*`) on the activations `act`
+/// (f32 values or q8 rows) of the call `c`, `grid_x` blocks of [`crate::expert_cache::moe_warps`]
+/// warps, one token.
+fn down_tab_launch<T: DeviceRepr>(
+    gpu: &Gpu,
+    name: &str,
+    c: &mut TabCall,
+    act: &CudaSlice<T>,
+    grid_x: u32,
+) -> Result<(), CudaError> {
+    let warps = crate::expert_cache::moe_warps();
+    launch!(
+        gpu,
+        gpu.func(name)?,
+        name,
+        cfg((grid_x, 1, 1), 32 * warps, 0),
+        [
+            &c.tab,
+            &c.ids,
+            &c.weights,
+            act,
+            &mut c.out,
+            &c.shared,
+            &c.gl,
+            &c.hidden,
+            &c.ff,
+            &c.k,
+            &c.next.nw,
+            &c.next.eps,
+            &mut c.next.counter,
+            &mut c.next.xq,
+            &mut c.next.invs
+        ]
+    )
+}
+
 /// What [`moe_experts_q8_down`] returns: `Σ weight · down(act)`, the f32 activations `[k][ff]`,
 /// their q8 rows, and with a next-layer norm the q8 row and 1 / rms the down kernel's last block
 /// wrote (else empty).
@@ -623,28 +659,12 @@ pub fn moe_experts_q8_down(
     )?;
     // Two warps per row, as the model runs it.
     let warps = crate::expert_cache::moe_warps();
-    launch!(
+    down_tab_launch(
         gpu,
-        gpu.func("moe_down_combine_tab_q8_iq2_xxs")?,
         "moe_down_combine_tab_q8_iq2_xxs",
-        cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
-        [
-            &c.tab,
-            &c.ids,
-            &c.weights,
-            &actq,
-            &mut c.out,
-            &c.shared,
-            &c.gl,
-            &c.hidden,
-            &c.ff,
-            &c.k,
-            &c.next.nw,
-            &c.next.eps,
-            &mut c.next.counter,
-            &mut c.next.xq,
-            &mut c.next.invs
-        ]
+        &mut c,
+        &actq,
+        blocks(hidden * 2, warps),
     )?;
     let (nq, ni) = match next {
         Some(_) => (download(gpu, &c.next.xq)?, download(gpu, &c.next.invs)?),
@@ -1236,29 +1256,7 @@ fn experts_tab_run<T: cudarc::driver::DeviceRepr>(
         [&c.tab, &c.ids, &x_d, &mut act, &c.ff, &c.hidden, &c.k]
     )?;
     let dn = format!("moe_down_combine_tab_{}", type_suffix(set.down_ty));
-    launch!(
-        gpu,
-        gpu.func(&dn)?,
-        &dn,
-        cfg((blocks(hidden, warps), 1, 1), 32 * warps, 0),
-        [
-            &c.tab,
-            &c.ids,
-            &c.weights,
-            &act,
-            &mut c.out,
-            &c.shared,
-            &c.gl,
-            &c.hidden,
-            &c.ff,
-            &c.k,
-            &c.next.nw,
-            &c.next.eps,
-            &mut c.next.counter,
-            &mut c.next.xq,
-            &mut c.next.invs
-        ]
-    )?;
+    down_tab_launch(gpu, &dn, &mut c, &act, blocks(hidden, warps))?;
     let out = download(gpu, &c.out)?;
     match next {
         Some(_) => Ok((

@@ -204,6 +204,26 @@ pub fn quantize_q8_blocks(v: &[f32]) -> Vec<f32> {
 }
 
 /// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
+/// `next_norm_q8`'s outputs (a q8 row and 1 / rms, eps 1e-6) against `rms_norm_q8` on the same
+/// row `y` with norm weights `nw`, bit for bit.
+fn same_as_rms_norm_q8(
+    gpu: &Gpu,
+    (y, nw): (&[f32], &[f32]),
+    (q, inv): (&[u8], &[f32]),
+) -> Result<(), CudaError> {
+    let (q_ref, inv_ref) = ops::rms_norm_q8(gpu, y, nw, y.len(), 1e-6)?;
+    if q != q_ref {
+        return Err(CudaError::Invalid(
+            "next_norm_q8: the q8 row differs from rms_norm_q8's".into(),
+        ));
+    }
+    same_bits(
+        "next_norm_q8: 1/rms differs from rms_norm_q8's",
+        inv,
+        &inv_ref,
+    )
+}
+
 fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
     let differ = a
         .iter()
@@ -763,17 +783,7 @@ impl Runner<'_> {
                     Some((&nw, 1e-6)),
                 )?;
                 // The next layer's input from the last block = rms_norm_q8 on the output.
-                let (q_ref, inv_ref) = ops::rms_norm_q8(self.gpu, &y, &nw, hidden, 1e-6)?;
-                if next_q != q_ref {
-                    return Err(CudaError::Invalid(
-                        "next_norm_q8: the q8 row differs from rms_norm_q8's".into(),
-                    ));
-                }
-                same_bits(
-                    "next_norm_q8: 1/rms differs from rms_norm_q8's",
-                    &next_inv,
-                    &inv_ref,
-                )?;
+                same_as_rms_norm_q8(self.gpu, (&y, &nw), (&next_q, &next_inv))?;
                 let expect: Vec<u8> = act.chunks(ff).flat_map(ops::q8_row).collect();
                 if actq != expect {
                     let differ = actq.iter().zip(&expect).filter(|(a, b)| a != b).count();
@@ -1072,17 +1082,7 @@ impl Runner<'_> {
             let (yn, next_q, next_inv) =
                 ops::moe_experts_tab_next_norm(self.gpu, &set, &weights, &x, ff, (&nw, 1e-6))?;
             same_bits("down kernel with next_norm_q8: the sum differs", &yn, &yt)?;
-            let (q_ref, inv_ref) = ops::rms_norm_q8(self.gpu, &yn, &nw, hidden, 1e-6)?;
-            if next_q != q_ref {
-                return Err(CudaError::Invalid(
-                    "next_norm_q8: the q8 row differs from rms_norm_q8's".into(),
-                ));
-            }
-            same_bits(
-                "next_norm_q8: 1/rms differs from rms_norm_q8's",
-                &next_inv,
-                &inv_ref,
-            )?;
+            same_as_rms_norm_q8(self.gpu, (&yn, &nw), (&next_q, &next_inv))?;
             let deq =
                 |b: &[u8]| dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()));
             let mut reference = vec![0.0f64; hidden];
