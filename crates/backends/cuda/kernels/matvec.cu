@@ -1177,6 +1177,78 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
     }
 }
 
+// The lane's partials of NR Q6_K rows against nt staged q8 rows, as q4k_rows_q8 (same contract).
+// Q6_K blocks (210 bytes, so only 2-byte aligned inside a row) are walked a block per warp and
+// iteration (blocks part, part + parts, ...), lane l taking WarpBlockDot<T_Q6_K>'s 8 values of it:
+// values v0 .. v0 + 3 (low nibbles, scale s0) and v0 + 64 .. v0 + 67 (high nibbles, scale s0 + 4),
+// each four as bytes q in 0..63, Σ (q - 32) x8 = dp4a(q, x8) - 32 dp4a(1, x8) exactly; a block's
+// lane value d8_lo (d sc_lo) i_lo + d8_hi (d sc_hi) i_hi with the rounded operations spelled out.
+template <int NR, int NT>
+__device__ __forceinline__ void q6k_rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols,
+                                            int lane, int part, int parts, float (&acc)[NR][NT]) {
+    Q8Row xr[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) xr[t] = q8_row(base + (size_t)t * stride, cols);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    }
+    const int c = lane >> 4, h = (lane >> 3) & 1, j0 = 4 * (lane & 7);
+    const int s0 = 8 * c + 2 * h + (j0 >> 4), v0 = 128 * c + 32 * h + j0;
+    const int nb = cols / 256;
+    for (int ib = part; ib < nb; ib += parts) {
+        u32 vl[NR], vh[NR];
+        float dlo[NR], dhi[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            if (wr[r] == nullptr) continue;
+            const u8* b = wr[r] + (size_t)ib * 210;
+            vl[r] = ld_u32_a2(b + 64 * c + 32 * h + j0);
+            vh[r] = ld_u32_a2(b + 128 + 32 * c + j0);
+            const float d = ld_f16(b + 208);
+            dlo[r] = __fmul_rn(d, (float)(i8)b[192 + s0]);
+            dhi[r] = __fmul_rn(d, (float)(i8)b[192 + s0 + 4]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            if (wr[r] == nullptr) continue;
+            const u32 qlo = (vl[r] & 0x0F0F0F0Fu) | (((vh[r] >> (2 * h)) & 0x03030303u) << 4);
+            const u32 qhi = ((vl[r] >> 4) & 0x0F0F0F0Fu) | (((vh[r] >> (2 * h + 4)) & 0x03030303u) << 4);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= nt) continue;
+                const int at = 256 * ib + v0;
+                const int xlo = *(const int*)(xr[t].q + at), xhi = *(const int*)(xr[t].q + at + 64);
+                const int ilo = dp4a(qlo, xlo, 0) - 32 * dp4a(0x01010101u, xlo, 0);
+                const int ihi = dp4a(qhi, xhi, 0) - 32 * dp4a(0x01010101u, xhi, 0);
+                const float v = __fadd_rn(__fmul_rn(__fmul_rn(dlo[r], xr[t].d[at / 32]), (float)ilo),
+                                          __fmul_rn(__fmul_rn(dhi[r], xr[t].d[(at + 64) / 32]), (float)ihi));
+                acc[r][t] = __fadd_rn(acc[r][t], v);
+            }
+        }
+    }
+}
+
+// The q8 rows function of weight type T (Q4_K or Q6_K).
+template <typename T>
+struct IsQ6k {
+    static constexpr bool value = false;
+};
+template <>
+struct IsQ6k<T_Q6_K> {
+    static constexpr bool value = true;
+};
+template <typename T, int NR, int NT>
+__device__ __forceinline__ void rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols, int lane,
+                                        int part, int parts, float (&acc)[NR][NT]) {
+    if constexpr (IsQ6k<T>::value) {
+        q6k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, parts, acc);
+    } else {
+        q4k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, parts, acc);
+    }
+}
+
 // matvec_norm3_q8_q4_k(x, nw, eps, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2):
 // matvec_norm3_q4_k through the q8 row (one row per group of `parts` warps). Launch: as
 // matvec_norm3 with one row per warp group, dynamic shared memory = Q8_ROW_BYTES(cols).
@@ -1187,14 +1259,14 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
 // tokens t0 .. t0 + nt - 1, NR rows at a time (2 for one token): y[t][row] = invs[t] * dot, or
 // with ADD y[t][row] += dot (invs unused). Every thread of the block calls it (barriers when
 // s.parts > 1).
-template <int NT, bool ADD>
+template <typename T, int NT, bool ADD>
 __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
                                             MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
                                             const float* invs) {
     constexpr int NR = NT == 1 ? 2 : 1;
     __shared__ float red[NR][NT][MVF_WARPS];
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const size_t rb = row_bytes<T_Q4_K>(cols);
+    const size_t rb = row_bytes<T>(cols);
     for (int r = 0; r < s.rows; r += NR) {
         const u8* wr[NR];
 #pragma unroll
@@ -1203,7 +1275,7 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
             wr[k] = (r + k < s.rows && row < rows) ? w + (size_t)row * rb : nullptr;
         }
         float acc[NR][NT];
-        q4k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
+        rows_q8<T, NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
         if (s.parts == 1) {
             // The warp holds whole rows.
 #pragma unroll
@@ -1257,7 +1329,7 @@ __device__ __forceinline__ MvfSplit q8_split(int split) {
     s.rows = min(max((split >> 8) & 255, 1), Q8_MAX_ROWS);
     return s;
 }
-template <int NT>
+template <typename T, int NT>
 __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x, const float* __restrict__ nw,
                                                      float eps, int cols, int split, int n, const u8* w0,
                                                      float* y0, int r0, const u8* w1, float* y1, int r1,
@@ -1273,26 +1345,39 @@ __device__ __forceinline__ void matvec_norm3_q8_body(const float* __restrict__ x
     const int stride = Q8_ROW_BYTES(cols);
     int first, part;
     mvf_first(m.block, s, first, part);
-    if (blockIdx.y == 0) mvf_prefetch<T_Q4_K>(m.w, cols, rows, first, part, s);
+    if (blockIdx.y == 0) mvf_prefetch<T>(m.w, cols, rows, first, part, s);
     pdl_enter();  // x comes from the kernel before
     for (int t = 0; t < nt; ++t) {
         const float inv = stage_normed_q8(x + (size_t)(t0 + t) * cols, nw, eps, cols, base + (size_t)t * stride);
         if (threadIdx.x == 0) invs[t] = inv;
         __syncthreads();  // part_ss is reused by the next token
     }
-    q8_rows_out<NT, false>(m.w, m.y, rows, cols, s, first, part, base, stride, t0, nt, invs);
+    q8_rows_out<T, NT, false>(m.w, m.y, rows, cols, s, first, part, base, stride, t0, nt, invs);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_q8_q4_k(
     const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1,
     float* y1, int r1, const u8* w2, float* y2, int r2) {
-    matvec_norm3_q8_body<1>(x, nw, eps, cols, split, gridDim.y, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    matvec_norm3_q8_body<T_Q4_K, 1>(x, nw, eps, cols, split, gridDim.y, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8_q4_k(
     const float* x, const float* nw, float eps, int cols, int split, int n, const u8* w0, float* y0, int r0,
     const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
-    matvec_norm3_q8_body<MVF_MAX_TILE>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    matvec_norm3_q8_body<T_Q4_K, MVF_MAX_TILE>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
+// The same two for Q6_K matrices (q6k_rows_q8; REDLITE_CUDA_Q8_Q6K).
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_q8_q6_k(
+    const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    matvec_norm3_q8_body<T_Q6_K, 1>(x, nw, eps, cols, split, gridDim.y, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8_q6_k(
+    const float* x, const float* nw, float eps, int cols, int split, int n, const u8* w0, float* y0, int r0,
+    const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
+    matvec_norm3_q8_body<T_Q6_K, MVF_MAX_TILE>(x, nw, eps, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
 // matvec_q8x_q4_k(xq, invs, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2):
@@ -1301,19 +1386,33 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
 // 1), the same values as matvec_norm3_q8_q4_k (and its token tiles) on the f32 row those quants
 // (and that 1 / rms) came from.
 // Launch: as matvec_norm3_q8_q4_k (grid.y = tokens), no dynamic shared memory.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q4_k(
-    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
-    int r1, const u8* w2, float* y2, int r2) {
+template <typename T>
+__device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs, int cols, int split, const u8* w0,
+                                                float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
+                                                float* y2, int r2) {
     const MvfSplit s = q8_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int t = blockIdx.y;
     int first, part;
     mvf_first(m.block, s, first, part);
-    if (t == 0) mvf_prefetch<T_Q4_K>(m.w, cols, m.rows, first, part, s);
+    if (t == 0) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
     pdl_enter();  // xq comes from the kernel before
     const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
-    q8_rows_out<1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0, t,
-                          1, inv);
+    q8_rows_out<T, 1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0,
+                             t, 1, inv);
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q4_k(
+    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
+    int r1, const u8* w2, float* y2, int r2) {
+    matvec_q8x_body<T_Q4_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
+// matvec_q8x_q6_k: the same for Q6_K matrices (REDLITE_CUDA_Q8_Q6K; the lm_head).
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q6_k(
+    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
+    int r1, const u8* w2, float* y2, int r2) {
+    matvec_q8x_body<T_Q6_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
 // rms_norm_q8(x, nw, eps, cols, xq, invs): token t = blockIdx.y's input as matvec_norm3_q8_q4_k
@@ -1362,7 +1461,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_q8_q4_k(
     if (t == 0) mvf_prefetch<T_Q4_K>(w, cols, rows, first, part, s);
     pdl_enter();  // x and y come from the kernels before
     stage_normed_q8(x + (size_t)t * cols, nullptr, 0.0f, cols, base);
-    q8_rows_out<1, true>(w, y, rows, cols, s, first, part, base, 0, t, 1, nullptr);
+    q8_rows_out<T_Q4_K, 1, true>(w, y, rows, cols, s, first, part, base, 0, t, 1, nullptr);
     res_next_norm(y, rows, nw, yn, counter, eps, xq);
 }
 

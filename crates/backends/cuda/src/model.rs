@@ -571,6 +571,7 @@ struct Kernels {
     swiglu_pairs: CudaFunction,
     moe_combine_pairs: CudaFunction,
     matvec_q8x: CudaFunction,
+    matvec_q8x_q6k: CudaFunction,
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
@@ -748,6 +749,10 @@ pub struct CudaModel {
     /// down rows on the q8 row `swiglu_q8` writes beside `sa`.
     q8_moe: bool,
     xq_shared: bool,
+    /// Q6_K products (the lm_head) on 8-bit activations too (`matvec_q8x_q6_k`,
+    /// `matvec_norm3_{,tok_}q8_q6_k`: `dp4a` on the f32 kernel's lane layout;
+    /// `REDLITE_CUDA_Q8_Q6K=1`; off by default: written in session 10, not yet run on a GPU).
+    q8_q6k: bool,
     /// A mixer's Q4_K input projections of a one-token-at-a-time call through `rms_norm_q8` (the
     /// norm and its q8 row once per token) and `matvec_q8x_q4_k`, instead of every block of
     /// `matvec_norm3_q8_q4_k` staging them (`REDLITE_CUDA_XQ_NORM`, default on).
@@ -874,6 +879,7 @@ impl CudaModel {
             sample_topk: f("sample_topk")?,
             moe_group: f("moe_group")?,
             matvec_q8x: f("matvec_q8x_q4_k")?,
+            matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
@@ -963,6 +969,7 @@ impl CudaModel {
                 .unwrap_or(2)
                 .clamp(1, 16),
             q8_moe: env_switch("REDLITE_CUDA_Q8_MOE", true),
+            q8_q6k: env_switch("REDLITE_CUDA_Q8_Q6K", false),
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
@@ -1697,7 +1704,8 @@ impl CudaModel {
 
     /// Whether the fused matvec of a `ty` matrix `cols` wide takes 8-bit activations.
     fn q8_fits(&self, ty: GgmlType, cols: usize) -> bool {
-        self.q8 && ty == GgmlType::Q4K && cols.is_multiple_of(256)
+        let ty_ok = ty == GgmlType::Q4K || (self.q8_q6k && ty == GgmlType::Q6K);
+        self.q8 && ty_ok && cols.is_multiple_of(256)
     }
 
     /// `y_m[t] = W_m · xq[t]` for up to three Q4_K matrices of one width on the q8 rows a
@@ -1709,14 +1717,18 @@ impl CudaModel {
         mats: &[(&DevLinear, u64)],
         n: usize,
     ) -> Result<(), CudaError> {
-        let cols = mats[0].0.cols;
+        let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
         let split = MvfSplit {
-            parts: mvf_parts(GgmlType::Q4K, cols, self.mvf_lane_iters),
+            parts: mvf_parts(ty, cols, self.mvf_lane_iters),
             rows: self.q8_rows,
         };
         let mut args = vec![A::P(xq), A::P(invs), A::I(cols as i32), A::I(split.arg())];
         let grid_x = push_mats3(&mut args, mats, split.rows_per_block());
-        let f = self.k.matvec_q8x.clone();
+        let f = if ty == GgmlType::Q6K {
+            self.k.matvec_q8x_q6k.clone()
+        } else {
+            self.k.matvec_q8x.clone()
+        };
         self.launch(
             "matvec_q8x",
             &f,
@@ -1749,7 +1761,7 @@ impl CudaModel {
             0
         };
         self.xq_fresh = xq != 0;
-        let q8 = self.q8_res && self.q8_fits(w.ty, w.cols);
+        let q8 = self.q8_res && w.ty == GgmlType::Q4K && self.q8_fits(w.ty, w.cols);
         let name = if q8 {
             "matvec_res_q8_q4_k".to_string()
         } else {

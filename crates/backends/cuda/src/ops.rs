@@ -309,6 +309,18 @@ pub fn gemm_blas(
     download(gpu, &y)
 }
 
+/// The kernel-name suffix of a weight type the 8-bit-activation matvecs take (Q4_K, Q6_K).
+fn q8_suffix(ty: GgmlType) -> Result<&'static str, CudaError> {
+    match ty {
+        GgmlType::Q4K => Ok("q4_k"),
+        GgmlType::Q6K => Ok("q6_k"),
+        _ => Err(CudaError::Invalid(format!(
+            "8-bit-activation matvec of {}: Q4_K and Q6_K only",
+            ty.name()
+        ))),
+    }
+}
+
 /// Shared-memory bytes of one staged 8-bit activation row (`Q8_ROW_BYTES` in matvec.cu): the
 /// quants, an f32 scale per 32 values, an i32 sum per 16.
 pub fn q8_row_bytes(cols: usize) -> usize {
@@ -321,6 +333,7 @@ pub fn q8_row_bytes(cols: usize) -> usize {
 /// kernel only).
 pub fn matvec_norm3_q8(
     gpu: &Gpu,
+    ty: GgmlType,
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     xs: &[f32],
@@ -328,6 +341,7 @@ pub fn matvec_norm3_q8(
     (eps, parts, rows_per_warp, tile): (f32, usize, usize, usize),
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(xs.len(), cols, "matvec_norm3_q8 x")?;
+    let suffix = q8_suffix(ty)?;
     if (!nw.is_empty() && nw.len() != cols)
         || !cols.is_multiple_of(256)
         || !(1..=8).contains(&parts)
@@ -356,42 +370,45 @@ pub fn matvec_norm3_q8(
     let (name, conf) = if tile > 1 {
         let grid = (grid_x, n.div_ceil(tile) as u32, 1);
         let shared = (tile * q8_row_bytes(cols)) as u32;
-        ("matvec_norm3_tok_q8_q4_k", cfg(grid, 256, shared))
+        (
+            format!("matvec_norm3_tok_q8_{suffix}"),
+            cfg(grid, 256, shared),
+        )
     } else {
         let grid = (grid_x, n as u32, 1);
         (
-            "matvec_norm3_q8_q4_k",
+            format!("matvec_norm3_q8_{suffix}"),
             cfg(grid, 256, q8_row_bytes(cols) as u32),
         )
     };
-    let f = gpu.func(name)?;
+    let f = gpu.func(&name)?;
     // The token-tile kernel takes the token count after `split`; no norm weights: a null pointer.
     match (tile > 1, nw.is_empty()) {
         (true, true) => launch!(
             gpu,
             f,
-            name,
+            &name,
             conf,
             [&x, &zero, &eps, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
         )?,
         (true, false) => launch!(
             gpu,
             f,
-            name,
+            &name,
             conf,
             [&x, &nwd, &eps, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
         )?,
         (false, true) => launch!(
             gpu,
             f,
-            name,
+            &name,
             conf,
             [&x, &zero, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
         )?,
         (false, false) => launch!(
             gpu,
             f,
-            name,
+            &name,
             conf,
             [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
         )?,
@@ -736,6 +753,7 @@ pub fn res_norm_q8(
 /// [`q8_row_bytes`]`(cols)`) of a Q4_K matrix, `(parts, rows_per_warp)` split.
 pub fn matvec_q8x(
     gpu: &Gpu,
+    ty: GgmlType,
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     (xq, invs): (&[u8], Option<&[f32]>),
@@ -760,7 +778,8 @@ pub fn matvec_q8x(
     let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
     let (zero, zi) = (0u64, 0i32);
     let conf = cfg((blocks(rows, split.rows_per_block()), n as u32, 1), 256, 0);
-    let f = gpu.func("matvec_q8x_q4_k")?;
+    let name = format!("matvec_q8x_{}", q8_suffix(ty)?);
+    let f = gpu.func(&name)?;
     // No scales: a null pointer (the kernel's 1).
     match &invs_d {
         Some(iv) => launch!(

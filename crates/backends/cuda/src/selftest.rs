@@ -463,11 +463,11 @@ impl Runner<'_> {
         (bytes, xs, nw)
     }
 
-    /// `matvec_norm3_q8_q4_k` (8-bit activations) against f64 on the same 8-bit activations,
+    /// `matvec_norm3_q8_<type>` (8-bit activations; Q4_K, Q6_K) against f64 on the same activations,
     /// quantised here as the kernel does (per 32 values: d = max|v| / 127, q = rint(v / d)): 2048
     /// and 4096 columns, 1, 2 and 8 slices, with and without norm weights; token tiles of 2 and 4
     /// bit for bit the one-token kernel.
-    fn matvec_norm3_q8(&mut self) {
+    fn matvec_norm3_q8(&mut self, ty: GgmlType) {
         let (rows, n, eps) = (67usize, 3usize, 1e-6f32);
         for (cols, parts, plain, rpw) in [
             (2048usize, 1usize, false, 1usize),
@@ -477,12 +477,13 @@ impl Runner<'_> {
             (4096, 1, false, 8),
             (4096, 2, true, 1),
         ] {
-            let (bytes, xs, nw) = self.norm3_inputs(GgmlType::Q4K, (rows, cols), n, plain);
+            let (bytes, xs, nw) = self.norm3_inputs(ty, (rows, cols), n, plain);
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let run = |rpw, tile| {
                     ops::matvec_norm3_q8(
                         self.gpu,
+                        ty,
                         &w,
                         (rows, cols),
                         &xs,
@@ -513,8 +514,8 @@ impl Runner<'_> {
                         )));
                     }
                 }
-                let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
-                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let wf =
+                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
                 for t in 0..n {
                     let x = &xs[t * cols..(t + 1) * cols];
@@ -531,7 +532,7 @@ impl Runner<'_> {
                 Ok((rel_err(&y, &reference), TOL_F32))
             })();
             self.record(
-                "matvec_norm3_q8 Q4_K",
+                &format!("matvec_norm3_q8 {}", ty.name()),
                 format!(
                     "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}{}, token tiles 2 and 4 bit-identical",
                     if plain { " no norm" } else { "" }
@@ -610,19 +611,20 @@ impl Runner<'_> {
         }
     }
 
-    /// `matvec_q8x_q4_k` on q8 rows made here (`ops::q8_row`) against f64 on the same 8-bit
-    /// activations, and bit for bit `matvec_norm3_q8_q4_k` without norm weights on the f32 rows.
-    fn matvec_q8x(&mut self) {
+    /// `matvec_q8x_<type>` (Q4_K, Q6_K) on q8 rows made here (`ops::q8_row`) against f64 on the same 8-bit
+    /// activations, and bit for bit `matvec_norm3_q8_<type>` without norm weights on the f32 rows.
+    fn matvec_q8x(&mut self, ty: GgmlType) {
         let (rows, n) = (67usize, 3usize);
         for (cols, parts, rpw) in [(2048usize, 1usize, 4usize), (2048, 2, 1), (512, 1, 4)] {
-            let bytes = random_weights(&mut self.rng, GgmlType::Q4K, rows, cols);
+            let bytes = random_weights(&mut self.rng, ty, rows, cols);
             let xs = self.rng.normals(n * cols, 1.0);
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let xq: Vec<u8> = xs.chunks(cols).flat_map(ops::q8_row).collect();
-                let y = ops::matvec_q8x(self.gpu, &w, (rows, cols), (&xq, None), (parts, rpw))?;
+                let y = ops::matvec_q8x(self.gpu, ty, &w, (rows, cols), (&xq, None), (parts, rpw))?;
                 let staged = ops::matvec_norm3_q8(
                     self.gpu,
+                    ty,
                     &w,
                     (rows, cols),
                     &xs,
@@ -635,6 +637,7 @@ impl Runner<'_> {
                 let (xqn, invs) = ops::rms_norm_q8(self.gpu, &xs, &nw, cols, 1e-6)?;
                 let yn = ops::matvec_q8x(
                     self.gpu,
+                    ty,
                     &w,
                     (rows, cols),
                     (&xqn, Some(&invs)),
@@ -642,6 +645,7 @@ impl Runner<'_> {
                 )?;
                 let staged_n = ops::matvec_norm3_q8(
                     self.gpu,
+                    ty,
                     &w,
                     (rows, cols),
                     &xs,
@@ -653,8 +657,8 @@ impl Runner<'_> {
                     &yn,
                     &staged_n,
                 )?;
-                let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
-                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                let wf =
+                    dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
                 for x in xs.chunks(cols) {
                     let xq = quantize_q8_blocks(x);
@@ -665,7 +669,7 @@ impl Runner<'_> {
                 Ok((rel_err(&y, &reference), TOL_F32))
             })();
             self.record(
-                "matvec_q8x Q4_K",
+                &format!("matvec_q8x {}", ty.name()),
                 format!(
                     "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_q8 bit for bit \
                      (also after rms_norm_q8)"
@@ -2178,9 +2182,12 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     ] {
         r.matvec_fused(ty);
     }
-    r.matvec_norm3_q8();
+    // The Q4_K 8-bit kernels the model runs, and the Q6_K ones (`REDLITE_CUDA_Q8_Q6K`).
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        r.matvec_norm3_q8(ty);
+        r.matvec_q8x(ty);
+    }
     r.matvec_res_q8();
-    r.matvec_q8x();
     r.experts_q8();
     r.experts_q8_down();
     r.swiglu_q8();
