@@ -15,7 +15,9 @@ use crate::backend::{matvec_rows, Backend, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
-use crate::ops::{dot, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k};
+use crate::ops::{
+    dot, inv_rms, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k,
+};
 use crate::state::{
     DeltaNetState, DeltaTrace, KvCache, LayerState, MtpState, RecordedRun, SequenceState,
 };
@@ -429,7 +431,26 @@ fn gated_delta_net<B: Backend>(
     let conv_out: Vec<Vec<f32>> = if n == 1 {
         vec![map_elements(ch, |c| conv_at(0, c))]
     } else {
-        map_range(n, |t| (0..ch).map(|c| conv_at(t, c)).collect())
+        // Several rows: the taps as rows [kern][ch], so a row's channels go through each tap
+        // together (vectorises; per channel the same products added in the same order as
+        // `conv_at`, so each row equals a one-token step's bit for bit).
+        let mut taps = vec![0.0f32; kern * ch];
+        for c in 0..ch {
+            for j in 0..kern {
+                taps[j * ch + c] = w.conv[c * kern + j];
+            }
+        }
+        map_range(n, |t| {
+            let mut y = vec![0.0f32; ch];
+            for j in 0..kern {
+                let h = &history[(t + j) * ch..(t + j + 1) * ch];
+                for ((y, &wj), &hj) in y.iter_mut().zip(&taps[j * ch..(j + 1) * ch]).zip(h) {
+                    *y += wj * hj;
+                }
+            }
+            y.iter_mut().for_each(|v| *v = silu(*v));
+            y
+        })
     };
     st.conv.copy_from_slice(&history[n * ch..]);
 
@@ -449,15 +470,16 @@ fn gated_delta_net<B: Backend>(
                 g_h: &mut [f32]| {
         let kh = h / r;
         for (t, y) in conv_out.iter().enumerate() {
-            let mut qh = y[kh * dk..(kh + 1) * dk].to_vec();
-            let mut khv = y[nk * dk + kh * dk..nk * dk + (kh + 1) * dk].to_vec();
-            l2_normalize(&mut qh, L2_NORM_EPS);
-            l2_normalize(&mut khv, L2_NORM_EPS);
+            // Normalised in place where they go (no copies per row and head).
+            let qh = &mut qh_all[t * dk..(t + 1) * dk];
+            qh.copy_from_slice(&y[kh * dk..(kh + 1) * dk]);
+            l2_normalize(qh, L2_NORM_EPS);
             for x in qh.iter_mut() {
                 *x *= q_scale;
             }
-            qh_all[t * dk..(t + 1) * dk].copy_from_slice(&qh);
-            kh_all[t * dk..(t + 1) * dk].copy_from_slice(&khv);
+            let khv = &mut kh_all[t * dk..(t + 1) * dk];
+            khv.copy_from_slice(&y[nk * dk + kh * dk..nk * dk + (kh + 1) * dk]);
+            l2_normalize(khv, L2_NORM_EPS);
             let vo = 2 * nk * dk + h * dv;
             vh_all[t * dv..(t + 1) * dv].copy_from_slice(&y[vo..vo + dv]);
             // ba is grouped per QK head: [β-logits of its r V heads | a-logits of its r V heads].
@@ -524,9 +546,10 @@ fn gated_delta_net<B: Backend>(
     // Head h of token t into `out` (`[dv]`).
     let gate_head = |t: usize, h: usize, out: &mut [f32]| {
         let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
-        let normed = rms_norm(oh, &w.norm, cfg.rms_eps);
+        // rms_norm's values (x · inv · w), written straight into `out`.
+        let inv = inv_rms(oh, cfg.rms_eps);
         for d in 0..dv {
-            out[d] = normed[d] * silu(z[t][h * dv + d]);
+            out[d] = (oh[d] * inv * w.norm[d]) * silu(z[t][h * dv + d]);
         }
     };
     let gated: Vec<Vec<f32>> = map_range(n, |t| {
