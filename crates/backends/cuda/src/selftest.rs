@@ -212,16 +212,29 @@ fn same_as_rms_norm_q8(
     (q, inv): (&[u8], &[f32]),
 ) -> Result<(), CudaError> {
     let (q_ref, inv_ref) = ops::rms_norm_q8(gpu, y, nw, y.len(), 1e-6)?;
-    if q != q_ref {
-        return Err(CudaError::Invalid(
-            "next_norm_q8: the q8 row differs from rms_norm_q8's".into(),
-        ));
-    }
+    same_bytes(
+        "next_norm_q8: the q8 row differs from rms_norm_q8's",
+        q,
+        &q_ref,
+    )?;
     same_bits(
         "next_norm_q8: 1/rms differs from rms_norm_q8's",
         inv,
         &inv_ref,
     )
+}
+
+/// Byte-for-byte equality of two q8 rows (or sets of them): `what` and how many bytes differ
+/// otherwise.
+fn same_bytes(what: &str, a: &[u8], b: &[u8]) -> Result<(), CudaError> {
+    let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
+    if differ > 0 || a.len() != b.len() {
+        return Err(CudaError::Invalid(format!(
+            "{what}: {differ} of {} bytes differ",
+            b.len()
+        )));
+    }
+    Ok(())
 }
 
 fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
@@ -575,20 +588,18 @@ impl Runner<'_> {
                     &yn2,
                     &yn,
                 )?;
-                if xq2 != xq {
-                    return Err(CudaError::Invalid(
-                        "res_norm_q8's q8 rows differ from matvec_res's last block's".into(),
-                    ));
-                }
+                same_bytes(
+                    "res_norm_q8's q8 rows differ from matvec_res's last block's",
+                    &xq2,
+                    &xq,
+                )?;
                 // The epilogue's q8 rows are the quantisation of its own yn, bit for bit.
                 let expect: Vec<u8> = yn.chunks(rows).flat_map(ops::q8_row).collect();
-                if xq != expect {
-                    let differ = xq.iter().zip(&expect).filter(|(a, b)| a != b).count();
-                    return Err(CudaError::Invalid(format!(
-                        "matvec_res_q8: {differ} of {} bytes of the q8 rows differ from the quantised yn",
-                        expect.len()
-                    )));
-                }
+                same_bytes(
+                    "matvec_res_q8: the q8 rows differ from the quantised yn",
+                    &xq,
+                    &expect,
+                )?;
                 let wf = dequantize_to_vec(GgmlType::Q4K, &bytes)
                     .map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let (mut ry, mut ryn) = (Vec::new(), Vec::new());
@@ -789,13 +800,11 @@ impl Runner<'_> {
                 // The next layer's input from the last block = rms_norm_q8 on the output.
                 same_as_rms_norm_q8(self.gpu, (&y, &nw), (&next_q, &next_inv))?;
                 let expect: Vec<u8> = act.chunks(ff).flat_map(ops::q8_row).collect();
-                if actq != expect {
-                    let differ = actq.iter().zip(&expect).filter(|(a, b)| a != b).count();
-                    return Err(CudaError::Invalid(format!(
-                        "moe_gate_up_tab_q8q: {differ} of {} q8 bytes differ from its quantised activations",
-                        expect.len()
-                    )));
-                }
+                same_bytes(
+                    "moe_gate_up_tab_q8q: the q8 rows differ from its quantised activations",
+                    &actq,
+                    &expect,
+                )?;
                 let deq = |b: &[u8]| {
                     dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()))
                 };
@@ -836,13 +845,11 @@ impl Runner<'_> {
         let r = (|| {
             let (out, xq) = ops::swiglu_q8(self.gpu, &g, &u, len)?;
             let expect: Vec<u8> = out.chunks(len).flat_map(ops::q8_row).collect();
-            if xq != expect {
-                let differ = xq.iter().zip(&expect).filter(|(a, b)| a != b).count();
-                return Err(CudaError::Invalid(format!(
-                    "swiglu_q8: {differ} of {} q8 bytes differ from the quantised output",
-                    expect.len()
-                )));
-            }
+            same_bytes(
+                "swiglu_q8: the q8 rows differ from the quantised output",
+                &xq,
+                &expect,
+            )?;
             let reference: Vec<f64> = g
                 .iter()
                 .zip(&u)
