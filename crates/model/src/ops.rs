@@ -34,8 +34,17 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// RMSNorm: `y = x · rsqrt(mean(x²) + eps) · w`. GGUF files already fold the `1 +` of
 /// Qwen3-Next's zero-centred norms into `w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut y = vec![0.0f32; x.len()];
+    rms_norm_into(x, w, eps, &mut y);
+    y
+}
+
+/// [`rms_norm`] into `y` (no allocation).
+pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let inv = inv_rms(x, eps);
-    x.iter().zip(w).map(|(&v, &g)| v * inv * g).collect()
+    for ((y, &v), &g) in y.iter_mut().zip(x).zip(w) {
+        *y = v * inv * g;
+    }
 }
 
 /// `1 / sqrt(mean(x²) + eps)`.

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
 use crate::ops::{
-    dot, inv_rms, l2_normalize, rms_norm, rope_neox, sigmoid, silu, softmax, softplus, top_k,
+    dot, l2_normalize, rms_norm, rms_norm_into, rope_neox, sigmoid, silu, softmax, softplus, top_k,
 };
 use crate::state::{
     DeltaNetState, DeltaTrace, KvCache, LayerState, MtpState, RecordedRun, SequenceState,
@@ -546,10 +546,9 @@ fn gated_delta_net<B: Backend>(
     // Head h of token t into `out` (`[dv]`).
     let gate_head = |t: usize, h: usize, out: &mut [f32]| {
         let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
-        // rms_norm's values (x · inv · w), written straight into `out`.
-        let inv = inv_rms(oh, cfg.rms_eps);
-        for d in 0..dv {
-            out[d] = (oh[d] * inv * w.norm[d]) * silu(z[t][h * dv + d]);
+        rms_norm_into(oh, &w.norm, cfg.rms_eps, out);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o *= silu(z[t][h * dv + d]);
         }
     };
     let gated: Vec<Vec<f32>> = map_range(n, |t| {
