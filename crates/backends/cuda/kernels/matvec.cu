@@ -837,6 +837,64 @@ __device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ 
     }
 }
 
+// The token-tile rows with x read in place (row t at x + t * cols, no staging): for the tokens
+// t0 .. t0 + nt - 1 of tile blockIdx.y (tile tokens a tile), y[t][row] = W_row . x[t] (ADD:
+// y[t][row] += it), one row per warp group (s.rows is taken as 1), row_partial_tok per lane and
+// the slices added in order: every output is the one-token kernel's (matvec3_x_f32, matvec_res
+// without its norm) bit for bit, with the weights read and decoded once per tile. The speculative
+// verify's router and output projections (matvec_norm3_tok staged every token of the tile in
+// every block: a 512-row router took 30 µs for 8 tokens on the H200).
+template <typename T, bool ADD>
+__device__ __forceinline__ void mvf_tok_inplace_body(const u8* __restrict__ w, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int cols, MvfSplit s, int block,
+                                                int tile, int n) {
+    __shared__ float red[MVF_MAX_TILE][MVF_WARPS];
+    s.rows = 1;
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int row, part;
+    mvf_first(block, s, row, part);
+    if (blockIdx.y == 0) mvf_prefetch<T>(w, cols, rows, row, part, s);
+    stage_tables<T>();
+    pdl_enter();  // x (and y) come from the kernels before
+    float acc[MVF_MAX_TILE];
+    if (row < rows) {
+        row_partial_tok<T, MVF_MAX_TILE>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t0 * cols, cols, cols, nt,
+                                         lane, part, s.parts, acc);
+    } else {
+#pragma unroll
+        for (int t = 0; t < MVF_MAX_TILE; ++t) acc[t] = 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < MVF_MAX_TILE; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) red[t][wi] = v;
+    }
+    __syncthreads();
+    if (row >= rows || part != 0 || lane != 0) return;
+    for (int t = 0; t < nt; ++t) {
+        float sum = 0.0f;
+        for (int p = 0; p < s.parts; ++p) sum += red[t][wi + p];
+        float* out = y + (size_t)(t0 + t) * rows + row;
+        *out = ADD ? *out + sum : 1.0f * sum;
+    }
+}
+
+// matvec3_x_tok_f32(x, cols, split, n, w0, y0, rows0, ...): matvec3_x_f32 for n tokens in tiles of
+// tile = split >> 16 (up to MVF_MAX_TILE), one row per warp group (mvf_tok_inplace_body): its outputs
+// bit for bit. Launch: grid = (sum over m of ceil(rows_m / (MVF_WARPS / parts)), ceil(n / tile)),
+// block = 32 * MVF_WARPS, no dynamic shared memory.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_tok_f32(const float* x, int cols, int split,
+                                                                            int n, const u8* w0, float* y0, int r0,
+                                                                            const u8* w1, float* y1, int r1,
+                                                                            const u8* w2, float* y2, int r2) {
+    MvfSplit s = mvf_split(split);
+    s.rows = 1;
+    const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    mvf_tok_inplace_body<T_F32, false>(m.w, x, m.y, m.rows, cols, s, m.block, tile, n);
+}
+
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;
@@ -1415,6 +1473,46 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void mat
     matvec_q8x_body<T_Q6_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
+// matvec_q8x_tok_<type>(xq, invs, cols, split, n, w0, y0, rows0, ...): matvec_q8x for n tokens with
+// the weights read and decoded once per tile of tile = split >> 16 tokens (up to Q8X_MAX_TILE), the
+// q8 rows read in place as matvec_q8x reads them (no staging, no shared memory): each warp walks
+// its rows one at a time and applies every decoded unit to each token of the tile with the
+// one-token kernel's operations in its order, so every output is matvec_q8x's bit for bit (the
+// speculative verify rows; the token-tile matvec_norm3_tok_q8 staged the tile's norms in every
+// block instead). Launch: grid = (as matvec_q8x, ceil(n / tile)), no dynamic shared memory.
+#define Q8X_MAX_TILE 8
+template <typename T>
+__device__ __forceinline__ void matvec_q8x_tok_body(const u8* xq, const float* invs, int cols, int split, int n,
+                                                    const u8* w0, float* y0, int r0, const u8* w1, float* y1,
+                                                    int r1, const u8* w2, float* y2, int r2) {
+    const MvfSplit s = q8_split(split);
+    const int tile = min(max((split >> 16) & 255, 1), Q8X_MAX_TILE);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    int first, part;
+    mvf_first(m.block, s, first, part);
+    if (blockIdx.y == 0) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
+    pdl_enter();  // xq comes from the kernel before
+    float inv[Q8X_MAX_TILE];
+#pragma unroll
+    for (int t = 0; t < Q8X_MAX_TILE; ++t) inv[t] = (invs == nullptr || t >= nt) ? 1.0f : invs[t0 + t];
+    const int stride = Q8_ROW_BYTES(cols);
+    q8_rows_out<T, Q8X_MAX_TILE, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t0 * stride,
+                                        stride, t0, nt, inv);
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q4_k(
+    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    matvec_q8x_tok_body<T_Q4_K>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k(
+    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    matvec_q8x_tok_body<T_Q6_K>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+}
+
 // rms_norm_q8(x, nw, eps, cols, xq, invs): token t = blockIdx.y's input as matvec_norm3_q8_q4_k
 // stages it (stage_normed_q8: the same 8 warps, so the same bits): the q8 row of x[t] * nw at
 // xq + t * Q8_ROW_BYTES(cols) and invs[t] = 1 / rms(x[t]), for matvec_q8x_q4_k. Once per token
@@ -1499,6 +1597,14 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
         const u8* w, const float* x, float* y, int rows, int cols, int split, const float* nw,       \
         float* yn, u32* counter, float eps, u8* xq) {                                                \
         matvec_res_body<T>(w, x, y, rows, cols, split, nw, yn, counter, eps, xq);                    \
+    }                                                                                                \
+    /* matvec_res_tok: y[t] += W . x[t] for n tokens in tiles (split >> 16), no norm (as        */   \
+    /* matvec_res with nw null, bit for bit). Launch: grid = (ceil(rows / (MVF_WARPS / parts)), */   \
+    /* ceil(n / tile)), block = 32 * MVF_WARPS.                                                 */   \
+    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_res_tok_##name(              \
+        const u8* w, const float* x, float* y, int rows, int cols, int split, int n) {               \
+        const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);                             \
+        mvf_tok_inplace_body<T, true>(w, x, y, rows, cols, mvf_split(split), blockIdx.x, tile, n);        \
     }
 
 FOR_EACH_TYPE(MATVEC_KERNELS)

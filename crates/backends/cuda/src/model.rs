@@ -572,9 +572,12 @@ struct Kernels {
     moe_combine_pairs: CudaFunction,
     matvec_q8x: CudaFunction,
     matvec_q8x_q6k: CudaFunction,
+    matvec_q8x_tok: CudaFunction,
+    matvec_q8x_tok_q6k: CudaFunction,
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
+    matvec3_x_tok_f32: CudaFunction,
     matvec3_x_f32_router: CudaFunction,
     res_norm_q8: CudaFunction,
 }
@@ -684,6 +687,10 @@ pub struct CudaModel {
     /// Decode steps run so far, and the one to bracket with the CUDA profiler (`profile_step`).
     decode_steps: u64,
     profile_step: Option<u64>,
+    /// Verify passes run so far, and the one to bracket with the profiler
+    /// (`REDLITE_CUDA_PROFILE_VERIFY=N`: the N-th pass, counted from 0).
+    verify_passes: u64,
+    profile_verify: Option<u64>,
     /// NVTX ranges per layer while the profiled step is enqueued (loaded with `profile_step`).
     nvtx: Option<crate::nvtx::Nvtx>,
     /// The profiled step is being enqueued.
@@ -751,12 +758,26 @@ pub struct CudaModel {
     xq_shared: bool,
     /// Q6_K products (the lm_head) on 8-bit activations too (`matvec_q8x_q6_k`,
     /// `matvec_norm3_{,tok_}q8_q6_k`: `dp4a` on the f32 kernel's lane layout;
-    /// `REDLITE_CUDA_Q8_Q6K=1`; off by default: written in session 10, not yet run on a GPU).
+    /// `REDLITE_CUDA_Q8_Q6K`, on by default since session 11: 290.35 / 290.10 tok/s against
+    /// 284.81 / 283.65 on the H200; fixture step KL 2.8e-5 / 4.9e-5 / 2.6e-5, in bounds).
     q8_q6k: bool,
     /// A mixer's Q4_K input projections of a one-token-at-a-time call through `rms_norm_q8` (the
     /// norm and its q8 row once per token) and `matvec_q8x_q4_k`, instead of every block of
     /// `matvec_norm3_q8_q4_k` staging them (`REDLITE_CUDA_XQ_NORM`, default on).
     xq_norm: bool,
+    /// Tokens per tile of `matvec_q8x_tok_*` (the 8-bit products of a call of several tokens:
+    /// `rms_norm_q8` once per token, then the weights read once per tile with the q8 rows read
+    /// in place; `REDLITE_CUDA_Q8X_TILE`, 1 to 8, default 8; 1 gives the session-10 path, the
+    /// staging token tiles of `matvec_norm3_tok_q8_*`).
+    q8x_tile: usize,
+    /// Rows per warp group of `matvec_q8x_tok_*` (`REDLITE_CUDA_Q8X_TILE_ROWS`, 1 to 16, default 2:
+    /// 8 verify rows 11.61 ms against 11.64 with 1 and 11.93 with 4 on the H200; the one-token
+    /// kernel takes `q8_rows`).
+    q8x_tile_rows: usize,
+    /// The router and the output projections of a call of several tokens through the in-place
+    /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
+    /// on; off: the staging `matvec_norm3_tok_f32` and one `matvec_res` block row per token).
+    x_tok: bool,
     /// f32 products without norm weights (the router and the shared expert's gate logit) of a
     /// one-token-at-a-time call read their input in place (`matvec3_x_f32`) instead of every block
     /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
@@ -880,9 +901,12 @@ impl CudaModel {
             moe_group: f("moe_group")?,
             matvec_q8x: f("matvec_q8x_q4_k")?,
             matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
+            matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
+            matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
+            matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
             matvec3_x_f32_router: f("matvec3_x_f32_router")?,
             res_norm_q8: f("res_norm_q8")?,
             swiglu_pairs: f("swiglu_pairs")?,
@@ -969,9 +993,14 @@ impl CudaModel {
                 .unwrap_or(2)
                 .clamp(1, 16),
             q8_moe: env_switch("REDLITE_CUDA_Q8_MOE", true),
-            q8_q6k: env_switch("REDLITE_CUDA_Q8_Q6K", false),
+            q8_q6k: env_switch("REDLITE_CUDA_Q8_Q6K", true),
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
+            q8x_tile: env_parse("REDLITE_CUDA_Q8X_TILE").unwrap_or(8).clamp(1, 8),
+            q8x_tile_rows: env_parse("REDLITE_CUDA_Q8X_TILE_ROWS")
+                .unwrap_or(2)
+                .clamp(1, 16),
+            x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             router_fused: env_switch("REDLITE_CUDA_ROUTER_FUSED", false),
             fold_norm: env_switch("REDLITE_CUDA_FOLD_NORM", false),
@@ -989,6 +1018,8 @@ impl CudaModel {
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
+            verify_passes: 0,
+            profile_verify: env_parse("REDLITE_CUDA_PROFILE_VERIFY"),
             experts,
             side,
             blas,
@@ -1261,7 +1292,24 @@ impl CudaModel {
         self.bind()?;
         self.upload_input(tokens)?;
         let start = self.pos;
-        self.enqueue_forward(n, Head::All, Rows::Steps)?;
+        let profiled = self.profile_verify == Some(self.verify_passes);
+        self.verify_passes += 1;
+        if profiled {
+            self.sync()?;
+            // SAFETY: no arguments; the profiler API of the bound context.
+            unsafe { sys::cuProfilerStart() }
+                .result()
+                .map_err(|e| CudaError::driver("cuProfilerStart", e))?;
+        }
+        let enqueued = self.enqueue_forward(n, Head::All, Rows::Steps);
+        if profiled {
+            self.sync()?;
+            // SAFETY: as cuProfilerStart above.
+            unsafe { sys::cuProfilerStop() }
+                .result()
+                .map_err(|e| CudaError::driver("cuProfilerStop", e))?;
+        }
+        enqueued?;
         self.pos += n;
         self.last_row = n - 1;
         self.verified = Some((start, n));
@@ -1594,7 +1642,7 @@ impl CudaModel {
             // Several tokens: the token-tile kernel when it is on (weights read once per tile).
             let tile = token_tile(self.token_tile, n, cols);
             let q8 = self.q8_fits(ty, cols);
-            if q8 && tile == 1 && nw != 0 && self.xq_norm {
+            if q8 && (tile == 1 || self.q8x_tile > 1) && nw != 0 && self.xq_norm {
                 // The norm and its q8 row once per token, then the rows without staging.
                 let (xq, invs) = (self.sc.xq_in, self.sc.xq_inv);
                 if !normed_q8 && x == self.sc.x && self.xq_in_ready.take() == Some(nw) {
@@ -1623,18 +1671,34 @@ impl CudaModel {
                 self.matvec_q8x((xq, invs), &group, n)?;
                 continue;
             }
-            if ty == GgmlType::F32 && tile == 1 && nw == 0 && self.x_router {
-                let f = self.k.matvec3_x_f32.clone();
-                let split = MvfSplit {
-                    parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                    rows: self.mvf_rows,
+            if ty == GgmlType::F32 && (tile == 1 || self.x_tok) && nw == 0 && self.x_router {
+                // x read in place; several tokens (a verify pass) in tiles, the same bits.
+                let (f, split) = if tile > 1 {
+                    let split = MvfSplit {
+                        parts: mvf_parts(ty, cols, self.mvf_lane_iters),
+                        rows: 1,
+                    };
+                    (self.k.matvec3_x_tok_f32.clone(), split)
+                } else {
+                    let split = MvfSplit {
+                        parts: mvf_parts(ty, cols, self.mvf_lane_iters),
+                        rows: self.mvf_rows,
+                    };
+                    (self.k.matvec3_x_f32.clone(), split)
                 };
-                let mut args = vec![A::P(x), A::I(cols as i32), A::I(split.arg())];
+                let mut args = vec![
+                    A::P(x),
+                    A::I(cols as i32),
+                    A::I(split.arg() | (tile << 16) as i32),
+                ];
+                if tile > 1 {
+                    args.push(A::I(n as i32));
+                }
                 let grid_x = push_mats3(&mut args, &group, split.rows_per_block());
                 self.launch(
                     "matvec3_x",
                     &f,
-                    (grid_x, n as u32, 1),
+                    (grid_x, n.div_ceil(tile) as u32, 1),
                     MVF_THREADS,
                     0,
                     &args,
@@ -1718,21 +1782,36 @@ impl CudaModel {
         n: usize,
     ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
+        // Several tokens: the weights once per tile (`matvec_q8x_tok_*`, the same bits).
+        let tile = if n > 1 { self.q8x_tile.min(n) } else { 1 };
         let split = MvfSplit {
             parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-            rows: self.q8_rows,
+            rows: if tile > 1 {
+                self.q8x_tile_rows
+            } else {
+                self.q8_rows
+            },
         };
-        let mut args = vec![A::P(xq), A::P(invs), A::I(cols as i32), A::I(split.arg())];
+        let mut args = vec![
+            A::P(xq),
+            A::P(invs),
+            A::I(cols as i32),
+            A::I(split.arg() | (tile << 16) as i32),
+        ];
+        if tile > 1 {
+            args.push(A::I(n as i32));
+        }
         let grid_x = push_mats3(&mut args, mats, split.rows_per_block());
-        let f = if ty == GgmlType::Q6K {
-            self.k.matvec_q8x_q6k.clone()
-        } else {
-            self.k.matvec_q8x.clone()
+        let f = match (ty == GgmlType::Q6K, tile > 1) {
+            (true, false) => self.k.matvec_q8x_q6k.clone(),
+            (false, false) => self.k.matvec_q8x.clone(),
+            (true, true) => self.k.matvec_q8x_tok_q6k.clone(),
+            (false, true) => self.k.matvec_q8x_tok.clone(),
         };
         self.launch(
             "matvec_q8x",
             &f,
-            (grid_x, n as u32, 1),
+            (grid_x, n.div_ceil(tile) as u32, 1),
             MVF_THREADS,
             0,
             &args,
@@ -1780,26 +1859,59 @@ impl CudaModel {
         } else {
             0
         };
-        self.launch(
-            "matvec_res",
-            &f,
-            (blocks(w.rows, split.rows_per_block()), n as u32, 1),
-            MVF_THREADS,
-            shared,
-            &[
-                A::P(w.ptr),
-                A::P(a),
-                A::P(x),
-                A::I(w.rows as i32),
-                A::I(w.cols as i32),
-                A::I(split.arg()),
-                A::P(nw_in_kernel),
-                A::P(xn),
-                A::P(counter),
-                A::F(self.config.rms_eps),
-                A::P(xq),
-            ],
-        )?;
+        let tile = token_tile(self.token_tile, n, w.cols);
+        if self.x_tok && tile > 1 && split_norm && !q8 {
+            // Several tokens (a verify pass): the weights once per tile, the same bits.
+            let f = self
+                .gpu
+                .func(&format!("matvec_res_tok_{}", type_suffix(w.ty)))?
+                .clone();
+            let split = MvfSplit {
+                parts: split.parts,
+                rows: 1,
+            };
+            self.launch(
+                "matvec_res_tok",
+                &f,
+                (
+                    blocks(w.rows, split.rows_per_block()),
+                    n.div_ceil(tile) as u32,
+                    1,
+                ),
+                MVF_THREADS,
+                0,
+                &[
+                    A::P(w.ptr),
+                    A::P(a),
+                    A::P(x),
+                    A::I(w.rows as i32),
+                    A::I(w.cols as i32),
+                    A::I(split.arg() | (tile << 16) as i32),
+                    A::I(n as i32),
+                ],
+            )?;
+        } else {
+            self.launch(
+                "matvec_res",
+                &f,
+                (blocks(w.rows, split.rows_per_block()), n as u32, 1),
+                MVF_THREADS,
+                shared,
+                &[
+                    A::P(w.ptr),
+                    A::P(a),
+                    A::P(x),
+                    A::I(w.rows as i32),
+                    A::I(w.cols as i32),
+                    A::I(split.arg()),
+                    A::P(nw_in_kernel),
+                    A::P(xn),
+                    A::P(counter),
+                    A::F(self.config.rms_eps),
+                    A::P(xq),
+                ],
+            )?;
+        }
         if !split_norm {
             return Ok(());
         }

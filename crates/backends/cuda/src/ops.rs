@@ -757,10 +757,13 @@ pub fn matvec_q8x(
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     (xq, invs): (&[u8], Option<&[f32]>),
-    (parts, rows_per_warp): (usize, usize),
+    (parts, rows_per_warp, tile): (usize, usize, usize),
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(xq.len(), q8_row_bytes(cols), "matvec_q8x xq")?;
-    if !cols.is_multiple_of(256) || !(1..=8).contains(&parts) || !(1..=16).contains(&rows_per_warp)
+    if !cols.is_multiple_of(256)
+        || !(1..=8).contains(&parts)
+        || !(1..=16).contains(&rows_per_warp)
+        || !(1..=8).contains(&tile)
     {
         return Err(CudaError::Invalid("matvec_q8x: sizes".into()));
     }
@@ -774,28 +777,43 @@ pub fn matvec_q8x(
         Some(_) => return Err(CudaError::Invalid("matvec_q8x: one 1/rms per row".into())),
         None => None,
     };
-    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let (p, ni) = (split.arg() | (tile << 16) as i32, i32_arg(n, "tokens")?);
     let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
     let (zero, zi) = (0u64, 0i32);
-    let conf = cfg((blocks(rows, split.rows_per_block()), n as u32, 1), 256, 0);
-    let name = format!("matvec_q8x_{}", q8_suffix(ty)?);
+    let conf = cfg(
+        (
+            blocks(rows, split.rows_per_block()),
+            n.div_ceil(tile) as u32,
+            1,
+        ),
+        256,
+        0,
+    );
+    // tile 1: the one-token kernel (grid.y = tokens); more: `matvec_q8x_tok_<type>`.
+    let name = match tile {
+        1 => format!("matvec_q8x_{}", q8_suffix(ty)?),
+        _ => format!("matvec_q8x_tok_{}", q8_suffix(ty)?),
+    };
     let f = gpu.func(&name)?;
     // No scales: a null pointer (the kernel's 1).
-    match &invs_d {
-        Some(iv) => launch!(
+    let iv = invs_d.as_ref().map_or(0u64, |iv| device_address(gpu, iv));
+    if tile == 1 {
+        launch!(
             gpu,
             f,
             "matvec_q8x",
             conf,
-            [&xd, iv, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
-        )?,
-        None => launch!(
+            [&xd, &iv, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?;
+    } else {
+        launch!(
             gpu,
             f,
-            "matvec_q8x",
+            "matvec_q8x_tok",
             conf,
-            [&xd, &zero, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
-        )?,
+            [&xd, &iv, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?;
     }
     download(gpu, &y)
 }
@@ -836,12 +854,14 @@ pub fn matvec3_x_f32(
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     xs: &[f32],
-    (parts, rows_per_warp): (usize, usize),
+    (parts, rows_per_warp, tile): (usize, usize, usize),
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(xs.len(), cols, "matvec3_x_f32 x")?;
     if !(1..=8).contains(&parts)
         || !parts.is_power_of_two()
         || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
+        || !(1..=MVF_MAX_TILE).contains(&tile)
+        || (tile > 1 && rows_per_warp != 1)
     {
         return Err(CudaError::Invalid("matvec3_x_f32: sizes".into()));
     }
@@ -850,17 +870,37 @@ pub fn matvec3_x_f32(
         rows: rows_per_warp,
     };
     let x = upload(gpu, xs)?;
-    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let (p, ni) = (split.arg() | (tile << 16) as i32, i32_arg(n, "tokens")?);
     let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
     let (zero, zi) = (0u64, 0i32);
-    let conf = cfg((blocks(rows, split.rows_per_block()), n as u32, 1), 256, 0);
-    launch!(
-        gpu,
-        gpu.func("matvec3_x_f32")?,
-        "matvec3_x_f32",
-        conf,
-        [&x, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
-    )?;
+    let conf = cfg(
+        (
+            blocks(rows, split.rows_per_block()),
+            n.div_ceil(tile) as u32,
+            1,
+        ),
+        256,
+        0,
+    );
+    if tile == 1 {
+        launch!(
+            gpu,
+            gpu.func("matvec3_x_f32")?,
+            "matvec3_x_f32",
+            conf,
+            [&x, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?;
+    } else {
+        // The token tiles (`matvec3_x_tok_f32`, the verify pass's router).
+        launch!(
+            gpu,
+            gpu.func("matvec3_x_tok_f32")?,
+            "matvec3_x_tok_f32",
+            conf,
+            [&x, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+        )?;
+    }
     download(gpu, &y)
 }
 
@@ -968,7 +1008,7 @@ pub fn matvec_fused(
         || !parts.is_power_of_two()
         || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
         || !(1..=MVF_MAX_TILE).contains(&tile)
-        || (tile > 1 && (residual.is_some() || rows_per_warp != 1 || 4 * tile * cols > 48 * 1024))
+        || (tile > 1 && (rows_per_warp != 1 || 4 * tile * cols > 48 * 1024))
         || residual.is_some_and(|r| r.len() != n * rows)
         || 4 * cols > 48 * 1024
     {
@@ -1048,6 +1088,19 @@ pub fn matvec_fused(
                     [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
                 )?;
             }
+            Ok((download(gpu, &y)?, Vec::new()))
+        }
+        Some(res) if tile > 1 => {
+            // `matvec_res_tok_<type>`: y[t] += W · x[t] in token tiles, no norm.
+            let mut y = upload(gpu, res)?;
+            let ni = i32_arg(n, "tokens")?;
+            launch!(
+                gpu,
+                gpu.func(&format!("matvec_res_tok_{sfx}"))?,
+                "matvec_res_tok",
+                cfg((grid.0, n.div_ceil(tile) as u32, 1), 256, 0),
+                [w, &x, &mut y, &r, &c, &p, &ni]
+            )?;
             Ok((download(gpu, &y)?, Vec::new()))
         }
         Some(res) => {

@@ -632,7 +632,8 @@ impl Runner<'_> {
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let xq: Vec<u8> = xs.chunks(cols).flat_map(ops::q8_row).collect();
-                let y = ops::matvec_q8x(self.gpu, ty, &w, (rows, cols), (&xq, None), (parts, rpw))?;
+                let y =
+                    ops::matvec_q8x(self.gpu, ty, &w, (rows, cols), (&xq, None), (parts, rpw, 1))?;
                 let staged = ops::matvec_norm3_q8(
                     self.gpu,
                     ty,
@@ -652,7 +653,7 @@ impl Runner<'_> {
                     &w,
                     (rows, cols),
                     (&xqn, Some(&invs)),
-                    (parts, rpw),
+                    (parts, rpw, 1),
                 )?;
                 let staged_n = ops::matvec_norm3_q8(
                     self.gpu,
@@ -668,6 +669,29 @@ impl Runner<'_> {
                     &yn,
                     &staged_n,
                 )?;
+                // Token tiles (`matvec_q8x_tok`, the verify rows): 11 tokens in tiles of 2 and 8
+                // (a partial last tile) = the one-token kernel per token, bit for bit.
+                let xs11 = self.rng.normals(11 * cols, 1.0);
+                let (xq11, invs11) = ops::rms_norm_q8(self.gpu, &xs11, &nw, cols, 1e-6)?;
+                let one = ops::matvec_q8x(
+                    self.gpu,
+                    ty,
+                    &w,
+                    (rows, cols),
+                    (&xq11, Some(&invs11)),
+                    (parts, rpw, 1),
+                )?;
+                for tile in [2, 8] {
+                    let tiled = ops::matvec_q8x(
+                        self.gpu,
+                        ty,
+                        &w,
+                        (rows, cols),
+                        (&xq11, Some(&invs11)),
+                        (parts, rpw, tile),
+                    )?;
+                    same_bits("matvec_q8x_tok differs from matvec_q8x", &tiled, &one)?;
+                }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
@@ -683,7 +707,7 @@ impl Runner<'_> {
                 &format!("matvec_q8x {}", ty.name()),
                 format!(
                     "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_q8 bit for bit \
-                     (also after rms_norm_q8)"
+                     (also after rms_norm_q8), token tiles 2 and 8 = one token bit for bit"
                 ),
                 r,
             );
@@ -699,7 +723,7 @@ impl Runner<'_> {
             let xs = self.rng.normals(n * cols, 1.0);
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
-                let y = ops::matvec3_x_f32(self.gpu, &w, (rows, cols), &xs, (parts, rpw))?;
+                let y = ops::matvec3_x_f32(self.gpu, &w, (rows, cols), &xs, (parts, rpw, 1))?;
                 let (staged, _) = ops::matvec_fused(
                     self.gpu,
                     GgmlType::F32,
@@ -711,6 +735,16 @@ impl Runner<'_> {
                     (1e-6, parts, rpw, 1),
                 )?;
                 same_bits("matvec3_x_f32 differs from matvec_norm3_f32", &y, &staged)?;
+                if rpw == 1 {
+                    // Token tiles (`matvec3_x_tok_f32`): 7 tokens in tiles of 2 and 4.
+                    let xs7 = self.rng.normals(7 * cols, 1.0);
+                    let one = ops::matvec3_x_f32(self.gpu, &w, (rows, cols), &xs7, (parts, 1, 1))?;
+                    for tile in [2, 4] {
+                        let tiled =
+                            ops::matvec3_x_f32(self.gpu, &w, (rows, cols), &xs7, (parts, 1, tile))?;
+                        same_bits("matvec3_x_tok_f32 differs from matvec3_x_f32", &tiled, &one)?;
+                    }
+                }
                 let wf = dequantize_to_vec(GgmlType::F32, &bytes)
                     .map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
@@ -723,7 +757,10 @@ impl Runner<'_> {
             })();
             self.record(
                 "matvec3_x_f32",
-                format!("{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_f32 bit for bit"),
+                format!(
+                    "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_f32 bit for bit{}",
+                    if rpw == 1 { ", token tiles 2 and 4 too" } else { "" }
+                ),
                 r,
             );
         }
@@ -751,8 +788,8 @@ impl Runner<'_> {
                     (parts, rpw),
                     k,
                 )?;
-                let y_ref = ops::matvec3_x_f32(self.gpu, &wr, (rows, cols), &xs, (parts, rpw))?;
-                let g_ref = ops::matvec3_x_f32(self.gpu, &wg, (1, cols), &xs, (parts, rpw))?;
+                let y_ref = ops::matvec3_x_f32(self.gpu, &wr, (rows, cols), &xs, (parts, rpw, 1))?;
+                let g_ref = ops::matvec3_x_f32(self.gpu, &wg, (1, cols), &xs, (parts, rpw, 1))?;
                 same_bits("router logits differ from matvec3_x_f32", &y, &y_ref)?;
                 same_bits("gate logit differs from matvec3_x_f32", &g, &g_ref)?;
                 let kernel = ops::RouterKernel::warp(rows)
@@ -1020,6 +1057,22 @@ impl Runner<'_> {
                     Some(&res),
                     (eps, parts, rpw, 1),
                 )?;
+                if rpw == 1 {
+                    // Token tiles (`matvec_res_tok`, no norm): the residual sums bit for bit.
+                    for tile in [2, 3] {
+                        let (yt, _) = ops::matvec_fused(
+                            self.gpu,
+                            ty,
+                            &w,
+                            (rows2, cols2),
+                            &xs,
+                            &nw,
+                            Some(&res),
+                            (eps, parts, 1, tile),
+                        )?;
+                        same_bits("matvec_res_tok differs from matvec_res", &yt, &y)?;
+                    }
+                }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let (mut ry, mut ryn) = (Vec::new(), Vec::new());
@@ -1034,7 +1087,14 @@ impl Runner<'_> {
             })();
             self.record(
                 &format!("matvec_res {}", ty.name()),
-                format!("{rows2}x{cols2} n={n} parts={parts} rows/warp={rpw}"),
+                format!(
+                    "{rows2}x{cols2} n={n} parts={parts} rows/warp={rpw}{}",
+                    if rpw == 1 {
+                        ", token tiles 2 and 3 bit-identical"
+                    } else {
+                        ""
+                    }
+                ),
                 r,
             );
         }
