@@ -819,15 +819,15 @@ __device__ __noinline__ void next_norm_q8(const float* __restrict__ x, int n, co
 // registers a 1,024-thread block has an SM to itself and a decode step's 160 blocks take two
 // waves on 132 SMs; 16 is the default, +1.4 % decode). Launch: grid = (ff / 32, k, tokens),
 // block = 32 * W threads, W = 8, 16 or 32 (ff a multiple of 32).
-extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
-    const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
-    u8* __restrict__ actq, int ff, int hidden, int k) {
+// The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
+// expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
+__device__ __forceinline__ void gate_up_q8q_rows(const u64* __restrict__ tab, int id, const u8* __restrict__ xq,
+                                                 float* __restrict__ act, u8* __restrict__ actq, int ff, int hidden,
+                                                 int k) {
     __shared__ float act_s[WARP];
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    stage_iq2_q8_tables();  // depends on nothing: before the wait
-    pdl_enter();            // ids and xq come from the kernels before
     const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
-    const u64* parts = tab + 3 * (size_t)ids[te];
+    const u64* parts = tab + 3 * (size_t)id;
     const u8 *gate = (const u8*)parts[0], *up = (const u8*)parts[1];
     const Q8Row x = q8_row((u8*)xq + (size_t)blockIdx.z * Q8_ROW_BYTES(hidden), hidden);
     for (int r = wid; r < WARP; r += nw) {
@@ -849,6 +849,42 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
         q8_block32(act_s[lane], lane, (i8*)base + 32 * b, (float*)(base + ff) + b,
                    (int*)(base + ff + ff / 32 * 4) + 2 * b);
     }
+}
+
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
+    const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k) {
+    stage_iq2_q8_tables();  // depends on nothing: before the wait
+    pdl_enter();            // ids and xq come from the kernels before
+    gate_up_q8q_rows(tab, ids[(size_t)blockIdx.z * k + blockIdx.y], xq, act, actq, ff, hidden, k);
+}
+
+// moe_gate_up_route_q8q_iq2_xxs(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k): the
+// router's top-k and moe_gate_up_tab_q8q_iq2_xxs in one launch: warp 0 of every block computes
+// moe_router_warp's choices of its token from the router logits (router_warp_row: the same ids and
+// weights bit for bit; each block redoes the cheap top-k instead of waiting for a launch of its
+// own), the blocks (0, 0, t) write them to ids / wts (the down kernel and the expert cache read
+// them there), and each block runs its choice's rows. k <= 32, n_expert <= 32 * ROUTER_VPL.
+// Launch: as moe_gate_up_tab_q8q_iq2_xxs.
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs(
+    const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
+    float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
+    int hidden, int k) {
+    __shared__ int ids_s[WARP];
+    __shared__ float wts_s[WARP];
+    stage_iq2_q8_tables();  // depends on nothing: before the wait
+    pdl_enter();            // the logits and xq come from the kernels before
+    const size_t t = blockIdx.z;
+    if (threadIdx.x < WARP) {
+        router_warp_row(logits + t * n_expert, n_expert, k, ids_s, wts_s);
+        __syncwarp();
+        if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < k) {
+            ids[t * k + threadIdx.x] = ids_s[threadIdx.x];
+            wts[t * k + threadIdx.x] = wts_s[threadIdx.x];
+        }
+    }
+    __syncthreads();
+    gate_up_q8q_rows(tab, ids_s[blockIdx.y], xq, act, actq, ff, hidden, k);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,

@@ -580,6 +580,7 @@ struct Kernels {
     matvec3_x_tok_f32: CudaFunction,
     matvec3_x_f32_router: CudaFunction,
     res_norm_q8: CudaFunction,
+    moe_gate_up_route: CudaFunction,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -786,6 +787,12 @@ pub struct CudaModel {
     /// (`matvec3_x_f32_router`, `REDLITE_CUDA_ROUTER_FUSED=1`; off by default: 255.6 / 254.7 tok/s
     /// against 256.6 / 256.0 with its own `moe_router_warp` launch on the H200).
     router_fused: bool,
+    /// The router's top-k inside the expert gate/up kernel's blocks (each block of a token redoes
+    /// it: `moe_gate_up_route_q8q_iq2_xxs`) instead of a `moe_router_warp` launch before it
+    /// (`REDLITE_CUDA_ROUTE_IN_GATE_UP=1`; off by default: decode 275.5 / 275.5 tok/s against
+    /// 275.4 / 276.4 on the H200, 48 launches fewer but the fused kernel 20.3 µs a layer against
+    /// 14.5 + 7.3; an 8-row verify 12.60 against 11.62 ms).
+    route_in_gate_up: bool,
     /// A one-token-at-a-time call's next-layer input norm (`rms_norm_q8`'s q8 row and 1 / rms)
     /// written by the MoE residual's last block (`next_norm_q8` in moe.cu) instead of a launch of
     /// its own (`REDLITE_CUDA_FOLD_NORM=1`; off by default: 230.7 against 244.2 tok/s on the H200,
@@ -909,6 +916,7 @@ impl CudaModel {
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
             matvec3_x_f32_router: f("matvec3_x_f32_router")?,
             res_norm_q8: f("res_norm_q8")?,
+            moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -1003,6 +1011,7 @@ impl CudaModel {
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             router_fused: env_switch("REDLITE_CUDA_ROUTER_FUSED", false),
+            route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", false),
             fold_norm: env_switch("REDLITE_CUDA_FOLD_NORM", false),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
@@ -2621,7 +2630,26 @@ impl CudaModel {
         // with the top-k in its last block where the shapes allow (`matvec3_x_f32_router`).
         // With its own row split (`router_split`: 512 rows of 2048 f32 fill only part of the GPU
         // at the matrices' split).
-        if !self.router_fused(m, n, ids, wts)? {
+        // IQ2_XXS gate, up and down all on 8-bit activations (the default), or IQ2_XXS gate/up on
+        // the q8 row of xn when matvec_res wrote it, or f32 activations.
+        let q8_down = e
+            .q8_down_f
+            .clone()
+            .filter(|_| self.q8_moe && self.q8_moe_down && self.xq_fresh && ff.is_multiple_of(32));
+        let routed_gemm =
+            self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK);
+        // The top-k inside the gate/up kernel's blocks (`moe_gate_up_route_q8q_iq2_xxs`).
+        let route_in_gate_up = self.route_in_gate_up
+            && q8_down.is_some()
+            && !routed_gemm
+            && self.router.1.name == "moe_router_warp"
+            && k <= 32
+            && ne <= 32 * 16;
+        if route_in_gate_up {
+            self.with_split(self.router_split, |s| {
+                s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
+            })?;
+        } else if !self.router_fused(m, n, ids, wts)? {
             self.with_split(self.router_split, |s| {
                 s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
             })?;
@@ -2641,16 +2669,35 @@ impl CudaModel {
                 ],
             )?;
         }
-        if self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK) {
+        if routed_gemm {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
-        // IQ2_XXS gate, up and down all on 8-bit activations (switch, off by default), or
-        // IQ2_XXS gate/up on the q8 row of xn when matvec_res wrote it, or f32 activations.
-        let q8_down = e
-            .q8_down_f
-            .clone()
-            .filter(|_| self.q8_moe && self.q8_moe_down && self.xq_fresh && ff.is_multiple_of(32));
         let (down_f, down_act) = match q8_down {
+            Some((_, dn_f)) if route_in_gate_up => {
+                let act_q = self.sc.act_q;
+                let f = self.k.moe_gate_up_route.clone();
+                self.launch(
+                    "moe_gate_up_route_q8q",
+                    &f,
+                    ((ff / 32) as u32, k as u32, n as u32),
+                    crate::ops::q8q_threads(),
+                    0,
+                    &[
+                        A::P(rlog),
+                        A::I(ne as i32),
+                        A::P(tab),
+                        A::P(ids),
+                        A::P(wts),
+                        A::P(self.sc.xq),
+                        A::P(act),
+                        A::P(act_q),
+                        A::I(ff as i32),
+                        A::I(h as i32),
+                        A::I(k as i32),
+                    ],
+                )?;
+                (dn_f, act_q)
+            }
             Some((gu_f, dn_f)) => {
                 let act_q = self.sc.act_q;
                 self.launch(

@@ -696,6 +696,57 @@ pub fn moe_experts_q8_down(
     ))
 }
 
+/// What [`moe_gate_up_route_q8q`] returns: expert ids and weights `[k]`, the activations
+/// `[k][ff]` and their q8 rows.
+pub type RoutedGateUp = (Vec<i32>, Vec<f32>, Vec<f32>, Vec<u8>);
+
+/// `moe_gate_up_route_q8q_iq2_xxs` on one token: the top-`k` of the router `logits` (`n_expert`
+/// of them; the chosen ids must be those of `set`'s experts, `0..k`) and the gate/up rows of
+/// each choice on the q8 row `xq`.
+pub fn moe_gate_up_route_q8q(
+    gpu: &Gpu,
+    set: &ExpertSet,
+    logits: &[f32],
+    xq: &[u8],
+    (hidden, ff): (usize, usize),
+) -> Result<RoutedGateUp, CudaError> {
+    let k = set.gate.len();
+    let ne = logits.len();
+    if set.gate_up_ty != GgmlType::IQ2XXS
+        || k == 0
+        || k > 32
+        || ne < k
+        || ne > ROUTER_WARP_MAX_EXPERTS
+        || xq.len() != q8_row_bytes(hidden)
+        || !ff.is_multiple_of(32)
+    {
+        return Err(CudaError::Invalid("routed gate/up: sizes".into()));
+    }
+    let c = tab_call(gpu, set, &vec![0.0; k], (hidden, ff))?;
+    let (l_d, x_d) = (upload(gpu, logits)?, upload(gpu, xq)?);
+    let mut ids = alloc_poisoned::<i32>(gpu, k)?;
+    let mut wts = alloc_poisoned::<f32>(gpu, k)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
+    let nei = i32_arg(ne, "experts")?;
+    launch!(
+        gpu,
+        gpu.func("moe_gate_up_route_q8q_iq2_xxs")?,
+        "moe_gate_up_route_q8q_iq2_xxs",
+        cfg(((ff / 32) as u32, k as u32, 1), q8q_threads(), 0),
+        [
+            &l_d, &nei, &c.tab, &mut ids, &mut wts, &x_d, &mut act, &mut actq, &c.ff, &c.hidden,
+            &c.k
+        ]
+    )?;
+    Ok((
+        download(gpu, &ids)?,
+        download(gpu, &wts)?,
+        download(gpu, &act)?,
+        download(gpu, &actq)?,
+    ))
+}
+
 /// `rms_norm_q8` on `n` rows of `cols`: `(the q8 rows of x · nw, 1 / rms(x) per row)`.
 pub fn rms_norm_q8(
     gpu: &Gpu,

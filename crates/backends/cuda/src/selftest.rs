@@ -836,6 +836,43 @@ impl Runner<'_> {
                 )?;
                 // The next layer's input from the last block = rms_norm_q8 on the output.
                 same_as_rms_norm_q8(self.gpu, (&y, &nw), (&next_q, &next_inv))?;
+                // The top-k inside the gate/up blocks (`moe_gate_up_route_q8q_iq2_xxs`): on
+                // logits whose top 3 of 64 are the set's experts, moe_router_warp's ids and
+                // weights and the activations above, bit for bit.
+                let ne = 64usize;
+                let logits: Vec<f32> = (0..ne)
+                    .map(|e| {
+                        let u = self.rng.uniform() as f32;
+                        if e < chosen.len() {
+                            4.0 + u
+                        } else {
+                            u - 2.0
+                        }
+                    })
+                    .collect();
+                let (ids_r, wts_r, act_r, actq_r) = ops::moe_gate_up_route_q8q(
+                    self.gpu,
+                    &set,
+                    &logits,
+                    &ops::q8_row(&x),
+                    (hidden, ff),
+                )?;
+                let kernel = ops::RouterKernel::warp(ne)
+                    .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
+                let (ids_ref, wts_ref) =
+                    ops::moe_router(self.gpu, kernel, &logits, ne, chosen.len())?;
+                if ids_r != ids_ref || ids_r != [0, 1, 2] {
+                    return Err(CudaError::Invalid(format!(
+                        "routed gate/up ids {ids_r:?}, moe_router_warp {ids_ref:?}"
+                    )));
+                }
+                same_bits(
+                    "routed gate/up weights differ from moe_router_warp",
+                    &wts_r,
+                    &wts_ref,
+                )?;
+                same_bits("routed gate/up activations differ", &act_r, &act)?;
+                same_bytes("routed gate/up q8 rows differ", &actq_r, &actq)?;
                 let expect: Vec<u8> = act.chunks(ff).flat_map(ops::q8_row).collect();
                 same_bytes(
                     "moe_gate_up_tab_q8q: the q8 rows differ from its quantised activations",
@@ -867,7 +904,7 @@ impl Runner<'_> {
             })();
             self.record(
                 "experts q8 down IQ2_XXS",
-                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, next norm = rms_norm_q8 bit for bit"),
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, next norm = rms_norm_q8 bit for bit, routed gate/up = moe_router_warp + gate/up bit for bit"),
                 r,
             );
         }
