@@ -89,7 +89,7 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 #define ROUTER_LANE_TAIL 1
 #endif
 // router_warp_row(l, n_expert, k, idx_out, w_out): moe_router_warp's work for one token, by the
-// calling warp (its lanes 0..31): l the token's logits (read through L2: the fused router writes
+// calling warp (its lanes 0..31): l the token's logits (read through L2: the kernel before wrote
 // them from other blocks just before), idx_out / w_out the token's k outputs.
 __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int n_expert, int k,
                                                 int* __restrict__ idx_out, float* __restrict__ w_out) {
@@ -199,28 +199,6 @@ extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int
     pdl_enter();
     const size_t t = blockIdx.x;
     router_warp_row(logits + t * n_expert, n_expert, k, idx_out + t * k, w_out + t * k);
-}
-
-// matvec3_x_f32_router(x, cols, split, w0, y0, rows0, w1, y1, rows1, counter, k, ids, wts):
-// matvec3_x_f32 of the router (matrix 0: y0 = its n_expert = rows0 logits) and the shared expert's
-// gate logit (matrix 1), then the router's top-k by the last block of token t = blockIdx.y to
-// finish (counted in counter[t], which starts at 0 and is left at 0): warp 0 of that block does
-// moe_router_warp's work on y0[t] (router_warp_row: ids and weights bit for bit), so the top-k
-// takes no launch of its own. rows0 <= 32 * ROUTER_VPL. Launch: as matvec3_x_f32.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32_router(
-    const float* x, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1,
-    u32* __restrict__ counter, int k, int* __restrict__ ids, float* __restrict__ wts) {
-    __shared__ int is_last;
-    const int t = blockIdx.y;
-    matvec3_x_f32_body(x, cols, split, w0, y0, r0, w1, y1, r1, nullptr, nullptr, 0);
-    __threadfence();  // this block's logits are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counter[t], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last || threadIdx.x >= WARP) return;
-    __threadfence();
-    router_warp_row(y0 + (size_t)t * r0, r0, k, ids + (size_t)t * k, wts + (size_t)t * k);
-    if (threadIdx.x == 0) counter[t] = 0;
 }
 
 // moe_gate_up_<type>(gate, up, x, act, ff, hidden): for chosen expert e = blockIdx.y,
@@ -752,64 +730,6 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
     }
 }
 
-// The next layer's input norm in the MoE residual's epilogue: when nw is not null, the last block
-// of token t = blockIdx.y to finish (counted in counter[t], which starts at 0 and is left at 0)
-// writes what rms_norm_q8 would from the finished x[t] (x[t] · nw as a q8 row at xq + t *
-// Q8_ROW_BYTES(n), invs[t] = 1 / rms(x[t])): stage_normed_q8's arithmetic in its order (the sums
-// of squares of its 8 warps, blocks b = w, w + 8, ... each), whatever this block's warp count,
-// so the same bits. Every thread calls it; n a multiple of 32. A call (noinline), so its
-// registers stay out of the down kernels' main loop.
-__device__ __noinline__ void next_norm_q8(const float* __restrict__ x, int n, const float* __restrict__ nw,
-                                          float eps, u32* __restrict__ counter, u8* __restrict__ xq,
-                                          float* __restrict__ invs) {
-    __shared__ int is_last;
-    __shared__ float part_ss[MVF_WARPS];
-    if (nw == nullptr) return;
-    const int t = blockIdx.y;
-    __threadfence();  // this block's rows of x are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counter[t], 1u) == gridDim.x * gridDim.z - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const float* xt = x + (size_t)t * n;
-    u8* base = xq + (size_t)t * Q8_ROW_BYTES(n);
-    i8* q = (i8*)base;
-    float* d = (float*)(base + n);
-    int* s16 = (int*)(base + n + n / 32 * 4);
-    const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
-    for (int vw = wi; vw < MVF_WARPS; vw += nwarps) {
-        float ss = 0.0f;
-        // Up to 8 of the virtual warp's blocks at a time: loads in flight together.
-        for (int b0 = vw; b0 < n / 32; b0 += 8 * MVF_WARPS) {
-            float v[8], u[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int b = b0 + j * MVF_WARPS;
-                v[j] = b < n / 32 ? ld_cg(xt + 32 * b + lane) : 0.0f;
-                u[j] = b < n / 32 ? nw[32 * b + lane] : 1.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int b = b0 + j * MVF_WARPS;
-                if (b < n / 32) {
-                    ss = __fmaf_rn(v[j], v[j], ss);
-                    q8_block32(__fmul_rn(v[j], u[j]), lane, q + 32 * b, d + b, s16 + 2 * b);
-                }
-            }
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) part_ss[vw] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float tot = 0.0f;
-        for (int w = 0; w < MVF_WARPS; ++w) tot += part_ss[w];
-        invs[t] = 1.0f / sqrtf(tot / (float)n + eps);
-        counter[t] = 0;
-    }
-}
-
 // ----- IQ2_XXS down projection on 8-bit activations (REDLITE_CUDA_Q8_MOE_DOWN; on by default) -----
 // moe_gate_up_tab_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k): moe_gate_up_tab_q8_iq2_xxs
 // with a block owning 32 consecutive rows of one (token, choice), so that it also quantises their
@@ -887,21 +807,17 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs
     gate_up_q8q_rows(tab, ids_s[blockIdx.y], xq, act, actq, ff, hidden, k);
 }
 
-// moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
-// next_nw, eps, counter, next_xq, next_invs):
+// moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k):
 // moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
-// value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order; then the next
-// layer's input norm (next_norm_q8; next_nw null: none).
+// value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order.
 // Launch: as moe_down_combine_tab (grid = (hidden * parts / warps, tokens), block = 32 * warps).
 extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                            const float* __restrict__ weight,
                                                            const u8* __restrict__ actq, float* __restrict__ x,
                                                            const float* __restrict__ shared,
                                                            const float* __restrict__ gate_logit, int hidden, int ff,
-                                                           int k, const float* __restrict__ next_nw, float eps,
-                                                           u32* __restrict__ counter, u8* __restrict__ next_xq,
-                                                           float* __restrict__ next_invs) {
+                                                           int k) {
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const DownRow d = down_row(hidden);
@@ -921,17 +837,14 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
         }
     }
     down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);
-    next_norm_q8(x, hidden, next_nw, eps, counter, next_xq, next_invs);
 }
 
-// moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k, next_nw,
-// eps, counter, next_xq, next_invs): the routed experts' down projections, their weighted sum (in
+// moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the routed experts' down projections, their weighted sum (in
 // choice order) and the MoE residual in one: for token t = blockIdx.y, x[t][r] += sum_c
 // weight[t][c] * (down_{ids[t][c]}[r] . act[t][c]) + sigmoid(gate_logit[t]) * shared[t][r]. For
 // group-decoded types the warp's lanes share out the (choice, group) pairs of all k experts of the
 // row (k times the loads in flight of one row, one warp sum): lane l sums weight[c] * group dot
-// over pairs l, l + 32, ... (choice-major). Then the next layer's input norm (next_norm_q8;
-// next_nw null: none).
+// over pairs l, l + 32, ... (choice-major).
 // Launch: block = 32 * warps, grid = (ceil(hidden / warps), tokens).
 template <typename T>
 __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict__ tab, const int* __restrict__ ids,
@@ -939,9 +852,7 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                           const float* __restrict__ act, float* __restrict__ x,
                                                           const float* __restrict__ shared,
                                                           const float* __restrict__ gate_logit, int hidden,
-                                                          int ff, int k, const float* __restrict__ next_nw,
-                                                          float eps, u32* __restrict__ counter,
-                                                          u8* __restrict__ next_xq, float* __restrict__ next_invs) {
+                                                          int ff, int k) {
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     // The `parts` warps of a row share out its (choice, group) pairs and add their sums in order.
@@ -986,7 +897,6 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
         }
     }
     down_row_finish(d, s, grouped<T>() && !iq2_sb<T>(), t, hidden, x, shared, gate_logit);
-    next_norm_q8(x, hidden, next_nw, eps, counter, next_xq, next_invs);
 }
 
 #define MOE_TAB_KERNELS(name, T)                                                                      \
@@ -998,11 +908,8 @@ __device__ __forceinline__ void moe_down_combine_tab_body(const u64* __restrict_
                                                            const float* weight, const float* act,     \
                                                            float* x, const float* shared,             \
                                                            const float* gate_logit, int hidden,       \
-                                                           int ff, int k, const float* next_nw,       \
-                                                           float eps, u32* counter, u8* next_xq,      \
-                                                           float* next_invs) {                        \
-        moe_down_combine_tab_body<T>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k,     \
-                                     next_nw, eps, counter, next_xq, next_invs);                      \
+                                                           int ff, int k) {                           \
+        moe_down_combine_tab_body<T>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k);    \
     }
 
 FOR_EACH_TYPE(MOE_TAB_KERNELS)

@@ -179,9 +179,6 @@ pub fn bench_experts(
                 .arg(&shared)
                 .arg(&gl);
             b.arg(&hi).arg(&ffi).arg(&ki);
-            // No next-layer norm: null weights (and unused eps, counter and outputs).
-            let (null, eps) = (0u64, 0.0f32);
-            b.arg(&null).arg(&eps).arg(&null).arg(&null).arg(&null);
             let cfg = LaunchConfig {
                 grid_dim: (h.div_ceil(warps as usize) as u32, 1, 1),
                 block_dim: (32 * warps, 1, 1),

@@ -578,7 +578,6 @@ struct Kernels {
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
     matvec3_x_tok_f32: CudaFunction,
-    matvec3_x_f32_router: CudaFunction,
     res_norm_q8: CudaFunction,
     moe_gate_up_route: CudaFunction,
 }
@@ -626,12 +625,6 @@ struct Scratch {
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
     argmax_part: u64,
     argmax_counter: u64,
-    /// u32 `[max_batch]`, zero between launches: router blocks finished per token
-    /// (`matvec3_x_f32_router`).
-    router_counter: u64,
-    /// u32 `[max_batch]`, zero between launches: MoE residual blocks finished per token
-    /// (`next_norm_q8`).
-    combine_counter: u64,
     /// `[max_batch]` q8 rows of `xn` (`q8_row_bytes(hidden)` each), written with it by
     /// `matvec_res` for the MoE's 8-bit kernels.
     xq: u64,
@@ -783,21 +776,12 @@ pub struct CudaModel {
     /// one-token-at-a-time call read their input in place (`matvec3_x_f32`) instead of every block
     /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
     x_router: bool,
-    /// With `x_router`, the router's top-k in the router matvec's last block
-    /// (`matvec3_x_f32_router`, `REDLITE_CUDA_ROUTER_FUSED=1`; off by default: 255.6 / 254.7 tok/s
-    /// against 256.6 / 256.0 with its own `moe_router_warp` launch on the H200).
-    router_fused: bool,
     /// The router's top-k inside the expert gate/up kernel's blocks (each block of a token redoes
     /// it: `moe_gate_up_route_q8q_iq2_xxs`) instead of a `moe_router_warp` launch before it
     /// (`REDLITE_CUDA_ROUTE_IN_GATE_UP=1`; off by default: decode 275.5 / 275.5 tok/s against
     /// 275.4 / 276.4 on the H200, 48 launches fewer but the fused kernel 20.3 µs a layer against
     /// 14.5 + 7.3; an 8-row verify 12.60 against 11.62 ms).
     route_in_gate_up: bool,
-    /// A one-token-at-a-time call's next-layer input norm (`rms_norm_q8`'s q8 row and 1 / rms)
-    /// written by the MoE residual's last block (`next_norm_q8` in moe.cu) instead of a launch of
-    /// its own (`REDLITE_CUDA_FOLD_NORM=1`; off by default: 230.7 against 244.2 tok/s on the H200,
-    /// the counting and the one-block tail after 1,024 blocks cost more than the launch).
-    fold_norm: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
     /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
@@ -810,9 +794,6 @@ pub struct CudaModel {
     /// squares and writes a slice of the q8 row; `REDLITE_CUDA_NORM_SLICES`, 1 to 64, default
     /// [`crate::ops::NORM_SLICES`]).
     norm_slices: usize,
-    /// The norm weights whose q8 input `xq_in` / `xq_inv` hold for `x`, written by the MoE of
-    /// the layer before (taken by the next mixer's projections).
-    xq_in_ready: Option<u64>,
     /// Whether the last `matvec_residual` wrote `xq` (not when it went through a GEMM).
     xq_fresh: bool,
     /// With `q8_moe`, the IQ2_XXS down projection on 8-bit activations as well
@@ -914,7 +895,6 @@ impl CudaModel {
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
-            matvec3_x_f32_router: f("matvec3_x_f32_router")?,
             res_norm_q8: f("res_norm_q8")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             swiglu_pairs: f("swiglu_pairs")?,
@@ -1010,9 +990,7 @@ impl CudaModel {
                 .clamp(1, 16),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
-            router_fused: env_switch("REDLITE_CUDA_ROUTER_FUSED", false),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", false),
-            fold_norm: env_switch("REDLITE_CUDA_FOLD_NORM", false),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
                 .unwrap_or(crate::ops::NORM_SLICES)
@@ -1020,7 +998,6 @@ impl CudaModel {
             argmax_slices: env_parse("REDLITE_CUDA_ARGMAX_SLICES")
                 .unwrap_or(ARGMAX_SLICES)
                 .clamp(1, ARGMAX_SLICES),
-            xq_in_ready: None,
             xq_fresh: false,
             q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", true),
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
@@ -1654,10 +1631,6 @@ impl CudaModel {
             if q8 && (tile == 1 || self.q8x_tile > 1) && nw != 0 && self.xq_norm {
                 // The norm and its q8 row once per token, then the rows without staging.
                 let (xq, invs) = (self.sc.xq_in, self.sc.xq_inv);
-                if !normed_q8 && x == self.sc.x && self.xq_in_ready.take() == Some(nw) {
-                    // The MoE residual's last block of the layer before wrote them.
-                    normed_q8 = true;
-                }
                 if !normed_q8 {
                     let f = self.k.rms_norm_q8.clone();
                     self.launch(
@@ -2227,11 +2200,7 @@ impl CudaModel {
         if let Some(nv) = nvtx {
             nv.push(&format!("layer {i} moe"));
         }
-        // The next layer's input norm in the MoE residual's last block (a decode step's layers
-        // but the last; the mixer above has taken what this layer's MoE got).
-        self.xq_in_ready = None;
-        let next_norm = self.layers.get(i + 1).map(|l| l.attn_norm);
-        let r = self.enqueue_moe(&moe, n, next_norm);
+        let r = self.enqueue_moe(&moe, n);
         if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
             nv.pop();
             nv.pop();
@@ -2602,12 +2571,7 @@ impl CudaModel {
         self.matvec_residual(out, gated, post_norm, n)
     }
 
-    fn enqueue_moe(
-        &mut self,
-        m: &DevMoe,
-        n: usize,
-        next_norm: Option<u64>,
-    ) -> Result<(), CudaError> {
+    fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
         let c = &self.config;
         let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
         let sc = &self.sc;
@@ -2626,10 +2590,9 @@ impl CudaModel {
         self.stream = main;
         shared_done?;
         self.side.join.record(&self.side.stream).map_err(drv)?;
-        // Router logits and the shared expert's gate logit (both rows of xn) in one launch,
-        // with the top-k in its last block where the shapes allow (`matvec3_x_f32_router`).
-        // With its own row split (`router_split`: 512 rows of 2048 f32 fill only part of the GPU
-        // at the matrices' split).
+        // Router logits and the shared expert's gate logit (both rows of xn) in one launch, with
+        // its own row split (`router_split`: 512 rows of 2048 f32 fill only part of the GPU at
+        // the matrices' split), then the top-k.
         // IQ2_XXS gate, up and down all on 8-bit activations (the default), or IQ2_XXS gate/up on
         // the q8 row of xn when matvec_res wrote it, or f32 activations.
         let q8_down = e
@@ -2649,7 +2612,7 @@ impl CudaModel {
             self.with_split(self.router_split, |s| {
                 s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
             })?;
-        } else if !self.router_fused(m, n, ids, wts)? {
+        } else {
             self.with_split(self.router_split, |s| {
                 s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
             })?;
@@ -2744,14 +2707,6 @@ impl CudaModel {
             }
         };
         self.stream.wait(&self.side.join).map_err(drv)?;
-        // The next layer's input as rms_norm_q8 would write it, by the last block below, when
-        // that layer's projections will read it (one token at a time, 8-bit inputs).
-        let next_nw = next_norm.filter(|_| {
-            self.fold_norm
-                && self.xq_norm
-                && token_tile(self.token_tile, n, h) == 1
-                && h.is_multiple_of(32)
-        });
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
         self.launch(
             "moe_down_combine_tab",
@@ -2770,75 +2725,9 @@ impl CudaModel {
                 A::I(h as i32),
                 A::I(ff as i32),
                 A::I(k as i32),
-                A::P(next_nw.unwrap_or(0)),
-                A::F(self.config.rms_eps),
-                A::P(self.sc.combine_counter),
-                A::P(self.sc.xq_in),
-                A::P(self.sc.xq_inv),
             ],
         )?;
-        self.xq_in_ready = next_nw;
         Ok(())
-    }
-
-    /// The router logits, the shared expert's gate logit and the router's top-k of a
-    /// one-token-at-a-time call in one launch (`matvec3_x_f32_router`: `matvec3_x_f32`, then
-    /// `moe_router_warp`'s work in the last block; `REDLITE_CUDA_ROUTER_FUSED=0` the two
-    /// launches). Returns whether it launched (false: the shapes or settings do not allow it).
-    fn router_fused(
-        &mut self,
-        m: &DevMoe,
-        n: usize,
-        ids: u64,
-        wts: u64,
-    ) -> Result<bool, CudaError> {
-        let (h, ne, k) = (
-            self.config.hidden,
-            self.config.n_experts,
-            self.config.n_experts_used,
-        );
-        let fits = self.router_fused
-            && !self.gemm_now
-            && self.x_router
-            && token_tile(self.token_tile, n, h) == 1
-            && self.router.1.name == "moe_router_warp"
-            && [&m.router, &m.sh_gate_vec]
-                .iter()
-                .all(|w| w.ty == GgmlType::F32 && w.cols == h)
-            && m.router.rows == ne
-            && h <= MVF_MAX_COLS;
-        if !fits {
-            return Ok(false);
-        }
-        let split = MvfSplit {
-            parts: mvf_parts(GgmlType::F32, h, self.router_split.0),
-            rows: self.router_split.1,
-        };
-        let (xn, rlog, gl) = (self.sc.xn, self.sc.rlog, self.sc.gl);
-        let mut args = vec![A::P(xn), A::I(h as i32), A::I(split.arg())];
-        let grid_x = push_mats3(
-            &mut args,
-            &[(&m.router, rlog), (&m.sh_gate_vec, gl)],
-            split.rows_per_block(),
-        );
-        // The kernel takes two matrices: drop the third's (null) arguments.
-        args.truncate(args.len() - 3);
-        args.extend([
-            A::P(self.sc.router_counter),
-            A::I(k as i32),
-            A::P(ids),
-            A::P(wts),
-        ]);
-        let f = self.k.matvec3_x_f32_router.clone();
-        self.launch(
-            "matvec3_x_f32_router",
-            &f,
-            (grid_x, n as u32, 1),
-            MVF_THREADS,
-            0,
-            &args,
-        )?;
-        Ok(true)
     }
 
     /// The routed experts of a prompt's `n` tokens on the tensor cores, after the router: the
@@ -3337,8 +3226,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         counter: arena.zeros(4 * b)?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
-        router_counter: arena.zeros(4 * b)?,
-        combine_counter: arena.zeros(4 * b)?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,
         xq_sa: arena.alloc(b * crate::ops::q8_row_bytes(sff))?,
         act_q: arena.alloc(b * k * crate::ops::q8_row_bytes(ff))?,

@@ -542,34 +542,6 @@ struct TabCall {
     ff: i32,
     hidden: i32,
     k: i32,
-    /// The down kernels' next-layer norm arguments: null weights (no norm) unless
-    /// [`TabCall::next_norm`] set them.
-    next: NextNorm,
-}
-
-/// The down kernels' `(next_nw, eps, counter, next_xq, next_invs)`; `nw` 0 (null): no norm.
-struct NextNorm {
-    /// Keeps the weights `nw` points at alive.
-    _w: Option<CudaSlice<f32>>,
-    nw: u64,
-    eps: f32,
-    counter: CudaSlice<u32>,
-    xq: CudaSlice<u8>,
-    invs: CudaSlice<f32>,
-}
-
-impl NextNorm {
-    fn new(gpu: &Gpu, nw: Option<&[f32]>, eps: f32, hidden: usize) -> Result<NextNorm, CudaError> {
-        let w = nw.map(|w| upload(gpu, w)).transpose()?;
-        Ok(NextNorm {
-            nw: w.as_ref().map_or(0, |w| device_address(gpu, w)),
-            _w: w,
-            eps,
-            counter: upload(gpu, &[0u32])?,
-            xq: alloc_poisoned::<u8>(gpu, q8_row_bytes(hidden))?,
-            invs: alloc_poisoned::<f32>(gpu, 1)?,
-        })
-    }
 }
 
 fn tab_call(
@@ -593,7 +565,6 @@ fn tab_call(
         ff: i32_arg(ff, "ff")?,
         hidden: i32_arg(hidden, "hidden")?,
         k: i32_arg(k, "k")?,
-        next: NextNorm::new(gpu, None, 0.0, hidden)?,
     })
 }
 
@@ -613,30 +584,13 @@ fn down_tab_launch<T: DeviceRepr>(
         gpu.func(name)?,
         name,
         cfg((grid_x, 1, 1), 32 * warps, 0),
-        [
-            &c.tab,
-            &c.ids,
-            &c.weights,
-            act,
-            &mut c.out,
-            &c.shared,
-            &c.gl,
-            &c.hidden,
-            &c.ff,
-            &c.k,
-            &c.next.nw,
-            &c.next.eps,
-            &mut c.next.counter,
-            &mut c.next.xq,
-            &mut c.next.invs
-        ]
+        [&c.tab, &c.ids, &c.weights, act, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k]
     )
 }
 
-/// What [`moe_experts_q8_down`] returns: `Σ weight · down(act)`, the f32 activations `[k][ff]`,
-/// their q8 rows, and with a next-layer norm the q8 row and 1 / rms the down kernel's last block
-/// wrote (else empty).
-pub type ExpertsQ8 = (Vec<f32>, Vec<f32>, Vec<u8>, Vec<u8>, Vec<f32>);
+/// What [`moe_experts_q8_down`] returns: `Σ weight · down(act)`, the f32 activations `[k][ff]`
+/// and their q8 rows.
+pub type ExpertsQ8 = (Vec<f32>, Vec<f32>, Vec<u8>);
 
 /// The routed experts of one token with every part IQ2_XXS, all on 8-bit activations:
 /// `moe_gate_up_tab_q8q_iq2_xxs` on the q8 row `xq` (writing the activations and their q8
@@ -647,7 +601,6 @@ pub fn moe_experts_q8_down(
     weights: &[f32],
     xq: &[u8],
     (hidden, ff): (usize, usize),
-    next: Option<(&[f32], f32)>,
 ) -> Result<ExpertsQ8, CudaError> {
     let k = weights.len();
     if set.gate_up_ty != GgmlType::IQ2XXS
@@ -661,9 +614,6 @@ pub fn moe_experts_q8_down(
         ));
     }
     let mut c = tab_call(gpu, set, weights, (hidden, ff))?;
-    if let Some((nw, eps)) = next {
-        c.next = NextNorm::new(gpu, Some(nw), eps, hidden)?;
-    }
     let x_d = upload(gpu, xq)?;
     let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
     let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
@@ -683,16 +633,10 @@ pub fn moe_experts_q8_down(
         &actq,
         blocks(hidden * 2, warps),
     )?;
-    let (nq, ni) = match next {
-        Some(_) => (download(gpu, &c.next.xq)?, download(gpu, &c.next.invs)?),
-        None => (Vec::new(), Vec::new()),
-    };
     Ok((
         download(gpu, &c.out)?,
         download(gpu, &act)?,
         download(gpu, &actq)?,
-        nq,
-        ni,
     ))
 }
 
@@ -893,9 +837,7 @@ pub fn moe_experts_q8(
         xq,
         "moe_gate_up_tab_q8_iq2_xxs",
         (hidden, ff),
-        None,
     )
-    .map(|(out, _, _)| out)
 }
 
 /// `matvec3_x_f32`: `W · x[t]` for `n` rows of an f32 matrix, x read in place, `(parts,
@@ -954,85 +896,6 @@ pub fn matvec3_x_f32(
     }
     download(gpu, &y)
 }
-
-/// `matvec3_x_f32_router`: the router logits `Wr · x[t]` (`rows` experts), the shared expert's gate
-/// logit `wg · x[t]` and the router's top-k of every token in one launch, `(parts,
-/// rows_per_warp)` split. Returns `(logits [n][rows], gate logits [n], ids [n][k], weights [n][k])`.
-pub fn matvec3_x_f32_router(
-    gpu: &Gpu,
-    (wr, wg): (&CudaSlice<u8>, &CudaSlice<u8>),
-    (rows, cols): (usize, usize),
-    xs: &[f32],
-    (parts, rows_per_warp): (usize, usize),
-    k: usize,
-) -> Result<RouterOut, CudaError> {
-    let n = check_rows(xs.len(), cols, "matvec3_x_f32_router x")?;
-    if !(1..=8).contains(&parts)
-        || !parts.is_power_of_two()
-        || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
-        || k == 0
-        || k > 64
-        || k > rows
-        || rows > ROUTER_WARP_MAX_EXPERTS
-    {
-        return Err(CudaError::Invalid("matvec3_x_f32_router: sizes".into()));
-    }
-    let split = MvfSplit {
-        parts,
-        rows: rows_per_warp,
-    };
-    let x = upload(gpu, xs)?;
-    let (r, c, p, one) = (
-        i32_arg(rows, "rows")?,
-        i32_arg(cols, "cols")?,
-        split.arg(),
-        1i32,
-    );
-    let kk = i32_arg(k, "k")?;
-    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
-    let mut g = alloc_poisoned::<f32>(gpu, n)?;
-    let mut ids = alloc_poisoned::<i32>(gpu, n * k)?;
-    let mut wts = alloc_poisoned::<f32>(gpu, n * k)?;
-    let mut counter = upload(gpu, &vec![0u32; n])?;
-    let rpb = split.rows_per_block();
-    let conf = cfg((blocks(rows, rpb) + blocks(1, rpb), n as u32, 1), 256, 0);
-    launch!(
-        gpu,
-        gpu.func("matvec3_x_f32_router")?,
-        "matvec3_x_f32_router",
-        conf,
-        [
-            &x,
-            &c,
-            &p,
-            wr,
-            &mut y,
-            &r,
-            wg,
-            &mut g,
-            &one,
-            &mut counter,
-            &kk,
-            &mut ids,
-            &mut wts
-        ]
-    )?;
-    let counter = download(gpu, &counter)?;
-    if counter.iter().any(|&c| c != 0) {
-        return Err(CudaError::Invalid(
-            "matvec3_x_f32_router left its block counter non-zero".into(),
-        ));
-    }
-    Ok((
-        download(gpu, &y)?,
-        download(gpu, &g)?,
-        download(gpu, &ids)?,
-        download(gpu, &wts)?,
-    ))
-}
-
-/// What [`matvec3_x_f32_router`] returns: logits, gate logits, expert ids, expert weights.
-pub type RouterOut = (Vec<f32>, Vec<f32>, Vec<i32>, Vec<f32>);
 
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
@@ -1324,36 +1187,11 @@ pub fn moe_experts_tab(
         )));
     }
     let gu = format!("moe_gate_up_tab_{}", type_suffix(set.gate_up_ty));
-    experts_tab_run(gpu, set, weights, x, &gu, (hidden, ff), None).map(|(out, _, _)| out)
-}
-
-/// What [`moe_experts_tab_next_norm`] returns: `Σ weight · down(act)`, then the next layer's
-/// input as the down kernel's last block writes it (q8 row, 1 / rms).
-pub type NextNormOut = (Vec<f32>, Vec<u8>, Vec<f32>);
-
-/// [`moe_experts_tab`] with the next layer's input norm in the down kernel's epilogue
-/// (`next_norm_q8`): the sum, and the q8 row of `sum · nw` and `1 / rms(sum)` (the residual,
-/// shared expert and gate are zero, so `x` ends as the sum).
-pub fn moe_experts_tab_next_norm(
-    gpu: &Gpu,
-    set: &ExpertSet,
-    weights: &[f32],
-    x: &[f32],
-    ff: usize,
-    (nw, eps): (&[f32], f32),
-) -> Result<NextNormOut, CudaError> {
-    let (k, hidden) = (weights.len(), x.len());
-    if set.gate.len() != k || k == 0 || nw.len() != hidden || !hidden.is_multiple_of(32) {
-        return Err(CudaError::Invalid("experts (next norm): sizes".into()));
-    }
-    let gu = format!("moe_gate_up_tab_{}", type_suffix(set.gate_up_ty));
-    experts_tab_run(gpu, set, weights, x, &gu, (hidden, ff), Some((nw, eps)))
+    experts_tab_run(gpu, set, weights, x, &gu, (hidden, ff))
 }
 
 /// The gate/up kernel `gu` on the input `x` (f32 values or a q8 row), then
-/// `moe_down_combine_tab_<down type>`: `Σ weight · down(act)` of one token; with `next` (norm
-/// weights, eps) also the q8 row and 1 / rms of the next layer's input its last block writes
-/// (else empty).
+/// `moe_down_combine_tab_<down type>`: `Σ weight · down(act)` of one token.
 fn experts_tab_run<T: cudarc::driver::DeviceRepr>(
     gpu: &Gpu,
     set: &ExpertSet,
@@ -1361,13 +1199,9 @@ fn experts_tab_run<T: cudarc::driver::DeviceRepr>(
     x: &[T],
     gu: &str,
     (hidden, ff): (usize, usize),
-    next: Option<(&[f32], f32)>,
-) -> Result<NextNormOut, CudaError> {
+) -> Result<Vec<f32>, CudaError> {
     let k = weights.len();
     let mut c = tab_call(gpu, set, weights, (hidden, ff))?;
-    if let Some((nw, eps)) = next {
-        c.next = NextNorm::new(gpu, Some(nw), eps, hidden)?;
-    }
     let x_d = upload(gpu, x)?;
     let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
     let warps = crate::expert_cache::moe_warps();
@@ -1380,15 +1214,7 @@ fn experts_tab_run<T: cudarc::driver::DeviceRepr>(
     )?;
     let dn = format!("moe_down_combine_tab_{}", type_suffix(set.down_ty));
     down_tab_launch(gpu, &dn, &mut c, &act, blocks(hidden, warps))?;
-    let out = download(gpu, &c.out)?;
-    match next {
-        Some(_) => Ok((
-            out,
-            download(gpu, &c.next.xq)?,
-            download(gpu, &c.next.invs)?,
-        )),
-        None => Ok((out, Vec::new(), Vec::new())),
-    }
+    download(gpu, &c.out)
 }
 
 fn check_rows(len: usize, n: usize, what: &str) -> Result<usize, CudaError> {

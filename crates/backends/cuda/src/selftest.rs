@@ -203,27 +203,6 @@ pub fn quantize_q8_blocks(v: &[f32]) -> Vec<f32> {
     out
 }
 
-/// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
-/// `next_norm_q8`'s outputs (a q8 row and 1 / rms, eps 1e-6) against `rms_norm_q8` on the same
-/// row `y` with norm weights `nw`, bit for bit.
-fn same_as_rms_norm_q8(
-    gpu: &Gpu,
-    (y, nw): (&[f32], &[f32]),
-    (q, inv): (&[u8], &[f32]),
-) -> Result<(), CudaError> {
-    let (q_ref, inv_ref) = ops::rms_norm_q8(gpu, y, nw, y.len(), 1e-6)?;
-    same_bytes(
-        "next_norm_q8: the q8 row differs from rms_norm_q8's",
-        q,
-        &q_ref,
-    )?;
-    same_bits(
-        "next_norm_q8: 1/rms differs from rms_norm_q8's",
-        inv,
-        &inv_ref,
-    )
-}
-
 /// Byte-for-byte equality of two q8 rows (or sets of them): `what` and how many bytes differ
 /// otherwise.
 fn same_bytes(what: &str, a: &[u8], b: &[u8]) -> Result<(), CudaError> {
@@ -237,6 +216,7 @@ fn same_bytes(what: &str, a: &[u8], b: &[u8]) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
 fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
     let differ = a
         .iter()
@@ -766,53 +746,6 @@ impl Runner<'_> {
         }
     }
 
-    /// `matvec3_x_f32_router` (router logits, the shared expert's gate logit and the top-k in one
-    /// launch) bit for bit `matvec3_x_f32` on both matrices followed by `moe_router_warp`.
-    fn matvec3_x_f32_router(&mut self) {
-        let n = 3usize;
-        for (rows, cols, k, parts, rpw) in [
-            (512usize, 2048usize, 10usize, 1usize, 1usize),
-            (60, 512, 8, 2, 2),
-        ] {
-            let wr_bytes = random_weights(&mut self.rng, GgmlType::F32, rows, cols);
-            let wg_bytes = random_weights(&mut self.rng, GgmlType::F32, 1, cols);
-            let xs = self.rng.normals(n * cols, 1.0);
-            let r = (|| {
-                let wr = ops::upload(self.gpu, &wr_bytes)?;
-                let wg = ops::upload(self.gpu, &wg_bytes)?;
-                let (y, g, ids, wts) = ops::matvec3_x_f32_router(
-                    self.gpu,
-                    (&wr, &wg),
-                    (rows, cols),
-                    &xs,
-                    (parts, rpw),
-                    k,
-                )?;
-                let y_ref = ops::matvec3_x_f32(self.gpu, &wr, (rows, cols), &xs, (parts, rpw, 1))?;
-                let g_ref = ops::matvec3_x_f32(self.gpu, &wg, (1, cols), &xs, (parts, rpw, 1))?;
-                same_bits("router logits differ from matvec3_x_f32", &y, &y_ref)?;
-                same_bits("gate logit differs from matvec3_x_f32", &g, &g_ref)?;
-                let kernel = ops::RouterKernel::warp(rows)
-                    .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
-                let (ids_ref, wts_ref) = ops::moe_router(self.gpu, kernel, &y_ref, rows, k)?;
-                if ids != ids_ref {
-                    return Err(CudaError::Invalid(format!(
-                        "expert ids differ from moe_router_warp: {ids:?} vs {ids_ref:?}"
-                    )));
-                }
-                same_bits("expert weights differ from moe_router_warp", &wts, &wts_ref)?;
-                Ok((0.0, 0.0))
-            })();
-            self.record(
-                "matvec3_x_f32_router",
-                format!(
-                    "{rows}x{cols} top-{k} n={n} parts={parts} rows/warp={rpw}, = matvec3_x_f32 + moe_router_warp bit for bit"
-                ),
-                r,
-            );
-        }
-    }
-
     /// Every IQ2_XXS part on 8-bit activations (`REDLITE_CUDA_Q8_MOE_DOWN`): the activations
     /// against f64 on the q8 input, their q8 rows bit for bit the quantisation of those f32
     /// activations, and the output against f64 on both q8 inputs.
@@ -825,17 +758,13 @@ impl Runner<'_> {
             let r = (|| {
                 let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
                 let set = expert_set(ty, &parts);
-                let nw = self.rng.normals(hidden, 1.0);
-                let (y, act, actq, next_q, next_inv) = ops::moe_experts_q8_down(
+                let (y, act, actq) = ops::moe_experts_q8_down(
                     self.gpu,
                     &set,
                     &weights,
                     &ops::q8_row(&x),
                     (hidden, ff),
-                    Some((&nw, 1e-6)),
                 )?;
-                // The next layer's input from the last block = rms_norm_q8 on the output.
-                same_as_rms_norm_q8(self.gpu, (&y, &nw), (&next_q, &next_inv))?;
                 // The top-k inside the gate/up blocks (`moe_gate_up_route_q8q_iq2_xxs`): on
                 // logits whose top 3 of 64 are the set's experts, moe_router_warp's ids and
                 // weights and the activations above, bit for bit.
@@ -904,7 +833,7 @@ impl Runner<'_> {
             })();
             self.record(
                 "experts q8 down IQ2_XXS",
-                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, next norm = rms_norm_q8 bit for bit, routed gate/up = moe_router_warp + gate/up bit for bit"),
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit"),
                 r,
             );
         }
@@ -1184,13 +1113,6 @@ impl Runner<'_> {
             // The pointer-array kernels and the table kernels the model runs, same reference.
             let y = ops::moe_experts(self.gpu, &set, &weights, &x, ff)?;
             let yt = ops::moe_experts_tab(self.gpu, &set, &weights, &x, ff)?;
-            // With the next layer's norm in the down kernel's last block: the same sum, and
-            // rms_norm_q8's bits for the next input.
-            let nw = self.rng.normals(hidden, 1.0);
-            let (yn, next_q, next_inv) =
-                ops::moe_experts_tab_next_norm(self.gpu, &set, &weights, &x, ff, (&nw, 1e-6))?;
-            same_bits("down kernel with next_norm_q8: the sum differs", &yn, &yt)?;
-            same_as_rms_norm_q8(self.gpu, (&yn, &nw), (&next_q, &next_inv))?;
             let deq =
                 |b: &[u8]| dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()));
             let mut reference = vec![0.0f64; hidden];
@@ -2296,7 +2218,6 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.experts_q8_down();
     r.swiglu_q8();
     r.matvec3_x_f32();
-    r.matvec3_x_f32_router();
     r.sample_topk();
     r.out
 }
