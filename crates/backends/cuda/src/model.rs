@@ -776,11 +776,13 @@ pub struct CudaModel {
     /// one-token-at-a-time call read their input in place (`matvec3_x_f32`) instead of every block
     /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
     x_router: bool,
-    /// The router's top-k inside the expert gate/up kernel's blocks (each block of a token redoes
-    /// it: `moe_gate_up_route_q8q_iq2_xxs`) instead of a `moe_router_warp` launch before it
-    /// (`REDLITE_CUDA_ROUTE_IN_GATE_UP=1`; off by default: decode 275.5 / 275.5 tok/s against
-    /// 275.4 / 276.4 on the H200, 48 launches fewer but the fused kernel 20.3 µs a layer against
-    /// 14.5 + 7.3; an 8-row verify 12.60 against 11.62 ms).
+    /// A one-token call's router top-k inside the expert gate/up kernel's blocks (each block of
+    /// the token redoes it: `moe_gate_up_route_q8q_iq2_xxs`) instead of a `moe_router_warp`
+    /// launch before it (`REDLITE_CUDA_ROUTE_IN_GATE_UP`, default on). On the H200: decode with
+    /// every expert resident 275.5 / 275.5 tok/s against 275.4 / 276.4 (48 launches fewer, but
+    /// the fused kernel takes 20.3 µs a layer against 14.5 + 7.3), with `--memory 16GiB` (experts
+    /// over PCIe) 174.3 / 173.8 against 167.7 / 169.4. Verify passes keep the separate top-k
+    /// (8 rows: 12.60 against 11.62 ms).
     route_in_gate_up: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
@@ -990,7 +992,7 @@ impl CudaModel {
                 .clamp(1, 16),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
-            route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", false),
+            route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
                 .unwrap_or(crate::ops::NORM_SLICES)
@@ -2601,8 +2603,10 @@ impl CudaModel {
             .filter(|_| self.q8_moe && self.q8_moe_down && self.xq_fresh && ff.is_multiple_of(32));
         let routed_gemm =
             self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK);
-        // The top-k inside the gate/up kernel's blocks (`moe_gate_up_route_q8q_iq2_xxs`).
+        // A one-token call's top-k inside the gate/up kernel's blocks
+        // (`moe_gate_up_route_q8q_iq2_xxs`).
         let route_in_gate_up = self.route_in_gate_up
+            && n == 1
             && q8_down.is_some()
             && !routed_gemm
             && self.router.1.name == "moe_router_warp"
