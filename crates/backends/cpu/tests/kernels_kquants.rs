@@ -529,3 +529,80 @@ fn bench_shapes() {
         }
     }
 }
+
+/// Single-thread Q4_K (or `REDLITE_BENCH_TYPES`) row-kernel speed on a matrix streamed once per
+/// run: `REDLITE_BENCH_MIB` MiB (default 64: beyond the caches; 16 fits in L3) of rows of
+/// `REDLITE_BENCH_COLS` columns (default 4096), the kernel that `matvec` runs per row at every
+/// level, timed by this thread's CPU time (robust to other processes), best of 10. Prints ns per
+/// 256-weight block. Also the rows kernel where the type has one (two rows per call).
+/// `REDLITE_BENCH_COLS=2048 cargo test --release -p redlite-cpu --test kernels_kquants bench_stream -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_stream_rows() {
+    use redlite_cpu::kernels::selftest::{random_activations, random_weights};
+    use redlite_cpu::kernels::{lookup_exact, lookup_rows, Isa, RowDot};
+    use redlite_gguf::quant::GgmlType;
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(d)
+    };
+    let cols = env("REDLITE_BENCH_COLS", 4096);
+    let mib = env("REDLITE_BENCH_MIB", 64);
+    let x = random_activations(cols, 5);
+    let mut xk = vec![BlockQ8K::ZERO; cols / 256];
+    quantize_row_q8_k(&x, &mut xk);
+    let types = std::env::var("REDLITE_BENCH_TYPES").unwrap_or("Q4_K".into());
+    let best = |f: &dyn Fn() -> f32| {
+        let mut best = f64::INFINITY;
+        let mut sink = 0.0f32;
+        for _ in 0..10 {
+            let t = thread_cpu_ns().unwrap_or(0);
+            sink += f();
+            best = best.min((thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9);
+        }
+        std::hint::black_box(sink);
+        best
+    };
+    for name in types.split(',') {
+        let Some(ty) = GgmlType::from_name(name.trim()) else {
+            continue;
+        };
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let rows = (mib << 20) / rb;
+        let w = random_weights(ty, rows, cols, 3);
+        let blocks = (rows * cols / 256) as f64;
+        println!(
+            "{}: {rows} × {cols}, {:.1} MB",
+            ty.name(),
+            w.len() as f64 / 1e6
+        );
+        for isa in Isa::available() {
+            let Some(RowDot::Q8K(k)) = lookup_exact(ty, isa) else {
+                continue;
+            };
+            let t = best(&|| w.chunks_exact(rb).map(|r| k(r, &xk)).sum::<f32>());
+            println!(
+                "  {:7} row kernel:  {:5.2} ns per block, {:6.2} GB/s",
+                isa.name(),
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+        }
+        if let Some(f) = lookup_rows(ty, Isa::best()) {
+            let out = std::cell::RefCell::new(vec![0.0f32; rows]);
+            let t = best(&|| {
+                let mut out = out.borrow_mut();
+                f(&w, rb, &xk, &mut out);
+                out.iter().sum::<f32>()
+            });
+            println!(
+                "  {:7} rows kernel: {:5.2} ns per block, {:6.2} GB/s",
+                Isa::best().name(),
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+        }
+    }
+}
