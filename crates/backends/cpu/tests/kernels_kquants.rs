@@ -590,6 +590,31 @@ fn bench_stream_rows() {
                 w.len() as f64 / t / 1e9
             );
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (GgmlType::Q4K, Some(k), Some(f)) = (
+            ty,
+            redlite_cpu::kernels::q4k_paired_kernel(),
+            redlite_cpu::kernels::q4k_paired_rows_kernel(),
+        ) {
+            let xp = redlite_cpu::kernels::q4k_paired_q8k(&xk);
+            let t = best(&|| w.chunks_exact(rb).map(|r| k(r, &xp)).sum::<f32>());
+            println!(
+                "  paired  row kernel:  {:5.2} ns per block, {:6.2} GB/s",
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+            let out = std::cell::RefCell::new(vec![0.0f32; rows]);
+            let t = best(&|| {
+                let mut out = out.borrow_mut();
+                f(&w, rb, &xp, &mut out);
+                out.iter().sum::<f32>()
+            });
+            println!(
+                "  paired  rows kernel: {:5.2} ns per block, {:6.2} GB/s",
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+        }
         if let Some(f) = lookup_rows(ty, Isa::best()) {
             let out = std::cell::RefCell::new(vec![0.0f32; rows]);
             let t = best(&|| {
