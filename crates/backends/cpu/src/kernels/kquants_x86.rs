@@ -118,44 +118,54 @@ simd_kernel!(
     q4k_avx512_vnni_paired_i,
     q4k_vl_vnni,
     true,
-    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+    "avx512f,avx512bw,avx512vl,avx512vnni,gfni,avx2,fma,f16c"
 );
-/// [`q4k_vl_rows`] for the VNNI CPUs whose row kernel is [`q4k_avx512_vnni`] (`PAIRED = false`)
-/// or [`q4k_avx512_vnni_paired`] (`PAIRED = true`).
+/// [`q4k_vl_rows`] for the VNNI CPUs whose row kernel is [`q4k_avx512_vnni`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_avx512_vnni_rows_i<const PAIRED: bool>(
+unsafe fn q4k_avx512_vnni_rows_i(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
+    q4k_vl_rows::<false>(w, row_bytes, x, out)
+}
+
+/// [`q4k_vl_rows`] on paired activations, for the CPUs of [`q4k_avx512_vnni_paired`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,gfni,avx2,fma,f16c")]
+unsafe fn q4k_avx512_vnni_paired_rows_i(
     w: &[u8],
     row_bytes: usize,
     x: &[BlockQ8K],
     out: &mut [f32],
 ) {
-    q4k_vl_rows::<PAIRED>(w, row_bytes, x, out)
+    q4k_vl_rows::<true>(w, row_bytes, x, out)
 }
 
 fn q4k_avx512_vnni_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
     assert!(row_bytes.is_multiple_of(Q4K_BYTES) && w.len() >= out.len() * row_bytes);
     // SAFETY: only reachable through `rows_kernel`, after the CPU features were checked; the
     // rows read lie inside `w` (checked above).
-    unsafe { q4k_avx512_vnni_rows_i::<false>(w, row_bytes, x, out) }
+    unsafe { q4k_avx512_vnni_rows_i(w, row_bytes, x, out) }
 }
 
 fn q4k_avx512_vnni_paired_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
     assert!(row_bytes.is_multiple_of(Q4K_BYTES) && w.len() >= out.len() * row_bytes);
     // SAFETY: only reachable through `q4k_paired_rows_kernel`, after the CPU features were
     // checked; the rows read lie inside `w` (checked above).
-    unsafe { q4k_avx512_vnni_rows_i::<true>(w, row_bytes, x, out) }
+    unsafe { q4k_avx512_vnni_paired_rows_i(w, row_bytes, x, out) }
+}
+
+/// Whether the paired-activation kernels can run: AVX-512 with VNNI and GFNI.
+fn paired_supported() -> bool {
+    Isa::Avx512.supported() && has_vnni() && is_x86_feature_detected!("gfni")
 }
 
 /// The Q4_K row kernel of the AVX-512 VNNI level on activations reordered by
 /// [`q4k_paired_q8k`] (one 64-byte load per product instead of two halves); the same value as
 /// [`kernel`]'s on the activations in their usual order. `None` without AVX-512 VNNI.
 pub fn q4k_paired_kernel() -> Option<super::iquants_avx512::Q8KRowDot> {
-    (Isa::Avx512.supported() && has_vnni()).then_some(q4k_avx512_vnni_paired as _)
+    paired_supported().then_some(q4k_avx512_vnni_paired as _)
 }
 
 /// [`rows_kernel`]'s Q4_K kernel on activations reordered by [`q4k_paired_q8k`] (same values).
 pub fn q4k_paired_rows_kernel() -> Option<super::RowsDot> {
-    (Isa::Avx512.supported() && has_vnni()).then_some(q4k_avx512_vnni_paired_rows as _)
+    paired_supported().then_some(q4k_avx512_vnni_paired_rows as _)
 }
 
 /// A kernel over several weight rows against one Q8_K row: `out[r]` = row `r` of `w` (rows of
@@ -416,7 +426,12 @@ unsafe fn q4k_zmm_block<const PAIRED: bool>(
     for (h, pk) in packed.iter_mut().enumerate() {
         let v = _mm512_loadu_si512(q.add(64 * h) as *const _);
         let lo = _mm512_and_si512(v, m4);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        let hi = if PAIRED {
+            // GFNI: each byte's bits 4..8 moved to 0..4 (the rest zero) in one operation.
+            _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set1_epi64(0x1020_4080_0000_0000))
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)
+        };
         let p0 = _mm512_dpbusd_epi32(z, lo, acts(4 * h));
         let p1 = _mm512_dpbusd_epi32(z, hi, acts(4 * h + 1));
         *pk = _mm512_packs_epi32(p0, p1);
