@@ -275,6 +275,24 @@ unsafe fn q4k_vl_vnni<const PAIRED: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let idx = q4k_zmm_consts();
     let mut acc = 0.0f32;
     let mut i = 0;
+    // Four blocks per iteration: one reduction of their eight sums and their f32 terms computed
+    // in the lanes of one vector (each lane the scalar expression), added to `acc` in order.
+    while i + 4 <= nb {
+        let b = |k: usize| w.as_ptr().add((i + k) * Q4K_BYTES);
+        let (t0, u0) = q4k_zmm_block::<PAIRED>(b(0), &x[i], pf, &idx);
+        let (t1, u1) = q4k_zmm_block::<PAIRED>(b(1), &x[i + 1], pf, &idx);
+        let (t2, u2) = q4k_zmm_block::<PAIRED>(b(2), &x[i + 2], pf, &idx);
+        let (t3, u3) = q4k_zmm_block::<PAIRED>(b(3), &x[i + 3], pf, &idx);
+        let sums = reduce_quads([t0, u0, t1, u1, t2, u2, t3, u3]);
+        let v = q4k_quad_values(b, &x[i..i + 4], sums);
+        let hi = _mm256_extractf128_ps::<1>(v);
+        let lo = _mm256_castps256_ps128(v);
+        acc += _mm_cvtss_f32(lo);
+        acc += _mm_cvtss_f32(_mm_movehdup_ps(lo));
+        acc += _mm_cvtss_f32(hi);
+        acc += _mm_cvtss_f32(_mm_movehdup_ps(hi));
+        i += 4;
+    }
     while i < nb {
         // An odd last block is paired with itself; its second result is dropped.
         let i1 = if i + 1 < nb { i + 1 } else { i };
@@ -292,6 +310,38 @@ unsafe fn q4k_vl_vnni<const PAIRED: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
         i += 2;
     }
     acc
+}
+
+/// The exact i32 sums of the 8 lanes of each of `t[0..8]`, in that order.
+#[inline(always)]
+unsafe fn reduce_quads(t: [__m256i; 8]) -> __m256i {
+    // Per 128-bit half: [Σ t0, Σ t1, Σ t2, Σ t3] of that half's lanes, then the halves added.
+    let ab = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+    let cd = _mm256_hadd_epi32(_mm256_hadd_epi32(t[4], t[5]), _mm256_hadd_epi32(t[6], t[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(ab, cd),
+        _mm256_permute2x128_si256::<0x31>(ab, cd),
+    )
+}
+
+/// The f32 terms of four Q4_K blocks `b(0..4)` against `y[0..4]` from their sums `[isum0,
+/// isumm0, isum1, …]`: lanes 0, 1, 4, 5 hold the four values, each computed with
+/// [`q4k_block_value`]'s operations (`(y.d · d) · isum − (y.d · dmin) · isumm`).
+#[inline(always)]
+unsafe fn q4k_quad_values(b: impl Fn(usize) -> *const u8, y: &[BlockQ8K], sums: __m256i) -> __m256 {
+    // [d, dmin] of each block (its first two f16).
+    let dd = _mm256_cvtph_ps(_mm_set_epi32(
+        read_u32(b(3)) as i32,
+        read_u32(b(2)) as i32,
+        read_u32(b(1)) as i32,
+        read_u32(b(0)) as i32,
+    ));
+    let yd = _mm256_set_ps(
+        y[3].d, y[3].d, y[2].d, y[2].d, y[1].d, y[1].d, y[0].d, y[0].d,
+    );
+    let p = _mm256_mul_ps(_mm256_mul_ps(yd, dd), _mm256_cvtepi32_ps(sums));
+    // Lane 2k minus lane 2k + 1 (within each 128-bit half).
+    _mm256_hsub_ps(p, p)
 }
 
 /// `[Σ t0, Σ u0, Σ t1, Σ u1]`: the exact i32 sums of the 8 lanes of each.
