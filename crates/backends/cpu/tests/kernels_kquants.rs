@@ -631,3 +631,47 @@ fn bench_stream_rows() {
         }
     }
 }
+
+/// The Q4_K kernels of every level (and the paired-activation kernels at AVX-512 VNNI, rows form
+/// included) give the scalar kernel's result bit for bit for every row length of 1 to 11 blocks
+/// (the four-block steps and each remainder).
+#[test]
+fn q4k_kernels_match_scalar_every_length() {
+    use redlite_cpu::kernels::selftest::{random_activations, random_weights};
+    use redlite_cpu::kernels::{lookup_exact, Isa, RowDot};
+    use redlite_gguf::quant::GgmlType;
+    let Some(RowDot::Q8K(scalar)) = lookup_exact(GgmlType::Q4K, Isa::Scalar) else {
+        panic!("no scalar Q4_K kernel");
+    };
+    for nb in 1..=11usize {
+        let (rows, cols) = (5usize, 256 * nb);
+        let w = random_weights(GgmlType::Q4K, rows, cols, nb as u64);
+        let x = random_activations(cols, 100 + nb as u64);
+        let mut xk = vec![BlockQ8K::ZERO; nb];
+        quantize_row_q8_k(&x, &mut xk);
+        let rb = w.len() / rows;
+        let want: Vec<u32> = w
+            .chunks_exact(rb)
+            .map(|r| scalar(r, &xk).to_bits())
+            .collect();
+        for isa in Isa::available() {
+            if let Some(RowDot::Q8K(k)) = lookup_exact(GgmlType::Q4K, isa) {
+                let got: Vec<u32> = w.chunks_exact(rb).map(|r| k(r, &xk).to_bits()).collect();
+                assert_eq!(got, want, "{} blocks, {}", nb, isa.name());
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(k), Some(f)) = (
+            redlite_cpu::kernels::q4k_paired_kernel(),
+            redlite_cpu::kernels::q4k_paired_rows_kernel(),
+        ) {
+            let xp = redlite_cpu::kernels::q4k_paired_q8k(&xk);
+            let got: Vec<u32> = w.chunks_exact(rb).map(|r| k(r, &xp).to_bits()).collect();
+            assert_eq!(got, want, "{nb} blocks, paired");
+            let mut out = vec![0.0f32; rows];
+            f(&w, rb, &xp, &mut out);
+            let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{nb} blocks, paired rows");
+        }
+    }
+}
