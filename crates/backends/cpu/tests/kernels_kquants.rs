@@ -615,6 +615,54 @@ fn bench_stream_rows() {
                 w.len() as f64 / t / 1e9
             );
         }
+        // The decode tiles (what `bench kernel` and small files run for one-row Q4_K/Q6_K
+        // products): one thread, then both halves of the groups on two threads.
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tiles) =
+            redlite_cpu::kernels::tiles_x86::DecodeTiles::repack(ty, &w, rows, cols)
+        {
+            let pairs = redlite_cpu::kernels::tiles_x86::pair_sums(&xk);
+            let groups = rows / 16;
+            let run = |g0: usize, g1: usize| {
+                let mut out = vec![0.0f32; 16];
+                let mut s = 0.0f32;
+                for g in g0..g1 {
+                    tiles.matvec_groups(g, &xk, &pairs, &mut out);
+                    s += out[0];
+                }
+                s
+            };
+            let t = best(&|| run(0, groups));
+            println!(
+                "  tiles   1 thread:   {:5.2} ns per block",
+                t * 1e9 / (groups * 16 * cols / 256) as f64
+            );
+            let mut best2 = f64::INFINITY;
+            for _ in 0..10 {
+                let worst = std::thread::scope(|sc| {
+                    let parts: Vec<_> = [(0, groups / 2), (groups / 2, groups / 2 * 2)]
+                        .into_iter()
+                        .map(|(a, b)| {
+                            let run = &run;
+                            sc.spawn(move || {
+                                let t = thread_cpu_ns().unwrap_or(0);
+                                std::hint::black_box(run(a, b));
+                                (thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9
+                            })
+                        })
+                        .collect();
+                    parts
+                        .into_iter()
+                        .map(|p| p.join().unwrap())
+                        .fold(0.0, f64::max)
+                });
+                best2 = best2.min(worst);
+            }
+            println!(
+                "  tiles   2 threads: {:5.2} ns per block per thread",
+                best2 * 1e9 / (groups / 2 * 16 * cols / 256) as f64
+            );
+        }
         // Both halves of the matrix at once on two threads (the 2-thread matvec's memory
         // traffic): each thread's CPU time per block, the slower thread's, best of 10.
         #[cfg(target_arch = "x86_64")]
