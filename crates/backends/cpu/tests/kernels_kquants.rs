@@ -529,3 +529,250 @@ fn bench_shapes() {
         }
     }
 }
+
+/// Single-thread Q4_K (or `REDLITE_BENCH_TYPES`) row-kernel speed on a matrix streamed once per
+/// run: `REDLITE_BENCH_MIB` MiB (default 64: beyond the caches; 16 fits in L3) of rows of
+/// `REDLITE_BENCH_COLS` columns (default 4096), the kernel that `matvec` runs per row at every
+/// level, timed by this thread's CPU time (robust to other processes), best of 10. Prints ns per
+/// 256-weight block. Also the rows kernel where the type has one (two rows per call).
+/// `REDLITE_BENCH_COLS=2048 cargo test --release -p redlite-cpu --test kernels_kquants bench_stream -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_stream_rows() {
+    use redlite_cpu::kernels::selftest::{random_activations, random_weights};
+    use redlite_cpu::kernels::{lookup_exact, lookup_rows, Isa, RowDot};
+    use redlite_gguf::quant::GgmlType;
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(d)
+    };
+    let cols = env("REDLITE_BENCH_COLS", 4096);
+    let mib = env("REDLITE_BENCH_MIB", 64);
+    let x = random_activations(cols, 5);
+    let mut xk = vec![BlockQ8K::ZERO; cols / 256];
+    quantize_row_q8_k(&x, &mut xk);
+    let types = std::env::var("REDLITE_BENCH_TYPES").unwrap_or("Q4_K".into());
+    let best = |f: &dyn Fn() -> f32| {
+        let mut best = f64::INFINITY;
+        let mut sink = 0.0f32;
+        for _ in 0..10 {
+            let t = thread_cpu_ns().unwrap_or(0);
+            sink += f();
+            best = best.min((thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9);
+        }
+        std::hint::black_box(sink);
+        best
+    };
+    for name in types.split(',') {
+        let Some(ty) = GgmlType::from_name(name.trim()) else {
+            continue;
+        };
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let rows = (mib << 20) / rb;
+        let w = random_weights(ty, rows, cols, 3);
+        let blocks = (rows * cols / 256) as f64;
+        println!(
+            "{}: {rows} × {cols}, {:.1} MB",
+            ty.name(),
+            w.len() as f64 / 1e6
+        );
+        for isa in Isa::available() {
+            let Some(RowDot::Q8K(k)) = lookup_exact(ty, isa) else {
+                continue;
+            };
+            let t = best(&|| w.chunks_exact(rb).map(|r| k(r, &xk)).sum::<f32>());
+            println!(
+                "  {:7} row kernel:  {:5.2} ns per block, {:6.2} GB/s",
+                isa.name(),
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (GgmlType::Q4K, Some(k), Some(f)) = (
+            ty,
+            redlite_cpu::kernels::q4k_paired_kernel(),
+            redlite_cpu::kernels::q4k_paired_rows_kernel(),
+        ) {
+            let xp = redlite_cpu::kernels::q4k_paired_q8k(&xk);
+            let t = best(&|| w.chunks_exact(rb).map(|r| k(r, &xp)).sum::<f32>());
+            println!(
+                "  paired  row kernel:  {:5.2} ns per block, {:6.2} GB/s",
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+            let out = std::cell::RefCell::new(vec![0.0f32; rows]);
+            let t = best(&|| {
+                let mut out = out.borrow_mut();
+                f(&w, rb, &xp, &mut out);
+                out.iter().sum::<f32>()
+            });
+            println!(
+                "  paired  rows kernel: {:5.2} ns per block, {:6.2} GB/s",
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+        }
+        // The decode tiles (what `bench kernel` and small files run for one-row Q4_K/Q6_K
+        // products): one thread, then both halves of the groups on two threads.
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tiles) =
+            redlite_cpu::kernels::tiles_x86::DecodeTiles::repack(ty, &w, rows, cols)
+        {
+            let pairs = redlite_cpu::kernels::tiles_x86::pair_sums(&xk);
+            let groups = rows / 16;
+            let run = |g0: usize, g1: usize| {
+                let mut out = vec![0.0f32; 16];
+                let mut s = 0.0f32;
+                for g in g0..g1 {
+                    tiles.matvec_groups(g, &xk, &pairs, &mut out);
+                    s += out[0];
+                }
+                s
+            };
+            let t = best(&|| run(0, groups));
+            println!(
+                "  tiles   1 thread:   {:5.2} ns per block",
+                t * 1e9 / (groups * 16 * cols / 256) as f64
+            );
+            let mut best2 = f64::INFINITY;
+            for _ in 0..10 {
+                let worst = std::thread::scope(|sc| {
+                    let parts: Vec<_> = [(0, groups / 2), (groups / 2, groups / 2 * 2)]
+                        .into_iter()
+                        .map(|(a, b)| {
+                            let run = &run;
+                            sc.spawn(move || {
+                                let t = thread_cpu_ns().unwrap_or(0);
+                                std::hint::black_box(run(a, b));
+                                (thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9
+                            })
+                        })
+                        .collect();
+                    parts
+                        .into_iter()
+                        .map(|p| p.join().unwrap())
+                        .fold(0.0, f64::max)
+                });
+                best2 = best2.min(worst);
+            }
+            println!(
+                "  tiles   2 threads: {:5.2} ns per block per thread",
+                best2 * 1e9 / (groups / 2 * 16 * cols / 256) as f64
+            );
+        }
+        // Both halves of the matrix at once on two threads (the 2-thread matvec's memory
+        // traffic): each thread's CPU time per block, the slower thread's, best of 10.
+        #[cfg(target_arch = "x86_64")]
+        let paired = redlite_cpu::kernels::q4k_paired_kernel().filter(|_| ty == GgmlType::Q4K);
+        #[cfg(not(target_arch = "x86_64"))]
+        let paired: Option<fn(&[u8], &[BlockQ8K]) -> f32> = None;
+        let best_kernel = match lookup_exact(ty, Isa::best()) {
+            Some(RowDot::Q8K(k)) => Some(k),
+            _ => None,
+        };
+        for (label, k, x) in [
+            ("paired ", paired, {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    redlite_cpu::kernels::q4k_paired_q8k(&xk)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                {
+                    xk.clone()
+                }
+            }),
+            ("best   ", best_kernel, xk.clone()),
+        ] {
+            let Some(k) = k else { continue };
+            let half = rows / 2 * rb;
+            let mut best2 = f64::INFINITY;
+            for _ in 0..10 {
+                let worst = std::thread::scope(|sc| {
+                    let parts: Vec<_> = [&w[..half], &w[half..2 * half]]
+                        .into_iter()
+                        .map(|part| {
+                            let x = &x;
+                            sc.spawn(move || {
+                                let t = thread_cpu_ns().unwrap_or(0);
+                                let s: f32 = part.chunks_exact(rb).map(|r| k(r, x)).sum();
+                                std::hint::black_box(s);
+                                (thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9
+                            })
+                        })
+                        .collect();
+                    parts
+                        .into_iter()
+                        .map(|p| p.join().unwrap())
+                        .fold(0.0, f64::max)
+                });
+                best2 = best2.min(worst);
+            }
+            let ns = best2 * 1e9 / (half / rb * cols / 256) as f64;
+            println!(
+                "  {label} 2 threads: {ns:5.2} ns per block per thread, {:6.2} GB/s together",
+                2.0 * half as f64 / best2 / 1e9
+            );
+        }
+        if let Some(f) = lookup_rows(ty, Isa::best()) {
+            let out = std::cell::RefCell::new(vec![0.0f32; rows]);
+            let t = best(&|| {
+                let mut out = out.borrow_mut();
+                f(&w, rb, &xk, &mut out);
+                out.iter().sum::<f32>()
+            });
+            println!(
+                "  {:7} rows kernel: {:5.2} ns per block, {:6.2} GB/s",
+                Isa::best().name(),
+                t * 1e9 / blocks,
+                w.len() as f64 / t / 1e9
+            );
+        }
+    }
+}
+
+/// The Q4_K kernels of every level (and the paired-activation kernels at AVX-512 VNNI, rows form
+/// included) give the scalar kernel's result bit for bit for every row length of 1 to 11 blocks
+/// (the four-block steps and each remainder).
+#[test]
+fn q4k_kernels_match_scalar_every_length() {
+    use redlite_cpu::kernels::selftest::{random_activations, random_weights};
+    use redlite_cpu::kernels::{lookup_exact, Isa, RowDot};
+    use redlite_gguf::quant::GgmlType;
+    let Some(RowDot::Q8K(scalar)) = lookup_exact(GgmlType::Q4K, Isa::Scalar) else {
+        panic!("no scalar Q4_K kernel");
+    };
+    for nb in 1..=11usize {
+        let (rows, cols) = (5usize, 256 * nb);
+        let w = random_weights(GgmlType::Q4K, rows, cols, nb as u64);
+        let x = random_activations(cols, 100 + nb as u64);
+        let mut xk = vec![BlockQ8K::ZERO; nb];
+        quantize_row_q8_k(&x, &mut xk);
+        let rb = w.len() / rows;
+        let want: Vec<u32> = w
+            .chunks_exact(rb)
+            .map(|r| scalar(r, &xk).to_bits())
+            .collect();
+        for isa in Isa::available() {
+            if let Some(RowDot::Q8K(k)) = lookup_exact(GgmlType::Q4K, isa) {
+                let got: Vec<u32> = w.chunks_exact(rb).map(|r| k(r, &xk).to_bits()).collect();
+                assert_eq!(got, want, "{} blocks, {}", nb, isa.name());
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(k), Some(f)) = (
+            redlite_cpu::kernels::q4k_paired_kernel(),
+            redlite_cpu::kernels::q4k_paired_rows_kernel(),
+        ) {
+            let xp = redlite_cpu::kernels::q4k_paired_q8k(&xk);
+            let got: Vec<u32> = w.chunks_exact(rb).map(|r| k(r, &xp).to_bits()).collect();
+            assert_eq!(got, want, "{nb} blocks, paired");
+            let mut out = vec![0.0f32; rows];
+            f(&w, rb, &xp, &mut out);
+            let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{nb} blocks, paired rows");
+        }
+    }
+}

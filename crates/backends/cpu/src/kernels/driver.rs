@@ -330,7 +330,9 @@ pub fn matvec_isa(
 /// The activations of a one-row product at level `isa` and the kernel that reads them: the
 /// dispatch kernel on [`Acts::quantize`]'s, except for IQ2_XXS at the AVX-512 level with GFNI,
 /// whose element-major kernel reads the Q8_K blocks reordered once here
-/// (`iquants_avx512::element_major_q8k`; same results bit for bit, ~30 % fewer ns per block).
+/// (`iquants_avx512::element_major_q8k`; same results bit for bit, ~30 % fewer ns per block), and
+/// Q4_K at the AVX-512 level with VNNI, whose kernel reads them in the paired order
+/// (`kquants_x86::q4k_paired_q8k`: one 64-byte load per product; same results bit for bit).
 ///
 /// Also the kernel's rows form where it is to be used instead: for the element-major kernel its
 /// rows kernel (tables loaded once per task, rows prefetched ahead; same values).
@@ -351,6 +353,16 @@ fn matvec_acts(
             let per = q.len();
             let rows = super::iquants_avx512::iq2_xxs_element_major_rows_kernel();
             return (RowDot::Q8K(f), Acts::Q8K(q, per), rows);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q4K && isa.min(Isa::best()) == Isa::Avx512 {
+        if let (Some(f), Acts::Q8K(q, per)) = (super::kquants_x86::q4k_paired_kernel(), &acts) {
+            let q = super::kquants_x86::q4k_paired_q8k(q);
+            // The rows kernel where `lookup_rows_for` would give one, in its paired form.
+            let rows = super::lookup_rows_for(ty, isa, cols)
+                .and(super::kquants_x86::q4k_paired_rows_kernel());
+            return (RowDot::Q8K(f), Acts::Q8K(q, *per), rows);
         }
     }
     let rows = match kernel {

@@ -15,7 +15,8 @@
 use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES};
 use super::q8::BlockQ8K;
 use super::x86_util::{
-    f16x2_hw, hsum256_epi32, hsum512_epi32, prefetch_ahead, prefetch_distance, read_u32,
+    f16x2_hw, hsum256_epi32, hsum512_epi32, prefetch_ahead, prefetch_distance,
+    prefetch_distance_or, read_u32,
 };
 use super::{has_vnni, Isa, RowDot};
 use core::arch::x86_64::*;
@@ -82,7 +83,7 @@ simd_kernel!(
     q4k_avx512_vnni,
     q4k_avx512_vnni_i,
     q4k_vl_vnni,
-    true,
+    false,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 );
 simd_kernel!(
@@ -113,9 +114,27 @@ simd_kernel!(
     true,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 );
+simd_kernel!(
+    q4k_avx512_vnni_paired,
+    q4k_avx512_vnni_paired_i,
+    q4k_vl_vnni,
+    true,
+    "avx512f,avx512bw,avx512vl,avx512vnni,gfni,avx2,fma,f16c"
+);
 /// [`q4k_vl_rows`] for the VNNI CPUs whose row kernel is [`q4k_avx512_vnni`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4k_avx512_vnni_rows_i(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
+    q4k_vl_rows::<false>(w, row_bytes, x, out)
+}
+
+/// [`q4k_vl_rows`] on paired activations, for the CPUs of [`q4k_avx512_vnni_paired`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,gfni,avx2,fma,f16c")]
+unsafe fn q4k_avx512_vnni_paired_rows_i(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[BlockQ8K],
+    out: &mut [f32],
+) {
     q4k_vl_rows::<true>(w, row_bytes, x, out)
 }
 
@@ -124,6 +143,30 @@ fn q4k_avx512_vnni_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f
     // SAFETY: only reachable through `rows_kernel`, after the CPU features were checked; the
     // rows read lie inside `w` (checked above).
     unsafe { q4k_avx512_vnni_rows_i(w, row_bytes, x, out) }
+}
+
+fn q4k_avx512_vnni_paired_rows(w: &[u8], row_bytes: usize, x: &[BlockQ8K], out: &mut [f32]) {
+    assert!(row_bytes.is_multiple_of(Q4K_BYTES) && w.len() >= out.len() * row_bytes);
+    // SAFETY: only reachable through `q4k_paired_rows_kernel`, after the CPU features were
+    // checked; the rows read lie inside `w` (checked above).
+    unsafe { q4k_avx512_vnni_paired_rows_i(w, row_bytes, x, out) }
+}
+
+/// Whether the paired-activation kernels can run: AVX-512 with VNNI and GFNI.
+fn paired_supported() -> bool {
+    Isa::Avx512.supported() && has_vnni() && is_x86_feature_detected!("gfni")
+}
+
+/// The Q4_K row kernel of the AVX-512 VNNI level on activations reordered by
+/// [`q4k_paired_q8k`] (one 64-byte load per product instead of two halves); the same value as
+/// [`kernel`]'s on the activations in their usual order. `None` without AVX-512 VNNI.
+pub fn q4k_paired_kernel() -> Option<super::iquants_avx512::Q8KRowDot> {
+    paired_supported().then_some(q4k_avx512_vnni_paired as _)
+}
+
+/// [`rows_kernel`]'s Q4_K kernel on activations reordered by [`q4k_paired_q8k`] (same values).
+pub fn q4k_paired_rows_kernel() -> Option<super::RowsDot> {
+    paired_supported().then_some(q4k_avx512_vnni_paired_rows as _)
 }
 
 /// A kernel over several weight rows against one Q8_K row: `out[r]` = row `r` of `w` (rows of
@@ -219,36 +262,87 @@ unsafe fn q4k_512<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     acc
 }
 
-/// Q4_K · Q8_K on 256-bit vectors with AVX-512 VL + VNNI (`vpdpwssd` on ymm), the kernel of the
-/// AVX-512 level on VNNI CPUs. It has no shuffle in the inner loop, which pays on cores that run
-/// 512-bit operations as two 256-bit halves (Zen 4: the 512-bit kernel's per-chunk `vinserti64x4`
-/// and `vpshufb` load the shuffle pipes): the sub-block scales are written once per block as
-/// dwords `s · 0x0001_0001` and each reaches its `vpdpwssd` as a broadcast load. Two blocks per
+/// Q4_K · Q8_K with AVX-512 VNNI, the kernel of the AVX-512 level on VNNI CPUs: per block
+/// [`q4k_zmm_block`] (4 `vpdpbusd` + 2 `vpdpwssd` on 512-bit vectors; activations in their usual
+/// order, `PAIRED = false`, or reordered by [`q4k_paired_q8k`], `PAIRED = true`). Two blocks per
 /// iteration share one reduction of their four sums (scale and minimum parts). Same exact block
-/// sums and f32 expression, in block order, as the other Q4_K kernels.
+/// sums and f32 expression, in block order, as the other Q4_K kernels. (The 512-bit kernel
+/// [`q4k_512`] is slower on Zen 4, whose per-chunk `vinserti64x4` + `vpshufb` of the weights and
+/// 8 scale multiplies per block load the pipes that run 512-bit operations as two halves.)
 #[inline(always)]
-unsafe fn q4k_vl_vnni<const VNNI: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
+unsafe fn q4k_vl_vnni<const PAIRED: bool>(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let nb = (w.len() / Q4K_BYTES).min(x.len());
-    let pf = prefetch_distance();
+    let pf = prefetch_distance_or(Q4K_ZMM_PREFETCH);
+    let idx = q4k_zmm_consts();
     let mut acc = 0.0f32;
     let mut i = 0;
+    // Four blocks per iteration: one reduction of their eight sums and their f32 terms computed
+    // in the lanes of one vector (each lane the scalar expression), added to `acc` in order.
+    while i + 4 <= nb {
+        let b = |k: usize| w.as_ptr().add((i + k) * Q4K_BYTES);
+        let (t0, u0) = q4k_zmm_block::<PAIRED>(b(0), &x[i], pf, &idx);
+        let (t1, u1) = q4k_zmm_block::<PAIRED>(b(1), &x[i + 1], pf, &idx);
+        let (t2, u2) = q4k_zmm_block::<PAIRED>(b(2), &x[i + 2], pf, &idx);
+        let (t3, u3) = q4k_zmm_block::<PAIRED>(b(3), &x[i + 3], pf, &idx);
+        let sums = reduce_quads([t0, u0, t1, u1, t2, u2, t3, u3]);
+        let v = q4k_quad_values(b, &x[i..i + 4], sums);
+        let hi = _mm256_extractf128_ps::<1>(v);
+        let lo = _mm256_castps256_ps128(v);
+        acc += _mm_cvtss_f32(lo);
+        acc += _mm_cvtss_f32(_mm_movehdup_ps(lo));
+        acc += _mm_cvtss_f32(hi);
+        acc += _mm_cvtss_f32(_mm_movehdup_ps(hi));
+        i += 4;
+    }
     while i < nb {
         // An odd last block is paired with itself; its second result is dropped.
         let i1 = if i + 1 < nb { i + 1 } else { i };
-        let (t0, u0) = q4k_vl_block(w.as_ptr().add(i * Q4K_BYTES), &x[i], pf);
+        let (t0, u0) = q4k_zmm_block::<PAIRED>(w.as_ptr().add(i * Q4K_BYTES), &x[i], pf, &idx);
         if i1 == i {
             // The odd last block alone (a one-block row is just this).
             let sums = reduce_pairs(t0, u0, _mm256_setzero_si256(), _mm256_setzero_si256());
             acc += q4k_block_value(w.as_ptr().add(i * Q4K_BYTES), &x[i], sums[0], sums[1]);
             break;
         }
-        let (t1, u1) = q4k_vl_block(w.as_ptr().add(i1 * Q4K_BYTES), &x[i1], pf);
+        let (t1, u1) = q4k_zmm_block::<PAIRED>(w.as_ptr().add(i1 * Q4K_BYTES), &x[i1], pf, &idx);
         let sums = reduce_pairs(t0, u0, t1, u1);
         acc += q4k_block_value(w.as_ptr().add(i * Q4K_BYTES), &x[i], sums[0], sums[1]);
         acc += q4k_block_value(w.as_ptr().add(i1 * Q4K_BYTES), &x[i1], sums[2], sums[3]);
         i += 2;
     }
     acc
+}
+
+/// The exact i32 sums of the 8 lanes of each of `t[0..8]`, in that order.
+#[inline(always)]
+unsafe fn reduce_quads(t: [__m256i; 8]) -> __m256i {
+    // Per 128-bit half: [Σ t0, Σ t1, Σ t2, Σ t3] of that half's lanes, then the halves added.
+    let ab = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+    let cd = _mm256_hadd_epi32(_mm256_hadd_epi32(t[4], t[5]), _mm256_hadd_epi32(t[6], t[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(ab, cd),
+        _mm256_permute2x128_si256::<0x31>(ab, cd),
+    )
+}
+
+/// The f32 terms of four Q4_K blocks `b(0..4)` against `y[0..4]` from their sums `[isum0,
+/// isumm0, isum1, …]`: lanes 0, 1, 4, 5 hold the four values, each computed with
+/// [`q4k_block_value`]'s operations (`(y.d · d) · isum − (y.d · dmin) · isumm`).
+#[inline(always)]
+unsafe fn q4k_quad_values(b: impl Fn(usize) -> *const u8, y: &[BlockQ8K], sums: __m256i) -> __m256 {
+    // [d, dmin] of each block (its first two f16).
+    let dd = _mm256_cvtph_ps(_mm_set_epi32(
+        read_u32(b(3)) as i32,
+        read_u32(b(2)) as i32,
+        read_u32(b(1)) as i32,
+        read_u32(b(0)) as i32,
+    ));
+    let yd = _mm256_set_ps(
+        y[3].d, y[3].d, y[2].d, y[2].d, y[1].d, y[1].d, y[0].d, y[0].d,
+    );
+    let p = _mm256_mul_ps(_mm256_mul_ps(yd, dd), _mm256_cvtepi32_ps(sums));
+    // Lane 2k minus lane 2k + 1 (within each 128-bit half).
+    _mm256_hsub_ps(p, p)
 }
 
 /// `[Σ t0, Σ u0, Σ t1, Σ u1]`: the exact i32 sums of the 8 lanes of each.
@@ -273,14 +367,15 @@ unsafe fn q4k_block_value(b: *const u8, y: &BlockQ8K, isum: i32, isumm: i32) -> 
 /// the time). Each row's value is [`q4k_vl_vnni`]'s (same block sums, same f32 expression in
 /// block order). `w` holds `out.len()` rows of `row_bytes` bytes.
 #[inline(always)]
-unsafe fn q4k_vl_rows<const VNNI: bool>(
+unsafe fn q4k_vl_rows<const PAIRED: bool>(
     w: &[u8],
     row_bytes: usize,
     x: &[BlockQ8K],
     out: &mut [f32],
 ) {
     let nb = (row_bytes / Q4K_BYTES).min(x.len());
-    let pf = prefetch_distance();
+    let pf = prefetch_distance_or(Q4K_ZMM_PREFETCH);
+    let idx = q4k_zmm_consts();
     let mut pairs = out.chunks_exact_mut(2);
     let mut row = w.as_ptr();
     for pair in &mut pairs {
@@ -288,8 +383,8 @@ unsafe fn q4k_vl_rows<const VNNI: bool>(
         let (mut acc_a, mut acc_b) = (0.0f32, 0.0f32);
         for (i, y) in x.iter().enumerate().take(nb) {
             let (ba, bb) = (a.add(i * Q4K_BYTES), b.add(i * Q4K_BYTES));
-            let (t0, u0) = q4k_vl_block(ba, y, pf);
-            let (t1, u1) = q4k_vl_block(bb, y, pf);
+            let (t0, u0) = q4k_zmm_block::<PAIRED>(ba, y, pf, &idx);
+            let (t1, u1) = q4k_zmm_block::<PAIRED>(bb, y, pf, &idx);
             let sums = reduce_pairs(t0, u0, t1, u1);
             acc_a += q4k_block_value(ba, y, sums[0], sums[1]);
             acc_b += q4k_block_value(bb, y, sums[2], sums[3]);
@@ -300,53 +395,111 @@ unsafe fn q4k_vl_rows<const VNNI: bool>(
     }
     if let [last] = pairs.into_remainder() {
         let start = row.offset_from(w.as_ptr()) as usize;
-        *last = q4k_vl_vnni::<VNNI>(&w[start..start + row_bytes], x);
+        *last = q4k_vl_vnni::<PAIRED>(&w[start..start + row_bytes], x);
     }
 }
 
-/// Eight i32 on a 32-byte boundary (one `__m256i` store).
-#[repr(C, align(32))]
-struct Aligned32([i32; 8]);
-
-/// One Q4_K block `b` against `y` for [`q4k_vl_vnni`]: the 8 i32 lanes of the scaled products
-/// and the 8 lanes of `Σ bsums · mins`.
+/// `vpshufb` indices that put, in 128-bit lanes 0 and 1, scale byte `a` in words 0..4 and `b` in
+/// words 4..8, and in lanes 2 and 3 bytes `a + 2` and `b + 2` (high bytes zero): the layout of
+/// `vpackssdw` of two [`q4k_zmm_block`] product vectors.
 #[inline(always)]
-unsafe fn q4k_vl_block(b: *const u8, y: &BlockQ8K, pf: usize) -> (__m256i, __m256i) {
+unsafe fn pack_scale_index(a: i16, b: i16) -> __m512i {
+    let z = 0x80u8 as i8 as i16;
+    let w = |i: i16| i | z << 8;
+    let lane = |i: i16, j: i16| _mm_set_epi16(w(j), w(j), w(j), w(j), w(i), w(i), w(i), w(i));
+    let lo = _mm256_set_m128i(lane(a, b), lane(a, b));
+    let hi = _mm256_set_m128i(lane(a + 2, b + 2), lane(a + 2, b + 2));
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// The [`pack_scale_index`] pair of [`q4k_zmm_block`].
+#[inline(always)]
+unsafe fn q4k_zmm_consts() -> [__m512i; 2] {
+    [pack_scale_index(0, 1), pack_scale_index(4, 5)]
+}
+
+/// Prefetch distance (bytes) of the [`q4k_zmm_block`] kernels unless `REDLITE_PF` says otherwise.
+/// They run ~25 % faster than the kernels the shared default was measured with, so the weights
+/// must be requested further ahead: 1 thread, 64 MiB streamed, paired row kernel, ns per block at
+/// 4096 / 8192 / 12288 bytes: 2048 columns 4.6 / 3.9 / 3.55, 4096 columns 4.8 / 3.8 / 3.6
+/// (16384: 4.0; the old kernel ran 4.6–4.9 at 4096).
+const Q4K_ZMM_PREFETCH: usize = 12288;
+
+/// Sub-block `PAIRED_ORDER[k]` of a Q8_K block's quants sits at 32-byte slot `k` of the same block
+/// reordered by [`q4k_paired_q8k`]: every 64-byte piece then holds the activations of one
+/// [`q4k_zmm_block`] product (sub-blocks `4h + l` | `4h + l + 2`).
+const PAIRED_ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+
+/// Q8_K activations reordered for [`q4k_paired_kernel`] (`d` and `bsums` as they are, the 32-byte
+/// sub-blocks of the quants in [`PAIRED_ORDER`]).
+pub fn q4k_paired_q8k(x: &[BlockQ8K]) -> Vec<BlockQ8K> {
+    x.iter()
+        .map(|b| {
+            let mut o = *b;
+            for (k, &j) in PAIRED_ORDER.iter().enumerate() {
+                o.qs[32 * k..32 * k + 32].copy_from_slice(&b.qs[32 * j..32 * j + 32]);
+            }
+            o
+        })
+        .collect()
+}
+
+/// One Q4_K block `b` against `y` on 512-bit vectors with VNNI, for [`q4k_vl_vnni`]: the 8 i32
+/// lanes of the scaled products and the 8 lanes of `Σ bsums · mins`.
+/// The 64 weight bytes of chunks `2h`, `2h + 1` are one load: its low nibbles are sub-blocks
+/// `4h` | `4h + 2`, its high nibbles `4h + 1` | `4h + 3`, each multiplied by the matching
+/// activations with `vpdpbusd` into unscaled 4-product sums (|·| ≤ 4 · 15 · 128, exact in i16).
+/// `vpackssdw` of the two (exact, no saturation) puts two sub-blocks side by side in every
+/// 128-bit lane, and one `vpdpwssd` against per-word scales applies them: 2 instead of 8 scale
+/// multiplies per block, no per-chunk scale shuffles. The activations are `y` in its usual order
+/// (`PAIRED = false`: two 32-byte halves per product) or reordered by [`q4k_paired_q8k`]
+/// (`PAIRED = true`: one 64-byte load, the operand of `vpdpbusd`).
+#[inline(always)]
+unsafe fn q4k_zmm_block<const PAIRED: bool>(
+    b: *const u8,
+    y: &BlockQ8K,
+    pf: usize,
+    idx: &[__m512i; 2],
+) -> (__m256i, __m256i) {
     prefetch_ahead(b, pf, Q4K_BYTES);
-    let m4 = _mm256_set1_epi8(0x0F);
+    let m4 = _mm512_set1_epi8(0x0F);
     let (sc, m) = unpack_scales_k4(std::slice::from_raw_parts(b.add(4), 12));
-    // Sub-block j's scale in both i16 halves of dword j.
-    let s32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
-    // 32-byte aligned, so the store never straddles two cache lines: the broadcast loads below
-    // are then forwarded from it. Unaligned, its place on the stack (which moved with unrelated
-    // code elsewhere in the binary) made this kernel up to 2× slower on cached weights.
-    let mut scales = Aligned32([0i32; 8]);
-    _mm256_store_si256(
-        scales.0.as_mut_ptr() as *mut __m256i,
-        _mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32)),
-    );
-    // Opaque to the optimiser, so that the scales are read back as broadcast loads instead of
-    // being shuffled out of the register.
-    let scales = &std::hint::black_box(&scales).0;
     let q = b.add(16);
     let yq = y.qs.as_ptr();
-    let mut isum = [_mm256_setzero_si256(); 2];
-    for c in 0..4 {
-        let v = _mm256_loadu_si256(q.add(32 * c) as *const __m256i);
-        let lo = _mm256_and_si256(v, m4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-        let p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(yq.add(64 * c) as *const __m256i));
-        let p1 = _mm256_maddubs_epi16(
-            hi,
-            _mm256_loadu_si256(yq.add(64 * c + 32) as *const __m256i),
-        );
-        let a = &mut isum[c % 2];
-        *a = _mm256_dpwssd_epi32(*a, p0, _mm256_set1_epi32(scales[2 * c]));
-        *a = _mm256_dpwssd_epi32(*a, p1, _mm256_set1_epi32(scales[2 * c + 1]));
+    // Activations of sub-blocks `a` (low half) and `a + 2` (high half), at slot pair `a` in the
+    // paired order.
+    let acts = |a: usize| {
+        if PAIRED {
+            let k = PAIRED_ORDER.iter().position(|&j| j == a).unwrap_or(0);
+            _mm512_loadu_si512(yq.add(32 * k) as *const _)
+        } else {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(yq.add(32 * a) as *const __m256i)),
+                _mm256_loadu_si256(yq.add(32 * a + 64) as *const __m256i),
+            )
+        }
+    };
+    let z = _mm512_setzero_si512();
+    let mut packed = [z; 2];
+    for (h, pk) in packed.iter_mut().enumerate() {
+        let v = _mm512_loadu_si512(q.add(64 * h) as *const _);
+        let lo = _mm512_and_si512(v, m4);
+        let hi = if PAIRED {
+            // GFNI: each byte's bits 4..8 moved to 0..4 (the rest zero) in one operation.
+            _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set1_epi64(0x1020_4080_0000_0000))
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4)
+        };
+        let p0 = _mm512_dpbusd_epi32(z, lo, acts(4 * h));
+        let p1 = _mm512_dpbusd_epi32(z, hi, acts(4 * h + 1));
+        *pk = _mm512_packs_epi32(p0, p1);
     }
+    let scb = _mm512_set1_epi64(sc as i64);
+    let t = _mm512_madd_epi16(packed[0], _mm512_shuffle_epi8(scb, idx[0]));
+    let t = _mm512_dpwssd_epi32(t, packed[1], _mm512_shuffle_epi8(scb, idx[1]));
     let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
     (
-        _mm256_add_epi32(isum[0], isum[1]),
+        _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64::<1>(t)),
         _mm256_madd_epi16(bs, mins_pairs(m)),
     )
 }

@@ -36,6 +36,10 @@ mod kquants;
 mod kquants_multi_x86;
 #[cfg(target_arch = "x86_64")]
 mod kquants_x86;
+/// The Q4_K AVX-512 VNNI kernels on paired activations (what `matvec` runs at that level), for
+/// tests and benchmarks.
+#[cfg(target_arch = "x86_64")]
+pub use kquants_x86::{q4k_paired_kernel, q4k_paired_q8k, q4k_paired_rows_kernel};
 #[cfg(target_arch = "x86_64")]
 pub mod tiles_x86;
 /// No tile kernel off x86-64: [`DecodeTiles::repack`](tiles_x86::DecodeTiles::repack) says so.

@@ -327,6 +327,36 @@ fn selftest_shape(
             }
         }
 
+        // The Q4_K kernel and rows kernel on paired activations (matvec's at this level with
+        // VNNI) vs scalar, bit for bit; the rows kernel over all rows and all but the last.
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && ty == GgmlType::Q4K {
+            use super::kquants_x86::{q4k_paired_kernel, q4k_paired_q8k, q4k_paired_rows_kernel};
+            if let (Some(k), Some(f)) = (q4k_paired_kernel(), q4k_paired_rows_kernel()) {
+                let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
+                quantize_row_q8_k(x, &mut q);
+                let xp = q4k_paired_q8k(&q);
+                let mut differ = w
+                    .chunks_exact(row_bytes)
+                    .zip(&scalar_out)
+                    .filter(|(wr, s)| k(wr, &xp).to_bits() != s.to_bits())
+                    .count();
+                for n in [rows, rows - 1] {
+                    let mut out = vec![0.0f32; n];
+                    f(&w[..n * row_bytes], row_bytes, &xp, &mut out);
+                    differ += out
+                        .iter()
+                        .zip(&scalar_out)
+                        .filter(|(g, s)| g.to_bits() != s.to_bits())
+                        .count();
+                }
+                report(SelftestResult {
+                    variant: "paired",
+                    ..result(isa, Check::VsScalar, differ as f64, 0.0)
+                });
+            }
+        }
+
         // The rows kernel of this level (matvec's and the fused decode's), over all rows and
         // over all but the last (an odd count: the single-row remainder), vs scalar bit for bit.
         if let Some(f) = super::lookup_rows(ty, isa) {

@@ -26,6 +26,7 @@
 use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q6K_BYTES};
 use super::kquants_multi_x86::q8k_pair_sums;
 use super::q8::BlockQ8K;
+use super::x86_util::{prefetch_ahead, prefetch_distance};
 use super::{has_vnni, Isa};
 use core::arch::x86_64::*;
 use redlite_gguf::quant::GgmlType;
@@ -313,7 +314,12 @@ fn put_row(tile: &mut Q4kTile, r: usize, b: &[u8]) {
 unsafe fn group_dot(group: &[Q4kTile], x: &[BlockQ8K], pairs: &[[i32; 4]], out: &mut [f32]) {
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = _mm512_setzero_ps();
+    let pf = prefetch_distance();
     for ((tb, y), p) in group.iter().zip(x).zip(pairs) {
+        // Streamed from memory (groups follow each other), the tiles ran 6.0–6.4 ns per block
+        // without software prefetch and 4.3–4.5 with the lines requested `pf` bytes ahead
+        // (4096; 2048 4.6–4.7, 8192 4.5–4.6, 12288 4.4–4.9; 1 thread, 512 MiB, 4096 columns).
+        prefetch_ahead(tb as *const Q4kTile as *const u8, pf, size_of::<Q4kTile>());
         let yq = y.qs.as_ptr();
         let quad = |at: usize| _mm512_set1_epi32((yq.add(at) as *const i32).read_unaligned());
         let mut isum = _mm512_setzero_si512();

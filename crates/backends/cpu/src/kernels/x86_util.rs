@@ -74,13 +74,19 @@ pub(crate) unsafe fn hsum4_512(v: [__m512i; 4]) -> __m128i {
 /// How far ahead of the weight stream the kernels prefetch, in bytes (`REDLITE_PF`, default
 /// [`DEFAULT_PREFETCH`]; 0 turns it off). Read once per process.
 pub(crate) fn prefetch_distance() -> usize {
-    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PF.get_or_init(|| {
+    prefetch_distance_or(DEFAULT_PREFETCH)
+}
+
+/// [`prefetch_distance`] for a kernel whose own default is `default` bytes: `REDLITE_PF` where
+/// set, else `default`.
+pub(crate) fn prefetch_distance_or(default: usize) -> usize {
+    static PF: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    PF.get_or_init(|| {
         std::env::var("REDLITE_PF")
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_PREFETCH)
     })
+    .unwrap_or(default)
 }
 
 /// Default prefetch distance (bytes). Measured on a 16-core Xeon (Sapphire Rapids class): matvec
