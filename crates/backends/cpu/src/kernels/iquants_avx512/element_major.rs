@@ -10,14 +10,19 @@
 //!   `2j, 2j + 1`, and index → value (0 → 8, 1 → 25, 2 → 43) is affine over GF(2):
 //!   `8 ⊕ 17·bit0 ⊕ 35·bit1`. One 8×8 bit matrix per `j % 4` picks the two bits of the code
 //!   byte and maps them to the value, so no `vpmultishiftqb` + `vpermb` pair per 64 elements;
-//! * **signs**: byte `k` of one register is row `k`'s KSIGNS byte (one `vpermi2b` per pair);
-//!   element `j`'s flip mask is bit `j` of every byte (`vptestmb`), applied to the activations
-//!   (`0 − q8`, exact as long as no activation is −128);
+//! * **signs**: element `j`'s flip mask (`j` < 7) is bit `j` of every row's 7-bit sign field,
+//!   picked straight out of the lane-aligned aux words by one `vpshufbitqmb` (BITALG); the
+//!   parity bit 7 is bit 7 of the row's KSIGNS byte (one `vpermi2b` per pair, `vpmovb2m`). The
+//!   masks are applied to the activations (`0 − q8`, exact as long as no activation is −128);
 //! * **sub-block sums without shuffles**: four packed rows of a sub-block sit in one i32 lane, so
 //!   each `vpdpbusd` adds 4 products of one sub-block to its lane, and after the 8 chunks
 //!   lane `8h + sb` is sub-block `sb`'s exact sum; one `vpmulld` by the scales
 //!   (`2·(aux >> 28) + 1`, lane-aligned by one `vpermt2d` of the aux words) and one reduction
 //!   per half give the two exact block sums.
+//!
+//! The row loop is software-pipelined: the next pair's codes, aux words and KSIGNS bytes are
+//! decoded before this pair's products, so the lookup chains of one pair overlap the products
+//! of the one before.
 //!
 //! The block sums are the exact integers of the scalar kernel and the f32 operations are its
 //! own, in block order, so the result is bit-identical to every other IQ2_XXS kernel.
@@ -28,9 +33,12 @@ use super::{
 };
 use core::arch::x86_64::*;
 
-/// Whether the CPU has the features of the parent module plus GFNI.
+/// Whether the CPU has the features of the parent module plus GFNI and BITALG
+/// (`vpshufbitqmb`).
 pub fn supported() -> bool {
-    super::supported() && is_x86_feature_detected!("gfni")
+    super::supported()
+        && is_x86_feature_detected!("gfni")
+        && is_x86_feature_detected!("avx512bitalg")
 }
 
 /// `vpermt2b` over the 64 bytes after `d` of a block pair: packed row `k = 32h + 4sb + l` takes
@@ -62,6 +70,24 @@ static AUX_DWORDS: V64 = {
 /// `vpmultishiftqb` over the lane-aligned aux words (qword `q` = aux words `2q` and `2q + 1`):
 /// byte `4s + l` of a qword takes the 7-bit sign index of row `l` (bits `7l..`) of aux word `s`.
 static SIGN_FIELDS: V64 = lanes!(|_g, j| (32 * (j / 4) + 7 * (j % 4)) as u8);
+
+/// `vpshufbitqmb` over the lane-aligned aux words: byte `k` of table `j` (`j` < 7) selects bit
+/// `j` of row `k`'s 7-bit sign field, which is bit `j` of its KSIGNS byte (the low 7 bits of a
+/// KSIGNS byte are the field itself; bit 7, the parity, comes from the table lookup).
+static SIGN_BITS: [V64; 7] = {
+    const fn table(j: usize) -> V64 {
+        lanes!(|_g, l| (32 * (l / 4) + 7 * (l % 4) + j) as u8)
+    }
+    [
+        table(0),
+        table(1),
+        table(2),
+        table(3),
+        table(4),
+        table(5),
+        table(6),
+    ]
+};
 
 /// The GF(2) matrix (`vgf2p8affineqb` layout: byte `7 − i` selects the input bits of output
 /// bit `i`) mapping the 2-bit field `m` of a byte to `17·bit0 ⊕ 35·bit1`; with the constant
@@ -123,7 +149,9 @@ pub fn element_major_q8k(x: &[BlockQ8K]) -> Vec<BlockQ8K> {
 
 /// The exact sums of i32 lanes 0..8 and of lanes 8..16 of `v`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
 fn hsum_halves(v: __m512i) -> (i32, i32) {
     // Per 128-bit lane: every dword = the lane's sum.
     let t = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0x4E>(v));
@@ -146,33 +174,61 @@ struct Tables {
     fields: __m512i,
 }
 
-/// The exact block sums of IQ2_XXS blocks `q0`, `q1` (their 64 bytes after `d`) against the
-/// element-major activations of their pair `y` (two blocks).
+/// What [`pair_sums`] needs of a block pair's weights, decoded ahead of its products (the
+/// loop decodes the next pair before this pair's products, so the long lookup chains of one
+/// pair overlap the products of the one before).
+#[derive(Clone, Copy)]
+struct Decoded {
+    /// Grid-row codes of the 64 packed rows (low byte: elements 0..4, high: 4..8).
+    lo: __m512i,
+    hi: __m512i,
+    /// Dword `8h + sb`: the aux word of sub-block `sb` of block `h`.
+    aux: __m512i,
+    /// Byte `k`: the KSIGNS byte of packed row `k` (only its bit 7 is read).
+    signs: __m512i,
+}
+
+/// Decodes the IQ2_XXS blocks `q0`, `q1` (their 64 bytes after `d`).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
-fn pair_sums(t: &Tables, q0: __m512i, q1: __m512i, y: &[BlockQ8K]) -> (i32, i32) {
-    let zero = _mm512_setzero_si512();
-    // Grid-row codes of the 64 packed rows (low byte: elements 0..4, high: 4..8).
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
+fn decode(t: &Tables, q0: __m512i, q1: __m512i) -> Decoded {
     let idx = _mm512_permutex2var_epi8(q0, t.pack, q1);
     let high_half = _mm512_movepi8_mask(idx);
-    let lo = lookup256(&t.code_lo, idx, high_half);
-    let hi = lookup256(&t.code_hi, idx, high_half);
-    // Dword 8h + sb: the aux word of sub-block sb of block h.
     let aux = _mm512_permutex2var_epi32(q0, t.aux_dwords, q1);
-    // Byte k: the KSIGNS byte (8 flip bits) of packed row k.
-    let signs = _mm512_permutex2var_epi8(
-        load64(&IQ2XXS_KSIGNS[0]),
-        _mm512_multishift_epi64_epi8(t.fields, aux),
-        load64(&IQ2XXS_KSIGNS[1]),
-    );
-    // (aux >> 27) | 1 = 2·(aux >> 28) + 1.
-    let scales = _mm512_or_si512(_mm512_srli_epi32::<27>(aux), _mm512_set1_epi32(1));
+    Decoded {
+        lo: lookup256(&t.code_lo, idx, high_half),
+        hi: lookup256(&t.code_hi, idx, high_half),
+        aux,
+        signs: _mm512_permutex2var_epi8(
+            load64(&IQ2XXS_KSIGNS[0]),
+            _mm512_multishift_epi64_epi8(t.fields, aux),
+            load64(&IQ2XXS_KSIGNS[1]),
+        ),
+    }
+}
+
+/// The exact block sums of a decoded block pair against the element-major activations of the
+/// pair `y` (two blocks).
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
+fn pair_sums(d: &Decoded, y: &[BlockQ8K]) -> (i32, i32) {
+    let zero = _mm512_setzero_si512();
     let mut acc = [zero; 4];
     for j in 0..8 {
-        let codes = if j < 4 { lo } else { hi };
+        let codes = if j < 4 { d.lo } else { d.hi };
         let matrix = _mm512_set1_epi64(VALUE_MATRICES[j % 4] as i64);
         let grid = _mm512_gf2p8affine_epi64_epi8::<8>(codes, matrix);
-        let flip = _mm512_test_epi8_mask(signs, _mm512_set1_epi8(1 << j));
+        // Element j's flip bits: bit j of each row's sign field straight from the aux words
+        // (`vpshufbitqmb`, not waiting for the KSIGNS lookup), the parity bit 7 from it.
+        let flip = if j < 7 {
+            _mm512_bitshuffle_epi64_mask(d.aux, load64(&SIGN_BITS[j]))
+        } else {
+            _mm512_movepi8_mask(d.signs)
+        };
         // Chunk j: bytes 64·(j % 4).. of block j / 4.
         let chunk = &y[j / 4].qs[64 * (j % 4)..64 * (j % 4) + 64];
         // SAFETY: `chunk` is 64 readable bytes.
@@ -184,19 +240,25 @@ fn pair_sums(t: &Tables, q0: __m512i, q1: __m512i, y: &[BlockQ8K]) -> (i32, i32)
         _mm512_add_epi32(acc[0], acc[1]),
         _mm512_add_epi32(acc[2], acc[3]),
     );
+    // (aux >> 27) | 1 = 2·(aux >> 28) + 1.
+    let scales = _mm512_or_si512(_mm512_srli_epi32::<27>(d.aux), _mm512_set1_epi32(1));
     hsum_halves(_mm512_mullo_epi32(sums, scales))
 }
 
 /// The f16 scale `d` of the IQ2_XXS block at `b`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
 fn block_d(b: &[u8]) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
 impl Tables {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+    )]
     fn load() -> Tables {
         Tables {
             code_lo: load256(&IQ2XXS_CODE_LO),
@@ -217,15 +279,29 @@ macro_rules! row_dot {
         let (t, w, x): (&Tables, &[u8], &[BlockQ8K]) = ($t, $w, $x);
         let nb = w.len() / IQ2_XXS_BYTES;
         let mut sumf = 0.0f32;
-        let mut i = 0;
-        while i < nb {
-            let (i1, b0, b1, q0, q1) = block_pair(w, i, nb);
-            let (s0, s1) = pair_sums(t, q0, q1, &x[i..i + 2]);
-            sumf += block_d(b0) * x[i].d * s0 as f32;
-            if i1 != i {
-                sumf += block_d(b1) * x[i1].d * s1 as f32;
+        if nb > 0 {
+            // Software-pipelined: pair i + 2 is decoded before pair i's products.
+            let (mut i1, mut b0, mut b1, q0, q1) = block_pair(w, 0, nb);
+            let mut next = decode(t, q0, q1);
+            let mut i = 0;
+            loop {
+                let (d, c1, c0, cb1) = (next, i1, b0, b1);
+                let more = i + 2 < nb;
+                if more {
+                    let (n1, nb0, nb1, q0, q1) = block_pair(w, i + 2, nb);
+                    next = decode(t, q0, q1);
+                    (i1, b0, b1) = (n1, nb0, nb1);
+                }
+                let (s0, s1) = pair_sums(&d, &x[i..i + 2]);
+                sumf += block_d(c0) * x[i].d * s0 as f32;
+                if c1 != i {
+                    sumf += block_d(cb1) * x[c1].d * s1 as f32;
+                }
+                if !more {
+                    break;
+                }
+                i += 2;
             }
-            i += 2;
         }
         0.125 * sumf
     }};
@@ -237,7 +313,9 @@ macro_rules! row_dot {
 ///
 /// # Safety
 /// The CPU must support the features of [`supported`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
 pub unsafe fn iq2_xxs_row_element_major(w: &[u8], x: &[BlockQ8K]) -> f32 {
     row_dot!(&Tables::load(), w, x)
 }
@@ -288,7 +366,9 @@ fn prefetch_distance() -> usize {
 /// Default of [`prefetch_distance`].
 const PREFETCH_BYTES: usize = 2048;
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
 fn rows_element_major(w: &[u8], row_bytes: usize, nb: usize, x: &[BlockQ8K], out: &mut [f32]) {
     let t = Tables::load();
     let ahead = prefetch_distance();
