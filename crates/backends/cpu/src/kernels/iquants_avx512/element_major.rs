@@ -215,7 +215,7 @@ fn decode(t: &Tables, q0: __m512i, q1: __m512i) -> Decoded {
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
 )]
-fn pair_sums(d: &Decoded, y: &[BlockQ8K]) -> (i32, i32) {
+fn pair_vec(d: &Decoded, y: &[BlockQ8K]) -> __m512i {
     let zero = _mm512_setzero_si512();
     let mut acc = [zero; 4];
     for j in 0..8 {
@@ -242,7 +242,30 @@ fn pair_sums(d: &Decoded, y: &[BlockQ8K]) -> (i32, i32) {
     );
     // (aux >> 27) | 1 = 2·(aux >> 28) + 1.
     let scales = _mm512_or_si512(_mm512_srli_epi32::<27>(d.aux), _mm512_set1_epi32(1));
-    hsum_halves(_mm512_mullo_epi32(sums, scales))
+    _mm512_mullo_epi32(sums, scales)
+}
+
+/// The four exact block sums of two pairs' [`pair_vec`] vectors `a`, `b` (blocks `a0, a1, b0,
+/// b1`), converted to f32 (`vcvtdq2ps`, the same rounding as `as f32`), from one reduction.
+#[inline]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
+)]
+fn quad_sums(a: __m512i, b: __m512i) -> [f32; 4] {
+    // 128-bit lane L: the partial sums of block L (a0, a1, b0, b1).
+    let z = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0x88>(a, b),
+        _mm512_shuffle_i64x2::<0xDD>(a, b),
+    );
+    let z = _mm512_add_epi32(z, _mm512_shuffle_epi32::<0x4E>(z));
+    let z = _mm512_add_epi32(z, _mm512_shuffle_epi32::<0xB1>(z));
+    let f = _mm512_cvtepi32_ps(z);
+    [
+        _mm_cvtss_f32(_mm512_castps512_ps128(f)),
+        _mm_cvtss_f32(_mm512_extractf32x4_ps::<1>(f)),
+        _mm_cvtss_f32(_mm512_extractf32x4_ps::<2>(f)),
+        _mm_cvtss_f32(_mm512_extractf32x4_ps::<3>(f)),
+    ]
 }
 
 /// The f16 scale `d` of the IQ2_XXS block at `b`.
@@ -325,31 +348,61 @@ macro_rules! rows_dot {
                     }
                 }
                 let mut sumf = 0.0f32;
-                for k in 0..pairs {
-                    let d = next;
+                // Decodes the pair after pair `k` of this row into `next`.
+                macro_rules! advance {
+                    ($k:expr) => {
+                        let k = $k;
+                        if k + 1 < pairs {
+                            let n0 = row.wrapping_add((2 * k + 2) * IQ2_XXS_BYTES);
+                            let n1 = if 2 * k + 3 < nb {
+                                n0.wrapping_add(IQ2_XXS_BYTES)
+                            } else {
+                                n0
+                            };
+                            next = decode(t, quants(n0), quants(n1));
+                        } else if r + 1 < rows {
+                            let n0 = row.wrapping_add(row_bytes);
+                            let n1 = if nb > 1 {
+                                n0.wrapping_add(IQ2_XXS_BYTES)
+                            } else {
+                                n0
+                            };
+                            next = decode(t, quants(n0), quants(n1));
+                        }
+                    };
+                }
+                // SAFETY (of the `x` reads): `2 * pairs <= x.len()`; of the `block_d` reads:
+                // their blocks are blocks `< nb` of row `r`.
+                let mut k = 0;
+                // Two pairs at a time, their four block sums from one reduction.
+                while k + 1 < pairs {
                     let i = 2 * k;
+                    let d = next;
+                    advance!(k);
+                    let va = pair_vec(&d, unsafe { core::slice::from_raw_parts(xp.add(i), 2) });
+                    let d = next;
+                    advance!(k + 1);
+                    let vb = pair_vec(&d, unsafe { core::slice::from_raw_parts(xp.add(i + 2), 2) });
+                    let f = quad_sums(va, vb);
                     let b0 = row.wrapping_add(i * IQ2_XXS_BYTES);
-                    if k + 1 < pairs {
-                        let n0 = b0.wrapping_add(2 * IQ2_XXS_BYTES);
-                        let n1 = if i + 3 < nb {
-                            n0.wrapping_add(IQ2_XXS_BYTES)
-                        } else {
-                            n0
-                        };
-                        next = decode(t, quants(n0), quants(n1));
-                    } else if r + 1 < rows {
-                        let n0 = row.wrapping_add(row_bytes);
-                        let n1 = if nb > 1 {
-                            n0.wrapping_add(IQ2_XXS_BYTES)
-                        } else {
-                            n0
-                        };
-                        next = decode(t, quants(n0), quants(n1));
+                    unsafe {
+                        let y4 = core::slice::from_raw_parts(xp.add(i), 4);
+                        sumf += block_d(b0) * y4[0].d * f[0];
+                        sumf += block_d(b0.add(IQ2_XXS_BYTES)) * y4[1].d * f[1];
+                        sumf += block_d(b0.add(2 * IQ2_XXS_BYTES)) * y4[2].d * f[2];
+                        if i + 3 < nb {
+                            sumf += block_d(b0.add(3 * IQ2_XXS_BYTES)) * y4[3].d * f[3];
+                        }
                     }
-                    // SAFETY: `2 * pairs <= x.len()`.
+                    k += 2;
+                }
+                if k < pairs {
+                    let i = 2 * k;
+                    let d = next;
+                    advance!(k);
                     let y2 = unsafe { core::slice::from_raw_parts(xp.add(i), 2) };
-                    let (s0, s1) = pair_sums(&d, y2);
-                    // SAFETY: `b0` (and `b0 + 66` when `i + 1 < nb`) start blocks of row `r`.
+                    let (s0, s1) = hsum_halves(pair_vec(&d, y2));
+                    let b0 = row.wrapping_add(i * IQ2_XXS_BYTES);
                     unsafe {
                         sumf += block_d(b0) * y2[0].d * s0 as f32;
                         if i + 1 < nb {
