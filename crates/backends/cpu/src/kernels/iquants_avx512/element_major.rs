@@ -338,11 +338,10 @@ macro_rules! rows_dot {
                 quants(wp),
                 quants(wp.wrapping_add(IQ2_XXS_BYTES.min((nb - 1) * IQ2_XXS_BYTES))),
             );
-            for (r, y) in out.iter_mut().enumerate() {
-                let row = wp.wrapping_add(r * row_bytes);
+            // Asks for the row at `row` `ahead` bytes on, one request per cache line (a
+            // prefetch never faults, so lines past the end of `w` are harmless).
+            let prefetch = |row: *const u8| {
                 if ahead > 0 {
-                    // The row `ahead` bytes on, one request per cache line (a prefetch never
-                    // faults, so lines past the end of `w` are harmless).
                     let p = row.wrapping_add(ahead);
                     let mut line = 0;
                     while line < row_bytes {
@@ -350,6 +349,58 @@ macro_rules! rows_dot {
                         line += 64;
                     }
                 }
+            };
+            let mut r0 = 0;
+            if pairs == 1 {
+                // One pair per row (rows of at most 2 blocks, such as the 80B experts' down
+                // rows): two rows' block sums from one reduction, each row's f32 operations
+                // as below.
+                let second = |b: *const u8| {
+                    if nb > 1 {
+                        b.wrapping_add(IQ2_XXS_BYTES)
+                    } else {
+                        b
+                    }
+                };
+                // SAFETY: `2 * pairs <= x.len()`.
+                let y2 = unsafe { core::slice::from_raw_parts(xp, 2) };
+                while r0 + 1 < rows {
+                    let ra = wp.wrapping_add(r0 * row_bytes);
+                    let rb = ra.wrapping_add(row_bytes);
+                    prefetch(ra);
+                    prefetch(rb);
+                    let d = next;
+                    next = decode(t, quants(rb), quants(second(rb)));
+                    let va = pair_vec(&d, y2);
+                    let d = next;
+                    if r0 + 2 < rows {
+                        let rc = rb.wrapping_add(row_bytes);
+                        next = decode(t, quants(rc), quants(second(rc)));
+                    }
+                    let vb = pair_vec(&d, y2);
+                    let f = quad_sums(va, vb);
+                    // SAFETY: `ra`, `rb` (and the blocks after them when `nb > 1`) start
+                    // blocks of rows `r0`, `r0 + 1`.
+                    unsafe {
+                        let mut sumf = 0.0f32;
+                        sumf += block_d(ra) * y2[0].d * f[0];
+                        if nb > 1 {
+                            sumf += block_d(ra.add(IQ2_XXS_BYTES)) * y2[1].d * f[1];
+                        }
+                        out[r0] = 0.125 * sumf;
+                        let mut sumf = 0.0f32;
+                        sumf += block_d(rb) * y2[0].d * f[2];
+                        if nb > 1 {
+                            sumf += block_d(rb.add(IQ2_XXS_BYTES)) * y2[1].d * f[3];
+                        }
+                        out[r0 + 1] = 0.125 * sumf;
+                    }
+                    r0 += 2;
+                }
+            }
+            for (r, y) in out.iter_mut().enumerate().skip(r0) {
+                let row = wp.wrapping_add(r * row_bytes);
+                prefetch(row);
                 let mut sumf = 0.0f32;
                 // Decodes the pair after pair `k` of this row into `next`.
                 macro_rules! advance {
