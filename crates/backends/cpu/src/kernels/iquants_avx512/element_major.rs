@@ -20,9 +20,12 @@
 //!   (`2·(aux >> 28) + 1`, lane-aligned by one `vpermt2d` of the aux words) and one reduction
 //!   per half give the two exact block sums.
 //!
-//! The row loop is software-pipelined: the next pair's codes, aux words and KSIGNS bytes are
+//! The row loop walks a call's rows with raw pointers (bounds asserted once) and is
+//! software-pipelined across row ends: the next pair's codes, aux words and KSIGNS bytes are
 //! decoded before this pair's products, so the lookup chains of one pair overlap the products
-//! of the one before.
+//! of the one before. Two pairs' vectors are reduced together (four block sums from one
+//! reduction, [`quad_sums`]): within a row, or, for rows of one pair (≤ 2 blocks), across two
+//! rows ([`rows_one_pair`]).
 //!
 //! The block sums are the exact integers of the scalar kernel and the f32 operations are its
 //! own, in block order, so the result is bit-identical to every other IQ2_XXS kernel.
