@@ -168,7 +168,7 @@ fn hsum_halves(v: __m512i) -> (i32, i32) {
     )
 }
 
-/// The constant registers of [`pair_sums`].
+/// The constant registers of [`decode`].
 struct Tables {
     code_lo: [__m512i; 4],
     code_hi: [__m512i; 4],
@@ -177,7 +177,7 @@ struct Tables {
     fields: __m512i,
 }
 
-/// What [`pair_sums`] needs of a block pair's weights, decoded ahead of its products (the
+/// What [`pair_vec`] needs of a block pair's weights, decoded ahead of its products (the
 /// loop decodes the next pair before this pair's products, so the long lookup chains of one
 /// pair overlap the products of the one before).
 #[derive(Clone, Copy)]
@@ -212,8 +212,10 @@ fn decode(t: &Tables, q0: __m512i, q1: __m512i) -> Decoded {
     }
 }
 
-/// The exact block sums of a decoded block pair against the element-major activations of the
-/// pair `y` (two blocks).
+/// The scaled sub-block sums of a decoded block pair against the element-major activations of
+/// the pair `y` (two blocks): i32 lane `8h + sb` = scale × exact sum of sub-block `sb` of block
+/// `h` (lanes 0..8 add up to block 0's sum, 8..16 to block 1's: [`hsum_halves`],
+/// [`quad_sums`]).
 #[inline]
 #[target_feature(
     enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,bmi2,fma,f16c,gfni,avx512bitalg"
