@@ -851,7 +851,7 @@ fn bench_bandwidth() {
                 let Some(k) = k else { continue };
                 let t = best(&|| w.chunks_exact(row_bytes).map(|r| k(r, x)).sum::<f32>());
                 println!(
-                    "  avx512 {label}: {:6.2} GB/s, {:5.1} ns per 256 weights",
+                    "  avx512 {label}: {:6.2} GB/s, {:5.2} ns per 256 weights",
                     total / t / 1e9,
                     t * 1e9 / (rows * cols / 256) as f64
                 );
@@ -870,7 +870,7 @@ fn bench_bandwidth() {
                     s
                 });
                 println!(
-                    "  avx512 element-major, 64 rows per call: {:6.2} GB/s, {:5.1} ns per 256 weights",
+                    "  avx512 element-major, 64 rows per call: {:6.2} GB/s, {:5.2} ns per 256 weights",
                     total / t / 1e9,
                     t * 1e9 / (rows * cols / 256) as f64
                 );
