@@ -778,46 +778,21 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32(const
     matvec3_x_f32_body(x, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
-// matvec_norm3_tok_<type>(x, nw, eps, cols, split, n, w0, y0, rows0, ...): matvec_norm3 for n
-// tokens with the weights read once per tile of `tile` tokens (split = parts | tile << 16, one row
-// per warp): a block stages the normalised inputs of its tile's tokens (tile * cols floats) and
-// each warp computes its row for all of them (row_partial_tok: SPLIT decoders decode each weight
-// once). Every output is matvec_norm3's bit for bit. Launch: grid = (sum over m of
-// ceil(rows_m / (MVF_WARPS / parts)), ceil(n / tile)), block = 32 * MVF_WARPS, dynamic shared
-// memory = 4 * tile * cols bytes.
 #define MVF_MAX_TILE 4
-template <typename T>
-__device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ x, const float* __restrict__ nw,
-                                                      float eps, int cols, int split, int n, const u8* w0,
-                                                      float* y0, int r0, const u8* w1, float* y1, int r1,
-                                                      const u8* w2, float* y2, int r2) {
-    extern __shared__ float4 mvf_x4[];
-    float* xs = (float*)mvf_x4;  // [tile][cols]
-    __shared__ float invs[MVF_MAX_TILE];
+// The token-tile products of the warp group's row `row` (one row per group; row >= rows: none)
+// against the tile's nt inputs (token t at x + t * cols): row_partial_tok per lane (each weight
+// decoded once for the tile), the warp sums, the slices added in order; then part 0's lane 0
+// writes y[t0 + t][row] = scale[t] * sum (scale null: 1), or with ADD y[t0 + t][row] += sum.
+// Every thread of the block calls it (one barrier).
+template <typename T, bool ADD>
+__device__ __forceinline__ void tok_rows_out(const u8* __restrict__ w, const float* x, int cols, int rows, int row,
+                                             int part, MvfSplit s, float* __restrict__ y, int t0, int nt,
+                                             const float* scale) {
     __shared__ float red[MVF_MAX_TILE][MVF_WARPS];
-    MvfSplit s = mvf_split(split);
-    s.rows = 1;
-    const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
-    const int rpb = mvf_rows_per_block(s);
-    const MvfMatrix m = mvf_matrix(blockIdx.x, rpb, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const u8* w = m.w;
-    float* y = m.y;
-    const int rows = m.rows, b = m.block;
-    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int row, part;
-    mvf_first(b, s, row, part);
-    mvf_prefetch<T>(w, cols, rows, row, part, s);
-    stage_tables<T>();
-    pdl_enter();
-    for (int t = 0; t < nt; ++t) {
-        const float inv = stage_normed(x + (size_t)(t0 + t) * cols, nw, eps, cols, xs + (size_t)t * cols);
-        if (threadIdx.x == 0) invs[t] = inv;
-        __syncthreads();  // part_ss of stage_normed is reused by the next token
-    }
     float acc[MVF_MAX_TILE];
     if (row < rows) {
-        row_partial_tok<T, MVF_MAX_TILE>(w + (size_t)row * row_bytes<T>(cols), xs, cols, cols, nt, lane, part,
+        row_partial_tok<T, MVF_MAX_TILE>(w + (size_t)row * row_bytes<T>(cols), x, cols, cols, nt, lane, part,
                                          s.parts, acc);
     } else {
 #pragma unroll
@@ -833,8 +808,46 @@ __device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ 
     for (int t = 0; t < nt; ++t) {
         float sum = 0.0f;
         for (int p = 0; p < s.parts; ++p) sum += red[t][wi + p];
-        y[(size_t)(t0 + t) * rows + row] = invs[t] * sum;
+        float* out = y + (size_t)(t0 + t) * rows + row;
+        *out = ADD ? *out + sum : (scale == nullptr ? 1.0f : scale[t]) * sum;
     }
+}
+
+// matvec_norm3_tok_<type>(x, nw, eps, cols, split, n, w0, y0, rows0, ...): matvec_norm3 for n
+// tokens with the weights read once per tile of `tile` tokens (split = parts | tile << 16, one row
+// per warp): a block stages the normalised inputs of its tile's tokens (tile * cols floats) and
+// each warp computes its row for all of them (row_partial_tok: SPLIT decoders decode each weight
+// once). Every output is matvec_norm3's bit for bit. Launch: grid = (sum over m of
+// ceil(rows_m / (MVF_WARPS / parts)), ceil(n / tile)), block = 32 * MVF_WARPS, dynamic shared
+// memory = 4 * tile * cols bytes.
+template <typename T>
+__device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ x, const float* __restrict__ nw,
+                                                      float eps, int cols, int split, int n, const u8* w0,
+                                                      float* y0, int r0, const u8* w1, float* y1, int r1,
+                                                      const u8* w2, float* y2, int r2) {
+    extern __shared__ float4 mvf_x4[];
+    float* xs = (float*)mvf_x4;  // [tile][cols]
+    __shared__ float invs[MVF_MAX_TILE];
+    MvfSplit s = mvf_split(split);
+    s.rows = 1;
+    const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
+    const int rpb = mvf_rows_per_block(s);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, rpb, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const u8* w = m.w;
+    float* y = m.y;
+    const int rows = m.rows, b = m.block;
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    int row, part;
+    mvf_first(b, s, row, part);
+    mvf_prefetch<T>(w, cols, rows, row, part, s);
+    stage_tables<T>();
+    pdl_enter();
+    for (int t = 0; t < nt; ++t) {
+        const float inv = stage_normed(x + (size_t)(t0 + t) * cols, nw, eps, cols, xs + (size_t)t * cols);
+        if (threadIdx.x == 0) invs[t] = inv;
+        __syncthreads();  // part_ss of stage_normed is reused by the next token
+    }
+    tok_rows_out<T, false>(w, xs, cols, rows, row, part, s, y, t0, nt, invs);
 }
 
 // The token-tile rows with x read in place (row t at x + t * cols, no staging): for the tokens
@@ -848,36 +861,14 @@ template <typename T, bool ADD>
 __device__ __forceinline__ void mvf_tok_inplace_body(const u8* __restrict__ w, const float* __restrict__ x,
                                                 float* __restrict__ y, int rows, int cols, MvfSplit s, int block,
                                                 int tile, int n) {
-    __shared__ float red[MVF_MAX_TILE][MVF_WARPS];
     s.rows = 1;
     const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
-    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int row, part;
     mvf_first(block, s, row, part);
     if (blockIdx.y == 0) mvf_prefetch<T>(w, cols, rows, row, part, s);
     stage_tables<T>();
     pdl_enter();  // x (and y) come from the kernels before
-    float acc[MVF_MAX_TILE];
-    if (row < rows) {
-        row_partial_tok<T, MVF_MAX_TILE>(w + (size_t)row * row_bytes<T>(cols), x + (size_t)t0 * cols, cols, cols, nt,
-                                         lane, part, s.parts, acc);
-    } else {
-#pragma unroll
-        for (int t = 0; t < MVF_MAX_TILE; ++t) acc[t] = 0.0f;
-    }
-#pragma unroll
-    for (int t = 0; t < MVF_MAX_TILE; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) red[t][wi] = v;
-    }
-    __syncthreads();
-    if (row >= rows || part != 0 || lane != 0) return;
-    for (int t = 0; t < nt; ++t) {
-        float sum = 0.0f;
-        for (int p = 0; p < s.parts; ++p) sum += red[t][wi + p];
-        float* out = y + (size_t)(t0 + t) * rows + row;
-        *out = ADD ? *out + sum : 1.0f * sum;
-    }
+    tok_rows_out<T, ADD>(w, x + (size_t)t0 * cols, cols, rows, row, part, s, y, t0, nt, nullptr);
 }
 
 // matvec3_x_tok_f32(x, cols, split, n, w0, y0, rows0, ...): matvec3_x_f32 for n tokens in tiles of

@@ -627,14 +627,18 @@ impl Runner<'_> {
                 // With a norm: rms_norm_q8 then matvec_q8x = matvec_norm3_q8 with norm weights.
                 let nw: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect();
                 let (xqn, invs) = ops::rms_norm_q8(self.gpu, &xs, &nw, cols, 1e-6)?;
-                let yn = ops::matvec_q8x(
-                    self.gpu,
-                    ty,
-                    &w,
-                    (rows, cols),
-                    (&xqn, Some(&invs)),
-                    (parts, rpw, 1),
-                )?;
+                // matvec_q8x of normed q8 rows in token tiles of `tile` (1: one token a block).
+                let normed = |(xq, invs): &(Vec<u8>, Vec<f32>), tile| {
+                    ops::matvec_q8x(
+                        self.gpu,
+                        ty,
+                        &w,
+                        (rows, cols),
+                        (xq, Some(invs)),
+                        (parts, rpw, tile),
+                    )
+                };
+                let yn = normed(&(xqn, invs), 1)?;
                 let staged_n = ops::matvec_norm3_q8(
                     self.gpu,
                     ty,
@@ -652,25 +656,14 @@ impl Runner<'_> {
                 // Token tiles (`matvec_q8x_tok`, the verify rows): 11 tokens in tiles of 2 and 8
                 // (a partial last tile) = the one-token kernel per token, bit for bit.
                 let xs11 = self.rng.normals(11 * cols, 1.0);
-                let (xq11, invs11) = ops::rms_norm_q8(self.gpu, &xs11, &nw, cols, 1e-6)?;
-                let one = ops::matvec_q8x(
-                    self.gpu,
-                    ty,
-                    &w,
-                    (rows, cols),
-                    (&xq11, Some(&invs11)),
-                    (parts, rpw, 1),
-                )?;
+                let q11 = ops::rms_norm_q8(self.gpu, &xs11, &nw, cols, 1e-6)?;
+                let one = normed(&q11, 1)?;
                 for tile in [2, 8] {
-                    let tiled = ops::matvec_q8x(
-                        self.gpu,
-                        ty,
-                        &w,
-                        (rows, cols),
-                        (&xq11, Some(&invs11)),
-                        (parts, rpw, tile),
+                    same_bits(
+                        "matvec_q8x_tok differs from matvec_q8x",
+                        &normed(&q11, tile)?,
+                        &one,
                     )?;
-                    same_bits("matvec_q8x_tok differs from matvec_q8x", &tiled, &one)?;
                 }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
