@@ -235,33 +235,37 @@ fn head_online<R: HeadRows>(
     // i, i + BLOCK, …: no serial chain of adds per block), added in lane order at the end.
     let (mut max, mut norm) = (vec![f32::NEG_INFINITY; m], vec![[0.0f32; BLOCK]; m]);
     for j0 in (0..n).step_by(BLOCK) {
-        for (h, (qh, ah)) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).enumerate() {
-            let b = lens[h].min(j0 + BLOCK).saturating_sub(j0);
-            if b == 0 {
-                continue;
+        // Two heads a step, their stages side by side (scores, then the softmax updates, then
+        // the accumulations), so the core overlaps the two dependency chains; each head's own
+        // operations and their order are those of a step of its own.
+        let mut h = 0;
+        while h < m {
+            let pair = h + 1 < m;
+            let b = |h: usize| lens[h].min(j0 + BLOCK).saturating_sub(j0);
+            let (b0, b1) = (b(h), if pair { b(h + 1) } else { 0 });
+            let (mut p0, mut p1) = ([f32::NEG_INFINITY; BLOCK], [f32::NEG_INFINITY; BLOCK]);
+            let (a0, a1) = acc[h * hd..].split_at_mut(hd);
+            if b0 > 0 {
+                k.dots_block(j0, &q[h * hd..(h + 1) * hd], scale, &mut p0[..b0]);
             }
-            // Positions past `b` stay −∞: their weight is e^−∞ = 0.
-            let mut p = [f32::NEG_INFINITY; BLOCK];
-            k.dots_block(j0, qh, scale, &mut p[..b]);
-            let block_max = max_of_block(&p);
-            if block_max > max[h] {
-                let c = exp_neg(max[h] - block_max);
-                for a in ah.iter_mut() {
-                    *a *= c;
-                }
-                for l in norm[h].iter_mut() {
-                    *l *= c;
-                }
-                max[h] = block_max;
+            if b1 > 0 {
+                k.dots_block(j0, &q[(h + 1) * hd..(h + 2) * hd], scale, &mut p1[..b1]);
             }
-            for s in p.iter_mut() {
-                *s -= max[h];
+            let (m0, m1) = max[h..].split_at_mut(1);
+            let (n0, n1) = norm[h..].split_at_mut(1);
+            if b0 > 0 {
+                softmax_block(&mut p0, &mut m0[0], &mut n0[0], a0);
             }
-            exp_block(&mut p);
-            for (l, &pi) in norm[h].iter_mut().zip(&p) {
-                *l += pi;
+            if b1 > 0 {
+                softmax_block(&mut p1, &mut m1[0], &mut n1[0], &mut a1[..hd]);
             }
-            v.axpy_block(j0, &p[..b], ah);
+            if b0 > 0 {
+                v.axpy_block(j0, &p0[..b0], a0);
+            }
+            if b1 > 0 {
+                v.axpy_block(j0, &p1[..b1], &mut a1[..hd]);
+            }
+            h += if pair { 2 } else { 1 };
         }
     }
     for (ah, nh) in acc.chunks_exact_mut(hd).zip(&norm) {
@@ -269,6 +273,31 @@ fn head_online<R: HeadRows>(
         ah.iter_mut().for_each(|a| *a *= inv);
     }
     acc
+}
+
+/// One block of a head's online softmax once its scores `p` are in (positions past the head's
+/// length at −∞): on a new maximum the accumulator `ah` and the normaliser's lanes are rescaled,
+/// then `p` becomes the weights `e^(s − max)` and is added to the normaliser's lanes.
+#[inline(always)]
+fn softmax_block(p: &mut [f32; BLOCK], max: &mut f32, norm: &mut [f32; BLOCK], ah: &mut [f32]) {
+    let block_max = max_of_block(p);
+    if block_max > *max {
+        let c = exp_neg(*max - block_max);
+        for a in ah.iter_mut() {
+            *a *= c;
+        }
+        for l in norm.iter_mut() {
+            *l *= c;
+        }
+        *max = block_max;
+    }
+    for s in p.iter_mut() {
+        *s -= *max;
+    }
+    exp_block(p);
+    for (l, &pi) in norm.iter_mut().zip(p.iter()) {
+        *l += pi;
+    }
 }
 
 /// The largest of a block's scores by a pairwise tree (exact, as a fold; vectorises). NaN-free
