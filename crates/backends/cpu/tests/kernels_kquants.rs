@@ -637,27 +637,11 @@ fn bench_stream_rows() {
                 "  tiles   1 thread:   {:5.2} ns per block",
                 t * 1e9 / (groups * 16 * cols / 256) as f64
             );
-            let mut best2 = f64::INFINITY;
-            for _ in 0..10 {
-                let worst = std::thread::scope(|sc| {
-                    let parts: Vec<_> = [(0, groups / 2), (groups / 2, groups / 2 * 2)]
-                        .into_iter()
-                        .map(|(a, b)| {
-                            let run = &run;
-                            sc.spawn(move || {
-                                let t = thread_cpu_ns().unwrap_or(0);
-                                std::hint::black_box(run(a, b));
-                                (thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9
-                            })
-                        })
-                        .collect();
-                    parts
-                        .into_iter()
-                        .map(|p| p.join().unwrap())
-                        .fold(0.0, f64::max)
-                });
-                best2 = best2.min(worst);
-            }
+            let halves = [(0, groups / 2), (groups / 2, groups / 2 * 2)];
+            let best2 = two_thread_secs(&|i| {
+                let (a, b) = halves[i];
+                std::hint::black_box(run(a, b));
+            });
             println!(
                 "  tiles   2 threads: {:5.2} ns per block per thread",
                 best2 * 1e9 / (groups / 2 * 16 * cols / 256) as f64
@@ -688,28 +672,11 @@ fn bench_stream_rows() {
         ] {
             let Some(k) = k else { continue };
             let half = rows / 2 * rb;
-            let mut best2 = f64::INFINITY;
-            for _ in 0..10 {
-                let worst = std::thread::scope(|sc| {
-                    let parts: Vec<_> = [&w[..half], &w[half..2 * half]]
-                        .into_iter()
-                        .map(|part| {
-                            let x = &x;
-                            sc.spawn(move || {
-                                let t = thread_cpu_ns().unwrap_or(0);
-                                let s: f32 = part.chunks_exact(rb).map(|r| k(r, x)).sum();
-                                std::hint::black_box(s);
-                                (thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9
-                            })
-                        })
-                        .collect();
-                    parts
-                        .into_iter()
-                        .map(|p| p.join().unwrap())
-                        .fold(0.0, f64::max)
-                });
-                best2 = best2.min(worst);
-            }
+            let parts = [&w[..half], &w[half..2 * half]];
+            let best2 = two_thread_secs(&|i| {
+                let s: f32 = parts[i].chunks_exact(rb).map(|r| k(r, &x)).sum();
+                std::hint::black_box(s);
+            });
             let ns = best2 * 1e9 / (half / rb * cols / 256) as f64;
             println!(
                 "  {label} 2 threads: {ns:5.2} ns per block per thread, {:6.2} GB/s together",
@@ -775,4 +742,28 @@ fn q4k_kernels_match_scalar_every_length() {
             assert_eq!(got, want, "{nb} blocks, paired rows");
         }
     }
+}
+
+/// `work(0)` and `work(1)` on two threads at once: the slower thread's CPU time, best of 10.
+fn two_thread_secs(work: &(dyn Fn(usize) + Sync)) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let worst = std::thread::scope(|sc| {
+            let parts: Vec<_> = (0..2)
+                .map(|i| {
+                    sc.spawn(move || {
+                        let t = thread_cpu_ns().unwrap_or(0);
+                        work(i);
+                        (thread_cpu_ns().unwrap_or(0) - t) as f64 * 1e-9
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .map(|p| p.join().unwrap())
+                .fold(0.0, f64::max)
+        });
+        best = best.min(worst);
+    }
+    best
 }

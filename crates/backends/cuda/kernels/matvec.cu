@@ -1164,6 +1164,19 @@ __device__ __forceinline__ float q4k_unit_q8(const Q4kUnit& u, const Q8Row& x, i
     return __fadd_rn(__fmul_rn(x.d[lo / 32], vl), __fmul_rn(x.d[hi / 32], vh));
 }
 
+// The start of the q8 row kernels: token t's q8 row at base + t * stride bytes, the partials 0.
+template <int NR, int NT>
+__device__ __forceinline__ void q8_rows_begin(u8* base, int stride, int cols, Q8Row (&xr)[NT],
+                                              float (&acc)[NR][NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) xr[t] = q8_row(base + (size_t)t * stride, cols);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    }
+}
+
 // The lane's partials of NR Q4_K rows (wr[r]; null: a row past the matrix, partial 0) for nt
 // (<= NT) staged q8 rows (token t's at base + t * stride bytes): units part * 32 + lane,
 // + parts * 32, ... in that order, Q8_UNITS per row loaded (every row's) before their arithmetic;
@@ -1175,13 +1188,7 @@ template <int NR, int NT>
 __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols,
                                             int lane, int part, int parts, float (&acc)[NR][NT]) {
     Q8Row xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) xr[t] = q8_row(base + (size_t)t * stride, cols);
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    }
+    q8_rows_begin<NR, NT>(base, stride, cols, xr, acc);
     const int units = cols / 32, step = parts * WARP;
     int gi = part * WARP + lane;
     for (; gi + (Q8_UNITS - 1) * step < units; gi += Q8_UNITS * step) {
@@ -1236,13 +1243,7 @@ template <int NR, int NT>
 __device__ __forceinline__ void q6k_rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols,
                                             int lane, int part, int parts, float (&acc)[NR][NT]) {
     Q8Row xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) xr[t] = q8_row(base + (size_t)t * stride, cols);
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    }
+    q8_rows_begin<NR, NT>(base, stride, cols, xr, acc);
     const int c = lane >> 4, h = (lane >> 3) & 1, j0 = 4 * (lane & 7);
     const int s0 = 8 * c + 2 * h + (j0 >> 4), v0 = 128 * c + 32 * h + j0;
     const int nb = cols / 256;

@@ -177,6 +177,29 @@ fn seen_activations(kernel: RowDot, x: &[f32]) -> Vec<f64> {
 }
 
 /// Calls one kernel on one weight row with freshly quantized activations.
+/// Outputs of the rows kernel `f` on activations `q` that differ in any bit from `scalar_out`,
+/// over every row of `w` and over all but the last (an odd count: the single-row remainder).
+fn rows_differ(
+    f: super::RowsDot,
+    w: &[u8],
+    row_bytes: usize,
+    q: &[BlockQ8K],
+    scalar_out: &[f32],
+) -> usize {
+    let rows = w.len() / row_bytes.max(1);
+    [rows, rows.saturating_sub(1)]
+        .iter()
+        .map(|&n| {
+            let mut out = vec![0.0f32; n];
+            f(&w[..n * row_bytes], row_bytes, q, &mut out);
+            out.iter()
+                .zip(scalar_out)
+                .filter(|(g, s)| g.to_bits() != s.to_bits())
+                .count()
+        })
+        .sum()
+}
+
 fn call(kernel: RowDot, w: &[u8], x: &[f32]) -> f32 {
     match kernel {
         RowDot::Q8K(f) => {
@@ -336,20 +359,12 @@ fn selftest_shape(
                 let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
                 quantize_row_q8_k(x, &mut q);
                 let xp = q4k_paired_q8k(&q);
-                let mut differ = w
+                let differ = w
                     .chunks_exact(row_bytes)
                     .zip(&scalar_out)
                     .filter(|(wr, s)| k(wr, &xp).to_bits() != s.to_bits())
-                    .count();
-                for n in [rows, rows - 1] {
-                    let mut out = vec![0.0f32; n];
-                    f(&w[..n * row_bytes], row_bytes, &xp, &mut out);
-                    differ += out
-                        .iter()
-                        .zip(&scalar_out)
-                        .filter(|(g, s)| g.to_bits() != s.to_bits())
-                        .count();
-                }
+                    .count()
+                    + rows_differ(f, &w, row_bytes, &xp, &scalar_out);
                 report(SelftestResult {
                     variant: "paired",
                     ..result(isa, Check::VsScalar, differ as f64, 0.0)
@@ -362,16 +377,7 @@ fn selftest_shape(
         if let Some(f) = super::lookup_rows(ty, isa) {
             let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
             quantize_row_q8_k(x, &mut q);
-            let mut differ = 0;
-            for n in [rows, rows - 1] {
-                let mut out = vec![0.0f32; n];
-                f(&w[..n * row_bytes], row_bytes, &q, &mut out);
-                differ += out
-                    .iter()
-                    .zip(&scalar_out)
-                    .filter(|(g, s)| g.to_bits() != s.to_bits())
-                    .count();
-            }
+            let differ = rows_differ(f, &w, row_bytes, &q, &scalar_out);
             report(SelftestResult {
                 variant: "rows",
                 ..result(isa, Check::VsScalar, differ as f64, 0.0)

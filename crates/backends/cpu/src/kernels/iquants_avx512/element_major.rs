@@ -345,16 +345,7 @@ macro_rules! rows_dot {
             );
             for (r, y) in out.iter_mut().enumerate() {
                 let row = wp.wrapping_add(r * row_bytes);
-                if ahead > 0 {
-                    // The row `ahead` bytes on, one request per cache line (a prefetch never
-                    // faults, so lines past the end of `w` are harmless).
-                    let p = row.wrapping_add(ahead);
-                    let mut line = 0;
-                    while line < row_bytes {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
-                        line += 64;
-                    }
-                }
+                prefetch_row(row, ahead, row_bytes);
                 let mut sumf = 0.0f32;
                 // Decodes the pair after pair `k` of this row into `next`.
                 macro_rules! advance {
@@ -542,18 +533,7 @@ fn rows_one_pair(
     let first = |b: *const u8| unsafe { _mm512_loadu_si512(b.add(2).cast()) };
     let second =
         |b: *const u8| unsafe { _mm512_loadu_si512(b.add((nb - 1) * IQ2_XXS_BYTES + 2).cast()) };
-    // Asks for the row at `row` `ahead` bytes on, one request per cache line (a prefetch never
-    // faults, so lines past the end of `w` are harmless).
-    let prefetch = |row: *const u8| {
-        if ahead > 0 {
-            let p = row.wrapping_add(ahead);
-            let mut line = 0;
-            while line < row_bytes {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
-                line += 64;
-            }
-        }
-    };
+    let prefetch = |row: *const u8| prefetch_row(row, ahead, row_bytes);
     let y2 = &x[..2];
     // The f32 operations of `rows_dot!` for the row at `b` with block sums `s0`, `s1`.
     // SAFETY: `b` (and `b + 66` when `nb > 1`) start blocks of a row.
@@ -592,5 +572,21 @@ fn rows_one_pair(
         prefetch(ra);
         let (s0, s1) = hsum_halves(pair_vec(&next, y2));
         out[r] = row_value(ra, s0 as f32, s1 as f32);
+    }
+}
+
+/// Asks for the `row_bytes` bytes `ahead` bytes after `row` (0: nothing), one request per cache
+/// line. A prefetch never faults, so lines past the end of the weights are harmless.
+#[inline(always)]
+fn prefetch_row(row: *const u8, ahead: usize, row_bytes: usize) {
+    if ahead == 0 {
+        return;
+    }
+    let p = row.wrapping_add(ahead);
+    let mut line = 0;
+    while line < row_bytes {
+        // SAFETY: SSE is part of x86-64; a prefetch reads nothing and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+        line += 64;
     }
 }
