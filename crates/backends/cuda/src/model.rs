@@ -1187,11 +1187,7 @@ impl CudaModel {
             self.nvtx = crate::nvtx::Nvtx::load().ok();
         }
         if profiled {
-            self.sync()?;
-            // SAFETY: no arguments; the profiler API of the bound context.
-            unsafe { sys::cuProfilerStart() }
-                .result()
-                .map_err(|e| CudaError::driver("cuProfilerStart", e))?;
+            self.profiler(true)?;
             self.in_profile = true;
         }
         if self.opts.graphs {
@@ -1227,11 +1223,7 @@ impl CudaModel {
         }
         if profiled {
             self.in_profile = false;
-            self.sync()?;
-            // SAFETY: as cuProfilerStart above.
-            unsafe { sys::cuProfilerStop() }
-                .result()
-                .map_err(|e| CudaError::driver("cuProfilerStop", e))?;
+            self.profiler(false)?;
         }
         self.pos += 1;
         self.last_row = 0;
@@ -1283,19 +1275,11 @@ impl CudaModel {
         let profiled = self.profile_verify == Some(self.verify_passes);
         self.verify_passes += 1;
         if profiled {
-            self.sync()?;
-            // SAFETY: no arguments; the profiler API of the bound context.
-            unsafe { sys::cuProfilerStart() }
-                .result()
-                .map_err(|e| CudaError::driver("cuProfilerStart", e))?;
+            self.profiler(true)?;
         }
         let enqueued = self.enqueue_forward(n, Head::All, Rows::Steps);
         if profiled {
-            self.sync()?;
-            // SAFETY: as cuProfilerStart above.
-            unsafe { sys::cuProfilerStop() }
-                .result()
-                .map_err(|e| CudaError::driver("cuProfilerStop", e))?;
+            self.profiler(false)?;
         }
         enqueued?;
         self.pos += n;
@@ -1357,6 +1341,20 @@ impl CudaModel {
     }
 
     // ----- host side of a call -----
+
+    /// Wait for the stream, then start (`true`) or stop the CUDA profiler (`--profile-step`,
+    /// `REDLITE_CUDA_PROFILE_VERIFY`).
+    fn profiler(&self, start: bool) -> Result<(), CudaError> {
+        self.sync()?;
+        let (r, what) = if start {
+            // SAFETY: no arguments; the profiler API of the bound context.
+            (unsafe { sys::cuProfilerStart() }, "cuProfilerStart")
+        } else {
+            // SAFETY: as above.
+            (unsafe { sys::cuProfilerStop() }, "cuProfilerStop")
+        };
+        r.result().map_err(|e| CudaError::driver(what, e))
+    }
 
     fn bind(&self) -> Result<(), CudaError> {
         self.gpu
@@ -1657,18 +1655,14 @@ impl CudaModel {
             }
             if ty == GgmlType::F32 && (tile == 1 || self.x_tok) && nw == 0 && self.x_router {
                 // x read in place; several tokens (a verify pass) in tiles, the same bits.
-                let (f, split) = if tile > 1 {
-                    let split = MvfSplit {
-                        parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                        rows: 1,
-                    };
-                    (self.k.matvec3_x_tok_f32.clone(), split)
+                let split = MvfSplit {
+                    parts: mvf_parts(ty, cols, self.mvf_lane_iters),
+                    rows: if tile > 1 { 1 } else { self.mvf_rows },
+                };
+                let f = if tile > 1 {
+                    self.k.matvec3_x_tok_f32.clone()
                 } else {
-                    let split = MvfSplit {
-                        parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                        rows: self.mvf_rows,
-                    };
-                    (self.k.matvec3_x_f32.clone(), split)
+                    self.k.matvec3_x_f32.clone()
                 };
                 let mut args = vec![
                     A::P(x),
