@@ -83,6 +83,14 @@ pub struct Args {
     /// cuda: run the decode step without the CUDA graph (every kernel launched each step).
     #[arg(long)]
     pub no_graphs: bool,
+    /// cuda kernel: activations of the one-token product: auto (what decode uses: q8 for Q4_K
+    /// and Q6_K), f32 or q8.
+    #[arg(long, value_name = "auto|f32|q8")]
+    pub acts: Option<String>,
+    /// cuda kernel|gemm: launch without programmatic dependent launch (decode uses it on
+    /// compute capability 9.0 and newer).
+    #[arg(long)]
+    pub no_pdl: bool,
     /// cuda decode: bracket decode step N (0 = the untimed warm-up step) with the CUDA profiler's
     /// start/stop and NVTX ranges per layer, for `ncu --profile-from-start off` (ranges need
     /// --no-graphs: a replayed graph enqueues nothing).
@@ -429,8 +437,20 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
     };
     let ws = (args.working_set_mib.unwrap_or(512) as usize) << 20;
     let reps = args.n.unwrap_or(10);
-    let (bw, rows) =
-        crate::cuda_cmd::bench_kernels(&specs, tokens, ws, reps, (args.bw_mib as usize) << 20)?;
+    let acts = match args.acts.as_deref() {
+        None | Some("auto") => None,
+        Some(a @ ("f32" | "q8")) => Some(a),
+        Some(a) => bail!("--acts {a}: expected auto, f32 or q8"),
+    };
+    let (bw, rows) = crate::cuda_cmd::bench_kernels(
+        &specs,
+        tokens,
+        ws,
+        reps,
+        (args.bw_mib as usize) << 20,
+        acts,
+        !args.no_pdl,
+    )?;
     if args.json {
         println!(
             "{}",
@@ -443,13 +463,13 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
         args.bw_mib
     );
     println!(
-        "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10} {:>8} {:>6} {:>7}",
+        "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10} {:>8} {:>6} {:>7}  kernel",
         "type", "shape", "tokens", "parts", "matrices", "us/call", "GB/s", "% bw", "TFLOPS"
     );
     for r in rows {
         let g = r["gbps"].as_f64().unwrap_or(0.0);
         println!(
-            "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10.2} {:>8.1} {:>5.1}% {:>7.2}",
+            "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10.2} {:>8.1} {:>5.1}% {:>7.2}  {}{}",
             r["type"].as_str().unwrap_or("?"),
             format!("{}x{}", r["rows"], r["cols"]),
             r["tokens"],
@@ -458,7 +478,13 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
             r["us_per_call"].as_f64().unwrap_or(0.0),
             g,
             100.0 * g / bw.max(1e-9),
-            r["tflops"].as_f64().unwrap_or(0.0)
+            r["tflops"].as_f64().unwrap_or(0.0),
+            r["kernel"].as_str().unwrap_or("?"),
+            if r["pdl"].as_bool() == Some(true) {
+                " (pdl)"
+            } else {
+                ""
+            }
         );
     }
     Ok(())

@@ -147,6 +147,8 @@ mod imp {
         _working_set: usize,
         _reps: usize,
         _bw_bytes: usize,
+        _acts: Option<&str>,
+        _pdl: bool,
     ) -> Result<(f64, Vec<serde_json::Value>)> {
         not_built()
     }
@@ -611,8 +613,10 @@ mod imp {
         working_set: usize,
         reps: usize,
         bw_bytes: usize,
+        acts: Option<&str>,
+        pdl: bool,
     ) -> Result<(f64, Vec<serde_json::Value>)> {
-        use redlite_cuda::kernel_bench::{bench_matvec, read_bandwidth, KernelBenchOptions};
+        use redlite_cuda::kernel_bench::{bench_matvec, read_bandwidth, Acts, KernelBenchOptions};
         let gpu = Gpu::new(0).context("opening the CUDA device")?;
         eprintln!("{}", gpu.info);
         let bw = read_bandwidth(&gpu, bw_bytes, reps).context("read bandwidth")?;
@@ -625,10 +629,17 @@ mod imp {
                 tokens,
                 working_set,
                 reps,
+                acts: match acts {
+                    Some("q8") => Acts::Q8,
+                    Some(_) => Acts::F32,
+                    None => Acts::for_decode(ty, c),
+                },
+                pdl,
             };
             let b = bench_matvec(&gpu, o).with_context(|| format!("{} {r}x{c}", ty.name()))?;
             rows.push(serde_json::json!({
                 "type": ty.name(), "rows": r, "cols": c, "tokens": tokens, "parts": b.parts,
+                "kernel": b.kernel, "pdl": pdl,
                 "matrices": b.matrices, "us_per_call": b.call_s * 1e6, "gbps": b.gbps,
                 "tflops": b.tflops,
             }));

@@ -5,6 +5,11 @@
 //! product (GB/s of weights against the read bandwidth); `tokens > 1` the prompt product as the
 //! prefill runs it now (TFLOPS). The matrices together span `working_set` bytes, cycled through so
 //! every call reads its weights from memory.
+//!
+//! One-token calls run the kernel decode runs for the type: `matvec_q8x_<type>` on a q8 row
+//! (`rms_norm_q8` writes it once) for Q4_K and Q6_K ([`Acts::Q8`]), `matvec_norm3_<type>` on f32
+//! activations otherwise; launched back to back with programmatic dependent launch as decode
+//! launches them (each call's blocks prefetch their weights while the call before drains).
 
 use std::sync::Arc;
 
@@ -12,10 +17,37 @@ use cudarc::driver::{result as cu, sys, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
 
 use crate::kernels::type_suffix;
-use crate::model::{mvf_parts, mvf_rows_from_env, MvfSplit, MVF_WARPS};
-use crate::ops::row_bytes;
+use crate::model::{mvf_parts, mvf_rows_from_env, q8_rows_from_env, MvfSplit, MVF_WARPS};
+use crate::ops::{q8_row_bytes, row_bytes};
 use crate::selftest::{random_weights, Rng};
 use crate::{CudaError, Gpu};
+
+/// The activations a one-token call takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acts {
+    /// f32, staged by every block (`matvec_norm3_<type>`).
+    F32,
+    /// A q8 row written once, read in place (`matvec_q8x_<type>`; Q4_K and Q6_K, one token).
+    Q8,
+}
+
+impl Acts {
+    /// What decode uses for a `ty` matrix `cols` wide (the defaults of `CudaModel`).
+    pub fn for_decode(ty: GgmlType, cols: usize) -> Acts {
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && cols.is_multiple_of(256) {
+            Acts::Q8
+        } else {
+            Acts::F32
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Acts::F32 => "f32",
+            Acts::Q8 => "q8",
+        }
+    }
+}
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +61,10 @@ pub struct KernelBenchOptions {
     pub working_set: usize,
     /// Timed passes over all matrices (the median is reported).
     pub reps: usize,
+    /// Activations of one-token calls (calls of several tokens take f32).
+    pub acts: Acts,
+    /// Launch with programmatic dependent launch (as decode does on compute capability ≥ 9.0).
+    pub pdl: bool,
 }
 
 /// One measurement.
@@ -40,6 +76,8 @@ pub struct KernelBenchResult {
     pub tokens: usize,
     /// Warps per row (`mvf_parts`, lane iterations 4 as the model).
     pub parts: usize,
+    /// The kernel timed.
+    pub kernel: String,
     pub matrices: usize,
     /// Median time of one call, seconds.
     pub call_s: f64,
@@ -70,6 +108,50 @@ impl Drop for DevBuf {
         // SAFETY: allocated by `malloc_sync`, freed once.
         let _ = unsafe { cu::free_sync(self.0) };
     }
+}
+
+/// Launches `f` on `stream` with `args` (pointers to the argument values, in the kernel's order),
+/// with the programmatic-stream-serialization attribute when `pdl`.
+///
+/// # Safety
+/// `args` must point at values of the kernel's parameter types, in order, alive for the call, and
+/// every pointer argument must be a live device buffer the kernel may access as launched.
+unsafe fn launch_raw(
+    stream: &cudarc::driver::CudaStream,
+    f: &cudarc::driver::CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared: u32,
+    args: &mut [*mut std::ffi::c_void],
+    pdl: bool,
+) -> Result<(), CudaError> {
+    // SAFETY: an all-zero attribute value is valid (a union of plain integers).
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl),
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(drv("launching a kernel"))
 }
 
 /// Median time of `reps` runs of `enqueue` on `stream`, seconds (CUDA events around each run).
@@ -160,44 +242,113 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
     );
     // SAFETY: `xd` holds x.
     unsafe { cu::memcpy_htod_sync(xd.0, &x) }.map_err(drv("uploading x"))?;
-    let f = gpu
-        .func(&format!("matvec_norm3_{}", type_suffix(o.ty)))?
-        .clone();
+    let acts = if o.tokens == 1 { o.acts } else { Acts::F32 };
+    if acts == Acts::Q8 && Acts::for_decode(o.ty, o.cols) != Acts::Q8 {
+        return Err(CudaError::Invalid(format!(
+            "q8 activations: Q4_K or Q6_K with a multiple of 256 columns, not {} x {}",
+            o.ty.name(),
+            o.cols
+        )));
+    }
+    let kernel = match acts {
+        Acts::F32 => format!("matvec_norm3_{}", type_suffix(o.ty)),
+        Acts::Q8 => format!("matvec_q8x_{}", type_suffix(o.ty)),
+    };
+    let f = gpu.func(&kernel)?.clone();
     let split = MvfSplit {
         parts: mvf_parts(o.ty, o.cols, 4),
-        rows: mvf_rows_from_env(false),
+        rows: match acts {
+            Acts::F32 => mvf_rows_from_env(false),
+            Acts::Q8 => q8_rows_from_env(),
+        },
     };
     let (parts, rpb) = (split.parts, split.rows_per_block() as usize);
     let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    // The q8 row of x (no norm weights: x itself), written once as decode's `rms_norm_q8` does.
+    let (xq, invs) = (DevBuf::new(q8_row_bytes(o.cols))?, DevBuf::new(4)?);
     let (eps, cols, pi, rows) = (1e-6f32, o.cols as i32, split.arg(), o.rows as i32);
     let (null, zero) = (0u64, 0i32);
+    if acts == Acts::Q8 {
+        let norm = gpu.func("rms_norm_q8")?.clone();
+        let mut a: [*mut std::ffi::c_void; 6] = [
+            &xd.0 as *const u64 as *mut _,
+            &null as *const u64 as *mut _,
+            &eps as *const f32 as *mut _,
+            &cols as *const i32 as *mut _,
+            &xq.0 as *const u64 as *mut _,
+            &invs.0 as *const u64 as *mut _,
+        ];
+        // SAFETY: rms_norm_q8(x, nw, eps, cols, xq, invs) with live buffers of those sizes.
+        unsafe {
+            launch_raw(
+                &stream,
+                &norm,
+                (1, 1, 1),
+                32 * MVF_WARPS as u32,
+                0,
+                &mut a,
+                false,
+            )
+        }?;
+    }
+    let grid = (o.rows.div_ceil(rpb) as u32, o.tokens as u32, 1);
+    let shared = match acts {
+        Acts::F32 => 4 * o.cols as u32,
+        Acts::Q8 => 0,
+    };
     let s = time_runs(gpu, &stream, o.reps, || {
         for m in 0..matrices {
             let wm = weights.0 + (m * bytes) as u64;
-            let mut b = stream.launch_builder(&f);
-            b.arg(&xd.0)
-                .arg(&null)
-                .arg(&eps)
-                .arg(&cols)
-                .arg(&pi)
-                .arg(&wm)
-                .arg(&yd.0)
-                .arg(&rows)
-                .arg(&null)
-                .arg(&null)
-                .arg(&zero)
-                .arg(&null)
-                .arg(&null)
-                .arg(&zero);
-            let cfg = LaunchConfig {
-                grid_dim: (o.rows.div_ceil(rpb) as u32, o.tokens as u32, 1),
-                block_dim: (32 * MVF_WARPS as u32, 1, 1),
-                shared_mem_bytes: 4 * o.cols as u32,
+            let p = |v: &u64| v as *const u64 as *mut std::ffi::c_void;
+            let i = |v: &i32| v as *const i32 as *mut std::ffi::c_void;
+            let mut f32_args = [
+                p(&xd.0),
+                p(&null),
+                &eps as *const f32 as *mut _,
+                i(&cols),
+                i(&pi),
+                p(&wm),
+                p(&yd.0),
+                i(&rows),
+                p(&null),
+                p(&null),
+                i(&zero),
+                p(&null),
+                p(&null),
+                i(&zero),
+            ];
+            let mut q8_args = [
+                p(&xq.0),
+                p(&null),
+                i(&cols),
+                i(&pi),
+                p(&wm),
+                p(&yd.0),
+                i(&rows),
+                p(&null),
+                p(&null),
+                i(&zero),
+                p(&null),
+                p(&null),
+                i(&zero),
+            ];
+            let args: &mut [*mut std::ffi::c_void] = match acts {
+                Acts::F32 => &mut f32_args,
+                Acts::Q8 => &mut q8_args,
             };
-            // SAFETY: arguments in matvec_norm3's order and types; buffers sized above.
-            unsafe { b.launch(cfg) }
-                .map(|_| ())
-                .map_err(drv("launching matvec_norm3"))?;
+            // SAFETY: the arguments of matvec_norm3_<type> / matvec_q8x_<type>, in order and of
+            // their types; the buffers are sized above and live.
+            unsafe {
+                launch_raw(
+                    &stream,
+                    &f,
+                    grid,
+                    32 * MVF_WARPS as u32,
+                    shared,
+                    args,
+                    o.pdl,
+                )
+            }?;
         }
         Ok(())
     })?;
@@ -208,6 +359,7 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
         cols: o.cols,
         tokens: o.tokens,
         parts,
+        kernel,
         matrices,
         call_s,
         gbps: bytes as f64 / call_s / 1e9,

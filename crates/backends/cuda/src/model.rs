@@ -115,6 +115,11 @@ pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
     env_parse(var).unwrap_or(default).clamp(1, MVF_MAX_ROWS)
 }
 
+/// Rows per warp group of the one-token 8-bit kernels (`REDLITE_CUDA_Q8_ROWS`, 1 to 16, default 4).
+pub(crate) fn q8_rows_from_env() -> usize {
+    env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(4).clamp(1, 16)
+}
+
 /// A tuning setting from the environment, parsed, or `None` when unset or unreadable.
 pub(crate) fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -977,7 +982,7 @@ impl CudaModel {
             router,
             pdl,
             q8: env_switch("REDLITE_CUDA_Q8", true),
-            q8_rows: env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(4).clamp(1, 16),
+            q8_rows: q8_rows_from_env(),
             q8_res: env_switch("REDLITE_CUDA_Q8_RES", false),
             q8_res_rows: env_parse("REDLITE_CUDA_Q8_RES_ROWS")
                 .unwrap_or(2)
