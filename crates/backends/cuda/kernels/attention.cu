@@ -557,6 +557,164 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
     else attn_split_body<ATTN_PER_LANE>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
+// attn_split_gqa(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): attn_split with the warps
+// over positions instead of query heads: block (g, c) takes KV head g and chunk c as attn_split
+// does (same chunking, same part layout), each of its warps takes ATTN_GQA_P positions at a time,
+// positions j0 + w * P, j0 + (w + nw) * P, ... (the block walks the chunk in order, every K and V row
+// loaded once per block, PER consecutive values per lane by 16-byte loads), and scores them
+// against all G = heads / nkv query heads (q and the running softmax of every head in registers).
+// The warps' partial softmaxes are then merged in warp order through shared memory. More loads in
+// flight per byte of the cache than attn_split, whose G warps all read the same rows.
+// Launch: as attn_split (block = 32 * G threads), for G in {1, 2, 4, 8} and PER = hd / 32 in
+// {2, 4, 8}; the same chunking gives row t of a several-token call the one-token call's bits.
+#ifndef ATTN_GQA_P
+#define ATTN_GQA_P 2
+#endif
+template <int PER>
+__device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (&r)[PER]) {
+    if constexpr (PER % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < PER / 4; ++i) {
+            const float4 v = ((const float4*)p)[i];
+            r[4 * i] = v.x;
+            r[4 * i + 1] = v.y;
+            r[4 * i + 2] = v.z;
+            r[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER / 2; ++i) {
+            const float2 v = ((const float2*)p)[i];
+            r[2 * i] = v.x;
+            r[2 * i + 1] = v.y;
+        }
+    }
+}
+
+template <int PER, int G>
+__device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ q, const float* __restrict__ kc,
+                                                    const float* __restrict__ vc, float* __restrict__ part,
+                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
+                                                    float scale, int min_chunk, float (*sm)[8], float (*sl)[8],
+                                                    float* sacc) {
+    // sm[warp][head], sl[warp][head]: the warps' maxima and sums; sacc[head * hd + i]: the block's.
+    constexpr int P = ATTN_GQA_P;
+    const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
+    const int n = *pos_ptr + 1 + t;
+    const int chunk = attn_chunk(n, splits, min_chunk);
+    const int j0 = c * chunk;
+    if (j0 >= n) return;  // the whole block
+    const int j1 = min(n, j0 + chunk);
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    float qr[G][PER], acc[G][PER], m[G], l[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        ld_lane_row<PER>(q + ((size_t)t * heads + g * G + h) * hd + PER * lane, qr[h]);
+        m[h] = NEG_INF;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < PER; ++e) acc[h][e] = 0.0f;
+    }
+    for (int j = j0 + w * P; j < j1; j += G * P) {
+        float kr[P][PER], vr[P][PER];
+#pragma unroll
+        for (int u = 0; u < P; ++u) {
+            const int jj = j + u < j1 ? j + u : j1 - 1;  // past the end: a copy of the last row, weight 0
+            ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
+            ld_lane_row<PER>(vc + ((size_t)jj * nkv + g) * hd + PER * lane, vr[u]);
+        }
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float d[P];
+            float mx = m[h];
+#pragma unroll
+            for (int u = 0; u < P; ++u) {
+                float s = 0.0f;
+#pragma unroll
+                for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
+                s = warp_sum(s) * scale;
+                d[u] = j + u < j1 ? s : NEG_INF;
+                mx = fmaxf(mx, d[u]);
+            }
+            const float corr = expf(m[h] - mx);  // 0 on the first rows (m = -inf)
+            l[h] *= corr;
+#pragma unroll
+            for (int e = 0; e < PER; ++e) acc[h][e] *= corr;
+#pragma unroll
+            for (int u = 0; u < P; ++u) {
+                const float p = expf(d[u] - mx);  // 0 past the end
+                l[h] += p;
+#pragma unroll
+                for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
+            }
+            m[h] = mx;
+        }
+    }
+    // The warps' partials merged in warp order (warps without positions: m = -inf, weight 0).
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            sm[w][h] = m[h];
+            sl[w][h] = l[h];
+        }
+    }
+    __syncthreads();
+    float f[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float mm = NEG_INF;
+        for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+        f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
+    }
+    for (int k = 0; k < G; ++k) {
+        if (w == k) {
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+#pragma unroll
+                for (int e = 0; e < PER; ++e) {
+                    float* a = &sacc[h * hd + PER * lane + e];
+                    *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Warp h writes head h's {max, sum, acc}.
+    const int h = w;
+    float mm = NEG_INF;
+    for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+    float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
+    if (lane == 0) {
+        float ll = 0.0f;
+        for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
+        out[0] = mm;
+        out[1] = ll;
+    }
+    for (int i = lane; i < hd; i += WARP) out[2 + i] = sacc[h * hd + i];
+}
+
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* __restrict__ q,
+                                                                   const float* __restrict__ kc,
+                                                                   const float* __restrict__ vc,
+                                                                   float* __restrict__ part,
+                                                                   const int* __restrict__ pos_ptr, int heads,
+                                                                   int nkv, int hd, float scale, int min_chunk) {
+    __shared__ float sm[8][8], sl[8][8];
+    __shared__ float sacc[8 * 8 * WARP];
+    pdl_enter();
+    const int per = hd / WARP, grp = heads / nkv;
+#define ATTN_GQA_CASE(PP, GG)                                                                                   \
+    if (per == PP && grp == GG)                                                                                 \
+        return attn_split_gqa_body<PP, GG>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, \
+                                           sacc);
+#define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
+    ATTN_GQA_CASES(2)
+    ATTN_GQA_CASES(4)
+    ATTN_GQA_CASES(8)
+#undef ATTN_GQA_CASES
+#undef ATTN_GQA_CASE
+}
+
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *
 // sigmoid(gate[h][i]) over the active chunks of attn_split (M = max m_c); gate may be null. The

@@ -15,6 +15,8 @@ pub struct DeviceInfo {
     pub ordinal: usize,
     pub name: String,
     pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub sm_count: usize,
     /// The NVRTC target, e.g. `sm_90a`.
     pub arch: String,
     pub total_mem: usize,
@@ -118,6 +120,12 @@ impl Gpu {
         let cc = ctx
             .compute_capability()
             .map_err(|e| CudaError::driver("compute capability", e))?;
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| CudaError::driver("multiprocessor count", e))?
+            .max(1) as usize;
         let total_mem = ctx
             .total_mem()
             .map_err(|e| CudaError::driver("cuDeviceTotalMem", e))?;
@@ -168,6 +176,7 @@ impl Gpu {
                 ordinal,
                 name,
                 compute_capability: cc,
+                sm_count,
                 arch,
                 total_mem,
                 nvrtc_version,

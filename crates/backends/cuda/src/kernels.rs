@@ -137,6 +137,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_causal",
     "dn_fused_seq",
     "attn_split",
+    "attn_split_gqa",
     "attn_merge",
     "moe_combine",
     "sample_topk",

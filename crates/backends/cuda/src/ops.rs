@@ -2017,12 +2017,23 @@ pub fn attn_prompt_launch(
     )
 }
 
+/// Whether `attn_split_gqa` (warps over positions, every query head of a KV head per warp) takes
+/// this attention shape: heads / nkv in {1, 2, 4, 8} and hd / 32 in {2, 4, 8}.
+pub fn attn_split_gqa_fits(heads: usize, nkv: usize, hd: usize) -> bool {
+    nkv > 0
+        && heads.is_multiple_of(nkv)
+        && matches!(heads / nkv, 1 | 2 | 4 | 8)
+        && hd.is_multiple_of(32)
+        && matches!(hd / 32, 2 | 4 | 8)
+}
+
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
-/// the cache (`attn_split` with `splits` chunks, then `attn_merge`), with the output gate when
-/// `gate` is given: `[rows][heads][hd]`.
+/// the cache (`attn_split`, or `attn_split_gqa` with `gqa` where it fits, with `splits` chunks,
+/// then `attn_merge`), with the output gate when `gate` is given: `[rows][heads][hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_split_merge(
     gpu: &Gpu,
+    gqa: bool,
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
@@ -2062,10 +2073,15 @@ pub fn attn_split_merge(
         i32_arg(hd, "hd")?,
     );
     let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
+    let split = if gqa && attn_split_gqa_fits(heads, nkv, hd) {
+        "attn_split_gqa"
+    } else {
+        "attn_split"
+    };
     launch!(
         gpu,
-        gpu.func("attn_split")?,
-        "attn_split",
+        gpu.func(split)?,
+        split,
         cfg(
             (nkv as u32, splits as u32, rows as u32),
             (32 * (heads / nkv)) as u32,

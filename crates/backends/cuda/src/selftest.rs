@@ -2009,8 +2009,17 @@ impl Runner<'_> {
     /// output gate, against the f64 softmax: short (one chunk) and long (many chunks, the last
     /// one partial).
     fn attention_split(&mut self, d: AttnDims) {
+        self.attention_split_kernel(d, false);
+        if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
+            self.attention_split_kernel(d, true);
+        }
+    }
+
+    /// [`Self::attention_split`] through `attn_split` or (`gqa`) `attn_split_gqa`.
+    fn attention_split_kernel(&mut self, d: AttnDims, gqa: bool) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
+        let name = if gqa { "attn_split_gqa" } else { "attn_split" };
         for (pos0, ctx, splits, gated) in [
             (0usize, 8usize, 4usize, false),
             (40, 64, 4, true),
@@ -2023,6 +2032,7 @@ impl Runner<'_> {
             let g_opt = gated.then_some(gate.as_slice());
             let r = ops::attn_split_merge(
                 self.gpu,
+                gqa,
                 &q,
                 &kc,
                 &vc,
@@ -2064,7 +2074,7 @@ impl Runner<'_> {
                 (rel_err(&o, &reference), TOL_F32)
             });
             self.record(
-                "attn_split",
+                name,
                 format!(
                     "1 token at {pos0}, {splits} splits, {heads}/{nkv} heads x{hd}{}",
                     if gated { ", gated" } else { "" }
@@ -2072,12 +2082,12 @@ impl Runner<'_> {
                 r,
             );
         }
-        self.attention_split_rows(d);
+        self.attention_split_rows(d, gqa);
     }
 
     /// Several rows in one `attn_split` + `attn_merge` (the verify pass of speculative decoding):
     /// row t bit for bit what a one-row call at `pos0 + t` computes.
-    fn attention_split_rows(&mut self, d: AttnDims) {
+    fn attention_split_rows(&mut self, d: AttnDims, gqa: bool) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
         let (rows, pos0, ctx, splits) = (5usize, 1021usize, 4096usize, 64usize);
@@ -2089,6 +2099,7 @@ impl Runner<'_> {
         let r = (|| {
             let all = ops::attn_split_merge(
                 self.gpu,
+                gqa,
                 &q,
                 &kc,
                 &vc,
@@ -2103,6 +2114,7 @@ impl Runner<'_> {
             for t in 0..rows {
                 let one = ops::attn_split_merge(
                     self.gpu,
+                    gqa,
                     &q[t * w..(t + 1) * w],
                     &kc,
                     &vc,
@@ -2122,7 +2134,11 @@ impl Runner<'_> {
             Ok((differ as f64, 0.0))
         })();
         self.record(
-            "attn_split rows",
+            if gqa {
+                "attn_split_gqa rows"
+            } else {
+                "attn_split rows"
+            },
             format!("{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, vs one row each"),
             r,
         );
