@@ -567,9 +567,7 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
 // flight per byte of the cache than attn_split, whose G warps all read the same rows.
 // Launch: as attn_split (block = 32 * G threads), for G in {1, 2, 4, 8} and PER = hd / 32 in
 // {2, 4, 8}; the same chunking gives row t of a several-token call the one-token call's bits.
-#ifndef ATTN_GQA_P
-#define ATTN_GQA_P 2
-#endif
+// attn_split_gqa4: the same with 4 positions per warp step (255 registers, no spills).
 template <int PER>
 __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (&r)[PER]) {
     if constexpr (PER % 4 == 0) {
@@ -591,14 +589,13 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
     }
 }
 
-template <int PER, int G>
+template <int PER, int G, int P>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                     float scale, int min_chunk, float (*sm)[8], float (*sl)[8],
                                                     float* sacc) {
     // sm[warp][head], sl[warp][head]: the warps' maxima and sums; sacc[head * hd + i]: the block's.
-    constexpr int P = ATTN_GQA_P;
     const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
     const int n = *pos_ptr + 1 + t;
     const int chunk = attn_chunk(n, splits, min_chunk);
@@ -693,26 +690,37 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ q,
     for (int i = lane; i < hd; i += WARP) out[2 + i] = sacc[h * hd + i];
 }
 
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* __restrict__ q,
-                                                                   const float* __restrict__ kc,
-                                                                   const float* __restrict__ vc,
-                                                                   float* __restrict__ part,
-                                                                   const int* __restrict__ pos_ptr, int heads,
-                                                                   int nkv, int hd, float scale, int min_chunk) {
+template <int P>
+__device__ __forceinline__ void attn_split_gqa_any(const float* __restrict__ q, const float* __restrict__ kc,
+                                                   const float* __restrict__ vc, float* __restrict__ part,
+                                                   const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
+                                                   float scale, int min_chunk) {
     __shared__ float sm[8][8], sl[8][8];
     __shared__ float sacc[8 * 8 * WARP];
     pdl_enter();
     const int per = hd / WARP, grp = heads / nkv;
-#define ATTN_GQA_CASE(PP, GG)                                                                                   \
-    if (per == PP && grp == GG)                                                                                 \
-        return attn_split_gqa_body<PP, GG>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, \
-                                           sacc);
+#define ATTN_GQA_CASE(PP, GG)                                                                                      \
+    if (per == PP && grp == GG)                                                                                    \
+        return attn_split_gqa_body<PP, GG, P>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, \
+                                              sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
     ATTN_GQA_CASES(4)
     ATTN_GQA_CASES(8)
 #undef ATTN_GQA_CASES
 #undef ATTN_GQA_CASE
+}
+
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* q, const float* kc, const float* vc,
+                                                                   float* part, const int* pos_ptr, int heads,
+                                                                   int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_any<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float* q, const float* kc, const float* vc,
+                                                                    float* part, const int* pos_ptr, int heads,
+                                                                    int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_any<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values

@@ -138,6 +138,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "dn_fused_seq",
     "attn_split",
     "attn_split_gqa",
+    "attn_split_gqa4",
     "attn_merge",
     "moe_combine",
     "sample_topk",

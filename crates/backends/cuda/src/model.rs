@@ -72,6 +72,9 @@ const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
 const ATTN_MIN_CHUNK: usize = 64;
+/// The same for `attn_split_gqa` (a block's 8 warps take 32 positions a step): short contexts
+/// spread over more blocks (303.0 tok/s at positions 8–136 against 299.6 with 64 on the H200).
+const ATTN_GQA_MIN_CHUNK: usize = 16;
 /// Default number of chunks a decode step's attention is cut into (`REDLITE_CUDA_ATTN_SPLITS`; the
 /// chunks are at least [`ATTN_MIN_CHUNK`] long): 128 (chunks of 256 at position 32,768). On the
 /// H200 (session 10): at 32,768 chunks of 256 gave 166.4 / 162.4 tok/s, of 64 (512 splits) 159.2,
@@ -570,6 +573,7 @@ struct Kernels {
     attn_prompt: CudaFunction,
     attn_split: CudaFunction,
     attn_split_gqa: CudaFunction,
+    attn_split_gqa4: CudaFunction,
     attn_merge: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
@@ -712,7 +716,7 @@ pub struct CudaModel {
     /// Prompts' delta rule by `dn_delta_warp_<dk>` (`REDLITE_CUDA_DN_WARP=0`: `dn_delta_seq`).
     dn_warp: bool,
     /// Fewest cache positions per chunk of the decode attention split (`attn_split`):
-    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, at least and by default [`ATTN_MIN_CHUNK`],
+    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, by default [`ATTN_MIN_CHUNK`], at least 4,
     /// rounded up to a multiple of 4). Larger chunks: fewer blocks and partial results.
     attn_min_chunk: usize,
     /// Chunks of the decode attention split at most (`REDLITE_CUDA_ATTN_SPLITS`, default
@@ -721,8 +725,9 @@ pub struct CudaModel {
     attn_splits: usize,
     /// Decode attention by `attn_split_gqa` (warps over positions, each scoring every query head
     /// of its KV head; the shape must fit `ops::attn_split_gqa_fits`) instead of `attn_split`
-    /// (a warp per query head): `REDLITE_CUDA_ATTN_GQA=0` turns it off.
-    attn_gqa: bool,
+    /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
+    /// 2 or 4; 0 turns it off).
+    attn_gqa: Option<usize>,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
     /// `attn_prompt`).
     attn_mma: bool,
@@ -896,6 +901,7 @@ impl CudaModel {
             attn_prompt: f("attn_prompt")?,
             attn_split: f("attn_split")?,
             attn_split_gqa: f("attn_split_gqa")?,
+            attn_split_gqa4: f("attn_split_gqa4")?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -942,12 +948,15 @@ impl CudaModel {
         let mvf_lane_iters = env_parse("REDLITE_CUDA_MVF_LANE_ITERS").unwrap_or(4);
         let mvf_rows = mvf_rows_from_env(false);
         let pdl = gpu.info.compute_capability.0 >= 9 && env_switch("REDLITE_CUDA_PDL", true);
-        let attn_gqa =
-            crate::ops::attn_split_gqa_fits(config.n_heads, config.n_kv_heads, config.head_dim)
-                && env_switch("REDLITE_CUDA_ATTN_GQA", true);
-        // `attn_split_gqa` runs one block per SM (242 registers a thread): as many chunks as fill
+        // P = 4 (`attn_split_gqa4`): 303.3 tok/s against 303.0 with 2 (short), 257.3 against 254.4
+        // at position 32,768 on the H200.
+        let gqa_p = env_parse::<usize>("REDLITE_CUDA_ATTN_GQA").unwrap_or(4);
+        let attn_gqa = (gqa_p > 0
+            && crate::ops::attn_split_gqa_fits(config.n_heads, config.n_kv_heads, config.head_dim))
+        .then_some(gqa_p);
+        // `attn_split_gqa` runs one block per SM (242 / 255 registers a thread): as many chunks as fill
         // one wave (66 on the H200: 247.8 tok/s at position 32,768 against 233.8 with 128).
-        let attn_default_splits = if attn_gqa {
+        let attn_default_splits = if attn_gqa.is_some() {
             (gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
         } else {
             ATTN_DEFAULT_SPLITS
@@ -986,8 +995,12 @@ impl CudaModel {
                 .unwrap_or(attn_default_splits)
                 .clamp(1, ATTN_MAX_SPLITS),
             attn_min_chunk: env_parse("REDLITE_CUDA_ATTN_MIN_CHUNK")
-                .unwrap_or(ATTN_MIN_CHUNK)
-                .max(ATTN_MIN_CHUNK)
+                .unwrap_or(if attn_gqa.is_some() {
+                    ATTN_GQA_MIN_CHUNK
+                } else {
+                    ATTN_MIN_CHUNK
+                })
+                .max(4)
                 .next_multiple_of(4),
             head_lane_iters: env_parse("REDLITE_CUDA_HEAD_LANE_ITERS").unwrap_or(8),
             router_split: (
@@ -2293,10 +2306,10 @@ impl CudaModel {
             // Decode (each row at its own position): the cache split into chunks
             // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts).min(self.attn_splits);
-            let f = if self.attn_gqa {
-                self.k.attn_split_gqa.clone()
-            } else {
-                self.k.attn_split.clone()
+            let f = match self.attn_gqa {
+                Some(4) => self.k.attn_split_gqa4.clone(),
+                Some(_) => self.k.attn_split_gqa.clone(),
+                None => self.k.attn_split.clone(),
             };
             self.launch(
                 "attn_split",

@@ -2027,13 +2027,23 @@ pub fn attn_split_gqa_fits(heads: usize, nkv: usize, hd: usize) -> bool {
         && matches!(hd / 32, 2 | 4 | 8)
 }
 
+/// The `attn_split_gqa` kernel with `p` positions per warp step (2 or 4).
+pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
+    if p >= 4 {
+        "attn_split_gqa4"
+    } else {
+        "attn_split_gqa"
+    }
+}
+
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
-/// the cache (`attn_split`, or `attn_split_gqa` with `gqa` where it fits, with `splits` chunks,
-/// then `attn_merge`), with the output gate when `gate` is given: `[rows][heads][hd]`.
+/// the cache (`attn_split`, or with `gqa` = P where it fits `attn_split_gqa` (P = 2) or
+/// `attn_split_gqa4` (P = 4), with `splits` chunks, then `attn_merge`), with the output gate when
+/// `gate` is given: `[rows][heads][hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_split_merge(
     gpu: &Gpu,
-    gqa: bool,
+    gqa: Option<usize>,
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
@@ -2073,10 +2083,9 @@ pub fn attn_split_merge(
         i32_arg(hd, "hd")?,
     );
     let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
-    let split = if gqa && attn_split_gqa_fits(heads, nkv, hd) {
-        "attn_split_gqa"
-    } else {
-        "attn_split"
+    let split = match gqa {
+        Some(p) if attn_split_gqa_fits(heads, nkv, hd) => attn_split_gqa_kernel(p),
+        _ => "attn_split",
     };
     launch!(
         gpu,

@@ -2009,17 +2009,18 @@ impl Runner<'_> {
     /// output gate, against the f64 softmax: short (one chunk) and long (many chunks, the last
     /// one partial).
     fn attention_split(&mut self, d: AttnDims) {
-        self.attention_split_kernel(d, false);
+        self.attention_split_kernel(d, None);
         if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
-            self.attention_split_kernel(d, true);
+            self.attention_split_kernel(d, Some(2));
+            self.attention_split_kernel(d, Some(4));
         }
     }
 
-    /// [`Self::attention_split`] through `attn_split` or (`gqa`) `attn_split_gqa`.
-    fn attention_split_kernel(&mut self, d: AttnDims, gqa: bool) {
+    /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
+    fn attention_split_kernel(&mut self, d: AttnDims, gqa: Option<usize>) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
-        let name = if gqa { "attn_split_gqa" } else { "attn_split" };
+        let name = gqa.map_or("attn_split", ops::attn_split_gqa_kernel);
         for (pos0, ctx, splits, gated) in [
             (0usize, 8usize, 4usize, false),
             (40, 64, 4, true),
@@ -2087,7 +2088,7 @@ impl Runner<'_> {
 
     /// Several rows in one `attn_split` + `attn_merge` (the verify pass of speculative decoding):
     /// row t bit for bit what a one-row call at `pos0 + t` computes.
-    fn attention_split_rows(&mut self, d: AttnDims, gqa: bool) {
+    fn attention_split_rows(&mut self, d: AttnDims, gqa: Option<usize>) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
         let (rows, pos0, ctx, splits) = (5usize, 1021usize, 4096usize, 64usize);
@@ -2133,12 +2134,12 @@ impl Runner<'_> {
             // Values that differ from the one-row calls (bound 0: bit-identical).
             Ok((differ as f64, 0.0))
         })();
+        let name = format!(
+            "{} rows",
+            gqa.map_or("attn_split", ops::attn_split_gqa_kernel)
+        );
         self.record(
-            if gqa {
-                "attn_split_gqa rows"
-            } else {
-                "attn_split rows"
-            },
+            &name,
             format!("{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, vs one row each"),
             r,
         );
