@@ -17,7 +17,9 @@ use cudarc::driver::{result as cu, sys, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
 
 use crate::kernels::type_suffix;
-use crate::model::{mvf_parts, mvf_rows_from_env, q8_rows_from_env, MvfSplit, MVF_WARPS};
+use crate::model::{
+    launch_ex, mvf_parts, mvf_rows_from_env, q8_rows_from_env, MvfSplit, A, MVF_THREADS,
+};
 use crate::ops::{q8_row_bytes, row_bytes};
 use crate::selftest::{random_weights, Rng};
 use crate::{CudaError, Gpu};
@@ -108,50 +110,6 @@ impl Drop for DevBuf {
         // SAFETY: allocated by `malloc_sync`, freed once.
         let _ = unsafe { cu::free_sync(self.0) };
     }
-}
-
-/// Launches `f` on `stream` with `args` (pointers to the argument values, in the kernel's order),
-/// with the programmatic-stream-serialization attribute when `pdl`.
-///
-/// # Safety
-/// `args` must point at values of the kernel's parameter types, in order, alive for the call, and
-/// every pointer argument must be a live device buffer the kernel may access as launched.
-unsafe fn launch_raw(
-    stream: &cudarc::driver::CudaStream,
-    f: &cudarc::driver::CudaFunction,
-    grid: (u32, u32, u32),
-    block: u32,
-    shared: u32,
-    args: &mut [*mut std::ffi::c_void],
-    pdl: bool,
-) -> Result<(), CudaError> {
-    // SAFETY: an all-zero attribute value is valid (a union of plain integers).
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: grid.0,
-        gridDimY: grid.1,
-        gridDimZ: grid.2,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: shared,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: u32::from(pdl),
-    };
-    // SAFETY: the caller's contract.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &cfg,
-            f.cu_function(),
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
-    .map_err(drv("launching a kernel"))
 }
 
 /// Median time of `reps` runs of `enqueue` on `stream`, seconds (CUDA events around each run).
@@ -267,29 +225,19 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
     // The q8 row of x (no norm weights: x itself), written once as decode's `rms_norm_q8` does.
     let (xq, invs) = (DevBuf::new(q8_row_bytes(o.cols))?, DevBuf::new(4)?);
     let (eps, cols, pi, rows) = (1e-6f32, o.cols as i32, split.arg(), o.rows as i32);
-    let (null, zero) = (0u64, 0i32);
     if acts == Acts::Q8 {
         let norm = gpu.func("rms_norm_q8")?.clone();
-        let mut a: [*mut std::ffi::c_void; 6] = [
-            &xd.0 as *const u64 as *mut _,
-            &null as *const u64 as *mut _,
-            &eps as *const f32 as *mut _,
-            &cols as *const i32 as *mut _,
-            &xq.0 as *const u64 as *mut _,
-            &invs.0 as *const u64 as *mut _,
+        let args = [
+            A::P(xd.0),
+            A::P(0),
+            A::F(eps),
+            A::I(cols),
+            A::P(xq.0),
+            A::P(invs.0),
         ];
         // SAFETY: rms_norm_q8(x, nw, eps, cols, xq, invs) with live buffers of those sizes.
-        unsafe {
-            launch_raw(
-                &stream,
-                &norm,
-                (1, 1, 1),
-                32 * MVF_WARPS as u32,
-                0,
-                &mut a,
-                false,
-            )
-        }?;
+        unsafe { launch_ex(&stream, &norm, ((1, 1, 1), MVF_THREADS, 0), &args, false) }
+            .map_err(drv("launching rms_norm_q8"))?;
     }
     let grid = (o.rows.div_ceil(rpb) as u32, o.tokens as u32, 1);
     let shared = match acts {
@@ -298,57 +246,19 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
     };
     let s = time_runs(gpu, &stream, o.reps, || {
         for m in 0..matrices {
-            let wm = weights.0 + (m * bytes) as u64;
-            let p = |v: &u64| v as *const u64 as *mut std::ffi::c_void;
-            let i = |v: &i32| v as *const i32 as *mut std::ffi::c_void;
-            let mut f32_args = [
-                p(&xd.0),
-                p(&null),
-                &eps as *const f32 as *mut _,
-                i(&cols),
-                i(&pi),
-                p(&wm),
-                p(&yd.0),
-                i(&rows),
-                p(&null),
-                p(&null),
-                i(&zero),
-                p(&null),
-                p(&null),
-                i(&zero),
-            ];
-            let mut q8_args = [
-                p(&xq.0),
-                p(&null),
-                i(&cols),
-                i(&pi),
-                p(&wm),
-                p(&yd.0),
-                i(&rows),
-                p(&null),
-                p(&null),
-                i(&zero),
-                p(&null),
-                p(&null),
-                i(&zero),
-            ];
-            let args: &mut [*mut std::ffi::c_void] = match acts {
-                Acts::F32 => &mut f32_args,
-                Acts::Q8 => &mut q8_args,
+            let mut args = match acts {
+                // matvec_norm3_<type>(x, nw, eps, cols, split, w0, y0, rows0, w1, ...)
+                Acts::F32 => vec![A::P(xd.0), A::P(0), A::F(eps), A::I(cols), A::I(pi)],
+                // matvec_q8x_<type>(xq, invs, cols, split, w0, y0, rows0, w1, ...)
+                Acts::Q8 => vec![A::P(xq.0), A::P(0), A::I(cols), A::I(pi)],
             };
-            // SAFETY: the arguments of matvec_norm3_<type> / matvec_q8x_<type>, in order and of
-            // their types; the buffers are sized above and live.
-            unsafe {
-                launch_raw(
-                    &stream,
-                    &f,
-                    grid,
-                    32 * MVF_WARPS as u32,
-                    shared,
-                    args,
-                    o.pdl,
-                )
-            }?;
+            let wm = weights.0 + (m * bytes) as u64;
+            args.extend([A::P(wm), A::P(yd.0), A::I(rows)]);
+            args.extend([A::P(0), A::P(0), A::I(0), A::P(0), A::P(0), A::I(0)]);
+            // SAFETY: the arguments of the kernel, in order and of its types; the buffers are
+            // sized above and live.
+            unsafe { launch_ex(&stream, &f, (grid, MVF_THREADS, shared), &args, o.pdl) }
+                .map_err(drv("launching the product"))?;
         }
         Ok(())
     })?;

@@ -67,7 +67,7 @@ const ARGMAX_SLICES: usize = 128;
 const MAX_HEAD_DIM: usize = 512;
 /// Warps per block of the fused matvec kernels (`MVF_WARPS`).
 pub(crate) const MVF_WARPS: usize = 8;
-const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
+pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
@@ -294,11 +294,63 @@ enum Rows {
 
 /// A kernel argument (pointers are raw device addresses).
 #[derive(Clone, Copy)]
-enum A {
+pub(crate) enum A {
     P(u64),
     I(i32),
     F(f32),
     D(f64),
+}
+
+/// Launches `f` with `args` through `cuLaunchKernelEx`, with the programmatic-stream-serialization
+/// attribute when `pdl` (the kernel waits in `pdl_enter` for the grid before it).
+///
+/// # Safety
+/// `args` must be the kernel's parameters, in order and of its types, and every pointer among
+/// them a live device buffer the kernel may access as launched.
+pub(crate) unsafe fn launch_ex(
+    stream: &cudarc::driver::CudaStream,
+    f: &CudaFunction,
+    (grid, block, shared): ((u32, u32, u32), u32, u32),
+    args: &[A],
+    pdl: bool,
+) -> Result<(), cudarc::driver::DriverError> {
+    use std::ffi::c_void;
+    let mut params: Vec<*mut c_void> = args
+        .iter()
+        .map(|a| match a {
+            A::P(v) => v as *const u64 as *mut c_void,
+            A::I(v) => v as *const i32 as *mut c_void,
+            A::F(v) => v as *const f32 as *mut c_void,
+            A::D(v) => v as *const f64 as *mut c_void,
+        })
+        .collect();
+    // SAFETY: an all-zero attribute value is valid (a union of plain integers).
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl),
+    };
+    // SAFETY: the caller's contract; `params` points at values that live until the call returns
+    // (the driver copies them).
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
 }
 
 /// Device allocations, freed together when the model goes.
@@ -1525,43 +1577,9 @@ impl CudaModel {
         shared: u32,
         args: &[A],
     ) -> Result<(), CudaError> {
-        use std::ffi::c_void;
-        let mut params: Vec<*mut c_void> = args
-            .iter()
-            .map(|a| match a {
-                A::P(v) => v as *const u64 as *mut c_void,
-                A::I(v) => v as *const i32 as *mut c_void,
-                A::F(v) => v as *const f32 as *mut c_void,
-                A::D(v) => v as *const f64 as *mut c_void,
-            })
-            .collect();
-        // SAFETY: an all-zero attribute value is valid (a union of plain integers).
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: shared,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: as in `launch`: the arguments are the kernel's, in order and of its types, and
-        // `params` points at values that live until the call returns (the driver copies them).
-        let r = unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        r.result().map_err(|e| CudaError::driver(what, e))?;
+        // SAFETY: as in `launch`: the arguments are the kernel's, in order and of its types.
+        unsafe { launch_ex(&self.stream, f, (grid, block, shared), args, true) }
+            .map_err(|e| CudaError::driver(what, e))?;
         self.launches += 1;
         Ok(())
     }
