@@ -662,6 +662,26 @@ __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, cons
     }
 }
 
+// iq2xxs_gate_up_q8 for two rows at once (gate and up of rows 0 and 1): all four rows' loads in one
+// loop; each row's partial takes the one-row function's operations in its order (the same bits).
+__device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, const u8* __restrict__ u0,
+                                                   const u8* __restrict__ g1, const u8* __restrict__ u1,
+                                                   const Q8Row& x, int cols, int lane, float& ga0, float& ua0,
+                                                   float& ga1, float& ua1) {
+    ga0 = 0.0f;
+    ua0 = 0.0f;
+    ga1 = 0.0f;
+    ua1 = 0.0f;
+#pragma unroll 2
+    for (int sb = lane; sb < cols / 32; sb += WARP) {
+        const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
+        ga0 = __fadd_rn(ga0, iq2xxs_sub_value(g0, sb, x, a, b));
+        ua0 = __fadd_rn(ua0, iq2xxs_sub_value(u0, sb, x, a, b));
+        ga1 = __fadd_rn(ga1, iq2xxs_sub_value(g1, sb, x, a, b));
+        ua1 = __fadd_rn(ua1, iq2xxs_sub_value(u1, sb, x, a, b));
+    }
+}
+
 extern "C" __global__ void moe_gate_up_tab_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                       const u8* __restrict__ xq, float* __restrict__ act, int ff,
                                                       int hidden, int k) {
@@ -741,6 +761,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // block = 32 * W threads, W = 8, 16 or 32 (ff a multiple of 32).
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
+template <bool PAIR>
 __device__ __forceinline__ void gate_up_q8q_rows(const u64* __restrict__ tab, int id, const u8* __restrict__ xq,
                                                  float* __restrict__ act, u8* __restrict__ actq, int ff, int hidden,
                                                  int k) {
@@ -750,9 +771,25 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u64* __restrict__ tab, in
     const u64* parts = tab + 3 * (size_t)id;
     const u8 *gate = (const u8*)parts[0], *up = (const u8*)parts[1];
     const Q8Row x = q8_row((u8*)xq + (size_t)blockIdx.z * Q8_ROW_BYTES(hidden), hidden);
-    for (int r = wid; r < WARP; r += nw) {
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    for (int r = wid; r < WARP; r += PAIR ? 2 * nw : nw) {
         const int row = blockIdx.x * WARP + r;
-        const size_t off = (size_t)row * row_bytes<T_IQ2_XXS>(hidden);
+        const size_t off = (size_t)row * rb;
+        if (PAIR && r + nw < WARP) {
+            // Rows r and r + nw together: both rows' loads in flight before either's arithmetic.
+            const size_t off1 = off + (size_t)nw * rb;
+            float ga, ua, ga1, ua1;
+            iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
+            const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
+            if (lane == 0) {
+                const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
+                act_s[r] = a;
+                act_s[r + nw] = a1;
+                act[te * ff + row] = a;
+                act[te * ff + row + nw] = a1;
+            }
+            continue;
+        }
         float ga, ua;
         iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
@@ -776,7 +813,7 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
     u8* __restrict__ actq, int ff, int hidden, int k) {
     stage_iq2_q8_tables();  // depends on nothing: before the wait
     pdl_enter();            // ids and xq come from the kernels before
-    gate_up_q8q_rows(tab, ids[(size_t)blockIdx.z * k + blockIdx.y], xq, act, actq, ff, hidden, k);
+    gate_up_q8q_rows<false>(tab, ids[(size_t)blockIdx.z * k + blockIdx.y], xq, act, actq, ff, hidden, k);
 }
 
 // moe_gate_up_route_q8q_iq2_xxs(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k): the
@@ -786,10 +823,12 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
 // own), the blocks (0, 0, t) write them to ids / wts (the down kernel and the expert cache read
 // them there), and each block runs its choice's rows. k <= 32, n_expert <= 32 * ROUTER_VPL.
 // Launch: as moe_gate_up_tab_q8q_iq2_xxs.
-extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs(
-    const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
-    float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
-    int hidden, int k) {
+template <bool PAIR>
+__device__ __forceinline__ void gate_up_route_body(const float* __restrict__ logits, int n_expert,
+                                                   const u64* __restrict__ tab, int* __restrict__ ids,
+                                                   float* __restrict__ wts, const u8* __restrict__ xq,
+                                                   float* __restrict__ act, u8* __restrict__ actq, int ff, int hidden,
+                                                   int k) {
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
     stage_iq2_q8_tables();  // depends on nothing: before the wait
@@ -804,7 +843,23 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs
         }
     }
     __syncthreads();
-    gate_up_q8q_rows(tab, ids_s[blockIdx.y], xq, act, actq, ff, hidden, k);
+    gate_up_q8q_rows<PAIR>(tab, ids_s[blockIdx.y], xq, act, actq, ff, hidden, k);
+}
+
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs(
+    const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
+    float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
+    int hidden, int k) {
+    gate_up_route_body<false>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k);
+}
+
+// moe_gate_up_route2_q8q_iq2_xxs: the same with a warp's two rows (16-warp blocks) walked together
+// (REDLITE_CUDA_MOE_GU_PAIR=1): the same bits, one memory round trip fewer per warp.
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xxs(
+    const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
+    float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
+    int hidden, int k) {
+    gate_up_route_body<true>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k):

@@ -642,6 +642,7 @@ struct Kernels {
     matvec3_x_tok_f32: CudaFunction,
     res_norm_q8: CudaFunction,
     moe_gate_up_route: CudaFunction,
+    moe_gate_up_route2: CudaFunction,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -851,6 +852,9 @@ pub struct CudaModel {
     /// over PCIe) 174.3 / 173.8 against 167.7 / 169.4. Verify passes keep the separate top-k
     /// (8 rows: 12.60 against 11.62 ms).
     route_in_gate_up: bool,
+    /// The routed gate/up kernel with a warp's two rows walked together
+    /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=1`).
+    moe_gu_pair: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
     /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
@@ -968,6 +972,7 @@ impl CudaModel {
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
             res_norm_q8: f("res_norm_q8")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
+            moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -1079,6 +1084,7 @@ impl CudaModel {
                 .clamp(1, 16),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
+            moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", false),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
@@ -2693,7 +2699,11 @@ impl CudaModel {
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_in_gate_up => {
                 let act_q = self.sc.act_q;
-                let f = self.k.moe_gate_up_route.clone();
+                let f = if self.moe_gu_pair {
+                    self.k.moe_gate_up_route2.clone()
+                } else {
+                    self.k.moe_gate_up_route.clone()
+                };
                 self.launch(
                     "moe_gate_up_route_q8q",
                     &f,

@@ -644,11 +644,13 @@ pub fn moe_experts_q8_down(
 /// `[k][ff]` and their q8 rows.
 pub type RoutedGateUp = (Vec<i32>, Vec<f32>, Vec<f32>, Vec<u8>);
 
-/// `moe_gate_up_route_q8q_iq2_xxs` on one token: the top-`k` of the router `logits` (`n_expert`
-/// of them; the chosen ids must be those of `set`'s experts, `0..k`) and the gate/up rows of
-/// each choice on the q8 row `xq`.
+/// `moe_gate_up_route_q8q_iq2_xxs` (with `pair`: `moe_gate_up_route2_q8q_iq2_xxs`, a warp's two
+/// rows together) on one token: the top-`k` of the router `logits` (`n_expert` of them; the chosen
+/// ids must be those of `set`'s experts, `0..k`) and the gate/up rows of each choice on the q8 row
+/// `xq`.
 pub fn moe_gate_up_route_q8q(
     gpu: &Gpu,
+    pair: bool,
     set: &ExpertSet,
     logits: &[f32],
     xq: &[u8],
@@ -673,10 +675,15 @@ pub fn moe_gate_up_route_q8q(
     let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
     let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
     let nei = i32_arg(ne, "experts")?;
+    let name = if pair {
+        "moe_gate_up_route2_q8q_iq2_xxs"
+    } else {
+        "moe_gate_up_route_q8q_iq2_xxs"
+    };
     launch!(
         gpu,
-        gpu.func("moe_gate_up_route_q8q_iq2_xxs")?,
-        "moe_gate_up_route_q8q_iq2_xxs",
+        gpu.func(name)?,
+        name,
         cfg(((ff / 32) as u32, k as u32, 1), q8q_threads(), 0),
         [
             &l_d, &nei, &c.tab, &mut ids, &mut wts, &x_d, &mut act, &mut actq, &c.ff, &c.hidden,

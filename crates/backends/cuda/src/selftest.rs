@@ -774,11 +774,29 @@ impl Runner<'_> {
                     .collect();
                 let (ids_r, wts_r, act_r, actq_r) = ops::moe_gate_up_route_q8q(
                     self.gpu,
+                    false,
                     &set,
                     &logits,
                     &ops::q8_row(&x),
                     (hidden, ff),
                 )?;
+                // The two-rows-a-warp form (`moe_gate_up_route2_q8q_iq2_xxs`): the same bits.
+                let (ids_2, wts_2, act_2, actq_2) = ops::moe_gate_up_route_q8q(
+                    self.gpu,
+                    true,
+                    &set,
+                    &logits,
+                    &ops::q8_row(&x),
+                    (hidden, ff),
+                )?;
+                if ids_2 != ids_r {
+                    return Err(CudaError::Invalid(format!(
+                        "route2 ids {ids_2:?}, route {ids_r:?}"
+                    )));
+                }
+                same_bits("route2 weights differ", &wts_2, &wts_r)?;
+                same_bits("route2 activations differ", &act_2, &act_r)?;
+                same_bytes("route2 q8 rows differ", &actq_2, &actq_r)?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
