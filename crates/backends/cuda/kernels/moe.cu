@@ -854,7 +854,8 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs
 }
 
 // moe_gate_up_route2_q8q_iq2_xxs: the same with a warp's two rows (16-warp blocks) walked together
-// (REDLITE_CUDA_MOE_GU_PAIR=1): the same bits, one memory round trip fewer per warp.
+// (the default; REDLITE_CUDA_MOE_GU_PAIR=0 the one above): the same bits, one memory round trip
+// fewer per warp.
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xxs(
     const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
     float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,

@@ -853,7 +853,8 @@ pub struct CudaModel {
     /// (8 rows: 12.60 against 11.62 ms).
     route_in_gate_up: bool,
     /// The routed gate/up kernel with a warp's two rows walked together
-    /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=1`).
+    /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=0` the one-row
+    /// form): 303.73 / 301.76 against 300.88 / 300.15 tok/s on the H200.
     moe_gu_pair: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
@@ -1084,7 +1085,7 @@ impl CudaModel {
                 .clamp(1, 16),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
-            moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", false),
+            moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
