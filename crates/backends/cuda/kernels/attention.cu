@@ -691,7 +691,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ q,
 }
 
 template <int P>
-__device__ __forceinline__ void attn_split_gqa_any(const float* __restrict__ q, const float* __restrict__ kc,
+__device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                    float scale, int min_chunk) {
@@ -714,13 +714,13 @@ __device__ __forceinline__ void attn_split_gqa_any(const float* __restrict__ q, 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* q, const float* kc, const float* vc,
                                                                    float* part, const int* pos_ptr, int heads,
                                                                    int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_any<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    attn_split_gqa_p_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float* q, const float* kc, const float* vc,
                                                                     float* part, const int* pos_ptr, int heads,
                                                                     int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_any<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    attn_split_gqa_p_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
