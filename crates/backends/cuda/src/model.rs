@@ -769,10 +769,12 @@ pub struct CudaModel {
     /// Prompts' delta rule by `dn_delta_warp_<dk>` (`REDLITE_CUDA_DN_WARP=0`: `dn_delta_seq`).
     dn_warp: bool,
     /// Fewest cache positions per chunk of the decode attention split (`attn_split`):
-    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, by default [`ATTN_MIN_CHUNK`], at least 4,
-    /// rounded up to a multiple of 4). Larger chunks: fewer blocks and partial results.
+    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, by default [`ATTN_GQA_MIN_CHUNK`] with
+    /// `attn_split_gqa` and [`ATTN_MIN_CHUNK`] without, at least 4, rounded up to a multiple of 4).
+    /// Larger chunks: fewer blocks and partial results.
     attn_min_chunk: usize,
-    /// Chunks of the decode attention split at most (`REDLITE_CUDA_ATTN_SPLITS`, default
+    /// Chunks of the decode attention split at most (`REDLITE_CUDA_ATTN_SPLITS`, default: SMs /
+    /// KV heads with `attn_split_gqa` (one wave of its one-block-per-SM grid), else
     /// [`ATTN_DEFAULT_SPLITS`]; at most the buffers' [`attn_splits`]): long contexts get longer
     /// chunks rather than more of them.
     attn_splits: usize,
