@@ -26,12 +26,13 @@ fn q8_0_matmul_rows_match_matvec_bit_for_bit() {
     // 600 rows × 384 columns: above the parallel threshold once n ≥ 2 (tasks split the rows).
     for (rows, cols) in [(5, 64), (7, 416), (600, 384)] {
         let w = random_q8_0(&mut rng, rows * cols / 32);
-        let xs: Vec<f32> = (0..33 * cols)
+        let xs: Vec<f32> = (0..130 * cols)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         for isa in Isa::available() {
             for n in [
-                2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 19, 22, 23, 30, 31, 32, 33,
+                2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 19, 22, 23, 30, 31, 32, 33, 40, 47, 48, 49,
+                64, 65, 110, 128, 130,
             ] {
                 let mut ys = vec![0.0f32; n * rows];
                 matmul_isa(

@@ -681,6 +681,7 @@ fn run_matmul(
             use super::q8_0_lanes_x86 as l;
             let groups = l::plan(n, q8_0_lanes_min_rows());
             let m = groups.last().map_or(0, |g| g.first + g.rows);
+            let f = (f, l::pair_kernel(isa));
             Some((f, l::lane_blocks(q, *per, &groups), groups, m))
         }
         _ => None,
@@ -912,7 +913,7 @@ fn multi_row_tile<B, const G: usize>(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn lanes_tile(
-    f: LanesDot,
+    (f, pair): (LanesDot, Option<super::q8_0_lanes_x86::LanesPairDot>),
     lq: &[super::q8_0_lanes_x86::LaneBlock],
     groups: &[super::q8_0_lanes_x86::LaneGroup],
     per: usize,
@@ -922,15 +923,39 @@ fn lanes_tile(
     out: SharedOut,
 ) {
     let nw = wtile.len() / rb;
+    let per = per.max(1);
     let mut buf = vec![[0.0f32; LANES]; nw];
-    for (group, ys) in groups.iter().zip(lq.chunks_exact(per.max(1))) {
-        f(wtile, rb, ys, group.narrow, &mut buf);
-        // Row by row of the output: runs of consecutive addresses (the output rows are often
-        // a multiple of 4 KiB apart, so a lane-by-lane walk thrashes one L1 set).
+    let mut buf2 = Vec::new();
+    // Row by row of the output: runs of consecutive addresses (the output rows are often a
+    // multiple of 4 KiB apart, so a lane-by-lane walk thrashes one L1 set).
+    let store = |group: &super::q8_0_lanes_x86::LaneGroup, buf: &[[f32; LANES]]| {
         for k in 0..group.rows {
+            // SAFETY: the caller's task owns weight rows r_tile..r_tile + nw of this tile; the
+            // row < n.
+            let dst = unsafe { out.run_ptr(group.first + k, r_tile, nw) };
             for (r, v) in buf.iter().enumerate() {
-                // SAFETY: the caller's task owns weight rows r_tile.. of this tile; the row < n.
-                unsafe { out.set(group.first + k, r_tile + r, v[k]) };
+                // SAFETY: r < nw, within the run.
+                unsafe { *dst.add(r) = v[k] };
+            }
+        }
+    };
+    let mut g = 0;
+    while g < groups.len() {
+        let ys = &lq[g * per..(g + 1) * per];
+        match (pair, groups.get(g + 1)) {
+            (Some(f2), Some(next)) if !groups[g].narrow && !next.narrow => {
+                // Two wide groups against each weight row at once.
+                buf2.resize(nw, [0.0f32; LANES]);
+                let ys2 = &lq[(g + 1) * per..(g + 2) * per];
+                f2(wtile, rb, ys, ys2, &mut buf, &mut buf2);
+                store(&groups[g], &buf);
+                store(next, &buf2);
+                g += 2;
+            }
+            _ => {
+                f(wtile, rb, ys, groups[g].narrow, &mut buf);
+                store(&groups[g], &buf);
+                g += 1;
             }
         }
     }
@@ -979,6 +1004,18 @@ impl SharedOut {
         let at = j * self.rows + r0;
         debug_assert!(r0 + vs.len() <= self.rows && at + vs.len() <= self.len);
         std::ptr::copy_nonoverlapping(vs.as_ptr(), self.ptr.add(at), vs.len());
+    }
+
+    /// Where `ys[j·rows + r0 ..][..len]` starts, for a loop that writes the run itself (a
+    /// local pointer: no reload of `self` after each store, which may alias it).
+    ///
+    /// # Safety
+    /// As [`SharedOut::set`], for each element of the run.
+    #[inline(always)]
+    unsafe fn run_ptr(&self, j: usize, r0: usize, len: usize) -> *mut f32 {
+        let at = j * self.rows + r0;
+        debug_assert!(r0 + len <= self.rows && at + len <= self.len);
+        self.ptr.add(at)
     }
 
     /// The same output from row `j0` on (row `j` of the result is row `j0 + j` here).
