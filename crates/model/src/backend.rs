@@ -88,6 +88,15 @@ pub trait Backend: Send + Sync + Sized {
     /// Each output row must not depend on the other rows (same arithmetic as `n = 1`).
     fn linear(&self, w: &Self::Linear, xs: &[f32], n: usize, ys: &mut [f32]);
 
+    /// [`Backend::linear`] of several weights over the same `n` rows `xs`: `ys[i] = W_i · xs`.
+    /// Each output must be what `linear` gives for it; backends may share the work that
+    /// depends only on `xs` (the CPU backend quantizes the rows once).
+    fn linears(&self, ws: &[&Self::Linear], xs: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            self.linear(w, xs, n, y);
+        }
+    }
+
     /// [`Backend::routed_experts`] for several tokens, each with its own choice. Backends group
     /// the tokens by expert so each expert's weights are read once; each token's result must be
     /// exactly what `routed_experts` gives for it alone.
@@ -225,11 +234,42 @@ pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec
     let flat: Vec<f32> = xs.concat();
     let mut ys = vec![0.0f32; rows * xs.len()];
     b.linear(w, &flat, xs.len(), &mut ys);
-    if xs.len() == 1 {
+    split_rows(ys, rows, xs.len())
+}
+
+/// `W_i · x` for every row of `xs` and each weight of `ws`, through one [`Backend::linears`]
+/// call (the rows are gathered once, and a backend may prepare them once for all weights);
+/// each output row is what [`matvec_rows`] gives.
+pub fn matvec_rows_many<B: Backend, const N: usize>(
+    b: &B,
+    ws: [&B::Linear; N],
+    xs: &[Vec<f32>],
+) -> [Vec<Vec<f32>>; N] {
+    let n = xs.len();
+    if n == 0 {
+        return std::array::from_fn(|_| Vec::new());
+    }
+    let flat: Vec<f32> = xs.concat();
+    let rows = ws.map(|w| b.linear_shape(w).0);
+    let mut ys = rows.map(|r| vec![0.0f32; r * n]);
+    {
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        b.linears(&ws, &flat, n, &mut outs);
+    }
+    let mut rows = rows.into_iter();
+    ys.map(|y| split_rows(y, rows.next().unwrap_or(0), n))
+}
+
+/// `n` rows of `rows` values, one vector each.
+fn split_rows(ys: Vec<f32>, rows: usize, n: usize) -> Vec<Vec<f32>> {
+    if n == 1 {
         // A decode step's row is the whole output (no copy of, e.g., the vocabulary's logits).
         return vec![ys];
     }
-    if xs.len() >= 16 && rows > 0 {
+    if rows == 0 {
+        return vec![Vec::new(); n];
+    }
+    if n >= 16 {
         // Prompt-sized: the copies on the pool.
         use rayon::prelude::*;
         return ys.par_chunks_exact(rows).map(|r| r.to_vec()).collect();

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use redlite_gguf::GgufFile;
 
-use crate::backend::{matvec_rows, Backend, Oracle};
+use crate::backend::{matvec_rows, matvec_rows_many, Backend, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
@@ -333,7 +333,7 @@ fn projections<B: Backend, const N: usize>(
         let mut ys = b.matvecs(&ws, x).into_iter();
         return std::array::from_fn(|_| vec![ys.next().unwrap_or_default()]);
     }
-    ws.map(|w| matvec_rows(b, w, xs))
+    matvec_rows_many(b, ws, xs)
 }
 
 fn add_in_place(a: &mut [f32], b: &[f32]) {
@@ -583,8 +583,7 @@ fn expert_choice(cfg: &Config, router_logits: &[f32]) -> Vec<(usize, f32)> {
 /// The shared expert of every row, scaled by the row's scalar sigmoid gate. The products are
 /// batched over the rows (each weight read once); each row gets what its one-row products give.
 fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
-    let gate = matvec_rows(b, &w.shared.gate, xs);
-    let up = matvec_rows(b, &w.shared.up, xs);
+    let [gate, up] = matvec_rows_many(b, [&w.shared.gate, &w.shared.up], xs);
     let act: Vec<Vec<f32>> = map_range(xs.len(), |t| {
         gate[t]
             .iter()

@@ -631,6 +631,23 @@ impl Backend for CpuBackend {
         run_linear(w.ty, w.bytes(), (w.rows, w.cols), xs, n, ys);
     }
 
+    /// Weights of one type and width over several rows: the rows quantized once
+    /// (`driver::matmul_many`; each output as `linear` gives it). Otherwise one by one.
+    fn linears(&self, ws: &[&CpuLinear], xs: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+        let same = ws
+            .first()
+            .is_some_and(|w0| ws.iter().all(|w| w.ty == w0.ty && w.cols == w0.cols));
+        if n < 2 || ws.len() < 2 || !same {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.linear(w, xs, n, y);
+            }
+            return;
+        }
+        let bytes: Vec<(&[u8], usize)> = ws.iter().map(|w| (w.bytes(), w.rows)).collect();
+        driver::matmul_many(ws[0].ty, &bytes, ws[0].cols, xs, n, ys)
+            .unwrap_or_else(|e| panic!("CPU linears ({} weights, {}): {e}", ws.len(), ws[0].ty));
+    }
+
     fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
         (w.rows, w.cols)
     }
@@ -760,8 +777,22 @@ impl Backend for CpuBackend {
                     let mut gate = vec![0.0f32; n * ffn.gate.rows];
                     let mut up = vec![0.0f32; n * ffn.up.rows];
                     let shape = |w: &CpuLinear| (w.rows, w.cols);
-                    run_linear(ffn.gate.ty, b[0], shape(&ffn.gate), &x, n, &mut gate);
-                    run_linear(ffn.up.ty, b[1], shape(&ffn.up), &x, n, &mut up);
+                    if n > 1 && ffn.gate.ty == ffn.up.ty && ffn.gate.cols == ffn.up.cols {
+                        // The token rows quantized once for both products.
+                        let ws = [(b[0], ffn.gate.rows), (b[1], ffn.up.rows)];
+                        driver::matmul_many(
+                            ffn.gate.ty,
+                            &ws,
+                            ffn.gate.cols,
+                            &x,
+                            n,
+                            &mut [&mut gate, &mut up],
+                        )
+                        .unwrap_or_else(|e| panic!("CPU expert gate/up: {e}"));
+                    } else {
+                        run_linear(ffn.gate.ty, b[0], shape(&ffn.gate), &x, n, &mut gate);
+                        run_linear(ffn.up.ty, b[1], shape(&ffn.up), &x, n, &mut up);
+                    }
                     let act: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
                     let mut down = vec![0.0f32; n * ffn.down.rows];
                     run_linear(ffn.down.ty, b[2], shape(&ffn.down), &act, n, &mut down);

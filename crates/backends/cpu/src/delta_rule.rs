@@ -132,6 +132,9 @@ unsafe fn step_registers<const N: usize>(
     assert!(s.len() >= dk * dv && inp.q.len() >= n * dk && inp.k.len() >= n * dk);
     assert!(inp.v.len() >= n * dv && inp.g.len() >= n);
     let mut out = vec![0.0f32; n * dv];
+    if trace.is_none() && n > 1 {
+        return step_registers_pipelined::<N>(inp, s, out);
+    }
     for t in 0..n {
         let q = &inp.q[t * dk..(t + 1) * dk];
         let k = &inp.k[t * dk..(t + 1) * dk];
@@ -174,6 +177,91 @@ unsafe fn step_registers<const N: usize>(
         }
         if let Some(trace) = trace.as_deref_mut() {
             trace.extend_from_slice(s);
+        }
+    }
+    out
+}
+
+/// [`step_registers`] for several rows without a trace, with row `t`'s second loop (`S += k ⊗ δ`,
+/// `o = Sᵀq`) and row `t + 1`'s first loop (`S ← αS`, `m = Sᵀk`) in one pass over the state rows:
+/// the two running sums are independent chains, so the core overlaps their add latencies
+/// (each loop alone is one serial add chain per 16 lanes). Every state element still gets row
+/// `t`'s update before row `t + 1`'s decay, and `o`, `m` add their terms in the same row order,
+/// so the values are bit-identical to [`step_registers`] (and the oracle).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn step_registers_pipelined<const N: usize>(
+    inp: &HeadInputs,
+    s: &mut [f32],
+    mut out: Vec<f32>,
+) -> Vec<f32> {
+    use core::arch::x86_64::*;
+    let (dk, dv, n) = (inp.dk, inp.dv, inp.beta.len());
+    debug_assert!(n > 0 && dv == 16 * N && out.len() >= n * dv);
+    let alpha_of = |t: usize| _mm512_set1_ps(inp.g[t].exp());
+    // Row 0's first loop alone.
+    let mut m = [_mm512_setzero_ps(); N];
+    {
+        let k = &inp.k[..dk];
+        let alpha = alpha_of(0);
+        for (i, &ki) in k.iter().enumerate() {
+            let row = s.as_mut_ptr().add(i * dv);
+            let kv = _mm512_set1_ps(ki);
+            for (c, mc) in m.iter_mut().enumerate() {
+                let sv = _mm512_mul_ps(_mm512_loadu_ps(row.add(16 * c)), alpha);
+                _mm512_storeu_ps(row.add(16 * c), sv);
+                *mc = _mm512_add_ps(*mc, _mm512_mul_ps(sv, kv));
+            }
+        }
+    }
+    for t in 0..n {
+        let q = &inp.q[t * dk..(t + 1) * dk];
+        let k = &inp.k[t * dk..(t + 1) * dk];
+        let v = &inp.v[t * dv..(t + 1) * dv];
+        let beta = _mm512_set1_ps(inp.beta[t]);
+        let delta: [__m512; N] = core::array::from_fn(|c| {
+            _mm512_mul_ps(
+                beta,
+                _mm512_sub_ps(_mm512_loadu_ps(v.as_ptr().add(16 * c)), m[c]),
+            )
+        });
+        let mut o = [_mm512_setzero_ps(); N];
+        if t + 1 < n {
+            let k1 = &inp.k[(t + 1) * dk..(t + 2) * dk];
+            let alpha1 = alpha_of(t + 1);
+            let mut m1 = [_mm512_setzero_ps(); N];
+            for i in 0..dk {
+                let row = s.as_mut_ptr().add(i * dv);
+                let (kv, qv) = (_mm512_set1_ps(k[i]), _mm512_set1_ps(q[i]));
+                let kv1 = _mm512_set1_ps(k1[i]);
+                for c in 0..N {
+                    let sv = _mm512_add_ps(
+                        _mm512_loadu_ps(row.add(16 * c)),
+                        _mm512_mul_ps(kv, delta[c]),
+                    );
+                    o[c] = _mm512_add_ps(o[c], _mm512_mul_ps(sv, qv));
+                    let sv = _mm512_mul_ps(sv, alpha1);
+                    _mm512_storeu_ps(row.add(16 * c), sv);
+                    m1[c] = _mm512_add_ps(m1[c], _mm512_mul_ps(sv, kv1));
+                }
+            }
+            m = m1;
+        } else {
+            for i in 0..dk {
+                let row = s.as_mut_ptr().add(i * dv);
+                let (kv, qv) = (_mm512_set1_ps(k[i]), _mm512_set1_ps(q[i]));
+                for c in 0..N {
+                    let sv = _mm512_add_ps(
+                        _mm512_loadu_ps(row.add(16 * c)),
+                        _mm512_mul_ps(kv, delta[c]),
+                    );
+                    _mm512_storeu_ps(row.add(16 * c), sv);
+                    o[c] = _mm512_add_ps(o[c], _mm512_mul_ps(sv, qv));
+                }
+            }
+        }
+        for (c, oc) in o.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(t * dv + 16 * c), *oc);
         }
     }
     out
@@ -568,6 +656,38 @@ mod tests {
             assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
             assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
             assert!(same(&t1, &t2), "traces, dk {dk} dv {dv} n {n}");
+        }
+    }
+
+    /// Without a trace, several rows take the pipelined step (one row's update fused with the
+    /// next row's decay): still the oracle's values bit for bit.
+    #[test]
+    fn untraced_step_rows_equal_the_oracle_bit_for_bit() {
+        let mut seed = 23u64;
+        for (dk, dv, n) in [
+            (64, 64, 2),
+            (64, 64, 17),
+            (128, 128, 5),
+            (64, 32, 9),
+            (32, 16, 3),
+            (64, 48, 4),
+            (16, 7, 2),
+        ] {
+            let (q, k, v, beta, g, s0) = random_head(&mut seed, dk, dv, n);
+            let inp = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                beta: &beta,
+                g: &g,
+                dk,
+                dv,
+            };
+            let (mut s1, mut s2) = (s0.clone(), s0.clone());
+            let oracle = delta_rule_step_traced(&inp, &mut s1, None);
+            let fast = one_head(&inp, &mut s2, DeltaRule::Step, None);
+            assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
+            assert!(same(&s1, &s2), "states, dk {dk} dv {dv} n {n}");
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redlite_cpu::kernels::driver::{matmul_isa, matvec_isa};
+use redlite_cpu::kernels::driver::{matmul, matmul_isa, matmul_many, matvec_isa};
 use redlite_cpu::kernels::Isa;
 use redlite_gguf::quant::GgmlType;
 
@@ -26,12 +26,13 @@ fn q8_0_matmul_rows_match_matvec_bit_for_bit() {
     // 600 rows × 384 columns: above the parallel threshold once n ≥ 2 (tasks split the rows).
     for (rows, cols) in [(5, 64), (7, 416), (600, 384)] {
         let w = random_q8_0(&mut rng, rows * cols / 32);
-        let xs: Vec<f32> = (0..33 * cols)
+        let xs: Vec<f32> = (0..130 * cols)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         for isa in Isa::available() {
             for n in [
-                2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 19, 22, 23, 30, 31, 32, 33,
+                2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 18, 19, 22, 23, 30, 31, 32, 33, 40, 47, 48, 49,
+                64, 65, 110, 128, 130,
             ] {
                 let mut ys = vec![0.0f32; n * rows];
                 matmul_isa(
@@ -59,6 +60,41 @@ fn q8_0_matmul_rows_match_matvec_bit_for_bit() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Several weights over the same rows (`matmul_many`: the rows quantized and repacked once)
+/// give each weight exactly what `matmul` gives it alone.
+#[test]
+fn q8_0_matmul_many_matches_matmul_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let cols = 384;
+    let shapes = [600usize, 7, 160];
+    let ws: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&rows| random_q8_0(&mut rng, rows * cols / 32))
+        .collect();
+    let xs: Vec<f32> = (0..130 * cols)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    for n in [1, 2, 3, 9, 16, 17, 32, 33, 64, 128, 130] {
+        let x = &xs[..n * cols];
+        let mut got: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![0.0f32; n * r]).collect();
+        {
+            let products: Vec<(&[u8], usize)> = ws
+                .iter()
+                .zip(&shapes)
+                .map(|(w, &r)| (w.as_slice(), r))
+                .collect();
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|g| g.as_mut_slice()).collect();
+            matmul_many(GgmlType::Q8_0, &products, cols, x, n, &mut outs).unwrap();
+        }
+        for ((w, &rows), g) in ws.iter().zip(&shapes).zip(&got) {
+            let mut want = vec![0.0f32; n * rows];
+            matmul(GgmlType::Q8_0, w, rows, cols, x, n, &mut want).unwrap();
+            let same = want.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "n={n} rows={rows}");
         }
     }
 }

@@ -569,35 +569,7 @@ fn run_matmul_at(
     n: usize,
     ys: &mut [f32],
 ) {
-    let multi = if n > 1 && matches!(kernel, RowDot::Q8K(_)) {
-        multi_lookup(shape.ty, isa)
-    } else {
-        None
-    };
-    #[cfg(target_arch = "x86_64")]
-    let multi_q8_0 = if n > 1 && shape.ty == GgmlType::Q8_0 && matches!(kernel, RowDot::Q8_0(_)) {
-        super::simple_x86::q8_0_multi_kernel(isa)
-    } else {
-        None
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let multi_q8_0: Option<Q8_0MultiDot> = None;
-    #[cfg(target_arch = "x86_64")]
-    let lanes_q8_0 = if n >= q8_0_lanes_min_rows() && multi_q8_0.is_some() {
-        super::q8_0_lanes_x86::kernel(isa)
-    } else {
-        None
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let lanes_q8_0: Option<LanesDot> = None;
-    #[cfg(target_arch = "x86_64")]
-    let multi_f32 = if n > 1 && matches!(kernel, RowDot::F32(_)) {
-        super::simple_x86::float_multi_kernel(shape.ty, isa)
-    } else {
-        None
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let multi_f32: Option<FloatMultiDot> = None;
+    let multis = multis_at(isa, kernel, shape.ty, n);
     #[cfg(target_arch = "x86_64")]
     if shape.ty == GgmlType::Q4K
         && n >= tile_min_rows()
@@ -622,8 +594,89 @@ fn run_matmul_at(
             return run_tile_gemm_iq2_xxs(&q, per, n, w, rows, shape.row_bytes, ys);
         }
     }
-    let multis = (multi, multi_q8_0, multi_f32, lanes_q8_0);
     run_matmul(isa, kernel, multis, shape, w, rows, cols, xs, n, ys)
+}
+
+/// The multi-row kernels of level `isa` for an `n`-row product of `ty` weights by `kernel`.
+fn multis_at(isa: Isa, kernel: RowDot, ty: GgmlType, n: usize) -> Multis {
+    let multi = if n > 1 && matches!(kernel, RowDot::Q8K(_)) {
+        multi_lookup(ty, isa)
+    } else {
+        None
+    };
+    #[cfg(target_arch = "x86_64")]
+    let multi_q8_0 = if n > 1 && ty == GgmlType::Q8_0 && matches!(kernel, RowDot::Q8_0(_)) {
+        super::simple_x86::q8_0_multi_kernel(isa)
+    } else {
+        None
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let multi_q8_0: Option<Q8_0MultiDot> = None;
+    #[cfg(target_arch = "x86_64")]
+    let lanes_q8_0 = if n >= q8_0_lanes_min_rows() && multi_q8_0.is_some() {
+        super::q8_0_lanes_x86::kernel(isa)
+    } else {
+        None
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let lanes_q8_0: Option<LanesDot> = None;
+    #[cfg(target_arch = "x86_64")]
+    let multi_f32 = if n > 1 && matches!(kernel, RowDot::F32(_)) {
+        super::simple_x86::float_multi_kernel(ty, isa)
+    } else {
+        None
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let multi_f32: Option<FloatMultiDot> = None;
+    (multi, multi_q8_0, multi_f32, lanes_q8_0)
+}
+
+/// Several products of one weight type over the same `n` activation rows (`xs`, `cols` values
+/// each): `ys[i] = xs · W_iᵀ` for `ws[i] = (bytes, rows)`. The activations are quantized (and
+/// repacked for the multi-row kernel) once for all of them; each product then runs as
+/// [`matmul`] would, so every output is bit-identical to [`matmul`]'s (and each row to
+/// [`matvec`]'s). Types whose large batches take a tile GEMM (Q4_K, IQ2_XXS) and single rows
+/// run product by product.
+pub fn matmul_many(
+    ty: GgmlType,
+    ws: &[(&[u8], usize)],
+    cols: usize,
+    xs: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    if ws.len() != ys.len() {
+        return Err(KernelError::BadLength {
+            what: "outputs",
+            expected: ws.len(),
+            got: ys.len(),
+        });
+    }
+    if n <= 1 || ws.len() <= 1 || matches!(ty, GgmlType::Q4K | GgmlType::IQ2XXS) {
+        for (&(w, rows), y) in ws.iter().zip(ys.iter_mut()) {
+            matmul(ty, w, rows, cols, xs, n, y)?;
+        }
+        return Ok(());
+    }
+    let mut checked = Vec::with_capacity(ws.len());
+    for (&(w, rows), y) in ws.iter().zip(ys.iter()) {
+        checked.push(check(ty, w, rows, cols, xs.len(), y.len(), n)?);
+    }
+    let isa = Isa::active();
+    let kernel = checked[0].0;
+    let multis = multis_at(isa, kernel, ty, n);
+    let prep = Prepared::new(isa, kernel, multis, xs, cols, n);
+    for (((_, shape), &(w, rows)), y) in checked.into_iter().zip(ws).zip(ys.iter_mut()) {
+        if rows == 0 {
+            continue;
+        }
+        if shape.row_bytes == 0 {
+            y.fill(0.0);
+            continue;
+        }
+        run_prepared(kernel, multis, &prep, shape, w, rows, n, y);
+    }
+    Ok(())
 }
 
 /// The multi-row kernels [`run_matmul`] may use: Q8_K-activation, Q8_0 (≤ 4 rows), float, and
@@ -639,7 +692,7 @@ type Multis = (
 fn run_matmul(
     isa: Isa,
     kernel: RowDot,
-    (multi, multi_q8_0, multi_f32, lanes_q8_0): Multis,
+    multis: Multis,
     shape: Shape,
     w: &[u8],
     rows: usize,
@@ -659,32 +712,103 @@ fn run_matmul(
         ys.fill(0.0);
         return;
     }
-    let acts = Acts::quantize(kernel, xs, cols, n);
-    // The multi-row kernel's activation rows, in the form it takes them.
-    #[cfg(target_arch = "x86_64")]
-    let reformed = match (multi, &acts) {
-        (Some(m), Acts::Q8K(q, _)) => match m.form {
-            ActForm::Plain => None,
-            ActForm::Offset => Some(super::iquants_avx512::offset_activations(q)),
-            ActForm::Grouped => Some(super::kquants_multi_x86::grouped_activations(q, false)),
-            ActForm::GroupedOffset => Some(super::kquants_multi_x86::grouped_activations(q, true)),
-        },
-        _ => None,
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let reformed: Option<Vec<BlockQ8K>> = None;
-    // Q8_0 rows for the lane kernel: groups of 16, and a last group of 9-15 rows, or of 3-8
-    // rows in 256-bit vectors (1-2 rows left over take the 4-row kernel).
-    #[cfg(target_arch = "x86_64")]
-    let lanes = match (lanes_q8_0, &acts) {
-        (Some(f), Acts::Q8_0(q, per)) => {
-            use super::q8_0_lanes_x86 as l;
-            let groups = l::plan(n, q8_0_lanes_min_rows());
-            let m = groups.last().map_or(0, |g| g.first + g.rows);
-            Some((f, l::lane_blocks(q, *per, &groups), groups, m))
+    let prep = Prepared::new(isa, kernel, multis, xs, cols, n);
+    run_prepared(kernel, multis, &prep, shape, w, rows, n, ys);
+}
+
+/// Q8_0 rows for the lane kernel: the kernels, the repacked groups, the groups, and the rows
+/// they cover.
+#[cfg(target_arch = "x86_64")]
+type LaneRows = (
+    (LanesDot, Option<super::q8_0_lanes_x86::LanesPairDot>),
+    Vec<super::q8_0_lanes_x86::LaneBlock>,
+    Vec<super::q8_0_lanes_x86::LaneGroup>,
+    usize,
+);
+#[cfg(not(target_arch = "x86_64"))]
+type LaneRows = ();
+
+/// The activation rows of a multi-row product, quantized and put in the multi-row kernel's
+/// form once (for one weight or several of the same type).
+struct Prepared {
+    acts: Acts,
+    reformed: Option<Vec<BlockQ8K>>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    lanes: Option<LaneRows>,
+}
+
+impl Prepared {
+    fn new(
+        isa: Isa,
+        kernel: RowDot,
+        multis: Multis,
+        xs: &[f32],
+        cols: usize,
+        n: usize,
+    ) -> Prepared {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+        let (multi, _, _, lanes_q8_0) = multis;
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = isa;
+        let acts = Acts::quantize(kernel, xs, cols, n);
+        // The multi-row kernel's activation rows, in the form it takes them.
+        #[cfg(target_arch = "x86_64")]
+        let reformed = match (multi, &acts) {
+            (Some(m), Acts::Q8K(q, _)) => match m.form {
+                ActForm::Plain => None,
+                ActForm::Offset => Some(super::iquants_avx512::offset_activations(q)),
+                ActForm::Grouped => Some(super::kquants_multi_x86::grouped_activations(q, false)),
+                ActForm::GroupedOffset => {
+                    Some(super::kquants_multi_x86::grouped_activations(q, true))
+                }
+            },
+            _ => None,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let reformed: Option<Vec<BlockQ8K>> = None;
+        // Q8_0 rows for the lane kernel: groups of 16, and a last group of 9-15 rows, or of 3-8
+        // rows in 256-bit vectors (1-2 rows left over take the 4-row kernel).
+        #[cfg(target_arch = "x86_64")]
+        let lanes = match (lanes_q8_0, &acts) {
+            (Some(f), Acts::Q8_0(q, per)) => {
+                use super::q8_0_lanes_x86 as l;
+                let groups = l::plan(n, q8_0_lanes_min_rows());
+                let m = groups.last().map_or(0, |g| g.first + g.rows);
+                let f = (f, l::pair_kernel(isa));
+                Some((f, l::lane_blocks(q, *per, &groups), groups, m))
+            }
+            _ => None,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let lanes: Option<LaneRows> = None;
+        Prepared {
+            acts,
+            reformed,
+            lanes,
         }
-        _ => None,
-    };
+    }
+}
+
+/// [`run_matmul`] with its activations already prepared.
+#[allow(clippy::too_many_arguments)]
+fn run_prepared(
+    kernel: RowDot,
+    (multi, multi_q8_0, multi_f32, _): Multis,
+    prep: &Prepared,
+    shape: Shape,
+    w: &[u8],
+    rows: usize,
+    n: usize,
+    ys: &mut [f32],
+) {
+    let rb = shape.row_bytes;
+    let Prepared {
+        acts,
+        reformed,
+        lanes,
+    } = prep;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = lanes;
     let tile = (TILE_BYTES / rb).clamp(1, rows);
     // Each task owns whole weight rows, i.e. the columns `r` of `ys` it writes.
     let out = SharedOut::new(ys, rows);
@@ -912,7 +1036,7 @@ fn multi_row_tile<B, const G: usize>(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn lanes_tile(
-    f: LanesDot,
+    (f, pair): (LanesDot, Option<super::q8_0_lanes_x86::LanesPairDot>),
     lq: &[super::q8_0_lanes_x86::LaneBlock],
     groups: &[super::q8_0_lanes_x86::LaneGroup],
     per: usize,
@@ -922,15 +1046,39 @@ fn lanes_tile(
     out: SharedOut,
 ) {
     let nw = wtile.len() / rb;
+    let per = per.max(1);
     let mut buf = vec![[0.0f32; LANES]; nw];
-    for (group, ys) in groups.iter().zip(lq.chunks_exact(per.max(1))) {
-        f(wtile, rb, ys, group.narrow, &mut buf);
-        // Row by row of the output: runs of consecutive addresses (the output rows are often
-        // a multiple of 4 KiB apart, so a lane-by-lane walk thrashes one L1 set).
+    let mut buf2 = Vec::new();
+    // Row by row of the output: runs of consecutive addresses (the output rows are often a
+    // multiple of 4 KiB apart, so a lane-by-lane walk thrashes one L1 set).
+    let store = |group: &super::q8_0_lanes_x86::LaneGroup, buf: &[[f32; LANES]]| {
         for k in 0..group.rows {
+            // SAFETY: the caller's task owns weight rows r_tile..r_tile + nw of this tile; the
+            // row < n.
+            let dst = unsafe { out.run_ptr(group.first + k, r_tile, nw) };
             for (r, v) in buf.iter().enumerate() {
-                // SAFETY: the caller's task owns weight rows r_tile.. of this tile; the row < n.
-                unsafe { out.set(group.first + k, r_tile + r, v[k]) };
+                // SAFETY: r < nw, within the run.
+                unsafe { *dst.add(r) = v[k] };
+            }
+        }
+    };
+    let mut g = 0;
+    while g < groups.len() {
+        let ys = &lq[g * per..(g + 1) * per];
+        match (pair, groups.get(g + 1)) {
+            (Some(f2), Some(next)) if !groups[g].narrow && !next.narrow => {
+                // Two wide groups against each weight row at once.
+                buf2.resize(nw, [0.0f32; LANES]);
+                let ys2 = &lq[(g + 1) * per..(g + 2) * per];
+                f2(wtile, rb, ys, ys2, &mut buf, &mut buf2);
+                store(&groups[g], &buf);
+                store(next, &buf2);
+                g += 2;
+            }
+            _ => {
+                f(wtile, rb, ys, groups[g].narrow, &mut buf);
+                store(&groups[g], &buf);
+                g += 1;
             }
         }
     }
@@ -979,6 +1127,18 @@ impl SharedOut {
         let at = j * self.rows + r0;
         debug_assert!(r0 + vs.len() <= self.rows && at + vs.len() <= self.len);
         std::ptr::copy_nonoverlapping(vs.as_ptr(), self.ptr.add(at), vs.len());
+    }
+
+    /// Where `ys[j·rows + r0 ..][..len]` starts, for a loop that writes the run itself (a
+    /// local pointer: no reload of `self` after each store, which may alias it).
+    ///
+    /// # Safety
+    /// As [`SharedOut::set`], for each element of the run.
+    #[inline(always)]
+    unsafe fn run_ptr(&self, j: usize, r0: usize, len: usize) -> *mut f32 {
+        let at = j * self.rows + r0;
+        debug_assert!(r0 + len <= self.rows && at + len <= self.len);
+        self.ptr.add(at)
     }
 
     /// The same output from row `j0` on (row `j` of the result is row `j0 + j` here).

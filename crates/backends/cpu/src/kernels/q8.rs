@@ -174,10 +174,18 @@ pub fn quantize_row_q8_k_scalar(x: &[f32], out: &mut [BlockQ8K]) {
 /// Only `min(x.len() / 32, out.len())` blocks are written.
 pub fn quantize_row_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
     #[cfg(target_arch = "x86_64")]
-    if super::Isa::active() >= super::Isa::Avx2 {
-        // SAFETY: AVX2/FMA/F16C were detected (`Isa::active` never exceeds the CPU's level).
-        unsafe { super::q8_x86::quantize_row_q8_0_avx2(x, out) };
-        return;
+    {
+        let isa = super::Isa::active();
+        if isa >= super::Isa::Avx512 {
+            // SAFETY: AVX-512 F/BW/VL (and AVX2/FMA/F16C) were detected.
+            unsafe { super::q8_x86::quantize_row_q8_0_avx512(x, out) };
+            return;
+        }
+        if isa >= super::Isa::Avx2 {
+            // SAFETY: AVX2/FMA/F16C were detected (`Isa::active` never exceeds the CPU's level).
+            unsafe { super::q8_x86::quantize_row_q8_0_avx2(x, out) };
+            return;
+        }
     }
     quantize_row_q8_0_scalar(x, out)
 }

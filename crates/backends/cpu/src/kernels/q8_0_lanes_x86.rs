@@ -178,6 +178,81 @@ unsafe fn lanes16_i(w: &[u8], row_bytes: usize, ys: &[LaneBlock], out: &mut [[f3
     }
 }
 
+/// Two wide groups `ys0`, `ys1` against the same weight rows: each weight block's broadcasts,
+/// `−128 · Σ w` and `d_w` once for 32 rows, and each group's lanes through the same operations as
+/// [`lanes16_i`] (so bit-identical to it, hence to the one-row kernel).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn lanes32_i(
+    w: &[u8],
+    row_bytes: usize,
+    ys0: &[LaneBlock],
+    ys1: &[LaneBlock],
+    out0: &mut [[f32; LANES]],
+    out1: &mut [[f32; LANES]],
+) {
+    let nb = (row_bytes / 34).min(ys0.len()).min(ys1.len());
+    for ((wr, o0), o1) in w
+        .chunks_exact(row_bytes.max(1))
+        .zip(out0.iter_mut())
+        .zip(out1.iter_mut())
+    {
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        for (i, (y0, y1)) in ys0[..nb].iter().zip(&ys1[..nb]).enumerate() {
+            let b = wr.as_ptr().add(34 * i);
+            let wk = |k: usize| _mm512_set1_epi32(read_u32(b.add(2 + 4 * k)) as i32);
+            let y0k = |k: usize| _mm512_load_si512(y0.qs[k].as_ptr() as *const _);
+            let y1k = |k: usize| _mm512_load_si512(y1.qs[k].as_ptr() as *const _);
+            let start = _mm512_set1_epi32(neg_sum_w(b));
+            let (mut e0, mut o0_) = (start, _mm512_setzero_si512());
+            let (mut e1, mut o1_) = (start, _mm512_setzero_si512());
+            for k in (0..8).step_by(2) {
+                let (we, wo) = (wk(k), wk(k + 1));
+                e0 = _mm512_dpbusd_epi32(e0, y0k(k), we);
+                e1 = _mm512_dpbusd_epi32(e1, y1k(k), we);
+                o0_ = _mm512_dpbusd_epi32(o0_, y0k(k + 1), wo);
+                o1_ = _mm512_dpbusd_epi32(o1_, y1k(k + 1), wo);
+            }
+            let dw = _mm512_set1_ps(f16_hw(read_u16(b)));
+            let dd0 = _mm512_mul_ps(dw, _mm512_load_ps(y0.d.as_ptr()));
+            let dd1 = _mm512_mul_ps(dw, _mm512_load_ps(y1.d.as_ptr()));
+            let is0 = _mm512_cvtepi32_ps(_mm512_add_epi32(e0, o0_));
+            let is1 = _mm512_cvtepi32_ps(_mm512_add_epi32(e1, o1_));
+            acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(dd0, is0));
+            acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(dd1, is1));
+        }
+        _mm512_storeu_ps(o0.as_mut_ptr(), acc0);
+        _mm512_storeu_ps(o1.as_mut_ptr(), acc1);
+    }
+}
+
+/// Two wide lane groups at once (see [`lanes32_i`]): `ys0` into `out0`, `ys1` into `out1`.
+pub(crate) type LanesPairDot = fn(
+    w: &[u8],
+    row_bytes: usize,
+    ys0: &[LaneBlock],
+    ys1: &[LaneBlock],
+    out0: &mut [[f32; LANES]],
+    out1: &mut [[f32; LANES]],
+);
+
+/// The two-group lane kernel, where [`kernel`] gives the one-group kernel.
+pub(crate) fn pair_kernel(isa: Isa) -> Option<LanesPairDot> {
+    kernel(isa).map(|_| lanes_pair_avx512_vnni as LanesPairDot)
+}
+
+fn lanes_pair_avx512_vnni(
+    w: &[u8],
+    row_bytes: usize,
+    ys0: &[LaneBlock],
+    ys1: &[LaneBlock],
+    out0: &mut [[f32; LANES]],
+    out1: &mut [[f32; LANES]],
+) {
+    // SAFETY: only handed out by `pair_kernel` after `kernel` checked the CPU features.
+    unsafe { lanes32_i(w, row_bytes, ys0, ys1, out0, out1) }
+}
+
 /// A narrow group: lanes 0..8 in 256-bit vectors (the same operations per lane as
 /// [`lanes16_i`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
