@@ -581,23 +581,55 @@ mod tests {
     use super::*;
     use redlite_model::delta_rule::delta_rule_chunked;
 
-    /// Random inputs of one head over `n` tokens and a starting state: `(q, k, v, beta, g, s0)`.
-    type Head = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+    /// Random inputs of one head over `n` tokens and a starting state `s0`.
+    struct Head {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        beta: Vec<f32>,
+        g: Vec<f32>,
+        s0: Vec<f32>,
+        dk: usize,
+        dv: usize,
+    }
 
-    fn random_head(seed: &mut u64, dk: usize, dv: usize, n: usize) -> Head {
-        let mut next = || {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
-        let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
-        let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
-        let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
-        let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
-        let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
-        (q, k, v, beta, g, s0)
+    impl Head {
+        fn random(seed: &mut u64, dk: usize, dv: usize, n: usize) -> Head {
+            let mut next = || {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            };
+            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.2).collect();
+            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
+            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
+            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+            let s0: Vec<f32> = (0..dk * dv).map(|_| next() * 0.1).collect();
+            Head {
+                q,
+                k,
+                v,
+                beta,
+                g,
+                s0,
+                dk,
+                dv,
+            }
+        }
+
+        fn inputs(&self) -> HeadInputs<'_> {
+            HeadInputs {
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                beta: &self.beta,
+                g: &self.g,
+                dk: self.dk,
+                dv: self.dv,
+            }
+        }
     }
 
     fn same(a: &[f32], b: &[f32]) -> bool {
@@ -615,17 +647,9 @@ mod tests {
             (24, 20, 9, 63),
             (16, 7, 2, 0),
         ] {
-            let (q, k, v, beta, g, s0) = random_head(&mut seed, dk, dv, n);
-            let inp = HeadInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                beta: &beta,
-                g: &g,
-                dk,
-                dv,
-            };
-            let (mut s1, mut s2) = (s0.clone(), s0.clone());
+            let head = Head::random(&mut seed, dk, dv, n);
+            let inp = head.inputs();
+            let (mut s1, mut s2) = (head.s0.clone(), head.s0.clone());
             let oracle = delta_rule_chunked(&inp, pos0, &mut s1);
             let fast = one_head(&inp, &mut s2, DeltaRule::Chunked { pos0 }, None);
             assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
@@ -639,17 +663,9 @@ mod tests {
     fn two_pass_step_equals_the_oracle_bit_for_bit() {
         let mut seed = 17u64;
         for (dk, dv, n) in [(128, 128, 3), (64, 64, 4), (64, 48, 5), (16, 7, 1)] {
-            let (q, k, v, beta, g, s0) = random_head(&mut seed, dk, dv, n);
-            let inp = HeadInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                beta: &beta,
-                g: &g,
-                dk,
-                dv,
-            };
-            let (mut s1, mut s2) = (s0.clone(), s0.clone());
+            let head = Head::random(&mut seed, dk, dv, n);
+            let inp = head.inputs();
+            let (mut s1, mut s2) = (head.s0.clone(), head.s0.clone());
             let (mut t1, mut t2) = (Vec::new(), Vec::new());
             let oracle = delta_rule_step_traced(&inp, &mut s1, Some(&mut t1));
             let fast = one_head(&inp, &mut s2, DeltaRule::Step, Some(&mut t2));
@@ -673,17 +689,9 @@ mod tests {
             (64, 48, 4),
             (16, 7, 2),
         ] {
-            let (q, k, v, beta, g, s0) = random_head(&mut seed, dk, dv, n);
-            let inp = HeadInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                beta: &beta,
-                g: &g,
-                dk,
-                dv,
-            };
-            let (mut s1, mut s2) = (s0.clone(), s0.clone());
+            let head = Head::random(&mut seed, dk, dv, n);
+            let inp = head.inputs();
+            let (mut s1, mut s2) = (head.s0.clone(), head.s0.clone());
             let oracle = delta_rule_step_traced(&inp, &mut s1, None);
             let fast = one_head(&inp, &mut s2, DeltaRule::Step, None);
             assert!(same(&oracle, &fast), "outputs, dk {dk} dv {dv} n {n}");
