@@ -571,27 +571,24 @@ fn run_matmul_at(
 ) {
     let multis = multis_at(isa, kernel, shape.ty, n);
     #[cfg(target_arch = "x86_64")]
-    if shape.ty == GgmlType::Q4K
-        && n >= tile_min_rows()
-        && rows > 0
-        && shape.row_bytes > 0
-        && isa.min(Isa::best()) == Isa::Avx512
-        && super::kquants_multi_x86::tile_gemm_supported()
-    {
-        if let Acts::Q8K(q, per) = Acts::quantize(kernel, xs, cols, n) {
-            return run_tile_gemm_q4k(&q, per, n, w, rows, shape.row_bytes, ys);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if shape.ty == GgmlType::IQ2XXS
-        && n >= tile_min_rows_iq2()
-        && rows > 0
-        && shape.row_bytes > 0
-        && isa.min(Isa::best()) == Isa::Avx512
-        && super::iquants_avx512::supported()
-    {
-        if let Acts::Q8K(q, per) = Acts::quantize(kernel, xs, cols, n) {
-            return run_tile_gemm_iq2_xxs(&q, per, n, w, rows, shape.row_bytes, ys);
+    if rows > 0 && shape.row_bytes > 0 && isa.min(Isa::best()) == Isa::Avx512 {
+        // The tile GEMMs (Q4_K, IQ2_XXS) from their row thresholds on.
+        type TileGemm = fn(&[BlockQ8K], usize, usize, &[u8], usize, usize, &mut [f32]);
+        let tile: Option<TileGemm> = match shape.ty {
+            GgmlType::Q4K
+                if n >= tile_min_rows() && super::kquants_multi_x86::tile_gemm_supported() =>
+            {
+                Some(run_tile_gemm_q4k)
+            }
+            GgmlType::IQ2XXS if n >= tile_min_rows_iq2() && super::iquants_avx512::supported() => {
+                Some(run_tile_gemm_iq2_xxs)
+            }
+            _ => None,
+        };
+        if let Some(gemm) = tile {
+            if let Acts::Q8K(q, per) = Acts::quantize(kernel, xs, cols, n) {
+                return gemm(&q, per, n, w, rows, shape.row_bytes, ys);
+            }
         }
     }
     run_matmul(isa, kernel, multis, shape, w, rows, cols, xs, n, ys)
