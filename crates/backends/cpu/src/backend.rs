@@ -614,6 +614,14 @@ impl Backend for CpuBackend {
     }
 
     fn linear(&self, w: &CpuLinear, xs: &[f32], n: usize, ys: &mut [f32]) {
+        if let Some(tiles) = &w.tiles {
+            // Q8_0 tiles take every row count (same values as `matvec` per row).
+            let done = fused::q8_0_tiles_matmul(&[tiles], xs, n, &mut [ys])
+                .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
+            if done {
+                return;
+            }
+        }
         if let (1, Some(tiles)) = (n, &w.tiles) {
             // One row on the tiles (same values as `matvec`).
             let product = Product {
@@ -642,6 +650,14 @@ impl Backend for CpuBackend {
                 self.linear(w, xs, n, y);
             }
             return;
+        }
+        let tiles: Option<Vec<&DecodeTiles>> = ws.iter().map(|w| w.tiles.as_ref()).collect();
+        if let Some(tiles) = tiles {
+            let done = fused::q8_0_tiles_matmul(&tiles, xs, n, ys)
+                .unwrap_or_else(|e| panic!("CPU linears ({} weights, Q8_0 tiles): {e}", ws.len()));
+            if done {
+                return;
+            }
         }
         let bytes: Vec<(&[u8], usize)> = ws.iter().map(|w| (w.bytes(), w.rows)).collect();
         driver::matmul_many(ws[0].ty, &bytes, ws[0].cols, xs, n, ys)
@@ -777,6 +793,29 @@ impl Backend for CpuBackend {
                     let mut gate = vec![0.0f32; n * ffn.gate.rows];
                     let mut up = vec![0.0f32; n * ffn.up.rows];
                     let shape = |w: &CpuLinear| (w.rows, w.cols);
+                    if let (Some(tg), Some(tu), Some(td)) =
+                        (&ffn.gate.tiles, &ffn.up.tiles, &ffn.down.tiles)
+                    {
+                        // Q8_0 tiles of a small file (the copy the one-token path reads too).
+                        let mut down = vec![0.0f32; n * ffn.down.rows];
+                        let done =
+                            fused::q8_0_tiles_matmul(&[tg, tu], &x, n, &mut [&mut gate, &mut up])
+                                .and_then(|done| {
+                                    let act: Vec<f32> =
+                                        gate.iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+                                    Ok(done
+                                        && fused::q8_0_tiles_matmul(
+                                            &[td],
+                                            &act,
+                                            n,
+                                            &mut [&mut down],
+                                        )?)
+                                })
+                                .unwrap_or_else(|e| panic!("CPU expert (Q8_0 tiles): {e}"));
+                        if done {
+                            return down;
+                        }
+                    }
                     if n > 1 && ffn.gate.ty == ffn.up.ty && ffn.gate.cols == ffn.up.cols {
                         // The token rows quantized once for both products.
                         let ws = [(b[0], ffn.gate.rows), (b[1], ffn.up.rows)];

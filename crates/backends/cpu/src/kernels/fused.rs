@@ -12,6 +12,8 @@ use redlite_gguf::GgmlType;
 use super::driver;
 use super::q8::{quantize_row_q8_0, quantize_row_q8_k, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use super::tiles_x86::{pair_sums, DecodeTiles, TILE_ROWS};
+#[cfg(target_arch = "x86_64")]
+use super::tiles_x86::{Q80Act, Q80Tiles};
 use super::{KernelError, RowDot, RowsDot};
 
 /// One product `y = W · x`: `w` is `rows` rows of `cols` values of type `ty` (raw GGUF bytes).
@@ -62,6 +64,8 @@ enum Kernel {
     Rows(RowsDot),
     /// The product's [`DecodeTiles`] on the input quantized to Q8_K (and its sub-block sums).
     Tiles,
+    /// The product's Q8_0 [`DecodeTiles`] on the input quantized to Q8_0.
+    Q8_0Tiles,
     /// An IQ2_XXS kernel on Q8_K activations reordered by `reorder` (the element-major or the
     /// interleaved order of `iquants_avx512`).
     Iq2Reordered {
@@ -143,6 +147,7 @@ fn batch_into(
         })?;
         let (kernel, shape) = driver::check(p.ty, p.w, p.rows, p.cols, x.len(), p.rows, 1)?;
         let kernel = match p.tiles {
+            Some(t) if t.q8_0().is_some() => Kernel::Q8_0Tiles,
             Some(_) => Kernel::Tiles,
             None => decode_kernel(p.ty, kernel, p.cols),
         };
@@ -185,7 +190,7 @@ fn batch_into(
             q8k[p.input] = Some(q);
         }
         match kernel {
-            Kernel::Row(RowDot::Q8_0(_)) if q80[p.input].is_none() => {
+            Kernel::Row(RowDot::Q8_0(_)) | Kernel::Q8_0Tiles if q80[p.input].is_none() => {
                 let mut q = vec![BlockQ8_0::ZERO; x.len() / QK8_0];
                 quantize_row_q8_0(x, &mut q);
                 q80[p.input] = Some(q);
@@ -209,7 +214,7 @@ fn batch_into(
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, (o, (kernel, row_bytes))) in outputs.iter_mut().zip(&kernels).enumerate() {
         let mut per = (task_bytes / (*row_bytes).max(1)).max(1);
-        if let Kernel::Tiles = kernel {
+        if let Kernel::Tiles | Kernel::Q8_0Tiles = kernel {
             // Whole tile groups.
             per = per.next_multiple_of(TILE_ROWS);
         }
@@ -238,6 +243,16 @@ fn batch_into(
             tiles.matvec_groups(*r0 / TILE_ROWS, q, s, ys);
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (Kernel::Q8_0Tiles, Some(tiles)) = (kernel, p.tiles.and_then(|t| t.q8_0())) {
+            let act = Q80Act::new(q80[p.input].as_deref().unwrap_or(&[]));
+            tiles.matmul_groups(
+                *r0 / TILE_ROWS,
+                std::slice::from_ref(&act),
+                &mut [&mut **ys],
+            );
+            return;
+        }
         if let Kernel::Rows(f) = kernel {
             let w = &p.w[*r0 * row_bytes..(*r0 + ys.len()) * row_bytes];
             f(w, row_bytes, q8k[p.input].as_deref().unwrap_or(&[]), ys);
@@ -253,13 +268,110 @@ fn batch_into(
                 Kernel::Iq2Reordered { f, .. } => {
                     f(w, q8k_reordered[p.input].as_deref().unwrap_or(&[]))
                 }
-                Kernel::Rows(_) | Kernel::Tiles => unreachable!("run above"),
+                Kernel::Rows(_) | Kernel::Tiles | Kernel::Q8_0Tiles => {
+                    unreachable!("run above")
+                }
             };
         }
     };
     // Small products (a tiny model's whole MoE) run on the calling thread: handing them to the
     // pool costs more than the work. Each task computes the same values either way.
     if weight_bytes < driver::matvec_parallel_min_bytes() {
+        tasks.iter_mut().for_each(task);
+    } else {
+        crate::team::for_each_mut(&mut tasks, task);
+    }
+    Ok(())
+}
+
+/// `ys[i] = W_i · xs` for Q8_0 weights held as tiles, `n` activation rows (`xs`: `[n, cols]`,
+/// `ys[i]`: `[n, rows_i]`, row-major), each weight's `cols` equal: the rows quantized to Q8_0
+/// once, then tasks of whole tile groups, each over every row (each output bit-identical to
+/// `matvec`'s, see [`Q80Tiles`]). `Ok(false)` (nothing done) unless every weight has Q8_0 tiles.
+pub fn q8_0_tiles_matmul(
+    ws: &[&DecodeTiles],
+    xs: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<bool, KernelError> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tiles: Option<Vec<&Q80Tiles>> = ws.iter().map(|t| t.q8_0()).collect();
+        let Some(tiles) = tiles else {
+            return Ok(false);
+        };
+        q8_0_tiles_run(&tiles, xs, n, ys)?;
+        Ok(true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ws, xs, n, ys);
+        Ok(false)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn q8_0_tiles_run(
+    tiles: &[&Q80Tiles],
+    xs: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    let Some(nb) = tiles.first().map(|t| t.blocks()) else {
+        return Ok(());
+    };
+    let cols = nb * QK8_0;
+    if tiles.iter().any(|t| t.blocks() != nb) || xs.len() != n * cols {
+        return Err(KernelError::BadLength {
+            what: "activations",
+            expected: n * cols,
+            got: xs.len(),
+        });
+    }
+    if ys.len() != tiles.len() {
+        return Err(KernelError::BadLength {
+            what: "outputs",
+            expected: tiles.len(),
+            got: ys.len(),
+        });
+    }
+    for (y, t) in ys.iter().zip(tiles) {
+        if y.len() != n * t.rows() {
+            return Err(KernelError::BadLength {
+                what: "output rows",
+                expected: n * t.rows(),
+                got: y.len(),
+            });
+        }
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let mut q = vec![BlockQ8_0::ZERO; n * nb];
+    for (x, qb) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
+        quantize_row_q8_0(x, qb);
+    }
+    let acts: Vec<Q80Act> = q.chunks_exact(nb).map(Q80Act::new).collect();
+    // Tasks of ≈ `task_bytes` of weights (whole tile groups): (weight, first group, its slice
+    // of every activation row's output).
+    let weight_bytes: usize = tiles.iter().map(|t| t.rows() * nb * 34).sum();
+    let per = (task_bytes(weight_bytes) / (nb * 34)).next_multiple_of(TILE_ROWS);
+    let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new();
+    for (i, (y, t)) in ys.iter_mut().zip(tiles).enumerate() {
+        let first = tasks.len();
+        for c in 0..t.rows().div_ceil(per) {
+            tasks.push((i, c * per / TILE_ROWS, Vec::with_capacity(n)));
+        }
+        for row in y.chunks_mut(t.rows()) {
+            for (task, part) in tasks[first..].iter_mut().zip(row.chunks_mut(per)) {
+                task.2.push(part);
+            }
+        }
+    }
+    let task = |(i, g0, outs): &mut (usize, usize, Vec<&mut [f32]>)| {
+        tiles[*i].matmul_groups(*g0, &acts, outs);
+    };
+    if weight_bytes * n.min(4) < driver::matvec_parallel_min_bytes() {
         tasks.iter_mut().for_each(task);
     } else {
         crate::team::for_each_mut(&mut tasks, task);

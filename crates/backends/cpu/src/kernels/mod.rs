@@ -41,6 +41,8 @@ mod kquants_x86;
 #[cfg(target_arch = "x86_64")]
 pub use kquants_x86::{q4k_paired_kernel, q4k_paired_q8k, q4k_paired_rows_kernel};
 #[cfg(target_arch = "x86_64")]
+pub mod q8_0_tiles_x86;
+#[cfg(target_arch = "x86_64")]
 pub mod tiles_x86;
 /// No tile kernel off x86-64: [`DecodeTiles::repack`](tiles_x86::DecodeTiles::repack) says so.
 #[cfg(not(target_arch = "x86_64"))]
@@ -61,7 +63,13 @@ pub mod tiles_x86 {
         pub fn needs_pairs(&self) -> bool {
             match *self {}
         }
+        pub fn q8_0(&self) -> Option<&Q80Tiles> {
+            match *self {}
+        }
     }
+
+    /// Never built off x86-64.
+    pub enum Q80Tiles {}
 
     pub const TILE_ROWS: usize = 16;
 

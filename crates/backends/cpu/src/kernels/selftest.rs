@@ -387,12 +387,42 @@ fn selftest_shape(
         // The decode tiles (small files' one-row products) vs scalar, bit for bit.
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {
-            use super::tiles_x86::{pair_sums, DecodeTiles};
+            use super::tiles_x86::{pair_sums, DecodeTiles, Q80Act};
             if let Some(tiles) = DecodeTiles::repack(ty, &w, rows, cols) {
-                let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
-                quantize_row_q8_k(x, &mut q);
                 let mut out = vec![0.0f32; rows];
-                tiles.matvec_groups(0, &q, &pair_sums(&q), &mut out);
+                if let Some(t) = tiles.q8_0() {
+                    let mut q = vec![BlockQ8_0::ZERO; cols / QK8_0];
+                    quantize_row_q8_0(x, &mut q);
+                    t.matmul_groups(0, &[Q80Act::new(&q)], &mut [&mut out]);
+                    // Several rows at once vs the scalar kernel row by row, bit for bit.
+                    let mut qs = vec![BlockQ8_0::ZERO; MATMUL_N * cols / QK8_0];
+                    for (xr, qr) in xs.chunks_exact(cols).zip(qs.chunks_exact_mut(cols / QK8_0)) {
+                        quantize_row_q8_0(xr, qr);
+                    }
+                    let acts: Vec<Q80Act> =
+                        qs.chunks_exact(cols / QK8_0).map(Q80Act::new).collect();
+                    let mut ys = vec![0.0f32; MATMUL_N * rows];
+                    let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(rows).collect();
+                    t.matmul_groups(0, &acts, &mut outs);
+                    let mut differ = 0;
+                    for (xr, yr) in xs.chunks_exact(cols).zip(ys.chunks_exact(rows)) {
+                        let mut want = vec![0.0f32; rows];
+                        let ok = matvec_isa(Isa::Scalar, ty, &w, rows, cols, xr, &mut want);
+                        differ += yr
+                            .iter()
+                            .zip(&want)
+                            .filter(|(g, s)| ok.is_err() || g.to_bits() != s.to_bits())
+                            .count();
+                    }
+                    report(SelftestResult {
+                        variant: "tiles rows",
+                        ..result(isa, Check::VsScalar, differ as f64, 0.0)
+                    });
+                } else {
+                    let mut q = vec![BlockQ8K::ZERO; cols / QK_K];
+                    quantize_row_q8_k(x, &mut q);
+                    tiles.matvec_groups(0, &q, &pair_sums(&q), &mut out);
+                }
                 let differ = out
                     .iter()
                     .zip(&scalar_out)

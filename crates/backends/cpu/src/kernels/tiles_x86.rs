@@ -26,6 +26,7 @@
 use super::kquants::{unpack_scales_k4, Q4K_BYTES, Q6K_BYTES};
 use super::kquants_multi_x86::q8k_pair_sums;
 use super::q8::BlockQ8K;
+pub use super::q8_0_tiles_x86::{Q80Act, Q80Tiles};
 use super::x86_util::{prefetch_ahead, prefetch_distance};
 use super::{has_vnni, Isa};
 use core::arch::x86_64::*;
@@ -120,10 +121,12 @@ impl Q4kTiles {
     }
 }
 
-/// A matrix repacked for one-row products: Q4_K or Q6_K tiles.
+/// A matrix repacked for small models' products: Q4_K or Q6_K tiles (one-row products on Q8_K
+/// activations), or Q8_0 tiles (any number of rows, on Q8_0 activations).
 pub enum DecodeTiles {
     Q4K(Q4kTiles),
     Q6K(Q6kTiles),
+    Q8_0(Q80Tiles),
 }
 
 impl DecodeTiles {
@@ -133,16 +136,28 @@ impl DecodeTiles {
         match ty {
             GgmlType::Q4K => Q4kTiles::repack(w, rows, cols).map(DecodeTiles::Q4K),
             GgmlType::Q6K => Q6kTiles::repack(w, rows, cols).map(DecodeTiles::Q6K),
+            GgmlType::Q8_0 if q8_0_tiles_enabled() => {
+                Q80Tiles::repack(w, rows, cols).map(DecodeTiles::Q8_0)
+            }
             _ => None,
         }
     }
 
     /// Rows `16·g0 ..` of `W · x` into `out` (see [`Q4kTiles::matvec_groups`]; `pairs` is only
-    /// read by Q4_K tiles).
+    /// read by Q4_K tiles). Q8_0 tiles read Q8_0 activations instead: [`DecodeTiles::q8_0`].
     pub fn matvec_groups(&self, g0: usize, x: &[BlockQ8K], pairs: &[[i32; 4]], out: &mut [f32]) {
         match self {
             DecodeTiles::Q4K(t) => t.matvec_groups(g0, x, pairs, out),
             DecodeTiles::Q6K(t) => t.matvec_groups(g0, x, out),
+            DecodeTiles::Q8_0(_) => unreachable!("Q8_0 tiles take Q8_0 activations"),
+        }
+    }
+
+    /// The Q8_0 tiles, which read Q8_0 activations ([`Q80Tiles::matmul_groups`]).
+    pub fn q8_0(&self) -> Option<&Q80Tiles> {
+        match self {
+            DecodeTiles::Q8_0(t) => Some(t),
+            _ => None,
         }
     }
 
@@ -150,6 +165,13 @@ impl DecodeTiles {
     pub fn needs_pairs(&self) -> bool {
         matches!(self, DecodeTiles::Q4K(_))
     }
+}
+
+/// Whether Q8_0 matrices get tiles (`REDLITE_Q8_0_TILES=0` turns them off, for A/B runs: the
+/// products then take the row and lane kernels, with the same values).
+fn q8_0_tiles_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REDLITE_Q8_0_TILES").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Block `i` of 16 Q6_K weight rows (see the module docs); missing rows are zero.
