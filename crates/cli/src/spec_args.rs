@@ -27,6 +27,11 @@ pub struct SpecArgs {
     /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
     #[arg(long, default_value_t = SpecConfig::default().mtp_min_prob)]
     pub spec_mtp_min_prob: f32,
+    /// MTP: the draft head scores only the N lowest token ids plus the context's tokens (0: the
+    /// whole vocabulary; default: an eighth of the vocabulary, at least 2048). Changes which
+    /// drafts are proposed, never the output.
+    #[arg(long)]
+    pub spec_mtp_vocab: Option<usize>,
 }
 
 impl SpecArgs {
@@ -41,6 +46,7 @@ impl SpecArgs {
             lookup_follow: !self.spec_no_follow,
             mtp_draft: self.spec_mtp_draft,
             mtp_min_prob: self.spec_mtp_min_prob,
+            mtp_vocab: self.spec_mtp_vocab,
         }
     }
 }

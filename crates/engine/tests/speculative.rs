@@ -381,3 +381,56 @@ fn statistics_are_consistent() {
         assert!((s.tokens_per_pass() - (s.forward_passes + t.accepted) as f64 / s.forward_passes as f64).abs() < 1e-12);
     });
 }
+
+/// The MTP draft head over part of the vocabulary: its rows are the lm_head's entries bit for
+/// bit, and a tiny draft vocabulary (16 ids plus the context, grown and merged while
+/// generating) changes only the drafts, never the output.
+#[test]
+fn draft_vocabulary_changes_drafts_only() {
+    for (name, backend) in [
+        ("tiny-F16.gguf", BackendChoice::Oracle),
+        ("tiny-Q8_0.gguf", BackendChoice::Cpu),
+        ("tiny-Q4_K_M.gguf", BackendChoice::Cpu),
+    ] {
+        let (model, tok) = load(name, backend);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => {
+            let mut st = m.new_state();
+            let hidden = m.forward_hidden(&mut st, &prompt[..5], Mode::Prefill).unwrap();
+            let full = m.lm_head(&hidden[4..]);
+            let ids: Vec<u32> = vec![7, 3, 4000, 1, 2048, 100, 4159, 5];
+            let head = m.head_rows(&ids).unwrap();
+            let mut part = vec![0.0f32; ids.len()];
+            m.backend.linear(&head, &hidden[4], 1, &mut part);
+            for (i, &id) in ids.iter().enumerate() {
+                assert_eq!(
+                    part[i].to_bits(),
+                    full[0][id as usize].to_bits(),
+                    "{name} {backend:?}: draft row of token {id}"
+                );
+            }
+            assert!(m.head_rows(&[m.config.vocab as u32]).is_err());
+
+            let (want, _, _) = plain(m, &prompt, 40);
+            for vocab in [Some(16), Some(0)] {
+                let cfg = SpecConfig {
+                    mtp_vocab: vocab,
+                    ..SpecConfig::with_mode(SpecMode::Mtp)
+                };
+                let mut state = m.new_state();
+                let (got, _, stats) = generate_speculative(
+                    m,
+                    &mut state,
+                    &prompt,
+                    &mut Sampler::new(SamplerConfig::greedy()),
+                    &greedy_opts(40),
+                    &cfg,
+                    |_| true,
+                )
+                .unwrap();
+                assert_eq!(got, want, "{name} {backend:?} vocab {vocab:?}: tokens");
+                assert!(stats.total().accepted > 0, "{name} vocab {vocab:?}: no draft accepted");
+            }
+        });
+    }
+}

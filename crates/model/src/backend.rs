@@ -69,7 +69,7 @@ impl LinearSource<'_> {
 /// A compute backend.
 pub trait Backend: Send + Sync + Sized {
     /// A linear layer's weight in this backend's form.
-    type Linear: Send + Sync;
+    type Linear: Send + Sync + 'static;
 
     /// Short name (`oracle`, `cpu`, `cuda`).
     fn name(&self) -> &'static str;

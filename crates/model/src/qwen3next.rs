@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use redlite_gguf::GgufFile;
 
-use crate::backend::{matvec_rows, matvec_rows_many, Backend, Oracle};
+use crate::backend::{matvec_rows, matvec_rows_many, Backend, LinearData, LinearSource, Oracle};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
@@ -211,6 +211,38 @@ impl<B: Backend> Model<B> {
     /// The lm_head: logits over the vocabulary for each final hidden state.
     pub fn lm_head(&self, hidden: &[Vec<f32>]) -> Vec<Vec<f32>> {
         matvec_rows(&self.backend, &self.weights.output, hidden)
+    }
+
+    /// A draft head: the lm_head's rows for the token ids `ids` only, as one linear layer
+    /// (`[ids.len(), hidden]`; its output `i` is the logit of `ids[i]`, bit-identical to that
+    /// entry of [`Model::lm_head`]). MTP drafting scores part of the vocabulary with it (FR-Spec,
+    /// EAGLE-3's reduced draft vocabulary): only the verify pass needs every logit.
+    pub fn head_rows(&self, ids: &[u32]) -> Result<B::Linear, ModelError> {
+        let t = self
+            .file
+            .tensor("output.weight")
+            .or_else(|| self.file.tensor("token_embd.weight"))
+            .ok_or_else(|| ModelError::State("no output.weight or token_embd.weight".into()))?;
+        let row = t.ty.row_bytes(self.config.hidden as u64).ok_or_else(|| {
+            ModelError::State(format!("{}: row not whole blocks of {}", t.name, t.ty))
+        })? as usize;
+        let data = self.file.tensor_data(t);
+        let mut bytes = Vec::with_capacity(ids.len() * row);
+        for &id in ids {
+            let r = id as usize;
+            let src = data.get(r * row..(r + 1) * row).ok_or_else(|| {
+                ModelError::State(format!("head_rows: token {id} outside {}", t.name))
+            })?;
+            bytes.extend_from_slice(src);
+        }
+        self.backend.load_linear(LinearSource {
+            name: format!("{} (draft rows)", t.name),
+            ty: t.ty,
+            rows: ids.len(),
+            cols: self.config.hidden,
+            data: LinearData::Owned(bytes),
+            expert: None,
+        })
     }
 
     /// Logits of every token, `[tokens.len()][vocab]`.
