@@ -626,6 +626,7 @@ struct Kernels {
     attn_split: CudaFunction,
     attn_split_gqa: CudaFunction,
     attn_split_gqa4: CudaFunction,
+    attn_split_gqa4_m0: CudaFunction,
     attn_merge: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
@@ -783,6 +784,10 @@ pub struct CudaModel {
     /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
+    /// `attn_split_gqa4`'s block merge over only the warps that had positions, in a shared
+    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default on; off: session 12's
+    /// merge, `attn_split_gqa4_m0`; the same bits).
+    attn_merge2: bool,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
     /// `attn_prompt`).
     attn_mma: bool,
@@ -961,6 +966,7 @@ impl CudaModel {
             attn_split: f("attn_split")?,
             attn_split_gqa: f("attn_split_gqa")?,
             attn_split_gqa4: f("attn_split_gqa4")?,
+            attn_split_gqa4_m0: f("attn_split_gqa4_m0")?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -1049,6 +1055,7 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
+            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
             attn_splits: env_parse("REDLITE_CUDA_ATTN_SPLITS")
@@ -2334,7 +2341,8 @@ impl CudaModel {
             // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts).min(self.attn_splits);
             let f = match self.attn_gqa {
-                Some(4) => self.k.attn_split_gqa4.clone(),
+                Some(4) if self.attn_merge2 => self.k.attn_split_gqa4.clone(),
+                Some(4) => self.k.attn_split_gqa4_m0.clone(),
                 Some(_) => self.k.attn_split_gqa.clone(),
                 None => self.k.attn_split.clone(),
             };

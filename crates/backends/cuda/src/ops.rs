@@ -2056,6 +2056,30 @@ pub fn attn_split_merge(
     vc: &[f32],
     gate: Option<&[f32]>,
     pos0: usize,
+    dims: (usize, usize, usize),
+    scale: f32,
+    chunks: (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let (heads, nkv, hd) = dims;
+    let split = match gqa {
+        Some(p) if attn_split_gqa_fits(heads, nkv, hd) => attn_split_gqa_kernel(p),
+        _ => "attn_split",
+    };
+    attn_split_merge_with(gpu, split, q, kc, vc, gate, pos0, dims, scale, chunks)
+}
+
+/// [`attn_split_merge`] through the split kernel `split` (`attn_split`, `attn_split_gqa`,
+/// `attn_split_gqa4` or `attn_split_gqa4_m0`; the `gqa` ones only where the shape fits
+/// [`attn_split_gqa_fits`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_split_merge_with(
+    gpu: &Gpu,
+    split: &str,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    gate: Option<&[f32]>,
+    pos0: usize,
     (heads, nkv, hd): (usize, usize, usize),
     scale: f32,
     (splits, min_chunk): (usize, usize),
@@ -2090,10 +2114,9 @@ pub fn attn_split_merge(
         i32_arg(hd, "hd")?,
     );
     let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
-    let split = match gqa {
-        Some(p) if attn_split_gqa_fits(heads, nkv, hd) => attn_split_gqa_kernel(p),
-        _ => "attn_split",
-    };
+    if split != "attn_split" && !attn_split_gqa_fits(heads, nkv, hd) {
+        return Err(CudaError::Invalid(format!("{split}: shape")));
+    }
     launch!(
         gpu,
         gpu.func(split)?,

@@ -2031,7 +2031,56 @@ impl Runner<'_> {
         if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
             self.attention_split_kernel(d, Some(2));
             self.attention_split_kernel(d, Some(4));
+            self.attention_split_merge2(d);
         }
+    }
+
+    /// `attn_split_gqa4`'s block merge (the warps with positions only, no bank conflicts) against
+    /// session 12's (`attn_split_gqa4_m0`): bit for bit, at short caches (some warps without
+    /// positions, one chunk or a few) and a long one, with the model's chunking (66 chunks of at
+    /// least 16) and the self-test's (64 of at least 64).
+    fn attention_split_merge2(&mut self, d: AttnDims) {
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let ctx = 4096usize;
+        let q = self.rng.normals(heads * hd, 1.0);
+        let kc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let gate = self.rng.normals(heads * hd, 2.0);
+        let r = (|| {
+            let mut differ = 0usize;
+            for chunks in [(66usize, 16usize), (64, 64)] {
+                for pos0 in [0usize, 2, 9, 17, 40, 135, 1000, 4001] {
+                    let run = |name| {
+                        ops::attn_split_merge_with(
+                            self.gpu,
+                            name,
+                            &q,
+                            &kc,
+                            &vc,
+                            Some(&gate),
+                            pos0,
+                            (heads, nkv, hd),
+                            scale,
+                            chunks,
+                        )
+                    };
+                    let (new, old) = (run("attn_split_gqa4")?, run("attn_split_gqa4_m0")?);
+                    differ += new
+                        .iter()
+                        .zip(&old)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                }
+            }
+            // Values that differ from the old merge's (bound 0: bit-identical).
+            Ok((differ as f64, 0.0))
+        })();
+        self.record(
+            "attn_split_gqa4 merge2",
+            format!("positions 0..4001, 66/16 and 64/64 chunks, {heads}/{nkv} heads x{hd}, vs attn_split_gqa4_m0 bit for bit"),
+            r,
+        );
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
