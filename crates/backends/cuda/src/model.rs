@@ -863,6 +863,11 @@ pub struct CudaModel {
     /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=0` the one-row
     /// form): 303.73 / 301.76 against 300.88 / 300.15 tok/s on the H200.
     moe_gu_pair: bool,
+    /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
+    /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
+    /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on; off, and always when some experts
+    /// live in host memory: the table).
+    moe_direct: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
     /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
@@ -1095,6 +1100,7 @@ impl CudaModel {
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
+            moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
@@ -2650,6 +2656,13 @@ impl CudaModel {
         let e = &m.experts;
         // Each layer's ids stay until the call ends: the expert cache reads them afterwards.
         let (ids, tab) = (self.experts.ids(e.layer, n), self.experts.table(e.layer));
+        // Expert e's parts at the table's first entries + e · dstride (every expert resident), or
+        // 0: through the table.
+        let dstride = if self.moe_direct {
+            self.experts.direct_stride().unwrap_or(0)
+        } else {
+            0
+        };
         // The shared expert reads only xn: on the side stream from the start, beside the router,
         // the top-k and the routed gate/up.
         let drv = |e| CudaError::driver("forking the shared expert's stream", e);
@@ -2707,6 +2720,7 @@ impl CudaModel {
         if routed_gemm {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
+        let q8_down_on = q8_down.is_some();
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_in_gate_up => {
                 let act_q = self.sc.act_q;
@@ -2733,6 +2747,7 @@ impl CudaModel {
                         A::I(ff as i32),
                         A::I(h as i32),
                         A::I(k as i32),
+                        A::P(dstride),
                     ],
                 )?;
                 (dn_f, act_q)
@@ -2754,6 +2769,7 @@ impl CudaModel {
                         A::I(ff as i32),
                         A::I(h as i32),
                         A::I(k as i32),
+                        A::P(dstride),
                     ],
                 )?;
                 (dn_f, act_q)
@@ -2783,25 +2799,28 @@ impl CudaModel {
             }
         };
         self.stream.wait(&self.side.join).map_err(drv)?;
-        // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
+        // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch (the q8
+        // kernel takes `dstride` too).
+        let args = [
+            A::P(tab),
+            A::P(ids),
+            A::P(wts),
+            A::P(down_act),
+            A::P(x),
+            A::P(shared),
+            A::P(gl),
+            A::I(h as i32),
+            A::I(ff as i32),
+            A::I(k as i32),
+            A::P(dstride),
+        ];
         self.launch(
             "moe_down_combine_tab",
             &down_f,
             (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
             32 * e.warps,
             0,
-            &[
-                A::P(tab),
-                A::P(ids),
-                A::P(wts),
-                A::P(down_act),
-                A::P(x),
-                A::P(shared),
-                A::P(gl),
-                A::I(h as i32),
-                A::I(ff as i32),
-                A::I(k as i32),
-            ],
+            if q8_down_on { &args } else { &args[..10] },
         )?;
         Ok(())
     }

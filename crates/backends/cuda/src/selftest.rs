@@ -797,6 +797,28 @@ impl Runner<'_> {
                 same_bits("route2 weights differ", &wts_2, &wts_r)?;
                 same_bits("route2 activations differ", &act_2, &act_r)?;
                 same_bytes("route2 q8 rows differ", &actq_2, &actq_r)?;
+                // The experts in slots of one buffer (every expert resident): the parts found at
+                // the table's first entries + id · slot stride (`dstride`), the same bits as
+                // through the table entries.
+                let slot_logits: Vec<f32> = (0..n_exp)
+                    .map(|_| 4.0 * self.rng.uniform() as f32)
+                    .collect();
+                let slots = |direct| {
+                    ops::moe_route_down_q8_slots(
+                        self.gpu,
+                        [&gate[..], &up[..], &down[..]],
+                        &slot_logits,
+                        chosen.len(),
+                        &ops::q8_row(&x),
+                        (hidden, ff),
+                        direct,
+                    )
+                };
+                let (y_t, act_t, actq_t) = slots(false)?;
+                let (y_d, act_d, actq_d) = slots(true)?;
+                same_bits("direct expert parts: output differs", &y_d, &y_t)?;
+                same_bits("direct expert parts: activations differ", &act_d, &act_t)?;
+                same_bytes("direct expert parts: q8 rows differ", &actq_d, &actq_t)?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
@@ -844,7 +866,7 @@ impl Runner<'_> {
             })();
             self.record(
                 "experts q8 down IQ2_XXS",
-                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit"),
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit, direct parts = table bit for bit"),
                 r,
             );
         }
