@@ -589,7 +589,7 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
     }
 }
 
-template <int PER, int G, int P>
+template <int PER, int G, int P, bool M2>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -656,52 +656,101 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ q,
         }
     }
     __syncthreads();
-    float f[G];
+    if constexpr (M2) {
+        // Rounds for the warps that had positions only (the first `act`): a warp without any
+        // has m = -inf, l = 0 and acc = 0, and adding its f = 0 times acc = 0 leaves every sum as
+        // it is (no sum is -0: the first round's 0 + x is never -0), so skipping it keeps the
+        // bits (the maxima and sums below still run over all G warps: -inf and 0 change
+        // nothing there either, and fixed trip counts keep the code short). The shared row of
+        // head h holds value i at i + i / 32 (one float of padding per 32): a lane's PER
+        // consecutive values (i = PER lane + e) and a warp's 32 consecutive values both fall in
+        // 32 different banks (value i at PER lane + e unpadded put lanes PER floats apart: a
+        // PER-way conflict on every access).
+        const int act = min(G, (j1 - j0 + P - 1) / P);
+        constexpr int SROW = PER * WARP + PER;  // hd + hd / 32
+        float f[G];
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-        float mm = NEG_INF;
-        for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
-        f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
-    }
-    for (int k = 0; k < G; ++k) {
-        if (w == k) {
+        for (int h = 0; h < G; ++h) {
+            float mm = NEG_INF;
+            for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+            f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
+        }
+        const int base = PER * lane + (PER * lane) / WARP;  // e < PER never crosses a 32 boundary
+#pragma unroll 1
+        for (int k = 0; k < act; ++k) {
+            if (w == k) {
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
+                for (int h = 0; h < G; ++h) {
 #pragma unroll
-                for (int e = 0; e < PER; ++e) {
-                    float* a = &sacc[h * hd + PER * lane + e];
-                    *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
+                    for (int e = 0; e < PER; ++e) {
+                        float* a = &sacc[h * SROW + base + e];
+                        *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
+                    }
                 }
             }
+            __syncthreads();
         }
-        __syncthreads();
+        // Warp h writes head h's {max, sum, acc}.
+        const int h = w;
+        float mm = NEG_INF;
+        for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+        float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
+        if (lane == 0) {
+            float ll = 0.0f;
+            for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
+            out[0] = mm;
+            out[1] = ll;
+        }
+#pragma unroll
+        for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
+    } else {
+        float f[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float mm = NEG_INF;
+            for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+            f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
+        }
+        for (int k = 0; k < G; ++k) {
+            if (w == k) {
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) {
+                        float* a = &sacc[h * hd + PER * lane + e];
+                        *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        // Warp h writes head h's {max, sum, acc}.
+        const int h = w;
+        float mm = NEG_INF;
+        for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+        float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
+        if (lane == 0) {
+            float ll = 0.0f;
+            for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
+            out[0] = mm;
+            out[1] = ll;
+        }
+        for (int i = lane; i < hd; i += WARP) out[2 + i] = sacc[h * hd + i];
     }
-    // Warp h writes head h's {max, sum, acc}.
-    const int h = w;
-    float mm = NEG_INF;
-    for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
-    float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
-    if (lane == 0) {
-        float ll = 0.0f;
-        for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
-        out[0] = mm;
-        out[1] = ll;
-    }
-    for (int i = lane; i < hd; i += WARP) out[2 + i] = sacc[h * hd + i];
 }
 
-template <int P>
+template <int P, bool M2>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                    float scale, int min_chunk) {
     __shared__ float sm[8][8], sl[8][8];
-    __shared__ float sacc[8 * 8 * WARP];
+    __shared__ float sacc[8 * (8 * WARP + 8)];  // G * (hd + hd / 32) at most
     pdl_enter();
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, \
+        return attn_split_gqa_body<PP, GG, P, M2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, \
                                               sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -714,13 +763,23 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* q, const float* kc, const float* vc,
                                                                    float* part, const int* pos_ptr, int heads,
                                                                    int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    attn_split_gqa_p_body<2, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float* q, const float* kc, const float* vc,
                                                                     float* part, const int* pos_ptr, int heads,
                                                                     int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+
+// attn_split_gqa4_m0: attn_split_gqa4 with session 12's block merge (every warp in turn, each
+// lane's values PER floats apart in shared memory) for A/B runs (REDLITE_CUDA_ATTN_MERGE2=0);
+// the same bits.
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4_m0(const float* q, const float* kc,
+                                                                       const float* vc, float* part,
+                                                                       const int* pos_ptr, int heads, int nkv,
+                                                                       int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values

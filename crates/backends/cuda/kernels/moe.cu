@@ -751,7 +751,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 }
 
 // ----- IQ2_XXS down projection on 8-bit activations (REDLITE_CUDA_Q8_MOE_DOWN; on by default) -----
-// moe_gate_up_tab_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k): moe_gate_up_tab_q8_iq2_xxs
+// moe_gate_up_tab_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k, dstride): moe_gate_up_tab_q8_iq2_xxs
 // with a block owning 32 consecutive rows of one (token, choice), so that it also quantises their
 // 32 activations as one q8 block of that pair's row at actq + (t k + c) * Q8_ROW_BYTES(ff)
 // (q8_block32; f32 act written too). Warp w of the block's W = blockDim.x / 32 warps takes rows
@@ -762,14 +762,12 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
 template <bool PAIR>
-__device__ __forceinline__ void gate_up_q8q_rows(const u64* __restrict__ tab, int id, const u8* __restrict__ xq,
-                                                 float* __restrict__ act, u8* __restrict__ actq, int ff, int hidden,
-                                                 int k) {
+__device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
+                                                 const u8* __restrict__ xq, float* __restrict__ act,
+                                                 u8* __restrict__ actq, int ff, int hidden, int k) {
     __shared__ float act_s[WARP];
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
-    const u64* parts = tab + 3 * (size_t)id;
-    const u8 *gate = (const u8*)parts[0], *up = (const u8*)parts[1];
     const Q8Row x = q8_row((u8*)xq + (size_t)blockIdx.z * Q8_ROW_BYTES(hidden), hidden);
     const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
     for (int r = wid; r < WARP; r += PAIR ? 2 * nw : nw) {
@@ -808,15 +806,27 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u64* __restrict__ tab, in
     }
 }
 
-extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
-    const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
-    u8* __restrict__ actq, int ff, int hidden, int k) {
-    stage_iq2_q8_tables();  // depends on nothing: before the wait
-    pdl_enter();            // ids and xq come from the kernels before
-    gate_up_q8q_rows<false>(tab, ids[(size_t)blockIdx.z * k + blockIdx.y], xq, act, actq, ff, hidden, k);
+// Where expert `id`'s part p (0 gate, 1 up, 2 down) is: the table's entry, or with `dstride` != 0
+// (every expert resident: the table is affine in the id, expert e's parts at expert 0's +
+// e · dstride; the host checks it) expert 0's entry `e0` (read before the wait: the table is the
+// host's, written before the call) plus id · dstride, one dependent load fewer.
+__device__ __forceinline__ const u8* expert_part(const u64* __restrict__ tab, int id, int p, u64 dstride, u64 e0) {
+    return dstride != 0 ? (const u8*)(e0 + (u64)id * dstride) : (const u8*)tab[3 * (size_t)id + p];
 }
 
-// moe_gate_up_route_q8q_iq2_xxs(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k): the
+// moe_gate_up_tab_q8q_iq2_xxs(..., dstride): the parts through expert_part.
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
+    const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride) {
+    stage_iq2_q8_tables();  // depends on nothing: before the wait
+    const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
+    pdl_enter();  // ids and xq come from the kernels before
+    const int id = ids[(size_t)blockIdx.z * k + blockIdx.y];
+    gate_up_q8q_rows<false>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
+                            actq, ff, hidden, k);
+}
+
+// moe_gate_up_route_q8q_iq2_xxs(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride): the
 // router's top-k and moe_gate_up_tab_q8q_iq2_xxs in one launch: warp 0 of every block computes
 // moe_router_warp's choices of its token from the router logits (router_warp_row: the same ids and
 // weights bit for bit; each block redoes the cheap top-k instead of waiting for a launch of its
@@ -828,11 +838,12 @@ __device__ __forceinline__ void gate_up_route_body(const float* __restrict__ log
                                                    const u64* __restrict__ tab, int* __restrict__ ids,
                                                    float* __restrict__ wts, const u8* __restrict__ xq,
                                                    float* __restrict__ act, u8* __restrict__ actq, int ff, int hidden,
-                                                   int k) {
+                                                   int k, u64 dstride) {
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
     stage_iq2_q8_tables();  // depends on nothing: before the wait
-    pdl_enter();            // the logits and xq come from the kernels before
+    const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
+    pdl_enter();  // the logits and xq come from the kernels before
     const size_t t = blockIdx.z;
     if (threadIdx.x < WARP) {
         router_warp_row(logits + t * n_expert, n_expert, k, ids_s, wts_s);
@@ -843,14 +854,16 @@ __device__ __forceinline__ void gate_up_route_body(const float* __restrict__ log
         }
     }
     __syncthreads();
-    gate_up_q8q_rows<PAIR>(tab, ids_s[blockIdx.y], xq, act, actq, ff, hidden, k);
+    const int id = ids_s[blockIdx.y];
+    gate_up_q8q_rows<PAIR>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
+                           actq, ff, hidden, k);
 }
 
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs(
     const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
     float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
-    int hidden, int k) {
-    gate_up_route_body<false>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k);
+    int hidden, int k, u64 dstride) {
+    gate_up_route_body<false>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride);
 }
 
 // moe_gate_up_route2_q8q_iq2_xxs: the same with a warp's two rows (16-warp blocks) walked together
@@ -859,12 +872,12 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xxs(
     const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
     float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
-    int hidden, int k) {
-    gate_up_route_body<true>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k);
+    int hidden, int k, u64 dstride) {
+    gate_up_route_body<true>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride);
 }
 
-// moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k):
-// moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
+// moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
+// dstride): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
 // value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order.
 // Launch: as moe_down_combine_tab (grid = (hidden * parts / warps, tokens), block = 32 * warps).
@@ -873,12 +886,13 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
                                                            const u8* __restrict__ actq, float* __restrict__ x,
                                                            const float* __restrict__ shared,
                                                            const float* __restrict__ gate_logit, int hidden, int ff,
-                                                           int k) {
+                                                           int k, u64 dstride) {
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const DownRow d = down_row(hidden);
     const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
     stage_iq2_q8_tables();
+    const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
     const int sbs = ff / 32;
     float acc = 0.0f;
@@ -886,7 +900,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
         for (int i = d.part * WARP + lane; i < k * sbs; i += d.parts * WARP) {
             const int c = i / sbs, sb = i - c * sbs;
             const size_t te = t * k + c;
-            const u8* down = (const u8*)tab[3 * (size_t)ids[te] + 2] + off;
+            const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
             const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
             const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
             acc = __fadd_rn(acc, __fmul_rn(weight[te], iq2xxs_sub_value(down, sb, a, q0, q1)));

@@ -184,6 +184,11 @@ impl Pinned {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    fn u64s(&self) -> &[u64] {
+        // SAFETY: as `u64s_mut`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u64, self.len / 8) }
+    }
+
     fn u64s_mut(&mut self) -> &mut [u64] {
         // SAFETY: cuMemHostAlloc memory is page-aligned; `len` is a multiple of 8 where used.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u64, self.len / 8) }
@@ -271,6 +276,9 @@ pub struct ExpertCache {
     /// Slots per layer (`n_expert` when every expert is resident).
     per_layer: usize,
     bounded: bool,
+    /// Every layer's table affine in the expert id (expert e's parts at expert 0's + e · sb):
+    /// see [`ExpertCache::direct_stride`].
+    affine: bool,
     policy: ExpertPolicy,
     /// Device slots: layer l's slot s at `slots + (l · per_layer + s) · sb`.
     slots: u64,
@@ -569,6 +577,7 @@ impl ExpertCache {
             k,
             per_layer,
             bounded,
+            affine: false,
             policy,
             slots,
             host,
@@ -593,7 +602,25 @@ impl ExpertCache {
         unsafe { cu::memcpy_htod_sync(cache.tables_dev, bytes) }
             .map_err(|e| CudaError::driver("uploading the expert tables", e))?;
         cache.dirty.fill(false);
+        cache.affine = !bounded && cache.tables_affine();
         Ok(cache)
+    }
+
+    /// Whether every layer's table has expert e's part p at expert 0's part p + e · sb.
+    fn tables_affine(&self) -> bool {
+        let (t, n, sb) = (self.tables.u64s(), self.n_expert, self.sb as u64);
+        (0..self.layers).all(|l| {
+            let t0 = &t[3 * l * n..3 * (l + 1) * n];
+            (0..n).all(|e| (0..3).all(|p| t0[3 * e + p] == t0[p] + e as u64 * sb))
+        })
+    }
+
+    /// With every expert resident the tables never change and are affine in the id: the expert
+    /// kernels' `dstride` (part p of expert e at `table[p] + e · dstride`, one dependent load
+    /// fewer than `table[3 e + p]`). `None` when some experts live in host memory (the entries
+    /// move) or a table is not affine.
+    pub fn direct_stride(&self) -> Option<u64> {
+        self.affine.then_some(self.sb as u64)
     }
 
     /// The table of layer `l` (for the expert kernels).

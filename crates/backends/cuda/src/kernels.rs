@@ -139,6 +139,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split",
     "attn_split_gqa",
     "attn_split_gqa4",
+    "attn_split_gqa4_m0",
     "attn_merge",
     "moe_combine",
     "sample_topk",

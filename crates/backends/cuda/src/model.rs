@@ -626,6 +626,7 @@ struct Kernels {
     attn_split: CudaFunction,
     attn_split_gqa: CudaFunction,
     attn_split_gqa4: CudaFunction,
+    attn_split_gqa4_m0: CudaFunction,
     attn_merge: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
@@ -783,6 +784,10 @@ pub struct CudaModel {
     /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
+    /// `attn_split_gqa4`'s block merge over only the warps that had positions, in a shared
+    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default on; off: session 12's
+    /// merge, `attn_split_gqa4_m0`; the same bits).
+    attn_merge2: bool,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
     /// `attn_prompt`).
     attn_mma: bool,
@@ -858,6 +863,11 @@ pub struct CudaModel {
     /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=0` the one-row
     /// form): 303.73 / 301.76 against 300.88 / 300.15 tok/s on the H200.
     moe_gu_pair: bool,
+    /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
+    /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
+    /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on; off, and always when some experts
+    /// live in host memory: the table).
+    moe_direct: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
     /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
@@ -961,6 +971,7 @@ impl CudaModel {
             attn_split: f("attn_split")?,
             attn_split_gqa: f("attn_split_gqa")?,
             attn_split_gqa4: f("attn_split_gqa4")?,
+            attn_split_gqa4_m0: f("attn_split_gqa4_m0")?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -1049,6 +1060,7 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
+            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
             attn_splits: env_parse("REDLITE_CUDA_ATTN_SPLITS")
@@ -1088,6 +1100,7 @@ impl CudaModel {
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
+            moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
@@ -2334,7 +2347,8 @@ impl CudaModel {
             // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts).min(self.attn_splits);
             let f = match self.attn_gqa {
-                Some(4) => self.k.attn_split_gqa4.clone(),
+                Some(4) if self.attn_merge2 => self.k.attn_split_gqa4.clone(),
+                Some(4) => self.k.attn_split_gqa4_m0.clone(),
                 Some(_) => self.k.attn_split_gqa.clone(),
                 None => self.k.attn_split.clone(),
             };
@@ -2642,6 +2656,13 @@ impl CudaModel {
         let e = &m.experts;
         // Each layer's ids stay until the call ends: the expert cache reads them afterwards.
         let (ids, tab) = (self.experts.ids(e.layer, n), self.experts.table(e.layer));
+        // Expert e's parts at the table's first entries + e · dstride (every expert resident), or
+        // 0: through the table.
+        let dstride = if self.moe_direct {
+            self.experts.direct_stride().unwrap_or(0)
+        } else {
+            0
+        };
         // The shared expert reads only xn: on the side stream from the start, beside the router,
         // the top-k and the routed gate/up.
         let drv = |e| CudaError::driver("forking the shared expert's stream", e);
@@ -2699,6 +2720,7 @@ impl CudaModel {
         if routed_gemm {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
+        let q8_down_on = q8_down.is_some();
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_in_gate_up => {
                 let act_q = self.sc.act_q;
@@ -2725,6 +2747,7 @@ impl CudaModel {
                         A::I(ff as i32),
                         A::I(h as i32),
                         A::I(k as i32),
+                        A::P(dstride),
                     ],
                 )?;
                 (dn_f, act_q)
@@ -2746,6 +2769,7 @@ impl CudaModel {
                         A::I(ff as i32),
                         A::I(h as i32),
                         A::I(k as i32),
+                        A::P(dstride),
                     ],
                 )?;
                 (dn_f, act_q)
@@ -2775,25 +2799,28 @@ impl CudaModel {
             }
         };
         self.stream.wait(&self.side.join).map_err(drv)?;
-        // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch.
+        // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch (the q8
+        // kernel takes `dstride` too).
+        let args = [
+            A::P(tab),
+            A::P(ids),
+            A::P(wts),
+            A::P(down_act),
+            A::P(x),
+            A::P(shared),
+            A::P(gl),
+            A::I(h as i32),
+            A::I(ff as i32),
+            A::I(k as i32),
+            A::P(dstride),
+        ];
         self.launch(
             "moe_down_combine_tab",
             &down_f,
             (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
             32 * e.warps,
             0,
-            &[
-                A::P(tab),
-                A::P(ids),
-                A::P(wts),
-                A::P(down_act),
-                A::P(x),
-                A::P(shared),
-                A::P(gl),
-                A::I(h as i32),
-                A::I(ff as i32),
-                A::I(k as i32),
-            ],
+            if q8_down_on { &args } else { &args[..10] },
         )?;
         Ok(())
     }

@@ -622,22 +622,39 @@ pub fn moe_experts_q8_down(
         gpu.func("moe_gate_up_tab_q8q_iq2_xxs")?,
         "moe_gate_up_tab_q8q_iq2_xxs",
         cfg(((ff / 32) as u32, k as u32, 1), q8q_threads(), 0),
-        [&c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k]
+        [&c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k, &0u64]
     )?;
     // Two warps per row, as the model runs it.
-    let warps = crate::expert_cache::moe_warps();
-    down_tab_launch(
-        gpu,
-        "moe_down_combine_tab_q8_iq2_xxs",
-        &mut c,
-        &actq,
-        blocks(hidden * 2, warps),
-    )?;
+    down_q8_launch(gpu, &mut c, &actq, hidden, 0)?;
     Ok((
         download(gpu, &c.out)?,
         download(gpu, &act)?,
         download(gpu, &actq)?,
     ))
+}
+
+/// `moe_down_combine_tab_q8_iq2_xxs` on the q8 activation rows `actq` of the call `c`, two warps
+/// per row as the model runs it, the parts through the table (`dstride` 0) or at the table's
+/// first entries + id · `dstride`.
+fn down_q8_launch(
+    gpu: &Gpu,
+    c: &mut TabCall,
+    actq: &CudaSlice<u8>,
+    hidden: usize,
+    dstride: u64,
+) -> Result<(), CudaError> {
+    let warps = crate::expert_cache::moe_warps();
+    let name = "moe_down_combine_tab_q8_iq2_xxs";
+    launch!(
+        gpu,
+        gpu.func(name)?,
+        name,
+        cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
+        [
+            &c.tab, &c.ids, &c.weights, actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k,
+            &dstride
+        ]
+    )
 }
 
 /// What [`moe_gate_up_route_q8q`] returns: expert ids and weights `[k]`, the activations
@@ -687,12 +704,104 @@ pub fn moe_gate_up_route_q8q(
         cfg(((ff / 32) as u32, k as u32, 1), q8q_threads(), 0),
         [
             &l_d, &nei, &c.tab, &mut ids, &mut wts, &x_d, &mut act, &mut actq, &c.ff, &c.hidden,
-            &c.k
+            &c.k, &0u64
         ]
     )?;
     Ok((
         download(gpu, &ids)?,
         download(gpu, &wts)?,
+        download(gpu, &act)?,
+        download(gpu, &actq)?,
+    ))
+}
+
+/// What [`moe_route_down_q8_slots`] returns: `Σ weight · down(act)`, the activations `[k][ff]`
+/// and their q8 rows.
+pub type RoutedSlots = (Vec<f32>, Vec<f32>, Vec<u8>);
+
+/// The routed experts of one token as the model runs them with every expert resident: the
+/// experts' parts packed into slots of one buffer (the expert cache's layout, [`ExpertLayout`]),
+/// a table pointing into them, then `moe_gate_up_route2_q8q_iq2_xxs` (top-`k` of `logits`) and
+/// `moe_down_combine_tab_q8_iq2_xxs`, the parts found through the table (`dstride` 0) or at its
+/// first entries + id · slot stride (`direct`). `parts[p][e]`: part p (gate, up, down) of expert
+/// e, IQ2_XXS, `logits.len()` experts.
+///
+/// [`ExpertLayout`]: crate::expert_cache::ExpertLayout
+pub fn moe_route_down_q8_slots(
+    gpu: &Gpu,
+    parts: [&[Vec<u8>]; 3],
+    logits: &[f32],
+    k: usize,
+    xq: &[u8],
+    (hidden, ff): (usize, usize),
+    direct: bool,
+) -> Result<RoutedSlots, CudaError> {
+    let ne = logits.len();
+    if parts.iter().any(|p| p.len() != ne)
+        || k == 0
+        || k > 32
+        || ne < k
+        || ne > ROUTER_WARP_MAX_EXPERTS
+        || xq.len() != q8_row_bytes(hidden)
+        || !ff.is_multiple_of(32)
+    {
+        return Err(CudaError::Invalid("routed experts in slots: sizes".into()));
+    }
+    let layout = crate::expert_cache::ExpertLayout::new(parts[0][0].len(), parts[2][0].len());
+    let sb = layout.slot_bytes;
+    let mut host = vec![0u8; ne * sb];
+    for e in 0..ne {
+        let slot = &mut host[e * sb..(e + 1) * sb];
+        slot[..layout.gate_bytes].copy_from_slice(&parts[0][e]);
+        slot[layout.up_off..layout.up_off + layout.gate_bytes].copy_from_slice(&parts[1][e]);
+        slot[layout.down_off..layout.down_off + layout.down_bytes].copy_from_slice(&parts[2][e]);
+    }
+    let slots = upload(gpu, &host)?;
+    let base = device_address(gpu, &slots);
+    let offs = [0, layout.up_off as u64, layout.down_off as u64];
+    let tab: Vec<u64> = (0..ne)
+        .flat_map(|e| offs.map(|o| base + (e * sb) as u64 + o))
+        .collect();
+    let mut c = TabCall {
+        tab: upload(gpu, &tab)?,
+        ids: alloc_poisoned::<i32>(gpu, k)?,
+        weights: alloc_poisoned::<f32>(gpu, k)?,
+        out: upload(gpu, &vec![0.0f32; hidden])?,
+        shared: upload(gpu, &vec![0.0f32; hidden])?,
+        gl: upload(gpu, &[0.0f32])?,
+        ff: i32_arg(ff, "ff")?,
+        hidden: i32_arg(hidden, "hidden")?,
+        k: i32_arg(k, "k")?,
+    };
+    let (l_d, x_d) = (upload(gpu, logits)?, upload(gpu, xq)?);
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
+    let nei = i32_arg(ne, "experts")?;
+    let dstride = if direct { sb as u64 } else { 0 };
+    let name = "moe_gate_up_route2_q8q_iq2_xxs";
+    launch!(
+        gpu,
+        gpu.func(name)?,
+        name,
+        cfg(((ff / 32) as u32, k as u32, 1), q8q_threads(), 0),
+        [
+            &l_d,
+            &nei,
+            &c.tab,
+            &mut c.ids,
+            &mut c.weights,
+            &x_d,
+            &mut act,
+            &mut actq,
+            &c.ff,
+            &c.hidden,
+            &c.k,
+            &dstride
+        ]
+    )?;
+    down_q8_launch(gpu, &mut c, &actq, hidden, dstride)?;
+    Ok((
+        download(gpu, &c.out)?,
         download(gpu, &act)?,
         download(gpu, &actq)?,
     ))
@@ -2056,6 +2165,30 @@ pub fn attn_split_merge(
     vc: &[f32],
     gate: Option<&[f32]>,
     pos0: usize,
+    dims: (usize, usize, usize),
+    scale: f32,
+    chunks: (usize, usize),
+) -> Result<Vec<f32>, CudaError> {
+    let (heads, nkv, hd) = dims;
+    let split = match gqa {
+        Some(p) if attn_split_gqa_fits(heads, nkv, hd) => attn_split_gqa_kernel(p),
+        _ => "attn_split",
+    };
+    attn_split_merge_with(gpu, split, q, kc, vc, gate, pos0, dims, scale, chunks)
+}
+
+/// [`attn_split_merge`] through the split kernel `split` (`attn_split`, `attn_split_gqa`,
+/// `attn_split_gqa4` or `attn_split_gqa4_m0`; the `gqa` ones only where the shape fits
+/// [`attn_split_gqa_fits`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_split_merge_with(
+    gpu: &Gpu,
+    split: &str,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    gate: Option<&[f32]>,
+    pos0: usize,
     (heads, nkv, hd): (usize, usize, usize),
     scale: f32,
     (splits, min_chunk): (usize, usize),
@@ -2090,10 +2223,9 @@ pub fn attn_split_merge(
         i32_arg(hd, "hd")?,
     );
     let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
-    let split = match gqa {
-        Some(p) if attn_split_gqa_fits(heads, nkv, hd) => attn_split_gqa_kernel(p),
-        _ => "attn_split",
-    };
+    if split != "attn_split" && !attn_split_gqa_fits(heads, nkv, hd) {
+        return Err(CudaError::Invalid(format!("{split}: shape")));
+    }
     launch!(
         gpu,
         gpu.func(split)?,

@@ -797,6 +797,28 @@ impl Runner<'_> {
                 same_bits("route2 weights differ", &wts_2, &wts_r)?;
                 same_bits("route2 activations differ", &act_2, &act_r)?;
                 same_bytes("route2 q8 rows differ", &actq_2, &actq_r)?;
+                // The experts in slots of one buffer (every expert resident): the parts found at
+                // the table's first entries + id · slot stride (`dstride`), the same bits as
+                // through the table entries.
+                let slot_logits: Vec<f32> = (0..n_exp)
+                    .map(|_| 4.0 * self.rng.uniform() as f32)
+                    .collect();
+                let slots = |direct| {
+                    ops::moe_route_down_q8_slots(
+                        self.gpu,
+                        [&gate[..], &up[..], &down[..]],
+                        &slot_logits,
+                        chosen.len(),
+                        &ops::q8_row(&x),
+                        (hidden, ff),
+                        direct,
+                    )
+                };
+                let (y_t, act_t, actq_t) = slots(false)?;
+                let (y_d, act_d, actq_d) = slots(true)?;
+                same_bits("direct expert parts: output differs", &y_d, &y_t)?;
+                same_bits("direct expert parts: activations differ", &act_d, &act_t)?;
+                same_bytes("direct expert parts: q8 rows differ", &actq_d, &actq_t)?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
@@ -844,7 +866,7 @@ impl Runner<'_> {
             })();
             self.record(
                 "experts q8 down IQ2_XXS",
-                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit"),
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit, direct parts = table bit for bit"),
                 r,
             );
         }
@@ -2031,7 +2053,56 @@ impl Runner<'_> {
         if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
             self.attention_split_kernel(d, Some(2));
             self.attention_split_kernel(d, Some(4));
+            self.attention_split_merge2(d);
         }
+    }
+
+    /// `attn_split_gqa4`'s block merge (the warps with positions only, no bank conflicts) against
+    /// session 12's (`attn_split_gqa4_m0`): bit for bit, at short caches (some warps without
+    /// positions, one chunk or a few) and a long one, with the model's chunking (66 chunks of at
+    /// least 16) and the self-test's (64 of at least 64).
+    fn attention_split_merge2(&mut self, d: AttnDims) {
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let ctx = 4096usize;
+        let q = self.rng.normals(heads * hd, 1.0);
+        let kc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let gate = self.rng.normals(heads * hd, 2.0);
+        let r = (|| {
+            let mut differ = 0usize;
+            for chunks in [(66usize, 16usize), (64, 64)] {
+                for pos0 in [0usize, 2, 9, 17, 40, 135, 1000, 4001] {
+                    let run = |name| {
+                        ops::attn_split_merge_with(
+                            self.gpu,
+                            name,
+                            &q,
+                            &kc,
+                            &vc,
+                            Some(&gate),
+                            pos0,
+                            (heads, nkv, hd),
+                            scale,
+                            chunks,
+                        )
+                    };
+                    let (new, old) = (run("attn_split_gqa4")?, run("attn_split_gqa4_m0")?);
+                    differ += new
+                        .iter()
+                        .zip(&old)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                }
+            }
+            // Values that differ from the old merge's (bound 0: bit-identical).
+            Ok((differ as f64, 0.0))
+        })();
+        self.record(
+            "attn_split_gqa4 merge2",
+            format!("positions 0..4001, 66/16 and 64/64 chunks, {heads}/{nkv} heads x{hd}, vs attn_split_gqa4_m0 bit for bit"),
+            r,
+        );
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
