@@ -785,7 +785,7 @@ pub struct CudaModel {
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
     /// `attn_split_gqa4`'s block merge over only the warps that had positions, in a shared
-    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default on; off: session 12's
+    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default off until measured on a GPU; off: session 12's
     /// merge, `attn_split_gqa4_m0`; the same bits).
     attn_merge2: bool,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
@@ -865,7 +865,7 @@ pub struct CudaModel {
     moe_gu_pair: bool,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
-    /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on; off, and always when some experts
+    /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default off until measured on a GPU; off, and always when some experts
     /// live in host memory: the table).
     moe_direct: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
@@ -1060,7 +1060,7 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
-            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", true),
+            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", false),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
             attn_splits: env_parse("REDLITE_CUDA_ATTN_SPLITS")
@@ -1100,7 +1100,7 @@ impl CudaModel {
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
-            moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
+            moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", false),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
