@@ -139,22 +139,41 @@ impl Q80Tiles {
         assert!(acts
             .iter()
             .all(|a| a.q.len() >= self.nb && a.bias.len() >= self.nb && a.d.len() >= self.nb));
-        for g in 0..n.div_ceil(TILE_ROWS) {
-            let group = &self.tiles[(g0 + g) * self.nb..(g0 + g + 1) * self.nb];
+        let groups = n.div_ceil(TILE_ROWS);
+        let mut g = 0;
+        while g < groups {
+            // Two groups a pass where there are two: each activation quad broadcast once for
+            // both (the kernel is bound by its loads: 8 tile vectors per group and block, one
+            // broadcast per quad, row and block).
+            let two = g + 1 < groups;
+            let width = if two { 2 } else { 1 };
             let lo = g * TILE_ROWS;
-            let hi = (lo + TILE_ROWS).min(n);
+            let hi = (lo + width * TILE_ROWS).min(n);
+            let group = |i: usize| &self.tiles[(g0 + g + i) * self.nb..(g0 + g + i + 1) * self.nb];
             let mut j = 0;
             while j < acts.len() {
                 let m = (acts.len() - j).min(4);
-                let mut res = [[0.0f32; TILE_ROWS]; 4];
+                let mut res = [[0.0f32; 2 * TILE_ROWS]; 4];
+                let a = &acts[j..j + m];
                 // SAFETY: tiles exist only where `supported()` (AVX-512 VNNI) holds; every
                 // activation row has at least `nb` blocks (checked above).
                 unsafe {
-                    match m {
-                        1 => group_dot::<1>(group, &acts[j..j + 1], &mut res),
-                        2 => group_dot::<2>(group, &acts[j..j + 2], &mut res),
-                        3 => group_dot::<3>(group, &acts[j..j + 3], &mut res),
-                        _ => group_dot::<4>(group, &acts[j..j + 4], &mut res),
+                    if two {
+                        let gs = [group(0), group(1)];
+                        match m {
+                            1 => groups_dot::<2, 1>(gs, a, &mut res),
+                            2 => groups_dot::<2, 2>(gs, a, &mut res),
+                            3 => groups_dot::<2, 3>(gs, a, &mut res),
+                            _ => groups_dot::<2, 4>(gs, a, &mut res),
+                        }
+                    } else {
+                        let gs = [group(0)];
+                        match m {
+                            1 => groups_dot::<1, 1>(gs, a, &mut res),
+                            2 => groups_dot::<1, 2>(gs, a, &mut res),
+                            3 => groups_dot::<1, 3>(gs, a, &mut res),
+                            _ => groups_dot::<1, 4>(gs, a, &mut res),
+                        }
                     }
                 }
                 for (o, r) in outs[j..j + m].iter_mut().zip(&res) {
@@ -162,41 +181,52 @@ impl Q80Tiles {
                 }
                 j += m;
             }
+            g += width;
         }
     }
 }
 
-/// One tile group (16 weight rows, `group.len()` blocks) against `M` activation rows: `res[j]`
-/// lane `r` = weight row `r` · `acts[j]`.
+/// `G` consecutive tile groups (16 weight rows each, the same number of blocks) against `M`
+/// activation rows: `res[j]` lane `16 i + r` = weight row `r` of group `i` · `acts[j]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn group_dot<const M: usize>(
-    group: &[Q80Tile],
+unsafe fn groups_dot<const G: usize, const M: usize>(
+    groups: [&[Q80Tile]; G],
     acts: &[Q80Act],
-    res: &mut [[f32; TILE_ROWS]; 4],
+    res: &mut [[f32; 2 * TILE_ROWS]; 4],
 ) {
-    let mut acc = [_mm512_setzero_ps(); M];
-    for (b, t) in group.iter().enumerate() {
-        let q: [__m512i; 8] =
-            core::array::from_fn(|k| _mm512_load_si512(t.q[k].as_ptr() as *const __m512i));
-        let d = _mm512_load_ps(t.d.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); G]; M];
+    let nb = groups[0].len();
+    for b in 0..nb {
+        let tiles: [&Q80Tile; G] = core::array::from_fn(|i| groups[i].get_unchecked(b));
+        let q: [[__m512i; 8]; G] = core::array::from_fn(|i| {
+            core::array::from_fn(|k| _mm512_load_si512(tiles[i].q[k].as_ptr() as *const __m512i))
+        });
         for (acc, a) in acc.iter_mut().zip(&acts[..M]) {
             let y = a.q.get_unchecked(b).qs.as_ptr() as *const i32;
-            // Two chains of four, added exactly.
-            let mut s0 = _mm512_set1_epi32(*a.bias.get_unchecked(b));
-            let mut s1 = _mm512_setzero_si512();
+            // Two chains of four per group, added exactly.
+            let bias = _mm512_set1_epi32(*a.bias.get_unchecked(b));
+            let mut s0 = [bias; G];
+            let mut s1 = [_mm512_setzero_si512(); G];
             for k in 0..4 {
                 let y0 = _mm512_set1_epi32(y.add(2 * k).read_unaligned());
                 let y1 = _mm512_set1_epi32(y.add(2 * k + 1).read_unaligned());
-                s0 = _mm512_dpbusd_epi32(s0, q[2 * k], y0);
-                s1 = _mm512_dpbusd_epi32(s1, q[2 * k + 1], y1);
+                for i in 0..G {
+                    s0[i] = _mm512_dpbusd_epi32(s0[i], q[i][2 * k], y0);
+                    s1[i] = _mm512_dpbusd_epi32(s1[i], q[i][2 * k + 1], y1);
+                }
             }
-            let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             let dy = _mm512_set1_ps(*a.d.get_unchecked(b));
-            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_mul_ps(d, dy), isum));
+            for i in 0..G {
+                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0[i], s1[i]));
+                let d = _mm512_load_ps(tiles[i].d.as_ptr());
+                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(d, dy), isum));
+            }
         }
     }
     for (r, acc) in res.iter_mut().zip(acc) {
-        _mm512_storeu_ps(r.as_mut_ptr(), acc);
+        for (i, a) in acc.into_iter().enumerate() {
+            _mm512_storeu_ps(r.as_mut_ptr().add(TILE_ROWS * i), a);
+        }
     }
 }
 
