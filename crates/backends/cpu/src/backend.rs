@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use redlite_expert_cache::{
@@ -431,6 +432,14 @@ impl Drop for SetOnDrop<'_> {
 /// It returns at once on the pass's own thread (which picked it up while waiting: nothing else
 /// would end the pass), and as soon as a second pass runs: a keeper holds its thread until its
 /// pass ends, so two passes' keepers nested under each other's passes could wait on each other.
+///
+/// It also returns after [`keep_warm_idle`] without any work. A keeper can start *nested*: a
+/// thread that had not yet picked up its keeper when the pass's first rayon region came (no
+/// thread warm, so the region went to rayon) steals part of that region, and while it waits in
+/// a `join` inside it, rayon hands it its keeper. That keeper sits on top of work the pass is
+/// waiting for, so spinning until the pass ends would never end (seen: `spec-bench rewrite -t 2`
+/// hung at 100 % of one core, both threads' stacks as described, 2026-12-01; once before in a
+/// perf run). Without the limit nothing else breaks the cycle.
 fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     if rayon::current_thread_index() == pass_thread {
         return;
@@ -438,6 +447,7 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
     let _helper = crate::team::Helper::enter();
     let mut idle = 0u32;
     let mut seen = crate::team::latest_job();
+    let mut active = Instant::now();
     while !done.load(Ordering::Acquire) && ACTIVE_PASSES.load(Ordering::Acquire) == 1 {
         // The pass's small regions come as team jobs (see `team`), polled often (one load);
         // the larger ones via rayon, whose poll costs ≈ 0.5 µs (deque steals), once in 16.
@@ -453,6 +463,9 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
             seen = job;
             idle = 0;
         }
+        if idle == 0 {
+            active = Instant::now();
+        }
         idle = idle.saturating_add(1);
         // Once yielding between polls (below), rayon is polled every time: a `sched_yield`
         // costs as much as that poll.
@@ -462,9 +475,12 @@ fn keep_warm(done: &AtomicBool, pass_thread: Option<usize>) {
             idle = 0;
             continue;
         }
-        // Spin briefly, then let other processes have the CPU between checks.
+        // Spin briefly, then let other processes have the CPU between checks (and give up
+        // after a long idle stretch: see above).
         if idle < spin_polls() {
             std::hint::spin_loop();
+        } else if active.elapsed() > keep_warm_idle() {
+            return;
         } else {
             std::thread::yield_now();
         }
@@ -485,6 +501,19 @@ fn spin_polls() -> u32 {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(64)
     })
+}
+
+/// How long a keeper ([`keep_warm`]) waits without work before it gives its thread back
+/// (`REDLITE_KEEP_WARM_IDLE_US`, default 2,000 µs): far longer than the gaps between a decode
+/// pass's regions (tens of µs), short enough that a nested keeper costs a pause, not a hang.
+fn keep_warm_idle() -> Duration {
+    static US: OnceLock<u64> = OnceLock::new();
+    Duration::from_micros(*US.get_or_init(|| {
+        std::env::var("REDLITE_KEEP_WARM_IDLE_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(2000)
+    }))
 }
 
 /// Idle polls of the team job per poll of rayon's queues in [`keep_warm`].
