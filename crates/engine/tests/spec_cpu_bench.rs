@@ -176,7 +176,7 @@ fn rewrite_task(file: &GgufFile) -> (Vec<u32>, usize, Vec<u32>) {
 /// The configurations of `$SPEC_MODES` (or `default`), the first being the baseline:
 /// `mode[:key=value...]`, keys `mtp` (MTP drafts), `max` (lookup draft cap), `nmin`/`nmax`
 /// (n-gram range), `p` (MTP chaining threshold, percent), `follow` (0: prompt lookup searches
-/// afresh for every draft).
+/// afresh for every draft), `vocab` (MTP draft vocabulary's lowest ids; 0: the whole one).
 fn spec_configs(default: &str) -> Vec<(String, SpecConfig)> {
     var("SPEC_MODES", default)
         .split(',')
@@ -194,6 +194,7 @@ fn spec_configs(default: &str) -> Vec<(String, SpecConfig)> {
                     "nmax" => spec.ngram_max = v,
                     "p" => spec.mtp_min_prob = v as f32 / 100.0,
                     "follow" => spec.lookup_follow = v != 0,
+                    "vocab" => spec.mtp_vocab = Some(v),
                     _ => panic!("unknown key {k}"),
                 }
             }
