@@ -122,6 +122,17 @@ pub trait Backend: Send + Sync + Sized {
         ws.iter().map(|w| matvec(self, w, x)).collect()
     }
 
+    /// `x ← silu(x)` for every element ([`crate::ops::silu`]; a backend's own version must give
+    /// the same bits).
+    fn silu_in_place(&self, xs: &mut [f32]) {
+        xs.iter_mut().for_each(|x| *x = crate::ops::silu(*x));
+    }
+
+    /// `x ← sigmoid(x)` for every element ([`crate::ops::sigmoid`], bit for bit).
+    fn sigmoid_in_place(&self, xs: &mut [f32]) {
+        xs.iter_mut().for_each(|x| *x = crate::ops::sigmoid(*x));
+    }
+
     /// Runs `f`, one forward pass over the layers, where this backend's parallel regions start
     /// cheapest (the CPU backend: on a thread of its pool, so the pass takes part in its own
     /// regions instead of handing each one over and sleeping). The default runs it here.

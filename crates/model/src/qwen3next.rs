@@ -412,9 +412,10 @@ fn gated_attention<B: Backend>(
     }
     // Causal attention: row t over positions 0..=pos0 + t, as a one-token step would.
     let mut attn_out = b.attention_rows(&qs, kv, nh, hd, scale);
-    for (o, gate) in attn_out.iter_mut().zip(&gates) {
-        for (od, gd) in o.iter_mut().zip(gate) {
-            *od *= sigmoid(*gd);
+    for (o, gate) in attn_out.iter_mut().zip(&mut gates) {
+        b.sigmoid_in_place(gate);
+        for (od, gd) in o.iter_mut().zip(gate.iter()) {
+            *od *= *gd;
         }
     }
     matvec_rows(b, &w.wo, &attn_out)
@@ -458,10 +459,12 @@ fn gated_delta_net<B: Backend>(
         for j in 0..kern {
             y += w.conv[c * kern + j] * history[(t + j) * ch + c];
         }
-        silu(y)
+        y
     };
     let conv_out: Vec<Vec<f32>> = if n == 1 {
-        vec![map_elements(ch, |c| conv_at(0, c))]
+        let mut y = map_elements(ch, |c| conv_at(0, c));
+        b.silu_in_place(&mut y);
+        vec![y]
     } else {
         // Several rows: the taps as rows [kern][ch], so a row's channels go through each tap
         // together (vectorises; per channel the same products added in the same order as
@@ -480,7 +483,7 @@ fn gated_delta_net<B: Backend>(
                     *y += wj * hj;
                 }
             }
-            y.iter_mut().for_each(|v| *v = silu(*v));
+            b.silu_in_place(&mut y);
             y
         })
     };
@@ -576,11 +579,15 @@ fn gated_delta_net<B: Backend>(
 
     // 6. Gated RMSNorm per head, then the output projection.
     // Head h of token t into `out` (`[dv]`).
+    let mut z = z;
+    for zt in z.iter_mut() {
+        b.silu_in_place(zt);
+    }
     let gate_head = |t: usize, h: usize, out: &mut [f32]| {
         let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
         rms_norm_into(oh, &w.norm, cfg.rms_eps, out);
         for (d, o) in out.iter_mut().enumerate() {
-            *o *= silu(z[t][h * dv + d]);
+            *o *= z[t][h * dv + d];
         }
     };
     let gated: Vec<Vec<f32>> = map_range(n, |t| {
