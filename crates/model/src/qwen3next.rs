@@ -579,6 +579,7 @@ fn gated_delta_net<B: Backend>(
 
     // 6. Gated RMSNorm per head, then the output projection.
     // Head h of token t into `out` (`[dv]`).
+    // SiLU(z) of every row, in place (the backend's, same values as `ops::silu`).
     let mut z = z;
     for zt in z.iter_mut() {
         b.silu_in_place(zt);
