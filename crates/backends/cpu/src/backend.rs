@@ -836,22 +836,16 @@ impl Backend for CpuBackend {
                         (&ffn.gate.tiles, &ffn.up.tiles, &ffn.down.tiles)
                     {
                         // Q8_0 tiles of a small file (the copy the one-token path reads too).
-                        let mut down = vec![0.0f32; n * ffn.down.rows];
-                        let done =
-                            fused::q8_0_tiles_matmul(&[tg, tu], &x, n, &mut [&mut gate, &mut up])
-                                .and_then(|done| {
-                                    let act = silu_times(&gate, &up);
-                                    Ok(done
-                                        && fused::q8_0_tiles_matmul(
-                                            &[td],
-                                            &act,
-                                            n,
-                                            &mut [&mut down],
-                                        )?)
-                                })
-                                .unwrap_or_else(|e| panic!("CPU expert (Q8_0 tiles): {e}"));
-                        if done {
-                            return down;
+                        let tiled = |ws: &[&DecodeTiles], x: &[f32], ys: &mut [&mut [f32]]| {
+                            fused::q8_0_tiles_matmul(ws, x, n, ys)
+                                .unwrap_or_else(|e| panic!("CPU expert (Q8_0 tiles): {e}"))
+                        };
+                        if tiled(&[tg, tu], &x, &mut [&mut gate, &mut up]) {
+                            let act = silu_times(&gate, &up);
+                            let mut down = vec![0.0f32; n * ffn.down.rows];
+                            if tiled(&[td], &act, &mut [&mut down]) {
+                                return down;
+                            }
                         }
                     }
                     if n > 1 && ffn.gate.ty == ffn.up.ty && ffn.gate.cols == ffn.up.cols {

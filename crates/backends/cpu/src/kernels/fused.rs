@@ -207,6 +207,9 @@ fn batch_into(
             _ => {}
         }
     }
+    // The Q8_0 tiles' view of each Q8_0 input (block sums and scales), once per input.
+    #[cfg(target_arch = "x86_64")]
+    let q80_acts: Vec<Option<Q80Act>> = q80.iter().map(|q| q.as_deref().map(Q80Act::new)).collect();
     // Tasks: (product, first row, its slice of the product's output), ≈ `task_bytes` of weights
     // each; every task writes its own rows in place.
     let weight_bytes: usize = products.iter().map(|p| p.w.len()).sum();
@@ -245,13 +248,11 @@ fn batch_into(
         }
         #[cfg(target_arch = "x86_64")]
         if let (Kernel::Q8_0Tiles, Some(tiles)) = (kernel, p.tiles.and_then(|t| t.q8_0())) {
-            let act = Q80Act::new(q80[p.input].as_deref().unwrap_or(&[]));
-            tiles.matmul_groups(
-                *r0 / TILE_ROWS,
-                std::slice::from_ref(&act),
-                &mut [&mut **ys],
-            );
-            return;
+            // Quantized above for every Q8_0-tile product's input.
+            if let Some(act) = &q80_acts[p.input] {
+                tiles.matmul_groups(*r0 / TILE_ROWS, std::slice::from_ref(act), &mut [&mut **ys]);
+                return;
+            }
         }
         if let Kernel::Rows(f) = kernel {
             let w = &p.w[*r0 * row_bytes..(*r0 + ys.len()) * row_bytes];
