@@ -447,7 +447,8 @@ extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_128(const float*
 // rg warps in shared memory. dk must be a multiple of DNF_ROWS.
 // s_trace / conv_trace (both null, or both set: the verify pass of speculative decoding) receive
 // the states after every token t: s_trace[t] as s ([nv][dk][dv]), conv_trace[t] as conv_state
-// ([kern-1][ch]), so a rollback to any row is a copy.
+// ([kern-1][ch]), so a rollback to any row is a copy. early != 0: the state rows are loaded before
+// pdl_enter (see there).
 // Launch: grid = nk, block = 32 * r * ceil(dv / 32) * ceil(dk / DNF_ROWS) threads (<= DNF_MAX_THREADS),
 // dynamic shared memory = (2 dk + 2 r dv + blockDim.x + 3 r) floats.
 extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
@@ -455,8 +456,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
-    float* __restrict__ conv_trace) {
-    pdl_enter();
+    float* __restrict__ conv_trace, int early) {
     extern __shared__ float sm[];
     const int kh = blockIdx.x, nv = nk * r;
     const int own = 2 * dk + r * dv;  // this block's conv channels: q of kh, k of kh, v of its V heads
@@ -473,10 +473,18 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
     const bool col = j < dv;
     const int i0 = rg * DNF_ROWS;
     float st[DNF_ROWS];
-    {
-        const float* p = s + ((size_t)h * dk + i0) * dv + (col ? j : 0);
+    // The state rows: with `early`, loaded before the wait for the kernel ahead (the state was
+    // last written by this layer's launch of an earlier step, or by a verify pass's rollback,
+    // at least two launches back: complete, since the kernel ahead passed its own wait).
+    const float* sp = s + ((size_t)h * dk + i0) * dv + (col ? j : 0);
+    if (early) {
 #pragma unroll
-        for (int q = 0; q < DNF_ROWS; ++q, p += dv) st[q] = col ? *p : 0.0f;
+        for (int q = 0; q < DNF_ROWS; ++q) st[q] = col ? sp[(size_t)q * dv] : 0.0f;
+    }
+    pdl_enter();  // qkv, ba and z come from the kernel ahead
+    if (!early) {
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) st[q] = col ? sp[(size_t)q * dv] : 0.0f;
     }
     // Channel of local index li.
 #define DN_CH(li) ((li) < dk ? kh * dk + (li) : (li) < 2 * dk ? nk * dk + kh * dk + (li) - dk : 2 * nk * dk + kh * r * dv + (li) - 2 * dk)

@@ -761,17 +761,19 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // block = 32 * W threads, W = 8, 16 or 32 (ff a multiple of 32).
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
+// (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
 template <bool PAIR>
 __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                  const u8* __restrict__ xq, float* __restrict__ act,
-                                                 u8* __restrict__ actq, int ff, int hidden, int k) {
+                                                 u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
+                                                 int bz) {
     __shared__ float act_s[WARP];
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
-    const Q8Row x = q8_row((u8*)xq + (size_t)blockIdx.z * Q8_ROW_BYTES(hidden), hidden);
+    const size_t te = (size_t)bz * k + by;
+    const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
     const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
     for (int r = wid; r < WARP; r += PAIR ? 2 * nw : nw) {
-        const int row = blockIdx.x * WARP + r;
+        const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
         if (PAIR && r + nw < WARP) {
             // Rows r and r + nw together: both rows' loads in flight before either's arithmetic.
@@ -800,7 +802,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
     __syncthreads();
     if (wid == 0) {
         u8* base = actq + te * Q8_ROW_BYTES(ff);
-        const int b = blockIdx.x;
+        const int b = bx;
         q8_block32(act_s[lane], lane, (i8*)base + 32 * b, (float*)(base + ff) + b,
                    (int*)(base + ff + ff / 32 * 4) + 2 * b);
     }
@@ -823,7 +825,7 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
     pdl_enter();  // ids and xq come from the kernels before
     const int id = ids[(size_t)blockIdx.z * k + blockIdx.y];
     gate_up_q8q_rows<false>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
-                            actq, ff, hidden, k);
+                            actq, ff, hidden, k, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 // moe_gate_up_route_q8q_iq2_xxs(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride): the
@@ -856,7 +858,7 @@ __device__ __forceinline__ void gate_up_route_body(const float* __restrict__ log
     __syncthreads();
     const int id = ids_s[blockIdx.y];
     gate_up_q8q_rows<PAIR>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
-                           actq, ff, hidden, k);
+                           actq, ff, hidden, k, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs(
@@ -874,6 +876,102 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
     float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
     int hidden, int k, u64 dstride) {
     gate_up_route_body<true>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride);
+}
+
+// ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
+// grid_sync(counter, blocks): a barrier over the whole grid, for a kernel whose blocks are all
+// resident at once (the host checks the occupancy). `counter` only ever grows: block arrivals
+// are counted, and a launch of B blocks adds B per barrier, so a barrier's target is the next
+// multiple of B above a block's own arrival. Every thread calls it; the writes of every block
+// before it are visible to every block after it (fence, then the count; acquire loads).
+__device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long old = atomicAdd(counter, 1ull);
+        const unsigned long long target = (old / blocks + 1) * blocks;
+        unsigned long long now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
+        } while (now < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
+// actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
+// r0 = n_expert rows into the logits y0; w1: the shared expert's gate vector, r1 rows into y1;
+// split: `parts` slices a row, one row a warp group), a grid barrier, then
+// moe_gate_up_route2_q8q_iq2_xxs on those logits, for one token. Block b takes gate/up block
+// (b % (ff / 32), b / (ff / 32)) of the separate kernel; for the logits each half of a block
+// (8 warps: a matvec3_x_f32 block) takes that kernel's block half, half + 2 B, ...: the same lane
+// partials and the same sums of the slices, so every output is the separate kernels' bit for bit.
+// The launch boundary between the router and its top-k becomes a barrier, and the gate/up blocks
+// are resident (tables staged) before the logits exist.
+// Launch: grid = (ff / 32) * k blocks (all resident at once), block = 512 threads.
+extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_xxs(
+    const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
+    const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
+    int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
+    __shared__ float red[2][MVF_WARPS];
+    __shared__ int ids_s[WARP];
+    __shared__ float wts_s[WARP];
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int half = wid / MVF_WARPS, w = wid % MVF_WARPS;
+    const int per = MVF_WARPS / parts;  // rows of a matvec3_x_f32 block
+    const int part = w % parts, w0p = w - part;
+    const int nb = gridDim.x;
+    const int vblocks = (r0 + per - 1) / per + (r1 + per - 1) / per;
+    const size_t rbytes = (size_t)cols * 4;
+    // Virtual block vb's row for this warp (matvec3_x_f32's mvf_matrix and mvf_first), or null.
+    auto row_of = [&](int vb, float*& y) -> const u8* {
+        const int nb0 = (r0 + per - 1) / per;
+        const int m = vb < nb0 ? 0 : 1, b = vb < nb0 ? vb : vb - nb0;
+        const int row = b * per + w / parts, rows = m == 0 ? r0 : r1;
+        if (row >= rows) return nullptr;
+        y = (m == 0 ? y0 : y1) + row;
+        return (m == 0 ? w0 : w1) + (size_t)row * rbytes;
+    };
+    // The block's router rows into L2 while the kernel before runs.
+    for (int vb = 2 * blockIdx.x + half; vb < vblocks; vb += 2 * nb) {
+        float* y;
+        const u8* wr = row_of(vb, y);
+        if (wr != nullptr) prefetch_l2(wr, rbytes, part * WARP + lane, parts * WARP);
+    }
+    stage_iq2_q8_tables();
+    const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
+    pdl_enter();  // xn and xq come from the kernels before
+    for (int base = 2 * blockIdx.x; base < vblocks; base += 2 * nb) {
+        float* y = nullptr;
+        const u8* wr = base + half < vblocks ? row_of(base + half, y) : nullptr;
+        const float acc = wr != nullptr ? row_partial<T_F32>(wr, xn, cols, lane, part, parts) : 0.0f;
+        const float v = warp_sum(acc);
+        if (lane == 0) red[half][w] = v;
+        __syncthreads();
+        if (wr != nullptr && part == 0 && lane == 0) {
+            float sum = 0.0f;
+            for (int p = 0; p < parts; ++p) sum += red[half][w0p + p];
+            *y = 1.0f * sum;
+        }
+        __syncthreads();
+    }
+    grid_sync(counter, nb);
+    const int slices = ff / WARP;
+    const int bx = blockIdx.x % slices, by = blockIdx.x / slices;
+    if (threadIdx.x < WARP) {
+        router_warp_row(y0, n_expert, k, ids_s, wts_s);
+        __syncwarp();
+        if (blockIdx.x == 0 && (int)threadIdx.x < k) {
+            ids[threadIdx.x] = ids_s[threadIdx.x];
+            wts[threadIdx.x] = wts_s[threadIdx.x];
+        }
+    }
+    __syncthreads();
+    const int id = ids_s[by];
+    gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act, actq,
+                           ff, hidden, k, bx, by, 0);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,

@@ -68,6 +68,8 @@ const MAX_HEAD_DIM: usize = 512;
 /// Warps per block of the fused matvec kernels (`MVF_WARPS`).
 pub(crate) const MVF_WARPS: usize = 8;
 pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
+/// Threads of `moe_route_gate_up_q8q_iq2_xxs` (two 8-warp router groups; the gate/up's 16 warps).
+const ROUTE_FUSED_THREADS: u32 = 512;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
@@ -644,6 +646,9 @@ struct Kernels {
     res_norm_q8: CudaFunction,
     moe_gate_up_route: CudaFunction,
     moe_gate_up_route2: CudaFunction,
+    /// `moe_route_gate_up_q8q_iq2_xxs`, when all its blocks fit the GPU at once (its grid
+    /// barrier needs them resident): `(kernel, blocks an SM)`.
+    moe_route_fused: Option<(CudaFunction, u32)>,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -685,6 +690,8 @@ struct Scratch {
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
+    /// u64 `[1]`, only ever growing: `grid_sync`'s block arrivals (`moe_route_gate_up_q8q`).
+    grid_counter: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
     argmax_part: u64,
@@ -785,7 +792,7 @@ pub struct CudaModel {
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
     /// `attn_split_gqa4`'s block merge over only the warps that had positions, in a shared
-    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default off until measured on a GPU; off: session 12's
+    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default on: +3–5 % decode in session 14; off: session 12's
     /// merge, `attn_split_gqa4_m0`; the same bits).
     attn_merge2: bool,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
@@ -863,16 +870,30 @@ pub struct CudaModel {
     /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=0` the one-row
     /// form): 303.73 / 301.76 against 300.88 / 300.15 tok/s on the H200.
     moe_gu_pair: bool,
+    /// One-token steps: the router's logits, the top-k and the routed gate/up in one launch with a
+    /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
+    /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
+    route_fused: bool,
+    /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
+    /// (`REDLITE_CUDA_DN_EARLY`, default on; the same bits).
+    dn_early: bool,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
-    /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default off until measured on a GPU; off, and always when some experts
-    /// live in host memory: the table).
+    /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on: +0.8 % decode in session 14; off, and always when
+    /// some experts live in host memory: the table).
     moe_direct: bool,
     /// `matvec_res`'s next norm (`xn` and its q8 row) by a kernel of its own (`res_norm_q8`)
     /// instead of its last block (`REDLITE_CUDA_RES_NORM_SPLIT=0`): 260.9 / 262.1 against 255.6 /
     /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
     /// and the one-block tail gone).
     res_norm_split: bool,
+    /// Timing diagnostics only: launches to leave out (`REDLITE_CUDA_SKIP`, comma-separated
+    /// launch names such as `dn_fused_seq`, or `stage:name` / `stage:*` with stage `dn`, `attn`,
+    /// `moe`, `shared` or `head`). The outputs are garbage; the step time shows what each stage
+    /// costs on the critical path of the replayed graph (ncu times each kernel alone).
+    skip: Vec<String>,
+    /// The stage the launches being enqueued belong to (for `skip`).
+    stage: &'static str,
     /// Blocks per row of the greedy `argmax` (`REDLITE_CUDA_ARGMAX_SLICES`, 1 to
     /// [`ARGMAX_SLICES`], the default).
     argmax_slices: usize,
@@ -987,6 +1008,13 @@ impl CudaModel {
             res_norm_q8: f("res_norm_q8")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
+            moe_route_fused: {
+                let k = f("moe_route_gate_up_q8q_iq2_xxs")?;
+                let per_sm = k
+                    .occupancy_max_active_blocks_per_multiprocessor(ROUTE_FUSED_THREADS, 0, None)
+                    .map_err(|e| CudaError::driver("moe_route_gate_up occupancy", e))?;
+                Some((k, per_sm))
+            },
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -1060,7 +1088,7 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
-            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", false),
+            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
             attn_splits: env_parse("REDLITE_CUDA_ATTN_SPLITS")
@@ -1100,9 +1128,20 @@ impl CudaModel {
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
-            moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", false),
+            route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
+            dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
+            moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
+            skip: std::env::var("REDLITE_CUDA_SKIP")
+                .map(|v| {
+                    v.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            stage: "",
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
                 .unwrap_or(crate::ops::NORM_SLICES)
                 .clamp(1, 64),
@@ -1562,6 +1601,9 @@ impl CudaModel {
         shared: u32,
         args: &[A],
     ) -> Result<(), CudaError> {
+        if self.skipped(what) {
+            return Ok(());
+        }
         // Decode steps and verify rows only: on prompts the GEMMs' many-wave grids lost by it
         // (4,096 tokens 10,985 → 9,728 tok/s on the H200).
         if self.pdl && !self.gemm_now {
@@ -1586,6 +1628,15 @@ impl CudaModel {
         unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver(what, e))?;
         self.launches += 1;
         Ok(())
+    }
+
+    /// Whether `REDLITE_CUDA_SKIP` leaves this launch out (timing diagnostics).
+    fn skipped(&self, what: &str) -> bool {
+        !self.skip.is_empty()
+            && self.skip.iter().any(|s| match s.split_once(':') {
+                Some((stage, name)) => stage == self.stage && (name == "*" || name == what),
+                None => s == what,
+            })
     }
 
     /// [`Self::launch`] through `cuLaunchKernelEx` with the programmatic-stream-serialization
@@ -2154,6 +2205,7 @@ impl CudaModel {
         // ms for the Q6_K head against 0.26).
         let gemm = self.gemm_now;
         self.gemm_now = gemm && n >= GEMM_MIN_TOKENS;
+        self.stage = "head";
         let r = self.with_split((self.head_lane_iters, 1), |m| {
             m.matvec_normed(x, Some(m.output_norm), &[(&out, m.sc.logits)], n)
         });
@@ -2260,9 +2312,16 @@ impl CudaModel {
             nv.push(&format!("layer {i} {kind}"));
         }
         match &mixer {
-            DevMixer::Attention { .. } => self.enqueue_attention(&mixer, norms, n, rows)?,
-            DevMixer::DeltaNet { .. } => self.enqueue_delta_net(&mixer, norms, n, rows)?,
+            DevMixer::Attention { .. } => {
+                self.stage = "attn";
+                self.enqueue_attention(&mixer, norms, n, rows)?
+            }
+            DevMixer::DeltaNet { .. } => {
+                self.stage = "dn";
+                self.enqueue_delta_net(&mixer, norms, n, rows)?
+            }
         }
+        self.stage = "moe";
         if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
             nv.pop();
         }
@@ -2519,6 +2578,7 @@ impl CudaModel {
                     A::F(eps),
                     A::P(s_tr),
                     A::P(conv_tr),
+                    A::I(self.dn_early as i32),
                 ],
             )?;
             return self.matvec_residual(out, gated, post_norm, n);
@@ -2669,7 +2729,9 @@ impl CudaModel {
         self.side.fork.record(&self.stream).map_err(drv)?;
         self.side.stream.wait(&self.side.fork).map_err(drv)?;
         let main = std::mem::replace(&mut self.stream, self.side.stream.clone());
+        self.stage = "shared";
         let shared_done = self.enqueue_shared_expert(m, n);
+        self.stage = "moe";
         self.stream = main;
         shared_done?;
         self.side.join.record(&self.side.stream).map_err(drv)?;
@@ -2693,7 +2755,33 @@ impl CudaModel {
             && self.router.1.name == "moe_router_warp"
             && k <= 32
             && ne <= 32 * 16;
-        if route_in_gate_up {
+        // The router, its top-k and the gate/up in one launch (grid barrier): every block of it
+        // resident at once; the router's rows with matvec3_x_f32's split (its bits).
+        let route_fused = self
+            .k
+            .moe_route_fused
+            .clone()
+            .filter(|(_, per_sm)| {
+                (*per_sm as usize) * self.gpu.info.sm_count >= (ff / 32) * k
+                    && ROUTE_FUSED_THREADS == crate::ops::q8q_threads()
+            })
+            .filter(|_| {
+                route_in_gate_up
+                    && self.route_fused
+                    && self.moe_gu_pair
+                    && self.x_router
+                    && m.router.ty == GgmlType::F32
+                    && m.sh_gate_vec.ty == GgmlType::F32
+                    && m.router.cols == h
+                    && m.sh_gate_vec.cols == h
+                    && m.router.rows == ne
+                    && h <= MVF_MAX_COLS
+                    && self.router_split.1 == 1
+            });
+        let route_fused = route_fused.filter(|_| q8_down.is_some()).map(|(f, _)| f);
+        if route_fused.is_some() {
+            // Below, with the gate/up.
+        } else if route_in_gate_up {
             self.with_split(self.router_split, |s| {
                 s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
             })?;
@@ -2722,6 +2810,41 @@ impl CudaModel {
         }
         let q8_down_on = q8_down.is_some();
         let (down_f, down_act) = match q8_down {
+            Some((_, dn_f)) if route_fused.is_some() => {
+                let act_q = self.sc.act_q;
+                let f = route_fused.clone().expect("checked above");
+                self.launch(
+                    "moe_route_gate_up_q8q",
+                    &f,
+                    (((ff / 32) * k) as u32, 1, 1),
+                    ROUTE_FUSED_THREADS,
+                    0,
+                    &[
+                        A::P(xn),
+                        A::I(h as i32),
+                        A::I(mvf_parts(GgmlType::F32, h, self.router_split.0) as i32),
+                        A::P(m.router.ptr),
+                        A::P(rlog),
+                        A::I(ne as i32),
+                        A::P(m.sh_gate_vec.ptr),
+                        A::P(gl),
+                        A::I(m.sh_gate_vec.rows as i32),
+                        A::I(ne as i32),
+                        A::P(tab),
+                        A::P(ids),
+                        A::P(wts),
+                        A::P(self.sc.xq),
+                        A::P(act),
+                        A::P(act_q),
+                        A::I(ff as i32),
+                        A::I(h as i32),
+                        A::I(k as i32),
+                        A::P(dstride),
+                        A::P(self.sc.grid_counter),
+                    ],
+                )?;
+                (dn_f, act_q)
+            }
             Some((_, dn_f)) if route_in_gate_up => {
                 let act_q = self.sc.act_q;
                 let f = if self.moe_gu_pair {
@@ -3319,6 +3442,7 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
+        grid_counter: arena.zeros(8)?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,

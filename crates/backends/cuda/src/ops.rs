@@ -1894,6 +1894,8 @@ pub fn dn_fused_seq(
             alloc_poisoned::<f32>(gpu, 1)?,
         )
     };
+    // The state loaded before pdl_enter, as the model launches it (the same bits either way).
+    let early = 1i32;
     if trace {
         launch!(
             gpu,
@@ -1902,7 +1904,7 @@ pub fn dn_fused_seq(
             conf,
             [
                 &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
-                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &mut st, &mut ct
+                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &mut st, &mut ct, &early
             ]
         )?;
     } else {
@@ -1914,7 +1916,7 @@ pub fn dn_fused_seq(
             conf,
             [
                 &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
-                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &null, &null
+                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &null, &null, &early
             ]
         )?;
     }
