@@ -21,6 +21,8 @@
 //! MoE:       side stream from the start: shared = down(swiglu(gate·xn, up·xn))
 //!            main: router = W·xn and g = w_sg·xn (one launch)  →  moe_router_warp (softmax,
 //!            top-k, renormalise; ids kept per layer)  →  moe_gate_up_tab
+//!            (one-token steps: the three in one launch, `moe_route_gate_up`, a grid barrier
+//!            after the logits)
 //!            →  (join)  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
 //!            (experts found through the expert cache's per-layer table, `expert_cache.rs`)
 //! ```
