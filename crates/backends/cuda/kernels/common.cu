@@ -78,6 +78,27 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// grid_sync(counter, blocks): a barrier over the whole grid, for a kernel whose blocks are all
+// resident at once (the host checks the occupancy). `counter` only ever grows: block arrivals
+// are counted, and a launch of B blocks adds B per barrier, so a barrier's target is the next
+// multiple of B above a block's own arrival. Every thread calls it; the writes of every block
+// before it are visible to every block after it (fence, then the count; acquire loads).
+__device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long old = atomicAdd(counter, 1ull);
+        const unsigned long long target = (old / blocks + 1) * blocks;
+        unsigned long long now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
+        } while (now < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+// Each counter serves launches of one grid size only (the host keeps one per size).
+
 // Weight prefetch into L2 before a block's prologue (staging the activations or the IQ tables and
 // its barrier), so the row's DRAM (or PCIe) latency overlaps it; off with MVF_PREFETCH=0.
 #ifndef MVF_PREFETCH

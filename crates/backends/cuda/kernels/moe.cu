@@ -879,26 +879,7 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 }
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
-// grid_sync(counter, blocks): a barrier over the whole grid, for a kernel whose blocks are all
-// resident at once (the host checks the occupancy). `counter` only ever grows: block arrivals
-// are counted, and a launch of B blocks adds B per barrier, so a barrier's target is the next
-// multiple of B above a block's own arrival. Every thread calls it; the writes of every block
-// before it are visible to every block after it (fence, then the count; acquire loads).
-__device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned blocks) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long old = atomicAdd(counter, 1ull);
-        const unsigned long long target = (old / blocks + 1) * blocks;
-        unsigned long long now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
-        } while (now < target);
-        __threadfence();
-    }
-    __syncthreads();
-}
-
+// (grid_sync: common.cu)
 // moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
 // actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
 // r0 = n_expert rows into the logits y0; w1: the shared expert's gate vector, r1 rows into y1;

@@ -70,6 +70,8 @@ const MAX_HEAD_DIM: usize = 512;
 /// Warps per block of the fused matvec kernels (`MVF_WARPS`).
 pub(crate) const MVF_WARPS: usize = 8;
 pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
+/// `grid_sync` counters (one per kernel and grid size that uses the barrier).
+const GRID_COUNTERS: usize = 16;
 /// Threads of `moe_route_gate_up_q8q_iq2_xxs` (two 8-warp router groups; the gate/up's 16 warps).
 const ROUTE_FUSED_THREADS: u32 = 512;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
@@ -692,7 +694,8 @@ struct Scratch {
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
-    /// u64 `[1]`, only ever growing: `grid_sync`'s block arrivals (`moe_route_gate_up_q8q`).
+    /// u64 `[GRID_COUNTERS]`, only ever growing: `grid_sync`'s block arrivals, one counter per
+    /// (kernel, grid size) (`CudaModel::grid_counter`).
     grid_counter: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
@@ -876,6 +879,8 @@ pub struct CudaModel {
     /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
     /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
+    /// (kernel, grid size) → `grid_sync` counter index, in order of first use.
+    grid_counters: Vec<(&'static str, u32)>,
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
     /// (`REDLITE_CUDA_DN_EARLY`, default on; the same bits).
     dn_early: bool,
@@ -1132,6 +1137,7 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
+            grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
@@ -1639,6 +1645,26 @@ impl CudaModel {
                 Some((stage, name)) => stage == self.stage && (name == "*" || name == what),
                 None => s == what,
             })
+    }
+
+    /// The `grid_sync` counter for launches of `kernel` with `blocks` blocks (its barrier target
+    /// assumes every launch on a counter has the same grid), or `None` when all are taken.
+    fn grid_counter(&mut self, kernel: &'static str, blocks: u32) -> Option<u64> {
+        let key = (kernel, blocks);
+        let i = match self.grid_counters.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None if self.grid_counters.len() < GRID_COUNTERS => {
+                self.grid_counters.push(key);
+                self.grid_counters.len() - 1
+            }
+            None => return None,
+        };
+        Some(self.sc.grid_counter + 8 * i as u64)
+    }
+
+    /// Whether a grid of `blocks` can be resident at once at `per_sm` blocks an SM.
+    fn all_resident(&self, blocks: u32, per_sm: u32) -> bool {
+        (per_sm as usize) * self.gpu.info.sm_count >= blocks as usize
     }
 
     /// [`Self::launch`] through `cuLaunchKernelEx` with the programmatic-stream-serialization
@@ -2764,7 +2790,7 @@ impl CudaModel {
             .moe_route_fused
             .clone()
             .filter(|(_, per_sm)| {
-                (*per_sm as usize) * self.gpu.info.sm_count >= (ff / 32) * k
+                self.all_resident(((ff / 32) * k) as u32, *per_sm)
                     && ROUTE_FUSED_THREADS == crate::ops::q8q_threads()
             })
             .filter(|_| {
@@ -2815,10 +2841,14 @@ impl CudaModel {
             Some((_, dn_f)) if route_fused.is_some() => {
                 let act_q = self.sc.act_q;
                 let f = route_fused.clone().expect("checked above");
+                let grid = ((ff / 32) * k) as u32;
+                let counter = self
+                    .grid_counter("moe_route_gate_up", grid)
+                    .ok_or_else(|| CudaError::Invalid("out of grid_sync counters".into()))?;
                 self.launch(
                     "moe_route_gate_up_q8q",
                     &f,
-                    (((ff / 32) * k) as u32, 1, 1),
+                    (grid, 1, 1),
                     ROUTE_FUSED_THREADS,
                     0,
                     &[
@@ -2842,7 +2872,7 @@ impl CudaModel {
                         A::I(h as i32),
                         A::I(k as i32),
                         A::P(dstride),
-                        A::P(self.sc.grid_counter),
+                        A::P(counter),
                     ],
                 )?;
                 (dn_f, act_q)
@@ -3444,7 +3474,7 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
-        grid_counter: arena.zeros(8)?,
+        grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,
