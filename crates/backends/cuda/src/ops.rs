@@ -747,23 +747,9 @@ pub fn moe_route_down_q8_slots(
     {
         return Err(CudaError::Invalid("routed experts in slots: sizes".into()));
     }
-    let layout = crate::expert_cache::ExpertLayout::new(parts[0][0].len(), parts[2][0].len());
-    let sb = layout.slot_bytes;
-    let mut host = vec![0u8; ne * sb];
-    for e in 0..ne {
-        let slot = &mut host[e * sb..(e + 1) * sb];
-        slot[..layout.gate_bytes].copy_from_slice(&parts[0][e]);
-        slot[layout.up_off..layout.up_off + layout.gate_bytes].copy_from_slice(&parts[1][e]);
-        slot[layout.down_off..layout.down_off + layout.down_bytes].copy_from_slice(&parts[2][e]);
-    }
-    let slots = upload(gpu, &host)?;
-    let base = device_address(gpu, &slots);
-    let offs = [0, layout.up_off as u64, layout.down_off as u64];
-    let tab: Vec<u64> = (0..ne)
-        .flat_map(|e| offs.map(|o| base + (e * sb) as u64 + o))
-        .collect();
+    let (_slots, tab, sb) = expert_slots(gpu, parts)?;
     let mut c = TabCall {
-        tab: upload(gpu, &tab)?,
+        tab,
         ids: alloc_poisoned::<i32>(gpu, k)?,
         weights: alloc_poisoned::<f32>(gpu, k)?,
         out: upload(gpu, &vec![0.0f32; hidden])?,
@@ -802,6 +788,153 @@ pub fn moe_route_down_q8_slots(
     down_q8_launch(gpu, &mut c, &actq, hidden, dstride)?;
     Ok((
         download(gpu, &c.out)?,
+        download(gpu, &act)?,
+        download(gpu, &actq)?,
+    ))
+}
+
+/// Experts `parts[p][e]` (part p: gate, up, down) packed into the slots of one device buffer (the
+/// expert cache's layout) and the table of their parts' addresses: `(slots, table, slot bytes)`.
+fn expert_slots(
+    gpu: &Gpu,
+    parts: [&[Vec<u8>]; 3],
+) -> Result<(CudaSlice<u8>, CudaSlice<u64>, usize), CudaError> {
+    let ne = parts[0].len();
+    let layout = crate::expert_cache::ExpertLayout::new(parts[0][0].len(), parts[2][0].len());
+    let sb = layout.slot_bytes;
+    let mut host = vec![0u8; ne * sb];
+    for e in 0..ne {
+        let slot = &mut host[e * sb..(e + 1) * sb];
+        slot[..layout.gate_bytes].copy_from_slice(&parts[0][e]);
+        slot[layout.up_off..layout.up_off + layout.gate_bytes].copy_from_slice(&parts[1][e]);
+        slot[layout.down_off..layout.down_off + layout.down_bytes].copy_from_slice(&parts[2][e]);
+    }
+    let slots = upload(gpu, &host)?;
+    let base = device_address(gpu, &slots);
+    let offs = [0, layout.up_off as u64, layout.down_off as u64];
+    let tab: Vec<u64> = (0..ne)
+        .flat_map(|e| offs.map(|o| base + (e * sb) as u64 + o))
+        .collect();
+    Ok((slots, upload(gpu, &tab)?, sb))
+}
+
+/// What [`moe_route_gate_up_slots`] returns: the router's logits, the shared expert's gate
+/// logit, the chosen ids and weights, the activations `[k][ff]` and their q8 rows.
+pub type RouteGateUp = (Vec<f32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<f32>, Vec<u8>);
+
+/// A one-token router and routed gate/up as the model runs them with every expert resident
+/// (experts in slots, direct addresses): the f32 `router` `[ne][hidden]` and `gate_vec`
+/// `[hidden]` on `xn` (the model's router split), the top-`k` of the logits, the gate/up rows on
+/// `xq`. `fused`: one launch of `moe_route_gate_up_q8q_iq2_xxs` (a grid barrier after the
+/// logits); else `matvec3_x_f32` on both matrices, then `moe_gate_up_route2_q8q_iq2_xxs`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_route_gate_up_slots(
+    gpu: &Gpu,
+    parts: [&[Vec<u8>]; 3],
+    router: &[f32],
+    gate_vec: &[f32],
+    (xn, xq): (&[f32], &[u8]),
+    k: usize,
+    (hidden, ff): (usize, usize),
+    fused: bool,
+) -> Result<RouteGateUp, CudaError> {
+    let ne = parts[0].len();
+    if parts.iter().any(|p| p.len() != ne)
+        || k == 0
+        || k > 32
+        || ne < k
+        || ne > ROUTER_WARP_MAX_EXPERTS
+        || router.len() != ne * hidden
+        || gate_vec.len() != hidden
+        || xn.len() != hidden
+        || xq.len() != q8_row_bytes(hidden)
+        || !ff.is_multiple_of(32)
+        || q8q_threads() != 512
+    {
+        return Err(CudaError::Invalid(
+            "routed gate/up with its router: sizes".into(),
+        ));
+    }
+    let (_slots, tab, sb) = expert_slots(gpu, parts)?;
+    let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let (w0, w1) = (upload(gpu, &bytes(router))?, upload(gpu, &bytes(gate_vec))?);
+    let (xn_d, xq_d) = (upload(gpu, xn)?, upload(gpu, xq)?);
+    let mut rlog = alloc_poisoned::<f32>(gpu, ne)?;
+    let mut gl = alloc_poisoned::<f32>(gpu, 1)?;
+    let mut ids = alloc_poisoned::<i32>(gpu, k)?;
+    let mut wts = alloc_poisoned::<f32>(gpu, k)?;
+    let mut act = alloc_poisoned::<f32>(gpu, k * ff)?;
+    let mut actq = alloc_poisoned::<u8>(gpu, k * q8_row_bytes(ff))?;
+    let parts_n = crate::model::mvf_parts(GgmlType::F32, hidden, 1);
+    let (ci, pi, nei, one) = (
+        i32_arg(hidden, "hidden")?,
+        i32_arg(parts_n, "parts")?,
+        i32_arg(ne, "experts")?,
+        1i32,
+    );
+    let (ffi, ki, dstride) = (i32_arg(ff, "ff")?, i32_arg(k, "k")?, sb as u64);
+    if fused {
+        let grid = ((ff / 32) * k) as u32;
+        let mut counter = upload(gpu, &[0u64])?;
+        launch!(
+            gpu,
+            gpu.func("moe_route_gate_up_q8q_iq2_xxs")?,
+            "moe_route_gate_up_q8q_iq2_xxs",
+            cfg((grid, 1, 1), 512, 0),
+            [
+                &xn_d,
+                &ci,
+                &pi,
+                &w0,
+                &mut rlog,
+                &nei,
+                &w1,
+                &mut gl,
+                &one,
+                &nei,
+                &tab,
+                &mut ids,
+                &mut wts,
+                &xq_d,
+                &mut act,
+                &mut actq,
+                &ffi,
+                &ci,
+                &ki,
+                &dstride,
+                &mut counter
+            ]
+        )?;
+    } else {
+        let split = MvfSplit {
+            parts: parts_n,
+            rows: 1,
+        };
+        let (p, zero, zi) = (split.arg(), 0u64, 0i32);
+        let rows_grid = blocks(ne, split.rows_per_block()) + blocks(1, split.rows_per_block());
+        launch!(
+            gpu,
+            gpu.func("matvec3_x_f32")?,
+            "matvec3_x_f32",
+            cfg((rows_grid, 1, 1), 256, 0),
+            [&xn_d, &ci, &p, &w0, &mut rlog, &nei, &w1, &mut gl, &one, &zero, &zero, &zi]
+        )?;
+        launch!(
+            gpu,
+            gpu.func("moe_gate_up_route2_q8q_iq2_xxs")?,
+            "moe_gate_up_route2_q8q_iq2_xxs",
+            cfg(((ff / 32) as u32, k as u32, 1), 512, 0),
+            [
+                &rlog, &nei, &tab, &mut ids, &mut wts, &xq_d, &mut act, &mut actq, &ffi, &ci, &ki,
+                &dstride
+            ]
+        )?;
+    }
+    Ok((
+        download(gpu, &rlog)?,
+        download(gpu, &gl)?,
+        download(gpu, &ids)?,
+        download(gpu, &wts)?,
         download(gpu, &act)?,
         download(gpu, &actq)?,
     ))

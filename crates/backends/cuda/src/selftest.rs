@@ -819,6 +819,36 @@ impl Runner<'_> {
                 same_bits("direct expert parts: output differs", &y_d, &y_t)?;
                 same_bits("direct expert parts: activations differ", &act_d, &act_t)?;
                 same_bytes("direct expert parts: q8 rows differ", &actq_d, &actq_t)?;
+                // The router, its top-k and the gate/up in one launch with a grid barrier
+                // (`moe_route_gate_up_q8q_iq2_xxs`, the model's decode path): every output the
+                // two launches' (`matvec3_x_f32`, `moe_gate_up_route2`) bit for bit.
+                let router = self.rng.normals(n_exp * hidden, 0.05);
+                let gate_vec = self.rng.normals(hidden, 0.05);
+                let xq = ops::q8_row(&x);
+                let route = |fused| {
+                    ops::moe_route_gate_up_slots(
+                        self.gpu,
+                        [&gate[..], &up[..], &down[..]],
+                        &router,
+                        &gate_vec,
+                        (&x, &xq),
+                        chosen.len(),
+                        (hidden, ff),
+                        fused,
+                    )
+                };
+                let (l_f, g_f, ids_f, wts_f, act_f, actq_f) = route(true)?;
+                let (l_s, g_s, ids_s, wts_s, act_s, actq_s) = route(false)?;
+                same_bits("fused route: router logits differ", &l_f, &l_s)?;
+                same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
+                if ids_f != ids_s {
+                    return Err(CudaError::Invalid(format!(
+                        "fused route ids {ids_f:?}, two launches {ids_s:?}"
+                    )));
+                }
+                same_bits("fused route: weights differ", &wts_f, &wts_s)?;
+                same_bits("fused route: activations differ", &act_f, &act_s)?;
+                same_bytes("fused route: q8 rows differ", &actq_f, &actq_s)?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
@@ -866,7 +896,7 @@ impl Runner<'_> {
             })();
             self.record(
                 "experts q8 down IQ2_XXS",
-                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit, direct parts = table bit for bit"),
+                format!("k=3 of {n_exp}, {hidden}/{ff}, activations and their q8 rows, routed gate/up = moe_router_warp + gate/up bit for bit, direct parts = table bit for bit, fused route = router + route2 bit for bit"),
                 r,
             );
         }
