@@ -89,7 +89,9 @@ pub struct RewriteArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Compute backend: cpu or oracle.
+    /// Compute backend: cpu, oracle or cuda (the device-resident GPU model, every expert
+    /// resident; prompt lookup only: the GPU has no MTP head yet, so `mtp` is left out there and
+    /// `both` runs as lookup).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// CPU threads (0: one per physical core).
@@ -182,11 +184,18 @@ fn run_verify_cuda(args: &VerifyArgs) -> Result<()> {
 }
 
 fn run_rewrite(args: RewriteArgs) -> Result<()> {
-    let choice = BackendChoice::parse(&args.backend)?;
+    let cuda = args.backend == "cuda";
     let file = open(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
-    let model = load_model_from(file, choice, args.threads)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = if cuda {
+        None
+    } else {
+        let choice = BackendChoice::parse(&args.backend)?;
+        Some(
+            load_model_from(file.clone(), choice, args.threads)
+                .with_context(|| format!("loading {}", args.model.display()))?,
+        )
+    };
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let text = match args.lines {
@@ -236,7 +245,12 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
         if rounds > 1 {
             eprintln!("round {}/{rounds} ...", round + 1);
         }
-        let runs = with_model!(&model, m => file_rewrite(m, &prompt, max_tokens, &stop_ids, &modes, &spec, |_| {}))?;
+        let runs = match &model {
+            Some(model) => {
+                with_model!(model, m => file_rewrite(m, &prompt, max_tokens, &stop_ids, &modes, &spec, |_| {}))?
+            }
+            None => cuda_rewrite(&file, &prompt, max_tokens, &stop_ids, &modes, &spec)?,
+        };
         all.push(runs);
     }
     let median = |mut v: Vec<f64>| {
@@ -298,4 +312,77 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
         bail!("a speculative run's output differs from plain decoding");
     }
     Ok(())
+}
+
+/// One round of the rewrite on the GPU (`CudaModel`, every expert resident): plain greedy
+/// decoding, then each mode through `generate --spec lookup`'s path (`CudaModel::verify_greedy`
+/// and `keep`); `both` runs as lookup, `mtp` is left out (no MTP head on the GPU yet).
+fn cuda_rewrite(
+    file: &Arc<GgufFile>,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop_ids: &[u32],
+    modes: &[SpecMode],
+    spec: &redlite_engine::speculative::SpecConfig,
+) -> Result<Vec<RewriteRun>> {
+    use clap::Parser;
+    use redlite_engine::sampler::{Sampler, SamplerConfig};
+    use redlite_engine::GenerateOptions;
+    #[derive(Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        cache: crate::cache_args::CacheArgs,
+    }
+    let cache = Defaults::try_parse_from(["redlite"])
+        .context("default expert-cache arguments")?
+        .cache;
+    let opts = GenerateOptions {
+        max_tokens,
+        stop_ids: stop_ids.to_vec(),
+    };
+    let (base, stats) = crate::cuda_cmd::generate(
+        file.clone(),
+        prompt,
+        &mut Sampler::new(SamplerConfig::greedy()),
+        &opts,
+        &cache,
+        |_| true,
+    )?;
+    let mut out = vec![RewriteRun {
+        mode: SpecMode::Off,
+        generated: stats.generated_tokens,
+        decode: stats.decode_time,
+        decode_tok_per_s: stats.decode_tok_per_s(),
+        spec: None,
+        identical: true,
+        tokens: base.clone(),
+    }];
+    for &mode in modes
+        .iter()
+        .filter(|m| matches!(m, SpecMode::Lookup | SpecMode::Both))
+    {
+        let cfg = redlite_engine::speculative::SpecConfig {
+            mode,
+            ..spec.clone()
+        };
+        let (ids, stats, s) = crate::cuda_cmd::generate_speculative(
+            file.clone(),
+            prompt,
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &opts,
+            &cfg,
+            &cache,
+            |_| true,
+        )?;
+        out.push(RewriteRun {
+            mode,
+            generated: stats.generated_tokens,
+            decode: stats.decode_time,
+            decode_tok_per_s: stats.decode_tok_per_s(),
+            spec: Some(s),
+            identical: ids == base,
+            tokens: ids,
+        });
+    }
+    Ok(out)
 }
