@@ -348,15 +348,7 @@ fn cuda_rewrite(
         &cache,
         |_| true,
     )?;
-    let mut out = vec![RewriteRun {
-        mode: SpecMode::Off,
-        generated: stats.generated_tokens,
-        decode: stats.decode_time,
-        decode_tok_per_s: stats.decode_tok_per_s(),
-        spec: None,
-        identical: true,
-        tokens: base.clone(),
-    }];
+    let mut out = vec![RewriteRun::plain(base.clone(), &stats)];
     for &mode in modes
         .iter()
         .filter(|m| matches!(m, SpecMode::Lookup | SpecMode::Both))
@@ -374,15 +366,7 @@ fn cuda_rewrite(
             &cache,
             |_| true,
         )?;
-        out.push(RewriteRun {
-            mode,
-            generated: stats.generated_tokens,
-            decode: stats.decode_time,
-            decode_tok_per_s: stats.decode_tok_per_s(),
-            spec: Some(s),
-            identical: ids == base,
-            tokens: ids,
-        });
+        out.push(RewriteRun::speculative(mode, ids, &stats, s, &base));
     }
     Ok(out)
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use redlite_model::{Backend, Mode, Model, ModelError};
 
-use crate::generate::{generate, GenerateOptions};
+use crate::generate::{generate, GenerateOptions, GenerationStats};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::speculative::{generate_speculative, LookupDrafter, SpecConfig, SpecMode, SpecStats};
 
@@ -120,6 +120,40 @@ pub struct RewriteRun {
     pub identical: bool,
     /// The generated token ids.
     pub tokens: Vec<u32>,
+}
+
+impl RewriteRun {
+    /// The plain (non-speculative) run of a rewrite.
+    pub fn plain(tokens: Vec<u32>, stats: &GenerationStats) -> RewriteRun {
+        RewriteRun {
+            mode: SpecMode::Off,
+            generated: stats.generated_tokens,
+            decode: stats.decode_time,
+            decode_tok_per_s: stats.decode_tok_per_s(),
+            spec: None,
+            identical: true,
+            tokens,
+        }
+    }
+
+    /// A speculative run in `mode`, compared with the plain run's tokens `base`.
+    pub fn speculative(
+        mode: SpecMode,
+        tokens: Vec<u32>,
+        stats: &GenerationStats,
+        spec: SpecStats,
+        base: &[u32],
+    ) -> RewriteRun {
+        RewriteRun {
+            mode,
+            generated: stats.generated_tokens,
+            decode: stats.decode_time,
+            decode_tok_per_s: stats.decode_tok_per_s(),
+            spec: Some(spec),
+            identical: tokens == base,
+            tokens,
+        }
+    }
 }
 
 /// Extra tokens a whole-file rewrite may generate beyond the file's own token count (the edit,
@@ -239,15 +273,7 @@ pub fn file_rewrite<B: Backend>(
         &opts,
         |_| true,
     )?;
-    let plain = RewriteRun {
-        mode: SpecMode::Off,
-        generated: stats.generated_tokens,
-        decode: stats.decode_time,
-        decode_tok_per_s: stats.decode_tok_per_s(),
-        spec: None,
-        identical: true,
-        tokens: base.clone(),
-    };
+    let plain = RewriteRun::plain(base.clone(), &stats);
     on_run(&plain);
     let mut out = vec![plain];
     for &mode in modes.iter().filter(|m| **m != SpecMode::Off) {
@@ -267,15 +293,7 @@ pub fn file_rewrite<B: Backend>(
             &cfg,
             |_| true,
         )?;
-        let run = RewriteRun {
-            mode,
-            generated: stats.generated_tokens,
-            decode: stats.decode_time,
-            decode_tok_per_s: stats.decode_tok_per_s(),
-            spec: Some(s),
-            identical: ids == base,
-            tokens: ids,
-        };
+        let run = RewriteRun::speculative(mode, ids, &stats, s, &base);
         on_run(&run);
         out.push(run);
     }

@@ -2837,6 +2837,21 @@ impl CudaModel {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
         let q8_down_on = q8_down.is_some();
+        // The routed gate/up kernels' arguments after the logits (after the router's, for the
+        // fused kernel): n_expert, the table, ids, weights, xq, act, its q8 rows, sizes, dstride.
+        let routed_tail = [
+            A::I(ne as i32),
+            A::P(tab),
+            A::P(ids),
+            A::P(wts),
+            A::P(self.sc.xq),
+            A::P(act),
+            A::P(self.sc.act_q),
+            A::I(ff as i32),
+            A::I(h as i32),
+            A::I(k as i32),
+            A::P(dstride),
+        ];
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_fused.is_some() => {
                 let act_q = self.sc.act_q;
@@ -2861,19 +2876,11 @@ impl CudaModel {
                         A::P(m.sh_gate_vec.ptr),
                         A::P(gl),
                         A::I(m.sh_gate_vec.rows as i32),
-                        A::I(ne as i32),
-                        A::P(tab),
-                        A::P(ids),
-                        A::P(wts),
-                        A::P(self.sc.xq),
-                        A::P(act),
-                        A::P(act_q),
-                        A::I(ff as i32),
-                        A::I(h as i32),
-                        A::I(k as i32),
-                        A::P(dstride),
-                        A::P(counter),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(routed_tail)
+                    .chain([A::P(counter)])
+                    .collect::<Vec<_>>(),
                 )?;
                 (dn_f, act_q)
             }
@@ -2890,20 +2897,10 @@ impl CudaModel {
                     ((ff / 32) as u32, k as u32, n as u32),
                     crate::ops::q8q_threads(),
                     0,
-                    &[
-                        A::P(rlog),
-                        A::I(ne as i32),
-                        A::P(tab),
-                        A::P(ids),
-                        A::P(wts),
-                        A::P(self.sc.xq),
-                        A::P(act),
-                        A::P(act_q),
-                        A::I(ff as i32),
-                        A::I(h as i32),
-                        A::I(k as i32),
-                        A::P(dstride),
-                    ],
+                    &[A::P(rlog)]
+                        .into_iter()
+                        .chain(routed_tail)
+                        .collect::<Vec<_>>(),
                 )?;
                 (dn_f, act_q)
             }
