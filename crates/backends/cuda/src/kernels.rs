@@ -141,6 +141,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa4",
     "attn_split_gqa4_m0",
     "attn_merge",
+    "attn_decode_fused",
+    "rope_table",
     "moe_combine",
     "sample_topk",
     "moe_group",

@@ -2084,7 +2084,94 @@ impl Runner<'_> {
             self.attention_split_kernel(d, Some(2));
             self.attention_split_kernel(d, Some(4));
             self.attention_split_merge2(d);
+            self.attention_decode_fused(d);
         }
+    }
+
+    /// `attn_decode_fused` (one launch, run twice so its arrival counters carry over) against
+    /// `attn_qk_prep` → `attn_split_gqa4` → `attn_merge`, bit for bit on the output and both
+    /// caches: one row and several (new rows in one chunk and across chunks), short caches and
+    /// long ones, with the model's chunking (66 of at least 16) and 64 of at least 64; RoPE from
+    /// `rope_table` there, computed in `attn_qk_prep` here (the table's bits checked too).
+    fn attention_decode_fused(&mut self, d: AttnDims) {
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let ctx = 4096usize;
+        let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
+        let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
+        let qn: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+        let kw: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+        let cases = [
+            (1usize, 0usize),
+            (1, 2),
+            (1, 17),
+            (1, 40),
+            (1, 1000),
+            (1, 4095),
+            (3, 0),
+            (3, 15),
+            (8, 13),
+            (8, 60),
+            (16, 4000),
+        ];
+        let inputs: Vec<_> = cases
+            .iter()
+            .map(|&(n, _)| {
+                (
+                    self.rng.normals(n * heads * 2 * hd, 1.0),
+                    self.rng.normals(n * nkv * hd, 1.0),
+                    self.rng.normals(n * nkv * hd, 1.0),
+                )
+            })
+            .collect();
+        let r = (|| {
+            let mut differ = 0usize;
+            for chunks in [(66usize, 16usize), (64, 64)] {
+                for (&(_, pos0), (qg, kn, vn)) in cases.iter().zip(&inputs) {
+                    let (o, kc, vc) = ops::attn_decode_fused(
+                        self.gpu,
+                        qg,
+                        kn,
+                        vn,
+                        (&qn, &kw),
+                        &kc0,
+                        &vc0,
+                        pos0,
+                        d,
+                        chunks,
+                        2,
+                    )?;
+                    let (q, gate, rkc, rvc) =
+                        ops::attn_qk_prep(self.gpu, qg, kn, vn, &qn, &kw, &kc0, &vc0, pos0, d)?;
+                    let ro = ops::attn_split_merge_with(
+                        self.gpu,
+                        "attn_split_gqa4",
+                        &q,
+                        &rkc,
+                        &rvc,
+                        Some(&gate),
+                        pos0,
+                        (heads, nkv, hd),
+                        scale,
+                        chunks,
+                    )?;
+                    let bits = |a: &[f32], b: &[f32]| {
+                        a.len() != b.len()
+                            || a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
+                    };
+                    differ += usize::from(bits(&o, &ro))
+                        + usize::from(bits(&kc, &rkc))
+                        + usize::from(bits(&vc, &rvc));
+                }
+            }
+            // Outputs or caches that differ from the three launches' (bound 0: bit-identical).
+            Ok((differ as f64, 0.0))
+        })();
+        self.record(
+            "attn_decode_fused",
+            format!("1-16 rows at 0..4095, 66/16 and 64/64 chunks, rope_table, {heads}/{nkv} heads x{hd}, rot {}, vs qk_prep + split_gqa4 + merge bit for bit", d.rope_dims),
+            r,
+        );
     }
 
     /// `attn_split_gqa4`'s block merge (the warps with positions only, no bank conflicts) against
