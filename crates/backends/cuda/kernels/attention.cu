@@ -624,9 +624,9 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
     }
 }
 
-template <int PER, int G, int P, bool M2>
-__device__ __forceinline__ void attn_split_gqa_body(const float* qgrp, const float* kc, const float* vc,
-                                                    float* __restrict__ part,
+template <int PER, int G, int P>
+__device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
+                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                     float scale, int min_chunk, float (*sm)[8], float (*sl)[8],
                                                     float* sacc) {
@@ -691,90 +691,55 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* qgrp, const flo
         }
     }
     __syncthreads();
-    if constexpr (M2) {
-        // Rounds for the warps that had positions only (the first `act`): a warp without any
-        // has m = -inf, l = 0 and acc = 0, and adding its f = 0 times acc = 0 leaves every sum as
-        // it is (no sum is -0: the first round's 0 + x is never -0), so skipping it keeps the
-        // bits (the maxima and sums below still run over all G warps: -inf and 0 change
-        // nothing there either, and fixed trip counts keep the code short). The shared row of
-        // head h holds value i at i + i / 32 (one float of padding per 32): a lane's PER
-        // consecutive values (i = PER lane + e) and a warp's 32 consecutive values both fall in
-        // 32 different banks (value i at PER lane + e unpadded put lanes PER floats apart: a
-        // PER-way conflict on every access).
-        const int act = min(G, (j1 - j0 + P - 1) / P);
-        constexpr int SROW = PER * WARP + PER;  // hd + hd / 32
-        float f[G];
+    // Rounds for the warps that had positions only (the first `act`): a warp without any
+    // has m = -inf, l = 0 and acc = 0, and adding its f = 0 times acc = 0 leaves every sum as
+    // it is (no sum is -0: the first round's 0 + x is never -0), so skipping it keeps the
+    // bits (the maxima and sums below still run over all G warps: -inf and 0 change
+    // nothing there either, and fixed trip counts keep the code short). The shared row of
+    // head h holds value i at i + i / 32 (one float of padding per 32): a lane's PER
+    // consecutive values (i = PER lane + e) and a warp's 32 consecutive values both fall in
+    // 32 different banks (value i at PER lane + e unpadded put lanes PER floats apart: a
+    // PER-way conflict on every access).
+    const int act = min(G, (j1 - j0 + P - 1) / P);
+    constexpr int SROW = PER * WARP + PER;  // hd + hd / 32
+    float f[G];
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float mm = NEG_INF;
-            for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
-            f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
-        }
-        const int base = PER * lane + (PER * lane) / WARP;  // e < PER never crosses a 32 boundary
-#pragma unroll 1
-        for (int k = 0; k < act; ++k) {
-            if (w == k) {
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-#pragma unroll
-                    for (int e = 0; e < PER; ++e) {
-                        float* a = &sacc[h * SROW + base + e];
-                        *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        // Warp h writes head h's {max, sum, acc}.
-        const int h = w;
+    for (int h = 0; h < G; ++h) {
         float mm = NEG_INF;
         for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
-        float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
-        if (lane == 0) {
-            float ll = 0.0f;
-            for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
-            out[0] = mm;
-            out[1] = ll;
-        }
-#pragma unroll
-        for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
-    } else {
-        float f[G];
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float mm = NEG_INF;
-            for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
-            f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
-        }
-        for (int k = 0; k < G; ++k) {
-            if (w == k) {
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-#pragma unroll
-                    for (int e = 0; e < PER; ++e) {
-                        float* a = &sacc[h * hd + PER * lane + e];
-                        *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        // Warp h writes head h's {max, sum, acc}.
-        const int h = w;
-        float mm = NEG_INF;
-        for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
-        float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
-        if (lane == 0) {
-            float ll = 0.0f;
-            for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
-            out[0] = mm;
-            out[1] = ll;
-        }
-        for (int i = lane; i < hd; i += WARP) out[2 + i] = sacc[h * hd + i];
+        f[h] = m[h] == NEG_INF ? 0.0f : expf(m[h] - mm);
     }
+    const int base = PER * lane + (PER * lane) / WARP;  // e < PER never crosses a 32 boundary
+#pragma unroll 1
+    for (int k = 0; k < act; ++k) {
+        if (w == k) {
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+#pragma unroll
+                for (int e = 0; e < PER; ++e) {
+                    float* a = &sacc[h * SROW + base + e];
+                    *a = (k == 0 ? 0.0f : *a) + acc[h][e] * f[h];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Warp h writes head h's {max, sum, acc}.
+    const int h = w;
+    float mm = NEG_INF;
+    for (int k = 0; k < G; ++k) mm = fmaxf(mm, sm[k][h]);
+    float* out = part + (((size_t)t * heads + g * G + h) * splits + c) * (hd + 2);
+    if (lane == 0) {
+        float ll = 0.0f;
+        for (int k = 0; k < G; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
+        out[0] = mm;
+        out[1] = ll;
+    }
+#pragma unroll
+    for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P, bool M2>
+template <int P>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -785,7 +750,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, M2>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -798,23 +763,13 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* q, const float* kc, const float* vc,
                                                                    float* part, const int* pos_ptr, int heads,
                                                                    int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<2, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    attn_split_gqa_p_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float* q, const float* kc, const float* vc,
                                                                     float* part, const int* pos_ptr, int heads,
                                                                     int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-
-// attn_split_gqa4_m0: attn_split_gqa4 with session 12's block merge (every warp in turn, each
-// lane's values PER floats apart in shared memory) for A/B runs (REDLITE_CUDA_ATTN_MERGE2=0);
-// the same bits.
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4_m0(const float* q, const float* kc,
-                                                                       const float* vc, float* part,
-                                                                       const int* pos_ptr, int heads, int nkv,
-                                                                       int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+    attn_split_gqa_p_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
@@ -867,175 +822,3 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part, const floa
     }
 }
 
-// The decode attention in one launch: attn_qk_prep, attn_split_gqa4 and attn_merge, each value with
-// their arithmetic (the same bits; the self-test checks it).
-//
-// attn_qk_prep is launched with ATTN_PREP_THREADS threads; its QK-norm sums are taken here by one
-// warp in that block's order.
-#define ATTN_PREP_THREADS 128
-
-// Loads that go to L2 (not L1, not the read-only path): rows other blocks of this launch wrote.
-__device__ __forceinline__ float ld_cg_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
-// One head's QK-norm and RoPE by one warp, as attn_qk_prep's block computes it: the sum of squares
-// as its ATTN_PREP_THREADS threads take it (thread j: elements j, j + 128, ..., then block_sum's
-// order), h[i] = src[i] inv w[i] into shared memory h, RoPE at pos from rope_table's rows (the
-// kernel's code is run once per launch, so it stays short: no double math, no unrolled loops;
-// ncu showed the first form stalled on instruction fetch).
-__device__ __forceinline__ void qk_norm_rope_warp(const float* __restrict__ src, const float* __restrict__ w,
-                                                  float* h, int hd, int rope_dims, int pos, float eps,
-                                                  const float2* __restrict__ rope_cs) {
-    const int lane = threadIdx.x % WARP;
-    constexpr int NW = ATTN_PREP_THREADS / WARP;
-    float mine = 0.0f;
-#pragma unroll 1
-    for (int vw = 0; vw < NW; ++vw) {
-        float ss = 0.0f;
-        for (int i = vw * WARP + lane; i < hd; i += ATTN_PREP_THREADS) ss += src[i] * src[i];
-        ss = warp_sum(ss);
-        if (lane == vw) mine = ss;
-    }
-    const float tot = warp_sum(mine);  // lanes >= NW hold 0, as block_sum's second round
-    const float inv = 1.0f / sqrtf(tot / (float)hd + eps);
-    for (int i = lane; i < hd; i += WARP) h[i] = src[i] * inv * w[i];
-    __syncwarp();
-    rope_neox_pairs_cs(h, rope_dims, rope_cs + (size_t)pos * (rope_dims / 2), lane, WARP);
-    __syncwarp();
-}
-
-// attn_decode_fused(qg, kn, vn, kc, vc, part, o, q_norm, k_norm, pos, count, heads, nkv, hd,
-// rope_dims, eps, scale, min_chunk, rope_cs): decode rows t = blockIdx.z at positions *pos + t, qg,
-// kn, vn as attn_qk_prep takes them, o [t][heads][hd] as attn_merge writes it (output gate applied).
-// Block (g, c, t) is attn_split_gqa4's block of KV head g and chunk c; G = heads / nkv.
-// 1. Warp w prepares query head g G + w (QK-norm, RoPE) into shared memory; the gate half stays in
-//    qg, where the merge reads it.
-// 2. The K and V rows of the call's new tokens that fall in the block's chunk (positions *pos ..
-//    *pos + t) are prepared by the block itself and written to the caches, so no block reads a
-//    row that another block writes (blocks of other tokens may write the same row, same bits).
-// 3. attn_split_gqa4's partial softmax of the chunk into part.
-// 4. The last of the splits blocks of (t, g) to arrive (count[t nkv + g] only grows, by splits
-//    per launch; the launches on one counter array keep one split count) merges the active chunks
-//    of the G heads, warp w head g G + w, with attn_merge's order of every sum (its 8 warps' max,
-//    sums and chunk strides are replayed by one warp).
-// Launch: grid = (nkv, splits, tokens), block = 32 G; shapes as attn_split_gqa_fits, splits <=
-// ATTN_MAX_SPLITS; count holds tokens * nkv zeroed u64 at first use.
-template <int PER, int G>
-__device__ __forceinline__ void attn_decode_fused_body(const float* __restrict__ qg, const float* __restrict__ kn,
-                                                       const float* __restrict__ vn, float* kc, float* vc,
-                                                       float* part, float* __restrict__ o,
-                                                       const float* __restrict__ q_norm,
-                                                       const float* __restrict__ k_norm,
-                                                       const int* __restrict__ pos_ptr, unsigned long long* count,
-                                                       int heads, int nkv, int hd, int rope_dims,
-                                                       float eps, float scale, int min_chunk, float (*sm)[8],
-                                                       float (*sl)[8], float* sacc, float* sq, float (*sk)[8 * WARP],
-                                                       float (*swc)[ATTN_MAX_SPLITS], int* last,
-                                                       const float2* __restrict__ rope_cs) {
-    const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
-    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    const int pos0 = *pos_ptr;
-    const int n = pos0 + 1 + t;
-    const int chunk = attn_chunk(n, splits, min_chunk);
-    const int j0 = c * chunk;
-    const int hq = g * G + w;
-    if (j0 < n) {
-        const int j1 = min(n, j0 + chunk);
-        qk_norm_rope_warp(qg + ((size_t)t * heads + hq) * 2 * hd, q_norm, sq + (size_t)w * hd, hd, rope_dims,
-                          pos0 + t, eps, rope_cs);
-        for (int tt = max(j0 - pos0, 0) + w; pos0 + tt < j1; tt += G) {
-            const int p = pos0 + tt;
-            qk_norm_rope_warp(kn + ((size_t)tt * nkv + g) * hd, k_norm, sk[w], hd, rope_dims, p, eps, rope_cs);
-            const float* vs = vn + ((size_t)tt * nkv + g) * hd;
-            float* kd = kc + ((size_t)p * nkv + g) * hd;
-            float* vd = vc + ((size_t)p * nkv + g) * hd;
-            for (int i = lane; i < hd; i += WARP) {
-                kd[i] = sk[w][i];
-                vd[i] = vs[i];
-            }
-            __syncwarp();  // sk[w] is this warp's next token's
-        }
-        __syncthreads();  // sq, and the rows written above, for every warp
-        attn_split_gqa_body<PER, G, 4, true>(sq, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl,
-                                             sacc);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long old = atomicAdd(count + (size_t)t * nkv + g, 1ull);
-        *last = old % (unsigned long long)splits == (unsigned long long)(splits - 1);
-    }
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    // 4. attn_merge of head hq by warp w.
-    const int active = min((n + chunk - 1) / chunk, ATTN_MAX_SPLITS);
-    const size_t stride = (size_t)hd + 2;
-    const size_t th = (size_t)t * heads + hq;
-    const float* ph = part + th * splits * stride;
-    constexpr int MW = ATTN_MERGE_WARPS, MT = ATTN_MERGE_WARPS * WARP;
-    float mm = NEG_INF;
-    for (int cc = lane; cc < active; cc += WARP) mm = fmaxf(mm, ld_cg_f32(ph + cc * stride));
-    mm = warp_max(mm);
-    for (int cc = lane; cc < active; cc += WARP) swc[w][cc] = expf(ld_cg_f32(ph + cc * stride) - mm);
-    __syncwarp();
-    float mine = 0.0f;
-#pragma unroll 1
-    for (int vw = 0; vw < MW; ++vw) {
-        float ll = 0.0f;
-        for (int cc = vw * WARP + lane; cc < active; cc += MT) ll += ld_cg_f32(ph + cc * stride + 1) * swc[w][cc];
-        ll = warp_sum(ll);
-        if (lane == vw) mine = ll;
-    }
-    const float ll = warp_sum(mine);
-    // Value i = lane + 32 e: attn_merge's warp k adds chunks k, k + 8, ... in order, then the 8
-    // sums are added in order.
-    const float* gt = qg + ((size_t)t * heads + hq) * 2 * hd + hd;
-    float* oh = o + th * hd;
-#pragma unroll 1
-    for (int i = lane; i < hd; i += WARP) {
-        float a[MW];
-#pragma unroll
-        for (int k = 0; k < MW; ++k) a[k] = 0.0f;
-#pragma unroll 1
-        for (int c0 = 0; c0 < active; c0 += MW) {
-#pragma unroll
-            for (int k = 0; k < MW; ++k) {
-                const int cc = c0 + k;
-                if (cc < active) a[k] += ld_cg_f32(ph + cc * stride + 2 + i) * swc[w][cc];
-            }
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MW; ++k) sum += a[k];
-        oh[i] = (sum / ll) * sigmoidf_(gt[i]);
-    }
-}
-
-extern "C" __global__ __launch_bounds__(256, 1) void attn_decode_fused(
-    const float* qg, const float* kn, const float* vn, float* kc, float* vc, float* part, float* o,
-    const float* q_norm, const float* k_norm, const int* pos_ptr, unsigned long long* count, int heads, int nkv,
-    int hd, int rope_dims, float eps, float scale, int min_chunk, const float2* rope_cs) {
-    __shared__ float sm[8][8], sl[8][8];
-    __shared__ __align__(16) float sacc[8 * (8 * WARP + 8)];
-    __shared__ __align__(16) float sq[8 * 8 * WARP];
-    __shared__ float sk[8][8 * WARP];
-    __shared__ float swc[8][ATTN_MAX_SPLITS];
-    __shared__ int last;
-    pdl_enter();
-    const int per = hd / WARP, grp = heads / nkv;
-#define ATTN_FUSED_CASE(PP, GG)                                                                                   \
-    if (per == PP && grp == GG)                                                                                   \
-        return attn_decode_fused_body<PP, GG>(qg, kn, vn, kc, vc, part, o, q_norm, k_norm, pos_ptr, count, heads, \
-                                              nkv, hd, rope_dims, eps, scale, min_chunk, sm, sl, sacc, sq,  \
-                                              sk, swc, &last, rope_cs);
-#define ATTN_FUSED_CASES(PP) ATTN_FUSED_CASE(PP, 1) ATTN_FUSED_CASE(PP, 2) ATTN_FUSED_CASE(PP, 4) ATTN_FUSED_CASE(PP, 8)
-    ATTN_FUSED_CASES(2)
-    ATTN_FUSED_CASES(4)
-    ATTN_FUSED_CASES(8)
-#undef ATTN_FUSED_CASES
-#undef ATTN_FUSED_CASE
-}

@@ -632,9 +632,7 @@ struct Kernels {
     attn_split: CudaFunction,
     attn_split_gqa: CudaFunction,
     attn_split_gqa4: CudaFunction,
-    attn_split_gqa4_m0: CudaFunction,
     attn_merge: CudaFunction,
-    attn_decode_fused: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
     moe_group: CudaFunction,
@@ -726,9 +724,6 @@ struct Scratch {
     down: u64,
     /// f32 `[max(1, max_verify)][heads][attn_splits][head_dim + 2]`: the chunks of `attn_split`.
     attn_part: u64,
-    /// u64 `[max_verify][n_kv_heads]`, only ever growing: `attn_decode_fused`'s block arrivals
-    /// per (row, KV head).
-    attn_count: u64,
     /// f32 pairs `[max_context][rope_dims / 2]`: `rope_table`'s {cos, sin} per position and pair.
     rope_cs: u64,
 }
@@ -802,17 +797,8 @@ pub struct CudaModel {
     /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
-    /// `attn_split_gqa4`'s block merge over only the warps that had positions, in a shared
-    /// layout without bank conflicts (`REDLITE_CUDA_ATTN_MERGE2`, default on: +3–5 % decode in session 14; off: session 12's
-    /// merge, `attn_split_gqa4_m0`; the same bits).
-    attn_merge2: bool,
-    /// Decode attention in one launch (`attn_decode_fused`: QK-norm and RoPE, the K/V write, the
-    /// split and the merge; the bits of `attn_qk_prep` → `attn_split_gqa4` → `attn_merge`), where
-    /// `attn_split_gqa4` runs (`REDLITE_CUDA_ATTN_FUSED`, default off: −4.9 % decode in session
-    /// 15, 32.8 µs a call against ≈ 14 µs for the three launches on the chain).
-    attn_fused: bool,
     /// RoPE's cosines and sines from `rope_table`'s rows (`Scratch::rope_cs`, computed once at
-    /// load) instead of computed in double by every `attn_qk_prep` / `attn_decode_fused` block
+    /// load) instead of computed in double by every `attn_qk_prep` block
     /// (`REDLITE_CUDA_ROPE_TABLE`, default on; the same bits).
     rope_table: bool,
     /// Prompts' attention on the tensor cores (`attn_prompt_mma_<hd>`; `REDLITE_CUDA_ATTN_MMA=0`:
@@ -1014,9 +1000,7 @@ impl CudaModel {
             attn_split: f("attn_split")?,
             attn_split_gqa: f("attn_split_gqa")?,
             attn_split_gqa4: f("attn_split_gqa4")?,
-            attn_split_gqa4_m0: f("attn_split_gqa4_m0")?,
             attn_merge: f("attn_merge")?,
-            attn_decode_fused: f("attn_decode_fused")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
             moe_group: f("moe_group")?,
@@ -1111,8 +1095,6 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
-            attn_merge2: env_switch("REDLITE_CUDA_ATTN_MERGE2", true),
-            attn_fused: env_switch("REDLITE_CUDA_ATTN_FUSED", false),
             rope_table: env_switch("REDLITE_CUDA_ROPE_TABLE", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
@@ -2443,45 +2425,9 @@ impl CudaModel {
             sc.att,
             sc.attn_part,
         );
-        let (pos, count) = (sc.input, sc.attn_count);
+        let pos = sc.input;
         let rope_cs = if self.rope_table { sc.rope_cs } else { 0 };
         self.matvec_normed(x, Some(attn_norm), &[(wq, qg), (wk, kn), (wv, vn)], n)?;
-        let decode = n == 1 || rows == Rows::Steps;
-        if decode && self.attn_fused && self.attn_gqa == Some(4) && self.attn_merge2 && rope_cs != 0
-        {
-            // QK-norm, RoPE, the K/V write, the split and the merge in one launch.
-            let splits = attn_splits(&self.opts).min(self.attn_splits);
-            let f = self.k.attn_decode_fused.clone();
-            self.launch(
-                "attn_decode_fused",
-                &f,
-                (nkv as u32, splits as u32, n as u32),
-                (32 * (nh / nkv)) as u32,
-                0,
-                &[
-                    A::P(qg),
-                    A::P(kn),
-                    A::P(vn),
-                    A::P(*kc),
-                    A::P(*vc),
-                    A::P(part),
-                    A::P(att),
-                    A::P(*q_norm),
-                    A::P(*k_norm),
-                    A::P(pos),
-                    A::P(count),
-                    A::I(nh as i32),
-                    A::I(nkv as i32),
-                    A::I(hd as i32),
-                    A::I(rd as i32),
-                    A::F(eps),
-                    A::F(scale),
-                    A::I(self.attn_min_chunk as i32),
-                    A::P(rope_cs),
-                ],
-            )?;
-            return self.matvec_residual(wo, att, post_norm, n);
-        }
         let f = self.k.attn_qk_prep.clone();
         self.launch(
             "attn_qk_prep",
@@ -2509,13 +2455,12 @@ impl CudaModel {
                 A::P(rope_cs),
             ],
         )?;
-        if decode {
+        if n == 1 || rows == Rows::Steps {
             // Decode (each row at its own position): the cache split into chunks
             // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts).min(self.attn_splits);
             let f = match self.attn_gqa {
-                Some(4) if self.attn_merge2 => self.k.attn_split_gqa4.clone(),
-                Some(4) => self.k.attn_split_gqa4_m0.clone(),
+                Some(4) => self.k.attn_split_gqa4.clone(),
                 Some(_) => self.k.attn_split_gqa.clone(),
                 None => self.k.attn_split.clone(),
             };
@@ -3565,7 +3510,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         attn_part: arena
             .f32s(o.max_verify.max(1) * c.n_heads * attn_splits(o) * (c.head_dim + 2))?,
         xq_inv: arena.f32s(b)?,
-        attn_count: arena.zeros(8 * o.max_verify.max(1) * c.n_kv_heads)?,
         rope_cs: arena.alloc(8 * o.max_context * (c.rope_dims / 2).max(1))?,
     })
 }

@@ -2081,7 +2081,9 @@ pub struct AttnDims {
 }
 
 /// `attn_qk_prep` on `n` tokens at positions `pos0..`: returns `(q, gate, k cache, v cache)`
-/// with the caches `[ctx][nkv][hd]` (positions outside `pos0..pos0 + n` keep `kc0` / `vc0`).
+/// with the caches `[ctx][nkv][hd]` (positions outside `pos0..pos0 + n` keep `kc0` / `vc0`);
+/// RoPE's angles from `rope_table`'s rows when `table` (as the model runs it), else computed
+/// in the kernel.
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 pub fn attn_qk_prep(
@@ -2095,6 +2097,7 @@ pub fn attn_qk_prep(
     vc0: &[f32],
     pos0: usize,
     d: AttnDims,
+    table: bool,
 ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>), CudaError> {
     let n = check_rows(qg.len(), d.heads * 2 * d.hd, "attn_qk_prep q")?;
     let ctx = check_rows(kc0.len(), d.nkv * d.hd, "attn_qk_prep cache")?;
@@ -2120,6 +2123,24 @@ pub fn attn_qk_prep(
         i32_arg(d.hd, "hd")?,
         i32_arg(d.rope_dims, "rope dims")?,
     );
+    let half = d.rope_dims / 2;
+    let mut cs = alloc_poisoned::<f32>(gpu, 2 * ctx * half.max(1))?;
+    let table = table && half > 0;
+    if table {
+        let ci = i32_arg(ctx, "positions")?;
+        launch!(
+            gpu,
+            gpu.func("rope_table")?,
+            "rope_table",
+            cfg((ctx as u32, half.div_ceil(32) as u32, 1), 32, 0),
+            [&mut cs, &ci, &rdi, &d.theta]
+        )?;
+    }
+    let cs_ptr = if table {
+        device_address(gpu, &cs)
+    } else {
+        0u64
+    };
     launch!(
         gpu,
         gpu.func("attn_qk_prep")?,
@@ -2127,7 +2148,7 @@ pub fn attn_qk_prep(
         cfg(((d.heads + d.nkv) as u32, n as u32, 1), 128, 0),
         [
             &qgd, &knd, &vnd, &mut q, &mut gate, &mut kc, &mut vc, &qnd, &knd2, &pos, &hi, &nkvi,
-            &hdi, &rdi, &d.theta, &d.eps, &0u64
+            &hdi, &rdi, &d.theta, &d.eps, &cs_ptr
         ]
     )?;
     Ok((
@@ -2312,9 +2333,8 @@ pub fn attn_split_merge(
     attn_split_merge_with(gpu, split, q, kc, vc, gate, pos0, dims, scale, chunks)
 }
 
-/// [`attn_split_merge`] through the split kernel `split` (`attn_split`, `attn_split_gqa`,
-/// `attn_split_gqa4` or `attn_split_gqa4_m0`; the `gqa` ones only where the shape fits
-/// [`attn_split_gqa_fits`]).
+/// [`attn_split_merge`] through the split kernel `split` (`attn_split`, `attn_split_gqa` or
+/// `attn_split_gqa4`; the `gqa` ones only where the shape fits [`attn_split_gqa_fits`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attn_split_merge_with(
     gpu: &Gpu,
@@ -2380,84 +2400,6 @@ pub fn attn_split_merge_with(
         [&part, &gate_ptr, &mut o, &pos, &si, &hdi, &mci]
     )?;
     download(gpu, &o)
-}
-
-/// `attn_decode_fused` on `n` decode rows at positions `pos0..` (inputs as [`attn_qk_prep`]
-/// takes them), launched `launches` times on the same inputs (its arrival counters carry over
-/// from one launch to the next), with RoPE's angles from `rope_table`: returns `(o, k cache, v cache)` of the last launch, `o`
-/// `[n][heads][hd]` with the output gate applied.
-#[allow(clippy::too_many_arguments)]
-#[allow(clippy::type_complexity)]
-pub fn attn_decode_fused(
-    gpu: &Gpu,
-    qg: &[f32],
-    kn: &[f32],
-    vn: &[f32],
-    (q_norm, k_norm): (&[f32], &[f32]),
-    kc0: &[f32],
-    vc0: &[f32],
-    pos0: usize,
-    d: AttnDims,
-    (splits, min_chunk): (usize, usize),
-    launches: usize,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), CudaError> {
-    let n = check_rows(qg.len(), d.heads * 2 * d.hd, "attn_decode_fused q")?;
-    let ctx = check_rows(kc0.len(), d.nkv * d.hd, "attn_decode_fused cache")?;
-    if n == 0
-        || kn.len() != n * d.nkv * d.hd
-        || vn.len() != kn.len()
-        || vc0.len() != kc0.len()
-        || pos0 + n > ctx
-        || q_norm.len() != d.hd
-        || k_norm.len() != d.hd
-        || !attn_split_gqa_fits(d.heads, d.nkv, d.hd)
-        || !(1..=512).contains(&splits)
-        || d.rope_dims < 2
-    {
-        return Err(CudaError::Invalid("attn_decode_fused: sizes".into()));
-    }
-    let (qgd, knd, vnd) = (upload(gpu, qg)?, upload(gpu, kn)?, upload(gpu, vn)?);
-    let (qnd, kwd) = (upload(gpu, q_norm)?, upload(gpu, k_norm)?);
-    let (mut kc, mut vc) = (upload(gpu, kc0)?, upload(gpu, vc0)?);
-    let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
-    let mut part = alloc_poisoned::<f32>(gpu, n * d.heads * splits * (d.hd + 2))?;
-    let mut o = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
-    let mut count = upload(gpu, &vec![0u64; n * d.nkv])?;
-    let (hi, nkvi, hdi, rdi) = (
-        i32_arg(d.heads, "heads")?,
-        i32_arg(d.nkv, "nkv")?,
-        i32_arg(d.hd, "hd")?,
-        i32_arg(d.rope_dims, "rope dims")?,
-    );
-    let scale = 1.0 / (d.hd as f32).sqrt();
-    let mci = i32_arg(min_chunk, "min chunk")?;
-    let half = d.rope_dims / 2;
-    let mut cs = alloc_poisoned::<f32>(gpu, 2 * ctx * half)?;
-    let ci = i32_arg(ctx, "positions")?;
-    launch!(
-        gpu,
-        gpu.func("rope_table")?,
-        "rope_table",
-        cfg((ctx as u32, half.div_ceil(32) as u32, 1), 32, 0),
-        [&mut cs, &ci, &rdi, &d.theta]
-    )?;
-    for _ in 0..launches.max(1) {
-        launch!(
-            gpu,
-            gpu.func("attn_decode_fused")?,
-            "attn_decode_fused",
-            cfg(
-                (d.nkv as u32, splits as u32, n as u32),
-                (32 * (d.heads / d.nkv)) as u32,
-                0
-            ),
-            [
-                &qgd, &knd, &vnd, &mut kc, &mut vc, &mut part, &mut o, &qnd, &kwd, &pos,
-                &mut count, &hi, &nkvi, &hdi, &rdi, &d.eps, &scale, &mci, &cs
-            ]
-        )?;
-    }
-    Ok((download(gpu, &o)?, download(gpu, &kc)?, download(gpu, &vc)?))
 }
 
 /// Whole expert tensors (`n_exp` experts of type `ty`, one after another) for the id kernels.

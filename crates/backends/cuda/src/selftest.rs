@@ -1981,56 +1981,75 @@ impl Runner<'_> {
             let kw: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
             let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
             let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
-            let r = ops::attn_qk_prep(self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d).map(
-                |(q, gate, kc, vc)| {
-                    let eps = f64::from(d.eps);
-                    let (mut rq, mut rg) = (Vec::new(), Vec::new());
-                    let mut rk: Vec<f64> = kc0.iter().map(|&v| f64::from(v)).collect();
-                    let mut rv: Vec<f64> = vc0.iter().map(|&v| f64::from(v)).collect();
-                    for t in 0..n {
-                        let pos = pos0 + t;
-                        for h in 0..heads {
-                            let at = (t * heads + h) * 2 * hd;
-                            rq.extend(qk_norm_rope64(
-                                &qg[at..at + hd],
-                                &qn,
-                                eps,
-                                pos,
-                                d.rope_dims,
-                                d.theta,
-                            ));
-                            rg.extend(qg[at + hd..at + 2 * hd].iter().map(|&v| f64::from(v)));
-                        }
-                        for g in 0..nkv {
-                            let at = (t * nkv + g) * hd;
-                            let k = qk_norm_rope64(
-                                &kn[at..at + hd],
-                                &kw,
-                                eps,
-                                pos,
-                                d.rope_dims,
-                                d.theta,
-                            );
-                            let c = (pos * nkv + g) * hd;
-                            rk[c..c + hd].copy_from_slice(&k);
-                            for i in 0..hd {
-                                rv[c + i] = f64::from(vn[at + i]);
-                            }
+            let r = ops::attn_qk_prep(
+                self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, false,
+            )
+            .map(|(q, gate, kc, vc)| {
+                let eps = f64::from(d.eps);
+                let (mut rq, mut rg) = (Vec::new(), Vec::new());
+                let mut rk: Vec<f64> = kc0.iter().map(|&v| f64::from(v)).collect();
+                let mut rv: Vec<f64> = vc0.iter().map(|&v| f64::from(v)).collect();
+                for t in 0..n {
+                    let pos = pos0 + t;
+                    for h in 0..heads {
+                        let at = (t * heads + h) * 2 * hd;
+                        rq.extend(qk_norm_rope64(
+                            &qg[at..at + hd],
+                            &qn,
+                            eps,
+                            pos,
+                            d.rope_dims,
+                            d.theta,
+                        ));
+                        rg.extend(qg[at + hd..at + 2 * hd].iter().map(|&v| f64::from(v)));
+                    }
+                    for g in 0..nkv {
+                        let at = (t * nkv + g) * hd;
+                        let k =
+                            qk_norm_rope64(&kn[at..at + hd], &kw, eps, pos, d.rope_dims, d.theta);
+                        let c = (pos * nkv + g) * hd;
+                        rk[c..c + hd].copy_from_slice(&k);
+                        for i in 0..hd {
+                            rv[c + i] = f64::from(vn[at + i]);
                         }
                     }
-                    let e = rel_err(&q, &rq)
-                        .max(rel_err(&gate, &rg))
-                        .max(rel_err(&kc, &rk))
-                        .max(rel_err(&vc, &rv));
-                    (e, TOL_F32)
-                },
-            );
+                }
+                let e = rel_err(&q, &rq)
+                    .max(rel_err(&gate, &rg))
+                    .max(rel_err(&kc, &rk))
+                    .max(rel_err(&vc, &rv));
+                (e, TOL_F32)
+            });
             self.record(
                 "attn_qk_prep",
                 format!(
                     "{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}, rot {}",
                     d.rope_dims
                 ),
+                r,
+            );
+            // RoPE from rope_table's rows (the model's way) against the angles computed in the
+            // kernel: every output bit for bit.
+            let r = (|| {
+                let run = |table| {
+                    ops::attn_qk_prep(
+                        self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, table,
+                    )
+                };
+                let (a, b) = (run(true)?, run(false)?);
+                let differ = |x: &[f32], y: &[f32]| {
+                    x.iter()
+                        .zip(y)
+                        .filter(|(p, q)| p.to_bits() != q.to_bits())
+                        .count()
+                };
+                let n_diff = differ(&a.0, &b.0) + differ(&a.1, &b.1) + differ(&a.2, &b.2);
+                // Values that differ (bound 0: bit-identical).
+                Ok((n_diff as f64, 0.0))
+            })();
+            self.record(
+                "attn_qk_prep rope_table",
+                format!("{n} tokens at {pos0}, table vs computed angles, bit for bit"),
                 r,
             );
 
@@ -2083,143 +2102,7 @@ impl Runner<'_> {
         if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
             self.attention_split_kernel(d, Some(2));
             self.attention_split_kernel(d, Some(4));
-            self.attention_split_merge2(d);
-            self.attention_decode_fused(d);
         }
-    }
-
-    /// `attn_decode_fused` (one launch, run twice so its arrival counters carry over) against
-    /// `attn_qk_prep` → `attn_split_gqa4` → `attn_merge`, bit for bit on the output and both
-    /// caches: one row and several (new rows in one chunk and across chunks), short caches and
-    /// long ones, with the model's chunking (66 of at least 16) and 64 of at least 64; RoPE from
-    /// `rope_table` there, computed in `attn_qk_prep` here (the table's bits checked too).
-    fn attention_decode_fused(&mut self, d: AttnDims) {
-        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let ctx = 4096usize;
-        let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
-        let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
-        let qn: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
-        let kw: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
-        let cases = [
-            (1usize, 0usize),
-            (1, 2),
-            (1, 17),
-            (1, 40),
-            (1, 1000),
-            (1, 4095),
-            (3, 0),
-            (3, 15),
-            (8, 13),
-            (8, 60),
-            (16, 4000),
-        ];
-        let inputs: Vec<_> = cases
-            .iter()
-            .map(|&(n, _)| {
-                (
-                    self.rng.normals(n * heads * 2 * hd, 1.0),
-                    self.rng.normals(n * nkv * hd, 1.0),
-                    self.rng.normals(n * nkv * hd, 1.0),
-                )
-            })
-            .collect();
-        let r = (|| {
-            let mut differ = 0usize;
-            for chunks in [(66usize, 16usize), (64, 64)] {
-                for (&(_, pos0), (qg, kn, vn)) in cases.iter().zip(&inputs) {
-                    let (o, kc, vc) = ops::attn_decode_fused(
-                        self.gpu,
-                        qg,
-                        kn,
-                        vn,
-                        (&qn, &kw),
-                        &kc0,
-                        &vc0,
-                        pos0,
-                        d,
-                        chunks,
-                        2,
-                    )?;
-                    let (q, gate, rkc, rvc) =
-                        ops::attn_qk_prep(self.gpu, qg, kn, vn, &qn, &kw, &kc0, &vc0, pos0, d)?;
-                    let ro = ops::attn_split_merge_with(
-                        self.gpu,
-                        "attn_split_gqa4",
-                        &q,
-                        &rkc,
-                        &rvc,
-                        Some(&gate),
-                        pos0,
-                        (heads, nkv, hd),
-                        scale,
-                        chunks,
-                    )?;
-                    let bits = |a: &[f32], b: &[f32]| {
-                        a.len() != b.len()
-                            || a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
-                    };
-                    differ += usize::from(bits(&o, &ro))
-                        + usize::from(bits(&kc, &rkc))
-                        + usize::from(bits(&vc, &rvc));
-                }
-            }
-            // Outputs or caches that differ from the three launches' (bound 0: bit-identical).
-            Ok((differ as f64, 0.0))
-        })();
-        self.record(
-            "attn_decode_fused",
-            format!("1-16 rows at 0..4095, 66/16 and 64/64 chunks, rope_table, {heads}/{nkv} heads x{hd}, rot {}, vs qk_prep + split_gqa4 + merge bit for bit", d.rope_dims),
-            r,
-        );
-    }
-
-    /// `attn_split_gqa4`'s block merge (the warps with positions only, no bank conflicts) against
-    /// session 12's (`attn_split_gqa4_m0`): bit for bit, at short caches (some warps without
-    /// positions, one chunk or a few) and a long one, with the model's chunking (66 chunks of at
-    /// least 16) and the self-test's (64 of at least 64).
-    fn attention_split_merge2(&mut self, d: AttnDims) {
-        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let ctx = 4096usize;
-        let q = self.rng.normals(heads * hd, 1.0);
-        let kc = self.rng.normals(ctx * nkv * hd, 1.0);
-        let vc = self.rng.normals(ctx * nkv * hd, 1.0);
-        let gate = self.rng.normals(heads * hd, 2.0);
-        let r = (|| {
-            let mut differ = 0usize;
-            for chunks in [(66usize, 16usize), (64, 64)] {
-                for pos0 in [0usize, 2, 9, 17, 40, 135, 1000, 4001] {
-                    let run = |name| {
-                        ops::attn_split_merge_with(
-                            self.gpu,
-                            name,
-                            &q,
-                            &kc,
-                            &vc,
-                            Some(&gate),
-                            pos0,
-                            (heads, nkv, hd),
-                            scale,
-                            chunks,
-                        )
-                    };
-                    let (new, old) = (run("attn_split_gqa4")?, run("attn_split_gqa4_m0")?);
-                    differ += new
-                        .iter()
-                        .zip(&old)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits())
-                        .count();
-                }
-            }
-            // Values that differ from the old merge's (bound 0: bit-identical).
-            Ok((differ as f64, 0.0))
-        })();
-        self.record(
-            "attn_split_gqa4 merge2",
-            format!("positions 0..4001, 66/16 and 64/64 chunks, {heads}/{nkv} heads x{hd}, vs attn_split_gqa4_m0 bit for bit"),
-            r,
-        );
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
