@@ -84,16 +84,18 @@ if [ -f "$DEV/qwen3-vocab.gguf.gz" ]; then
         echo "== ncu: one decode step of the full-size layout"
         ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
             "$BIN" bench decode --backend cuda --no-graphs --profile-step 1 -m "$FULLM" -p 8 -n 2 >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err" || status=1
-        # DETAIL=1: a closer look at the heaviest kernels of that step (first of each).
-        for spec in ${DETAIL:+"matvec_norm3_q4_k 0" "matvec_res_q4_k 0" "dn_fused_seq 0" "moe_gate_up_tab_iq2_xxs 0"}; do
-            set -- $spec
-            ncu --profile-from-start off --clock-control none -k "$1" --launch-skip "$2" --launch-count 1 \
-                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-                "$BIN" bench decode --backend cuda --no-graphs --profile-step 1 -m "$FULLM" -p 8 -n 2 2>&1 \
-                | grep -E "^  [a-z_0-9]+|Duration|Throughput|Registers Per|Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Block Size" \
-                | grep -v "^    ---" >>"$LOGS/ncu_detail.txt" || status=1
-        done
         ncu_summary "$LOGS/ncu.csv" 25 >"$LOGS/ncu.txt"
+        # DETAIL=N: a closer look at the N heaviest kernels of that step (the first launch of
+        # each): occupancy, registers, and the stall reasons per issued instruction (session 15:
+        # no_instruction marks code run once per block, an instruction-cache miss per line).
+        for k in $(awk -F'|' 'NR > 3 && NF > 4 { gsub(/ /, "", $2); print $2 }' "$LOGS/ncu.txt" | head -n "${DETAIL:-0}"); do
+            ncu --profile-from-start off --clock-control none -k "$k" --launch-count 1 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats \
+                --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum" \
+                "$BIN" bench decode --backend cuda --no-graphs --profile-step 1 -m "$FULLM" -p 8 -n 2 2>&1 \
+                | grep -E "^  [a-z_0-9]+|Duration|Throughput|Registers Per|Occupancy|Block Limit|Grid Size|Block Size|stalled|inst_executed" \
+                | grep -v "^    ---" | awk '!/stalled/ || $NF + 0 >= 0.5' >>"$LOGS/ncu_detail.txt" || status=1
+        done
     fi
 fi
 
