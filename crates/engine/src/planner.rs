@@ -223,7 +223,8 @@ impl PlanInput {
     /// Activation scratch of one forward pass of `ubatch` tokens with `ctx` positions of attention:
     /// the hidden rows and their normed copies, the widest projection outputs (DeltaNet conv
     /// channels and gate, attention q+gate), the router logits and the expert intermediates, the
-    /// attention scores of one head per token, and the logits of the last token.
+    /// attention scores of one head per token, the logits of the last token, and RoPE's
+    /// {cos, sin} table of every position (the CUDA backend's `rope_table`).
     pub fn scratch_bytes(&self, ctx: u64, ubatch: u64) -> u64 {
         let c = &self.config;
         let per_token = 8 * c.hidden
@@ -233,7 +234,10 @@ impl PlanInput {
             + c.n_experts
             + 3 * c.n_experts_used * c.expert_ff
             + 3 * c.shared_ff;
-        let values = ubatch * per_token as u64 + ubatch * ctx + c.vocab as u64;
+        let values = ubatch * per_token as u64
+            + ubatch * ctx
+            + c.vocab as u64
+            + ctx * (c.rope_dims / 2 * 2) as u64;
         values * 4
     }
 }
