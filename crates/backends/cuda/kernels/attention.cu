@@ -48,7 +48,8 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
 #define ATTN_WARPS 4
 
 // NeoX rotation of the pairs (i, i + rope_dims/2) of one head held in shared memory, at position
-// pos (pairs first, first + step, ...); angles in double, sine and cosine rounded once (as rope_neox and the oracle do).
+// pos, pairs first, first + step, ...; angles in double, sine and cosine rounded once (as
+// rope_neox and the oracle do).
 __device__ __forceinline__ void rope_neox_pairs(float* h, int rope_dims, int pos, double theta, int first, int step) {
     const int half = rope_dims / 2;
     for (int i = first; i < half; i += step) {
@@ -624,6 +625,7 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
     }
 }
 
+// qgrp: the G query rows (hd apart) of the block's KV head and token.
 template <int PER, int G, int P>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
