@@ -2832,31 +2832,29 @@ impl CudaModel {
                     && self.router_split.1 == 1
             });
         let route_fused = route_fused.filter(|_| q8_down.is_some()).map(|(f, _)| f);
-        if route_fused.is_some() {
-            // Below, with the gate/up.
-        } else if route_in_gate_up {
+        // The fused route kernel computes the logits itself (below, with the gate/up); a
+        // one-token call's top-k runs inside the gate/up kernel's blocks.
+        if route_fused.is_none() {
             self.with_split(self.router_split, |s| {
                 s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
             })?;
-        } else {
-            self.with_split(self.router_split, |s| {
-                s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
-            })?;
-            let (f, rk) = self.router.clone();
-            self.launch(
-                rk.name,
-                &f,
-                (n as u32, 1, 1),
-                rk.threads,
-                rk.shared,
-                &[
-                    A::P(rlog),
-                    A::I(ne as i32),
-                    A::I(k as i32),
-                    A::P(ids),
-                    A::P(wts),
-                ],
-            )?;
+            if !route_in_gate_up {
+                let (f, rk) = self.router.clone();
+                self.launch(
+                    rk.name,
+                    &f,
+                    (n as u32, 1, 1),
+                    rk.threads,
+                    rk.shared,
+                    &[
+                        A::P(rlog),
+                        A::I(ne as i32),
+                        A::I(k as i32),
+                        A::P(ids),
+                        A::P(wts),
+                    ],
+                )?;
+            }
         }
         if routed_gemm {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);

@@ -2123,10 +2123,10 @@ pub fn attn_qk_prep(
         i32_arg(d.hd, "hd")?,
         i32_arg(d.rope_dims, "rope dims")?,
     );
+    // The table of every cache position, as the model keeps it.
     let half = d.rope_dims / 2;
-    let mut cs = alloc_poisoned::<f32>(gpu, 2 * ctx * half.max(1))?;
-    let table = table && half > 0;
-    if table {
+    let cs = if table && half > 0 {
+        let mut cs = alloc_poisoned::<f32>(gpu, 2 * ctx * half)?;
         let ci = i32_arg(ctx, "positions")?;
         launch!(
             gpu,
@@ -2135,12 +2135,11 @@ pub fn attn_qk_prep(
             cfg((ctx as u32, half.div_ceil(32) as u32, 1), 32, 0),
             [&mut cs, &ci, &rdi, &d.theta]
         )?;
-    }
-    let cs_ptr = if table {
-        device_address(gpu, &cs)
+        Some(cs)
     } else {
-        0u64
+        None
     };
+    let cs_ptr = cs.as_ref().map_or(0u64, |c| device_address(gpu, c));
     launch!(
         gpu,
         gpu.func("attn_qk_prep")?,

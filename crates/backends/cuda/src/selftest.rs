@@ -216,6 +216,21 @@ fn same_bytes(what: &str, a: &[u8], b: &[u8]) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// A routed gate/up's outputs `(ids, weights, activations, their q8 rows)` against a reference
+/// run's: `Err` naming `what` unless the ids are equal and the rest bit for bit.
+type RouteOut<'a> = (&'a [i32], &'a [f32], &'a [f32], &'a [u8]);
+fn same_route(what: &str, a: RouteOut, b: RouteOut) -> Result<(), CudaError> {
+    if a.0 != b.0 {
+        return Err(CudaError::Invalid(format!(
+            "{what}: ids {:?}, reference {:?}",
+            a.0, b.0
+        )));
+    }
+    same_bits(&format!("{what}: weights differ"), a.1, b.1)?;
+    same_bits(&format!("{what}: activations differ"), a.2, b.2)?;
+    same_bytes(&format!("{what}: q8 rows differ"), a.3, b.3)
+}
+
 /// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
 fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
     let differ = a
@@ -789,14 +804,11 @@ impl Runner<'_> {
                     &ops::q8_row(&x),
                     (hidden, ff),
                 )?;
-                if ids_2 != ids_r {
-                    return Err(CudaError::Invalid(format!(
-                        "route2 ids {ids_2:?}, route {ids_r:?}"
-                    )));
-                }
-                same_bits("route2 weights differ", &wts_2, &wts_r)?;
-                same_bits("route2 activations differ", &act_2, &act_r)?;
-                same_bytes("route2 q8 rows differ", &actq_2, &actq_r)?;
+                same_route(
+                    "route2",
+                    (&ids_2, &wts_2, &act_2, &actq_2),
+                    (&ids_r, &wts_r, &act_r, &actq_r),
+                )?;
                 // The experts in slots of one buffer (every expert resident): the parts found at
                 // the table's first entries + id · slot stride (`dstride`), the same bits as
                 // through the table entries.
@@ -841,14 +853,11 @@ impl Runner<'_> {
                 let (l_s, g_s, ids_s, wts_s, act_s, actq_s) = route(false)?;
                 same_bits("fused route: router logits differ", &l_f, &l_s)?;
                 same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
-                if ids_f != ids_s {
-                    return Err(CudaError::Invalid(format!(
-                        "fused route ids {ids_f:?}, two launches {ids_s:?}"
-                    )));
-                }
-                same_bits("fused route: weights differ", &wts_f, &wts_s)?;
-                same_bits("fused route: activations differ", &act_f, &act_s)?;
-                same_bytes("fused route: q8 rows differ", &actq_f, &actq_s)?;
+                same_route(
+                    "fused route",
+                    (&ids_f, &wts_f, &act_f, &actq_f),
+                    (&ids_s, &wts_s, &act_s, &actq_s),
+                )?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
