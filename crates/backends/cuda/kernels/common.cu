@@ -116,16 +116,6 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, size_t bytes, int i, in
     }
 }
 
-// A prefetch list: `pf` = [count, ptr_0, bytes_0, ptr_1, bytes_1, ...] (count <= PF_MAX_RANGES; null:
-// empty), the weights of a kernel further down the stream, whose own prefetch (before its wait)
-// comes too late to hide a whole read. Thread i of n starts its share of every range into L2.
-#define PF_MAX_RANGES 3
-__device__ __forceinline__ void prefetch_list(const u64* __restrict__ pf, int i, int n) {
-    if (pf == nullptr) return;
-    const int cnt = min((int)pf[0], PF_MAX_RANGES);
-    for (int r = 0; r < cnt; ++r) prefetch_l2((const u8*)pf[1 + 2 * r], (size_t)pf[2 + 2 * r], i, n);
-}
-
 // Two f32 to one f16x2 word: `lo` in the low half (the element of the lower index).
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
     u32 r;

@@ -881,7 +881,7 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
 // moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
-// actq, ff, hidden, k, dstride, counter, pf_down, pf): matvec3_x_f32 on the router matrices (w0: the router,
+// actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
 // r0 = n_expert rows into the logits y0; w1: the shared expert's gate vector, r1 rows into y1;
 // split: `parts` slices a row, one row a warp group), a grid barrier, then
 // moe_gate_up_route2_q8q_iq2_xxs on those logits, for one token. Block b takes gate/up block
@@ -889,16 +889,13 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 // (8 warps: a matvec3_x_f32 block) takes that kernel's block half, half + 2 B, ...: the same lane
 // partials and the same sums of the slices, so every output is the separate kernels' bit for bit.
 // The launch boundary between the router and its top-k becomes a barrier, and the gate/up blocks
-// are resident (tables staged) before the logits exist. pf_down != 0: after the top-k the grid
-// starts the chosen experts' down matrices into L2 (the down kernel reads them after its wait);
-// pf: a prefetch list (common.cu) started before the wait, or null.
+// are resident (tables staged) before the logits exist.
 // Launch: grid = (ff / 32) * k blocks (all resident at once), block = 512 threads.
 extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_xxs(
     const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
     const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
     int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
-    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter,
-    int pf_down, const u64* __restrict__ pf) {
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
     __shared__ float red[2][MVF_WARPS];
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
@@ -924,11 +921,8 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
         const u8* wr = row_of(vb, y);
         if (wr != nullptr) prefetch_l2(wr, rbytes, part * WARP + lane, parts * WARP);
     }
-    const int gi = blockIdx.x * blockDim.x + threadIdx.x, gn = nb * blockDim.x;
-    prefetch_list(pf, gi, gn);  // weights of a later kernel (the next layer's first matrices)
     stage_iq2_q8_tables();
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
-    const u64 d0 = dstride != 0 ? tab[2] : 0;
     pdl_enter();  // xn and xq come from the kernels before
     for (int base = 2 * blockIdx.x; base < vblocks; base += 2 * nb) {
         float* y = nullptr;
@@ -956,34 +950,26 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
         }
     }
     __syncthreads();
-    if (pf_down) {
-        // The chosen experts' down rows into L2 for the down kernel after this one (it can only
-        // learn the ids after its wait); the grid shares out each expert's matrix.
-        const size_t dbytes = (size_t)hidden * row_bytes<T_IQ2_XXS>(ff);
-        for (int c = 0; c < k; ++c) prefetch_l2(expert_part(tab, ids_s[c], 2, dstride, d0), dbytes, gi, gn);
-    }
     const int id = ids_s[by];
     gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act, actq,
                            ff, hidden, k, bx, by, 0);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
-// dstride, pf): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
+// dstride): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
-// value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order. pf: a
-// prefetch list (common.cu; the next layer's first matrices) started before the wait, or null.
+// value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order.
 // Launch: as moe_down_combine_tab (grid = (hidden * parts / warps, tokens), block = 32 * warps).
 extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                            const float* __restrict__ weight,
                                                            const u8* __restrict__ actq, float* __restrict__ x,
                                                            const float* __restrict__ shared,
                                                            const float* __restrict__ gate_logit, int hidden, int ff,
-                                                           int k, u64 dstride, const u64* __restrict__ pf) {
+                                                           int k, u64 dstride) {
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const DownRow d = down_row(hidden);
     const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
-    if (t == 0) prefetch_list(pf, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before

@@ -746,9 +746,6 @@ pub struct CudaModel {
     output_norm: u64,
     output: DevLinear,
     layers: Vec<DevLayer>,
-    /// Layer i's prefetch list (`prefetch_list` in common.cu) at `next_prefetch + 64 i`: the
-    /// first matrices of layer i + 1 (empty for the last layer).
-    next_prefetch: u64,
     sc: Scratch,
     pos: usize,
     /// Row of the logits buffer that holds the last token's logits.
@@ -883,15 +880,6 @@ pub struct CudaModel {
     /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
     /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
-    /// The fused route kernel starts the chosen experts' down matrices into L2 after its top-k,
-    /// for the down kernel, which can only learn the ids after its wait (`REDLITE_CUDA_PF_DOWN`;
-    /// a hint: the same bits).
-    pf_down: bool,
-    /// Which kernel starts the next layer's first matrices into L2 before its wait
-    /// (`REDLITE_CUDA_PF_NEXT`): 0 none, 1 the fused route kernel, 2 the q8 down kernel. The
-    /// first matvec of a layer prefetches its own rows too, but only while the norm ahead of it
-    /// runs (≈ 2 µs, against ≈ 3.5 µs to read a DeltaNet in-projection's 14 MB).
-    pf_next: u8,
     /// (kernel, grid size) → `grid_sync` counter index, in order of first use.
     grid_counters: Vec<(&'static str, u32)>,
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
@@ -1053,7 +1041,6 @@ impl CudaModel {
             layers.push(dev_layer(&gpu, &mut arena, &config, &opts, i, w)?);
         }
         let sc = scratch(&mut arena, &config, &opts)?;
-        let next_prefetch = next_layer_prefetch(&mut arena, &layers)?;
         let side = MoeSide::new(&gpu.ctx)?;
         let (blas, blas_off) =
             match PromptBlas::new(&mut arena, &file, &config, &opts, (&stream, &side.stream))? {
@@ -1091,7 +1078,6 @@ impl CudaModel {
             output_norm,
             output,
             layers,
-            next_prefetch,
             sc,
             pos: 0,
             last_row: 0,
@@ -1150,8 +1136,6 @@ impl CudaModel {
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
-            pf_down: env_switch("REDLITE_CUDA_PF_DOWN", true),
-            pf_next: env_parse("REDLITE_CUDA_PF_NEXT").unwrap_or(2).min(2),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
@@ -2783,7 +2767,6 @@ impl CudaModel {
         let (x, xn, rlog, wts, act) = (sc.x, sc.xn, sc.rlog, sc.wts, sc.act);
         let (shared, gl) = (sc.shared, sc.gl);
         let e = &m.experts;
-        let next_pf = self.next_prefetch + 64 * e.layer as u64;
         // Each layer's ids stay until the call ends: the expert cache reads them afterwards.
         let (ids, tab) = (self.experts.ids(e.layer, n), self.experts.table(e.layer));
         // Expert e's parts at the table's first entries + e · dstride (every expert resident), or
@@ -2919,11 +2902,7 @@ impl CudaModel {
                     ]
                     .into_iter()
                     .chain(routed_tail)
-                    .chain([
-                        A::P(counter),
-                        A::I(self.pf_down as i32),
-                        A::P(if self.pf_next == 1 { next_pf } else { 0 }),
-                    ])
+                    .chain([A::P(counter)])
                     .collect::<Vec<_>>(),
                 )?;
                 (dn_f, act_q)
@@ -3009,7 +2988,6 @@ impl CudaModel {
             A::I(ff as i32),
             A::I(k as i32),
             A::P(dstride),
-            A::P(if self.pf_next == 2 { next_pf } else { 0 }),
         ];
         self.launch(
             "moe_down_combine_tab",
@@ -3169,27 +3147,6 @@ impl Drop for CudaModel {
         let _ = self.bind();
         let _ = self.sync();
     }
-}
-
-/// Every layer's prefetch list (`prefetch_list` in common.cu: `[count, (ptr, bytes) × 3, 0]`, 64
-/// bytes a layer): the matrices of layer i + 1's first matvec (the DeltaNet in-projections, or
-/// attention's q/k/v), empty for the last layer (the head is larger than L2).
-fn next_layer_prefetch(arena: &mut Arena, layers: &[DevLayer]) -> Result<u64, CudaError> {
-    let mut list = vec![0u64; 8 * layers.len().max(1)];
-    for (i, next) in layers.iter().enumerate().skip(1) {
-        let mats = match &next.mixer {
-            DevMixer::Attention { wq, wk, wv, .. } => [wq, wk, wv],
-            DevMixer::DeltaNet { qkv, z, ba, .. } => [qkv, z, ba],
-        };
-        let at = 8 * (i - 1);
-        list[at] = mats.len() as u64;
-        for (r, w) in mats.iter().enumerate() {
-            list[at + 1 + 2 * r] = w.ptr;
-            list[at + 2 + 2 * r] = (w.rows * crate::ops::row_bytes(w.ty, w.cols)?) as u64;
-        }
-    }
-    let bytes: Vec<u8> = list.iter().flat_map(|v| v.to_le_bytes()).collect();
-    arena.upload(&bytes)
 }
 
 /// The `(w, y, rows)` arguments of up to three matrices for the fused matvec kernels (absent

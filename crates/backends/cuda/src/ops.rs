@@ -645,7 +645,6 @@ fn down_q8_launch(
 ) -> Result<(), CudaError> {
     let warps = crate::expert_cache::moe_warps();
     let name = "moe_down_combine_tab_q8_iq2_xxs";
-    let pf = prefetch_list_of(gpu, &c.tab)?;
     launch!(
         gpu,
         gpu.func(name)?,
@@ -653,22 +652,9 @@ fn down_q8_launch(
         cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
         [
             &c.tab, &c.ids, &c.weights, actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k,
-            &dstride, &pf
+            &dstride
         ]
     )
-}
-
-/// A prefetch list (`prefetch_list` in common.cu) of one range, `buf`'s bytes, for the kernels
-/// that take one: the hint runs, and the results must not depend on it.
-fn prefetch_list_of<T: DeviceRepr>(
-    gpu: &Gpu,
-    buf: &CudaSlice<T>,
-) -> Result<CudaSlice<u64>, CudaError> {
-    let at = {
-        let (p, _guard) = buf.device_ptr(&gpu.stream);
-        p
-    };
-    upload(gpu, &[1, at, (buf.len() * std::mem::size_of::<T>()) as u64])
 }
 
 /// What [`moe_gate_up_route_q8q`] returns: expert ids and weights `[k]`, the activations
@@ -890,8 +876,6 @@ pub fn moe_route_gate_up_slots(
     if fused {
         let grid = ((ff / 32) * k) as u32;
         let mut counter = upload(gpu, &[0u64])?;
-        // Both prefetches on (hints: the same results).
-        let (pf_down, pf) = (1i32, prefetch_list_of(gpu, &w0)?);
         launch!(
             gpu,
             gpu.func("moe_route_gate_up_q8q_iq2_xxs")?,
@@ -918,9 +902,7 @@ pub fn moe_route_gate_up_slots(
                 &ci,
                 &ki,
                 &dstride,
-                &mut counter,
-                &pf_down,
-                &pf
+                &mut counter
             ]
         )?;
     } else {
