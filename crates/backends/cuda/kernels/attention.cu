@@ -110,11 +110,15 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                         const int* __restrict__ pos_ptr, int nh, int nkv, int hd, int rope_dims,
                                         double theta, float eps, const float2* __restrict__ rope_cs) {
-    pdl_enter();
     __shared__ float head[ATTN_MAX_HD];
     __shared__ float scratch[WARP];
     const int t = blockIdx.y;
+    // The positions were uploaded before the step's first kernel: readable before the wait, as
+    // are the norm weights and the RoPE row.
     const int pos = *pos_ptr + t;
+    prefetch_l1_block((int)blockIdx.x < nh ? q_norm : k_norm, (size_t)hd * 4);
+    if (rope_cs != nullptr) prefetch_l1_block(rope_cs + (size_t)pos * (rope_dims / 2), (size_t)rope_dims / 2 * 8);
+    pdl_enter();
     const float* src;
     const float* w;
     float* dst;

@@ -99,6 +99,13 @@ __device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned 
 }
 // Each counter serves launches of one grid size only (the host keeps one per size).
 
+// A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // Weight prefetch into L2 before a block's prologue (staging the activations or the IQ tables and
 // its barrier), so the row's DRAM (or PCIe) latency overlaps it; off with MVF_PREFETCH=0.
 #ifndef MVF_PREFETCH
@@ -113,6 +120,22 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, size_t bytes, int i, in
     const u8* start = p - head;
     for (size_t off = (size_t)i * 128; off < bytes + head; off += (size_t)n * 128) {
         asm volatile("prefetch.L2 [%0];" ::"l"(start + off));
+    }
+}
+
+// REDLITE_CUDA_PRE_WEIGHTS (set from the host after the module loads; default 1): kernels start
+// their small weight vectors (norm weights, RoPE rows) into L1 before the wait, so that after it
+// they read only what the kernel ahead wrote.
+__constant__ int g_knob_pre;
+
+// Starts the 128-byte lines of [p, p + bytes) into this SM's L1, a line per thread of the block
+// (a hint: it neither waits nor faults). For a few KB of weights read after the wait.
+__device__ __forceinline__ void prefetch_l1_block(const void* p, size_t bytes) {
+    if (!g_knob_pre || p == nullptr) return;
+    const size_t head = (size_t)p & 127;
+    const u8* start = (const u8*)p - head;
+    for (size_t off = (size_t)threadIdx.x * 128; off < bytes + head; off += (size_t)blockDim.x * 128) {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(start + off));
     }
 }
 

@@ -434,6 +434,152 @@ extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_128(const float*
 
 #define DNF_ROWS 32
 #define DNF_MAX_THREADS 1024
+
+// The pieces of dn_fused_seq that dn_fused_cols shares (one source, so the same operations and
+// the same contractions in both: their outputs agree bit for bit).
+
+// Conv + SiLU of channel c for token t; history = [conv_state (kern - 1 rows) | qkv rows 0 .. t].
+__device__ __forceinline__ float dnf_conv(const float* __restrict__ qkv, const float* __restrict__ conv_state,
+                                          const float* __restrict__ conv_w, int t, int c, int ch, int kern) {
+    const float* wc = conv_w + (size_t)c * kern;
+    float acc = 0.0f;
+    for (int jj = 0; jj < kern - 1; ++jj) {
+        const int src = t - (kern - 1) + jj;
+        const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : conv_state[(size_t)(kern - 1 + src) * ch + c];
+        acc += wc[jj] * hv;
+    }
+    acc += wc[kern - 1] * qkv[(size_t)t * ch + c];
+    return siluf_(acc);
+}
+
+// beta = sigmoid(b) and the decay exp(A softplus(a + dt_bias)) of one V head.
+__device__ __forceinline__ void dnf_gates(float b, float al, float a_h, float dt_h, float& beta, float& decay) {
+    beta = sigmoidf_(b);
+    decay = expf(a_h * softplusf_(al + dt_h));
+}
+
+// In place, by one warp: x[0 .. dk) times 1 / sqrt(sum x^2 + eps), then times sc.
+__device__ __forceinline__ void dnf_l2_norm(float* x, int dk, int lane, float eps, float sc) {
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += WARP) ss += x[i] * x[i];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss + eps);
+    __syncwarp();
+    for (int i = lane; i < dk; i += WARP) x[i] = (x[i] * inv) * sc;
+}
+
+// The state rows' decay and their part of S^T k (k: the rows' k values).
+__device__ __forceinline__ float dnf_decay_dot(float (&st)[DNF_ROWS], float alpha, const float* k) {
+    float m = 0.0f;
+#pragma unroll
+    for (int q = 0; q < DNF_ROWS; ++q) {
+        st[q] *= alpha;
+        m += st[q] * k[q];
+    }
+    return m;
+}
+
+// S += k delta on the rows, and their part of S^T q.
+__device__ __forceinline__ float dnf_update_dot(float (&st)[DNF_ROWS], const float* k, float delta, const float* q) {
+    float out = 0.0f;
+#pragma unroll
+    for (int q_ = 0; q_ < DNF_ROWS; ++q_) {
+        st[q_] += k[q_] * delta;
+        out += st[q_] * q[q_];
+    }
+    return out;
+}
+
+// By one warp: 1 / rms of a V head's dv outputs (CG: read through L2, written by other blocks).
+template <bool CG>
+__device__ __forceinline__ float dnf_inv_rms(const float* o, int dv, int lane, float eps) {
+    float ss = 0.0f;
+    for (int i = lane; i < dv; i += WARP) {
+        const float v = CG ? ld_cg(o + i) : o[i];
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / (float)dv + eps);
+}
+
+__device__ __forceinline__ float dnf_gated(float o, float inv, float w, float z) { return (o * inv * w) * siluf_(z); }
+
+// The conv window of channel c after n tokens: the last kern - 1 inputs of [conv_state | qkv],
+// written over conv_state (every reader of the old window is done).
+__device__ __forceinline__ void dnf_conv_window(const float* __restrict__ qkv, float* __restrict__ conv_state,
+                                                int n, int c, int ch, int kern) {
+    float nw[DN_MAX_KERN];
+    for (int jj = 0; jj < kern - 1; ++jj) {
+        const int m = n + jj;  // index into [state rows | tokens]
+        nw[jj] = m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
+    }
+    for (int jj = 0; jj < kern - 1; ++jj) conv_state[(size_t)jj * ch + c] = nw[jj];
+}
+
+// conv_trace row t of channel c: the window after token t.
+__device__ __forceinline__ void dnf_conv_trace(const float* __restrict__ qkv, const float* __restrict__ conv_state,
+                                               float* __restrict__ conv_trace, int t, int c, int ch, int kern) {
+    for (int jj = 0; jj < kern - 1; ++jj) {
+        const int m = t + 1 + jj;  // index into [state rows | tokens]
+        conv_trace[((size_t)t * (kern - 1) + jj) * ch + c] =
+            m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
+    }
+}
+
+// Before the wait (`early` bit 1, conv kernel DNF_PRE_KERN wide): up to NPRE conv channels of a
+// thread with their weights and their window (conv_state rows, written at least two launches
+// back, as the delta state), so that after the wait only qkv is read for them. x: the channel's
+// input of the last token run (the window at the end).
+#define DNF_PRE_KERN 4
+template <int NPRE>
+struct DnfConvRegs {
+    int c[NPRE];  // the channel, or -1
+    float w[NPRE][DNF_PRE_KERN], h[NPRE][DNF_PRE_KERN - 1], x[NPRE];
+};
+
+template <int NPRE>
+__device__ __forceinline__ void dnf_pre_channel(DnfConvRegs<NPRE>& p, int i, int c, const float* __restrict__ conv_w,
+                                                const float* __restrict__ conv_state, int ch) {
+    p.c[i] = c;
+    p.x[i] = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN; ++jj) p.w[i][jj] = c >= 0 ? conv_w[(size_t)c * DNF_PRE_KERN + jj] : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) p.h[i][jj] = c >= 0 ? conv_state[(size_t)jj * ch + c] : 0.0f;
+}
+
+// dnf_conv of channel p.c[i] from the registers (the same operations in the same order).
+template <int NPRE>
+__device__ __forceinline__ float dnf_conv_pre(DnfConvRegs<NPRE>& p, int i, const float* __restrict__ qkv, int t,
+                                              int ch) {
+    const int c = p.c[i];
+    float acc = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
+        const int src = t - (DNF_PRE_KERN - 1) + jj, m = t + jj;
+        const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : m == 0 ? p.h[i][0] : m == 1 ? p.h[i][1] : p.h[i][2];
+        acc += p.w[i][jj] * hv;
+    }
+    p.x[i] = qkv[(size_t)t * ch + c];
+    acc += p.w[i][DNF_PRE_KERN - 1] * p.x[i];
+    return siluf_(acc);
+}
+
+// dnf_conv_window of channel p.c[i] after n >= 1 tokens, from the registers where it can.
+template <int NPRE>
+__device__ __forceinline__ void dnf_conv_window_pre(const DnfConvRegs<NPRE>& p, int i, const float* __restrict__ qkv,
+                                                    float* __restrict__ conv_state, int n, int ch) {
+    const int c = p.c[i];
+    float nw[DNF_PRE_KERN - 1];
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
+        const int m = n + jj, tok = m - (DNF_PRE_KERN - 1);  // index into [state rows | tokens]
+        nw[jj] = m < DNF_PRE_KERN - 1 ? (m == 1 ? p.h[i][1] : p.h[i][2]) : tok == n - 1 ? p.x[i] : qkv[(size_t)tok * ch + c];
+    }
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) conv_state[(size_t)jj * ch + c] = nw[jj];
+}
+
 // dn_fused_seq(qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern,
 //              l2_eps, q_scale, rms_eps): the whole DeltaNet core of n tokens in one launch, from the
 // projections to the gated norm: conv + SiLU (dn_conv_seq), q/k L2 norm (dn_qk_norm), beta and g
@@ -447,8 +593,9 @@ extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_128(const float*
 // rg warps in shared memory. dk must be a multiple of DNF_ROWS.
 // s_trace / conv_trace (both null, or both set: the verify pass of speculative decoding) receive
 // the states after every token t: s_trace[t] as s ([nv][dk][dv]), conv_trace[t] as conv_state
-// ([kern-1][ch]), so a rollback to any row is a copy. early != 0: the state rows are loaded before
-// pdl_enter (see there).
+// ([kern-1][ch]), so a rollback to any row is a copy. early bit 0: the state rows are loaded before
+// pdl_enter (see there); bit 1: also the first conv channel's weights and window, the gate
+// parameters and a norm weight per thread (DnfConvRegs; kern == DNF_PRE_KERN, else ignored).
 // Launch: grid = nk, block = 32 * r * ceil(dv / 32) * ceil(dk / DNF_ROWS) threads (<= DNF_MAX_THREADS),
 // dynamic shared memory = (2 dk + 2 r dv + blockDim.x + 3 r) floats.
 extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
@@ -477,59 +624,48 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
     // last written by this layer's launch of an earlier step, or by a verify pass's rollback,
     // at least two launches back: complete, since the kernel ahead passed its own wait).
     const float* sp = s + ((size_t)h * dk + i0) * dv + (col ? j : 0);
-    if (early) {
-#pragma unroll
-        for (int q = 0; q < DNF_ROWS; ++q) st[q] = col ? sp[(size_t)q * dv] : 0.0f;
-    }
-    pdl_enter();  // qkv, ba and z come from the kernel ahead
-    if (!early) {
-#pragma unroll
-        for (int q = 0; q < DNF_ROWS; ++q) st[q] = col ? sp[(size_t)q * dv] : 0.0f;
-    }
+    const int tid = threadIdx.x;
     // Channel of local index li.
 #define DN_CH(li) ((li) < dk ? kh * dk + (li) : (li) < 2 * dk ? nk * dk + kh * dk + (li) - dk : 2 * nk * dk + kh * r * dv + (li) - 2 * dk)
+    // early bit 1: the thread's first conv channel (weights, window), its gate parameters and its
+    // first norm weight before the wait too; the same values.
+    const bool pre = (early & 2) && kern == DNF_PRE_KERN;
+    DnfConvRegs<1> pr;
+    float pa = 0.0f, pdt = 0.0f, pnw = 0.0f;
+    if (early & 1) {
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) st[q] = col ? sp[(size_t)q * dv] : 0.0f;
+    }
+    if (pre) {
+        dnf_pre_channel(pr, 0, tid < own ? DN_CH(tid) : -1, conv_w, conv_state, ch);
+        if (tid < r) pa = a[kh * r + tid], pdt = dt_bias[kh * r + tid];
+        if (tid < r * dv) pnw = norm_w[tid % dv];
+    }
+    pdl_enter();  // qkv, ba and z come from the kernel ahead
+    if (!(early & 1)) {
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) st[q] = col ? sp[(size_t)q * dv] : 0.0f;
+    }
     for (int t = 0; t < n; ++t) {
+        // z of the thread's first output, in flight during the conv.
+        const float zt = pre && tid < r * dv ? z[(size_t)t * nv * dv + (size_t)kh * r * dv + tid] : 0.0f;
         // Conv + SiLU of this block's channels; history = [conv_state | qkv rows 0 .. t].
-        for (int li = threadIdx.x; li < own; li += blockDim.x) {
-            const int c = DN_CH(li);
-            const float* wc = conv_w + (size_t)c * kern;
-            float acc = 0.0f;
-            for (int jj = 0; jj < kern - 1; ++jj) {
-                const int src = t - (kern - 1) + jj;
-                const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : conv_state[(size_t)(kern - 1 + src) * ch + c];
-                acc += wc[jj] * hv;
-            }
-            acc += wc[kern - 1] * qkv[(size_t)t * ch + c];
-            buf[li] = siluf_(acc);
+        for (int li = tid; li < own; li += blockDim.x) {
+            buf[li] = pre && li == tid ? dnf_conv_pre(pr, 0, qkv, t, ch) : dnf_conv(qkv, conv_state, conv_w, t, DN_CH(li), ch, kern);
         }
-        if ((int)threadIdx.x < r) {
-            const int hh = kh * r + threadIdx.x;
+        if (tid < r) {
+            const int hh = kh * r + tid;
             const float* bat = ba + (size_t)t * 2 * nv + (size_t)kh * 2 * r;
-            gb[threadIdx.x] = sigmoidf_(bat[threadIdx.x]);
-            gb[r + threadIdx.x] = expf(a[hh] * softplusf_(bat[r + threadIdx.x] + dt_bias[hh]));
+            dnf_gates(bat[tid], bat[r + tid], pre ? pa : a[hh], pre ? pdt : dt_bias[hh], gb[tid], gb[r + tid]);
         }
         __syncthreads();
         // L2 norm of q (then times q_scale) and of k, a warp each.
-        for (int vec = u; vec < 2; vec += warps) {
-            float* xr = buf + vec * dk;
-            float ss = 0.0f;
-            for (int i = lane; i < dk; i += WARP) ss += xr[i] * xr[i];
-            ss = warp_sum(ss);
-            const float inv = 1.0f / sqrtf(ss + l2_eps);
-            const float sc = vec == 0 ? q_scale : 1.0f;
-            __syncwarp();
-            for (int i = lane; i < dk; i += WARP) xr[i] = (xr[i] * inv) * sc;
-        }
+        for (int vec = u; vec < 2; vec += warps) dnf_l2_norm(buf + vec * dk, dk, lane, l2_eps, vec == 0 ? q_scale : 1.0f);
         __syncthreads();
         const float* qs = buf;
         const float* ks = buf + dk;
         const float alpha = gb[r + hl];
-        float m = 0.0f;
-#pragma unroll
-        for (int q = 0; q < DNF_ROWS; ++q) {
-            st[q] *= alpha;
-            m += st[q] * ks[i0 + q];
-        }
+        const float m = dnf_decay_dot(st, alpha, ks + i0);
         part[u * WARP + lane] = m;
         __syncthreads();
         const int u0 = u - rg;  // warp of row group 0 of these columns
@@ -537,12 +673,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
         for (int g = 0; g < rgn; ++g) mt += part[(u0 + g) * WARP + lane];
         const float v = col ? buf[2 * dk + hl * dv + j] : 0.0f;
         const float delta = gb[hl] * (v - mt);
-        float out = 0.0f;
-#pragma unroll
-        for (int q = 0; q < DNF_ROWS; ++q) {
-            st[q] += ks[i0 + q] * delta;
-            out += st[q] * qs[i0 + q];
-        }
+        const float out = dnf_update_dot(st, ks + i0, delta, qs + i0);
         __syncthreads();  // every warp has read the S^T k sums
         part[u * WARP + lane] = out;
         __syncthreads();
@@ -554,16 +685,15 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
         __syncthreads();
         // Gated RMSNorm per V head.
         for (int vh = u; vh < r; vh += warps) {
-            float ss = 0.0f;
-            for (int i = lane; i < dv; i += WARP) ss += os[vh * dv + i] * os[vh * dv + i];
-            ss = warp_sum(ss);
-            if (lane == 0) invs[vh] = 1.0f / sqrtf(ss / (float)dv + rms_eps);
+            const float inv = dnf_inv_rms<false>(os + vh * dv, dv, lane, rms_eps);
+            if (lane == 0) invs[vh] = inv;
         }
         __syncthreads();
-        for (int idx = threadIdx.x; idx < r * dv; idx += blockDim.x) {
+        for (int idx = tid; idx < r * dv; idx += blockDim.x) {
             const int vh = idx / dv, jj = idx % dv;
             const size_t at = ((size_t)t * nv + kh * r + vh) * dv + jj;
-            y[at] = (os[idx] * invs[vh] * norm_w[jj]) * siluf_(z[at]);
+            const bool first = pre && idx == tid;
+            y[at] = dnf_gated(os[idx], invs[vh], first ? pnw : norm_w[jj], first ? zt : z[at]);
         }
         if (s_trace != nullptr) {
             // The states after token t: this warp's state rows, this block's conv channels.
@@ -573,12 +703,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
                 for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
             }
             for (int li = threadIdx.x; li < own; li += blockDim.x) {
-                const int c = DN_CH(li);
-                for (int jj = 0; jj < kern - 1; ++jj) {
-                    const int m = t + 1 + jj;  // index into [state rows | tokens]
-                    conv_trace[((size_t)t * (kern - 1) + jj) * ch + c] =
-                        m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
-                }
+                dnf_conv_trace(qkv, conv_state, conv_trace, t, DN_CH(li), ch, kern);
             }
         }
     }
@@ -589,14 +714,148 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
         for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
     }
     // The conv window ends as the last kern - 1 inputs of [conv_state | qkv].
-    for (int li = threadIdx.x; li < own; li += blockDim.x) {
-        const int c = DN_CH(li);
-        float nw[DN_MAX_KERN];
-        for (int jj = 0; jj < kern - 1; ++jj) {
-            const int m = n + jj;  // index into [state rows | tokens]
-            nw[jj] = m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
+    for (int li = tid; li < own; li += blockDim.x) {
+        if (pre && li == tid) {
+            dnf_conv_window_pre(pr, 0, qkv, conv_state, n, ch);
+        } else {
+            dnf_conv_window(qkv, conv_state, n, DN_CH(li), ch, kern);
         }
-        for (int jj = 0; jj < kern - 1; ++jj) conv_state[(size_t)jj * ch + c] = nw[jj];
     }
 #undef DN_CH
+}
+
+// dn_fused_cols(<dn_fused_seq's arguments>, o, counter): dn_fused_seq with each V head's state
+// columns spread over dv / 32 blocks, so the step runs on nv dv / 32 SMs instead of nk (16 →
+// 128 at full size; ncu: dn_fused_seq was its 16 SMs' instruction stream, ≈ 26 K cycles each).
+// Block (kh, hl, cc) takes V head h = kh r + hl, state columns j = 32 cc + lane; warp rg holds
+// rows DNF_ROWS rg .. of those columns in registers, as in dn_fused_seq, and every column's
+// arithmetic is dn_fused_seq's (the shared dnf_* pieces, the S^T k and S^T q sums over the row
+// warps in the same order), so every output is dn_fused_seq's bit for bit. Each block computes
+// the conv, L2 norms and gates of its QK head itself (the r · dv / 32 blocks of a QK head all do
+// it the same way) and the conv of its own 32 v channels. The gated norm needs a V head's dv
+// outputs: the blocks write o ([n][nv][dv]), meet at a barrier of the QK head's blocks
+// (grid_sync on counter[kh], every block of the group resident: 128-thread blocks), then each
+// reads its head's row back through L2. After the barrier (no block still reads the old
+// window), the QK head's first block writes the q/k channels' conv state; each block its v
+// channels'. Traces as dn_fused_seq (q/k channels by the first block).
+// early: as dn_fused_seq's (bit 1 for the thread's first DNC_PRE conv channels).
+// Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads,
+// dynamic shared memory = (2 dk + 32 + blockDim.x + 2) floats; counter: nk zeroed u64s.
+#define DNC_PRE 3
+extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_cols(
+    const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
+    const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
+    const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
+    int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
+    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
+    extern __shared__ float sm[];
+    const int cpv = dv / WARP, nv = nk * r;
+    const int kh = blockIdx.x / (r * cpv), hl = (blockIdx.x / cpv) % r, cc = blockIdx.x % cpv;
+    const int h = kh * r + hl;
+    const int own = 2 * dk + WARP;  // q of kh, k of kh, the block's 32 v channels
+    float* buf = sm;                // [own]: conv output of the current token (q | k | v)
+    float* part = buf + own;        // [warps][32]: partial column sums
+    float* gb = part + blockDim.x;  // beta, exp(g) of the V head
+    const int lane = threadIdx.x % WARP, rg = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    const int j = cc * WARP + lane;
+    const int i0 = rg * DNF_ROWS;
+    const bool lead = hl == 0 && cc == 0;  // writes the q/k channels' conv state and trace
+    float st[DNF_ROWS];
+    const float* sp = s + ((size_t)h * dk + i0) * dv + j;
+    const int tid = threadIdx.x, bd = blockDim.x;
+#define DNC_CH(li) ((li) < dk ? kh * dk + (li) : (li) < 2 * dk ? nk * dk + kh * dk + (li) - dk : 2 * nk * dk + h * dv + cc * WARP + (li) - 2 * dk)
+    // early bit 1: as dn_fused_seq's, for the thread's first DNC_PRE conv channels.
+    const bool pre = (early & 2) && kern == DNF_PRE_KERN;
+    DnfConvRegs<DNC_PRE> pr;
+    float pa = 0.0f, pdt = 0.0f, pnw = 0.0f;
+    if (early & 1) {
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
+    }
+    if (pre) {
+#pragma unroll
+        for (int i = 0; i < DNC_PRE; ++i) {
+            const int li = tid + i * bd;
+            dnf_pre_channel(pr, i, li < own ? DNC_CH(li) : -1, conv_w, conv_state, ch);
+        }
+        pa = a[h], pdt = dt_bias[h], pnw = norm_w[j];
+    }
+    pdl_enter();  // qkv, ba and z come from the kernel ahead
+    if (!(early & 1)) {
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
+    }
+    // z of the warp's first gated-norm output (token rg), in flight during the token loop.
+    const float zt = pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
+    for (int t = 0; t < n; ++t) {
+        if (pre) {
+            // The preloaded channels' loads all in flight at once, then the rest.
+#pragma unroll
+            for (int i = 0; i < DNC_PRE; ++i) {
+                if (pr.c[i] >= 0) buf[tid + i * bd] = dnf_conv_pre(pr, i, qkv, t, ch);
+            }
+            for (int li = tid + DNC_PRE * bd; li < own; li += bd) buf[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
+        } else {
+            for (int li = tid; li < own; li += bd) buf[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
+        }
+        if (tid == 0) {
+            const float* bat = ba + (size_t)t * 2 * nv + (size_t)kh * 2 * r;
+            dnf_gates(bat[hl], bat[r + hl], pre ? pa : a[h], pre ? pdt : dt_bias[h], gb[0], gb[1]);
+        }
+        __syncthreads();
+        for (int vec = rg; vec < 2; vec += warps) dnf_l2_norm(buf + vec * dk, dk, lane, l2_eps, vec == 0 ? q_scale : 1.0f);
+        __syncthreads();
+        const float* qs = buf;
+        const float* ks = buf + dk;
+        const float m = dnf_decay_dot(st, gb[1], ks + i0);
+        part[rg * WARP + lane] = m;
+        __syncthreads();
+        float mt = 0.0f;
+        for (int g = 0; g < warps; ++g) mt += part[g * WARP + lane];
+        const float v = buf[2 * dk + lane];
+        const float delta = gb[0] * (v - mt);
+        const float out = dnf_update_dot(st, ks + i0, delta, qs + i0);
+        __syncthreads();  // every warp has read the S^T k sums
+        part[rg * WARP + lane] = out;
+        __syncthreads();
+        if (rg == 0) {
+            float ot = 0.0f;
+            for (int g = 0; g < warps; ++g) ot += part[g * WARP + lane];
+            o[((size_t)t * nv + h) * dv + j] = ot;
+        }
+        if (s_trace != nullptr) {
+            float* p = s_trace + (size_t)t * nv * dk * dv + ((size_t)h * dk + i0) * dv + j;
+#pragma unroll
+            for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
+            for (int li = threadIdx.x; li < own; li += blockDim.x) {
+                if (li < 2 * dk && !lead) continue;
+                dnf_conv_trace(qkv, conv_state, conv_trace, t, DNC_CH(li), ch, kern);
+            }
+        }
+    }
+    {
+        float* p = s + ((size_t)h * dk + i0) * dv + j;
+        asm volatile("" : "+l"(p));  // a fresh pointer: the load addresses are not kept live
+#pragma unroll
+        for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
+    }
+    grid_sync(counter + kh, r * cpv);  // the QK head's o rows are written, its old window read
+    for (int t = rg; t < n; t += warps) {
+        const float* orow = o + ((size_t)t * nv + h) * dv;
+        const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
+        const size_t at = ((size_t)t * nv + h) * dv + j;
+        const bool first = pre && t == rg;
+        y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
+    }
+    if (pre) {
+#pragma unroll
+        for (int i = 0; i < DNC_PRE; ++i) {
+            if (pr.c[i] >= 0 && (tid + i * bd >= 2 * dk || lead)) dnf_conv_window_pre(pr, i, qkv, conv_state, n, ch);
+        }
+    }
+    for (int li = tid + (pre ? DNC_PRE * bd : 0); li < own; li += bd) {
+        if (li < 2 * dk && !lead) continue;
+        dnf_conv_window(qkv, conv_state, n, DNC_CH(li), ch, kern);
+    }
+#undef DNC_CH
 }

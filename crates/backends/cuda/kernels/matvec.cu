@@ -886,13 +886,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_tok_f32(c
     mvf_tok_inplace_body<T_F32, false>(m.w, x, m.y, m.rows, cols, s, m.block, tile, n);
 }
 
-// A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
-__device__ __forceinline__ float ld_cg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-
 // matvec_res_<type>(w, x, y, rows, cols, split, nw, yn, counter, eps): the residual in the output
 // projection's epilogue, y[t] += W . x[t]; then, when nw is not null, the last block of token t to
 // finish (counted in counter[t], which starts at 0 and is left at 0) writes
@@ -1016,6 +1009,7 @@ __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int row
 // Launch: grid = (slices, tokens), block = 32 * MVF_WARPS (as matvec_res's blocks).
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const float* y, int rows, const float* nw,
                                                                       float* yn, float eps, u8* xq) {
+    prefetch_l1_block(nw, (size_t)rows * 4);  // read after the sum of squares
     pdl_enter();
     res_norm_write(y, rows, nw, yn, eps, xq, blockIdx.x, gridDim.x);
 }
@@ -1539,6 +1533,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k
 // (each sums all the squares). Launch: grid = (slices, tokens), block = 32 * MVF_WARPS.
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void rms_norm_q8(const float* x, const float* nw, float eps,
                                                                       int cols, u8* xq, float* invs) {
+    prefetch_l1_block(nw, (size_t)cols * 4);
     pdl_enter();
     const int t = blockIdx.y;
     const float inv = stage_normed_q8(x + (size_t)t * cols, nw, eps, cols, xq + (size_t)t * Q8_ROW_BYTES(cols),

@@ -148,7 +148,7 @@ impl Gpu {
                 .map_err(|e| CudaError::driver(format!("kernel {name}"), e))?;
             funcs.insert(name, f);
         }
-        for (symbol, bytes) in kernels::grid_tables() {
+        for (symbol, bytes) in kernels::grid_tables().into_iter().chain(kernels::knobs()) {
             let mut dst = module
                 .get_global(symbol, &stream)
                 .map_err(|e| CudaError::driver(format!("table {symbol}"), e))?;

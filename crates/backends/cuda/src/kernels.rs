@@ -136,6 +136,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_qk_prep",
     "attn_causal",
     "dn_fused_seq",
+    "dn_fused_cols",
     "attn_split",
     "attn_split_gqa",
     "attn_split_gqa4",
@@ -212,6 +213,14 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
             KVALUES_IQ4NL.iter().map(|&v| v as u8).collect(),
         ),
     ]
+}
+
+/// The kernels' run-time switches (`__constant__` ints set after the module loads), from the
+/// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
+/// prefetches into L1 before the wait off).
+pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
+    let pre = std::env::var("REDLITE_CUDA_PRE_WEIGHTS").map_or(1i32, |v| (v != "0") as i32);
+    vec![("g_knob_pre", pre.to_le_bytes().to_vec())]
 }
 
 #[cfg(test)]

@@ -626,6 +626,7 @@ struct Kernels {
     dn_gates: CudaFunction,
     dn_delta_seq: CudaFunction,
     dn_fused_seq: CudaFunction,
+    dn_fused_cols: CudaFunction,
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
     attn_prompt: CudaFunction,
@@ -696,6 +697,8 @@ struct Scratch {
     /// u64 `[GRID_COUNTERS]`, only ever growing: `grid_sync`'s block arrivals, one counter per
     /// (kernel, grid size) (`CudaModel::grid_counter`).
     grid_counter: u64,
+    /// `dn_fused_cols`' barrier counters, one per QK head (u64, only ever growing).
+    dn_counter: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
     argmax_part: u64,
@@ -885,6 +888,15 @@ pub struct CudaModel {
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
     /// (`REDLITE_CUDA_DN_EARLY`, default on; the same bits).
     dn_early: bool,
+    /// The fused DeltaNet core as `dn_fused_cols` (a V head's state columns over dv / 32 blocks,
+    /// 128 at full size, a barrier per QK head before the gated norm) instead of `dn_fused_seq`
+    /// (a QK head a block: 16); the same bits (`REDLITE_CUDA_DN_COLS`, off: 2.4 % slower in
+    /// session 16).
+    dn_cols: bool,
+    /// The fused DeltaNet kernels load their conv weights and windows, gate parameters and norm
+    /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
+    /// projections (qkv, ba, z) are read; the same bits.
+    dn_pre: bool,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
     /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on: +0.8 % decode in session 14; off, and always when
@@ -994,6 +1006,7 @@ impl CudaModel {
             dn_gates: f("dn_gates")?,
             dn_delta_seq: f("dn_delta_seq")?,
             dn_fused_seq: f("dn_fused_seq")?,
+            dn_fused_cols: f("dn_fused_cols")?,
             attn_qk_prep: f("attn_qk_prep")?,
             attn_causal: f("attn_causal")?,
             attn_prompt: f("attn_prompt")?,
@@ -1137,6 +1150,8 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
+            dn_cols: env_switch("REDLITE_CUDA_DN_COLS", false),
+            dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
@@ -2601,39 +2616,54 @@ impl CudaModel {
         if let Some((threads, shared)) = fused {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
             let r = nv / nk;
-            let f = self.k.dn_fused_seq.clone();
-            self.launch(
-                "dn_fused_seq",
-                &f,
-                (nk as u32, 1, 1),
-                threads,
-                shared,
-                &[
-                    A::P(qkv_b),
-                    A::P(*conv_state),
-                    A::P(*conv_w),
-                    A::P(ba_b),
-                    A::P(*a),
-                    A::P(*dt_bias),
-                    A::P(*s),
-                    A::P(z_b),
-                    A::P(*norm),
-                    A::P(gated),
-                    A::I(n as i32),
-                    A::I(ch as i32),
-                    A::I(nk as i32),
-                    A::I(dk as i32),
-                    A::I(dv as i32),
-                    A::I(r as i32),
-                    A::I(kern as i32),
-                    A::F(L2_NORM_EPS),
-                    A::F(q_scale),
-                    A::F(eps),
-                    A::P(s_tr),
-                    A::P(conv_tr),
-                    A::I(self.dn_early as i32),
-                ],
-            )?;
+            let cols = crate::ops::dn_cols_launch(crate::ops::DeltaDims { nk, nv, dk, dv })
+                .filter(|_| self.dn_cols);
+            let (name, f, grid, threads, shared) = match cols {
+                Some((grid, threads, shared)) => (
+                    "dn_fused_cols",
+                    self.k.dn_fused_cols.clone(),
+                    grid,
+                    threads,
+                    shared,
+                ),
+                None => (
+                    "dn_fused_seq",
+                    self.k.dn_fused_seq.clone(),
+                    nk as u32,
+                    threads,
+                    shared,
+                ),
+            };
+            let mut args = vec![
+                A::P(qkv_b),
+                A::P(*conv_state),
+                A::P(*conv_w),
+                A::P(ba_b),
+                A::P(*a),
+                A::P(*dt_bias),
+                A::P(*s),
+                A::P(z_b),
+                A::P(*norm),
+                A::P(gated),
+                A::I(n as i32),
+                A::I(ch as i32),
+                A::I(nk as i32),
+                A::I(dk as i32),
+                A::I(dv as i32),
+                A::I(r as i32),
+                A::I(kern as i32),
+                A::F(L2_NORM_EPS),
+                A::F(q_scale),
+                A::F(eps),
+                A::P(s_tr),
+                A::P(conv_tr),
+                A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
+            ];
+            if cols.is_some() {
+                // The gated norm's rows and the per-QK-head barrier counters.
+                args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
+            }
+            self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
             return self.matvec_residual(out, gated, post_norm, n);
         }
         // The conv: one thread per channel over the tokens (the state updated in place), or for a
@@ -3495,6 +3525,7 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
+        dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,

@@ -1949,6 +1949,21 @@ pub fn dn_fused_launch(d: DeltaDims) -> Option<(u32, u32)> {
     (threads <= 1024 && shared <= 48 * 1024).then_some((threads as u32, shared as u32))
 }
 
+/// `dn_fused_cols`' launch for these shapes: `(grid, block threads, dynamic shared bytes)`, or
+/// `None` when the shape does not fit it (dk and dv multiples of 32, dk at most 1024).
+pub fn dn_cols_launch(d: DeltaDims) -> Option<(u32, u32, u32)> {
+    let fits = d.nk > 0
+        && d.dk > 0
+        && d.dv > 0
+        && d.dk.is_multiple_of(32)
+        && d.dv.is_multiple_of(32)
+        && d.nv.is_multiple_of(d.nk)
+        && d.dk <= 1024;
+    let threads = d.dk;
+    let shared = 4 * (2 * d.dk + 32 + threads + 2);
+    fits.then_some(((d.nv * d.dv / 32) as u32, threads as u32, shared as u32))
+}
+
 /// What [`dn_fused_seq`] returns.
 pub struct DnFusedOut {
     /// `[n][nv][dv]`.
@@ -1961,11 +1976,14 @@ pub struct DnFusedOut {
     pub state_trace: Vec<f32>,
 }
 
-/// The DeltaNet core of `n` tokens in one launch (`dn_fused_seq`): conv, q/k L2 norm, gates, delta
-/// rule and gated norm; with `trace`, also the states after every token.
+/// The DeltaNet core of `n` tokens in one launch (`dn_fused_seq`, or with `cols` `dn_fused_cols`:
+/// a V head's columns over several blocks): conv, q/k L2 norm, gates, delta rule and gated norm;
+/// with `trace`, also the states after every token. `pre`: the conv weights and windows, gate
+/// parameters and norm weights loaded before the wait (`early` bit 1).
 #[allow(clippy::too_many_arguments)]
 pub fn dn_fused_seq(
     gpu: &Gpu,
+    (cols, pre): (bool, bool),
     trace: bool,
     qkv: &[f32],
     conv_state: &[f32],
@@ -2014,8 +2032,20 @@ pub fn dn_fused_seq(
         i32_arg(d.dv, "dv")?,
     );
     let (ri, ki) = (i32_arg(d.nv / d.nk, "r")?, i32_arg(kern, "kern")?);
-    let f = gpu.func("dn_fused_seq")?;
-    let conf = cfg((d.nk as u32, 1, 1), threads, shared);
+    let name = if cols {
+        "dn_fused_cols"
+    } else {
+        "dn_fused_seq"
+    };
+    let f = gpu.func(name)?;
+    let conf = match dn_cols_launch(d).filter(|_| cols) {
+        Some((grid, threads, shared)) => cfg((grid, 1, 1), threads, shared),
+        None if cols => return Err(CudaError::Invalid(format!("dn_fused_cols: shape {d:?}"))),
+        None => cfg((d.nk as u32, 1, 1), threads, shared),
+    };
+    // dn_fused_cols' gated-norm rows and barrier counters.
+    let mut o = alloc_poisoned::<f32>(gpu, n * d.nv * d.dv)?;
+    let mut counter = upload(gpu, &vec![0u64; d.nk])?;
     let (mut st, mut ct) = if trace {
         (
             alloc_poisoned::<f32>(gpu, n * state.len())?,
@@ -2028,30 +2058,100 @@ pub fn dn_fused_seq(
         )
     };
     // The state loaded before pdl_enter, as the model launches it (the same bits either way).
-    let early = 1i32;
-    if trace {
-        launch!(
+    let early = 1i32 | if pre { 2 } else { 0 };
+    match (trace, cols) {
+        (true, false) => launch!(
             gpu,
             f,
-            "dn_fused_seq",
+            name,
             conf,
             [
                 &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
                 &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &mut st, &mut ct, &early
             ]
-        )?;
-    } else {
-        let null = 0u64;
-        launch!(
+        )?,
+        (true, true) => launch!(
             gpu,
             f,
-            "dn_fused_seq",
+            name,
             conf,
             [
-                &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
-                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &null, &null, &early
+                &qd,
+                &mut csd,
+                &cwd,
+                &bad,
+                &ad,
+                &dtd,
+                &mut sd,
+                &zd,
+                &nwd,
+                &mut y,
+                &ni,
+                &chi,
+                &nki,
+                &dki,
+                &dvi,
+                &ri,
+                &ki,
+                &l2_eps,
+                &q_scale,
+                &rms_eps,
+                &mut st,
+                &mut ct,
+                &early,
+                &mut o,
+                &mut counter
             ]
-        )?;
+        )?,
+        (false, false) => {
+            let null = 0u64;
+            launch!(
+                gpu,
+                f,
+                name,
+                conf,
+                [
+                    &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi,
+                    &nki, &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &null, &null, &early
+                ]
+            )?
+        }
+        (false, true) => {
+            let null = 0u64;
+            launch!(
+                gpu,
+                f,
+                name,
+                conf,
+                [
+                    &qd,
+                    &mut csd,
+                    &cwd,
+                    &bad,
+                    &ad,
+                    &dtd,
+                    &mut sd,
+                    &zd,
+                    &nwd,
+                    &mut y,
+                    &ni,
+                    &chi,
+                    &nki,
+                    &dki,
+                    &dvi,
+                    &ri,
+                    &ki,
+                    &l2_eps,
+                    &q_scale,
+                    &rms_eps,
+                    &null,
+                    &null,
+                    &early,
+                    &mut o,
+                    &mut counter
+                ]
+            )?
+        }
     }
     let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
         if trace {

@@ -1858,21 +1858,61 @@ impl Runner<'_> {
             let ba = self.rng.normals(n * 2 * d.nv, 2.0);
             let z = self.rng.normals(n * d.nv * d.dv, 1.0);
             let trace = n > 1;
-            let got = ops::dn_fused_seq(
-                self.gpu,
-                trace,
-                &qkv,
-                &conv_state,
-                &conv_w,
-                &ba,
-                (&a, &dt),
-                &s,
-                &z,
-                &norm_w,
-                d,
-                kern,
-                (l2_eps, q_scale, eps),
-            );
+            let run = |variant: (bool, bool)| {
+                ops::dn_fused_seq(
+                    self.gpu,
+                    variant,
+                    trace,
+                    &qkv,
+                    &conv_state,
+                    &conv_w,
+                    &ba,
+                    (&a, &dt),
+                    &s,
+                    &z,
+                    &norm_w,
+                    d,
+                    kern,
+                    (l2_eps, q_scale, eps),
+                )
+            };
+            let got = run((false, false));
+            // dn_fused_cols (a V head's columns over several blocks) and both kernels with their
+            // weights and conv windows loaded before the wait, on the same inputs: every output
+            // and trace the same bits as dn_fused_seq's.
+            for (variant, name, what) in [
+                ((false, true), "dn_fused_seq", "preloaded, "),
+                ((true, false), "dn_fused_cols", ""),
+                ((true, true), "dn_fused_cols", "preloaded, "),
+            ] {
+                let r = run(variant).and_then(|c| {
+                    let g = got
+                        .as_ref()
+                        .map_err(|e| crate::CudaError::Invalid(e.to_string()))?;
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.len() == b.len()
+                            && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
+                    let ok = same(&c.y, &g.y)
+                        && same(&c.conv, &g.conv)
+                        && same(&c.state, &g.state)
+                        && same(&c.conv_trace, &g.conv_trace)
+                        && same(&c.state_trace, &g.state_trace);
+                    Ok((if ok { 0.0 } else { f64::INFINITY }, 0.0))
+                });
+                self.record(
+                    name,
+                    format!(
+                        "{n} tokens, {}/{} heads, {}x{}{}, {what}vs dn_fused_seq bit for bit",
+                        d.nk,
+                        d.nv,
+                        d.dk,
+                        d.dv,
+                        if trace { ", trace" } else { "" }
+                    ),
+                    r,
+                );
+            }
             // Reference in f64.
             let mut hist: Vec<f64> = conv_state.iter().map(|&v| f64::from(v)).collect();
             hist.extend(qkv.iter().map(|&v| f64::from(v)));
