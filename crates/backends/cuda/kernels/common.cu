@@ -123,16 +123,15 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, size_t bytes, int i, in
     }
 }
 
-// REDLITE_CUDA_PRE_WEIGHTS (set from the host after the module loads; a bit mask, default 3):
-// bit 0, kernels start their small weight vectors (norm weights, RoPE rows) into L1 before the
-// wait, so that after it they read only what the kernel ahead wrote; bit 1, matvec_q8x loads its
-// first row pair's weights into registers before the wait.
+// REDLITE_CUDA_PRE_WEIGHTS (set from the host after the module loads; default 1): kernels start
+// their small weight vectors (norm weights, RoPE rows) into L1 before the wait, so that after it
+// they read only what the kernel ahead wrote.
 __constant__ int g_knob_pre;
 
 // Starts the 128-byte lines of [p, p + bytes) into this SM's L1, a line per thread of the block
 // (a hint: it neither waits nor faults). For a few KB of weights read after the wait.
 __device__ __forceinline__ void prefetch_l1_block(const void* p, size_t bytes) {
-    if (!(g_knob_pre & 1) || p == nullptr) return;
+    if (!g_knob_pre || p == nullptr) return;
     const size_t head = (size_t)p & 127;
     const u8* start = (const u8*)p - head;
     for (size_t off = (size_t)threadIdx.x * 128; off < bytes + head; off += (size_t)blockDim.x * 128) {

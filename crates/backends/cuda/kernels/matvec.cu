@@ -1178,57 +1178,27 @@ __device__ __forceinline__ void q8_rows_begin(u8* base, int stride, int cols, Q8
 #ifndef Q8_UNITS
 #define Q8_UNITS 2
 #endif
-// The first loop round's weight loads of q4k_rows_q8 for a row pair (NR = 2), issued by
-// matvec_q8x before its wait (g_knob_pre bit 1): the same words, read earlier.
-struct Q4kFirst {
-    uint4 hd[2][Q8_UNITS], qv[2][Q8_UNITS];
-};
-
-// The lane's loads of one round of q4k_rows_q8 (units gi, gi + step, ...) of NR rows.
-template <int NR>
-__device__ __forceinline__ void q4k_round_load(const u8* const (&wr)[NR], int gi, int step, uint4 (&hd)[NR][Q8_UNITS],
-                                               uint4 (&qv)[NR][Q8_UNITS]) {
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-#pragma unroll
-        for (int k = 0; k < Q8_UNITS; ++k) {
-            const int g = gi + k * step;
-            if (wr[r] != nullptr) {
-                const u8* b = wr[r] + (size_t)(g >> 3) * 144;
-                hd[r][k] = *(const uint4*)b;
-                qv[r][k] = *(const uint4*)(b + 16 + 16 * (g & 7));
-            }
-        }
-    }
-}
-
-// first (NR = 2 only; null: none): the first round's loads, made earlier by the caller with
-// q4k_round_load on the same rows (when the round exists: gi + (Q8_UNITS - 1) step < units).
 template <int NR, int NT>
 __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols,
-                                            int lane, int part, int parts, float (&acc)[NR][NT],
-                                            const Q4kFirst* first = nullptr) {
+                                            int lane, int part, int parts, float (&acc)[NR][NT]) {
     Q8Row xr[NT];
     q8_rows_begin<NR, NT>(base, stride, cols, xr, acc);
     const int units = cols / 32, step = parts * WARP;
     int gi = part * WARP + lane;
-    bool use_first = first != nullptr;
     for (; gi + (Q8_UNITS - 1) * step < units; gi += Q8_UNITS * step) {
         uint4 hd[NR][Q8_UNITS], qv[NR][Q8_UNITS];
-        if constexpr (NR == 2) {
-            if (use_first) {
 #pragma unroll
-                for (int r = 0; r < NR; ++r) {
+        for (int r = 0; r < NR; ++r) {
 #pragma unroll
-                    for (int k = 0; k < Q8_UNITS; ++k) hd[r][k] = first->hd[r][k], qv[r][k] = first->qv[r][k];
+            for (int k = 0; k < Q8_UNITS; ++k) {
+                const int g = gi + k * step;
+                if (wr[r] != nullptr) {
+                    const u8* b = wr[r] + (size_t)(g >> 3) * 144;
+                    hd[r][k] = *(const uint4*)b;
+                    qv[r][k] = *(const uint4*)(b + 16 + 16 * (g & 7));
                 }
-            } else {
-                q4k_round_load<NR>(wr, gi, step, hd, qv);
             }
-        } else {
-            q4k_round_load<NR>(wr, gi, step, hd, qv);
         }
-        use_first = false;
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             if (wr[r] == nullptr) continue;
@@ -1342,12 +1312,11 @@ struct IsQ6k<T_Q6_K> {
 };
 template <typename T, int NR, int NT>
 __device__ __forceinline__ void rows_q8(const u8* const (&wr)[NR], u8* base, int stride, int nt, int cols, int lane,
-                                        int part, int parts, float (&acc)[NR][NT],
-                                        const Q4kFirst* first = nullptr) {
+                                        int part, int parts, float (&acc)[NR][NT]) {
     if constexpr (IsQ6k<T>::value) {
         q6k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, parts, acc);
     } else {
-        q4k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, parts, acc, first);
+        q4k_rows_q8<NR, NT>(wr, base, stride, nt, cols, lane, part, parts, acc);
     }
 }
 
@@ -1364,7 +1333,7 @@ __device__ __forceinline__ void rows_q8(const u8* const (&wr)[NR], u8* base, int
 template <typename T, int NT, bool ADD>
 __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
                                             MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
-                                            const float* invs, const Q4kFirst* pre = nullptr) {
+                                            const float* invs) {
     constexpr int NR = NT == 1 ? 2 : 1;
     __shared__ float red[NR][NT][MVF_WARPS];
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -1377,7 +1346,7 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
             wr[k] = (r + k < s.rows && row < rows) ? w + (size_t)row * rb : nullptr;
         }
         float acc[NR][NT];
-        rows_q8<T, NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc, r == 0 ? pre : nullptr);
+        rows_q8<T, NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
         if (s.parts == 1) {
             // The warp holds whole rows.
 #pragma unroll
@@ -1498,22 +1467,10 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
     int first, part;
     mvf_first(m.block, s, first, part);
     if (t == 0) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
-    // g_knob_pre bit 1 (Q4_K): the first row pair's first round of weight loads into registers
-    // before the wait, the rows q8_rows_out takes first.
-    Q4kFirst pre;
-    const int units = cols / 32, step = s.parts * WARP, gi = part * WARP + (int)(threadIdx.x % WARP);
-    const bool use_pre = !IsQ6k<T>::value && (g_knob_pre & 2) && gi + (Q8_UNITS - 1) * step < units;
-    if (use_pre) {
-        const size_t rb = row_bytes<T>(cols);
-        const u8* wr[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) wr[k] = (k < s.rows && first + k < m.rows) ? m.w + (size_t)(first + k) * rb : nullptr;
-        q4k_round_load<2>(wr, gi, step, pre.hd, pre.qv);
-    }
     pdl_enter();  // xq comes from the kernel before
     const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
     q8_rows_out<T, 1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0,
-                             t, 1, inv, use_pre ? &pre : nullptr);
+                             t, 1, inv);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q4_k(

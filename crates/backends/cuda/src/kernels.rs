@@ -216,14 +216,10 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// The kernels' run-time switches (`__constant__` ints set after the module loads), from the
-/// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS`, a bit mask (default 3): bit 0, small
-/// weight vectors into L1 before the wait; bit 1, `matvec_q8x`'s first row pair's weights into
-/// registers before the wait (common.cu). The same bits either way.
+/// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
+/// prefetches into L1 before the wait off).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
-    let pre = std::env::var("REDLITE_CUDA_PRE_WEIGHTS")
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-        .unwrap_or(3);
+    let pre = std::env::var("REDLITE_CUDA_PRE_WEIGHTS").map_or(1i32, |v| (v != "0") as i32);
     vec![("g_knob_pre", pre.to_le_bytes().to_vec())]
 }
 
