@@ -2059,100 +2059,36 @@ pub fn dn_fused_seq(
     };
     // The state loaded before pdl_enter, as the model launches it (the same bits either way).
     let early = 1i32 | if pre { 2 } else { 0 };
-    match (trace, cols) {
-        (true, false) => launch!(
-            gpu,
-            f,
-            name,
-            conf,
-            [
-                &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi, &nki,
-                &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &mut st, &mut ct, &early
-            ]
-        )?,
-        (true, true) => launch!(
-            gpu,
-            f,
-            name,
-            conf,
-            [
-                &qd,
-                &mut csd,
-                &cwd,
-                &bad,
-                &ad,
-                &dtd,
-                &mut sd,
-                &zd,
-                &nwd,
-                &mut y,
-                &ni,
-                &chi,
-                &nki,
-                &dki,
-                &dvi,
-                &ri,
-                &ki,
-                &l2_eps,
-                &q_scale,
-                &rms_eps,
-                &mut st,
-                &mut ct,
-                &early,
-                &mut o,
-                &mut counter
-            ]
-        )?,
-        (false, false) => {
-            let null = 0u64;
-            launch!(
-                gpu,
-                f,
-                name,
-                conf,
-                [
-                    &qd, &mut csd, &cwd, &bad, &ad, &dtd, &mut sd, &zd, &nwd, &mut y, &ni, &chi,
-                    &nki, &dki, &dvi, &ri, &ki, &l2_eps, &q_scale, &rms_eps, &null, &null, &early
-                ]
-            )?
-        }
-        (false, true) => {
-            let null = 0u64;
-            launch!(
-                gpu,
-                f,
-                name,
-                conf,
-                [
-                    &qd,
-                    &mut csd,
-                    &cwd,
-                    &bad,
-                    &ad,
-                    &dtd,
-                    &mut sd,
-                    &zd,
-                    &nwd,
-                    &mut y,
-                    &ni,
-                    &chi,
-                    &nki,
-                    &dki,
-                    &dvi,
-                    &ri,
-                    &ki,
-                    &l2_eps,
-                    &q_scale,
-                    &rms_eps,
-                    &null,
-                    &null,
-                    &early,
-                    &mut o,
-                    &mut counter
-                ]
-            )?
-        }
+    // The trace pointers (null without), then dn_fused_cols' two extra arguments.
+    let null = 0u64;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&qd)
+        .arg(&mut csd)
+        .arg(&cwd)
+        .arg(&bad)
+        .arg(&ad)
+        .arg(&dtd);
+    b.arg(&mut sd).arg(&zd).arg(&nwd).arg(&mut y);
+    b.arg(&ni)
+        .arg(&chi)
+        .arg(&nki)
+        .arg(&dki)
+        .arg(&dvi)
+        .arg(&ri)
+        .arg(&ki);
+    b.arg(&l2_eps).arg(&q_scale).arg(&rms_eps);
+    if trace {
+        b.arg(&mut st).arg(&mut ct);
+    } else {
+        b.arg(&null).arg(&null);
     }
+    b.arg(&early);
+    if cols {
+        b.arg(&mut o).arg(&mut counter);
+    }
+    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter), in order, each
+    // buffer sized for n tokens of these shapes (checked above).
+    drv(name, unsafe { b.launch(conf) })?;
     let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
         if trace {
             download(gpu, b)
