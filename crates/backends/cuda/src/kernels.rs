@@ -348,6 +348,18 @@ mod tests {
     }
 
     #[test]
+    fn every_knob_is_a_constant_int_of_the_source() {
+        let src = module_source();
+        for (name, bytes) in knobs() {
+            assert_eq!(bytes.len(), 4, "{name}");
+            assert!(
+                src.contains(&format!("__constant__ int {name};")),
+                "knob {name} is not declared"
+            );
+        }
+    }
+
+    #[test]
     fn grid_tables_have_the_declared_sizes() {
         let sizes: Vec<(&str, usize)> = grid_tables().iter().map(|(n, b)| (*n, b.len())).collect();
         assert_eq!(
