@@ -506,14 +506,13 @@ __device__ __forceinline__ float dnf_gated(float o, float inv, float w, float z)
 
 // The conv window of channel c after n tokens: the last kern - 1 inputs of [conv_state | qkv],
 // written over conv_state (every reader of the old window is done).
-__device__ __forceinline__ void dnf_conv_window(const float* __restrict__ qkv, float* __restrict__ conv_state,
-                                                int n, int c, int ch, int kern) {
-    float nw[DN_MAX_KERN];
+__device__ __forceinline__ void dnf_conv_window(const float* __restrict__ qkv, float* conv_state, int n, int c,
+                                                int ch, int kern) {
+    // In place, row jj from row n + jj > jj (n >= 1): every row is read before it is written.
     for (int jj = 0; jj < kern - 1; ++jj) {
         const int m = n + jj;  // index into [state rows | tokens]
-        nw[jj] = m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
+        conv_state[(size_t)jj * ch + c] = m < kern - 1 ? conv_state[(size_t)m * ch + c] : qkv[(size_t)(m - (kern - 1)) * ch + c];
     }
-    for (int jj = 0; jj < kern - 1; ++jj) conv_state[(size_t)jj * ch + c] = nw[jj];
 }
 
 // conv_trace row t of channel c: the window after token t.
@@ -739,10 +738,14 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // window), the QK head's first block writes the q/k channels' conv state; each block its v
 // channels'. Traces as dn_fused_seq (q/k channels by the first block).
 // early: as dn_fused_seq's (bit 1 for the thread's first DNC_PRE conv channels).
-// Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads,
-// dynamic shared memory = (2 dk + 32 + blockDim.x + 2) floats; counter: nk zeroed u64s.
+// Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads
+// (<= DNC_MAX_THREADS), dynamic shared memory = (2 dk + 32 + blockDim.x + 2) floats; counter: nk
+// zeroed u64s.
 #define DNC_PRE 3
-extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_cols(
+// The launch bound (ops.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
+// registers' worth of loads and stores; at 256 ptxas gives it 168 registers and no local memory.
+#define DNC_MAX_THREADS 256
+extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS) void dn_fused_cols(
     const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,

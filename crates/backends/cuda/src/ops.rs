@@ -1949,8 +1949,13 @@ pub fn dn_fused_launch(d: DeltaDims) -> Option<(u32, u32)> {
     (threads <= 1024 && shared <= 48 * 1024).then_some((threads as u32, shared as u32))
 }
 
+/// `dn_fused_cols`' block limit (`DNC_MAX_THREADS` in deltanet.cu: its launch bound, which
+/// leaves it the registers to hold its state rows without spilling).
+const DNC_MAX_THREADS: usize = 256;
+
 /// `dn_fused_cols`' launch for these shapes: `(grid, block threads, dynamic shared bytes)`, or
-/// `None` when the shape does not fit it (dk and dv multiples of 32, dk at most 1024).
+/// `None` when the shape does not fit it (dk and dv multiples of 32, dk at most
+/// `DNC_MAX_THREADS`).
 pub fn dn_cols_launch(d: DeltaDims) -> Option<(u32, u32, u32)> {
     let fits = d.nk > 0
         && d.dk > 0
@@ -1958,7 +1963,7 @@ pub fn dn_cols_launch(d: DeltaDims) -> Option<(u32, u32, u32)> {
         && d.dk.is_multiple_of(32)
         && d.dv.is_multiple_of(32)
         && d.nv.is_multiple_of(d.nk)
-        && d.dk <= 1024;
+        && d.dk <= DNC_MAX_THREADS;
     let threads = d.dk;
     let shared = 4 * (2 * d.dk + 32 + threads + 2);
     fits.then_some(((d.nv * d.dv / 32) as u32, threads as u32, shared as u32))
