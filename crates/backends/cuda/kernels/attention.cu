@@ -47,21 +47,6 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
 #define ATTN_PER_LANE (ATTN_MAX_HD / WARP)
 #define ATTN_WARPS 4
 
-// NeoX rotation of the pairs (i, i + rope_dims/2) of one head held in shared memory, at position
-// pos, pairs first, first + step, ...; angles in double, sine and cosine rounded once (as
-// rope_neox and the oracle do).
-__device__ __forceinline__ void rope_neox_pairs(float* h, int rope_dims, int pos, double theta, int first, int step) {
-    const int half = rope_dims / 2;
-    for (int i = first; i < half; i += step) {
-        const double inv_freq = pow(theta, -2.0 * (double)i / (double)rope_dims);
-        const double angle = (double)pos * inv_freq;
-        const float s = (float)sin(angle), c = (float)cos(angle);
-        const float a = h[i], b = h[i + half];
-        h[i] = a * c - b * s;
-        h[i + half] = b * c + a * s;
-    }
-}
-
 // rope_table(cs, positions, rope_dims, theta): cs[pos][i] = {cos, sin} of rope_neox_pairs' angle
 // for pair i at pos, rounded to f32 exactly as it rounds them (the double sine, cosine and power
 // cost attn_qk_prep ~5 us a call; the table turns them into one load). Launch: grid =
@@ -70,8 +55,7 @@ extern "C" __global__ void rope_table(float2* __restrict__ cs, int positions, in
     pdl_enter();
     const int half = rope_dims / 2, i = blockIdx.y * blockDim.x + threadIdx.x, pos = blockIdx.x;
     if (i >= half || pos >= positions) return;
-    const double inv_freq = pow(theta, -2.0 * (double)i / (double)rope_dims);
-    const double angle = (double)pos * inv_freq;
+    const double angle = rope_angle(i, pos, rope_dims, theta);
     cs[(size_t)pos * half + i] = make_float2((float)cos(angle), (float)sin(angle));
 }
 
@@ -81,10 +65,7 @@ __device__ __forceinline__ void rope_neox_pairs_cs(float* h, int rope_dims, cons
     const int half = rope_dims / 2;
     for (int i = first; i < half; i += step) {
         const float2 r = cs[i];
-        const float s = r.y, c = r.x;
-        const float a = h[i], b = h[i + half];
-        h[i] = a * c - b * s;
-        h[i + half] = b * c + a * s;
+        rope_rotate(h, i, half, r.x, r.y);
     }
 }
 

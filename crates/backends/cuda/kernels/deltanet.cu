@@ -530,6 +530,7 @@ __device__ __forceinline__ void dnf_conv_trace(const float* __restrict__ qkv, co
 // back, as the delta state), so that after the wait only qkv is read for them. x: the channel's
 // input of the last token run (the window at the end).
 #define DNF_PRE_KERN 4
+static_assert(DNF_PRE_KERN == 4, "dnf_conv_pre and dnf_conv_window_pre pick window rows 0..2 by hand");
 template <int NPRE>
 struct DnfConvRegs {
     int c[NPRE];  // the channel, or -1
@@ -569,14 +570,13 @@ template <int NPRE>
 __device__ __forceinline__ void dnf_conv_window_pre(const DnfConvRegs<NPRE>& p, int i, const float* __restrict__ qkv,
                                                     float* __restrict__ conv_state, int n, int ch) {
     const int c = p.c[i];
-    float nw[DNF_PRE_KERN - 1];
+    // The old rows come from the registers, so the rows can be written in any order.
 #pragma unroll
     for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
         const int m = n + jj, tok = m - (DNF_PRE_KERN - 1);  // index into [state rows | tokens]
-        nw[jj] = m < DNF_PRE_KERN - 1 ? (m == 1 ? p.h[i][1] : p.h[i][2]) : tok == n - 1 ? p.x[i] : qkv[(size_t)tok * ch + c];
+        conv_state[(size_t)jj * ch + c] =
+            m < DNF_PRE_KERN - 1 ? (m == 1 ? p.h[i][1] : p.h[i][2]) : tok == n - 1 ? p.x[i] : qkv[(size_t)tok * ch + c];
     }
-#pragma unroll
-    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) conv_state[(size_t)jj * ch + c] = nw[jj];
 }
 
 // dn_fused_seq(qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern,

@@ -29,6 +29,7 @@ fn prerequisites(file: &str) -> &'static [&'static str] {
         "matvec.cu" => &["common.cu", "dequant.cu"],
         "moe.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "gemm.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
+        "attention.cu" => &["common.cu", "rope.cu"],
         _ => &["common.cu"],
     }
 }

@@ -1889,16 +1889,12 @@ impl Runner<'_> {
                     let g = got
                         .as_ref()
                         .map_err(|e| crate::CudaError::Invalid(e.to_string()))?;
-                    let same = |a: &[f32], b: &[f32]| {
-                        a.len() == b.len()
-                            && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-                    };
-                    let ok = same(&c.y, &g.y)
-                        && same(&c.conv, &g.conv)
-                        && same(&c.state, &g.state)
-                        && same(&c.conv_trace, &g.conv_trace)
-                        && same(&c.state_trace, &g.state_trace);
-                    Ok((if ok { 0.0 } else { f64::INFINITY }, 0.0))
+                    same_bits("outputs differ", &c.y, &g.y)?;
+                    same_bits("conv state differs", &c.conv, &g.conv)?;
+                    same_bits("delta state differs", &c.state, &g.state)?;
+                    same_bits("conv trace differs", &c.conv_trace, &g.conv_trace)?;
+                    same_bits("state trace differs", &c.state_trace, &g.state_trace)?;
+                    Ok((0.0, 0.0))
                 });
                 self.record(
                     name,
