@@ -88,6 +88,68 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 #ifndef ROUTER_LANE_TAIL
 #define ROUTER_LANE_TAIL 1
 #endif
+// REDLITE_CUDA_TOPK_REDUX (set from the host after the module loads; default 1): the router's
+// top-k rounds by router_topk_redux instead of the butterfly argmax below (the same choices).
+__constant__ int g_knob_topk;
+
+// The lane's best slot among its ROUTER_VPL: the largest h, the lowest slot (= lowest id) on a
+// tie, by a tree of depth log2(ROUTER_VPL) (a linear scan is a chain of ROUTER_VPL steps).
+__device__ __forceinline__ void router_lane_best(const u32 (&h)[ROUTER_VPL], u32& bh, int& bj) {
+    u32 th[ROUTER_VPL / 2];
+    int tj[ROUTER_VPL / 2];
+#pragma unroll
+    for (int i = 0; i < ROUTER_VPL / 2; ++i) {
+        const bool hi = h[2 * i + 1] > h[2 * i];
+        th[i] = hi ? h[2 * i + 1] : h[2 * i];
+        tj[i] = hi ? 2 * i + 1 : 2 * i;
+    }
+#pragma unroll
+    for (int w = ROUTER_VPL / 4; w > 0; w >>= 1) {
+#pragma unroll
+        for (int i = 0; i < w; ++i) {
+            const bool hi = th[2 * i + 1] > th[2 * i];  // strict: the lower slot keeps a tie
+            th[i] = hi ? th[2 * i + 1] : th[2 * i];
+            tj[i] = hi ? tj[2 * i + 1] : tj[2 * i];
+        }
+    }
+    bh = th[0];
+    bj = tj[0];
+}
+
+// router_warp_row's k rounds from its probabilities v (lane holds experts lane + 32 j), by the
+// calling warp, with the warp-wide max in one instruction (REDUX, sm_80+) instead of a 5-step
+// shuffle butterfly: a slot's rank h is its probability's bits + 1 (p >= 0: the bits order as
+// the value), 0 for a slot past the last expert or already chosen. Round: the largest h of the
+// lanes' bests, then the largest ~id among the lanes holding it (= the lowest id: the order
+// (p desc, id asc) of the rounds below); the winner's lane clears that slot and finds its best
+// again (a tree). Lane r keeps the r-th choice. The same choices in the same rank order as the
+// butterfly rounds, hence the same tail and outputs bit for bit. (ncu, session 17: the fused route
+// kernel's other 15 warps waited for warp 0's top-k about 30 % of the kernel's time.)
+__device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], int lane, int k, int& my_id,
+                                                  float& my_p) {
+    u32 h[ROUTER_VPL];
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = v[j] >= 0.0f ? __float_as_uint(v[j]) + 1u : 0u;
+    u32 bh;
+    int bj;
+    router_lane_best(h, bh, bj);
+    for (int r = 0; r < k; ++r) {
+        const u32 mh = __reduce_max_sync(0xffffffffu, bh);
+        const u32 ml = __reduce_max_sync(0xffffffffu, bh == mh ? ~(u32)(lane + WARP * bj) : 0u);
+        const int id = (int)~ml;
+        if (lane == r) {
+            my_id = id;
+            my_p = __uint_as_float(mh - 1u);
+        }
+        if (lane == id % WARP) {
+            const int jt = id / WARP;
+#pragma unroll
+            for (int j = 0; j < ROUTER_VPL; ++j) h[j] = j == jt ? 0u : h[j];
+            router_lane_best(h, bh, bj);
+        }
+    }
+}
+
 // router_warp_row(l, n_expert, k, idx_out, w_out): moe_router_warp's work for one token, by the
 // calling warp (its lanes 0..31): l the token's logits (read through L2: the kernel before wrote
 // them from other blocks just before), idx_out / w_out the token's k outputs.
@@ -118,7 +180,9 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     for (int j = 0; j < ROUTER_VPL; ++j) v[j] = lane + WARP * j < n_expert ? v[j] / s : -2.0f;
     int my_id = 0;  // lane r < k: the r-th choice (ROUTER_LANE_TAIL)
     float my_p = 0.0f;
-    for (int r = 0; r < k; ++r) {
+    const bool redux = g_knob_topk && ROUTER_LANE_TAIL && k <= WARP;
+    if (redux) router_topk_redux(v, lane, k, my_id, my_p);
+    for (int r = 0; r < (redux ? 0 : k); ++r) {
         // The lane's best (ties: its lower slot = lower id), then the warp's.
         float bv = v[0];
         int bj = 0;

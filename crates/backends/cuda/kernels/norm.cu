@@ -1,6 +1,11 @@
 // Normalisations and element-wise kernels. Row kernels take one block per row (blockIdx.x);
 // any block size that is a multiple of 32 works.
 
+// noop_pdl(): waits for the kernel ahead and returns. Timing diagnostics only
+// (`REDLITE_CUDA_NOOP`): it stands in for a launch with that launch's grid and block, so a step
+// of such launches costs what the launches alone cost (their arguments are passed and ignored).
+extern "C" __global__ void noop_pdl() { pdl_enter(); }
+
 // rms_norm(x, w, y, n, eps): y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, rows of n values.
 // Also the per-head QK-norm (rows = heads, n = head_dim, same w for every row).
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,

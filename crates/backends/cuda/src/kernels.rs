@@ -118,6 +118,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "read_sum",
     "moe_router",
     "moe_router_warp",
+    "noop_pdl",
     "rms_norm",
     "rms_norm_gated",
     "l2_normalize",
@@ -218,10 +219,14 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 
 /// The kernels' run-time switches (`__constant__` ints set after the module loads), from the
 /// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
-/// prefetches into L1 before the wait off).
+/// prefetches into L1 before the wait off), `g_knob_topk` = `REDLITE_CUDA_TOPK_REDUX` (default 1;
+/// 0: the router's top-k rounds through a shuffle butterfly, the same choices).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
-    let pre = std::env::var("REDLITE_CUDA_PRE_WEIGHTS").map_or(1i32, |v| (v != "0") as i32);
-    vec![("g_knob_pre", pre.to_le_bytes().to_vec())]
+    let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
+    vec![
+        ("g_knob_pre", on("REDLITE_CUDA_PRE_WEIGHTS").to_le_bytes().to_vec()),
+        ("g_knob_topk", on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec()),
+    ]
 }
 
 #[cfg(test)]

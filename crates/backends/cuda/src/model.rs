@@ -135,6 +135,18 @@ pub(crate) fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
 }
 
 /// An on/off tuning switch from the environment: `0` off, `1` on, anything else the default.
+/// A comma-separated list from the environment (empty when unset).
+fn env_list(name: &str) -> Vec<String> {
+    std::env::var(name)
+        .map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn env_switch(name: &str, default: bool) -> bool {
     match std::env::var(name).as_deref().map(str::trim) {
         Ok("0") => false,
@@ -890,8 +902,9 @@ pub struct CudaModel {
     dn_early: bool,
     /// The fused DeltaNet core as `dn_fused_cols` (a V head's state columns over dv / 32 blocks,
     /// 128 at full size, a barrier per QK head before the gated norm) instead of `dn_fused_seq`
-    /// (a QK head a block: 16); the same bits (`REDLITE_CUDA_DN_COLS`, off: 2.4 % slower in
-    /// session 16).
+    /// (a QK head a block: 16); the same bits (`REDLITE_CUDA_DN_COLS`, default on since session
+    /// 17: +2.9 %, 332.4 against 323.0 tok/s, once its spills were gone; 2.4 % slower with them
+    /// in session 16).
     dn_cols: bool,
     /// The fused DeltaNet kernels load their conv weights and windows, gate parameters and norm
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
@@ -912,6 +925,10 @@ pub struct CudaModel {
     /// `moe`, `shared` or `head`). The outputs are garbage; the step time shows what each stage
     /// costs on the critical path of the replayed graph (ncu times each kernel alone).
     skip: Vec<String>,
+    /// Timing diagnostics only: launches replaced by `noop_pdl` with the same grid and block
+    /// (`REDLITE_CUDA_NOOP`, the names as for `skip`, or `*` for all): the step time of the
+    /// launches without their work.
+    noop: Vec<String>,
     /// The stage the launches being enqueued belong to (for `skip`).
     stage: &'static str,
     /// Blocks per row of the greedy `argmax` (`REDLITE_CUDA_ARGMAX_SLICES`, 1 to
@@ -1150,20 +1167,14 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
-            dn_cols: env_switch("REDLITE_CUDA_DN_COLS", false),
+            dn_cols: env_switch("REDLITE_CUDA_DN_COLS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
-            skip: std::env::var("REDLITE_CUDA_SKIP")
-                .map(|v| {
-                    v.split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            skip: env_list("REDLITE_CUDA_SKIP"),
+            noop: env_list("REDLITE_CUDA_NOOP"),
             stage: "",
             norm_slices: env_parse("REDLITE_CUDA_NORM_SLICES")
                 .unwrap_or(crate::ops::NORM_SLICES)
@@ -1651,6 +1662,13 @@ impl CudaModel {
         if self.skipped(what) {
             return Ok(());
         }
+        let noop;
+        let f = if Self::listed(&self.noop, self.stage, what) {
+            noop = self.gpu.func("noop_pdl")?.clone();
+            &noop
+        } else {
+            f
+        };
         // Decode steps and verify rows only: on prompts the GEMMs' many-wave grids lost by it
         // (4,096 tokens 10,985 → 9,728 tok/s on the H200).
         if self.pdl && !self.gemm_now {
@@ -1679,11 +1697,15 @@ impl CudaModel {
 
     /// Whether `REDLITE_CUDA_SKIP` leaves this launch out (timing diagnostics).
     fn skipped(&self, what: &str) -> bool {
-        !self.skip.is_empty()
-            && self.skip.iter().any(|s| match s.split_once(':') {
-                Some((stage, name)) => stage == self.stage && (name == "*" || name == what),
-                None => s == what,
-            })
+        Self::listed(&self.skip, self.stage, what)
+    }
+
+    /// Whether launch `what` of `stage` is in a `REDLITE_CUDA_SKIP`-style list (`*`: all).
+    fn listed(list: &[String], stage: &str, what: &str) -> bool {
+        list.iter().any(|s| match s.split_once(':') {
+            Some((st, name)) => st == stage && (name == "*" || name == what),
+            None => s == what || s == "*",
+        })
     }
 
     /// The `grid_sync` counter for launches of `kernel` with `blocks` blocks (its barrier target
@@ -2616,8 +2638,20 @@ impl CudaModel {
         if let Some((threads, shared)) = fused {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
             let r = nv / nk;
+            // Its per-QK-head barrier needs a head's blocks resident together: every block
+            // resident at once, else dn_fused_seq.
             let cols = crate::ops::dn_cols_launch(crate::ops::DeltaDims { nk, nv, dk, dv })
-                .filter(|_| self.dn_cols);
+                .filter(|_| self.dn_cols)
+                .filter(|&(grid, threads, shared)| {
+                    self.k
+                        .dn_fused_cols
+                        .occupancy_max_active_blocks_per_multiprocessor(
+                            threads,
+                            shared as usize,
+                            None,
+                        )
+                        .is_ok_and(|per_sm| self.all_resident(grid, per_sm))
+                });
             let (name, f, grid, threads, shared) = match cols {
                 Some((grid, threads, shared)) => (
                     "dn_fused_cols",
