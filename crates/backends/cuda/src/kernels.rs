@@ -224,8 +224,14 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
     vec![
-        ("g_knob_pre", on("REDLITE_CUDA_PRE_WEIGHTS").to_le_bytes().to_vec()),
-        ("g_knob_topk", on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec()),
+        (
+            "g_knob_pre",
+            on("REDLITE_CUDA_PRE_WEIGHTS").to_le_bytes().to_vec(),
+        ),
+        (
+            "g_knob_topk",
+            on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec(),
+        ),
     ]
 }
 
