@@ -743,9 +743,12 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // zeroed u64s.
 #define DNC_PRE 3
 // The launch bound (ops.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
-// registers' worth of loads and stores; at 256 ptxas gives it 168 registers and no local memory.
+// registers' worth of loads and stores. At (256, 1) NVRTC 13.0's ptxas (the H200 machine's)
+// gives it 190 registers and no local memory; with (256) alone it took 128 and spilled (STACK:104,
+// 58 spill instructions, the preloaded values stored to the stack before the wait), while 13.5
+// gave 168 and none: check the device's NVRTC version when reading resource usage here.
 #define DNC_MAX_THREADS 256
-extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS) void dn_fused_cols(
+extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
     const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
