@@ -390,6 +390,10 @@ mod imp {
         }
         token = model.decode(token, &greedy, 0.0)?; // warm-up: graph capture
         model.expert_cache_mut().reset_stats();
+        let tracing = redlite_cuda::kernels::trace_on();
+        if tracing {
+            model.trace(true)?;
+        }
         let mut step_secs = Vec::with_capacity(steps);
         for s in 0..steps {
             progress("decode", s as u64, steps as u64);
@@ -398,6 +402,9 @@ mod imp {
             step_secs.push(t.elapsed().as_secs_f64());
         }
         progress("decode", steps as u64, steps as u64);
+        if tracing {
+            print_route_trace(&model.trace(false)?, &model);
+        }
         let total: f64 = step_secs.iter().sum();
         let tok_per_s = if steps == 0 {
             0.0
@@ -433,6 +440,37 @@ mod imp {
             },
             info,
         ))
+    }
+
+    /// `REDLITE_CUDA_DEFINES=REDLITE_TRACE`: the fused route kernel's phases (block 0), mean per call.
+    fn print_route_trace(t: &[u64], model: &CudaModel) {
+        let calls = t.first().copied().unwrap_or(0);
+        if calls == 0 {
+            eprintln!("trace: the fused route kernel did not run (no phases recorded)");
+            return;
+        }
+        // The SM clock (kHz) turns cycles into µs.
+        let khz = model.device_info().clock_khz.max(1) as f64;
+        let names = [
+            "launch to the end of the wait",
+            "router rows",
+            "grid barrier",
+            "top-k",
+            "gate/up rows",
+        ];
+        let parts: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let cyc = t.get(i + 1).copied().unwrap_or(0) as f64 / calls as f64;
+                format!("{n} {cyc:.0} cycles ({:.2} µs)", cyc / khz * 1e3)
+            })
+            .collect();
+        eprintln!(
+            "trace: moe_route_gate_up (block 0, mean of {calls} calls at {:.0} MHz): {}",
+            khz / 1e3,
+            parts.join(", ")
+        );
     }
 
     /// `bench expert`: one layer's expert kernels on `distinct` experts of the file, `per_call`

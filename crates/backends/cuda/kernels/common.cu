@@ -128,6 +128,40 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, size_t bytes, int i, in
 // they read only what the kernel ahead wrote.
 __constant__ int g_knob_pre;
 
+// Phase timing (REDLITE_TRACE, compiled in only with REDLITE_CUDA_DEFINES=REDLITE_TRACE: a
+// diagnostic build, since even an untaken branch and a live clock value cost the fused route
+// kernel registers): kernels that know their phases add each phase's length (SM clock cycles,
+// block 0's thread 0) to g_trace[phase], and g_trace[0] counts the calls; the host reads the
+// sums back (`Gpu::trace`). Without it the stamps are no-ops.
+#define TRACE_SLOTS 16
+__device__ unsigned long long g_trace[TRACE_SLOTS];
+
+// The clock at a call's start (0 when not traced: another block or thread, or not built in).
+__device__ __forceinline__ long long trace_start() {
+#ifdef REDLITE_TRACE
+    if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return 0;
+    atomicAdd(&g_trace[0], 1ull);
+    return clock64();
+#else
+    return 0;
+#endif
+}
+
+// Adds the cycles since `t` to phase slot `phase` (1 .. TRACE_SLOTS - 1) and returns the clock
+// now (t == 0: not traced, returns 0).
+__device__ __forceinline__ long long trace_phase(int phase, long long t) {
+#ifdef REDLITE_TRACE
+    if (t == 0) return 0;
+    const long long now = clock64();
+    atomicAdd(&g_trace[phase], (unsigned long long)(now - t));
+    return now;
+#else
+    (void)phase;
+    (void)t;
+    return 0;
+#endif
+}
+
 // Starts the 128-byte lines of [p, p + bytes) into this SM's L1, a line per thread of the block
 // (a hint: it neither waits nor faults). For a few KB of weights read after the wait.
 __device__ __forceinline__ void prefetch_l1_block(const void* p, size_t bytes) {

@@ -963,6 +963,9 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     __shared__ float red[2][MVF_WARPS];
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
+    // Phases under REDLITE_TRACE (common.cu): 1 launch to the end of the wait, 2 router rows, 3
+    // grid barrier, 4 top-k, 5 gate/up rows (block 0).
+    long long tt = trace_start();
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int half = wid / MVF_WARPS, w = wid % MVF_WARPS;
     const int per = MVF_WARPS / parts;  // rows of a matvec3_x_f32 block
@@ -988,6 +991,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     stage_iq2_q8_tables();
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // xn and xq come from the kernels before
+    tt = trace_phase(1, tt);
     for (int base = 2 * blockIdx.x; base < vblocks; base += 2 * nb) {
         float* y = nullptr;
         const u8* wr = base + half < vblocks ? row_of(base + half, y) : nullptr;
@@ -1002,7 +1006,9 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
         }
         __syncthreads();
     }
+    tt = trace_phase(2, tt);
     grid_sync(counter, nb);
+    tt = trace_phase(3, tt);
     const int slices = ff / WARP;
     const int bx = blockIdx.x % slices, by = blockIdx.x / slices;
     if (threadIdx.x < WARP) {
@@ -1014,9 +1020,11 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
         }
     }
     __syncthreads();
+    tt = trace_phase(4, tt);
     const int id = ids_s[by];
     gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act, actq,
                            ff, hidden, k, bx, by, 0);
+    trace_phase(5, tt);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,

@@ -17,6 +17,8 @@ pub struct DeviceInfo {
     pub compute_capability: (i32, i32),
     /// Streaming multiprocessors.
     pub sm_count: usize,
+    /// The SM clock's peak rate (kHz; `clock64` cycles to time).
+    pub clock_khz: usize,
     /// The NVRTC target, e.g. `sm_90a`.
     pub arch: String,
     pub total_mem: usize,
@@ -126,6 +128,10 @@ impl Gpu {
             )
             .map_err(|e| CudaError::driver("multiprocessor count", e))?
             .max(1) as usize;
+        let clock_khz = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+            .map_err(|e| CudaError::driver("clock rate", e))?
+            .max(1) as usize;
         let total_mem = ctx
             .total_mem()
             .map_err(|e| CudaError::driver("cuDeviceTotalMem", e))?;
@@ -177,6 +183,7 @@ impl Gpu {
                 name,
                 compute_capability: cc,
                 sm_count,
+                clock_khz,
                 arch,
                 total_mem,
                 nvrtc_version,
@@ -186,6 +193,34 @@ impl Gpu {
                 load_ms,
             },
         })
+    }
+
+    /// The phase sums of a `REDLITE_TRACE` kernel build (`g_trace`: slot 0 the traced calls, slot p the
+    /// clock cycles of phase p summed over them), after a synchronize; `reset` zeroes them
+    /// afterwards.
+    pub fn trace(&self, reset: bool) -> Result<Vec<u64>, CudaError> {
+        let drv = |what: &'static str| move |e| CudaError::driver(what, e);
+        let mut slot = self
+            ._module
+            .get_global("g_trace", &self.stream)
+            .map_err(drv("g_trace"))?;
+        let mut bytes = vec![0u8; slot.len()];
+        self.stream
+            .memcpy_dtoh(&slot, &mut bytes)
+            .map_err(drv("reading g_trace"))?;
+        if reset {
+            let zeros = vec![0u8; slot.len()];
+            self.stream
+                .memcpy_htod(&zeros, &mut slot)
+                .map_err(drv("zeroing g_trace"))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(drv("synchronize after g_trace"))?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect())
     }
 
     /// A kernel by name.

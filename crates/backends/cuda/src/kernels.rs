@@ -235,6 +235,19 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// Whether the kernels are built with their phase stamps (`REDLITE_CUDA_DEFINES` names
+/// `REDLITE_TRACE`): they add their phases' clock cycles to `g_trace` (read back with
+/// `Gpu::trace`).
+pub fn trace_on() -> bool {
+    std::env::var("REDLITE_CUDA_DEFINES").is_ok_and(|d| {
+        d.split(',').any(|x| {
+            x.split('=')
+                .next()
+                .is_some_and(|n| n.trim() == "REDLITE_TRACE")
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1234,6 +1234,13 @@ impl CudaModel {
         &self.gpu.info
     }
 
+    /// The phase sums of a `REDLITE_TRACE` build so far ([`Gpu::trace`]), after the model's stream has
+    /// finished; `reset` zeroes them.
+    pub fn trace(&self, reset: bool) -> Result<Vec<u64>, CudaError> {
+        self.sync()?;
+        self.gpu.trace(reset)
+    }
+
     pub fn options(&self) -> &CudaModelOptions {
         &self.opts
     }
