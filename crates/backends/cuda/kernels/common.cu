@@ -78,6 +78,12 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// REDLITE_CUDA_SYNC_RELEASE (set from the host after the module loads; default 0): grid_sync's
+// arrival as one release atomic and no sequentially consistent fences (the form of CUTLASS's
+// generic barrier: the block's writes, a CTA barrier, thread 0's release add; thread 0's acquire
+// loads, a CTA barrier, the block's reads) instead of __threadfence (MEMBAR.SC.GPU) on both sides.
+__constant__ int g_knob_sync;
+
 // grid_sync(counter, blocks): a barrier over the whole grid, for a kernel whose blocks are all
 // resident at once (the host checks the occupancy). `counter` only ever grows: block arrivals
 // are counted, and a launch of B blocks adds B per barrier, so a barrier's target is the next
@@ -86,14 +92,19 @@ __device__ __forceinline__ void pdl_enter() {
 __device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned blocks) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long old = atomicAdd(counter, 1ull);
+        unsigned long long old;
+        if (g_knob_sync) {
+            asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(counter) : "memory");
+        } else {
+            __threadfence();
+            old = atomicAdd(counter, 1ull);
+        }
         const unsigned long long target = (old / blocks + 1) * blocks;
         unsigned long long now;
         do {
             asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
         } while (now < target);
-        __threadfence();
+        if (!g_knob_sync) __threadfence();
     }
     __syncthreads();
 }

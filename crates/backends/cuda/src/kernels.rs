@@ -220,9 +220,12 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// The kernels' run-time switches (`__constant__` ints set after the module loads), from the
 /// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
 /// prefetches into L1 before the wait off), `g_knob_topk` = `REDLITE_CUDA_TOPK_REDUX` (default 1;
-/// 0: the router's top-k rounds through a shuffle butterfly, the same choices).
+/// 0: the router's top-k rounds through a shuffle butterfly, the same choices), `g_knob_sync` =
+/// `REDLITE_CUDA_SYNC_RELEASE` (default 0; 1: `grid_sync` arrives with a release atomic and
+/// no sequentially consistent fences).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
+    let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
     vec![
         (
             "g_knob_pre",
@@ -231,6 +234,10 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         (
             "g_knob_topk",
             on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec(),
+        ),
+        (
+            "g_knob_sync",
+            off("REDLITE_CUDA_SYNC_RELEASE").to_le_bytes().to_vec(),
         ),
     ]
 }
