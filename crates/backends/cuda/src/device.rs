@@ -89,7 +89,7 @@ pub fn probe() -> Result<(), CudaError> {
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    _module: Arc<CudaModule>,
+    module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
     pub info: DeviceInfo,
 }
@@ -176,7 +176,7 @@ impl Gpu {
         Ok(Gpu {
             ctx,
             stream,
-            _module: module,
+            module,
             funcs,
             info: DeviceInfo {
                 ordinal,
@@ -201,7 +201,7 @@ impl Gpu {
     pub fn trace(&self, reset: bool) -> Result<Vec<u64>, CudaError> {
         let drv = |what: &'static str| move |e| CudaError::driver(what, e);
         let mut slot = self
-            ._module
+            .module
             .get_global("g_trace", &self.stream)
             .map_err(drv("g_trace"))?;
         let mut bytes = vec![0u8; slot.len()];

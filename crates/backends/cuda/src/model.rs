@@ -134,7 +134,6 @@ pub(crate) fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// An on/off tuning switch from the environment: `0` off, `1` on, anything else the default.
 /// A comma-separated list from the environment (empty when unset).
 fn env_list(name: &str) -> Vec<String> {
     std::env::var(name)
@@ -147,6 +146,7 @@ fn env_list(name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// An on/off tuning switch from the environment: `0` off, `1` on, anything else the default.
 fn env_switch(name: &str, default: bool) -> bool {
     match std::env::var(name).as_deref().map(str::trim) {
         Ok("0") => false,
@@ -902,10 +902,11 @@ pub struct CudaModel {
     dn_early: bool,
     /// The fused DeltaNet core as `dn_fused_cols` (a V head's state columns over dv / 32 blocks,
     /// 128 at full size, a barrier per QK head before the gated norm) instead of `dn_fused_seq`
-    /// (a QK head a block: 16); the same bits (`REDLITE_CUDA_DN_COLS`, default on since session
-    /// 17: +2.9 %, 332.4 against 323.0 tok/s, once its spills were gone; 2.4 % slower with them
-    /// in session 16).
-    dn_cols: bool,
+    /// (a QK head a block: 16): its launch `(grid, threads, shared bytes)`, when the shape has one,
+    /// `REDLITE_CUDA_DN_COLS` is not 0 and every block fits the GPU at once (the barrier needs a
+    /// head's blocks resident together). The same bits; default on since session 17 (+6.8 %
+    /// against `dn_fused_seq` on the H200 once its spills were gone; 2.4 % slower with them).
+    dn_cols: Option<(u32, u32, u32)>,
     /// The fused DeltaNet kernels load their conv weights and windows, gate parameters and norm
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
     /// projections (qkv, ba, z) are read; the same bits.
@@ -1097,6 +1098,18 @@ impl CudaModel {
         } else {
             ATTN_DEFAULT_SPLITS
         };
+        let dn_cols = crate::ops::dn_cols_launch(crate::ops::DeltaDims {
+            nk: config.dn_k_heads,
+            nv: config.dn_v_heads,
+            dk: config.dn_k_dim,
+            dv: config.dn_v_dim,
+        })
+        .filter(|_| env_switch("REDLITE_CUDA_DN_COLS", true))
+        .filter(|&(grid, threads, shared)| {
+            k.dn_fused_cols
+                .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
+                .is_ok_and(|per_sm| per_sm as usize * gpu.info.sm_count >= grid as usize)
+        });
         let mut model = CudaModel {
             config,
             opts,
@@ -1167,7 +1180,7 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
-            dn_cols: env_switch("REDLITE_CUDA_DN_COLS", true),
+            dn_cols,
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
@@ -2645,20 +2658,7 @@ impl CudaModel {
         if let Some((threads, shared)) = fused {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
             let r = nv / nk;
-            // Its per-QK-head barrier needs a head's blocks resident together: every block
-            // resident at once, else dn_fused_seq.
-            let cols = crate::ops::dn_cols_launch(crate::ops::DeltaDims { nk, nv, dk, dv })
-                .filter(|_| self.dn_cols)
-                .filter(|&(grid, threads, shared)| {
-                    self.k
-                        .dn_fused_cols
-                        .occupancy_max_active_blocks_per_multiprocessor(
-                            threads,
-                            shared as usize,
-                            None,
-                        )
-                        .is_ok_and(|per_sm| self.all_resident(grid, per_sm))
-                });
+            let cols = self.dn_cols;
             let (name, f, grid, threads, shared) = match cols {
                 Some((grid, threads, shared)) => (
                     "dn_fused_cols",
