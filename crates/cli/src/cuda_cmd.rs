@@ -442,35 +442,42 @@ mod imp {
         ))
     }
 
-    /// `REDLITE_CUDA_DEFINES=REDLITE_TRACE`: the fused route kernel's phases (block 0), mean per call.
+    /// `REDLITE_CUDA_DEFINES=REDLITE_TRACE`: the traced kernels' phases (block 0's thread 0, SM
+    /// clock cycles), mean per call; slots as in common.cu's `g_trace`.
     fn print_route_trace(t: &[u64], model: &CudaModel) {
-        let calls = t.first().copied().unwrap_or(0);
-        if calls == 0 {
-            eprintln!("trace: the fused route kernel did not run (no phases recorded)");
-            return;
-        }
         // The SM clock (kHz) turns cycles into µs.
         let khz = model.device_info().clock_khz.max(1) as f64;
-        let names = [
-            "launch to the end of the wait",
-            "router rows",
-            "grid barrier",
-            "top-k",
-            "gate/up rows",
+        let wait = "launch to the end of the wait";
+        let kernels: [(&str, usize, &[&str]); 4] = [
+            (
+                "moe_route_gate_up",
+                0,
+                &[wait, "router rows", "grid barrier", "top-k", "gate/up rows"],
+            ),
+            ("moe_down_combine", 6, &[wait, "after the wait"]),
+            ("matvec_q8x", 9, &[wait, "after the wait"]),
+            ("dn_fused_cols", 12, &[wait, "after the wait"]),
         ];
-        let parts: Vec<String> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let cyc = t.get(i + 1).copied().unwrap_or(0) as f64 / calls as f64;
-                format!("{n} {cyc:.0} cycles ({:.2} µs)", cyc / khz * 1e3)
-            })
-            .collect();
-        eprintln!(
-            "trace: moe_route_gate_up (block 0, mean of {calls} calls at {:.0} MHz): {}",
-            khz / 1e3,
-            parts.join(", ")
-        );
+        eprintln!("trace: block 0 of each call, at {:.0} MHz", khz / 1e3);
+        for (name, slot, phases) in kernels {
+            let calls = t.get(slot).copied().unwrap_or(0);
+            if calls == 0 {
+                eprintln!("trace: {name}: no calls recorded");
+                continue;
+            }
+            let parts: Vec<String> = phases
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let cyc = t.get(slot + 1 + i).copied().unwrap_or(0) as f64 / calls as f64;
+                    format!("{n} {cyc:.0} cycles ({:.2} µs)", cyc / khz * 1e3)
+                })
+                .collect();
+            eprintln!(
+                "trace: {name} (mean of {calls} calls): {}",
+                parts.join(", ")
+            );
+        }
     }
 
     /// `bench expert`: one layer's expert kernels on `distinct` experts of the file, `per_call`

@@ -142,18 +142,22 @@ __constant__ int g_knob_pre;
 // Phase timing (REDLITE_TRACE, compiled in only with REDLITE_CUDA_DEFINES=REDLITE_TRACE: a
 // diagnostic build, since even an untaken branch and a live clock value cost the fused route
 // kernel registers): kernels that know their phases add each phase's length (SM clock cycles,
-// block 0's thread 0) to g_trace[phase], and g_trace[0] counts the calls; the host reads the
-// sums back (`Gpu::trace`). Without it the stamps are no-ops.
+// block 0's thread 0) to g_trace[phase], and g_trace[count slot] counts the calls; the host reads
+// the sums back (`Gpu::trace`). Without it the stamps are no-ops. Slots: the fused route kernel
+// 0 (calls), 1..5; moe_down_combine_tab_q8_iq2_xxs 6, 7..8; matvec_q8x 9, 10..11; dn_fused_cols
+// 12, 13..14 (each: the calls, launch to the end of the wait, the wait's end to block 0's end).
 #define TRACE_SLOTS 16
 __device__ unsigned long long g_trace[TRACE_SLOTS];
 
-// The clock at a call's start (0 when not traced: another block or thread, or not built in).
-__device__ __forceinline__ long long trace_start() {
+// The clock at a call's start (0 when not traced: another block or thread, or not built in);
+// counts the call in slot `calls`.
+__device__ __forceinline__ long long trace_start(int calls = 0) {
 #ifdef REDLITE_TRACE
     if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return 0;
-    atomicAdd(&g_trace[0], 1ull);
+    atomicAdd(&g_trace[calls], 1ull);
     return clock64();
 #else
+    (void)calls;
     return 0;
 #endif
 }

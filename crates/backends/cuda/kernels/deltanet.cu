@@ -755,6 +755,7 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
     float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
     extern __shared__ float sm[];
+    long long tt = trace_start(12);
     const int cpv = dv / WARP, nv = nk * r;
     const int kh = blockIdx.x / (r * cpv), hl = (blockIdx.x / cpv) % r, cc = blockIdx.x % cpv;
     const int h = kh * r + hl;
@@ -787,6 +788,7 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
         pa = a[h], pdt = dt_bias[h], pnw = norm_w[j];
     }
     pdl_enter();  // qkv, ba and z come from the kernel ahead
+    tt = trace_phase(13, tt);
     if (!(early & 1)) {
 #pragma unroll
         for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
@@ -864,4 +866,5 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
         dnf_conv_window(qkv, conv_state, n, DNC_CH(li), ch, kern);
     }
 #undef DNC_CH
+    trace_phase(14, tt);
 }

@@ -1461,6 +1461,7 @@ template <typename T>
 __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs, int cols, int split, const u8* w0,
                                                 float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
                                                 float* y2, int r2) {
+    long long tt = trace_start(9);
     const MvfSplit s = q8_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int t = blockIdx.y;
@@ -1468,9 +1469,11 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
     mvf_first(m.block, s, first, part);
     if (t == 0) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
     pdl_enter();  // xq comes from the kernel before
+    tt = trace_phase(10, tt);
     const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
     q8_rows_out<T, 1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0,
                              t, 1, inv);
+    trace_phase(11, tt);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q4_k(

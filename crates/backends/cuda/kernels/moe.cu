@@ -943,6 +943,9 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 }
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
+// REDLITE_CUDA_DOWN_PREFETCH (set from the host after the module loads; default 0): each block of
+// the fused route kernel starts its share of its expert's down rows into L2 after its gate/up rows.
+__constant__ int g_knob_downpf;
 // (grid_sync: common.cu)
 // moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
 // actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
@@ -1024,6 +1027,13 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     const int id = ids_s[by];
     gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act, actq,
                            ff, hidden, k, bx, by, 0);
+    if (g_knob_downpf) {
+        // The block's share of its expert's down rows (hidden / slices consecutive rows) into L2
+        // for the down kernel, once this block's own loads are done.
+        const u8* down = expert_part(tab, id, 2, dstride, dstride != 0 ? tab[2] : 0);
+        const size_t rb = row_bytes<T_IQ2_XXS>(ff), per = (size_t)hidden / slices;
+        prefetch_l2(down + (size_t)bx * per * rb, per * rb, threadIdx.x, blockDim.x);
+    }
     trace_phase(5, tt);
 }
 
@@ -1038,6 +1048,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
                                                            const float* __restrict__ shared,
                                                            const float* __restrict__ gate_logit, int hidden, int ff,
                                                            int k, u64 dstride) {
+    long long tt = trace_start(6);
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const DownRow d = down_row(hidden);
@@ -1045,6 +1056,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
+    tt = trace_phase(7, tt);
     const int sbs = ff / 32;
     float acc = 0.0f;
     if (d.valid) {
@@ -1058,6 +1070,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
         }
     }
     down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);
+    trace_phase(8, tt);
 }
 
 // moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the routed experts' down projections, their weighted sum (in

@@ -222,7 +222,8 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// prefetches into L1 before the wait off), `g_knob_topk` = `REDLITE_CUDA_TOPK_REDUX` (default 1;
 /// 0: the router's top-k rounds through a shuffle butterfly, the same choices), `g_knob_sync` =
 /// `REDLITE_CUDA_SYNC_RELEASE` (default 0; 1: `grid_sync` arrives with a release atomic and
-/// no sequentially consistent fences).
+/// no sequentially consistent fences), `g_knob_downpf` = `REDLITE_CUDA_DOWN_PREFETCH` (default
+/// 0; 1: the fused route kernel's blocks start their expert's down rows into L2 at their end).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
     let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
@@ -238,6 +239,10 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         (
             "g_knob_sync",
             off("REDLITE_CUDA_SYNC_RELEASE").to_le_bytes().to_vec(),
+        ),
+        (
+            "g_knob_downpf",
+            off("REDLITE_CUDA_DOWN_PREFETCH").to_le_bytes().to_vec(),
         ),
     ]
 }
