@@ -30,7 +30,7 @@ for fam in deltanet.cu moe.cu matvec.cu attention.cu norm.cu; do
         >"$OUT/$fam.log" 2>&1 || { echo "$fam: compile failed (see $OUT/$fam.log)"; continue; }
     if [ -n "$NVDISASM" ]; then "$NVDISASM" -c "$OUT/$fam.cubin" >"$OUT/$fam.sass" 2>/dev/null || true; fi
     "$CUOBJDUMP" -res-usage "$OUT/$fam.cubin" 2>&1 | paste - - | sed -n 's/^ *Function \([a-z0-9_]*\):.*\(REG:[0-9]*\) \(STACK:[0-9]*\).*/\1 \2 \3/p' |
-        grep -E "^($RE) " | while read -r k reg stack; do
+        { grep -E "^($RE) " || true; } | while read -r k reg stack; do
             spills=n/a
             if [ -s "$OUT/$fam.sass" ]; then
                 spills=$(awk -v k="$k" '$0 == ".text."k":" {on=1; next} /^\.text\./ {on=0} on && /SpillRefill/ {n++} END {print n+0}' "$OUT/$fam.sass")

@@ -448,28 +448,51 @@ mod imp {
         // The SM clock (kHz) turns cycles into µs.
         let khz = model.device_info().clock_khz.max(1) as f64;
         let wait = "launch to the end of the wait";
-        let kernels: [(&str, usize, &[&str]); 4] = [
+        let after = "after the wait";
+        // (kernel, its calls' slot, its phases' slots and names)
+        let kernels: [(&str, usize, &[(usize, &str)]); 6] = [
             (
                 "moe_route_gate_up",
                 0,
-                &[wait, "router rows", "grid barrier", "top-k", "gate/up rows"],
+                &[
+                    (1, wait),
+                    (2, "router rows"),
+                    (3, "grid barrier"),
+                    (4, "top-k"),
+                    (5, "gate/up rows"),
+                ],
             ),
-            ("moe_down_combine", 6, &[wait, "after the wait"]),
-            ("matvec_q8x", 9, &[wait, "after the wait"]),
-            ("dn_fused_cols", 12, &[wait, "after the wait"]),
+            (
+                "  its top-k",
+                0,
+                &[
+                    (16, "loads and max"),
+                    (17, "exps and sum"),
+                    (18, "divisions"),
+                    (19, "rounds"),
+                    (20, "tail"),
+                ],
+            ),
+            (
+                "  its gate/up rows",
+                0,
+                &[(21, "rows"), (22, "barrier"), (23, "q8 tail")],
+            ),
+            ("moe_down_combine", 6, &[(7, wait), (8, after)]),
+            ("matvec_q8x", 9, &[(10, wait), (11, after)]),
+            ("dn_fused_cols", 12, &[(13, wait), (14, after)]),
         ];
         eprintln!("trace: block 0 of each call, at {:.0} MHz", khz / 1e3);
-        for (name, slot, phases) in kernels {
-            let calls = t.get(slot).copied().unwrap_or(0);
+        for (name, calls_slot, phases) in kernels {
+            let calls = t.get(calls_slot).copied().unwrap_or(0);
             if calls == 0 {
                 eprintln!("trace: {name}: no calls recorded");
                 continue;
             }
             let parts: Vec<String> = phases
                 .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let cyc = t.get(slot + 1 + i).copied().unwrap_or(0) as f64 / calls as f64;
+                .map(|&(slot, n)| {
+                    let cyc = t.get(slot).copied().unwrap_or(0) as f64 / calls as f64;
                     format!("{n} {cyc:.0} cycles ({:.2} µs)", cyc / khz * 1e3)
                 })
                 .collect();

@@ -78,7 +78,7 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
-// REDLITE_CUDA_SYNC_RELEASE (set from the host after the module loads; default 0): grid_sync's
+// REDLITE_CUDA_SYNC_RELEASE (set from the host after the module loads; default 1): grid_sync's
 // arrival as one release atomic and no sequentially consistent fences (the form of CUTLASS's
 // generic barrier: the block's writes, a CTA barrier, thread 0's release add; thread 0's acquire
 // loads, a CTA barrier, the block's reads) instead of __threadfence (MEMBAR.SC.GPU) on both sides.
@@ -145,8 +145,9 @@ __constant__ int g_knob_pre;
 // block 0's thread 0) to g_trace[phase], and g_trace[count slot] counts the calls; the host reads
 // the sums back (`Gpu::trace`). Without it the stamps are no-ops. Slots: the fused route kernel
 // 0 (calls), 1..5; moe_down_combine_tab_q8_iq2_xxs 6, 7..8; matvec_q8x 9, 10..11; dn_fused_cols
-// 12, 13..14 (each: the calls, launch to the end of the wait, the wait's end to block 0's end).
-#define TRACE_SLOTS 16
+// 12, 13..14 (each: the calls, launch to the end of the wait, the wait's end to block 0's end);
+// inside the route kernel's top-k (router_warp_row) 16..20, its gate/up rows 21..23.
+#define TRACE_SLOTS 24
 __device__ unsigned long long g_trace[TRACE_SLOTS];
 
 // The clock at a call's start (0 when not traced: another block or thread, or not built in);
@@ -158,6 +159,17 @@ __device__ __forceinline__ long long trace_start(int calls = 0) {
     return clock64();
 #else
     (void)calls;
+    return 0;
+#endif
+}
+
+// The clock of block 0's thread 0 (0 elsewhere, or not built in), without counting a call: for
+// phases inside a helper whose kernel counts its own calls.
+__device__ __forceinline__ long long trace_clock() {
+#ifdef REDLITE_TRACE
+    if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return 0;
+    return clock64();
+#else
     return 0;
 #endif
 }

@@ -91,6 +91,30 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 // REDLITE_CUDA_TOPK_REDUX (set from the host after the module loads; default 1): the router's
 // top-k rounds by router_topk_redux instead of the butterfly argmax below (the same choices).
 __constant__ int g_knob_topk;
+// REDLITE_CUDA_GATE_UP_PREFETCH (set from the host after the module loads; default 0): the routed
+// gate/up rows of a warp (gate_up_q8q_rows) started at once before its loop, into L2 (1) or L1 (2).
+__constant__ int g_knob_gupf;
+// REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 0): the router's
+// exps and divisions without a branch per slot (the same values).
+__constant__ int g_knob_soft;
+
+// Whether div_rn_tame(v, s) is v / s: v a softmax numerator (0 or in [2^-90, 2]) and s its sum in
+// [1, 2^20] (the max term is 1). Such operands pass the division's own range check, whose fast
+// path div_rn_tame is.
+__device__ __forceinline__ bool div_tame(float v, float s) {
+    return (v == 0.0f || (v >= 0x1p-90f && v <= 2.0f)) && s >= 1.0f && s <= 0x1p20f;
+}
+
+// The fast path of the compiler's correctly rounded f32 division (sm_90 SASS of v / s: MUFU.RCP,
+// then these five FMAs; FCHK sends other operands to a slow path): bit for bit v / s where
+// div_tame(v, s) holds.
+__device__ __forceinline__ float div_rn_tame(float v, float s) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+    const float r1 = __fmaf_rn(r, __fmaf_rn(-s, r, 1.0f), r);
+    const float q = __fmaf_rn(r1, v, 0.0f);
+    return __fmaf_rn(r1, __fmaf_rn(-s, q, v), q);
+}
 
 // The lane's best slot among its ROUTER_VPL: the largest h, the lowest slot (= lowest id) on a
 // tie, by a tree of depth log2(ROUTER_VPL) (a linear scan is a chain of ROUTER_VPL steps).
@@ -158,6 +182,9 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     __shared__ int chosen[64];
     __shared__ float chosen_p[64];
     const int lane = threadIdx.x % WARP;
+    // Phases under REDLITE_TRACE (block 0's thread 0): 16 loads and max, 17 exps and sum, 18
+    // divisions, 19 rounds, 20 tail.
+    long long tt = trace_clock();
     float v[ROUTER_VPL];
     float m = NEG_INF;
 #pragma unroll
@@ -167,21 +194,55 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
         m = fmaxf(m, v[j]);
     }
     m = warp_max(m);
+    tt = trace_phase(16, tt);
     float s = 0.0f;
+    if (g_knob_soft) {
+        // Without a branch per slot: a slot past the last expert holds -inf, whose exp is the 0
+        // the other form adds, so the 16 exps take the same instructions and interleave.
 #pragma unroll
-    for (int j = 0; j < ROUTER_VPL; ++j) {
-        const int e = lane + WARP * j;
-        v[j] = e < n_expert ? expf(v[j] - m) : 0.0f;
-        s += v[j];
+        for (int j = 0; j < ROUTER_VPL; ++j) {
+            v[j] = expf(v[j] - m);
+            s += v[j];
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < ROUTER_VPL; ++j) {
+            const int e = lane + WARP * j;
+            v[j] = e < n_expert ? expf(v[j] - m) : 0.0f;
+            s += v[j];
+        }
     }
     s = warp_sum(s);
+    tt = trace_phase(17, tt);
     // Probabilities are >= 0: -2 marks a lane slot past the last expert, -1 a chosen expert.
+    if (g_knob_soft) {
+        // v / s by div_rn_tame where that is the division's own fast path (every value here but
+        // a tiny one), then '/' for the rest: the same quotients, without a branch per slot.
+        unsigned slow = 0;
 #pragma unroll
-    for (int j = 0; j < ROUTER_VPL; ++j) v[j] = lane + WARP * j < n_expert ? v[j] / s : -2.0f;
+        for (int j = 0; j < ROUTER_VPL; ++j) {
+            const bool ok = div_tame(v[j], s);
+            slow |= (unsigned)!ok << j;
+            v[j] = ok ? div_rn_tame(v[j], s) : v[j];
+        }
+        if (slow != 0) {
+#pragma unroll
+            for (int j = 0; j < ROUTER_VPL; ++j) {
+                if ((slow >> j) & 1) v[j] = v[j] / s;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ROUTER_VPL; ++j) v[j] = lane + WARP * j < n_expert ? v[j] : -2.0f;
+    } else {
+#pragma unroll
+        for (int j = 0; j < ROUTER_VPL; ++j) v[j] = lane + WARP * j < n_expert ? v[j] / s : -2.0f;
+    }
+    tt = trace_phase(18, tt);
     int my_id = 0;  // lane r < k: the r-th choice (ROUTER_LANE_TAIL)
     float my_p = 0.0f;
     const bool redux = g_knob_topk && ROUTER_LANE_TAIL && k <= WARP;
     if (redux) router_topk_redux(v, lane, k, my_id, my_p);
+    tt = trace_phase(19, tt);
     for (int r = 0; r < (redux ? 0 : k); ++r) {
         // The lane's best (ties: its lower slot = lower id), then the warp's.
         float bv = v[0];
@@ -232,6 +293,7 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
             idx_out[pos] = my_id;
             w_out[pos] = my_p / total;
         }
+        trace_phase(20, tt);
         return;
     }
     __syncwarp();
@@ -832,10 +894,31 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
                                                  u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
                                                  int bz) {
     __shared__ float act_s[WARP];
+    // Phases under REDLITE_TRACE (block 0's thread 0): 21 its rows, 22 the barrier, 23 the q8 tail.
+    long long tt = trace_clock();
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     const size_t te = (size_t)bz * k + by;
     const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
     const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    if (g_knob_gupf != 0) {
+        // Every row of the warp's on its way at once: the loop below reads them in 2-byte pieces,
+        // and at the kernel's register bound those loads go out in several dependent batches.
+        const int lines = (int)((rb + 127) / 128) + 1;  // + 1: a row need not start on a line
+        for (int r = wid; r < WARP; r += nw) {
+            const size_t off = (size_t)(bx * WARP + r) * rb;
+            for (int i = lane; i < 2 * lines; i += WARP) {
+                const u8* p = (i < lines ? gate : up) + off;
+                const u8* line = (const u8*)(((size_t)p & ~(size_t)127) + (size_t)(i % lines) * 128);
+                if (line < p + rb) {
+                    if (g_knob_gupf == 2) {
+                        asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+                    } else {
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+                    }
+                }
+            }
+        }
+    }
     for (int r = wid; r < WARP; r += PAIR ? 2 * nw : nw) {
         const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
@@ -863,13 +946,16 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
             act[te * ff + row] = a;
         }
     }
+    tt = trace_phase(21, tt);
     __syncthreads();
+    tt = trace_phase(22, tt);
     if (wid == 0) {
         u8* base = actq + te * Q8_ROW_BYTES(ff);
         const int b = bx;
         q8_block32(act_s[lane], lane, (i8*)base + 32 * b, (float*)(base + ff) + b,
                    (int*)(base + ff + ff / 32 * 4) + 2 * b);
     }
+    trace_phase(23, tt);
 }
 
 // Where expert `id`'s part p (0 gate, 1 up, 2 down) is: the table's entry, or with `dstride` != 0
@@ -943,9 +1029,6 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 }
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
-// REDLITE_CUDA_DOWN_PREFETCH (set from the host after the module loads; default 0): each block of
-// the fused route kernel starts its share of its expert's down rows into L2 after its gate/up rows.
-__constant__ int g_knob_downpf;
 // (grid_sync: common.cu)
 // moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
 // actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
@@ -1027,13 +1110,6 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     const int id = ids_s[by];
     gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act, actq,
                            ff, hidden, k, bx, by, 0);
-    if (g_knob_downpf) {
-        // The block's share of its expert's down rows (hidden / slices consecutive rows) into L2
-        // for the down kernel, once this block's own loads are done.
-        const u8* down = expert_part(tab, id, 2, dstride, dstride != 0 ? tab[2] : 0);
-        const size_t rb = row_bytes<T_IQ2_XXS>(ff), per = (size_t)hidden / slices;
-        prefetch_l2(down + (size_t)bx * per * rb, per * rb, threadIdx.x, blockDim.x);
-    }
     trace_phase(5, tt);
 }
 

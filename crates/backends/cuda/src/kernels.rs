@@ -221,9 +221,11 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
 /// prefetches into L1 before the wait off), `g_knob_topk` = `REDLITE_CUDA_TOPK_REDUX` (default 1;
 /// 0: the router's top-k rounds through a shuffle butterfly, the same choices), `g_knob_sync` =
-/// `REDLITE_CUDA_SYNC_RELEASE` (default 0; 1: `grid_sync` arrives with a release atomic and
-/// no sequentially consistent fences), `g_knob_downpf` = `REDLITE_CUDA_DOWN_PREFETCH` (default
-/// 0; 1: the fused route kernel's blocks start their expert's down rows into L2 at their end).
+/// `REDLITE_CUDA_SYNC_RELEASE` (default 1: `grid_sync` arrives with a release atomic and no
+/// sequentially consistent fences; 0: `__threadfence` on both sides),
+/// `g_knob_soft` = `REDLITE_CUDA_SOFTMAX_FLAT` (default 0; 1: the router's exps and divisions
+/// without a branch per slot, the same values), `g_knob_gupf` = `REDLITE_CUDA_GATE_UP_PREFETCH`
+/// (default 0; 1 / 2: the routed gate/up rows of a warp started into L2 / L1 before its loop).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
     let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
@@ -238,11 +240,20 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "g_knob_sync",
-            off("REDLITE_CUDA_SYNC_RELEASE").to_le_bytes().to_vec(),
+            on("REDLITE_CUDA_SYNC_RELEASE").to_le_bytes().to_vec(),
         ),
         (
-            "g_knob_downpf",
-            off("REDLITE_CUDA_DOWN_PREFETCH").to_le_bytes().to_vec(),
+            "g_knob_gupf",
+            std::env::var("REDLITE_CUDA_GATE_UP_PREFETCH")
+                .ok()
+                .and_then(|v| v.parse::<i32>().ok())
+                .unwrap_or(0)
+                .to_le_bytes()
+                .to_vec(),
+        ),
+        (
+            "g_knob_soft",
+            off("REDLITE_CUDA_SOFTMAX_FLAT").to_le_bytes().to_vec(),
         ),
     ]
 }
