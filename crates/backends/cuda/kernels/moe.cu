@@ -89,29 +89,36 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 #define ROUTER_LANE_TAIL 1
 #endif
 // REDLITE_CUDA_TOPK_REDUX (set from the host after the module loads; default 1): the router's
-// top-k rounds by router_topk_redux instead of the butterfly argmax below (the same choices).
+// top-k rounds by router_topk_redux (1) or router_topk_sorted (2) instead of the butterfly argmax
+// below (0; the same choices).
 __constant__ int g_knob_topk;
 // REDLITE_CUDA_GATE_UP_PREFETCH (set from the host after the module loads; default 0): the routed
 // gate/up rows of a warp (gate_up_q8q_rows) started at once before its loop, into L2 (1) or L1 (2).
 __constant__ int g_knob_gupf;
 // REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 0): the router's
-// exps and divisions without a branch per slot (the same values).
+// exps and divisions without a branch per slot, the tail's shuffles unrolled to
+// ROUTER_TAIL_UNROLL ranks (the same values).
+#define ROUTER_TAIL_UNROLL 16
 __constant__ int g_knob_soft;
 
-// Whether div_rn_tame(v, s) is v / s: v a softmax numerator (0 or in [2^-90, 2]) and s its sum in
-// [1, 2^20] (the max term is 1). Such operands pass the division's own range check, whose fast
-// path div_rn_tame is.
+// Whether div_rn_tame(v, s, r1) is v / s: v a softmax numerator (0 or in [2^-90, 2]) and s its
+// sum in [1, 2^20] (the max term is 1). Such operands pass the division's own range check
+// (FCHK), and its fast path is div_rn_tame.
 __device__ __forceinline__ bool div_tame(float v, float s) {
     return (v == 0.0f || (v >= 0x1p-90f && v <= 2.0f)) && s >= 1.0f && s <= 0x1p20f;
 }
 
-// The fast path of the compiler's correctly rounded f32 division (sm_90 SASS of v / s: MUFU.RCP,
-// then these five FMAs; FCHK sends other operands to a slow path): bit for bit v / s where
-// div_tame(v, s) holds.
-__device__ __forceinline__ float div_rn_tame(float v, float s) {
+// The refined reciprocal of the compiler's correctly rounded f32 division (sm_90 SASS of v / s:
+// MUFU.RCP, two FMAs), once per divisor.
+__device__ __forceinline__ float div_recip(float s) {
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
-    const float r1 = __fmaf_rn(r, __fmaf_rn(-s, r, 1.0f), r);
+    return __fmaf_rn(r, __fmaf_rn(-s, r, 1.0f), r);
+}
+
+// The rest of that fast path (three FMAs; FCHK sends other operands to a slow path): bit for
+// bit v / s where div_tame(v, s) holds, r1 = div_recip(s).
+__device__ __forceinline__ float div_rn_tame(float v, float s, float r1) {
     const float q = __fmaf_rn(r1, v, 0.0f);
     return __fmaf_rn(r1, __fmaf_rn(-s, q, v), q);
 }
@@ -174,6 +181,54 @@ __device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], 
     }
 }
 
+// router_topk_redux with each lane's slots sorted once (a bitonic network on (rank, slot) keys),
+// so a round's winner lane only shifts its list instead of searching its slots again
+// (REDLITE_CUDA_TOPK_REDUX=2). A slot's key is h << 4 | (15 - slot): larger keys first is the
+// order (p desc, id asc) inside a lane. The same choices in the same rank order.
+__device__ __forceinline__ void router_topk_sorted(const float (&v)[ROUTER_VPL], int lane, int k, int& my_id,
+                                                   float& my_p) {
+    static_assert(ROUTER_VPL == 16, "slots are keyed in 4 bits");
+    u64 key[ROUTER_VPL];
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) {
+        const u32 h = v[j] >= 0.0f ? __float_as_uint(v[j]) + 1u : 0u;
+        key[j] = ((u64)h << 4) | (u64)(ROUTER_VPL - 1 - j);
+    }
+#pragma unroll
+    for (int size = 2; size <= ROUTER_VPL; size <<= 1) {
+#pragma unroll
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+#pragma unroll
+            for (int i = 0; i < ROUTER_VPL; ++i) {
+                const int o = i ^ stride;
+                if (o > i) {
+                    // Descending runs where bit `size` of i is clear (all of them in the last merge).
+                    const bool desc = (i & size) == 0 || size == ROUTER_VPL;
+                    const u64 a = key[i], b = key[o];
+                    const bool swap = desc ? a < b : a > b;
+                    key[i] = swap ? b : a;
+                    key[o] = swap ? a : b;
+                }
+            }
+        }
+    }
+    for (int r = 0; r < k; ++r) {
+        const u32 bh = (u32)(key[0] >> 4);
+        const int bj = ROUTER_VPL - 1 - (int)(key[0] & 15);
+        const u32 mh = __reduce_max_sync(0xffffffffu, bh);
+        const u32 ml = __reduce_max_sync(0xffffffffu, bh == mh ? ~(u32)(lane + WARP * bj) : 0u);
+        const int id = (int)~ml;
+        if (lane == r) {
+            my_id = id;
+            my_p = __uint_as_float(mh - 1u);
+        }
+        const bool pop = lane == id % WARP;
+#pragma unroll
+        for (int i = 0; i + 1 < ROUTER_VPL; ++i) key[i] = pop ? key[i + 1] : key[i];
+        key[ROUTER_VPL - 1] = pop ? 0ull : key[ROUTER_VPL - 1];
+    }
+}
+
 // router_warp_row(l, n_expert, k, idx_out, w_out): moe_router_warp's work for one token, by the
 // calling warp (its lanes 0..31): l the token's logits (read through L2: the kernel before wrote
 // them from other blocks just before), idx_out / w_out the token's k outputs.
@@ -218,12 +273,16 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     if (g_knob_soft) {
         // v / s by div_rn_tame where that is the division's own fast path (every value here but
         // a tiny one), then '/' for the rest: the same quotients, without a branch per slot.
+        // Every slot's quotient computed (no predicate on the arithmetic: the chains interleave),
+        // then kept where it is the division's.
+        const float r1 = div_recip(s);
         unsigned slow = 0;
 #pragma unroll
         for (int j = 0; j < ROUTER_VPL; ++j) {
             const bool ok = div_tame(v[j], s);
+            const float q = div_rn_tame(v[j], s, r1);
             slow |= (unsigned)!ok << j;
-            v[j] = ok ? div_rn_tame(v[j], s) : v[j];
+            v[j] = ok ? q : v[j];
         }
         if (slow != 0) {
 #pragma unroll
@@ -241,7 +300,11 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     int my_id = 0;  // lane r < k: the r-th choice (ROUTER_LANE_TAIL)
     float my_p = 0.0f;
     const bool redux = g_knob_topk && ROUTER_LANE_TAIL && k <= WARP;
-    if (redux) router_topk_redux(v, lane, k, my_id, my_p);
+    if (redux && g_knob_topk == 2) {
+        router_topk_sorted(v, lane, k, my_id, my_p);
+    } else if (redux) {
+        router_topk_redux(v, lane, k, my_id, my_p);
+    }
     tt = trace_phase(19, tt);
     for (int r = 0; r < (redux ? 0 : k); ++r) {
         // The lane's best (ties: its lower slot = lower id), then the warp's.
@@ -286,9 +349,28 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
         // serial loop below), each choice's place in ascending id order by counting the smaller
         // ids (ids are distinct), written by its lane: the serial loop's output bit for bit.
         float total = 0.0f;
-        for (int r = 0; r < k; ++r) total += __shfl_sync(0xffffffffu, my_p, r);
         int pos = 0;
-        for (int r = 0; r < k; ++r) pos += __shfl_sync(0xffffffffu, my_id, r) < my_id;
+        if (g_knob_soft && k <= ROUTER_TAIL_UNROLL) {
+            // The shuffles of all ranks issued together (k is a run-time value: the loops below
+            // wait for each shuffle in turn); the sum still adds in rank order.
+            float ps[ROUTER_TAIL_UNROLL];
+            int is[ROUTER_TAIL_UNROLL];
+#pragma unroll
+            for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) {
+                ps[r] = __shfl_sync(0xffffffffu, my_p, r);
+                is[r] = __shfl_sync(0xffffffffu, my_id, r);
+            }
+#pragma unroll
+            for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) {
+                if (r < k) {
+                    total += ps[r];
+                    pos += is[r] < my_id;
+                }
+            }
+        } else {
+            for (int r = 0; r < k; ++r) total += __shfl_sync(0xffffffffu, my_p, r);
+            for (int r = 0; r < k; ++r) pos += __shfl_sync(0xffffffffu, my_id, r) < my_id;
+        }
         if (lane < k) {
             idx_out[pos] = my_id;
             w_out[pos] = my_p / total;

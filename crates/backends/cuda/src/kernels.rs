@@ -220,7 +220,8 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// The kernels' run-time switches (`__constant__` ints set after the module loads), from the
 /// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
 /// prefetches into L1 before the wait off), `g_knob_topk` = `REDLITE_CUDA_TOPK_REDUX` (default 1;
-/// 0: the router's top-k rounds through a shuffle butterfly, the same choices), `g_knob_sync` =
+/// 0: the router's top-k rounds through a shuffle butterfly, 2: on lanes' sorted slots; the same
+/// choices), `g_knob_sync` =
 /// `REDLITE_CUDA_SYNC_RELEASE` (default 1: `grid_sync` arrives with a release atomic and no
 /// sequentially consistent fences; 0: `__threadfence` on both sides),
 /// `g_knob_soft` = `REDLITE_CUDA_SOFTMAX_FLAT` (default 0; 1: the router's exps and divisions
@@ -236,7 +237,12 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "g_knob_topk",
-            on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec(),
+            std::env::var("REDLITE_CUDA_TOPK_REDUX")
+                .ok()
+                .and_then(|v| v.parse::<i32>().ok())
+                .unwrap_or(1)
+                .to_le_bytes()
+                .to_vec(),
         ),
         (
             "g_knob_sync",
