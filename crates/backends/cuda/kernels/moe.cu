@@ -89,13 +89,12 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 #define ROUTER_LANE_TAIL 1
 #endif
 // REDLITE_CUDA_TOPK_REDUX (set from the host after the module loads; default 1): the router's
-// top-k rounds by router_topk_redux (1) or router_topk_sorted (2) instead of the butterfly argmax
-// below (0; the same choices).
+// top-k rounds by router_topk_redux instead of the butterfly argmax below (the same choices).
 __constant__ int g_knob_topk;
-// REDLITE_CUDA_GATE_UP_PREFETCH (set from the host after the module loads; default 0): the routed
-// gate/up rows of a warp (gate_up_q8q_rows) started at once before its loop, into L2 (1) or L1 (2).
-__constant__ int g_knob_gupf;
-// REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 0): the router's
+// REDLITE_CUDA_IQ2_SIGN_ALU (set from the host after the module loads; default 0): the fused route
+// kernel's gate/up rows compute the IQ2_XXS sign masks (iq2_negmask_alu) instead of loading them.
+__constant__ int g_knob_sgn;
+// REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 1): the router's
 // exps and divisions without a branch per slot, the tail's shuffles unrolled to
 // ROUTER_TAIL_UNROLL ranks (the same values).
 #define ROUTER_TAIL_UNROLL 16
@@ -181,54 +180,6 @@ __device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], 
     }
 }
 
-// router_topk_redux with each lane's slots sorted once (a bitonic network on (rank, slot) keys),
-// so a round's winner lane only shifts its list instead of searching its slots again
-// (REDLITE_CUDA_TOPK_REDUX=2). A slot's key is h << 4 | (15 - slot): larger keys first is the
-// order (p desc, id asc) inside a lane. The same choices in the same rank order.
-__device__ __forceinline__ void router_topk_sorted(const float (&v)[ROUTER_VPL], int lane, int k, int& my_id,
-                                                   float& my_p) {
-    static_assert(ROUTER_VPL == 16, "slots are keyed in 4 bits");
-    u64 key[ROUTER_VPL];
-#pragma unroll
-    for (int j = 0; j < ROUTER_VPL; ++j) {
-        const u32 h = v[j] >= 0.0f ? __float_as_uint(v[j]) + 1u : 0u;
-        key[j] = ((u64)h << 4) | (u64)(ROUTER_VPL - 1 - j);
-    }
-#pragma unroll
-    for (int size = 2; size <= ROUTER_VPL; size <<= 1) {
-#pragma unroll
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-#pragma unroll
-            for (int i = 0; i < ROUTER_VPL; ++i) {
-                const int o = i ^ stride;
-                if (o > i) {
-                    // Descending runs where bit `size` of i is clear (all of them in the last merge).
-                    const bool desc = (i & size) == 0 || size == ROUTER_VPL;
-                    const u64 a = key[i], b = key[o];
-                    const bool swap = desc ? a < b : a > b;
-                    key[i] = swap ? b : a;
-                    key[o] = swap ? a : b;
-                }
-            }
-        }
-    }
-    for (int r = 0; r < k; ++r) {
-        const u32 bh = (u32)(key[0] >> 4);
-        const int bj = ROUTER_VPL - 1 - (int)(key[0] & 15);
-        const u32 mh = __reduce_max_sync(0xffffffffu, bh);
-        const u32 ml = __reduce_max_sync(0xffffffffu, bh == mh ? ~(u32)(lane + WARP * bj) : 0u);
-        const int id = (int)~ml;
-        if (lane == r) {
-            my_id = id;
-            my_p = __uint_as_float(mh - 1u);
-        }
-        const bool pop = lane == id % WARP;
-#pragma unroll
-        for (int i = 0; i + 1 < ROUTER_VPL; ++i) key[i] = pop ? key[i + 1] : key[i];
-        key[ROUTER_VPL - 1] = pop ? 0ull : key[ROUTER_VPL - 1];
-    }
-}
-
 // router_warp_row(l, n_expert, k, idx_out, w_out): moe_router_warp's work for one token, by the
 // calling warp (its lanes 0..31): l the token's logits (read through L2: the kernel before wrote
 // them from other blocks just before), idx_out / w_out the token's k outputs.
@@ -300,11 +251,7 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     int my_id = 0;  // lane r < k: the r-th choice (ROUTER_LANE_TAIL)
     float my_p = 0.0f;
     const bool redux = g_knob_topk && ROUTER_LANE_TAIL && k <= WARP;
-    if (redux && g_knob_topk == 2) {
-        router_topk_sorted(v, lane, k, my_id, my_p);
-    } else if (redux) {
-        router_topk_redux(v, lane, k, my_id, my_p);
-    }
+    if (redux) router_topk_redux(v, lane, k, my_id, my_p);
     tt = trace_phase(19, tt);
     for (int r = 0; r < (redux ? 0 : k); ++r) {
         // The lane's best (ties: its lower slot = lower id), then the warp's.
@@ -830,13 +777,25 @@ __device__ __forceinline__ void stage_iq2_q8_tables() {
 
 // Σ sign · grid · q over one IQ2_XXS sub-block (grid indices `idx`, sign codes and scale `aux`)
 // with its 32 quants (a: quants 0..15, b: 16..31).
+// s_iq2_negmask[code] computed (REDLITE_CUDA_IQ2_SIGN_ALU): the sign byte is the 7-bit code
+// plus its parity in bit 7 (ksigns_iq2xs), each nibble's bits spread to the top bit of a byte by
+// one multiply (no carries: the four shifted copies do not overlap), then widened to 0xFF bytes.
+// Trades a random 8-byte shared-memory load (bank conflicts) for about a dozen ALU operations.
+__device__ __forceinline__ u64 iq2_negmask_alu(u32 code) {
+    const u32 sg = code | ((__popc(code) & 1u) << 7);
+    const u32 lo = ((((sg & 15u) * 0x10204080u) & 0x80808080u) >> 7) * 255u;
+    const u32 hi = ((((sg >> 4) * 0x10204080u) & 0x80808080u) >> 7) * 255u;
+    return ((u64)hi << 32) | lo;
+}
+
+template <bool ALU = false>
 __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, const int4 b) {
     const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
-        const u64 m = s_iq2_negmask[(aux >> (7 * l)) & 127];
+        const u64 m = ALU ? iq2_negmask_alu((aux >> (7 * l)) & 127) : s_iq2_negmask[(aux >> (7 * l)) & 127];
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
         sum = dp4a(ghi, q[2 * l + 1], sum);
@@ -847,17 +806,19 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 }
 
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
+template <bool ALU = false>
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
-    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
+    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8<ALU>(idx, aux, a, b)));
 }
 
 // The lane's sums over sub-blocks lane, lane + 32, ... (in that order) of a gate and an up row of
 // `cols` IQ2_XXS weights: both rows' loads in one loop, the quants loaded once.
+template <bool ALU = false>
 __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, const u8* __restrict__ u,
                                                   const Q8Row& x, int cols, int lane, float& ga, float& ua) {
     ga = 0.0f;
@@ -865,13 +826,14 @@ __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, cons
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga = __fadd_rn(ga, iq2xxs_sub_value(g, sb, x, a, b));
-        ua = __fadd_rn(ua, iq2xxs_sub_value(u, sb, x, a, b));
+        ga = __fadd_rn(ga, iq2xxs_sub_value<ALU>(g, sb, x, a, b));
+        ua = __fadd_rn(ua, iq2xxs_sub_value<ALU>(u, sb, x, a, b));
     }
 }
 
 // iq2xxs_gate_up_q8 for two rows at once (gate and up of rows 0 and 1): all four rows' loads in one
 // loop; each row's partial takes the one-row function's operations in its order (the same bits).
+template <bool ALU = false>
 __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, const u8* __restrict__ u0,
                                                    const u8* __restrict__ g1, const u8* __restrict__ u1,
                                                    const Q8Row& x, int cols, int lane, float& ga0, float& ua0,
@@ -883,10 +845,10 @@ __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, co
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga0 = __fadd_rn(ga0, iq2xxs_sub_value(g0, sb, x, a, b));
-        ua0 = __fadd_rn(ua0, iq2xxs_sub_value(u0, sb, x, a, b));
-        ga1 = __fadd_rn(ga1, iq2xxs_sub_value(g1, sb, x, a, b));
-        ua1 = __fadd_rn(ua1, iq2xxs_sub_value(u1, sb, x, a, b));
+        ga0 = __fadd_rn(ga0, iq2xxs_sub_value<ALU>(g0, sb, x, a, b));
+        ua0 = __fadd_rn(ua0, iq2xxs_sub_value<ALU>(u0, sb, x, a, b));
+        ga1 = __fadd_rn(ga1, iq2xxs_sub_value<ALU>(g1, sb, x, a, b));
+        ua1 = __fadd_rn(ua1, iq2xxs_sub_value<ALU>(u1, sb, x, a, b));
     }
 }
 
@@ -970,7 +932,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
 // (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
-template <bool PAIR>
+template <bool PAIR, bool ALU = false>
 __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                  const u8* __restrict__ xq, float* __restrict__ act,
                                                  u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
@@ -982,25 +944,6 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
     const size_t te = (size_t)bz * k + by;
     const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
     const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
-    if (g_knob_gupf != 0) {
-        // Every row of the warp's on its way at once: the loop below reads them in 2-byte pieces,
-        // and at the kernel's register bound those loads go out in several dependent batches.
-        const int lines = (int)((rb + 127) / 128) + 1;  // + 1: a row need not start on a line
-        for (int r = wid; r < WARP; r += nw) {
-            const size_t off = (size_t)(bx * WARP + r) * rb;
-            for (int i = lane; i < 2 * lines; i += WARP) {
-                const u8* p = (i < lines ? gate : up) + off;
-                const u8* line = (const u8*)(((size_t)p & ~(size_t)127) + (size_t)(i % lines) * 128);
-                if (line < p + rb) {
-                    if (g_knob_gupf == 2) {
-                        asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
-                    } else {
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-                    }
-                }
-            }
-        }
-    }
     for (int r = wid; r < WARP; r += PAIR ? 2 * nw : nw) {
         const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
@@ -1008,7 +951,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
             // Rows r and r + nw together: both rows' loads in flight before either's arithmetic.
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
+            iq2xxs_gate_up2_q8<ALU>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
                 const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
@@ -1020,7 +963,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
             continue;
         }
         float ga, ua;
-        iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
+        iq2xxs_gate_up_q8<ALU>(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
         if (lane == 0) {
             const float a = siluf_(gv) * uv;
@@ -1190,8 +1133,13 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     __syncthreads();
     tt = trace_phase(4, tt);
     const int id = ids_s[by];
-    gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act, actq,
-                           ff, hidden, k, bx, by, 0);
+    if (g_knob_sgn) {
+        gate_up_q8q_rows<true, true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq,
+                                     act, actq, ff, hidden, k, bx, by, 0);
+    } else {
+        gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
+                               actq, ff, hidden, k, bx, by, 0);
+    }
     trace_phase(5, tt);
 }
 

@@ -220,13 +220,13 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// The kernels' run-time switches (`__constant__` ints set after the module loads), from the
 /// environment: `g_knob_pre` = `REDLITE_CUDA_PRE_WEIGHTS` (default 1; 0 turns the small weight
 /// prefetches into L1 before the wait off), `g_knob_topk` = `REDLITE_CUDA_TOPK_REDUX` (default 1;
-/// 0: the router's top-k rounds through a shuffle butterfly, 2: on lanes' sorted slots; the same
-/// choices), `g_knob_sync` =
+/// 0: the router's top-k rounds through a shuffle butterfly, the same choices), `g_knob_sync` =
 /// `REDLITE_CUDA_SYNC_RELEASE` (default 1: `grid_sync` arrives with a release atomic and no
 /// sequentially consistent fences; 0: `__threadfence` on both sides),
-/// `g_knob_soft` = `REDLITE_CUDA_SOFTMAX_FLAT` (default 0; 1: the router's exps and divisions
-/// without a branch per slot, the same values), `g_knob_gupf` = `REDLITE_CUDA_GATE_UP_PREFETCH`
-/// (default 0; 1 / 2: the routed gate/up rows of a warp started into L2 / L1 before its loop).
+/// `g_knob_soft` = `REDLITE_CUDA_SOFTMAX_FLAT` (default 1: the router's exps and divisions
+/// without a branch per slot, the same values; 0: the branchy form), `g_knob_sgn` =
+/// `REDLITE_CUDA_IQ2_SIGN_ALU` (default 0; 1: the fused route kernel computes the IQ2_XXS sign
+/// masks instead of loading them from shared memory).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
     let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
@@ -237,29 +237,19 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "g_knob_topk",
-            std::env::var("REDLITE_CUDA_TOPK_REDUX")
-                .ok()
-                .and_then(|v| v.parse::<i32>().ok())
-                .unwrap_or(1)
-                .to_le_bytes()
-                .to_vec(),
+            on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec(),
         ),
         (
             "g_knob_sync",
             on("REDLITE_CUDA_SYNC_RELEASE").to_le_bytes().to_vec(),
         ),
         (
-            "g_knob_gupf",
-            std::env::var("REDLITE_CUDA_GATE_UP_PREFETCH")
-                .ok()
-                .and_then(|v| v.parse::<i32>().ok())
-                .unwrap_or(0)
-                .to_le_bytes()
-                .to_vec(),
+            "g_knob_soft",
+            on("REDLITE_CUDA_SOFTMAX_FLAT").to_le_bytes().to_vec(),
         ),
         (
-            "g_knob_soft",
-            off("REDLITE_CUDA_SOFTMAX_FLAT").to_le_bytes().to_vec(),
+            "g_knob_sgn",
+            off("REDLITE_CUDA_IQ2_SIGN_ALU").to_le_bytes().to_vec(),
         ),
     ]
 }
