@@ -983,6 +983,65 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
     trace_phase(23, tt);
 }
 
+// gate_up_q8q_rows for half hb of a unit (token 0): its 16 rows (hb * 16 ..) by the block's warps,
+// rows r and r + warps together as there; each half writes its act values, and the second half
+// of the unit to arrive (pair counter's parity) quantises the unit's 32 as one q8 block, reading
+// the other half's back through L2: the same values, the same q8 bits.
+__device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
+                                                      const u8* __restrict__ xq, float* __restrict__ act,
+                                                      u8* __restrict__ actq, int ff, int hidden, int bx, int by,
+                                                      int hb, unsigned* __restrict__ pair) {
+    __shared__ float act_s[WARP];
+    __shared__ int second;
+    // Phases under REDLITE_TRACE (block 0's thread 0): 21 its rows, 22 the barrier, 23 the q8 tail.
+    long long tt = trace_clock();
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const size_t te = by;
+    const Q8Row x = q8_row((u8*)xq, hidden);
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    const int lo = hb * (WARP / 2), hi = lo + WARP / 2;
+    for (int r = lo + wid; r < hi; r += 2 * nw) {
+        const int row = bx * WARP + r;
+        const size_t off = (size_t)row * rb;
+        if (r + nw < hi) {
+            const size_t off1 = off + (size_t)nw * rb;
+            float ga, ua, ga1, ua1;
+            iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
+            const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
+            if (lane == 0) {
+                const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
+                act_s[r] = a;
+                act_s[r + nw] = a1;
+                act[te * ff + row] = a;
+                act[te * ff + row + nw] = a1;
+            }
+            continue;
+        }
+        float ga, ua;
+        iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
+        const float gv = warp_sum(ga), uv = warp_sum(ua);
+        if (lane == 0) {
+            const float a = siluf_(gv) * uv;
+            act_s[r] = a;
+            act[te * ff + row] = a;
+        }
+    }
+    tt = trace_phase(21, tt);
+    __threadfence();  // this half's act values are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) second = (atomicAdd(pair, 1u) & 1u) != 0;
+    __syncthreads();
+    tt = trace_phase(22, tt);
+    if (!second) return;
+    __threadfence();
+    if (wid == 0) {
+        const float a = lane >= lo && lane < hi ? act_s[lane] : ld_cg(act + te * ff + bx * WARP + lane);
+        u8* base = actq + te * Q8_ROW_BYTES(ff);
+        q8_block32(a, lane, (i8*)base + 32 * bx, (float*)(base + ff) + bx, (int*)(base + ff + ff / 32 * 4) + 2 * bx);
+    }
+    trace_phase(23, tt);
+}
+
 // Where expert `id`'s part p (0 gate, 1 up, 2 down) is: the table's entry, or with `dstride` != 0
 // (every expert resident: the table is affine in the id, expert e's parts at expert 0's +
 // e · dstride; the host checks it) expert 0's entry `e0` (read before the wait: the table is the
@@ -1066,11 +1125,17 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 // The launch boundary between the router and its top-k becomes a barrier, and the gate/up blocks
 // are resident (tables staged) before the logits exist.
 // Launch: grid = (ff / 32) * k blocks (all resident at once), block = 512 threads.
-extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_xxs(
+// The fused route kernel's body. SPLIT = false: block b (512 threads, two 8-warp router groups)
+// owns gate/up unit b (32 rows of one choice); true (moe_route_gate_up_half): block b (256 threads,
+// one router group) owns half b % 2 of unit b / 2 (gate_up_q8q_half_rows), `pairs` counting the
+// halves of each unit.
+template <bool SPLIT>
+__device__ __forceinline__ void route_gate_up_body(
     const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
     const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
     int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
-    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter,
+    unsigned* __restrict__ pairs) {
     __shared__ float red[2][MVF_WARPS];
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
@@ -1078,6 +1143,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     // grid barrier, 4 top-k, 5 gate/up rows (block 0).
     long long tt = trace_start();
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int groups = (int)blockDim.x / (WARP * MVF_WARPS);  // router groups a block: 2 or 1
     const int half = wid / MVF_WARPS, w = wid % MVF_WARPS;
     const int per = MVF_WARPS / parts;  // rows of a matvec3_x_f32 block
     const int part = w % parts, w0p = w - part;
@@ -1094,7 +1160,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
         return (m == 0 ? w0 : w1) + (size_t)row * rbytes;
     };
     // The block's router rows into L2 while the kernel before runs.
-    for (int vb = 2 * blockIdx.x + half; vb < vblocks; vb += 2 * nb) {
+    for (int vb = groups * blockIdx.x + half; vb < vblocks; vb += groups * nb) {
         float* y;
         const u8* wr = row_of(vb, y);
         if (wr != nullptr) prefetch_l2(wr, rbytes, part * WARP + lane, parts * WARP);
@@ -1103,7 +1169,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // xn and xq come from the kernels before
     tt = trace_phase(1, tt);
-    for (int base = 2 * blockIdx.x; base < vblocks; base += 2 * nb) {
+    for (int base = groups * blockIdx.x; base < vblocks; base += groups * nb) {
         float* y = nullptr;
         const u8* wr = base + half < vblocks ? row_of(base + half, y) : nullptr;
         const float acc = wr != nullptr ? row_partial<T_F32>(wr, xn, cols, lane, part, parts) : 0.0f;
@@ -1121,7 +1187,8 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     grid_sync(counter, nb);
     tt = trace_phase(3, tt);
     const int slices = ff / WARP;
-    const int bx = blockIdx.x % slices, by = blockIdx.x / slices;
+    const int unit = SPLIT ? blockIdx.x / 2 : blockIdx.x;
+    const int bx = unit % slices, by = unit / slices;
     if (threadIdx.x < WARP) {
         router_warp_row(y0, n_expert, k, ids_s, wts_s);
         __syncwarp();
@@ -1133,14 +1200,42 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     __syncthreads();
     tt = trace_phase(4, tt);
     const int id = ids_s[by];
-    if (g_knob_sgn) {
-        gate_up_q8q_rows<true, true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq,
-                                     act, actq, ff, hidden, k, bx, by, 0);
+    const u8* gate = expert_part(tab, id, 0, dstride, g0);
+    const u8* up = expert_part(tab, id, 1, dstride, u0);
+    if (SPLIT) {
+        gate_up_q8q_half_rows(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+    } else if (g_knob_sgn) {
+        gate_up_q8q_rows<true, true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     } else {
-        gate_up_q8q_rows<true>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
-                               actq, ff, hidden, k, bx, by, 0);
+        gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     }
     trace_phase(5, tt);
+}
+
+extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_xxs(
+    const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
+    const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
+    int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
+    route_gate_up_body<false>(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act, actq, ff,
+                              hidden, k, dstride, counter, nullptr);
+}
+
+// moe_route_gate_up_half_q8q_iq2_xxs(<moe_route_gate_up_q8q_iq2_xxs's arguments>, pairs): the same
+// with each 32-row unit split over two 256-thread blocks (REDLITE_CUDA_ROUTE_HALF). The 160 units
+// of a decode step on 132 SMs left 28 SMs with two 512-thread blocks, the kernel's critical path;
+// 320 half units put at most three halves (1.5 units) on an SM, and the bound of three 256-thread
+// blocks an SM leaves 80 registers instead of 64. The router rows: one matvec3_x_f32 block a block.
+// pairs: (ff / 32) k zeroed u32s, only ever growing (each call adds 2 to each).
+// Launch: grid = 2 (ff / 32) k blocks (all resident at once), block = 256 threads.
+extern "C" __global__ __launch_bounds__(256, 3) void moe_route_gate_up_half_q8q_iq2_xxs(
+    const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
+    const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
+    int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter,
+    unsigned* __restrict__ pairs) {
+    route_gate_up_body<true>(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act, actq, ff,
+                             hidden, k, dstride, counter, pairs);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,

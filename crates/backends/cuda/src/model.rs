@@ -74,6 +74,10 @@ pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 const GRID_COUNTERS: usize = 16;
 /// Threads of `moe_route_gate_up_q8q_iq2_xxs` (two 8-warp router groups; the gate/up's 16 warps).
 const ROUTE_FUSED_THREADS: u32 = 512;
+/// Threads of `moe_route_gate_up_half_q8q_iq2_xxs` (one 8-warp router group; half a unit's rows).
+const ROUTE_HALF_THREADS: u32 = 256;
+/// Units (32 gate/up rows of one choice) `moe_route_gate_up_half_q8q_iq2_xxs` can count halves of.
+const ROUTE_PAIRS: usize = 1024;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
@@ -665,6 +669,9 @@ struct Kernels {
     /// `moe_route_gate_up_q8q_iq2_xxs`, when all its blocks fit the GPU at once (its grid
     /// barrier needs them resident): `(kernel, blocks an SM)`.
     moe_route_fused: Option<(CudaFunction, u32)>,
+    /// `moe_route_gate_up_half_q8q_iq2_xxs` (each unit over two 256-thread blocks) and its
+    /// blocks an SM.
+    moe_route_half: Option<(CudaFunction, u32)>,
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -709,6 +716,9 @@ struct Scratch {
     /// u64 `[GRID_COUNTERS]`, only ever growing: `grid_sync`'s block arrivals, one counter per
     /// (kernel, grid size) (`CudaModel::grid_counter`).
     grid_counter: u64,
+    /// u32 `[ROUTE_PAIRS]`, only ever growing: halves of each unit finished
+    /// (`moe_route_gate_up_half_q8q_iq2_xxs`).
+    route_pairs: u64,
     /// `dn_fused_cols`' barrier counters, one per QK head (u64, only ever growing).
     dn_counter: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
@@ -895,6 +905,9 @@ pub struct CudaModel {
     /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
     /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
+    /// The fused route kernel with each 32-row unit over two 256-thread blocks
+    /// (`moe_route_gate_up_half_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_ROUTE_HALF=1`).
+    route_half: bool,
     /// (kernel, grid size) → `grid_sync` counter index, in order of first use.
     grid_counters: Vec<(&'static str, u32)>,
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
@@ -1053,6 +1066,13 @@ impl CudaModel {
                     .map_err(|e| CudaError::driver("moe_route_gate_up occupancy", e))?;
                 Some((k, per_sm))
             },
+            moe_route_half: {
+                let k = f("moe_route_gate_up_half_q8q_iq2_xxs")?;
+                let per_sm = k
+                    .occupancy_max_active_blocks_per_multiprocessor(ROUTE_HALF_THREADS, 0, None)
+                    .map_err(|e| CudaError::driver("moe_route_gate_up_half occupancy", e))?;
+                Some((k, per_sm))
+            },
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -1179,6 +1199,7 @@ impl CudaModel {
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
+            route_half: env_switch("REDLITE_CUDA_ROUTE_HALF", false),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
             dn_cols,
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
@@ -2949,16 +2970,41 @@ impl CudaModel {
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_fused.is_some() => {
                 let act_q = self.sc.act_q;
-                let f = route_fused.clone().expect("checked above");
-                let grid = ((ff / 32) * k) as u32;
+                let units = (ff / 32) * k;
+                // Each unit over two blocks when asked for and when all of them fit at once.
+                let half = self
+                    .k
+                    .moe_route_half
+                    .clone()
+                    .filter(|(_, per_sm)| {
+                        self.route_half
+                            && units <= ROUTE_PAIRS
+                            && self.all_resident(2 * units as u32, *per_sm)
+                    })
+                    .map(|(f, _)| f);
+                let (f, name, grid, threads) = match half {
+                    Some(f) => (
+                        f,
+                        "moe_route_gate_up_half",
+                        2 * units as u32,
+                        ROUTE_HALF_THREADS,
+                    ),
+                    None => (
+                        route_fused.clone().expect("checked above"),
+                        "moe_route_gate_up",
+                        units as u32,
+                        ROUTE_FUSED_THREADS,
+                    ),
+                };
                 let counter = self
-                    .grid_counter("moe_route_gate_up", grid)
+                    .grid_counter(name, grid)
                     .ok_or_else(|| CudaError::Invalid("out of grid_sync counters".into()))?;
+                let pairs = (threads == ROUTE_HALF_THREADS).then_some(A::P(self.sc.route_pairs));
                 self.launch(
                     "moe_route_gate_up_q8q",
                     &f,
                     (grid, 1, 1),
-                    ROUTE_FUSED_THREADS,
+                    threads,
                     0,
                     &[
                         A::P(xn),
@@ -2974,6 +3020,7 @@ impl CudaModel {
                     .into_iter()
                     .chain(routed_tail)
                     .chain([A::P(counter)])
+                    .chain(pairs)
                     .collect::<Vec<_>>(),
                 )?;
                 (dn_f, act_q)
@@ -3566,6 +3613,7 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
+        route_pairs: arena.zeros(4 * ROUTE_PAIRS)?,
         dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,

@@ -822,11 +822,21 @@ fn expert_slots(
 /// logit, the chosen ids and weights, the activations `[k][ff]` and their q8 rows.
 pub type RouteGateUp = (Vec<f32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<f32>, Vec<u8>);
 
+/// How [`moe_route_gate_up_slots`] launches the router and the routed gate/up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteForm {
+    /// `matvec3_x_f32`, then `moe_gate_up_route2_q8q_iq2_xxs`.
+    Separate,
+    /// `moe_route_gate_up_q8q_iq2_xxs` (a grid barrier after the logits).
+    Fused,
+    /// `moe_route_gate_up_half_q8q_iq2_xxs` (the same, each 32-row unit over two blocks).
+    Half,
+}
+
 /// A one-token router and routed gate/up as the model runs them with every expert resident
 /// (experts in slots, direct addresses): the f32 `router` `[ne][hidden]` and `gate_vec`
 /// `[hidden]` on `xn` (the model's router split), the top-`k` of the logits, the gate/up rows on
-/// `xq`. `fused`: one launch of `moe_route_gate_up_q8q_iq2_xxs` (a grid barrier after the
-/// logits); else `matvec3_x_f32` on both matrices, then `moe_gate_up_route2_q8q_iq2_xxs`.
+/// `xq`, launched as `form` says.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_route_gate_up_slots(
     gpu: &Gpu,
@@ -836,7 +846,7 @@ pub fn moe_route_gate_up_slots(
     (xn, xq): (&[f32], &[u8]),
     k: usize,
     (hidden, ff): (usize, usize),
-    fused: bool,
+    form: RouteForm,
 ) -> Result<RouteGateUp, CudaError> {
     let ne = parts[0].len();
     if parts.iter().any(|p| p.len() != ne)
@@ -873,7 +883,41 @@ pub fn moe_route_gate_up_slots(
         1i32,
     );
     let (ffi, ki, dstride) = (i32_arg(ff, "ff")?, i32_arg(k, "k")?, sb as u64);
-    if fused {
+    if form == RouteForm::Half {
+        let units = (ff / 32) * k;
+        let mut counter = upload(gpu, &[0u64])?;
+        let mut pairs = upload(gpu, &vec![0u32; units])?;
+        launch!(
+            gpu,
+            gpu.func("moe_route_gate_up_half_q8q_iq2_xxs")?,
+            "moe_route_gate_up_half_q8q_iq2_xxs",
+            cfg((2 * units as u32, 1, 1), 256, 0),
+            [
+                &xn_d,
+                &ci,
+                &pi,
+                &w0,
+                &mut rlog,
+                &nei,
+                &w1,
+                &mut gl,
+                &one,
+                &nei,
+                &tab,
+                &mut ids,
+                &mut wts,
+                &xq_d,
+                &mut act,
+                &mut actq,
+                &ffi,
+                &ci,
+                &ki,
+                &dstride,
+                &mut counter,
+                &mut pairs
+            ]
+        )?;
+    } else if form == RouteForm::Fused {
         let grid = ((ff / 32) * k) as u32;
         let mut counter = upload(gpu, &[0u64])?;
         launch!(

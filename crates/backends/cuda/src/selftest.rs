@@ -837,7 +837,7 @@ impl Runner<'_> {
                 let router = self.rng.normals(n_exp * hidden, 0.05);
                 let gate_vec = self.rng.normals(hidden, 0.05);
                 let xq = ops::q8_row(&x);
-                let route = |fused| {
+                let route = |form| {
                     ops::moe_route_gate_up_slots(
                         self.gpu,
                         [&gate[..], &up[..], &down[..]],
@@ -846,18 +846,25 @@ impl Runner<'_> {
                         (&x, &xq),
                         chosen.len(),
                         (hidden, ff),
-                        fused,
+                        form,
                     )
                 };
-                let (l_f, g_f, ids_f, wts_f, act_f, actq_f) = route(true)?;
-                let (l_s, g_s, ids_s, wts_s, act_s, actq_s) = route(false)?;
-                same_bits("fused route: router logits differ", &l_f, &l_s)?;
-                same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
-                same_route(
-                    "fused route",
-                    (&ids_f, &wts_f, &act_f, &actq_f),
-                    (&ids_s, &wts_s, &act_s, &actq_s),
-                )?;
+                let (l_s, g_s, ids_s, wts_s, act_s, actq_s) = route(ops::RouteForm::Separate)?;
+                // The fused kernel, and its form with each unit over two blocks
+                // (`moe_route_gate_up_half_q8q_iq2_xxs`).
+                for (form, what) in [
+                    (ops::RouteForm::Fused, "fused route"),
+                    (ops::RouteForm::Half, "fused route, half units"),
+                ] {
+                    let (l_f, g_f, ids_f, wts_f, act_f, actq_f) = route(form)?;
+                    same_bits(&format!("{what}: router logits differ"), &l_f, &l_s)?;
+                    same_bits(&format!("{what}: shared gate logit differs"), &g_f, &g_s)?;
+                    same_route(
+                        what,
+                        (&ids_f, &wts_f, &act_f, &actq_f),
+                        (&ids_s, &wts_s, &act_s, &actq_s),
+                    )?;
+                }
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
