@@ -91,9 +91,12 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 // REDLITE_CUDA_TOPK_REDUX (set from the host after the module loads; default 1): the router's
 // top-k rounds by router_topk_redux instead of the butterfly argmax below (the same choices).
 __constant__ int g_knob_topk;
-// REDLITE_CUDA_IQ2_SIGN_ALU (set from the host after the module loads; default 0): the fused route
-// kernel's gate/up rows compute the IQ2_XXS sign masks (iq2_negmask_alu) instead of loading them.
+// REDLITE_CUDA_IQ2_SIGN_ALU (set from the host after the module loads; default 1): the fused route
+// kernel's gate/up rows compute the IQ2_XXS sign masks (iq2_negmask_alu) instead of loading them
+// (ncu: a 5.5-way bank conflict on average over its shared-memory loads); the same values.
 __constant__ int g_knob_sgn;
+// REDLITE_CUDA_DOWN_SIGN_ALU (default 0): the same in moe_down_combine_tab_q8_iq2_xxs.
+__constant__ int g_knob_dsgn;
 // REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 1): the router's
 // exps and divisions without a branch per slot, the tail's shuffles unrolled to
 // ROUTER_TAIL_UNROLL ranks (the same values).
@@ -987,6 +990,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
 // rows r and r + warps together as there; each half writes its act values, and the second half
 // of the unit to arrive (pair counter's parity) quantises the unit's 32 as one q8 block, reading
 // the other half's back through L2: the same values, the same q8 bits.
+template <bool ALU>
 __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                       const u8* __restrict__ xq, float* __restrict__ act,
                                                       u8* __restrict__ actq, int ff, int hidden, int bx, int by,
@@ -1006,7 +1010,8 @@ __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gat
         if (r + nw < hi) {
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
+            iq2xxs_gate_up2_q8<ALU>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1,
+                                    ua1);
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
                 const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
@@ -1018,7 +1023,7 @@ __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gat
             continue;
         }
         float ga, ua;
-        iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
+        iq2xxs_gate_up_q8<ALU>(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
         if (lane == 0) {
             const float a = siluf_(gv) * uv;
@@ -1202,8 +1207,10 @@ __device__ __forceinline__ void route_gate_up_body(
     const int id = ids_s[by];
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
-    if (SPLIT) {
-        gate_up_q8q_half_rows(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+    if (SPLIT && g_knob_sgn) {
+        gate_up_q8q_half_rows<true>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+    } else if (SPLIT) {
+        gate_up_q8q_half_rows<false>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
     } else if (g_knob_sgn) {
         gate_up_q8q_rows<true, true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     } else {
@@ -1267,7 +1274,9 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
             const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
             const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
             const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-            acc = __fadd_rn(acc, __fmul_rn(weight[te], iq2xxs_sub_value(down, sb, a, q0, q1)));
+            const float v = g_knob_dsgn ? iq2xxs_sub_value<true>(down, sb, a, q0, q1)
+                                        : iq2xxs_sub_value(down, sb, a, q0, q1);
+            acc = __fadd_rn(acc, __fmul_rn(weight[te], v));
         }
     }
     down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);

@@ -226,8 +226,9 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// sequentially consistent fences; 0: `__threadfence` on both sides),
 /// `g_knob_soft` = `REDLITE_CUDA_SOFTMAX_FLAT` (default 1: the router's exps and divisions
 /// without a branch per slot, the same values; 0: the branchy form), `g_knob_sgn` =
-/// `REDLITE_CUDA_IQ2_SIGN_ALU` (default 0; 1: the fused route kernel computes the IQ2_XXS sign
-/// masks instead of loading them from shared memory).
+/// `REDLITE_CUDA_IQ2_SIGN_ALU` (default 1: the fused route kernel computes the IQ2_XXS sign masks
+/// instead of loading them from shared memory; 0: loads them), `g_knob_dsgn` =
+/// `REDLITE_CUDA_DOWN_SIGN_ALU` (default 0; 1: the same in the routed down kernel).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
     let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
@@ -250,7 +251,11 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "g_knob_sgn",
-            off("REDLITE_CUDA_IQ2_SIGN_ALU").to_le_bytes().to_vec(),
+            on("REDLITE_CUDA_IQ2_SIGN_ALU").to_le_bytes().to_vec(),
+        ),
+        (
+            "g_knob_dsgn",
+            off("REDLITE_CUDA_DOWN_SIGN_ALU").to_le_bytes().to_vec(),
         ),
     ]
 }
@@ -271,6 +276,28 @@ pub fn trace_on() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// moe.cu's `iq2_negmask_alu` (the IQ2_XXS sign masks computed, `REDLITE_CUDA_IQ2_SIGN_ALU`):
+    /// the same arithmetic in u32 gives, for every 7-bit code, the mask `stage_iq2_q8_tables`
+    /// builds from the `ksigns_iq2xs` table (0xFF in byte j where bit j of the sign byte is set).
+    #[test]
+    fn iq2_sign_mask_formula_matches_the_ksigns_table() {
+        for code in 0u32..128 {
+            let sg = code | ((code.count_ones() & 1) << 7);
+            let spread =
+                |n: u32| (((n.wrapping_mul(0x1020_4080)) & 0x8080_8080) >> 7).wrapping_mul(255);
+            let alu = ((spread(sg >> 4) as u64) << 32) | spread(sg & 15) as u64;
+            let table = redlite_gguf::quant::grids::KSIGNS_IQ2XS[code as usize];
+            let want = (0..8).fold(0u64, |m, j| {
+                m | if (table >> j) & 1 == 1 {
+                    0xFFu64 << (8 * j)
+                } else {
+                    0
+                }
+            });
+            assert_eq!(alu, want, "code {code}");
+        }
+    }
 
     #[test]
     fn every_per_type_kernel_is_instantiated_in_the_source() {
