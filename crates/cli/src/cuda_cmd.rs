@@ -442,20 +442,23 @@ mod imp {
         ))
     }
 
+    /// A traced kernel for [`print_route_trace`]: its name, its calls' slot, its phases' slots and
+    /// names.
+    type TracedKernel = (&'static str, usize, &'static [(usize, &'static str)]);
+
     /// `REDLITE_CUDA_DEFINES=REDLITE_TRACE`: the traced kernels' phases (block 0's thread 0, SM
     /// clock cycles), mean per call; slots as in common.cu's `g_trace`.
     fn print_route_trace(t: &[u64], model: &CudaModel) {
         // The SM clock (kHz) turns cycles into µs.
         let khz = model.device_info().clock_khz.max(1) as f64;
-        let wait = "launch to the end of the wait";
-        let after = "after the wait";
-        // (kernel, its calls' slot, its phases' slots and names)
-        let kernels: [(&str, usize, &[(usize, &str)]); 6] = [
+        const WAIT: &str = "launch to the end of the wait";
+        const AFTER: &str = "after the wait";
+        let kernels: [TracedKernel; 6] = [
             (
                 "moe_route_gate_up",
                 0,
                 &[
-                    (1, wait),
+                    (1, WAIT),
                     (2, "router rows"),
                     (3, "grid barrier"),
                     (4, "top-k"),
@@ -478,9 +481,9 @@ mod imp {
                 0,
                 &[(21, "rows"), (22, "barrier"), (23, "q8 tail")],
             ),
-            ("moe_down_combine", 6, &[(7, wait), (8, after)]),
-            ("matvec_q8x", 9, &[(10, wait), (11, after)]),
-            ("dn_fused_cols", 12, &[(13, wait), (14, after)]),
+            ("moe_down_combine", 6, &[(7, WAIT), (8, AFTER)]),
+            ("matvec_q8x", 9, &[(10, WAIT), (11, AFTER)]),
+            ("dn_fused_cols", 12, &[(13, WAIT), (14, AFTER)]),
         ];
         eprintln!("trace: block 0 of each call, at {:.0} MHz", khz / 1e3);
         for (name, calls_slot, phases) in kernels {

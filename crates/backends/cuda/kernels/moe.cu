@@ -97,6 +97,10 @@ __constant__ int g_knob_topk;
 __constant__ int g_knob_sgn;
 // REDLITE_CUDA_DOWN_SIGN_ALU (default 0): the same in moe_down_combine_tab_q8_iq2_xxs.
 __constant__ int g_knob_dsgn;
+// REDLITE_CUDA_IQ2_GRID_PRMT (default 0): the grid entries from their 2-bit codes too
+// (iq2_grid_prmt), in the half-unit route kernel and the down kernel where their sign masks are
+// computed (not in the 512-thread route kernel: a third copy of its rows cost it registers).
+__constant__ int g_knob_grid;
 // REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 1): the router's
 // exps and divisions without a branch per slot, the tail's shuffles unrolled to
 // ROUTER_TAIL_UNROLL ranks (the same values).
@@ -764,10 +768,24 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 __shared__ u64 s_iq2_negmask[128];
+__shared__ unsigned short s_iq2xxs_code[256];
 
-// The grid and, per 7-bit sign code, a byte mask of its negative weights (0xFF bytes).
+// The grid and, per 7-bit sign code, a byte mask of its negative weights (0xFF bytes); with
+// REDLITE_CUDA_IQ2_GRID_PRMT the grid's 2-bit codes too (iq2_grid_prmt).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
+    if (g_knob_grid) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+            const u64 g = g_iq2xxs_grid[i];
+            u32 c = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const u32 byte = (u32)(g >> (8 * j)) & 0xFFu;
+                c |= (byte == 0x19u ? 1u : byte == 0x2bu ? 2u : 0u) << (2 * j);
+            }
+            s_iq2xxs_code[i] = (unsigned short)c;
+        }
+    }
     for (int i = threadIdx.x; i < 128; i += blockDim.x) {
         const u32 sg = g_ksigns_iq2xs[i];
         u64 m = 0;
@@ -791,14 +809,29 @@ __device__ __forceinline__ u64 iq2_negmask_alu(u32 code) {
     return ((u64)hi << 32) | lo;
 }
 
-template <bool ALU = false>
+// A grid entry from its 2-bit codes (REDLITE_CUDA_IQ2_GRID_PRMT): every IQ2_XXS grid byte is 0x08,
+// 0x19 or 0x2b, so an entry is eight 2-bit codes (s_iq2xxs_code, 512 bytes, staged from the grid:
+// a 2-byte shared load instead of a random 8-byte one). Each four codes are spread to nibbles and
+// pick their bytes from {0x08, 0x19, 0x2b} with one PRMT.
+__device__ __forceinline__ u32 iq2_grid_half(u32 c) {
+    c = (c | (c << 4)) & 0x0F0Fu;
+    c = (c | (c << 2)) & 0x3333u;
+    return __byte_perm(0x002b1908u, 0u, c);
+}
+__device__ __forceinline__ u64 iq2_grid_prmt(u32 code) {
+    return ((u64)iq2_grid_half(code >> 8) << 32) | iq2_grid_half(code & 0xFFu);
+}
+
+// M: bit 0 the sign masks computed (iq2_negmask_alu), bit 1 the grid from its codes (iq2_grid_prmt).
+template <int M = 0>
 __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, const int4 b) {
     const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
-        const u64 m = ALU ? iq2_negmask_alu((aux >> (7 * l)) & 127) : s_iq2_negmask[(aux >> (7 * l)) & 127];
+        const u64 g = (M & 2) ? iq2_grid_prmt(s_iq2xxs_code[(idx >> (8 * l)) & 255])
+                              : s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 m = (M & 1) ? iq2_negmask_alu((aux >> (7 * l)) & 127) : s_iq2_negmask[(aux >> (7 * l)) & 127];
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
         sum = dp4a(ghi, q[2 * l + 1], sum);
@@ -809,19 +842,19 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 }
 
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
-template <bool ALU = false>
+template <int M = 0>
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
-    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8<ALU>(idx, aux, a, b)));
+    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8<M>(idx, aux, a, b)));
 }
 
 // The lane's sums over sub-blocks lane, lane + 32, ... (in that order) of a gate and an up row of
 // `cols` IQ2_XXS weights: both rows' loads in one loop, the quants loaded once.
-template <bool ALU = false>
+template <int M = 0>
 __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, const u8* __restrict__ u,
                                                   const Q8Row& x, int cols, int lane, float& ga, float& ua) {
     ga = 0.0f;
@@ -829,14 +862,14 @@ __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, cons
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga = __fadd_rn(ga, iq2xxs_sub_value<ALU>(g, sb, x, a, b));
-        ua = __fadd_rn(ua, iq2xxs_sub_value<ALU>(u, sb, x, a, b));
+        ga = __fadd_rn(ga, iq2xxs_sub_value<M>(g, sb, x, a, b));
+        ua = __fadd_rn(ua, iq2xxs_sub_value<M>(u, sb, x, a, b));
     }
 }
 
 // iq2xxs_gate_up_q8 for two rows at once (gate and up of rows 0 and 1): all four rows' loads in one
 // loop; each row's partial takes the one-row function's operations in its order (the same bits).
-template <bool ALU = false>
+template <int M = 0>
 __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, const u8* __restrict__ u0,
                                                    const u8* __restrict__ g1, const u8* __restrict__ u1,
                                                    const Q8Row& x, int cols, int lane, float& ga0, float& ua0,
@@ -848,10 +881,10 @@ __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, co
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga0 = __fadd_rn(ga0, iq2xxs_sub_value<ALU>(g0, sb, x, a, b));
-        ua0 = __fadd_rn(ua0, iq2xxs_sub_value<ALU>(u0, sb, x, a, b));
-        ga1 = __fadd_rn(ga1, iq2xxs_sub_value<ALU>(g1, sb, x, a, b));
-        ua1 = __fadd_rn(ua1, iq2xxs_sub_value<ALU>(u1, sb, x, a, b));
+        ga0 = __fadd_rn(ga0, iq2xxs_sub_value<M>(g0, sb, x, a, b));
+        ua0 = __fadd_rn(ua0, iq2xxs_sub_value<M>(u0, sb, x, a, b));
+        ga1 = __fadd_rn(ga1, iq2xxs_sub_value<M>(g1, sb, x, a, b));
+        ua1 = __fadd_rn(ua1, iq2xxs_sub_value<M>(u1, sb, x, a, b));
     }
 }
 
@@ -935,7 +968,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
 // (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
-template <bool PAIR, bool ALU = false>
+template <bool PAIR, int M = 0>
 __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                  const u8* __restrict__ xq, float* __restrict__ act,
                                                  u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
@@ -954,7 +987,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
             // Rows r and r + nw together: both rows' loads in flight before either's arithmetic.
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8<ALU>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
+            iq2xxs_gate_up2_q8<M>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
                 const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
@@ -966,7 +999,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
             continue;
         }
         float ga, ua;
-        iq2xxs_gate_up_q8<ALU>(gate + off, up + off, x, hidden, lane, ga, ua);
+        iq2xxs_gate_up_q8<M>(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
         if (lane == 0) {
             const float a = siluf_(gv) * uv;
@@ -990,7 +1023,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
 // rows r and r + warps together as there; each half writes its act values, and the second half
 // of the unit to arrive (pair counter's parity) quantises the unit's 32 as one q8 block, reading
 // the other half's back through L2: the same values, the same q8 bits.
-template <bool ALU>
+template <int M>
 __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                       const u8* __restrict__ xq, float* __restrict__ act,
                                                       u8* __restrict__ actq, int ff, int hidden, int bx, int by,
@@ -1010,7 +1043,7 @@ __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gat
         if (r + nw < hi) {
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8<ALU>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1,
+            iq2xxs_gate_up2_q8<M>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1,
                                     ua1);
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
@@ -1023,7 +1056,7 @@ __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gat
             continue;
         }
         float ga, ua;
-        iq2xxs_gate_up_q8<ALU>(gate + off, up + off, x, hidden, lane, ga, ua);
+        iq2xxs_gate_up_q8<M>(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
         if (lane == 0) {
             const float a = siluf_(gv) * uv;
@@ -1208,11 +1241,15 @@ __device__ __forceinline__ void route_gate_up_body(
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
     if (SPLIT && g_knob_sgn) {
-        gate_up_q8q_half_rows<true>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+        if (g_knob_grid) {
+            gate_up_q8q_half_rows<3>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+        } else {
+            gate_up_q8q_half_rows<1>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+        }
     } else if (SPLIT) {
-        gate_up_q8q_half_rows<false>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
+        gate_up_q8q_half_rows<0>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
     } else if (g_knob_sgn) {
-        gate_up_q8q_rows<true, true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
+        gate_up_q8q_rows<true, 1>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     } else {
         gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     }
@@ -1274,8 +1311,9 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
             const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
             const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
             const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-            const float v = g_knob_dsgn ? iq2xxs_sub_value<true>(down, sb, a, q0, q1)
-                                        : iq2xxs_sub_value(down, sb, a, q0, q1);
+            const float v = !g_knob_dsgn ? iq2xxs_sub_value(down, sb, a, q0, q1)
+                            : g_knob_grid ? iq2xxs_sub_value<3>(down, sb, a, q0, q1)
+                                          : iq2xxs_sub_value<1>(down, sb, a, q0, q1);
             acc = __fadd_rn(acc, __fmul_rn(weight[te], v));
         }
     }

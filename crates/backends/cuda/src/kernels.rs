@@ -228,7 +228,9 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// without a branch per slot, the same values; 0: the branchy form), `g_knob_sgn` =
 /// `REDLITE_CUDA_IQ2_SIGN_ALU` (default 1: the fused route kernel computes the IQ2_XXS sign masks
 /// instead of loading them from shared memory; 0: loads them), `g_knob_dsgn` =
-/// `REDLITE_CUDA_DOWN_SIGN_ALU` (default 0; 1: the same in the routed down kernel).
+/// `REDLITE_CUDA_DOWN_SIGN_ALU` (default 0; 1: the same in the routed down kernel), `g_knob_grid` =
+/// `REDLITE_CUDA_IQ2_GRID_PRMT` (default 0; 1: the half-unit route kernel and, with its sign masks
+/// computed, the down kernel take the IQ2_XXS grid entries from their 2-bit codes).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
     let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
@@ -257,6 +259,10 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
             "g_knob_dsgn",
             off("REDLITE_CUDA_DOWN_SIGN_ALU").to_le_bytes().to_vec(),
         ),
+        (
+            "g_knob_grid",
+            off("REDLITE_CUDA_IQ2_GRID_PRMT").to_le_bytes().to_vec(),
+        ),
     ]
 }
 
@@ -276,6 +282,39 @@ pub fn trace_on() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// moe.cu's `iq2_grid_prmt` (`REDLITE_CUDA_IQ2_GRID_PRMT`): the 2-bit codes
+    /// `stage_iq2_q8_tables` derives from each grid entry, spread to nibbles and expanded by a
+    /// byte permutation of {0x08, 0x19, 0x2b}, give the entry back, for all 256.
+    #[test]
+    fn iq2_grid_codes_expand_to_the_grid() {
+        // __byte_perm(x, y, s): output byte i is byte (s >> 4i) & 7 of the pair (x, y).
+        let byte_perm = |x: u32, y: u32, s: u32| {
+            let pool = ((y as u64) << 32) | x as u64;
+            (0..4).fold(0u32, |r, i| {
+                let sel = (s >> (4 * i)) & 7;
+                r | ((((pool >> (8 * sel)) & 0xFF) as u32) << (8 * i))
+            })
+        };
+        let half = |c: u32| {
+            let c = (c | (c << 4)) & 0x0F0F;
+            let c = (c | (c << 2)) & 0x3333;
+            byte_perm(0x002b_1908, 0, c)
+        };
+        for &g in redlite_gguf::quant::grids::IQ2XXS_GRID.iter() {
+            let code = (0..8).fold(0u32, |c, j| {
+                let b = (g >> (8 * j)) & 0xFF;
+                assert!(matches!(b, 0x08 | 0x19 | 0x2b), "grid byte {b:#x}");
+                c | (match b {
+                    0x19 => 1,
+                    0x2b => 2,
+                    _ => 0,
+                }) << (2 * j)
+            });
+            let expanded = ((half(code >> 8) as u64) << 32) | half(code & 0xFF) as u64;
+            assert_eq!(expanded, g, "grid entry {g:#018x}");
+        }
+    }
 
     /// moe.cu's `iq2_negmask_alu` (the IQ2_XXS sign masks computed, `REDLITE_CUDA_IQ2_SIGN_ALU`):
     /// the same arithmetic in u32 gives, for every 7-bit code, the mask `stage_iq2_q8_tables`
