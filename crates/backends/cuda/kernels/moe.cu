@@ -1152,17 +1152,6 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
-// moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
-// actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
-// r0 = n_expert rows into the logits y0; w1: the shared expert's gate vector, r1 rows into y1;
-// split: `parts` slices a row, one row a warp group), a grid barrier, then
-// moe_gate_up_route2_q8q_iq2_xxs on those logits, for one token. Block b takes gate/up block
-// (b % (ff / 32), b / (ff / 32)) of the separate kernel; for the logits each half of a block
-// (8 warps: a matvec3_x_f32 block) takes that kernel's block half, half + 2 B, ...: the same lane
-// partials and the same sums of the slices, so every output is the separate kernels' bit for bit.
-// The launch boundary between the router and its top-k becomes a barrier, and the gate/up blocks
-// are resident (tables staged) before the logits exist.
-// Launch: grid = (ff / 32) * k blocks (all resident at once), block = 512 threads.
 // The fused route kernel's body. SPLIT = false: block b (512 threads, two 8-warp router groups)
 // owns gate/up unit b (32 rows of one choice); true (moe_route_gate_up_half): block b (256 threads,
 // one router group) owns half b % 2 of unit b / 2 (gate_up_q8q_half_rows), `pairs` counting the
@@ -1256,6 +1245,17 @@ __device__ __forceinline__ void route_gate_up_body(
     trace_phase(5, tt);
 }
 
+// moe_route_gate_up_q8q_iq2_xxs(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act,
+// actq, ff, hidden, k, dstride, counter): matvec3_x_f32 on the router matrices (w0: the router,
+// r0 = n_expert rows into the logits y0; w1: the shared expert's gate vector, r1 rows into y1;
+// split: `parts` slices a row, one row a warp group), a grid barrier, then
+// moe_gate_up_route2_q8q_iq2_xxs on those logits, for one token. Block b takes gate/up block
+// (b % (ff / 32), b / (ff / 32)) of the separate kernel; for the logits each half of a block
+// (8 warps: a matvec3_x_f32 block) takes that kernel's block half, half + 2 B, ...: the same lane
+// partials and the same sums of the slices, so every output is the separate kernels' bit for bit.
+// The launch boundary between the router and its top-k becomes a barrier, and the gate/up blocks
+// are resident (tables staged) before the logits exist.
+// Launch: grid = (ff / 32) * k blocks (all resident at once), block = 512 threads.
 extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_xxs(
     const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
     const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
