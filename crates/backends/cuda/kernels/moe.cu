@@ -965,26 +965,20 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // registers a 1,024-thread block has an SM to itself and a decode step's 160 blocks take two
 // waves on 132 SMs; 16 is the default, +1.4 % decode). Launch: grid = (ff / 32, k, tokens),
 // block = 32 * W threads, W = 8, 16 or 32 (ff a multiple of 32).
-// The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
-// expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
-// (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
-template <bool PAIR, int M = 0>
-__device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
-                                                 const u8* __restrict__ xq, float* __restrict__ act,
-                                                 u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
-                                                 int bz) {
-    __shared__ float act_s[WARP];
-    // Phases under REDLITE_TRACE (block 0's thread 0): 21 its rows, 22 the barrier, 23 the q8 tail.
-    long long tt = trace_clock();
+// Rows lo .. hi - 1 of gate/up unit bx of pair te (token, choice): warp w takes rows lo + w,
+// lo + w + W, ... (W = blockDim.x / 32 warps), with PAIR rows r and r + W together (both rows'
+// loads in flight before either's arithmetic); each row's activation silu(gate . x) * (up . x)
+// into act_s[r] and act.
+template <bool PAIR, int M>
+__device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, const u8* __restrict__ up,
+                                                  const Q8Row& x, float* __restrict__ act, float* act_s, int ff,
+                                                  int hidden, size_t te, int bx, int lo, int hi) {
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    const size_t te = (size_t)bz * k + by;
-    const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
     const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
-    for (int r = wid; r < WARP; r += PAIR ? 2 * nw : nw) {
+    for (int r = lo + wid; r < hi; r += PAIR ? 2 * nw : nw) {
         const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
-        if (PAIR && r + nw < WARP) {
-            // Rows r and r + nw together: both rows' loads in flight before either's arithmetic.
+        if (PAIR && r + nw < hi) {
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
             iq2xxs_gate_up2_q8<M>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
@@ -1007,6 +1001,23 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
             act[te * ff + row] = a;
         }
     }
+}
+
+// The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
+// expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
+// (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
+template <bool PAIR, int M = 0>
+__device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
+                                                 const u8* __restrict__ xq, float* __restrict__ act,
+                                                 u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
+                                                 int bz) {
+    __shared__ float act_s[WARP];
+    // Phases under REDLITE_TRACE (block 0's thread 0): 21 its rows, 22 the barrier, 23 the q8 tail.
+    long long tt = trace_clock();
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const size_t te = (size_t)bz * k + by;
+    const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
+    gate_up_rows_span<PAIR, M>(gate, up, x, act, act_s, ff, hidden, te, bx, 0, WARP);
     tt = trace_phase(21, tt);
     __syncthreads();
     tt = trace_phase(22, tt);
@@ -1032,38 +1043,11 @@ __device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gat
     __shared__ int second;
     // Phases under REDLITE_TRACE (block 0's thread 0): 21 its rows, 22 the barrier, 23 the q8 tail.
     long long tt = trace_clock();
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t te = by;
     const Q8Row x = q8_row((u8*)xq, hidden);
-    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
     const int lo = hb * (WARP / 2), hi = lo + WARP / 2;
-    for (int r = lo + wid; r < hi; r += 2 * nw) {
-        const int row = bx * WARP + r;
-        const size_t off = (size_t)row * rb;
-        if (r + nw < hi) {
-            const size_t off1 = off + (size_t)nw * rb;
-            float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8<M>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1,
-                                    ua1);
-            const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
-            if (lane == 0) {
-                const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
-                act_s[r] = a;
-                act_s[r + nw] = a1;
-                act[te * ff + row] = a;
-                act[te * ff + row + nw] = a1;
-            }
-            continue;
-        }
-        float ga, ua;
-        iq2xxs_gate_up_q8<M>(gate + off, up + off, x, hidden, lane, ga, ua);
-        const float gv = warp_sum(ga), uv = warp_sum(ua);
-        if (lane == 0) {
-            const float a = siluf_(gv) * uv;
-            act_s[r] = a;
-            act[te * ff + row] = a;
-        }
-    }
+    gate_up_rows_span<true, M>(gate, up, x, act, act_s, ff, hidden, te, bx, lo, hi);
     tt = trace_phase(21, tt);
     __threadfence();  // this half's act values are visible before it is counted
     __syncthreads();

@@ -883,72 +883,45 @@ pub fn moe_route_gate_up_slots(
         1i32,
     );
     let (ffi, ki, dstride) = (i32_arg(ff, "ff")?, i32_arg(k, "k")?, sb as u64);
-    if form == RouteForm::Half {
+    if form != RouteForm::Separate {
+        // The fused kernel, or its half-unit form (twice the blocks, half the threads, and the
+        // units' pair counters after the barrier counter).
+        let half = form == RouteForm::Half;
         let units = (ff / 32) * k;
+        let (name, grid, threads) = if half {
+            ("moe_route_gate_up_half_q8q_iq2_xxs", 2 * units as u32, 256)
+        } else {
+            ("moe_route_gate_up_q8q_iq2_xxs", units as u32, 512)
+        };
         let mut counter = upload(gpu, &[0u64])?;
         let mut pairs = upload(gpu, &vec![0u32; units])?;
-        launch!(
-            gpu,
-            gpu.func("moe_route_gate_up_half_q8q_iq2_xxs")?,
-            "moe_route_gate_up_half_q8q_iq2_xxs",
-            cfg((2 * units as u32, 1, 1), 256, 0),
-            [
-                &xn_d,
-                &ci,
-                &pi,
-                &w0,
-                &mut rlog,
-                &nei,
-                &w1,
-                &mut gl,
-                &one,
-                &nei,
-                &tab,
-                &mut ids,
-                &mut wts,
-                &xq_d,
-                &mut act,
-                &mut actq,
-                &ffi,
-                &ci,
-                &ki,
-                &dstride,
-                &mut counter,
-                &mut pairs
-            ]
-        )?;
-    } else if form == RouteForm::Fused {
-        let grid = ((ff / 32) * k) as u32;
-        let mut counter = upload(gpu, &[0u64])?;
-        launch!(
-            gpu,
-            gpu.func("moe_route_gate_up_q8q_iq2_xxs")?,
-            "moe_route_gate_up_q8q_iq2_xxs",
-            cfg((grid, 1, 1), 512, 0),
-            [
-                &xn_d,
-                &ci,
-                &pi,
-                &w0,
-                &mut rlog,
-                &nei,
-                &w1,
-                &mut gl,
-                &one,
-                &nei,
-                &tab,
-                &mut ids,
-                &mut wts,
-                &xq_d,
-                &mut act,
-                &mut actq,
-                &ffi,
-                &ci,
-                &ki,
-                &dstride,
-                &mut counter
-            ]
-        )?;
+        let f = gpu.func(name)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&xn_d)
+            .arg(&ci)
+            .arg(&pi)
+            .arg(&w0)
+            .arg(&mut rlog)
+            .arg(&nei)
+            .arg(&w1)
+            .arg(&mut gl)
+            .arg(&one)
+            .arg(&nei)
+            .arg(&tab)
+            .arg(&mut ids)
+            .arg(&mut wts)
+            .arg(&xq_d)
+            .arg(&mut act)
+            .arg(&mut actq)
+            .arg(&ffi)
+            .arg(&ci)
+            .arg(&ki)
+            .arg(&dstride)
+            .arg(&mut counter);
+        if half {
+            b.arg(&mut pairs);
+        }
+        drv(name, unsafe { b.launch(cfg((grid, 1, 1), threads, 0)) })?;
     } else {
         let split = MvfSplit {
             parts: parts_n,
