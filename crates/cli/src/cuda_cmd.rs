@@ -403,7 +403,7 @@ mod imp {
         }
         progress("decode", steps as u64, steps as u64);
         if tracing {
-            print_route_trace(&model.trace(false)?, &model);
+            print_trace(&model.trace(false)?, &model);
         }
         let total: f64 = step_secs.iter().sum();
         let tok_per_s = if steps == 0 {
@@ -442,13 +442,13 @@ mod imp {
         ))
     }
 
-    /// A traced kernel for [`print_route_trace`]: its name, its calls' slot, its phases' slots and
+    /// A traced kernel for [`print_trace`]: its name, its calls' slot, its phases' slots and
     /// names.
     type TracedKernel = (&'static str, usize, &'static [(usize, &'static str)]);
 
     /// `REDLITE_CUDA_DEFINES=REDLITE_TRACE`: the traced kernels' phases (block 0's thread 0, SM
     /// clock cycles), mean per call; slots as in common.cu's `g_trace`.
-    fn print_route_trace(t: &[u64], model: &CudaModel) {
+    fn print_trace(t: &[u64], model: &CudaModel) {
         // The SM clock (kHz) turns cycles into µs.
         let khz = model.device_info().clock_khz.max(1) as f64;
         const WAIT: &str = "launch to the end of the wait";

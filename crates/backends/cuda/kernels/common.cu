@@ -150,19 +150,6 @@ __constant__ int g_knob_pre;
 #define TRACE_SLOTS 24
 __device__ unsigned long long g_trace[TRACE_SLOTS];
 
-// The clock at a call's start (0 when not traced: another block or thread, or not built in);
-// counts the call in slot `calls`.
-__device__ __forceinline__ long long trace_start(int calls = 0) {
-#ifdef REDLITE_TRACE
-    if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return 0;
-    atomicAdd(&g_trace[calls], 1ull);
-    return clock64();
-#else
-    (void)calls;
-    return 0;
-#endif
-}
-
 // The clock of block 0's thread 0 (0 elsewhere, or not built in), without counting a call: for
 // phases inside a helper whose kernel counts its own calls.
 __device__ __forceinline__ long long trace_clock() {
@@ -170,6 +157,19 @@ __device__ __forceinline__ long long trace_clock() {
     if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return 0;
     return clock64();
 #else
+    return 0;
+#endif
+}
+
+// The clock at a call's start (0 when not traced: another block or thread, or not built in);
+// counts the call in slot `calls`.
+__device__ __forceinline__ long long trace_start(int calls = 0) {
+#ifdef REDLITE_TRACE
+    const long long t = trace_clock();
+    if (t != 0) atomicAdd(&g_trace[calls], 1ull);
+    return t;
+#else
+    (void)calls;
     return 0;
 #endif
 }

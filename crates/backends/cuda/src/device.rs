@@ -195,9 +195,9 @@ impl Gpu {
         })
     }
 
-    /// The phase sums of a `REDLITE_TRACE` kernel build (`g_trace`: slot 0 the traced calls, slot p the
-    /// clock cycles of phase p summed over them), after a synchronize; `reset` zeroes them
-    /// afterwards.
+    /// The slots of a `REDLITE_TRACE` kernel build (`g_trace`, laid out in common.cu: each traced
+    /// kernel's calls and its phases' clock cycles summed over them), after a synchronize; `reset`
+    /// zeroes them afterwards.
     pub fn trace(&self, reset: bool) -> Result<Vec<u64>, CudaError> {
         let drv = |what: &'static str| move |e| CudaError::driver(what, e);
         let mut slot = self

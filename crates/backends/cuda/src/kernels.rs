@@ -232,38 +232,23 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// `REDLITE_CUDA_IQ2_GRID_PRMT` (default 0; 1: the half-unit route kernel and, with its sign masks
 /// computed, the down kernel take the IQ2_XXS grid entries from their 2-bit codes).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
-    let on = |name: &str| std::env::var(name).map_or(1i32, |v| (v != "0") as i32);
-    let off = |name: &str| std::env::var(name).map_or(0i32, |v| (v != "0") as i32);
-    vec![
-        (
-            "g_knob_pre",
-            on("REDLITE_CUDA_PRE_WEIGHTS").to_le_bytes().to_vec(),
-        ),
-        (
-            "g_knob_topk",
-            on("REDLITE_CUDA_TOPK_REDUX").to_le_bytes().to_vec(),
-        ),
-        (
-            "g_knob_sync",
-            on("REDLITE_CUDA_SYNC_RELEASE").to_le_bytes().to_vec(),
-        ),
-        (
-            "g_knob_soft",
-            on("REDLITE_CUDA_SOFTMAX_FLAT").to_le_bytes().to_vec(),
-        ),
-        (
-            "g_knob_sgn",
-            on("REDLITE_CUDA_IQ2_SIGN_ALU").to_le_bytes().to_vec(),
-        ),
-        (
-            "g_knob_dsgn",
-            off("REDLITE_CUDA_DOWN_SIGN_ALU").to_le_bytes().to_vec(),
-        ),
-        (
-            "g_knob_grid",
-            off("REDLITE_CUDA_IQ2_GRID_PRMT").to_le_bytes().to_vec(),
-        ),
-    ]
+    // (symbol, environment variable, default)
+    const KNOBS: [(&str, &str, bool); 7] = [
+        ("g_knob_pre", "REDLITE_CUDA_PRE_WEIGHTS", true),
+        ("g_knob_topk", "REDLITE_CUDA_TOPK_REDUX", true),
+        ("g_knob_sync", "REDLITE_CUDA_SYNC_RELEASE", true),
+        ("g_knob_soft", "REDLITE_CUDA_SOFTMAX_FLAT", true),
+        ("g_knob_sgn", "REDLITE_CUDA_IQ2_SIGN_ALU", true),
+        ("g_knob_dsgn", "REDLITE_CUDA_DOWN_SIGN_ALU", false),
+        ("g_knob_grid", "REDLITE_CUDA_IQ2_GRID_PRMT", false),
+    ];
+    KNOBS
+        .iter()
+        .map(|&(symbol, var, default)| {
+            let on = std::env::var(var).map_or(default, |v| v != "0");
+            (symbol, (on as i32).to_le_bytes().to_vec())
+        })
+        .collect()
 }
 
 /// Whether the kernels are built with their phase stamps (`REDLITE_CUDA_DEFINES` names

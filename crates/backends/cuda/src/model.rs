@@ -666,12 +666,12 @@ struct Kernels {
     res_norm_q8: CudaFunction,
     moe_gate_up_route: CudaFunction,
     moe_gate_up_route2: CudaFunction,
-    /// `moe_route_gate_up_q8q_iq2_xxs`, when all its blocks fit the GPU at once (its grid
-    /// barrier needs them resident): `(kernel, blocks an SM)`.
-    moe_route_fused: Option<(CudaFunction, u32)>,
+    /// `moe_route_gate_up_q8q_iq2_xxs` and its blocks an SM (its grid barrier needs every block
+    /// resident at once: the launch checks the grid against it).
+    moe_route_fused: (CudaFunction, u32),
     /// `moe_route_gate_up_half_q8q_iq2_xxs` (each unit over two 256-thread blocks) and its
     /// blocks an SM.
-    moe_route_half: Option<(CudaFunction, u32)>,
+    moe_route_half: (CudaFunction, u32),
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -1026,6 +1026,15 @@ impl CudaModel {
             bytes: 0,
         };
         let f = |name: &str| gpu.func(name).cloned();
+        // A kernel with the blocks of `threads` an SM holds at once (for grid barriers).
+        let with_blocks_per_sm =
+            |name: &str, threads: u32| -> Result<(CudaFunction, u32), CudaError> {
+                let k = f(name)?;
+                let per_sm = k
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                    .map_err(|e| CudaError::driver("occupancy", e))?;
+                Ok((k, per_sm))
+            };
         let k = Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
@@ -1059,20 +1068,14 @@ impl CudaModel {
             res_norm_q8: f("res_norm_q8")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
-            moe_route_fused: {
-                let k = f("moe_route_gate_up_q8q_iq2_xxs")?;
-                let per_sm = k
-                    .occupancy_max_active_blocks_per_multiprocessor(ROUTE_FUSED_THREADS, 0, None)
-                    .map_err(|e| CudaError::driver("moe_route_gate_up occupancy", e))?;
-                Some((k, per_sm))
-            },
-            moe_route_half: {
-                let k = f("moe_route_gate_up_half_q8q_iq2_xxs")?;
-                let per_sm = k
-                    .occupancy_max_active_blocks_per_multiprocessor(ROUTE_HALF_THREADS, 0, None)
-                    .map_err(|e| CudaError::driver("moe_route_gate_up_half occupancy", e))?;
-                Some((k, per_sm))
-            },
+            moe_route_fused: with_blocks_per_sm(
+                "moe_route_gate_up_q8q_iq2_xxs",
+                ROUTE_FUSED_THREADS,
+            )?,
+            moe_route_half: with_blocks_per_sm(
+                "moe_route_gate_up_half_q8q_iq2_xxs",
+                ROUTE_HALF_THREADS,
+            )?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -2902,10 +2905,7 @@ impl CudaModel {
             && ne <= 32 * 16;
         // The router, its top-k and the gate/up in one launch (grid barrier): every block of it
         // resident at once; the router's rows with matvec3_x_f32's split (its bits).
-        let route_fused = self
-            .k
-            .moe_route_fused
-            .clone()
+        let route_fused = Some(self.k.moe_route_fused.clone())
             .filter(|(_, per_sm)| {
                 self.all_resident(((ff / 32) * k) as u32, *per_sm)
                     && ROUTE_FUSED_THREADS == crate::ops::q8q_threads()
@@ -2972,34 +2972,28 @@ impl CudaModel {
                 let act_q = self.sc.act_q;
                 let units = (ff / 32) * k;
                 // Each unit over two blocks when asked for and when all of them fit at once.
-                let half = self
-                    .k
-                    .moe_route_half
-                    .clone()
-                    .filter(|(_, per_sm)| {
-                        self.route_half
-                            && units <= ROUTE_PAIRS
-                            && self.all_resident(2 * units as u32, *per_sm)
-                    })
-                    .map(|(f, _)| f);
-                let (f, name, grid, threads) = match half {
-                    Some(f) => (
-                        f,
+                let half = self.route_half
+                    && units <= ROUTE_PAIRS
+                    && self.all_resident(2 * units as u32, self.k.moe_route_half.1);
+                let (f, name, grid, threads) = if half {
+                    (
+                        self.k.moe_route_half.0.clone(),
                         "moe_route_gate_up_half",
                         2 * units as u32,
                         ROUTE_HALF_THREADS,
-                    ),
-                    None => (
+                    )
+                } else {
+                    (
                         route_fused.clone().expect("checked above"),
                         "moe_route_gate_up",
                         units as u32,
                         ROUTE_FUSED_THREADS,
-                    ),
+                    )
                 };
                 let counter = self
                     .grid_counter(name, grid)
                     .ok_or_else(|| CudaError::Invalid("out of grid_sync counters".into()))?;
-                let pairs = (threads == ROUTE_HALF_THREADS).then_some(A::P(self.sc.route_pairs));
+                let pairs = half.then_some(A::P(self.sc.route_pairs));
                 self.launch(
                     "moe_route_gate_up_q8q",
                     &f,
