@@ -91,21 +91,14 @@ extern "C" __global__ void moe_router(const float* __restrict__ logits, int n_ex
 // REDLITE_CUDA_TOPK_REDUX (set from the host after the module loads; default 1): the router's
 // top-k rounds by router_topk_redux instead of the butterfly argmax below (the same choices).
 __constant__ int g_knob_topk;
-// REDLITE_CUDA_IQ2_SIGN_ALU (set from the host after the module loads; default 1): the fused route
-// kernel's gate/up rows compute the IQ2_XXS sign masks (iq2_negmask_alu) instead of loading them
-// (ncu: a 5.5-way bank conflict on average over its shared-memory loads); the same values.
-__constant__ int g_knob_sgn;
-// REDLITE_CUDA_DOWN_SIGN_ALU (default 0): the same in moe_down_combine_tab_q8_iq2_xxs.
-__constant__ int g_knob_dsgn;
-// REDLITE_CUDA_IQ2_GRID_PRMT (default 0): the grid entries from their 2-bit codes too
-// (iq2_grid_prmt), in the half-unit route kernel and the down kernel where their sign masks are
-// computed (not in the 512-thread route kernel: a third copy of its rows cost it registers).
-__constant__ int g_knob_grid;
 // REDLITE_CUDA_SOFTMAX_FLAT (set from the host after the module loads; default 1): the router's
 // exps and divisions without a branch per slot, the tail's shuffles unrolled to
 // ROUTER_TAIL_UNROLL ranks (the same values).
 #define ROUTER_TAIL_UNROLL 16
 __constant__ int g_knob_soft;
+// REDLITE_CUDA_TOPK_LOGITS (default 1): the router's top-k chosen on the logits, the weights
+// exp(l - max) / Σ over the chosen (router_topk_logits), without the softmax over every expert.
+__constant__ int g_knob_tkl;
 
 // Whether div_rn_tame(v, s, r1) is v / s: v a softmax numerator (0 or in [2^-90, 2]) and s its
 // sum in [1, 2^20] (the max term is 1). Such operands pass the division's own range check
@@ -162,11 +155,9 @@ __device__ __forceinline__ void router_lane_best(const u32 (&h)[ROUTER_VPL], u32
 // again (a tree). Lane r keeps the r-th choice. The same choices in the same rank order as the
 // butterfly rounds, hence the same tail and outputs bit for bit. (ncu, session 17: the fused route
 // kernel's other 15 warps waited for warp 0's top-k about 30 % of the kernel's time.)
-__device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], int lane, int k, int& my_id,
-                                                  float& my_p) {
-    u32 h[ROUTER_VPL];
-#pragma unroll
-    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = v[j] >= 0.0f ? __float_as_uint(v[j]) + 1u : 0u;
+// router_topk_keys is those rounds on any keys h (0: not a candidate); lane r < k gets the r-th
+// choice's id and key.
+__device__ __forceinline__ void router_topk_keys(u32 (&h)[ROUTER_VPL], int lane, int k, int& my_id, u32& my_h) {
     u32 bh;
     int bj;
     router_lane_best(h, bh, bj);
@@ -176,7 +167,7 @@ __device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], 
         const int id = (int)~ml;
         if (lane == r) {
             my_id = id;
-            my_p = __uint_as_float(mh - 1u);
+            my_h = mh;
         }
         if (lane == id % WARP) {
             const int jt = id / WARP;
@@ -184,6 +175,63 @@ __device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], 
             for (int j = 0; j < ROUTER_VPL; ++j) h[j] = j == jt ? 0u : h[j];
             router_lane_best(h, bh, bj);
         }
+    }
+}
+
+__device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], int lane, int k, int& my_id,
+                                                  float& my_p) {
+    u32 h[ROUTER_VPL];
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = v[j] >= 0.0f ? __float_as_uint(v[j]) + 1u : 0u;
+    u32 my_h = 1u;
+    router_topk_keys(h, lane, k, my_id, my_h);
+    my_p = __uint_as_float(my_h - 1u);
+}
+
+// The rank key of a logit: its bits mapped so that unsigned order is the float order (negative
+// values' bits inverted, positive values' sign bit set); never 0 for a number (-inf: 0x007FFFFF).
+__device__ __forceinline__ u32 logit_key(float l) {
+    const u32 b = __float_as_uint(l);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_logit(u32 h) {
+    return __uint_as_float((h & 0x80000000u) ? h & 0x7FFFFFFFu : ~h);
+}
+
+// router_warp_row's outputs from the logits v (lane holds experts lane + 32 j; m their max) without
+// the softmax over every expert (REDLITE_CUDA_TOPK_LOGITS): the softmax is monotonic, so the top-k
+// of the logits are the top-k of the probabilities (the order (value desc, id asc) of the rounds),
+// and the renormalised weight p_i / Σ_chosen p_j = e^(l_i - m) / Σ_chosen e^(l_j - m): ten exps by
+// the lanes of the choices, the sum in rank order, the ids in ascending order as the tail below.
+// k <= ROUTER_TAIL_UNROLL.
+__device__ __forceinline__ void router_topk_logits(const float (&v)[ROUTER_VPL], float m, int lane, int n_expert,
+                                                   int k, int* __restrict__ idx_out, float* __restrict__ w_out) {
+    u32 h[ROUTER_VPL];
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = lane + WARP * j < n_expert ? logit_key(v[j]) : 0u;
+    int my_id = 0;
+    u32 my_h = 0u;
+    router_topk_keys(h, lane, k, my_id, my_h);
+    const float my_p = lane < k ? expf(key_logit(my_h) - m) : 0.0f;
+    float ps[ROUTER_TAIL_UNROLL];
+    int is[ROUTER_TAIL_UNROLL];
+#pragma unroll
+    for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) {
+        ps[r] = __shfl_sync(0xffffffffu, my_p, r);
+        is[r] = __shfl_sync(0xffffffffu, my_id, r);
+    }
+    float total = 0.0f;
+    int pos = 0;
+#pragma unroll
+    for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) {
+        if (r < k) {
+            total += ps[r];
+            pos += is[r] < my_id;
+        }
+    }
+    if (lane < k) {
+        idx_out[pos] = my_id;
+        w_out[pos] = my_p / total;
     }
 }
 
@@ -208,6 +256,11 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     }
     m = warp_max(m);
     tt = trace_phase(16, tt);
+    if (g_knob_tkl && ROUTER_LANE_TAIL && k <= ROUTER_TAIL_UNROLL) {
+        router_topk_logits(v, m, lane, n_expert, k, idx_out, w_out);
+        trace_phase(19, tt);
+        return;
+    }
     float s = 0.0f;
     if (g_knob_soft) {
         // Without a branch per slot: a slot past the last expert holds -inf, whose exp is the 0
@@ -761,47 +814,24 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // ----- IQ2_XXS experts on 8-bit activations (REDLITE_CUDA_Q8_MOE) -----
 // moe_gate_up_tab_q8_iq2_xxs(tab, ids, xq, act, ff, hidden, k): moe_gate_up_tab_iq2_xxs on the q8
 // row of x a producer wrote (token t's at xq + t * Q8_ROW_BYTES(hidden): matvec_res's epilogue).
-// A lane takes whole 32-weight sub-blocks; a sub-block's four grid entries against its 32 quants
-// are 8 dp4a on the grid bytes (Σ g q) and 8 on the quants masked to the negative weights
-// (Σ_neg g q): Σ s g q = Σ g q - 2 Σ_neg g q, exact in i32. Its value is
+// A lane takes whole 32-weight sub-blocks; a sub-block's four grid entries, their bytes negated
+// where the weight is negative, against its 32 quants are 8 dp4a (iq2xxs_sub_q8): Σ s g q, exact
+// in i32. Its value is
 // db · (dx · Σ) with db = d (0.5 + scale) / 4 as the f32 decoder; the lane adds its sub-blocks in
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
-__shared__ u64 s_iq2_negmask[128];
-__shared__ unsigned short s_iq2xxs_code[256];
-
-// The grid and, per 7-bit sign code, a byte mask of its negative weights (0xFF bytes); with
-// REDLITE_CUDA_IQ2_GRID_PRMT the grid's 2-bit codes too (iq2_grid_prmt).
+// The grid into shared memory (the sign masks are computed: iq2_negmask_alu).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-    if (g_knob_grid) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-            const u64 g = g_iq2xxs_grid[i];
-            u32 c = 0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const u32 byte = (u32)(g >> (8 * j)) & 0xFFu;
-                c |= (byte == 0x19u ? 1u : byte == 0x2bu ? 2u : 0u) << (2 * j);
-            }
-            s_iq2xxs_code[i] = (unsigned short)c;
-        }
-    }
-    for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-        const u32 sg = g_ksigns_iq2xs[i];
-        u64 m = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) m |= (u64)(((sg >> j) & 1) * 0xFFu) << (8 * j);
-        s_iq2_negmask[i] = m;
-    }
     __syncthreads();
 }
 
-// Σ sign · grid · q over one IQ2_XXS sub-block (grid indices `idx`, sign codes and scale `aux`)
-// with its 32 quants (a: quants 0..15, b: 16..31).
-// s_iq2_negmask[code] computed (REDLITE_CUDA_IQ2_SIGN_ALU): the sign byte is the 7-bit code
-// plus its parity in bit 7 (ksigns_iq2xs), each nibble's bits spread to the top bit of a byte by
-// one multiply (no carries: the four shifted copies do not overlap), then widened to 0xFF bytes.
-// Trades a random 8-byte shared-memory load (bank conflicts) for about a dozen ALU operations.
+// A sign code's byte mask of negative weights (0xFF bytes), computed: the sign byte is the 7-bit
+// code plus its parity in bit 7 (ksigns_iq2xs), each nibble's bits spread to the top bit of a
+// byte by one multiply (no carries: the four shifted copies do not overlap), then widened to 0xFF
+// bytes. About a dozen ALU operations instead of a random 8-byte shared-memory load from a
+// staged table (ncu, session 18: a 5.5-way bank conflict on average; +3.6 % decode in the route
+// kernel, +1 % in the down kernel).
 __device__ __forceinline__ u64 iq2_negmask_alu(u32 code) {
     const u32 sg = code | ((__popc(code) & 1u) << 7);
     const u32 lo = ((((sg & 15u) * 0x10204080u) & 0x80808080u) >> 7) * 255u;
@@ -809,29 +839,50 @@ __device__ __forceinline__ u64 iq2_negmask_alu(u32 code) {
     return ((u64)hi << 32) | lo;
 }
 
-// A grid entry from its 2-bit codes (REDLITE_CUDA_IQ2_GRID_PRMT): every IQ2_XXS grid byte is 0x08,
-// 0x19 or 0x2b, so an entry is eight 2-bit codes (s_iq2xxs_code, 512 bytes, staged from the grid:
-// a 2-byte shared load instead of a random 8-byte one). Each four codes are spread to nibbles and
-// pick their bytes from {0x08, 0x19, 0x2b} with one PRMT.
-__device__ __forceinline__ u32 iq2_grid_half(u32 c) {
-    c = (c | (c << 4)) & 0x0F0Fu;
-    c = (c | (c << 2)) & 0x3333u;
-    return __byte_perm(0x002b1908u, 0u, c);
+// IQ2_SIGNED_DP4A (default 1): iq2xxs_sub_q8 negates the grid bytes of the negative weights
+// (iq2_signed_bytes) and takes one dp4a per four weights; 0: Σ g q - 2 Σ_neg g q with the
+// quants masked by iq2_negmask_alu (two dp4a and a mask per four weights). The same i32 sums.
+#ifndef IQ2_SIGNED_DP4A
+#define IQ2_SIGNED_DP4A 1
+#endif
+
+// The four grid bytes g (each in 8..43) with byte j negated where bit j of n (< 16) is set: the
+// multiply puts bit j at the top bit of byte j (as iq2_negmask_alu), PRMT's sign-replicating
+// selectors (0x8 | j) widen each top bit to a 0xFF / 0x00 byte m_j, and g_j ^ m_j + (m_j & 1) is
+// the byte's two's-complement negation where m_j = 0xFF (no carry leaves a byte: 0x100 - g_j
+// fits). Six operations a word, against a mask, an AND and a second dp4a. (PRMT through inline
+// PTX: __byte_perm ignores a selector's top bit, the sign-replicate flag.)
+__device__ __forceinline__ u32 prmt_sign_bytes(u32 x) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, 0xBA98;" : "=r"(r) : "r"(x), "r"(0u));
+    return r;
 }
-__device__ __forceinline__ u64 iq2_grid_prmt(u32 code) {
-    return ((u64)iq2_grid_half(code >> 8) << 32) | iq2_grid_half(code & 0xFFu);
+__device__ __forceinline__ u32 iq2_signed_bytes(u32 g, u32 n) {
+    const u32 m = prmt_sign_bytes(n * 0x10204080u);
+    return (g ^ m) + (m & 0x01010101u);
 }
 
-// M: bit 0 the sign masks computed (iq2_negmask_alu), bit 1 the grid from its codes (iq2_grid_prmt).
-template <int M = 0>
+// Σ sign · grid · q over one IQ2_XXS sub-block (grid indices `idx`, sign codes and scale `aux`)
+// with its 32 quants (a: quants 0..15, b: 16..31).
 __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, const int4 b) {
     const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#if IQ2_SIGNED_DP4A
+    int sum = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u32 code = (aux >> (7 * l)) & 127;
+        const u32 sg = code | ((__popc(code) & 1u) << 7);
+        sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
+        sum = dp4a(iq2_signed_bytes((u32)(g >> 32), sg >> 4), q[2 * l + 1], sum);
+    }
+    return sum;
+#else
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = (M & 2) ? iq2_grid_prmt(s_iq2xxs_code[(idx >> (8 * l)) & 255])
-                              : s_iq2xxs_grid[(idx >> (8 * l)) & 255];
-        const u64 m = (M & 1) ? iq2_negmask_alu((aux >> (7 * l)) & 127) : s_iq2_negmask[(aux >> (7 * l)) & 127];
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 m = iq2_negmask_alu((aux >> (7 * l)) & 127);
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
         sum = dp4a(ghi, q[2 * l + 1], sum);
@@ -839,22 +890,21 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
         neg = dp4a(ghi, q[2 * l + 1] & (int)(u32)(m >> 32), neg);
     }
     return sum - 2 * neg;
+#endif
 }
 
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
-template <int M = 0>
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
-    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8<M>(idx, aux, a, b)));
+    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
 
 // The lane's sums over sub-blocks lane, lane + 32, ... (in that order) of a gate and an up row of
 // `cols` IQ2_XXS weights: both rows' loads in one loop, the quants loaded once.
-template <int M = 0>
 __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, const u8* __restrict__ u,
                                                   const Q8Row& x, int cols, int lane, float& ga, float& ua) {
     ga = 0.0f;
@@ -862,14 +912,13 @@ __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, cons
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga = __fadd_rn(ga, iq2xxs_sub_value<M>(g, sb, x, a, b));
-        ua = __fadd_rn(ua, iq2xxs_sub_value<M>(u, sb, x, a, b));
+        ga = __fadd_rn(ga, iq2xxs_sub_value(g, sb, x, a, b));
+        ua = __fadd_rn(ua, iq2xxs_sub_value(u, sb, x, a, b));
     }
 }
 
 // iq2xxs_gate_up_q8 for two rows at once (gate and up of rows 0 and 1): all four rows' loads in one
 // loop; each row's partial takes the one-row function's operations in its order (the same bits).
-template <int M = 0>
 __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, const u8* __restrict__ u0,
                                                    const u8* __restrict__ g1, const u8* __restrict__ u1,
                                                    const Q8Row& x, int cols, int lane, float& ga0, float& ua0,
@@ -881,10 +930,10 @@ __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, co
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga0 = __fadd_rn(ga0, iq2xxs_sub_value<M>(g0, sb, x, a, b));
-        ua0 = __fadd_rn(ua0, iq2xxs_sub_value<M>(u0, sb, x, a, b));
-        ga1 = __fadd_rn(ga1, iq2xxs_sub_value<M>(g1, sb, x, a, b));
-        ua1 = __fadd_rn(ua1, iq2xxs_sub_value<M>(u1, sb, x, a, b));
+        ga0 = __fadd_rn(ga0, iq2xxs_sub_value(g0, sb, x, a, b));
+        ua0 = __fadd_rn(ua0, iq2xxs_sub_value(u0, sb, x, a, b));
+        ga1 = __fadd_rn(ga1, iq2xxs_sub_value(g1, sb, x, a, b));
+        ua1 = __fadd_rn(ua1, iq2xxs_sub_value(u1, sb, x, a, b));
     }
 }
 
@@ -969,7 +1018,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // lo + w + W, ... (W = blockDim.x / 32 warps), with PAIR rows r and r + W together (both rows'
 // loads in flight before either's arithmetic); each row's activation silu(gate . x) * (up . x)
 // into act_s[r] and act.
-template <bool PAIR, int M>
+template <bool PAIR>
 __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                   const Q8Row& x, float* __restrict__ act, float* act_s, int ff,
                                                   int hidden, size_t te, int bx, int lo, int hi) {
@@ -981,7 +1030,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
         if (PAIR && r + nw < hi) {
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8<M>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
+            iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
                 const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
@@ -993,7 +1042,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
             continue;
         }
         float ga, ua;
-        iq2xxs_gate_up_q8<M>(gate + off, up + off, x, hidden, lane, ga, ua);
+        iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
         if (lane == 0) {
             const float a = siluf_(gv) * uv;
@@ -1006,7 +1055,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
 // (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
-template <bool PAIR, int M = 0>
+template <bool PAIR>
 __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                  const u8* __restrict__ xq, float* __restrict__ act,
                                                  u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
@@ -1017,7 +1066,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t te = (size_t)bz * k + by;
     const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
-    gate_up_rows_span<PAIR, M>(gate, up, x, act, act_s, ff, hidden, te, bx, 0, WARP);
+    gate_up_rows_span<PAIR>(gate, up, x, act, act_s, ff, hidden, te, bx, 0, WARP);
     tt = trace_phase(21, tt);
     __syncthreads();
     tt = trace_phase(22, tt);
@@ -1026,40 +1075,6 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
         const int b = bx;
         q8_block32(act_s[lane], lane, (i8*)base + 32 * b, (float*)(base + ff) + b,
                    (int*)(base + ff + ff / 32 * 4) + 2 * b);
-    }
-    trace_phase(23, tt);
-}
-
-// gate_up_q8q_rows for half hb of a unit (token 0): its 16 rows (hb * 16 ..) by the block's warps,
-// rows r and r + warps together as there; each half writes its act values, and the second half
-// of the unit to arrive (pair counter's parity) quantises the unit's 32 as one q8 block, reading
-// the other half's back through L2: the same values, the same q8 bits.
-template <int M>
-__device__ __forceinline__ void gate_up_q8q_half_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
-                                                      const u8* __restrict__ xq, float* __restrict__ act,
-                                                      u8* __restrict__ actq, int ff, int hidden, int bx, int by,
-                                                      int hb, unsigned* __restrict__ pair) {
-    __shared__ float act_s[WARP];
-    __shared__ int second;
-    // Phases under REDLITE_TRACE (block 0's thread 0): 21 its rows, 22 the barrier, 23 the q8 tail.
-    long long tt = trace_clock();
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const size_t te = by;
-    const Q8Row x = q8_row((u8*)xq, hidden);
-    const int lo = hb * (WARP / 2), hi = lo + WARP / 2;
-    gate_up_rows_span<true, M>(gate, up, x, act, act_s, ff, hidden, te, bx, lo, hi);
-    tt = trace_phase(21, tt);
-    __threadfence();  // this half's act values are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) second = (atomicAdd(pair, 1u) & 1u) != 0;
-    __syncthreads();
-    tt = trace_phase(22, tt);
-    if (!second) return;
-    __threadfence();
-    if (wid == 0) {
-        const float a = lane >= lo && lane < hi ? act_s[lane] : ld_cg(act + te * ff + bx * WARP + lane);
-        u8* base = actq + te * Q8_ROW_BYTES(ff);
-        q8_block32(a, lane, (i8*)base + 32 * bx, (float*)(base + ff) + bx, (int*)(base + ff + ff / 32 * 4) + 2 * bx);
     }
     trace_phase(23, tt);
 }
@@ -1136,17 +1151,13 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
-// The fused route kernel's body. SPLIT = false: block b (512 threads, two 8-warp router groups)
-// owns gate/up unit b (32 rows of one choice); true (moe_route_gate_up_half): block b (256 threads,
-// one router group) owns half b % 2 of unit b / 2 (gate_up_q8q_half_rows), `pairs` counting the
-// halves of each unit.
-template <bool SPLIT>
+// The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
+// unit b (32 rows of one choice).
 __device__ __forceinline__ void route_gate_up_body(
     const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
     const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
     int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
-    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter,
-    unsigned* __restrict__ pairs) {
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
     __shared__ float red[2][MVF_WARPS];
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
@@ -1198,7 +1209,7 @@ __device__ __forceinline__ void route_gate_up_body(
     grid_sync(counter, nb);
     tt = trace_phase(3, tt);
     const int slices = ff / WARP;
-    const int unit = SPLIT ? blockIdx.x / 2 : blockIdx.x;
+    const int unit = blockIdx.x;
     const int bx = unit % slices, by = unit / slices;
     if (threadIdx.x < WARP) {
         router_warp_row(y0, n_expert, k, ids_s, wts_s);
@@ -1213,19 +1224,7 @@ __device__ __forceinline__ void route_gate_up_body(
     const int id = ids_s[by];
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
-    if (SPLIT && g_knob_sgn) {
-        if (g_knob_grid) {
-            gate_up_q8q_half_rows<3>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
-        } else {
-            gate_up_q8q_half_rows<1>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
-        }
-    } else if (SPLIT) {
-        gate_up_q8q_half_rows<0>(gate, up, xq, act, actq, ff, hidden, bx, by, blockIdx.x % 2, pairs + unit);
-    } else if (g_knob_sgn) {
-        gate_up_q8q_rows<true, 1>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
-    } else {
-        gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
-    }
+    gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     trace_phase(5, tt);
 }
 
@@ -1245,25 +1244,8 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
     int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
     u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
-    route_gate_up_body<false>(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act, actq, ff,
-                              hidden, k, dstride, counter, nullptr);
-}
-
-// moe_route_gate_up_half_q8q_iq2_xxs(<moe_route_gate_up_q8q_iq2_xxs's arguments>, pairs): the same
-// with each 32-row unit split over two 256-thread blocks (REDLITE_CUDA_ROUTE_HALF). The 160 units
-// of a decode step on 132 SMs left 28 SMs with two 512-thread blocks, the kernel's critical path;
-// 320 half units put at most three halves (1.5 units) on an SM, and the bound of three 256-thread
-// blocks an SM leaves 80 registers instead of 64. The router rows: one matvec3_x_f32 block a block.
-// pairs: (ff / 32) k zeroed u32s, only ever growing (each call adds 2 to each).
-// Launch: grid = 2 (ff / 32) k blocks (all resident at once), block = 256 threads.
-extern "C" __global__ __launch_bounds__(256, 3) void moe_route_gate_up_half_q8q_iq2_xxs(
-    const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
-    const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
-    int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
-    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter,
-    unsigned* __restrict__ pairs) {
-    route_gate_up_body<true>(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act, actq, ff,
-                             hidden, k, dstride, counter, pairs);
+    route_gate_up_body(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act, actq, ff,
+                       hidden, k, dstride, counter);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
@@ -1295,9 +1277,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
             const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
             const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
             const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-            const float v = !g_knob_dsgn ? iq2xxs_sub_value(down, sb, a, q0, q1)
-                            : g_knob_grid ? iq2xxs_sub_value<3>(down, sb, a, q0, q1)
-                                          : iq2xxs_sub_value<1>(down, sb, a, q0, q1);
+            const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
             acc = __fadd_rn(acc, __fmul_rn(weight[te], v));
         }
     }

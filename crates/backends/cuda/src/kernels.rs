@@ -167,7 +167,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_gate_up_route_q8q_iq2_xxs",
     "moe_gate_up_route2_q8q_iq2_xxs",
     "moe_route_gate_up_q8q_iq2_xxs",
-    "moe_route_gate_up_half_q8q_iq2_xxs",
     "moe_down_combine_tab_q8_iq2_xxs",
     "attn_prompt",
     "attn_prompt_mma_64",
@@ -225,22 +224,19 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// `REDLITE_CUDA_SYNC_RELEASE` (default 1: `grid_sync` arrives with a release atomic and no
 /// sequentially consistent fences; 0: `__threadfence` on both sides),
 /// `g_knob_soft` = `REDLITE_CUDA_SOFTMAX_FLAT` (default 1: the router's exps and divisions
-/// without a branch per slot, the same values; 0: the branchy form), `g_knob_sgn` =
-/// `REDLITE_CUDA_IQ2_SIGN_ALU` (default 1: the fused route kernel computes the IQ2_XXS sign masks
-/// instead of loading them from shared memory; 0: loads them), `g_knob_dsgn` =
-/// `REDLITE_CUDA_DOWN_SIGN_ALU` (default 0; 1: the same in the routed down kernel), `g_knob_grid` =
-/// `REDLITE_CUDA_IQ2_GRID_PRMT` (default 0; 1: the half-unit route kernel and, with its sign masks
-/// computed, the down kernel take the IQ2_XXS grid entries from their 2-bit codes).
+/// without a branch per slot, the same values; 0: the branchy form), `g_knob_tkl` =
+/// `REDLITE_CUDA_TOPK_LOGITS` (default 1: the router's top-k chosen on the logits and the
+/// weights as exp(l - max) over the chosen only, without the softmax over every expert: the same
+/// choices except where the softmax rounds two different logits to one probability, weights
+/// within a few ulps; 0: the softmax, then the top-k of the probabilities).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     // (symbol, environment variable, default)
-    const KNOBS: [(&str, &str, bool); 7] = [
+    const KNOBS: [(&str, &str, bool); 5] = [
         ("g_knob_pre", "REDLITE_CUDA_PRE_WEIGHTS", true),
         ("g_knob_topk", "REDLITE_CUDA_TOPK_REDUX", true),
         ("g_knob_sync", "REDLITE_CUDA_SYNC_RELEASE", true),
         ("g_knob_soft", "REDLITE_CUDA_SOFTMAX_FLAT", true),
-        ("g_knob_sgn", "REDLITE_CUDA_IQ2_SIGN_ALU", true),
-        ("g_knob_dsgn", "REDLITE_CUDA_DOWN_SIGN_ALU", false),
-        ("g_knob_grid", "REDLITE_CUDA_IQ2_GRID_PRMT", false),
+        ("g_knob_tkl", "REDLITE_CUDA_TOPK_LOGITS", true),
     ];
     KNOBS
         .iter()
@@ -268,42 +264,9 @@ pub fn trace_on() -> bool {
 mod tests {
     use super::*;
 
-    /// moe.cu's `iq2_grid_prmt` (`REDLITE_CUDA_IQ2_GRID_PRMT`): the 2-bit codes
-    /// `stage_iq2_q8_tables` derives from each grid entry, spread to nibbles and expanded by a
-    /// byte permutation of {0x08, 0x19, 0x2b}, give the entry back, for all 256.
-    #[test]
-    fn iq2_grid_codes_expand_to_the_grid() {
-        // __byte_perm(x, y, s): output byte i is byte (s >> 4i) & 7 of the pair (x, y).
-        let byte_perm = |x: u32, y: u32, s: u32| {
-            let pool = ((y as u64) << 32) | x as u64;
-            (0..4).fold(0u32, |r, i| {
-                let sel = (s >> (4 * i)) & 7;
-                r | ((((pool >> (8 * sel)) & 0xFF) as u32) << (8 * i))
-            })
-        };
-        let half = |c: u32| {
-            let c = (c | (c << 4)) & 0x0F0F;
-            let c = (c | (c << 2)) & 0x3333;
-            byte_perm(0x002b_1908, 0, c)
-        };
-        for &g in redlite_gguf::quant::grids::IQ2XXS_GRID.iter() {
-            let code = (0..8).fold(0u32, |c, j| {
-                let b = (g >> (8 * j)) & 0xFF;
-                assert!(matches!(b, 0x08 | 0x19 | 0x2b), "grid byte {b:#x}");
-                c | (match b {
-                    0x19 => 1,
-                    0x2b => 2,
-                    _ => 0,
-                }) << (2 * j)
-            });
-            let expanded = ((half(code >> 8) as u64) << 32) | half(code & 0xFF) as u64;
-            assert_eq!(expanded, g, "grid entry {g:#018x}");
-        }
-    }
-
-    /// moe.cu's `iq2_negmask_alu` (the IQ2_XXS sign masks computed, `REDLITE_CUDA_IQ2_SIGN_ALU`):
-    /// the same arithmetic in u32 gives, for every 7-bit code, the mask `stage_iq2_q8_tables`
-    /// builds from the `ksigns_iq2xs` table (0xFF in byte j where bit j of the sign byte is set).
+    /// moe.cu's `iq2_negmask_alu` (the IQ2_XXS sign masks computed): the same arithmetic in u32
+    /// gives, for every 7-bit code, the mask of the `ksigns_iq2xs` table (0xFF in byte j where
+    /// bit j of the sign byte is set).
     #[test]
     fn iq2_sign_mask_formula_matches_the_ksigns_table() {
         for code in 0u32..128 {
@@ -320,6 +283,36 @@ mod tests {
                 }
             });
             assert_eq!(alu, want, "code {code}");
+        }
+    }
+
+    /// moe.cu's `iq2_signed_bytes` (`IQ2_SIGNED_DP4A`): the multiply, PRMT's sign-replicating
+    /// selectors and `(g ^ m) + (m & 0x01010101)` give every grid word with each byte negated
+    /// where the `ksigns_iq2xs` sign byte says, for all 256 entries and 128 sign codes.
+    #[test]
+    fn iq2_signed_grid_bytes_match_the_tables() {
+        // __byte_perm(x, 0, 0xBA98): byte j is 0xFF where the top bit of x's byte j is set.
+        let replicate = |x: u32| {
+            (0..4).fold(0u32, |r, j| {
+                r | (((x >> (8 * j + 7)) & 1) * (0xFF << (8 * j)))
+            })
+        };
+        let signed = |g: u32, n: u32| {
+            let m = replicate(n.wrapping_mul(0x1020_4080));
+            (g ^ m).wrapping_add(m & 0x0101_0101)
+        };
+        for code in 0u32..128 {
+            let sg = code | ((code.count_ones() & 1) << 7);
+            let table = redlite_gguf::quant::grids::KSIGNS_IQ2XS[code as usize];
+            for &g in redlite_gguf::quant::grids::IQ2XXS_GRID.iter() {
+                let got = [signed(g as u32, sg & 15), signed((g >> 32) as u32, sg >> 4)];
+                for j in 0..8 {
+                    let byte = ((got[j / 4] >> (8 * (j % 4))) & 0xFF) as u8 as i8;
+                    let mag = ((g >> (8 * j)) & 0xFF) as i8;
+                    let want = if (table >> j) & 1 == 1 { -mag } else { mag };
+                    assert_eq!(byte, want, "code {code}, grid {g:#018x}, byte {j}");
+                }
+            }
         }
     }
 

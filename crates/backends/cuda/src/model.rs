@@ -74,10 +74,6 @@ pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 const GRID_COUNTERS: usize = 16;
 /// Threads of `moe_route_gate_up_q8q_iq2_xxs` (two 8-warp router groups; the gate/up's 16 warps).
 const ROUTE_FUSED_THREADS: u32 = 512;
-/// Threads of `moe_route_gate_up_half_q8q_iq2_xxs` (one 8-warp router group; half a unit's rows).
-const ROUTE_HALF_THREADS: u32 = 256;
-/// Units (32 gate/up rows of one choice) `moe_route_gate_up_half_q8q_iq2_xxs` can count halves of.
-const ROUTE_PAIRS: usize = 1024;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
 /// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
@@ -669,9 +665,6 @@ struct Kernels {
     /// `moe_route_gate_up_q8q_iq2_xxs` and its blocks an SM (its grid barrier needs every block
     /// resident at once: the launch checks the grid against it).
     moe_route_fused: (CudaFunction, u32),
-    /// `moe_route_gate_up_half_q8q_iq2_xxs` (each unit over two 256-thread blocks) and its
-    /// blocks an SM.
-    moe_route_half: (CudaFunction, u32),
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -716,9 +709,6 @@ struct Scratch {
     /// u64 `[GRID_COUNTERS]`, only ever growing: `grid_sync`'s block arrivals, one counter per
     /// (kernel, grid size) (`CudaModel::grid_counter`).
     grid_counter: u64,
-    /// u32 `[ROUTE_PAIRS]`, only ever growing: halves of each unit finished
-    /// (`moe_route_gate_up_half_q8q_iq2_xxs`).
-    route_pairs: u64,
     /// `dn_fused_cols`' barrier counters, one per QK head (u64, only ever growing).
     dn_counter: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
@@ -905,9 +895,6 @@ pub struct CudaModel {
     /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
     /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
-    /// The fused route kernel with each 32-row unit over two 256-thread blocks
-    /// (`moe_route_gate_up_half_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_ROUTE_HALF=1`).
-    route_half: bool,
     /// (kernel, grid size) → `grid_sync` counter index, in order of first use.
     grid_counters: Vec<(&'static str, u32)>,
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
@@ -1072,10 +1059,6 @@ impl CudaModel {
                 "moe_route_gate_up_q8q_iq2_xxs",
                 ROUTE_FUSED_THREADS,
             )?,
-            moe_route_half: with_blocks_per_sm(
-                "moe_route_gate_up_half_q8q_iq2_xxs",
-                ROUTE_HALF_THREADS,
-            )?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -1202,7 +1185,6 @@ impl CudaModel {
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
-            route_half: env_switch("REDLITE_CUDA_ROUTE_HALF", false),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
             dn_cols,
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
@@ -2970,35 +2952,16 @@ impl CudaModel {
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_fused.is_some() => {
                 let act_q = self.sc.act_q;
-                let units = (ff / 32) * k;
-                // Each unit over two blocks when asked for and when all of them fit at once.
-                let half = self.route_half
-                    && units <= ROUTE_PAIRS
-                    && self.all_resident(2 * units as u32, self.k.moe_route_half.1);
-                let (f, name, grid, threads) = if half {
-                    (
-                        self.k.moe_route_half.0.clone(),
-                        "moe_route_gate_up_half",
-                        2 * units as u32,
-                        ROUTE_HALF_THREADS,
-                    )
-                } else {
-                    (
-                        route_fused.clone().expect("checked above"),
-                        "moe_route_gate_up",
-                        units as u32,
-                        ROUTE_FUSED_THREADS,
-                    )
-                };
+                let f = route_fused.clone().expect("checked above");
+                let grid = ((ff / 32) * k) as u32;
                 let counter = self
-                    .grid_counter(name, grid)
+                    .grid_counter("moe_route_gate_up", grid)
                     .ok_or_else(|| CudaError::Invalid("out of grid_sync counters".into()))?;
-                let pairs = half.then_some(A::P(self.sc.route_pairs));
                 self.launch(
                     "moe_route_gate_up_q8q",
                     &f,
                     (grid, 1, 1),
-                    threads,
+                    ROUTE_FUSED_THREADS,
                     0,
                     &[
                         A::P(xn),
@@ -3014,7 +2977,6 @@ impl CudaModel {
                     .into_iter()
                     .chain(routed_tail)
                     .chain([A::P(counter)])
-                    .chain(pairs)
                     .collect::<Vec<_>>(),
                 )?;
                 (dn_f, act_q)
@@ -3607,7 +3569,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
-        route_pairs: arena.zeros(4 * ROUTE_PAIRS)?,
         dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,

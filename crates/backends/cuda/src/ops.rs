@@ -829,8 +829,6 @@ pub enum RouteForm {
     Separate,
     /// `moe_route_gate_up_q8q_iq2_xxs` (a grid barrier after the logits).
     Fused,
-    /// `moe_route_gate_up_half_q8q_iq2_xxs` (the same, each 32-row unit over two blocks).
-    Half,
 }
 
 /// A one-token router and routed gate/up as the model runs them with every expert resident
@@ -884,17 +882,8 @@ pub fn moe_route_gate_up_slots(
     );
     let (ffi, ki, dstride) = (i32_arg(ff, "ff")?, i32_arg(k, "k")?, sb as u64);
     if form != RouteForm::Separate {
-        // The fused kernel, or its half-unit form (twice the blocks, half the threads, and the
-        // units' pair counters after the barrier counter).
-        let half = form == RouteForm::Half;
-        let units = (ff / 32) * k;
-        let (name, grid, threads) = if half {
-            ("moe_route_gate_up_half_q8q_iq2_xxs", 2 * units as u32, 256)
-        } else {
-            ("moe_route_gate_up_q8q_iq2_xxs", units as u32, 512)
-        };
+        let (name, grid) = ("moe_route_gate_up_q8q_iq2_xxs", ((ff / 32) * k) as u32);
         let mut counter = upload(gpu, &[0u64])?;
-        let mut pairs = upload(gpu, &vec![0u32; units])?;
         let f = gpu.func(name)?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&xn_d)
@@ -918,10 +907,7 @@ pub fn moe_route_gate_up_slots(
             .arg(&ki)
             .arg(&dstride)
             .arg(&mut counter);
-        if half {
-            b.arg(&mut pairs);
-        }
-        drv(name, unsafe { b.launch(cfg((grid, 1, 1), threads, 0)) })?;
+        drv(name, unsafe { b.launch(cfg((grid, 1, 1), 512, 0)) })?;
     } else {
         let split = MvfSplit {
             parts: parts_n,

@@ -850,21 +850,15 @@ impl Runner<'_> {
                     )
                 };
                 let (l_s, g_s, ids_s, wts_s, act_s, actq_s) = route(ops::RouteForm::Separate)?;
-                // The fused kernel, and its form with each unit over two blocks
-                // (`moe_route_gate_up_half_q8q_iq2_xxs`).
-                for (form, what) in [
-                    (ops::RouteForm::Fused, "fused route"),
-                    (ops::RouteForm::Half, "fused route, half units"),
-                ] {
-                    let (l_f, g_f, ids_f, wts_f, act_f, actq_f) = route(form)?;
-                    same_bits(&format!("{what}: router logits differ"), &l_f, &l_s)?;
-                    same_bits(&format!("{what}: shared gate logit differs"), &g_f, &g_s)?;
-                    same_route(
-                        what,
-                        (&ids_f, &wts_f, &act_f, &actq_f),
-                        (&ids_s, &wts_s, &act_s, &actq_s),
-                    )?;
-                }
+                // The fused kernel.
+                let (l_f, g_f, ids_f, wts_f, act_f, actq_f) = route(ops::RouteForm::Fused)?;
+                same_bits("fused route: router logits differ", &l_f, &l_s)?;
+                same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
+                same_route(
+                    "fused route",
+                    (&ids_f, &wts_f, &act_f, &actq_f),
+                    (&ids_s, &wts_s, &act_s, &actq_s),
+                )?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
