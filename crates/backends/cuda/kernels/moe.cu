@@ -1248,6 +1248,12 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
                        hidden, k, dstride, counter);
 }
 
+// DOWN_LOOP (default 1): moe_down_combine_tab_q8_iq2_xxs walks its (choice, sub-block) pairs
+// without a division per pair and unrolled (0: a division per pair, not unrolled).
+#ifndef DOWN_LOOP
+#define DOWN_LOOP 1
+#endif
+
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
@@ -1271,14 +1277,34 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const int sbs = ff / 32;
     float acc = 0.0f;
     if (d.valid) {
+#if DOWN_LOOP
+        // Pair i = c · sbs + sb walked without a division per pair (c and sb advance by the
+        // step's quotient and remainder), unrolled so that several pairs' loads are in flight
+        // (the trip count is k · sbs / step, 2–3 at decode): the same pairs in the same order.
+        const int step = d.parts * WARP, n = k * sbs;
+        const int dc = step / sbs, ds = step - dc * sbs;
+        int i = d.part * WARP + lane;
+        int c = i / sbs, sb = i - c * sbs;
+#pragma unroll 4
+        for (; i < n; i += step) {
+#else
         for (int i = d.part * WARP + lane; i < k * sbs; i += d.parts * WARP) {
             const int c = i / sbs, sb = i - c * sbs;
+#endif
             const size_t te = t * k + c;
             const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
             const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
             const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
             const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
             acc = __fadd_rn(acc, __fmul_rn(weight[te], v));
+#if DOWN_LOOP
+            c += dc;
+            sb += ds;
+            if (sb >= sbs) {
+                sb -= sbs;
+                ++c;
+            }
+#endif
         }
     }
     down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);

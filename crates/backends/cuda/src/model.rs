@@ -823,8 +823,11 @@ pub struct CudaModel {
     /// the Q6_K head, which took 0.19 ms per step where the 4 of the other matrices took 0.34).
     head_lane_iters: usize,
     /// The router matvec's `(lane_iters, rows per warp)`: `REDLITE_CUDA_ROUTER_LANE_ITERS` and
-    /// `REDLITE_CUDA_ROUTER_ROWS` (tuning switches; default 1 and 1: its 512 rows over more
-    /// warps, 200.5 tok/s against 195.9–196.8 with the other matrices' 4 and 2).
+    /// `REDLITE_CUDA_ROUTER_ROWS` (tuning switches; default 4 and 1: four warps a 2,048-wide
+    /// row, so that the fused route kernel's 320 router groups take the 513 rows in one round,
+    /// +1.0 % decode in session 19 against 1, which session 7's separate router kernel had
+    /// preferred). The fused kernel and the separate matvec use the same split, so that verify
+    /// rows (separate) and decode steps (fused) get the same logits.
     router_split: (usize, usize),
     /// The router kernel (`RouterKernel::for_model`: the one-warp one unless
     /// `REDLITE_CUDA_ROUTER=block`) and its function.
@@ -1160,7 +1163,7 @@ impl CudaModel {
                 .next_multiple_of(4),
             head_lane_iters: env_parse("REDLITE_CUDA_HEAD_LANE_ITERS").unwrap_or(8),
             router_split: (
-                env_parse("REDLITE_CUDA_ROUTER_LANE_ITERS").unwrap_or(1),
+                env_parse("REDLITE_CUDA_ROUTER_LANE_ITERS").unwrap_or(4),
                 env_parse("REDLITE_CUDA_ROUTER_ROWS")
                     .unwrap_or(1)
                     .clamp(1, MVF_MAX_ROWS),
