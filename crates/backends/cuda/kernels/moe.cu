@@ -157,10 +157,44 @@ __device__ __forceinline__ void router_lane_best(const u32 (&h)[ROUTER_VPL], u32
 // kernel's other 15 warps waited for warp 0's top-k about 30 % of the kernel's time.)
 // router_topk_keys is those rounds on any keys h (0: not a candidate); lane r < k gets the r-th
 // choice's id and key.
+// TOPK_BALLOT (default 0; session 19, compiled, not yet measured): a round's winner found by a
+// ballot of the lanes holding the maximum when there is one such lane (a tie falls back to the
+// REDUX on ~id), the winner writing its id and key to shared memory for lane r to read after the
+// rounds: one REDUX and the per-lane select fewer on each round's chain. The same choices.
+#ifndef TOPK_BALLOT
+#define TOPK_BALLOT 0
+#endif
 __device__ __forceinline__ void router_topk_keys(u32 (&h)[ROUTER_VPL], int lane, int k, int& my_id, u32& my_h) {
     u32 bh;
     int bj;
     router_lane_best(h, bh, bj);
+#if TOPK_BALLOT
+    __shared__ int won_id[WARP];
+    __shared__ u32 won_h[WARP];
+    for (int r = 0; r < k; ++r) {
+        const u32 mh = __reduce_max_sync(0xffffffffu, bh);
+        const u32 tied = __ballot_sync(0xffffffffu, bh == mh);
+        bool win = bh == mh;
+        if ((tied & (tied - 1u)) != 0u) {  // warp-uniform: several lanes hold the maximum
+            const u32 ml = __reduce_max_sync(0xffffffffu, win ? ~(u32)(lane + WARP * bj) : 0u);
+            win = (int)~ml == lane + WARP * bj;
+        }
+        if (win) {
+            won_id[r] = lane + WARP * bj;
+            won_h[r] = mh;
+            const int jt = bj;
+#pragma unroll
+            for (int j = 0; j < ROUTER_VPL; ++j) h[j] = j == jt ? 0u : h[j];
+            router_lane_best(h, bh, bj);
+        }
+    }
+    __syncwarp();
+    if (lane < k) {
+        my_id = won_id[lane];
+        my_h = won_h[lane];
+    }
+    __syncwarp();  // the next call's winners write these again
+#else
     for (int r = 0; r < k; ++r) {
         const u32 mh = __reduce_max_sync(0xffffffffu, bh);
         const u32 ml = __reduce_max_sync(0xffffffffu, bh == mh ? ~(u32)(lane + WARP * bj) : 0u);
@@ -176,6 +210,7 @@ __device__ __forceinline__ void router_topk_keys(u32 (&h)[ROUTER_VPL], int lane,
             router_lane_best(h, bh, bj);
         }
     }
+#endif
 }
 
 __device__ __forceinline__ void router_topk_redux(const float (&v)[ROUTER_VPL], int lane, int k, int& my_id,
@@ -893,13 +928,28 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
+// IQ2_LDG (default 0; session 19, compiled, not yet measured): the weight loads of
+// iq2xxs_sub_value as global read-only loads (`__ldg`: LDG.E.U16.CONSTANT) instead of generic
+// ones — the expert pointers come from u64 tables, so the compiler emits generic `LD.E.U16`.
+#ifndef IQ2_LDG
+#define IQ2_LDG 0
+#endif
+__device__ __forceinline__ u16 ld_w_u16(const u8* p) {
+#if IQ2_LDG
+    return __ldg((const unsigned short*)p);
+#else
+    return ld_u16(p);
+#endif
+}
+
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
-    const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
-    const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
+    const u32 idx = (u32)ld_w_u16(at) | ((u32)ld_w_u16(at + 2) << 16);
+    const u32 aux = (u32)ld_w_u16(at + 4) | ((u32)ld_w_u16(at + 6) << 16);
+    const float db = f16_to_f32(ld_w_u16(blk)) * (0.5f + (float)(aux >> 28)) * 0.25f;
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
 

@@ -1215,19 +1215,25 @@ impl Runner<'_> {
     }
 
     /// Both router kernels (the block-wide one and the one-warp one the model runs) on the
-    /// model's shape and on an expert count that leaves lane slots empty.
+    /// model's shape and on an expert count that leaves lane slots empty; then logits on a
+    /// 0.25 grid, so that many tie (the lower id first, as the reference).
     fn router(&mut self) {
-        for (n_expert, k) in [(512usize, 10usize), (60, 8)] {
-            self.router_case(ops::RouterKernel::block(n_expert), n_expert, k);
+        for (n_expert, k, ties) in [(512usize, 10usize, false), (60, 8, false), (512, 10, true)] {
+            self.router_case(ops::RouterKernel::block(n_expert), n_expert, k, ties);
             if let Some(kernel) = ops::RouterKernel::warp(n_expert) {
-                self.router_case(kernel, n_expert, k);
+                self.router_case(kernel, n_expert, k, ties);
             }
         }
     }
 
-    fn router_case(&mut self, kernel: ops::RouterKernel, n_expert: usize, k: usize) {
+    fn router_case(&mut self, kernel: ops::RouterKernel, n_expert: usize, k: usize, ties: bool) {
         let tokens = 3usize;
-        let logits = self.rng.normals(tokens * n_expert, 2.0);
+        let mut logits = self.rng.normals(tokens * n_expert, 2.0);
+        if ties {
+            logits
+                .iter_mut()
+                .for_each(|v| *v = (*v * 4.0).round() / 4.0);
+        }
         let r = (|| {
             let (idx, w) = ops::moe_router(self.gpu, kernel, &logits, n_expert, k)?;
             let mut ref_w = Vec::new();
@@ -1256,9 +1262,10 @@ impl Runner<'_> {
             }
             Ok((rel_err(&w, &ref_w), TOL_F32))
         })();
+        let ties = if ties { ", tied logits" } else { "" };
         self.record(
             kernel.name,
-            format!("{tokens} tokens, top-{k} of {n_expert}"),
+            format!("{tokens} tokens, top-{k} of {n_expert}{ties}"),
             r,
         );
     }
