@@ -233,21 +233,12 @@ __device__ __forceinline__ float key_logit(u32 h) {
     return __uint_as_float((h & 0x80000000u) ? h & 0x7FFFFFFFu : ~h);
 }
 
-// router_warp_row's outputs from the logits v (lane holds experts lane + 32 j; m their max) without
-// the softmax over every expert (REDLITE_CUDA_TOPK_LOGITS): the softmax is monotonic, so the top-k
-// of the logits are the top-k of the probabilities (the order (value desc, id asc) of the rounds),
-// and the renormalised weight p_i / Σ_chosen p_j = e^(l_i - m) / Σ_chosen e^(l_j - m): ten exps by
-// the lanes of the choices, the sum in rank order, the ids in ascending order as the tail below.
-// k <= ROUTER_TAIL_UNROLL.
-__device__ __forceinline__ void router_topk_logits(const float (&v)[ROUTER_VPL], float m, int lane, int n_expert,
-                                                   int k, int* __restrict__ idx_out, float* __restrict__ w_out) {
-    u32 h[ROUTER_VPL];
-#pragma unroll
-    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = lane + WARP * j < n_expert ? logit_key(v[j]) : 0u;
-    int my_id = 0;
-    u32 my_h = 0u;
-    router_topk_keys(h, lane, k, my_id, my_h);
-    const float my_p = lane < k ? expf(key_logit(my_h) - m) : 0.0f;
+// The top-k's tail with lane r < k holding the r-th choice (id, weight numerator p): the total in
+// rank order, each choice's place in ascending id order by counting the smaller ids (ids are
+// distinct), written by its lane. The shuffles of all ranks are issued together (k is a run-time
+// value: a loop to k would wait for each in turn); k <= ROUTER_TAIL_UNROLL.
+__device__ __forceinline__ void router_tail_unrolled(int my_id, float my_p, int lane, int k,
+                                                     int* __restrict__ idx_out, float* __restrict__ w_out) {
     float ps[ROUTER_TAIL_UNROLL];
     int is[ROUTER_TAIL_UNROLL];
 #pragma unroll
@@ -268,6 +259,24 @@ __device__ __forceinline__ void router_topk_logits(const float (&v)[ROUTER_VPL],
         idx_out[pos] = my_id;
         w_out[pos] = my_p / total;
     }
+}
+
+// router_warp_row's outputs from the logits v (lane holds experts lane + 32 j; m their max) without
+// the softmax over every expert (REDLITE_CUDA_TOPK_LOGITS): the softmax is monotonic, so the top-k
+// of the logits are the top-k of the probabilities (the order (value desc, id asc) of the rounds),
+// and the renormalised weight p_i / Σ_chosen p_j = e^(l_i - m) / Σ_chosen e^(l_j - m): ten exps by
+// the lanes of the choices, then router_tail_unrolled (the sum in rank order, ascending ids).
+// k <= ROUTER_TAIL_UNROLL.
+__device__ __forceinline__ void router_topk_logits(const float (&v)[ROUTER_VPL], float m, int lane, int n_expert,
+                                                   int k, int* __restrict__ idx_out, float* __restrict__ w_out) {
+    u32 h[ROUTER_VPL];
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = lane + WARP * j < n_expert ? logit_key(v[j]) : 0u;
+    int my_id = 0;
+    u32 my_h = 0u;
+    router_topk_keys(h, lane, k, my_id, my_h);
+    const float my_p = lane < k ? expf(key_logit(my_h) - m) : 0.0f;
+    router_tail_unrolled(my_id, my_p, lane, k, idx_out, w_out);
 }
 
 // router_warp_row(l, n_expert, k, idx_out, w_out): moe_router_warp's work for one token, by the
@@ -390,32 +399,17 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
         // Lane r < k holds the r-th choice: the total in rank order (the same additions as the
         // serial loop below), each choice's place in ascending id order by counting the smaller
         // ids (ids are distinct), written by its lane: the serial loop's output bit for bit.
-        float total = 0.0f;
-        int pos = 0;
         if (g_knob_soft && k <= ROUTER_TAIL_UNROLL) {
-            // The shuffles of all ranks issued together (k is a run-time value: the loops below
-            // wait for each shuffle in turn); the sum still adds in rank order.
-            float ps[ROUTER_TAIL_UNROLL];
-            int is[ROUTER_TAIL_UNROLL];
-#pragma unroll
-            for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) {
-                ps[r] = __shfl_sync(0xffffffffu, my_p, r);
-                is[r] = __shfl_sync(0xffffffffu, my_id, r);
-            }
-#pragma unroll
-            for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) {
-                if (r < k) {
-                    total += ps[r];
-                    pos += is[r] < my_id;
-                }
-            }
+            router_tail_unrolled(my_id, my_p, lane, k, idx_out, w_out);
         } else {
+            float total = 0.0f;
+            int pos = 0;
             for (int r = 0; r < k; ++r) total += __shfl_sync(0xffffffffu, my_p, r);
             for (int r = 0; r < k; ++r) pos += __shfl_sync(0xffffffffu, my_id, r) < my_id;
-        }
-        if (lane < k) {
-            idx_out[pos] = my_id;
-            w_out[pos] = my_p / total;
+            if (lane < k) {
+                idx_out[pos] = my_id;
+                w_out[pos] = my_p / total;
+            }
         }
         trace_phase(20, tt);
         return;
