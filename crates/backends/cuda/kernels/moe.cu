@@ -1321,19 +1321,21 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const int sbs = ff / 32;
     float acc = 0.0f;
     if (d.valid) {
-#if DOWN_LOOP
-        // Pair i = c · sbs + sb walked without a division per pair (c and sb advance by the
-        // step's quotient and remainder), unrolled so that several pairs' loads are in flight
-        // (the trip count is k · sbs / step, 2–3 at decode): the same pairs in the same order.
+        // Pair i = c · sbs + sb. DOWN_LOOP: walked without a division per pair (c and sb advance
+        // by the step's quotient and remainder), unrolled so that several pairs' loads are in
+        // flight (the trip count is k · sbs / step, 2–3 at decode): the same pairs in the same
+        // order. (Braces outside the #if: kernels.rs's tests match them in the source text.)
         const int step = d.parts * WARP, n = k * sbs;
         const int dc = step / sbs, ds = step - dc * sbs;
-        int i = d.part * WARP + lane;
-        int c = i / sbs, sb = i - c * sbs;
+        const int i0 = d.part * WARP + lane;
+        int c = i0 / sbs, sb = i0 - c * sbs;
+#if DOWN_LOOP
 #pragma unroll 4
-        for (; i < n; i += step) {
-#else
-        for (int i = d.part * WARP + lane; i < k * sbs; i += d.parts * WARP) {
-            const int c = i / sbs, sb = i - c * sbs;
+#endif
+        for (int i = i0; i < n; i += step) {
+#if !DOWN_LOOP
+            c = i / sbs;
+            sb = i - c * sbs;
 #endif
             const size_t te = t * k + c;
             const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
