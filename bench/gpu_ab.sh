@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# A/B of decode configurations on the GPU machine, with the correctness checks first: what
+# session 19's run scripts did, kept so that the next session does not write them again.
+#
+# Here (fills the git-ignored .device/ab/: redlite and the two GPU test binaries stripped and
+# xz-compressed, the Qwen3 vocabulary, the parity fixtures; ≈ 25 MB, inside the 64 MiB a run
+# carries with the ≈ 37 MB of tracked files):
+#   CARGO_TARGET_DIR=/work/target-cuda cargo build --release -p redlite --features cuda
+#   CARGO_TARGET_DIR=/work/target-cuda cargo test --release -p redlite-cuda --features cuda --no-run
+#   T=/work/target-cuda/release bench/gpu_ab.sh prepare
+# There (`run` with `carry: [".device/ab"]`):
+#   CONFIGS="REDLITE_CUDA_X=0 REDLITE_CUDA_DEFINES=FOO=0" ROUNDS=3 OUT=$OUT bash bench/gpu_ab.sh
+# CONFIGS: space-separated, each a comma-separated list of VAR=VALUE set for that config
+# (REDLITE_CUDA_DEFINES=… recompiles the kernels once, ≈ 70 s). Steps, each logged to
+# $OUT/summary.txt as it ends: make-model of the full-size layout (background); the self-test
+# with fixture parity and `--step` (default, then each config); `verify_gpu` and
+# `expert_cache_gpu` per config; the full-size logits of 27 steps per config against the
+# default's (`cmp`, then KL per step when they differ: the random full-size layout is chaotic,
+# so only bit-identical changes compare there); ROUNDS rounds of `bench decode -p 8 -n 128`
+# alternating default and configs, with medians; TRACE=1 the phase trace of the default;
+# POS=32768 a decode at that position, default and each config.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEV=${DEV:-.device/ab}
+
+if [ "${1:-}" = "prepare" ]; then
+    set -e
+    T=${T:-target/release}
+    REF=../shared/reference
+    rm -rf "$DEV" && mkdir -p "$DEV/fixtures/logits" "$DEV/fixtures/models"
+    pick() { ls -t "$T"/deps/"$1"-* | grep -v '\.d$' | head -1; }
+    for pair in "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)"; do
+        cp "${pair#*:}" "$DEV/${pair%%:*}"
+        strip "$DEV/${pair%%:*}"
+        xz -9 -T2 "$DEV/${pair%%:*}"
+    done
+    xz -9 -c "$REF/tokenizer/qwen3-vocab.gguf" >"$DEV/qwen3-vocab.gguf.xz"
+    cp "$REF/logits/index.json" "$DEV/fixtures/logits/"
+    for m in Q4_K_M IQ2_XXS CF2; do
+        cp "$REF/models/tiny-$m.gguf" "$DEV/fixtures/models/"
+        cp "$REF"/logits/"$m"__P?__exact.bin "$DEV/fixtures/logits/"
+    done
+    du -sh "$DEV"
+    exit 0
+fi
+
+. bench/device_lib.sh
+W=/tmp/redlite-ab
+device_env $W
+LOGS=${OUT:-$DEV/out}
+mkdir -p "$LOGS"
+for b in redlite expert_cache_gpu verify_gpu; do
+    unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b
+done
+[ -f $W/vocab.gguf ] || unxz_py "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
+R=$W/redlite
+FULL=$W/full.gguf
+step() { echo "== $* ($(date -u +%T))" | tee -a "$LOGS/summary.txt"; }
+keep() { tee -a "$LOGS/summary.txt"; }
+# with CFG CMD...: CMD with config CFG's variables set ("default": none).
+with() {
+    local cfg=$1
+    shift
+    if [ "$cfg" = default ]; then "$@"; else (IFS=,; for kv in $cfg; do export "$kv"; done; "$@"); fi
+}
+ALL="default ${CONFIGS:-}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | keep
+[ -f $FULL ] || ($R make-model $FULL --vocab $W/vocab.gguf --force >"$LOGS/make_model.log" 2>&1) &
+mm=$!
+i=0
+for cfg in $ALL; do
+    step "self-test + parity [$cfg]"
+    with "$cfg" timeout 200 $R selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest$i.log" 2>&1
+    grep -h "^selftest:\|^kernels:\|FAIL\|^error\|panicked" "$LOGS/selftest$i.log" | head -20 | keep
+    sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest$i.log" | keep
+    step "verify_gpu + expert_cache_gpu [$cfg]"
+    for t in verify_gpu expert_cache_gpu; do
+        with "$cfg" env REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/$t --ignored --nocapture 2>&1 |
+            grep -h "test result\|panicked" | tail -2 | keep
+    done
+    i=$((i + 1))
+done
+wait $mm
+IDS=9707,11,1879,374,264,1273,315,279,13,576,3974,13876,38835,34208,916,279,15678,5562,13,1597,1052,374,2494,1008,11,2441,0
+step "full-size logits of 27 steps, each config against the default"
+i=0
+for cfg in $ALL; do
+    with "$cfg" timeout 120 $R logits --backend cuda --mode step -m $FULL --ids $IDS --out $W/lg$i.bin >/dev/null 2>"$LOGS/logits$i.err"
+    if [ $i -gt 0 ] && cmp -s $W/lg0.bin $W/lg$i.bin; then
+        echo "[$cfg] bit-identical to the default ($(stat -c %s $W/lg$i.bin) bytes)" | keep
+    elif [ $i -gt 0 ]; then
+        python3 - $W/lg0.bin $W/lg$i.bin "$cfg" <<'PY' | keep
+import sys, numpy as np
+a, b = (np.fromfile(f, dtype=np.float32).reshape(-1, 151936).astype(np.float64) for f in sys.argv[1:3])
+lsm = lambda x: (x - x.max(1, keepdims=True)) - np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True))
+pa, pb = lsm(a), lsm(b)
+kl = (np.exp(pa) * (pa - pb)).sum(1)
+print(f"[{sys.argv[3]}] differs: KL per step " + " ".join(f"{v:.1e}" for v in kl)
+      + f"; argmax equal {(a.argmax(1) == b.argmax(1)).sum()}/{len(kl)}")
+PY
+    fi
+    i=$((i + 1))
+done
+dec() { with "$1" timeout 120 $R bench decode --backend cuda -m $FULL -p 8 -n 128 "${@:2}" 2>&1 | grep "^cuda \|launches\|rror\|panick"; }
+for round in $(seq "${ROUNDS:-3}"); do
+    for cfg in $ALL; do
+        step "round $round [$cfg]"
+        dec "$cfg" | keep
+    done
+done
+python3 - "$LOGS/summary.txt" <<'PY' | keep
+import re, statistics, sys
+cur, runs = None, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"== round \d+ \[(.*)\]", line)
+    if m:
+        cur = m.group(1)
+    elif cur and line.startswith("cuda "):
+        runs.setdefault(cur, []).append(float(line.split()[3]))
+        cur = None
+base = statistics.median(runs.get("default", [0])) or 1
+for cfg, v in runs.items():
+    print(f"median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
+PY
+if [ -n "${TRACE:-}" ]; then
+    step "trace (default)"
+    REDLITE_CUDA_DEFINES=REDLITE_TRACE timeout 200 $R bench decode --backend cuda -m $FULL -p 8 -n 128 >"$LOGS/trace.log" 2>&1
+    grep "^trace" "$LOGS/trace.log" | keep
+fi
+if [ -n "${POS:-}" ]; then
+    for cfg in $ALL; do
+        step "decode at position $POS [$cfg]"
+        with "$cfg" timeout 150 $R bench decode --backend cuda -m $FULL -p 8 -n 64 --position "$POS" 2>&1 | grep "^cuda\|rror" | keep
+    done
+fi
+step "done"
