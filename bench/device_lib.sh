@@ -48,3 +48,23 @@ device_env() {
 
 # unxz_py SRC DST: xz-decompress with Python's lzma (the GPU machines have no xz tool).
 unxz_py() { python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$1" "$2"; }
+
+# pack_device DIR NAME:PATH...: fill DIR (git-ignored, under .device/) for a GPU run: each binary
+# PATH stripped and xz-compressed as DIR/NAME.xz, the Qwen3 vocabulary (xz), and the parity
+# fixtures (tiny Q4_K_M, IQ2_XXS, CF2 models and their exact logits). Run here, from the
+# repository root, with ../shared beside it.
+pack_device() {
+    local dir=$1 ref=../shared/reference pair m
+    shift
+    rm -rf "$dir" && mkdir -p "$dir/fixtures/logits" "$dir/fixtures/models" || return 1
+    for pair in "$@"; do
+        cp "${pair#*:}" "$dir/${pair%%:*}" && strip "$dir/${pair%%:*}" && xz -9 -T2 "$dir/${pair%%:*}" || return 1
+    done
+    xz -9 -c "$ref/tokenizer/qwen3-vocab.gguf" >"$dir/qwen3-vocab.gguf.xz" || return 1
+    cp "$ref/logits/index.json" "$dir/fixtures/logits/" || return 1
+    for m in Q4_K_M IQ2_XXS CF2; do
+        cp "$ref/models/tiny-$m.gguf" "$dir/fixtures/models/" || return 1
+        cp "$ref"/logits/"$m"__P?__exact.bin "$dir/fixtures/logits/" || return 1
+    done
+    du -sh "$dir"
+}

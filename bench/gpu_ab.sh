@@ -24,24 +24,11 @@ cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/ab}
 
 if [ "${1:-}" = "prepare" ]; then
-    set -e
     T=${T:-target/release}
-    REF=../shared/reference
-    rm -rf "$DEV" && mkdir -p "$DEV/fixtures/logits" "$DEV/fixtures/models"
     pick() { ls -t "$T"/deps/"$1"-* | grep -v '\.d$' | head -1; }
-    for pair in "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)"; do
-        cp "${pair#*:}" "$DEV/${pair%%:*}"
-        strip "$DEV/${pair%%:*}"
-        xz -9 -T2 "$DEV/${pair%%:*}"
-    done
-    xz -9 -c "$REF/tokenizer/qwen3-vocab.gguf" >"$DEV/qwen3-vocab.gguf.xz"
-    cp "$REF/logits/index.json" "$DEV/fixtures/logits/"
-    for m in Q4_K_M IQ2_XXS CF2; do
-        cp "$REF/models/tiny-$m.gguf" "$DEV/fixtures/models/"
-        cp "$REF"/logits/"$m"__P?__exact.bin "$DEV/fixtures/logits/"
-    done
-    du -sh "$DEV"
-    exit 0
+    . bench/device_lib.sh
+    pack_device "$DEV" "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)"
+    exit
 fi
 
 . bench/device_lib.sh

@@ -22,22 +22,9 @@ cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/check}
 
 if [ "${1:-}" = "prepare" ]; then
-    set -e
-    REF=../shared/reference
-    rm -rf "$DEV" && mkdir -p "$DEV/fixtures/logits" "$DEV/fixtures/models"
-    for pair in "redlite:$2" "redlite-old:$3" "expert_cache_gpu:$4" ${5:+"verify_gpu:$5"}; do
-        cp "${pair#*:}" "$DEV/${pair%%:*}"
-        strip "$DEV/${pair%%:*}"
-        xz -9 "$DEV/${pair%%:*}"
-    done
-    xz -9 -c "$REF/tokenizer/qwen3-vocab.gguf" >"$DEV/qwen3-vocab.gguf.xz"
-    cp "$REF/logits/index.json" "$DEV/fixtures/logits/"
-    for m in Q4_K_M IQ2_XXS CF2; do
-        cp "$REF/models/tiny-$m.gguf" "$DEV/fixtures/models/"
-        cp "$REF"/logits/"$m"__P?__exact.bin "$DEV/fixtures/logits/"
-    done
-    du -sh "$DEV"
-    exit 0
+    . bench/device_lib.sh
+    pack_device "$DEV" "redlite:$2" "redlite-old:$3" "expert_cache_gpu:$4" ${5:+"verify_gpu:$5"}
+    exit
 fi
 
 LOGS=${OUT:-$DEV/out}
