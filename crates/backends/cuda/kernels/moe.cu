@@ -146,6 +146,13 @@ __device__ __forceinline__ void router_lane_best(const u32 (&h)[ROUTER_VPL], u32
     bj = tj[0];
 }
 
+// A round's winning lane takes its slot jt out (key 0) and finds its best again.
+__device__ __forceinline__ void router_lane_take(u32 (&h)[ROUTER_VPL], int jt, u32& bh, int& bj) {
+#pragma unroll
+    for (int j = 0; j < ROUTER_VPL; ++j) h[j] = j == jt ? 0u : h[j];
+    router_lane_best(h, bh, bj);
+}
+
 // router_warp_row's k rounds from its probabilities v (lane holds experts lane + 32 j), by the
 // calling warp, with the warp-wide max in one instruction (REDUX, sm_80+) instead of a 5-step
 // shuffle butterfly: a slot's rank h is its probability's bits + 1 (p >= 0: the bits order as
@@ -182,10 +189,7 @@ __device__ __forceinline__ void router_topk_keys(u32 (&h)[ROUTER_VPL], int lane,
         if (win) {
             won_id[r] = lane + WARP * bj;
             won_h[r] = mh;
-            const int jt = bj;
-#pragma unroll
-            for (int j = 0; j < ROUTER_VPL; ++j) h[j] = j == jt ? 0u : h[j];
-            router_lane_best(h, bh, bj);
+            router_lane_take(h, bj, bh, bj);
         }
     }
     __syncwarp();
@@ -203,12 +207,7 @@ __device__ __forceinline__ void router_topk_keys(u32 (&h)[ROUTER_VPL], int lane,
             my_id = id;
             my_h = mh;
         }
-        if (lane == id % WARP) {
-            const int jt = id / WARP;
-#pragma unroll
-            for (int j = 0; j < ROUTER_VPL; ++j) h[j] = j == jt ? 0u : h[j];
-            router_lane_best(h, bh, bj);
-        }
+        if (lane == id % WARP) router_lane_take(h, id / WARP, bh, bj);
     }
 #endif
 }
@@ -922,28 +921,23 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
-// IQ2_LDG (default 0; session 19, compiled, not yet measured): the weight loads of
-// iq2xxs_sub_value as global read-only loads (`__ldg`: LDG.E.U16.CONSTANT) instead of generic
-// ones — the expert pointers come from u64 tables, so the compiler emits generic `LD.E.U16`.
+// IQ2_LDG (default 0; session 19, compiled, not yet measured): iq2xxs_sub_value tells the
+// compiler its weight pointer is global (`__isGlobal`), so that its loads are `LDG.E.U16`
+// instead of the generic `LD.E.U16` it emits for expert pointers computed from u64 values.
 #ifndef IQ2_LDG
 #define IQ2_LDG 0
 #endif
-__device__ __forceinline__ u16 ld_w_u16(const u8* p) {
-#if IQ2_LDG
-    return __ldg((const unsigned short*)p);
-#else
-    return ld_u16(p);
-#endif
-}
 
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
+#if IQ2_LDG
+    __builtin_assume(__isGlobal(w));
+#endif
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
-    const u32 idx = (u32)ld_w_u16(at) | ((u32)ld_w_u16(at + 2) << 16);
-    const u32 aux = (u32)ld_w_u16(at + 4) | ((u32)ld_w_u16(at + 6) << 16);
-    const float db = f16_to_f32(ld_w_u16(blk)) * (0.5f + (float)(aux >> 28)) * 0.25f;
+    const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
+    const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
 
