@@ -18,7 +18,10 @@
 # default's (`cmp`, then KL per step when they differ: the random full-size layout is chaotic,
 # so only bit-identical changes compare there); ROUNDS rounds of `bench decode -p 8 -n 128`
 # alternating default and configs, with medians; TRACE=1 the phase trace of the default;
-# POS=32768 a decode at that position, default and each config.
+# POS=32768 a decode at that position, default and each config. SPEC=1 (after the default's
+# checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
+# every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
+# cost. ROUNDS=0 and no CONFIGS: no full-size layout is made.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/ab}
@@ -27,7 +30,7 @@ if [ "${1:-}" = "prepare" ]; then
     T=${T:-target/release}
     pick() { ls -t "$T"/deps/"$1"-* | grep -v '\.d$' | head -1; }
     . bench/device_lib.sh
-    pack_device "$DEV" "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)"
+    pack_device "$DEV" "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)" "mtp_gpu:$(pick mtp_gpu)"
     exit
 fi
 
@@ -36,7 +39,7 @@ W=/tmp/redlite-ab
 device_env $W
 LOGS=${OUT:-$DEV/out}
 mkdir -p "$LOGS"
-for b in redlite expert_cache_gpu verify_gpu; do
+for b in redlite expert_cache_gpu verify_gpu mtp_gpu; do
     unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b
 done
 [ -f $W/vocab.gguf ] || unxz_py "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
@@ -52,8 +55,13 @@ with() {
 }
 ALL="default ${CONFIGS:-}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | keep
-[ -f $FULL ] || ($R make-model $FULL --vocab $W/vocab.gguf --force >"$LOGS/make_model.log" 2>&1) &
-mm=$!
+FULLSIZE=1
+[ "${ROUNDS:-3}" = 0 ] && [ -z "${CONFIGS:-}" ] && FULLSIZE=0
+mm=
+if [ $FULLSIZE = 1 ]; then
+    [ -f $FULL ] || ($R make-model $FULL --vocab $W/vocab.gguf --force >"$LOGS/make_model.log" 2>&1) &
+    mm=$!
+fi
 i=0
 for cfg in $ALL; do
     step "self-test + parity [$cfg]"
@@ -65,8 +73,21 @@ for cfg in $ALL; do
         with "$cfg" env REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/$t --ignored --nocapture 2>&1 |
             grep -h "test result\|panicked" | tail -2 | keep
     done
+    if [ $i = 0 ] && [ -n "${SPEC:-}" ]; then
+        step "mtp_gpu (GPU MTP drafts against the oracle)"
+        REDLITE_TEST_MODELS="$DEV/fixtures/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
+            timeout 200 $W/mtp_gpu --ignored --nocapture 2>&1 | grep -h "test result\|panicked\|drafts equal" | keep
+        head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsys_60.py
+        step "demo file rewrite on the GPU"
+        timeout 300 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf -f $W/colorsys_60.py \
+            --modes lookup,mtp,both --rounds "${SPEC_ROUNDS:-3}" >"$LOGS/rewrite.log" 2>&1
+        grep -v "^round" "$LOGS/rewrite.log" | tail -12 | keep
+        step "demo verify cost on the GPU"
+        timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 --context 900 2>&1 | tail -8 | keep
+    fi
     i=$((i + 1))
 done
+[ $FULLSIZE = 1 ] || { step "done"; exit; }
 wait $mm
 IDS=9707,11,1879,374,264,1273,315,279,13,576,3974,13876,38835,34208,916,279,15678,5562,13,1597,1052,374,2494,1008,11,2441,0
 step "full-size logits of 27 steps, each config against the default"

@@ -593,17 +593,20 @@ mod imp {
         if !sampler.config().is_greedy() {
             anyhow::bail!("--spec with --backend cuda needs greedy decoding (--temp 0) for now");
         }
-        match spec.mode {
-            SpecMode::Lookup | SpecMode::Both => {}
-            m => anyhow::bail!(
-                "--spec {m:?} with --backend cuda: only prompt lookup runs on the GPU for now"
-            ),
+        if spec.mode == SpecMode::Off {
+            anyhow::bail!("generate_speculative with --spec off");
         }
-        let rows_max = (spec.max_draft + 1).min(redlite_cuda::MAX_VERIFY_ROWS);
+        let rows_max = (spec.max_draft.max(spec.mtp_draft) + 1).min(redlite_cuda::MAX_VERIFY_ROWS);
         let mut mo = options(prompt.len() + opts.max_tokens + rows_max + 1, prompt.len());
         mo.max_batch = mo.max_batch.max(rows_max);
         mo.max_verify = rows_max;
+        mo.mtp = spec.mode.uses_mtp() && spec.mtp_draft > 0;
         let mut model = open(file, mo, cache)?;
+        if spec.mode == SpecMode::Mtp && !model.has_mtp() {
+            anyhow::bail!("--spec mtp: the model has no MTP block (nextn_predict_layers = 0)");
+        }
+        // `both` on a model without an MTP block drafts by prompt lookup alone (as on the CPU).
+        let use_mtp = model.has_mtp();
         let greedy = GpuSampling::greedy();
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
@@ -635,9 +638,18 @@ mod imp {
             if !on_token(pending) || out.len() >= opts.max_tokens {
                 break;
             }
-            let budget = opts.max_tokens - out.len();
+            let room = (opts.max_tokens - out.len()).min(rows_max - 1);
             let td = Instant::now();
-            let drafts = drafter.draft(&history, budget.min(rows_max - 1));
+            // Prompt lookup first (when on), else the MTP head (as on the CPU).
+            let mut drafts = if spec.mode.uses_lookup() {
+                drafter.draft(&history, room)
+            } else {
+                Vec::new()
+            };
+            let from_mtp = drafts.is_empty() && use_mtp && room > 0;
+            if from_mtp {
+                drafts = model.mtp_draft(pending, spec.mtp_draft.min(room))?;
+            }
             sp.draft_time += td.elapsed();
             sp.forward_passes += 1;
             sp.rows += 1 + drafts.len();
@@ -652,10 +664,13 @@ mod imp {
             // ids[i]: the greedy token after rows[..=i].
             let ids = model.verify_greedy(&rows)?;
             let accepted = drafts.iter().zip(&ids).take_while(|(d, y)| d == y).count();
-            sp.lookup.steps += 1;
-            sp.lookup.drafted += drafts.len();
-            sp.lookup.accepted += accepted;
-            drafter.update(drafts.len(), accepted);
+            if from_mtp {
+                sp.mtp.add(drafts.len(), accepted);
+                drafter.forget();
+            } else {
+                sp.lookup.add(drafts.len(), accepted);
+                drafter.update(drafts.len(), accepted);
+            }
             model.keep(1 + accepted)?;
             for &d in &drafts[..accepted] {
                 if opts.stop_ids.contains(&d) {

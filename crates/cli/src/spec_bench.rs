@@ -90,8 +90,7 @@ pub struct RewriteArgs {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Compute backend: cpu, oracle or cuda (the device-resident GPU model, every expert
-    /// resident; prompt lookup only: the GPU has no MTP head yet, so `mtp` is left out there and
-    /// `both` runs as lookup).
+    /// resident; greedy MTP drafts from the GPU's MTP block).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// CPU threads (0: one per physical core).
@@ -316,7 +315,7 @@ fn run_rewrite(args: RewriteArgs) -> Result<()> {
 
 /// One round of the rewrite on the GPU (`CudaModel`, every expert resident): plain greedy
 /// decoding, then each mode through `generate --spec lookup`'s path (`CudaModel::verify_greedy`
-/// and `keep`); `both` runs as lookup, `mtp` is left out (no MTP head on the GPU yet).
+/// and `keep`, MTP drafts by `CudaModel::mtp_draft`).
 fn cuda_rewrite(
     file: &Arc<GgufFile>,
     prompt: &[u32],
@@ -349,10 +348,7 @@ fn cuda_rewrite(
         |_| true,
     )?;
     let mut out = vec![RewriteRun::plain(base.clone(), &stats)];
-    for &mode in modes
-        .iter()
-        .filter(|m| matches!(m, SpecMode::Lookup | SpecMode::Both))
-    {
+    for &mode in modes.iter().filter(|m| **m != SpecMode::Off) {
         let cfg = redlite_engine::speculative::SpecConfig {
             mode,
             ..spec.clone()

@@ -78,11 +78,11 @@ impl SpecMode {
         }
     }
 
-    fn uses_lookup(self) -> bool {
+    pub fn uses_lookup(self) -> bool {
         matches!(self, SpecMode::Lookup | SpecMode::Both)
     }
 
-    fn uses_mtp(self) -> bool {
+    pub fn uses_mtp(self) -> bool {
         matches!(self, SpecMode::Mtp | SpecMode::Both)
     }
 }
@@ -172,7 +172,8 @@ impl DraftCounters {
         self.accepted as f64 / (self.steps.max(1)) as f64
     }
 
-    fn add(&mut self, drafted: usize, accepted: usize) {
+    /// One verify pass's `drafted` drafts of this source, `accepted` of them kept.
+    pub fn add(&mut self, drafted: usize, accepted: usize) {
         if drafted > 0 {
             self.steps += 1;
             self.drafted += drafted;

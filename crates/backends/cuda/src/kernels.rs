@@ -121,6 +121,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "noop_pdl",
     "rms_norm",
     "rms_norm_gated",
+    "rms_norm_cat2",
     "l2_normalize",
     "add_inplace",
     "sigmoid_mul",

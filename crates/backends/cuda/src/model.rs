@@ -40,7 +40,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use redlite_gguf::{GgmlType, GgufFile};
-use redlite_model::weights::{LayerWeights, MixerWeights, Weights};
+use redlite_model::weights::{LayerWeights, MixerWeights, MtpWeights, Weights};
 use redlite_model::{Config, ModelError};
 
 use crate::expert_cache::{
@@ -242,6 +242,10 @@ pub struct CudaModelOptions {
     /// Rows a speculative verify pass ([`CudaModel::verify`]) may hold (0: none). Each row keeps
     /// the DeltaNet states after it (`36 × 2 MiB` at full size) for the rollback.
     pub max_verify: usize,
+    /// Load the file's MTP block, when it has one, for [`CudaModel::mtp_draft`]: its layer's
+    /// experts stay resident whatever `experts` says, and every trunk call then also queues its
+    /// rows' hidden states for the MTP cache.
+    pub mtp: bool,
 }
 
 impl Default for CudaModelOptions {
@@ -253,6 +257,7 @@ impl Default for CudaModelOptions {
             experts: ExpertCacheSize::All,
             expert_policy: ExpertPolicy::Lfu,
             max_verify: 0,
+            mtp: false,
         }
     }
 }
@@ -626,10 +631,42 @@ struct DevLayer {
     moe: DevMoe,
 }
 
+/// The MTP block on the device (`blk.N.nextn.*` and its full-attention decoder layer) and its
+/// cache of slots: slot t ran `(h_t, token t+1)` at position t, h_t being the trunk's final
+/// hidden state at t after the output norm (the CPU's `Model::mtp_hidden` inputs).
+struct DevMtp {
+    enorm: u64,
+    hnorm: u64,
+    /// `[hidden, 2·hidden]` of `[enorm(embed(token)) | hnorm(h)]`.
+    eh_proj: DevLinear,
+    layer: DevLayer,
+    shared_head_norm: u64,
+    /// The layer's routed experts (all resident), a cache of one layer: swapped in for
+    /// `CudaModel::experts` while the MTP layer runs (its `DevExperts::layer` is 0).
+    experts: ExpertCache,
+    /// f32 `[q_rows][hidden]`: the queued slots' hidden states (rows `0..queued`, each with its
+    /// token in `tokens`), then, when `has_last`, the last trunk row's, whose token is not known
+    /// yet.
+    q: u64,
+    q_rows: usize,
+    queued: usize,
+    has_last: bool,
+    tokens: Vec<u32>,
+    /// Slots the MTP cache holds (positions `0..slots` of its attention cache).
+    slots: usize,
+    /// The last verify pass's first row in `q` (its rows are queued until `keep`).
+    verify_mark: usize,
+    /// f32 `[max_batch][2·hidden]`: the eh_proj input.
+    cat: u64,
+    /// f32 `[hidden]`: a chained draft's input, the MTP output after its shared-head norm.
+    chain: u64,
+}
+
 /// The kernels that do not depend on a weight type.
 struct Kernels {
     rms_norm: CudaFunction,
     rms_norm_gated: CudaFunction,
+    rms_norm_cat2: CudaFunction,
     swiglu: CudaFunction,
     dn_conv_seq: CudaFunction,
     dn_conv_prompt: CudaFunction,
@@ -959,6 +996,8 @@ pub struct CudaModel {
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
     experts: ExpertCache,
+    /// The MTP block (`CudaModelOptions::mtp` and a file that has one).
+    mtp: Option<DevMtp>,
     side: MoeSide,
     /// Long prompts' dense products through cuBLAS ([`PromptBlas`]; `None`: the library is not
     /// there, `REDLITE_CUDA_CUBLAS=0`, or batches too small to use it).
@@ -1028,6 +1067,7 @@ impl CudaModel {
         let k = Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
+            rms_norm_cat2: f("rms_norm_cat2")?,
             swiglu: f("swiglu")?,
             dn_conv_seq: f("dn_conv_seq")?,
             dn_conv_prompt: f("dn_conv_prompt")?,
@@ -1081,6 +1121,11 @@ impl CudaModel {
             layers.push(dev_layer(&gpu, &mut arena, &config, &opts, i, w)?);
         }
         let sc = scratch(&mut arena, &config, &opts)?;
+        // Before the trunk's experts: a memory budget leaves them what the MTP block takes.
+        let mtp = match (&weights.mtp, opts.mtp) {
+            (Some(w), true) => Some(dev_mtp(&gpu, &mut arena, &config, &opts, w)?),
+            _ => None,
+        };
         let side = MoeSide::new(&gpu.ctx)?;
         let (blas, blas_off) =
             match PromptBlas::new(&mut arena, &file, &config, &opts, (&stream, &side.stream))? {
@@ -1088,7 +1133,7 @@ impl CudaModel {
                 Err(why) => (None, Some(why)),
             };
         // The experts last, so that a memory budget gives them what the rest leaves.
-        let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights)?;
+        let experts = dev_experts(&gpu, &mut arena, &config, &opts, &weights.layers)?;
         let router_kernel = RouterKernel::for_model(config.n_experts);
         let router = (gpu.func(router_kernel.name)?.clone(), router_kernel);
         let mvf_lane_iters = env_parse("REDLITE_CUDA_MVF_LANE_ITERS").unwrap_or(4);
@@ -1213,6 +1258,7 @@ impl CudaModel {
             verify_passes: 0,
             profile_verify: env_parse("REDLITE_CUDA_PROFILE_VERIFY"),
             experts,
+            mtp,
             side,
             blas,
             blas_off,
@@ -1351,6 +1397,12 @@ impl CudaModel {
         self.sync()?;
         self.pos = 0;
         self.verified = None;
+        if let Some(m) = self.mtp.as_mut() {
+            m.slots = 0;
+            m.queued = 0;
+            m.has_last = false;
+            m.tokens.clear();
+        }
         Ok(())
     }
 
@@ -1412,6 +1464,7 @@ impl CudaModel {
             )));
         }
         self.bind()?;
+        self.mtp_make_room(1)?;
         self.upload_input(&[token])?;
         self.upload_u(u, s)?;
         let before = self.launches;
@@ -1460,6 +1513,7 @@ impl CudaModel {
             self.in_profile = false;
             self.profiler(false)?;
         }
+        self.mtp_record(&[token], false)?;
         self.pos += 1;
         self.last_row = 0;
         self.verified = None;
@@ -1505,6 +1559,7 @@ impl CudaModel {
             )));
         }
         self.bind()?;
+        self.mtp_make_room(n)?;
         self.upload_input(tokens)?;
         let start = self.pos;
         let profiled = self.profile_verify == Some(self.verify_passes);
@@ -1517,6 +1572,7 @@ impl CudaModel {
             self.profiler(false)?;
         }
         enqueued?;
+        self.mtp_record(tokens, true)?;
         self.pos += n;
         self.last_row = n - 1;
         self.verified = Some((start, n));
@@ -1572,7 +1628,234 @@ impl CudaModel {
         }
         self.pos = start + rows;
         self.last_row = rows - 1;
+        if let Some(m) = self.mtp.as_mut() {
+            // Row `rows - 1` is the last trunk row now; the rows after it leave the queue.
+            m.queued = m.verify_mark + rows - 1;
+            m.tokens.truncate(m.queued);
+            m.has_last = true;
+        }
         Ok(())
+    }
+
+    /// Whether the MTP block is loaded ([`CudaModelOptions::mtp`] and a file that has one).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Up to `k` greedy MTP drafts after `pending` (the token sampled from the last trunk row,
+    /// not yet run): the queued slots and `(last row, pending)` run through the MTP block in
+    /// one batched pass, then the block is chained on its own output (each draft's shared-head
+    /// norm and token the next slot's inputs; the chained slots are dropped afterwards). The
+    /// drafts are proposals only: the verify pass decides what is kept, so they need not match
+    /// the CPU's bits. Needs a trunk call since the last draft.
+    pub fn mtp_draft(&mut self, pending: u32, k: usize) -> Result<Vec<u32>, CudaError> {
+        let mut m = self.mtp.take().ok_or_else(|| {
+            CudaError::Invalid("the model was loaded without an MTP block".into())
+        })?;
+        let r = self.mtp_draft_with(&mut m, pending, k);
+        self.mtp = Some(m);
+        r
+    }
+
+    fn mtp_draft_with(
+        &mut self,
+        m: &mut DevMtp,
+        pending: u32,
+        k: usize,
+    ) -> Result<Vec<u32>, CudaError> {
+        if !m.has_last {
+            return Err(CudaError::Invalid(
+                "an MTP draft needs a trunk call (prefill, decode or verify) before it".into(),
+            ));
+        }
+        if pending as usize >= self.config.vocab {
+            return Err(CudaError::Invalid(format!(
+                "token id {pending} is outside the vocabulary (size {})",
+                self.config.vocab
+            )));
+        }
+        self.bind()?;
+        m.tokens.push(pending);
+        m.queued += 1;
+        m.has_last = false;
+        let rows = self.mtp_flush(m)?;
+        let h = self.config.hidden;
+        let mut last = self.sc.x + (4 * (rows - 1) * h) as u64;
+        let out = self.output.clone();
+        let mut drafts = Vec::with_capacity(k);
+        for j in 0..k {
+            self.stage = "mtp";
+            self.rms_norm(last, m.shared_head_norm, m.chain, 1, h)?;
+            let chain = m.chain;
+            self.with_split((self.head_lane_iters, 1), |s| {
+                s.matvec_normed(chain, None, &[(&out, s.sc.logits)], 1)
+            })?;
+            self.argmax(self.sc.logits, 1)?;
+            let d = self.read_out()?;
+            drafts.push(d);
+            if j + 1 < k {
+                let (chain, t) = (m.chain, m.slots + j);
+                self.mtp_pass(m, chain, &[d], t)?;
+                last = self.sc.x;
+            }
+        }
+        Ok(drafts)
+    }
+
+    /// Run the queued slots through the MTP block (chunks of at most `max_batch`), keeping the
+    /// last trunk row's hidden state (when queued) as the queue's first row. Returns the rows of
+    /// the last chunk (its last row's MTP output is in `x`); 0 when nothing was queued.
+    fn mtp_flush(&mut self, m: &mut DevMtp) -> Result<usize, CudaError> {
+        let (n, h) = (m.queued, self.config.hidden);
+        let mut last_chunk = 0;
+        let mut c0 = 0;
+        while c0 < n {
+            let c1 = (c0 + self.opts.max_batch).min(n);
+            let tokens = m.tokens[c0..c1].to_vec();
+            let (hid, t) = (m.q + (4 * c0 * h) as u64, m.slots + c0);
+            self.mtp_pass(m, hid, &tokens, t)?;
+            last_chunk = c1 - c0;
+            c0 = c1;
+        }
+        if n > 0 && m.has_last {
+            // SAFETY: rows `n` and 0 of `q` ([q_rows][hidden] f32, n < q_rows) do not overlap.
+            unsafe {
+                cu::memcpy_dtod_async(
+                    m.q,
+                    m.q + (4 * n * h) as u64,
+                    4 * h,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| CudaError::driver("moving the last MTP row", e))?;
+        }
+        m.slots += n;
+        m.queued = 0;
+        m.tokens.clear();
+        Ok(last_chunk)
+    }
+
+    /// Before a trunk call of `n` tokens: room in the MTP queue for its rows (the queued slots
+    /// run first when there is not).
+    fn mtp_make_room(&mut self, n: usize) -> Result<(), CudaError> {
+        let Some(mut m) = self.mtp.take() else {
+            return Ok(());
+        };
+        let r = if m.queued + 2 + n > m.q_rows {
+            self.mtp_flush(&mut m).map(|_| ())
+        } else {
+            Ok(())
+        };
+        self.mtp = Some(m);
+        r
+    }
+
+    /// After a trunk call of `tokens` (its rows' final hidden states in `x`): the last row's slot
+    /// before the call gets its token (`tokens[0]`), each row but the last becomes a slot with
+    /// the next token, the last row waits for its token. `verify`: remember where the rows start,
+    /// for [`CudaModel::keep`].
+    fn mtp_record(&mut self, tokens: &[u32], verify: bool) -> Result<(), CudaError> {
+        let Some(mut m) = self.mtp.take() else {
+            return Ok(());
+        };
+        let n = tokens.len();
+        if m.has_last {
+            m.tokens.push(tokens[0]);
+            m.queued += 1;
+        }
+        let h = self.config.hidden;
+        let r = self.rms_norm(
+            self.sc.x,
+            self.output_norm,
+            m.q + (4 * m.queued * h) as u64,
+            n,
+            h,
+        );
+        if verify {
+            m.verify_mark = m.queued;
+        }
+        m.tokens.extend_from_slice(&tokens[1..]);
+        m.queued += n - 1;
+        m.has_last = true;
+        self.mtp = Some(m);
+        r
+    }
+
+    /// The MTP block over `tokens.len()` slots from position `t0`: slot i takes hidden row i at
+    /// `hid` and `tokens[i]`; its output (before the shared-head norm) lands in `x`.
+    fn mtp_pass(
+        &mut self,
+        m: &mut DevMtp,
+        hid: u64,
+        tokens: &[u32],
+        t0: usize,
+    ) -> Result<(), CudaError> {
+        let (n, h) = (tokens.len(), self.config.hidden);
+        if t0 + n > self.opts.max_context {
+            return Err(CudaError::Invalid(format!(
+                "MTP slots {t0}..{} exceed the {} positions allocated (--ctx)",
+                t0 + n,
+                self.opts.max_context
+            )));
+        }
+        let mut input = Vec::with_capacity(n + 1);
+        input.push(i32_of(t0, "position")?);
+        input.extend(tokens.iter().map(|&t| t as i32));
+        // SAFETY: `input` holds 1 + max_batch i32 (n <= max_batch: the callers' chunks).
+        unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
+        self.stage = "mtp";
+        let (x, cat) = (self.sc.x, m.cat);
+        let f = self.embed_f.clone();
+        self.launch(
+            "embedding",
+            &f,
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[
+                A::P(self.embed),
+                A::P(self.sc.input + 4),
+                A::P(x),
+                A::I(h as i32),
+            ],
+        )?;
+        let f = self.k.rms_norm_cat2.clone();
+        self.launch(
+            "rms_norm_cat2",
+            &f,
+            (n as u32, 2, 1),
+            256,
+            0,
+            &[
+                A::P(x),
+                A::P(m.enorm),
+                A::P(hid),
+                A::P(m.hnorm),
+                A::P(cat),
+                A::I(h as i32),
+                A::F(self.config.rms_eps),
+            ],
+        )?;
+        let rows = if n > 1 && n <= self.opts.max_verify {
+            Rows::Steps
+        } else {
+            Rows::Prompt
+        };
+        self.gemm_now = self.gemm && rows == Rows::Prompt && n >= GEMM_MIN_TOKENS;
+        std::mem::swap(&mut self.experts, &mut m.experts);
+        let r = (|| {
+            let eh = m.eh_proj.clone();
+            self.matvec(&eh, cat, x, n)?;
+            let l = &m.layer;
+            self.stage = "attn";
+            self.enqueue_attention(&l.mixer, (l.attn_norm, l.post_norm), n, rows)?;
+            self.stage = "moe";
+            self.enqueue_moe(&l.moe, n)
+        })();
+        std::mem::swap(&mut self.experts, &mut m.experts);
+        self.gemm_now = false;
+        r
     }
 
     // ----- host side of a call -----
@@ -1664,8 +1947,10 @@ impl CudaModel {
             return Ok(());
         }
         self.bind()?;
+        self.mtp_make_room(tokens.len())?;
         self.upload_input(tokens)?;
         self.enqueue_forward(tokens.len(), head, Rows::Prompt)?;
+        self.mtp_record(tokens, false)?;
         self.pos += tokens.len();
         self.verified = None;
         self.last_row = if head == Head::All {
@@ -3373,13 +3658,13 @@ fn dev_experts(
     arena: &mut Arena,
     c: &Config,
     opts: &CudaModelOptions,
-    weights: &Weights<HostLoader>,
+    layers: &[LayerWeights<HostLoader>],
 ) -> Result<ExpertCache, CudaError> {
     let part_len =
         |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
-    let mut experts: ExpertBytes<'_> = Vec::with_capacity(weights.layers.len());
-    let mut layouts = Vec::with_capacity(weights.layers.len());
-    for w in &weights.layers {
+    let mut experts: ExpertBytes<'_> = Vec::with_capacity(layers.len());
+    let mut layouts = Vec::with_capacity(layers.len());
+    for w in layers {
         let first = w
             .moe
             .experts
@@ -3425,6 +3710,51 @@ fn dev_experts(
         per_layer,
         opts.expert_policy,
     )
+}
+
+/// The MTP block: its decoder layer (own attention cache, experts in a resident cache of their
+/// own), norms, eh_proj, and the slot queue's buffers.
+fn dev_mtp(
+    gpu: &Gpu,
+    arena: &mut Arena,
+    c: &Config,
+    o: &CudaModelOptions,
+    w: &MtpWeights<HostLoader>,
+) -> Result<DevMtp, CudaError> {
+    let h = c.hidden;
+    if w.eh_proj.rows != h || w.eh_proj.cols != 2 * h {
+        return Err(CudaError::Invalid(format!(
+            "{}: {}x{}, the MTP block needs {h}x{}",
+            w.eh_proj.name,
+            w.eh_proj.rows,
+            w.eh_proj.cols,
+            2 * h
+        )));
+    }
+    let layer = dev_layer(gpu, arena, c, o, 0, &w.layer)?;
+    let resident = CudaModelOptions {
+        experts: ExpertCacheSize::All,
+        ..*o
+    };
+    let experts = dev_experts(gpu, arena, c, &resident, std::slice::from_ref(&w.layer))?;
+    let q_rows = o.max_batch.max(o.max_verify) + 2;
+    Ok(DevMtp {
+        enorm: arena.upload_f32(&w.enorm)?,
+        hnorm: arena.upload_f32(&w.hnorm)?,
+        eh_proj: dev_linear(gpu, arena, &w.eh_proj)?,
+        layer,
+        shared_head_norm: arena.upload_f32(&w.shared_head_norm)?,
+        experts,
+        q: arena.f32s(q_rows * h)?,
+        q_rows,
+        queued: 0,
+        has_last: false,
+        tokens: Vec::new(),
+        slots: 0,
+        verify_mark: 0,
+        cat: arena.f32s(o.max_batch * 2 * h)?,
+        chain: arena.f32s(h)?,
+    })
 }
 
 fn dev_layer(

@@ -28,6 +28,7 @@ fn run(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize, policy: ExpertPolic
         experts,
         expert_policy: policy,
         max_verify: 0,
+        mtp: false,
     };
     let mut m = CudaModel::load(gpu.clone(), &path, opts)
         .unwrap_or_else(|e| panic!("{name} {experts:?}: {e}"));
@@ -76,6 +77,7 @@ fn bounded_expert_cache_gives_the_logits_of_full_residency() {
                 experts: ExpertCacheSize::Min,
                 expert_policy: ExpertPolicy::Static,
                 max_verify: 0,
+                mtp: false,
             },
         )
         .expect("load");
