@@ -32,6 +32,7 @@
 //! graph and replayed for every token (only the token id and position are copied in, and the
 //! chosen id out).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -174,6 +175,8 @@ pub(crate) fn token_tile_from_env() -> usize {
 /// them off. Decode steps and speculative verify rows always take the matvecs (their rows stay
 /// bit-identical to each other).
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
+/// The most rows of a verify pass or an MTP draft step replayed as a captured graph.
+const SMALL_GRAPH_ROWS: usize = 16;
 /// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
 const GEMM_BM: usize = 64;
 const GEMM_BN: usize = 64;
@@ -660,6 +663,8 @@ struct DevMtp {
     cat: u64,
     /// f32 `[hidden]`: a chained draft's input, the MTP output after its shared-head norm.
     chain: u64,
+    /// Captured draft steps (`CudaModel::mtp_step` with the head), by (slots, input rows).
+    graphs: HashMap<(usize, u64), CudaGraph>,
 }
 
 /// The kernels that do not depend on a weight type.
@@ -998,6 +1003,11 @@ pub struct CudaModel {
     experts: ExpertCache,
     /// The MTP block (`CudaModelOptions::mtp` and a file that has one).
     mtp: Option<DevMtp>,
+    /// Verify passes and MTP draft steps of up to [`SMALL_GRAPH_ROWS`] rows as CUDA graphs,
+    /// captured at their first use per row count (`REDLITE_CUDA_SMALL_GRAPHS`, default on;
+    /// with `graphs`, and with every expert resident for verify passes).
+    small_graphs: bool,
+    verify_graphs: HashMap<usize, CudaGraph>,
     side: MoeSide,
     /// Long prompts' dense products through cuBLAS ([`PromptBlas`]; `None`: the library is not
     /// there, `REDLITE_CUDA_CUBLAS=0`, or batches too small to use it).
@@ -1259,6 +1269,8 @@ impl CudaModel {
             profile_verify: env_parse("REDLITE_CUDA_PROFILE_VERIFY"),
             experts,
             mtp,
+            small_graphs: env_switch("REDLITE_CUDA_SMALL_GRAPHS", true),
+            verify_graphs: HashMap::new(),
             side,
             blas,
             blas_off,
@@ -1567,7 +1579,16 @@ impl CudaModel {
         if profiled {
             self.profiler(true)?;
         }
-        let enqueued = self.enqueue_forward(n, Head::All, Rows::Steps);
+        let graph = self.small_graphs
+            && self.opts.graphs
+            && !profiled
+            && n <= SMALL_GRAPH_ROWS
+            && !self.experts.bounded();
+        let enqueued = if graph {
+            self.verify_graph(n)
+        } else {
+            self.enqueue_forward(n, Head::All, Rows::Steps)
+        };
         if profiled {
             self.profiler(false)?;
         }
@@ -1577,6 +1598,35 @@ impl CudaModel {
         self.last_row = n - 1;
         self.verified = Some((start, n));
         Ok(())
+    }
+
+    /// The forward of a verify pass of `n` rows (ids and position already uploaded) as a graph,
+    /// captured at the first pass of `n` rows.
+    fn verify_graph(&mut self, n: usize) -> Result<(), CudaError> {
+        if !self.verify_graphs.contains_key(&n) {
+            let g = self.capture(|m| m.enqueue_forward(n, Head::All, Rows::Steps))?;
+            self.verify_graphs.insert(n, g);
+        }
+        self.verify_graphs[&n]
+            .launch()
+            .map_err(|e| CudaError::driver("replaying a verify graph", e))
+    }
+
+    /// `f`'s launches captured into a graph (not run).
+    fn capture(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<(), CudaError>,
+    ) -> Result<CudaGraph, CudaError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| CudaError::driver("beginning a graph capture", e))?;
+        let enqueued = f(self);
+        let captured = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags_enum(0))
+            .map_err(|e| CudaError::driver("ending a graph capture", e))?;
+        enqueued?;
+        captured.ok_or_else(|| CudaError::Invalid("a graph capture came back empty".into()))
     }
 
     /// Keep the first `rows` rows (1..=its rows) of the last verify pass: the sequence then ends
@@ -1678,43 +1728,37 @@ impl CudaModel {
         m.tokens.push(pending);
         m.queued += 1;
         m.has_last = false;
-        let rows = self.mtp_flush(m)?;
-        let h = self.config.hidden;
-        let mut last = self.sc.x + (4 * (rows - 1) * h) as u64;
-        let out = self.output.clone();
+        let d = self.mtp_flush(m, true)?;
         let mut drafts = Vec::with_capacity(k);
-        for j in 0..k {
-            self.stage = "mtp";
-            self.rms_norm(last, m.shared_head_norm, m.chain, 1, h)?;
-            let chain = m.chain;
-            self.with_split((self.head_lane_iters, 1), |s| {
-                s.matvec_normed(chain, None, &[(&out, s.sc.logits)], 1)
-            })?;
-            self.argmax(self.sc.logits, 1)?;
-            let d = self.read_out()?;
+        if let Some(d) = d {
             drafts.push(d);
-            if j + 1 < k {
-                let (chain, t) = (m.chain, m.slots + j);
-                self.mtp_pass(m, chain, &[d], t)?;
-                last = self.sc.x;
-            }
+        }
+        while !drafts.is_empty() && drafts.len() < k {
+            let (chain, t) = (m.chain, m.slots + drafts.len() - 1);
+            let prev = drafts[drafts.len() - 1];
+            self.mtp_step(m, chain, &[prev], t, true)?;
+            drafts.push(self.read_out()?);
         }
         Ok(drafts)
     }
 
     /// Run the queued slots through the MTP block (chunks of at most `max_batch`), keeping the
-    /// last trunk row's hidden state (when queued) as the queue's first row. Returns the rows of
-    /// the last chunk (its last row's MTP output is in `x`); 0 when nothing was queued.
-    fn mtp_flush(&mut self, m: &mut DevMtp) -> Result<usize, CudaError> {
+    /// last trunk row's hidden state (when queued) as the queue's first row. `head`: the last
+    /// chunk goes on through the head, and its last slot's greedy draft is returned (`None` when
+    /// nothing was queued).
+    fn mtp_flush(&mut self, m: &mut DevMtp, head: bool) -> Result<Option<u32>, CudaError> {
         let (n, h) = (m.queued, self.config.hidden);
-        let mut last_chunk = 0;
         let mut c0 = 0;
+        let mut draft = None;
         while c0 < n {
             let c1 = (c0 + self.opts.max_batch).min(n);
             let tokens = m.tokens[c0..c1].to_vec();
             let (hid, t) = (m.q + (4 * c0 * h) as u64, m.slots + c0);
-            self.mtp_pass(m, hid, &tokens, t)?;
-            last_chunk = c1 - c0;
+            let with_head = head && c1 == n;
+            self.mtp_step(m, hid, &tokens, t, with_head)?;
+            if with_head {
+                draft = Some(self.read_out()?);
+            }
             c0 = c1;
         }
         if n > 0 && m.has_last {
@@ -1732,7 +1776,7 @@ impl CudaModel {
         m.slots += n;
         m.queued = 0;
         m.tokens.clear();
-        Ok(last_chunk)
+        Ok(draft)
     }
 
     /// Before a trunk call of `n` tokens: room in the MTP queue for its rows (the queued slots
@@ -1742,7 +1786,7 @@ impl CudaModel {
             return Ok(());
         };
         let r = if m.queued + 2 + n > m.q_rows {
-            self.mtp_flush(&mut m).map(|_| ())
+            self.mtp_flush(&mut m, false).map(|_| ())
         } else {
             Ok(())
         };
@@ -1782,15 +1826,18 @@ impl CudaModel {
     }
 
     /// The MTP block over `tokens.len()` slots from position `t0`: slot i takes hidden row i at
-    /// `hid` and `tokens[i]`; its output (before the shared-head norm) lands in `x`.
-    fn mtp_pass(
+    /// `hid` and `tokens[i]`; its output (before the shared-head norm) lands in `x`. `head`: then
+    /// the last slot's draft into `out` ([`Self::mtp_head`]); such steps of up to
+    /// [`SMALL_GRAPH_ROWS`] slots replay a graph captured at their first use.
+    fn mtp_step(
         &mut self,
         m: &mut DevMtp,
         hid: u64,
         tokens: &[u32],
         t0: usize,
+        head: bool,
     ) -> Result<(), CudaError> {
-        let (n, h) = (tokens.len(), self.config.hidden);
+        let n = tokens.len();
         if t0 + n > self.opts.max_context {
             return Err(CudaError::Invalid(format!(
                 "MTP slots {t0}..{} exceed the {} positions allocated (--ctx)",
@@ -1804,6 +1851,42 @@ impl CudaModel {
         // SAFETY: `input` holds 1 + max_batch i32 (n <= max_batch: the callers' chunks).
         unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
+        let body = |s: &mut Self, m: &mut DevMtp| -> Result<(), CudaError> {
+            s.mtp_enqueue(m, hid, n)?;
+            if head {
+                s.mtp_head(m, n)?;
+            }
+            Ok(())
+        };
+        if !(head && self.small_graphs && self.opts.graphs && n <= SMALL_GRAPH_ROWS) {
+            return body(self, m);
+        }
+        if !m.graphs.contains_key(&(n, hid)) {
+            let g = self.capture(|s| body(s, m))?;
+            m.graphs.insert((n, hid), g);
+        }
+        m.graphs[&(n, hid)]
+            .launch()
+            .map_err(|e| CudaError::driver("replaying an MTP graph", e))
+    }
+
+    /// The draft of the last of `n` slots in `x`: its shared-head norm into `chain` (the next
+    /// chained slot's input), the lm_head, the greedy token into `out`.
+    fn mtp_head(&mut self, m: &DevMtp, n: usize) -> Result<(), CudaError> {
+        let h = self.config.hidden;
+        self.stage = "mtp";
+        let last = self.sc.x + (4 * (n - 1) * h) as u64;
+        self.rms_norm(last, m.shared_head_norm, m.chain, 1, h)?;
+        let (chain, out) = (m.chain, self.output.clone());
+        self.with_split((self.head_lane_iters, 1), |s| {
+            s.matvec_normed(chain, None, &[(&out, s.sc.logits)], 1)
+        })?;
+        self.argmax(self.sc.logits, 1)
+    }
+
+    /// [`Self::mtp_step`]'s launches (the ids and position already uploaded).
+    fn mtp_enqueue(&mut self, m: &mut DevMtp, hid: u64, n: usize) -> Result<(), CudaError> {
+        let h = self.config.hidden;
         self.stage = "mtp";
         let (x, cat) = (self.sc.x, m.cat);
         let f = self.embed_f.clone();
@@ -3754,6 +3837,7 @@ fn dev_mtp(
         verify_mark: 0,
         cat: arena.f32s(o.max_batch * 2 * h)?,
         chain: arena.f32s(h)?,
+        graphs: HashMap::new(),
     })
 }
 

@@ -59,7 +59,9 @@ struct OracleMtp {
     state: redlite_model::SequenceState,
     mtp: redlite_model::MtpState,
     queue: Vec<(Vec<f32>, u32)>,
-    last: Vec<f32>,
+    /// The last trunk row's hidden state while its slot waits for its token (`None` once a
+    /// draft ran that slot with the pending token).
+    last: Option<Vec<f32>>,
 }
 
 impl OracleMtp {
@@ -69,22 +71,20 @@ impl OracleMtp {
             .model
             .forward_hidden(&mut self.state, tokens, mode)
             .expect("oracle forward");
-        let first = self.state.pos == tokens.len();
         let mut rows = hidden.into_iter();
-        if !first {
-            let last = std::mem::take(&mut self.last);
+        if let Some(last) = self.last.take() {
             self.queue.push((last, tokens[0]));
         }
         let mut prev = rows.next().expect("a row");
         for (h, &t) in rows.zip(&tokens[1..]) {
             self.queue.push((std::mem::replace(&mut prev, h), t));
         }
-        self.last = prev;
+        self.last = Some(prev);
     }
 
     /// `k` chained drafts after `pending`, as `CudaModel::mtp_draft` defines them.
     fn draft(&mut self, pending: u32, k: usize) -> Vec<u32> {
-        let last = std::mem::take(&mut self.last);
+        let last = self.last.take().expect("a trunk call before the draft");
         self.queue.push((last, pending));
         let (hidden, toks): (Vec<Vec<f32>>, Vec<u32>) =
             std::mem::take(&mut self.queue).into_iter().unzip();
@@ -138,7 +138,7 @@ fn check(gpu: &Arc<Gpu>, path: PathBuf) {
         mtp: model.new_mtp_state(),
         model,
         queue: Vec::new(),
-        last: Vec::new(),
+        last: None,
     };
     let vocab = g.config.vocab as u32;
     // A prompt of 40 ids spread over the vocabulary (no tokenizer needed), repeated once so the
