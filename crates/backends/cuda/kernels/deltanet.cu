@@ -868,3 +868,26 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
 #undef DNC_CH
     trace_phase(14, tt);
 }
+
+// dn_restore(table, s_floats, conv_floats, row): after a verify pass, every DeltaNet layer's
+// recurrent and conv states from row `row` of their traces. table[4 l ..] = (s, s_trace, conv,
+// conv_trace) device addresses of layer l; both state sizes multiples of 4 floats. One launch
+// instead of two copies a layer. Launch: grid = (blocks, layers), block = 256.
+extern "C" __global__ void dn_restore(const u64* __restrict__ table, int s_floats, int conv_floats,
+                                      int row) {
+    pdl_enter();
+    const u64* t = table + 4 * blockIdx.y;
+    float4* s = (float4*)t[0];
+    const float4* st = (const float4*)t[1] + (long long)row * (s_floats / 4);
+    float4* c = (float4*)t[2];
+    const float4* ct = (const float4*)t[3] + (long long)row * (conv_floats / 4);
+    const long long s4 = s_floats / 4, c4 = conv_floats / 4;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < s4 + c4;
+         i += (long long)gridDim.x * blockDim.x) {
+        if (i < s4) {
+            s[i] = st[i];
+        } else {
+            c[i - s4] = ct[i - s4];
+        }
+    }
+}

@@ -28,6 +28,20 @@ __device__ __forceinline__ void argmax_block(float& bv, int& bi) {
     }
 }
 
+// mtp_chain_input(input, out, drafts, j, adv): between the chained steps of an MTP draft (one
+// graph): drafts[j] = out[0] (the last step's greedy token), then the next step's input, one
+// slot adv positions on with that token (input = [position, ids...]). Launch: grid 1, block 32.
+extern "C" __global__ void mtp_chain_input(int* __restrict__ input, const int* __restrict__ out,
+                                           int* __restrict__ drafts, int j, int adv) {
+    pdl_enter();
+    if (threadIdx.x == 0) {
+        const int d = out[0];
+        drafts[j] = d;
+        input[0] += adv;
+        input[1] = d;
+    }
+}
+
 // argmax(x, n, out, part, counter): per row (blockIdx.y) of n logits, the index of the largest
 // value, lowest index on ties (greedy decoding on the lm_head output). NaN never wins. The row is
 // cut into gridDim.x slices, a block each: every block writes its slice's best to part[row][slice]

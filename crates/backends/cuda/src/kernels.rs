@@ -122,6 +122,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "rms_norm",
     "rms_norm_gated",
     "rms_norm_cat2",
+    "mtp_chain_input",
+    "dn_restore",
     "l2_normalize",
     "add_inplace",
     "sigmoid_mul",

@@ -177,6 +177,10 @@ pub(crate) fn token_tile_from_env() -> usize {
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 /// The most rows of a verify pass or an MTP draft step replayed as a captured graph.
 const SMALL_GRAPH_ROWS: usize = 16;
+/// Verify passes of one row count before theirs is captured as a graph.
+const VERIFY_GRAPH_AFTER: u32 = 3;
+/// The most chained MTP drafts of one draft graph.
+const MAX_GRAPH_DRAFTS: usize = 8;
 /// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
 const GEMM_BM: usize = 64;
 const GEMM_BN: usize = 64;
@@ -665,6 +669,10 @@ struct DevMtp {
     chain: u64,
     /// Captured draft steps (`CudaModel::mtp_step` with the head), by (slots, input rows).
     graphs: HashMap<(usize, u64), CudaGraph>,
+    /// Whole drafts (the queued slots, then the chained steps) as one graph, by (slots,
+    /// drafts), and where they leave their drafts (i32 `[MAX_GRAPH_DRAFTS]`).
+    draft_graphs: HashMap<(usize, usize), CudaGraph>,
+    drafts: u64,
 }
 
 /// The kernels that do not depend on a weight type.
@@ -672,6 +680,8 @@ struct Kernels {
     rms_norm: CudaFunction,
     rms_norm_gated: CudaFunction,
     rms_norm_cat2: CudaFunction,
+    mtp_chain_input: CudaFunction,
+    dn_restore: CudaFunction,
     swiglu: CudaFunction,
     dn_conv_seq: CudaFunction,
     dn_conv_prompt: CudaFunction,
@@ -1007,7 +1017,13 @@ pub struct CudaModel {
     /// captured at their first use per row count (`REDLITE_CUDA_SMALL_GRAPHS`, default on;
     /// with `graphs`, and with every expert resident for verify passes).
     small_graphs: bool,
-    verify_graphs: HashMap<usize, CudaGraph>,
+    /// By (rows, greedy argmax included); captured at the [`VERIFY_GRAPH_AFTER`]-th pass of
+    /// that many rows (`verify_uses`), so that a row count seen once or twice costs no capture.
+    verify_graphs: HashMap<(usize, bool), CudaGraph>,
+    verify_uses: HashMap<(usize, bool), u32>,
+    /// `dn_restore`'s table (per DeltaNet layer: state, its trace, conv state, its trace) and
+    /// its layers, when there are verify traces and the state sizes suit it (`keep`).
+    dn_restore: Option<(u64, usize)>,
     side: MoeSide,
     /// Long prompts' dense products through cuBLAS ([`PromptBlas`]; `None`: the library is not
     /// there, `REDLITE_CUDA_CUBLAS=0`, or batches too small to use it).
@@ -1078,6 +1094,8 @@ impl CudaModel {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
             rms_norm_cat2: f("rms_norm_cat2")?,
+            mtp_chain_input: f("mtp_chain_input")?,
+            dn_restore: f("dn_restore")?,
             swiglu: f("swiglu")?,
             dn_conv_seq: f("dn_conv_seq")?,
             dn_conv_prompt: f("dn_conv_prompt")?,
@@ -1131,6 +1149,7 @@ impl CudaModel {
             layers.push(dev_layer(&gpu, &mut arena, &config, &opts, i, w)?);
         }
         let sc = scratch(&mut arena, &config, &opts)?;
+        let dn_restore = dn_restore_table(&mut arena, &config, &opts, &layers)?;
         // Before the trunk's experts: a memory budget leaves them what the MTP block takes.
         let mtp = match (&weights.mtp, opts.mtp) {
             (Some(w), true) => Some(dev_mtp(&gpu, &mut arena, &config, &opts, w)?),
@@ -1271,6 +1290,8 @@ impl CudaModel {
             mtp,
             small_graphs: env_switch("REDLITE_CUDA_SMALL_GRAPHS", true),
             verify_graphs: HashMap::new(),
+            verify_uses: HashMap::new(),
+            dn_restore,
             side,
             blas,
             blas_off,
@@ -1540,7 +1561,7 @@ impl CudaModel {
     /// bit), and return every row's logits. The DeltaNet states after each row are kept, so
     /// [`CudaModel::keep`] can end the sequence after any row. Needs `max_verify >= tokens.len()`.
     pub fn verify(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, CudaError> {
-        self.verify_rows(tokens)?;
+        self.verify_rows(tokens, false)?;
         let vocab = self.config.vocab;
         let mut flat = vec![0.0f32; tokens.len() * vocab];
         self.download(&mut flat, self.sc.logits)?;
@@ -1551,8 +1572,7 @@ impl CudaModel {
     /// [`CudaModel::verify`] that returns every row's greedy token (argmax on the GPU; only the
     /// ids come back).
     pub fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, CudaError> {
-        self.verify_rows(tokens)?;
-        self.argmax(self.sc.logits, tokens.len())?;
+        self.verify_rows(tokens, true)?;
         let mut ids = vec![0i32; tokens.len()];
         // SAFETY: `out` holds max_verify >= tokens.len() i32; synchronized below.
         unsafe { cu::memcpy_dtoh_async(&mut ids, self.sc.out, self.stream.cu_stream()) }
@@ -1562,7 +1582,8 @@ impl CudaModel {
         Ok(ids.into_iter().map(|id| id.max(0) as u32).collect())
     }
 
-    fn verify_rows(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
+    /// The forward of a verify pass (and, `greedy`, every row's argmax into `out`).
+    fn verify_rows(&mut self, tokens: &[u32], greedy: bool) -> Result<(), CudaError> {
         let n = tokens.len();
         if n == 0 || n > self.opts.max_verify {
             return Err(CudaError::Invalid(format!(
@@ -1584,10 +1605,17 @@ impl CudaModel {
             && !profiled
             && n <= SMALL_GRAPH_ROWS
             && !self.experts.bounded();
+        let body = |m: &mut Self| -> Result<(), CudaError> {
+            m.enqueue_forward(n, Head::All, Rows::Steps)?;
+            if greedy {
+                m.argmax(m.sc.logits, n)?;
+            }
+            Ok(())
+        };
         let enqueued = if graph {
-            self.verify_graph(n)
+            self.verify_graph((n, greedy), body)
         } else {
-            self.enqueue_forward(n, Head::All, Rows::Steps)
+            body(self)
         };
         if profiled {
             self.profiler(false)?;
@@ -1600,14 +1628,23 @@ impl CudaModel {
         Ok(())
     }
 
-    /// The forward of a verify pass of `n` rows (ids and position already uploaded) as a graph,
-    /// captured at the first pass of `n` rows.
-    fn verify_graph(&mut self, n: usize) -> Result<(), CudaError> {
-        if !self.verify_graphs.contains_key(&n) {
-            let g = self.capture(|m| m.enqueue_forward(n, Head::All, Rows::Steps))?;
-            self.verify_graphs.insert(n, g);
+    /// A verify pass's launches `body` (ids and position already uploaded) for `key` = (rows,
+    /// greedy): replayed from a graph once that many rows have been seen often enough.
+    fn verify_graph(
+        &mut self,
+        key: (usize, bool),
+        body: impl FnOnce(&mut Self) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        if !self.verify_graphs.contains_key(&key) {
+            let uses = self.verify_uses.entry(key).or_insert(0);
+            *uses += 1;
+            if *uses < VERIFY_GRAPH_AFTER {
+                return body(self);
+            }
+            let g = self.capture(body)?;
+            self.verify_graphs.insert(key, g);
         }
-        self.verify_graphs[&n]
+        self.verify_graphs[&key]
             .launch()
             .map_err(|e| CudaError::driver("replaying a verify graph", e))
     }
@@ -1647,34 +1684,55 @@ impl CudaModel {
         if rows < n {
             self.bind()?;
             let c = &self.config;
-            let conv_bytes = 4 * (c.conv_kernel - 1) * c.dn_conv_channels();
-            let s_bytes = 4 * c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
+            let s_floats = c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
+            let conv_floats = (c.conv_kernel - 1) * c.dn_conv_channels();
             let row = rows - 1;
-            for l in &self.layers {
-                if let DevMixer::DeltaNet {
-                    conv_state,
-                    s,
-                    conv_trace,
-                    s_trace,
-                    ..
-                } = &l.mixer
-                {
-                    for (dst, src, len) in [
-                        (*s, *s_trace + (row * s_bytes) as u64, s_bytes),
-                        (
-                            *conv_state,
-                            *conv_trace + (row * conv_bytes) as u64,
-                            conv_bytes,
-                        ),
-                    ] {
-                        // SAFETY: `src` is row `row` < max_verify of a trace of `len`-byte
-                        // states, `dst` a state of `len` bytes; ordered on the model's stream.
-                        unsafe { cu::memcpy_dtod_async(dst, src, len, self.stream.cu_stream()) }
+            if let Some((table, layers)) = self.dn_restore {
+                // One launch for every layer's two states (ordered on the model's stream).
+                let f = self.k.dn_restore.clone();
+                let per = (s_floats + conv_floats) / 4;
+                self.launch(
+                    "dn_restore",
+                    &f,
+                    (blocks(per, 256).min(64), layers as u32, 1),
+                    256,
+                    0,
+                    &[
+                        A::P(table),
+                        A::I(i32_of(s_floats, "state floats")?),
+                        A::I(i32_of(conv_floats, "conv state floats")?),
+                        A::I(i32_of(row, "row")?),
+                    ],
+                )?;
+            } else {
+                let (conv_bytes, s_bytes) = (4 * conv_floats, 4 * s_floats);
+                for l in &self.layers {
+                    if let DevMixer::DeltaNet {
+                        conv_state,
+                        s,
+                        conv_trace,
+                        s_trace,
+                        ..
+                    } = &l.mixer
+                    {
+                        for (dst, src, len) in [
+                            (*s, *s_trace + (row * s_bytes) as u64, s_bytes),
+                            (
+                                *conv_state,
+                                *conv_trace + (row * conv_bytes) as u64,
+                                conv_bytes,
+                            ),
+                        ] {
+                            // SAFETY: `src` is row `row` < max_verify of a trace of `len`-byte
+                            // states, `dst` a state of `len` bytes; ordered on the model's stream.
+                            unsafe {
+                                cu::memcpy_dtod_async(dst, src, len, self.stream.cu_stream())
+                            }
                             .map_err(|e| CudaError::driver("restoring a DeltaNet state", e))?;
+                        }
                     }
                 }
             }
-            self.sync()?;
         }
         self.pos = start + rows;
         self.last_row = rows - 1;
@@ -1728,6 +1786,15 @@ impl CudaModel {
         m.tokens.push(pending);
         m.queued += 1;
         m.has_last = false;
+        let n = m.queued;
+        if k > 0
+            && k <= MAX_GRAPH_DRAFTS
+            && n <= SMALL_GRAPH_ROWS.min(self.opts.max_batch)
+            && self.small_graphs
+            && self.opts.graphs
+        {
+            return self.mtp_draft_graph(m, k);
+        }
         let d = self.mtp_flush(m, true)?;
         let mut drafts = Vec::with_capacity(k);
         if let Some(d) = d {
@@ -1740,6 +1807,69 @@ impl CudaModel {
             drafts.push(self.read_out()?);
         }
         Ok(drafts)
+    }
+
+    /// [`Self::mtp_draft_with`] as one graph per (queued slots, drafts): the queued slots, the
+    /// head, and each chained step after `mtp_chain_input` moved the last draft into the input
+    /// on the device; one read of the drafts at the end.
+    fn mtp_draft_graph(&mut self, m: &mut DevMtp, k: usize) -> Result<Vec<u32>, CudaError> {
+        let (n, t0) = (m.queued, m.slots);
+        if t0 + n + k > self.opts.max_context {
+            return Err(CudaError::Invalid(format!(
+                "MTP slots {t0}..{} exceed the {} positions allocated (--ctx)",
+                t0 + n + k,
+                self.opts.max_context
+            )));
+        }
+        let mut input = Vec::with_capacity(n + 1);
+        input.push(i32_of(t0, "position")?);
+        input.extend(m.tokens.iter().map(|&t| t as i32));
+        // SAFETY: `input` holds 1 + max_batch i32 (the caller checked n <= max_batch).
+        unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
+        if !m.draft_graphs.contains_key(&(n, k)) {
+            let g = self.capture(|s| {
+                let (q, chain, drafts) = (m.q, m.chain, m.drafts);
+                let f = s.k.mtp_chain_input.clone();
+                s.mtp_enqueue(m, q, n)?;
+                s.mtp_head(m, n)?;
+                for j in 0..k {
+                    let adv = if j == 0 { n } else { 1 };
+                    s.launch(
+                        "mtp_chain_input",
+                        &f,
+                        (1, 1, 1),
+                        32,
+                        0,
+                        &[
+                            A::P(s.sc.input),
+                            A::P(s.sc.out),
+                            A::P(drafts),
+                            A::I(j as i32),
+                            A::I(adv as i32),
+                        ],
+                    )?;
+                    if j + 1 < k {
+                        s.mtp_enqueue(m, chain, 1)?;
+                        s.mtp_head(m, 1)?;
+                    }
+                }
+                Ok(())
+            })?;
+            m.draft_graphs.insert((n, k), g);
+        }
+        m.draft_graphs[&(n, k)]
+            .launch()
+            .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?;
+        let mut ids = vec![0i32; k];
+        // SAFETY: `drafts` holds MAX_GRAPH_DRAFTS >= k i32; synchronized below.
+        unsafe { cu::memcpy_dtoh_async(&mut ids, m.drafts, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("reading the MTP drafts", e))?;
+        self.sync()?;
+        m.slots += n;
+        m.queued = 0;
+        m.tokens.clear();
+        Ok(ids.into_iter().map(|d| d.max(0) as u32).collect())
     }
 
     /// Run the queued slots through the MTP block (chunks of at most `max_batch`), keeping the
@@ -3795,6 +3925,42 @@ fn dev_experts(
     )
 }
 
+/// `dn_restore`'s table of the DeltaNet layers' states and traces (`None` without verify traces,
+/// DeltaNet layers, or state sizes in whole float4s).
+fn dn_restore_table(
+    arena: &mut Arena,
+    c: &Config,
+    o: &CudaModelOptions,
+    layers: &[DevLayer],
+) -> Result<Option<(u64, usize)>, CudaError> {
+    let s_floats = c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
+    let conv_floats = (c.conv_kernel - 1) * c.dn_conv_channels();
+    if o.max_verify == 0 || s_floats % 4 != 0 || conv_floats % 4 != 0 {
+        return Ok(None);
+    }
+    let mut t: Vec<u8> = Vec::new();
+    let mut n = 0;
+    for l in layers {
+        if let DevMixer::DeltaNet {
+            conv_state,
+            s,
+            conv_trace,
+            s_trace,
+            ..
+        } = &l.mixer
+        {
+            for p in [*s, *s_trace, *conv_state, *conv_trace] {
+                t.extend_from_slice(&p.to_le_bytes());
+            }
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some((arena.upload(&t)?, n)))
+}
+
 /// The MTP block: its decoder layer (own attention cache, experts in a resident cache of their
 /// own), norms, eh_proj, and the slot queue's buffers.
 fn dev_mtp(
@@ -3838,6 +4004,8 @@ fn dev_mtp(
         cat: arena.f32s(o.max_batch * 2 * h)?,
         chain: arena.f32s(h)?,
         graphs: HashMap::new(),
+        draft_graphs: HashMap::new(),
+        drafts: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
     })
 }
 
