@@ -164,12 +164,13 @@ __device__ __forceinline__ void router_lane_take(u32 (&h)[ROUTER_VPL], int jt, u
 // kernel's other 15 warps waited for warp 0's top-k about 30 % of the kernel's time.)
 // router_topk_keys is those rounds on any keys h (0: not a candidate); lane r < k gets the r-th
 // choice's id and key.
-// TOPK_BALLOT (default 0; session 19, compiled, not yet measured): a round's winner found by a
-// ballot of the lanes holding the maximum when there is one such lane (a tie falls back to the
-// REDUX on ~id), the winner writing its id and key to shared memory for lane r to read after the
-// rounds: one REDUX and the per-lane select fewer on each round's chain. The same choices.
+// TOPK_BALLOT (default 1 since session 20: +0.6 % decode on the H200, the same bits): a round's
+// winner found by a ballot of the lanes holding the maximum when there is one such lane (a tie
+// falls back to the REDUX on ~id), the winner writing its id and key to shared memory for lane r
+// to read after the rounds: one REDUX and the per-lane select fewer on each round's chain. The
+// same choices.
 #ifndef TOPK_BALLOT
-#define TOPK_BALLOT 0
+#define TOPK_BALLOT 1
 #endif
 __device__ __forceinline__ void router_topk_keys(u32 (&h)[ROUTER_VPL], int lane, int k, int& my_id, u32& my_h) {
     u32 bh;
@@ -921,11 +922,12 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
-// IQ2_LDG (default 0; session 19, compiled, not yet measured): iq2xxs_sub_value tells the
-// compiler its weight pointer is global (`__isGlobal`), so that its loads are `LDG.E.U16`
-// instead of the generic `LD.E.U16` it emits for expert pointers computed from u64 values.
+// IQ2_LDG (default 1 since session 20: +0.5 % decode on the H200, the same bits):
+// iq2xxs_sub_value tells the compiler its weight pointer is global (`__isGlobal`), so that its
+// loads are `LDG.E.U16` instead of the generic `LD.E.U16` it emits for expert pointers computed
+// from u64 values.
 #ifndef IQ2_LDG
-#define IQ2_LDG 0
+#define IQ2_LDG 1
 #endif
 
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
