@@ -3935,7 +3935,7 @@ fn dn_restore_table(
 ) -> Result<Option<(u64, usize)>, CudaError> {
     let s_floats = c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
     let conv_floats = (c.conv_kernel - 1) * c.dn_conv_channels();
-    if o.max_verify == 0 || s_floats % 4 != 0 || conv_floats % 4 != 0 {
+    if o.max_verify == 0 || !s_floats.is_multiple_of(4) || !conv_floats.is_multiple_of(4) {
         return Ok(None);
     }
     let mut t: Vec<u8> = Vec::new();
