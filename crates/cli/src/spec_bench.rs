@@ -348,7 +348,16 @@ fn cuda_rewrite(
         |_| true,
     )?;
     let mut out = vec![RewriteRun::plain(base.clone(), &stats)];
+    // As on the CPU: the MTP modes only on a file with an MTP block.
+    let config = redlite_model::Config::from_gguf(file)?;
+    let has_mtp = config.nextn_layers > 0
+        && file
+            .tensor(&format!("blk.{}.nextn.eh_proj.weight", config.n_layers))
+            .is_some();
     for &mode in modes.iter().filter(|m| **m != SpecMode::Off) {
+        if matches!(mode, SpecMode::Mtp | SpecMode::Both) && !has_mtp {
+            continue;
+        }
         let cfg = redlite_engine::speculative::SpecConfig {
             mode,
             ..spec.clone()
