@@ -68,3 +68,29 @@ pack_device() {
     done
     du -sh "$dir"
 }
+
+# unpack_ab DEV W: gpu_ab.sh's packed binaries (redlite and the GPU test binaries) and the Qwen3
+# vocabulary from DEV into the work folder W, with device_env's setup.
+unpack_ab() {
+    local dev=$1 w=$2 b
+    device_env "$w"
+    for b in redlite expert_cache_gpu verify_gpu mtp_gpu; do
+        unxz_py "$dev/$b.xz" "$w/$b" && chmod +x "$w/$b"
+    done
+    [ -f "$w/vocab.gguf" ] || unxz_py "$dev/qwen3-vocab.gguf.xz" "$w/vocab.gguf"
+}
+
+# ab_setup DEV LOGNAME: the GPU scripts' common start: unpack_ab into W=/tmp/redlite-ab, R (the
+# binary), FULL (the full-size layout's path), LOGS (OUT or DEV/out), and step / keep appending to
+# LOGS/LOGNAME.
+ab_setup() {
+    W=/tmp/redlite-ab
+    unpack_ab "$1" $W
+    LOGS=${OUT:-$1/out}
+    mkdir -p "$LOGS"
+    R=$W/redlite
+    FULL=$W/full.gguf
+    LOG="$LOGS/$2"
+}
+step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
+keep() { tee -a "$LOG"; }

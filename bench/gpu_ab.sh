@@ -35,18 +35,7 @@ if [ "${1:-}" = "prepare" ]; then
 fi
 
 . bench/device_lib.sh
-W=/tmp/redlite-ab
-device_env $W
-LOGS=${OUT:-$DEV/out}
-mkdir -p "$LOGS"
-for b in redlite expert_cache_gpu verify_gpu mtp_gpu; do
-    unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b
-done
-[ -f $W/vocab.gguf ] || unxz_py "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
-R=$W/redlite
-FULL=$W/full.gguf
-step() { echo "== $* ($(date -u +%T))" | tee -a "$LOGS/summary.txt"; }
-keep() { tee -a "$LOGS/summary.txt"; }
+ab_setup "$DEV" summary.txt
 # with CFG CMD...: CMD with config CFG's variables set ("default": none).
 with() {
     local cfg=$1

@@ -13,18 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/ab}
 . bench/device_lib.sh
-W=/tmp/redlite-ab
-device_env $W
-LOGS=${OUT:-$DEV/out}
-mkdir -p "$LOGS"
-for b in redlite expert_cache_gpu verify_gpu mtp_gpu; do
-    unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b
-done
-[ -f $W/vocab.gguf ] || unxz_py "$DEV/qwen3-vocab.gguf.xz" $W/vocab.gguf
-R=$W/redlite
-FULL=$W/full.gguf
-step() { echo "== $* ($(date -u +%T))" | tee -a "$LOGS/table.txt"; }
-keep() { tee -a "$LOGS/table.txt"; }
+ab_setup "$DEV" table.txt
 quiet() { grep -v "^GPU 0\|^model on the GPU\|^device:\|^experts in"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | keep
 [ -f $FULL ] || ($R make-model $FULL --vocab $W/vocab.gguf --force >"$LOGS/make_model.log" 2>&1) &

@@ -2019,20 +2019,7 @@ impl CudaModel {
         let h = self.config.hidden;
         self.stage = "mtp";
         let (x, cat) = (self.sc.x, m.cat);
-        let f = self.embed_f.clone();
-        self.launch(
-            "embedding",
-            &f,
-            (n as u32, 1, 1),
-            256,
-            0,
-            &[
-                A::P(self.embed),
-                A::P(self.sc.input + 4),
-                A::P(x),
-                A::I(h as i32),
-            ],
-        )?;
+        self.embedding(n)?;
         let f = self.k.rms_norm_cat2.clone();
         self.launch(
             "rms_norm_cat2",
@@ -2790,16 +2777,7 @@ impl CudaModel {
     fn enqueue_forward_rows(&mut self, n: usize, head: Head, rows: Rows) -> Result<(), CudaError> {
         let h = self.config.hidden;
         let x = self.sc.x;
-        let ids = self.sc.input + 4;
-        let f = self.embed_f.clone();
-        self.launch(
-            "embedding",
-            &f,
-            (n as u32, 1, 1),
-            256,
-            0,
-            &[A::P(self.embed), A::P(ids), A::P(x), A::I(h as i32)],
-        )?;
+        self.embedding(n)?;
         for i in 0..self.layers.len() {
             self.enqueue_layer(i, n, rows)?;
         }
@@ -2811,6 +2789,24 @@ impl CudaModel {
             }
             Head::All => self.lm_head(x, n),
         }
+    }
+
+    /// The embedding rows of the `n` token ids in `input` into `x`.
+    fn embedding(&mut self, n: usize) -> Result<(), CudaError> {
+        let f = self.embed_f.clone();
+        self.launch(
+            "embedding",
+            &f,
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[
+                A::P(self.embed),
+                A::P(self.sc.input + 4),
+                A::P(self.sc.x),
+                A::I(self.config.hidden as i32),
+            ],
+        )
     }
 
     /// Final norm and lm_head of `n` rows of `x` into the logits, with its own row split

@@ -27,14 +27,9 @@ const STEPS: usize = 24;
 const MIN_AGREE_FIRST: f64 = 0.8;
 const MIN_AGREE_SECOND: f64 = 0.7;
 
+/// The greedy token (the lowest index on ties, as the GPU's `argmax`).
 fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
 }
 
 fn demo_model() -> PathBuf {
