@@ -94,3 +94,21 @@ ab_setup() {
 }
 step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
 keep() { tee -a "$LOG"; }
+
+# spec_sampled_check R MODEL: `generate --backend cuda` with sampling (on the GPU's sampler, then
+# with a repeat penalty: the host's) under --spec off / lookup / mtp / both, same seed: the ids
+# of each mode must equal --spec off's (speculative sampling draws as plain generation does).
+spec_sampled_check() {
+    local r=$1 model=$2 pen sp base out
+    for pen in 1.0 1.1; do
+        base=
+        for sp in off lookup mtp both; do
+            out=$(timeout 120 "$r" generate --backend cuda -m "$model" -p "def rgb_to_hsv(r, g, b):" -n 200 \
+                --temp 0.8 --top-k 40 --seed 7 --repeat-penalty $pen --ignore-eos --print-ids --spec $sp 2>&1 |
+                grep "^\[[0-9,]*\]$")
+            [ -n "$out" ] || { echo "sampled, repeat penalty $pen, --spec $sp: FAILED (no ids)"; continue; }
+            [ -z "$base" ] && base=$out
+            if [ "$out" = "$base" ]; then echo "sampled, repeat penalty $pen, --spec $sp: same as off"; else echo "sampled, repeat penalty $pen, --spec $sp: DIFFERS from off"; fi
+        done
+    done
+}

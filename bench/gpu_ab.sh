@@ -71,6 +71,8 @@ for cfg in $ALL; do
         timeout 300 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf -f $W/colorsys_60.py \
             --modes lookup,mtp,both --rounds "${SPEC_ROUNDS:-3}" >"$LOGS/rewrite.log" 2>&1
         grep -v "^round" "$LOGS/rewrite.log" | tail -12 | keep
+        step "sampled generation with and without speculation (demo)"
+        spec_sampled_check $R models/redlite-demo.gguf | keep
         step "demo verify cost on the GPU"
         timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 --context 900 2>&1 | tail -8 | keep
     fi

@@ -65,4 +65,6 @@ head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsy
 step "demo file rewrite on the GPU"
 timeout 200 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf -f $W/colorsys_60.py \
     --modes lookup,mtp,both --rounds 3 2>&1 | grep "^| " | keep
+step "sampled generation with and without speculation (demo)"
+spec_sampled_check $R models/redlite-demo.gguf | keep
 step "done"

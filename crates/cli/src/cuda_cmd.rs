@@ -590,9 +590,6 @@ mod imp {
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats, SpecStats)> {
         use redlite_engine::speculative::{LookupDrafter, SpecMode};
-        if !sampler.config().is_greedy() {
-            anyhow::bail!("--spec with --backend cuda needs greedy decoding (--temp 0) for now");
-        }
         if spec.mode == SpecMode::Off {
             anyhow::bail!("generate_speculative with --spec off");
         }
@@ -608,6 +605,13 @@ mod imp {
         // `both` on a model without an MTP block drafts by prompt lookup alone (as on the CPU).
         let use_mtp = model.has_mtp();
         let greedy = GpuSampling::greedy();
+        // With sampling, plain generation's draws in its order (docs/speculative.md, "Acceptance
+        // rule with sampling"): a verify row is drawn only once the drafts before it were
+        // accepted, one uniform per emitted token (on the GPU), or the host sampler on the row's
+        // logits with the accepted drafts in the history (penalties).
+        let sampling = !sampler.config().is_greedy();
+        let on_gpu = gpu_sampling(sampler);
+        let mut rng = Rng::new(sampler.config().seed);
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
             ..Default::default()
@@ -625,7 +629,11 @@ mod imp {
         let mut history = prompt.to_vec();
         let t0 = Instant::now();
         model.prefill(prompt)?;
-        let mut pending = model.sample_last(&greedy, 0.0)?;
+        let mut pending = match (&on_gpu, sampling) {
+            (_, false) => model.sample_last(&greedy, 0.0)?,
+            (Some(s), true) => model.sample_last(s, rng.uniform() as f32)?,
+            (None, true) => sampler.sample(&model.last_logits()?, &history),
+        };
         stats.prompt_time = t0.elapsed();
         let t1 = Instant::now();
         'gen: loop {
@@ -655,14 +663,40 @@ mod imp {
             sp.rows += 1 + drafts.len();
             if drafts.is_empty() {
                 drafter.update(0, 0);
-                pending = model.decode(pending, &greedy, 0.0)?;
+                pending = match (&on_gpu, sampling) {
+                    (_, false) => model.decode(pending, &greedy, 0.0)?,
+                    (Some(s), true) => model.decode(pending, s, rng.uniform() as f32)?,
+                    (None, true) => {
+                        model.prefill(&[pending])?;
+                        sampler.sample(&model.last_logits()?, &history)
+                    }
+                };
                 continue;
             }
             let mut rows = Vec::with_capacity(1 + drafts.len());
             rows.push(pending);
             rows.extend_from_slice(&drafts);
-            // ids[i]: the greedy token after rows[..=i].
-            let ids = model.verify_greedy(&rows)?;
+            // ids[i]: the token after rows[..=i] (greedy: every row's argmax; sampling: drawn
+            // row by row up to the first rejected draft).
+            let ids = if sampling {
+                model.verify_on_device(&rows)?;
+                let mut ids = Vec::with_capacity(rows.len());
+                let mut hist = history.clone();
+                for i in 0..rows.len() {
+                    let y = match &on_gpu {
+                        Some(s) => model.sample_row(i, s, rng.uniform() as f32)?,
+                        None => sampler.sample(&model.row_logits(i)?, &hist),
+                    };
+                    ids.push(y);
+                    match drafts.get(i) {
+                        Some(&d) if d == y => hist.push(d),
+                        _ => break,
+                    }
+                }
+                ids
+            } else {
+                model.verify_greedy(&rows)?
+            };
             let accepted = drafts.iter().zip(&ids).take_while(|(d, y)| d == y).count();
             if from_mtp {
                 sp.mtp.add(drafts.len(), accepted);

@@ -1569,6 +1569,44 @@ impl CudaModel {
         Ok(flat.chunks_exact(vocab).map(|r| r.to_vec()).collect())
     }
 
+    /// [`CudaModel::verify`] leaving the logits on the device, for [`CudaModel::sample_row`] or
+    /// [`CudaModel::row_logits`] (sampled speculative decoding: a row is drawn only once the
+    /// drafts before it were accepted).
+    pub fn verify_on_device(&mut self, tokens: &[u32]) -> Result<(), CudaError> {
+        self.verify_rows(tokens, false)?;
+        self.sync()?;
+        self.experts.after_forward(&self.stream, tokens.len())
+    }
+
+    /// Row `row` of the last verify pass's logits (read back).
+    pub fn row_logits(&self, row: usize) -> Result<Vec<f32>, CudaError> {
+        let vocab = self.config.vocab;
+        self.check_verified_row(row)?;
+        let mut v = vec![0.0f32; vocab];
+        self.download(&mut v, self.sc.logits + (4 * row * vocab) as u64)?;
+        Ok(v)
+    }
+
+    /// Draw a token from row `row` of the last verify pass's logits on the GPU, as
+    /// [`CudaModel::decode`] draws from a step's (`u` uniform in [0, 1)).
+    pub fn sample_row(&mut self, row: usize, s: &GpuSampling, u: f32) -> Result<u32, CudaError> {
+        self.check_verified_row(row)?;
+        self.bind()?;
+        self.upload_u(u, s)?;
+        let at = self.sc.logits + (4 * row * self.config.vocab) as u64;
+        self.enqueue_sample(at, s)?;
+        self.read_out()
+    }
+
+    fn check_verified_row(&self, row: usize) -> Result<(), CudaError> {
+        match self.verified {
+            Some((_, n)) if row < n => Ok(()),
+            _ => Err(CudaError::Invalid(format!(
+                "row {row} of a verify pass: the last call was not a verify pass of more rows"
+            ))),
+        }
+    }
+
     /// [`CudaModel::verify`] that returns every row's greedy token (argmax on the GPU; only the
     /// ids come back).
     pub fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, CudaError> {
