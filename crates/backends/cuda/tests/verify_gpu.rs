@@ -102,3 +102,59 @@ fn verify_rows_are_decode_steps_and_keep_rolls_back_exactly() {
         }
     }
 }
+
+/// Verify passes replayed from their captured graph (a row count's third pass on) keep the
+/// decode steps' logits bit for bit, and a row drawn by `sample_row` after `verify_on_device` is
+/// the token `decode` draws at that step with the same uniform (sampled speculative decoding
+/// emits plain generation's tokens).
+#[test]
+#[ignore = "needs a GPU"]
+fn verify_graphs_and_sampled_rows_match_decode_steps() {
+    let gpu = Arc::new(Gpu::new(0).expect("a CUDA device"));
+    let sampling = GpuSampling {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.0,
+    };
+    for name in ["Q4_K_M", "IQ2_XXS", "CF2"] {
+        let mut m = load(&gpu, name, ExpertCacheSize::All);
+        let vocab = m.config.vocab as u32;
+        let prompt: Vec<u32> = (0..29u32).map(|i| (i * 6007 + 3) % vocab).collect();
+        let rows: Vec<u32> = (0..5u32).map(|i| (i * 104_729 + 11) % vocab).collect();
+        let stepped = decode_each(&mut m, &prompt, &rows);
+        for pass in 0..4 {
+            m.reset().expect("reset");
+            m.prefill(&prompt).expect("prefill");
+            let verified = m.verify(&rows).expect("verify");
+            for (i, (v, s)) in verified.iter().zip(&stepped).enumerate() {
+                assert!(
+                    same_bits(v, s),
+                    "{name}: verify pass {pass}, row {i} differs from the decode step"
+                );
+            }
+        }
+        let us: Vec<f32> = (0..rows.len())
+            .map(|i| (i as f32 * 0.37 + 0.05) % 1.0)
+            .collect();
+        m.reset().expect("reset");
+        m.prefill(&prompt).expect("prefill");
+        let drawn: Vec<u32> = rows
+            .iter()
+            .zip(&us)
+            .map(|(&t, &u)| m.decode(t, &sampling, u).expect("decode"))
+            .collect();
+        for pass in 0..4 {
+            m.reset().expect("reset");
+            m.prefill(&prompt).expect("prefill");
+            m.verify_on_device(&rows).expect("verify_on_device");
+            for (i, (&u, &want)) in us.iter().zip(&drawn).enumerate() {
+                let got = m.sample_row(i, &sampling, u).expect("sample_row");
+                assert_eq!(got, want, "{name}: pass {pass}, row {i} drew another token");
+            }
+            let row = m.row_logits(2).expect("row_logits");
+            assert!(same_bits(&row, &stepped[2]), "{name}: row_logits(2)");
+        }
+        eprintln!("{name}: verify graphs = decode steps; sampled rows = decode draws");
+    }
+}
