@@ -21,6 +21,7 @@
 
 mod error;
 pub mod kernels;
+pub mod mtp_queue;
 
 pub use error::CudaError;
 

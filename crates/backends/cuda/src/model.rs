@@ -50,6 +50,7 @@ use crate::expert_cache::{
 };
 use crate::host::{HostLinear, HostLoader};
 use crate::kernels::type_suffix;
+use crate::mtp_queue::MtpQueue;
 use crate::ops::{
     delta_seq_launch, dn_fused_launch, row_bytes, DeltaDims, RouterKernel, MATVEC_WARPS,
 };
@@ -651,18 +652,10 @@ struct DevMtp {
     /// The layer's routed experts (all resident), a cache of one layer: swapped in for
     /// `CudaModel::experts` while the MTP layer runs (its `DevExperts::layer` is 0).
     experts: ExpertCache,
-    /// f32 `[q_rows][hidden]`: the queued slots' hidden states (rows `0..queued`, each with its
-    /// token in `tokens`), then, when `has_last`, the last trunk row's, whose token is not known
-    /// yet.
+    /// f32 `[queue rows][hidden]`: the queued slots' hidden states, then the waiting trunk row's
+    /// (which row holds what: `queue`).
     q: u64,
-    q_rows: usize,
-    queued: usize,
-    has_last: bool,
-    tokens: Vec<u32>,
-    /// Slots the MTP cache holds (positions `0..slots` of its attention cache).
-    slots: usize,
-    /// The last verify pass's first row in `q` (its rows are queued until `keep`).
-    verify_mark: usize,
+    queue: MtpQueue,
     /// f32 `[max_batch][2·hidden]`: the eh_proj input.
     cat: u64,
     /// f32 `[hidden]`: a chained draft's input, the MTP output after its shared-head norm.
@@ -1431,10 +1424,7 @@ impl CudaModel {
         self.pos = 0;
         self.verified = None;
         if let Some(m) = self.mtp.as_mut() {
-            m.slots = 0;
-            m.queued = 0;
-            m.has_last = false;
-            m.tokens.clear();
+            m.queue.reset();
         }
         Ok(())
     }
@@ -1776,9 +1766,7 @@ impl CudaModel {
         self.last_row = rows - 1;
         if let Some(m) = self.mtp.as_mut() {
             // Row `rows - 1` is the last trunk row now; the rows after it leave the queue.
-            m.queued = m.verify_mark + rows - 1;
-            m.tokens.truncate(m.queued);
-            m.has_last = true;
+            m.queue.keep(rows);
         }
         Ok(())
     }
@@ -1809,22 +1797,15 @@ impl CudaModel {
         pending: u32,
         k: usize,
     ) -> Result<Vec<u32>, CudaError> {
-        if !m.has_last {
-            return Err(CudaError::Invalid(
-                "an MTP draft needs a trunk call (prefill, decode or verify) before it".into(),
-            ));
-        }
         if pending as usize >= self.config.vocab {
             return Err(CudaError::Invalid(format!(
                 "token id {pending} is outside the vocabulary (size {})",
                 self.config.vocab
             )));
         }
+        m.queue.complete(pending).map_err(CudaError::Invalid)?;
         self.bind()?;
-        m.tokens.push(pending);
-        m.queued += 1;
-        m.has_last = false;
-        let n = m.queued;
+        let n = m.queue.queued();
         if k > 0
             && k <= MAX_GRAPH_DRAFTS
             && n <= SMALL_GRAPH_ROWS.min(self.opts.max_batch)
@@ -1839,7 +1820,7 @@ impl CudaModel {
             drafts.push(d);
         }
         while !drafts.is_empty() && drafts.len() < k {
-            let (chain, t) = (m.chain, m.slots + drafts.len() - 1);
+            let (chain, t) = (m.chain, m.queue.slots() + drafts.len() - 1);
             let prev = drafts[drafts.len() - 1];
             self.mtp_step(m, chain, &[prev], t, true)?;
             drafts.push(self.read_out()?);
@@ -1851,7 +1832,7 @@ impl CudaModel {
     /// head, and each chained step after `mtp_chain_input` moved the last draft into the input
     /// on the device; one read of the drafts at the end.
     fn mtp_draft_graph(&mut self, m: &mut DevMtp, k: usize) -> Result<Vec<u32>, CudaError> {
-        let (n, t0) = (m.queued, m.slots);
+        let (n, t0) = (m.queue.queued(), m.queue.slots());
         if t0 + n + k > self.opts.max_context {
             return Err(CudaError::Invalid(format!(
                 "MTP slots {t0}..{} exceed the {} positions allocated (--ctx)",
@@ -1861,7 +1842,7 @@ impl CudaModel {
         }
         let mut input = Vec::with_capacity(n + 1);
         input.push(i32_of(t0, "position")?);
-        input.extend(m.tokens.iter().map(|&t| t as i32));
+        input.extend(m.queue.tokens().iter().map(|&t| t as i32));
         // SAFETY: `input` holds 1 + max_batch i32 (the caller checked n <= max_batch).
         unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
@@ -1904,9 +1885,7 @@ impl CudaModel {
         unsafe { cu::memcpy_dtoh_async(&mut ids, m.drafts, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("reading the MTP drafts", e))?;
         self.sync()?;
-        m.slots += n;
-        m.queued = 0;
-        m.tokens.clear();
+        m.queue.ran();
         Ok(ids.into_iter().map(|d| d.max(0) as u32).collect())
     }
 
@@ -1915,13 +1894,13 @@ impl CudaModel {
     /// chunk goes on through the head, and its last slot's greedy draft is returned (`None` when
     /// nothing was queued).
     fn mtp_flush(&mut self, m: &mut DevMtp, head: bool) -> Result<Option<u32>, CudaError> {
-        let (n, h) = (m.queued, self.config.hidden);
+        let (n, h) = (m.queue.queued(), self.config.hidden);
         let mut c0 = 0;
         let mut draft = None;
         while c0 < n {
             let c1 = (c0 + self.opts.max_batch).min(n);
-            let tokens = m.tokens[c0..c1].to_vec();
-            let (hid, t) = (m.q + (4 * c0 * h) as u64, m.slots + c0);
+            let tokens = m.queue.tokens()[c0..c1].to_vec();
+            let (hid, t) = (m.q + (4 * c0 * h) as u64, m.queue.slots() + c0);
             let with_head = head && c1 == n;
             self.mtp_step(m, hid, &tokens, t, with_head)?;
             if with_head {
@@ -1929,8 +1908,9 @@ impl CudaModel {
             }
             c0 = c1;
         }
-        if n > 0 && m.has_last {
-            // SAFETY: rows `n` and 0 of `q` ([q_rows][hidden] f32, n < q_rows) do not overlap.
+        let (n, move_last) = m.queue.ran();
+        if move_last {
+            // SAFETY: rows `n` (> 0) and 0 of `q` (queue rows > n) do not overlap.
             unsafe {
                 cu::memcpy_dtod_async(
                     m.q,
@@ -1941,9 +1921,6 @@ impl CudaModel {
             }
             .map_err(|e| CudaError::driver("moving the last MTP row", e))?;
         }
-        m.slots += n;
-        m.queued = 0;
-        m.tokens.clear();
         Ok(draft)
     }
 
@@ -1953,7 +1930,7 @@ impl CudaModel {
         let Some(mut m) = self.mtp.take() else {
             return Ok(());
         };
-        let r = if m.queued + 2 + n > m.q_rows {
+        let r = if m.queue.needs_flush(n) {
             self.mtp_flush(&mut m, false).map(|_| ())
         } else {
             Ok(())
@@ -1970,25 +1947,15 @@ impl CudaModel {
         let Some(mut m) = self.mtp.take() else {
             return Ok(());
         };
-        let n = tokens.len();
-        if m.has_last {
-            m.tokens.push(tokens[0]);
-            m.queued += 1;
-        }
-        let h = self.config.hidden;
+        let (n, h) = (tokens.len(), self.config.hidden);
+        let first = m.queue.record(tokens, verify);
         let r = self.rms_norm(
             self.sc.x,
             self.output_norm,
-            m.q + (4 * m.queued * h) as u64,
+            m.q + (4 * first * h) as u64,
             n,
             h,
         );
-        if verify {
-            m.verify_mark = m.queued;
-        }
-        m.tokens.extend_from_slice(&tokens[1..]);
-        m.queued += n - 1;
-        m.has_last = true;
         self.mtp = Some(m);
         r
     }
@@ -4029,12 +3996,7 @@ fn dev_mtp(
         shared_head_norm: arena.upload_f32(&w.shared_head_norm)?,
         experts,
         q: arena.f32s(q_rows * h)?,
-        q_rows,
-        queued: 0,
-        has_last: false,
-        tokens: Vec::new(),
-        slots: 0,
-        verify_mark: 0,
+        queue: MtpQueue::new(q_rows),
         cat: arena.f32s(o.max_batch * 2 * h)?,
         chain: arena.f32s(h)?,
         graphs: HashMap::new(),
