@@ -123,6 +123,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "rms_norm_gated",
     "rms_norm_cat2",
     "mtp_chain_input",
+    "mtp_verify_input",
     "dn_restore",
     "l2_normalize",
     "add_inplace",

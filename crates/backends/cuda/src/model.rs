@@ -666,6 +666,10 @@ struct DevMtp {
     /// drafts), and where they leave their drafts (i32 `[MAX_GRAPH_DRAFTS]`).
     draft_graphs: HashMap<(usize, usize), CudaGraph>,
     drafts: u64,
+    /// Whole passes (draft + verify, `CudaModel::mtp_pass`) by (slots, drafts), and
+    /// their i32 parameters `[trunk position, pending token]`.
+    pass_graphs: HashMap<(usize, usize), CudaGraph>,
+    pass_params: u64,
 }
 
 /// The kernels that do not depend on a weight type.
@@ -674,6 +678,7 @@ struct Kernels {
     rms_norm_gated: CudaFunction,
     rms_norm_cat2: CudaFunction,
     mtp_chain_input: CudaFunction,
+    mtp_verify_input: CudaFunction,
     dn_restore: CudaFunction,
     swiglu: CudaFunction,
     dn_conv_seq: CudaFunction,
@@ -786,6 +791,15 @@ struct Scratch {
     attn_part: u64,
     /// f32 pairs `[max_context][rope_dims / 2]`: `rope_table`'s {cos, sin} per position and pair.
     rope_cs: u64,
+}
+
+/// A greedy MTP pass run as one graph ([`CudaModel::mtp_pass`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MtpPass {
+    /// The drafts after the pending token.
+    pub drafts: Vec<u32>,
+    /// `ids[i]`: the greedy token after row i of `[pending, drafts..]`.
+    pub ids: Vec<u32>,
 }
 
 /// The captured decode step and the sampling settings it was captured with.
@@ -1010,6 +1024,8 @@ pub struct CudaModel {
     /// captured at their first use per row count (`REDLITE_CUDA_SMALL_GRAPHS`, default on;
     /// with `graphs`, and with every expert resident for verify passes).
     small_graphs: bool,
+    /// [`CudaModel::mtp_pass`] is on (`set_mtp_pass_graph`).
+    mtp_pass_graph: bool,
     /// By (rows, greedy argmax included); captured at the [`VERIFY_GRAPH_AFTER`]-th pass of
     /// that many rows (`verify_uses`), so that a row count seen once or twice costs no capture.
     verify_graphs: HashMap<(usize, bool), CudaGraph>,
@@ -1088,6 +1104,7 @@ impl CudaModel {
             rms_norm_gated: f("rms_norm_gated")?,
             rms_norm_cat2: f("rms_norm_cat2")?,
             mtp_chain_input: f("mtp_chain_input")?,
+            mtp_verify_input: f("mtp_verify_input")?,
             dn_restore: f("dn_restore")?,
             swiglu: f("swiglu")?,
             dn_conv_seq: f("dn_conv_seq")?,
@@ -1282,6 +1299,7 @@ impl CudaModel {
             experts,
             mtp,
             small_graphs: env_switch("REDLITE_CUDA_SMALL_GRAPHS", true),
+            mtp_pass_graph: env_switch("REDLITE_CUDA_MTP_PASS_GRAPH", false),
             verify_graphs: HashMap::new(),
             verify_uses: HashMap::new(),
             dn_restore,
@@ -1832,6 +1850,33 @@ impl CudaModel {
     /// head, and each chained step after `mtp_chain_input` moved the last draft into the input
     /// on the device; one read of the drafts at the end.
     fn mtp_draft_graph(&mut self, m: &mut DevMtp, k: usize) -> Result<Vec<u32>, CudaError> {
+        let n = self.mtp_upload_draft(m, k)?;
+        if !m.draft_graphs.contains_key(&(n, k)) {
+            let g = self.capture(|s| s.mtp_enqueue_draft(m, n, k))?;
+            m.draft_graphs.insert((n, k), g);
+        }
+        m.draft_graphs[&(n, k)]
+            .launch()
+            .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?;
+        let drafts = self.read_i32s(m.drafts, k, "reading the MTP drafts")?;
+        self.sync()?;
+        m.queue.ran();
+        Ok(drafts)
+    }
+
+    /// `n` i32 at `src` read back (a copy on the model's stream; the caller synchronizes).
+    fn read_i32s(&self, src: u64, n: usize, what: &str) -> Result<Vec<u32>, CudaError> {
+        let mut v = vec![0i32; n];
+        // SAFETY: `src` holds at least `n` i32 (the callers' buffers); synchronized below.
+        unsafe { cu::memcpy_dtoh_async(&mut v, src, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver(what, e))?;
+        self.sync()?;
+        Ok(v.into_iter().map(|d| d.max(0) as u32).collect())
+    }
+
+    /// A draft graph's input: the queued slots' position and tokens (room for `k` chained slots
+    /// after them checked). Returns the queued slots.
+    fn mtp_upload_draft(&mut self, m: &DevMtp, k: usize) -> Result<usize, CudaError> {
         let (n, t0) = (m.queue.queued(), m.queue.slots());
         if t0 + n + k > self.opts.max_context {
             return Err(CudaError::Invalid(format!(
@@ -1843,50 +1888,146 @@ impl CudaModel {
         let mut input = Vec::with_capacity(n + 1);
         input.push(i32_of(t0, "position")?);
         input.extend(m.queue.tokens().iter().map(|&t| t as i32));
-        // SAFETY: `input` holds 1 + max_batch i32 (the caller checked n <= max_batch).
+        // SAFETY: `input` holds 1 + max_batch i32 (the callers checked n <= max_batch).
         unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
-        if !m.draft_graphs.contains_key(&(n, k)) {
-            let g = self.capture(|s| {
-                let (q, chain, drafts) = (m.q, m.chain, m.drafts);
-                let f = s.k.mtp_chain_input.clone();
-                s.mtp_enqueue(m, q, n)?;
-                s.mtp_head(m, n)?;
-                for j in 0..k {
-                    let adv = if j == 0 { n } else { 1 };
-                    s.launch(
-                        "mtp_chain_input",
-                        &f,
-                        (1, 1, 1),
-                        32,
-                        0,
-                        &[
-                            A::P(s.sc.input),
-                            A::P(s.sc.out),
-                            A::P(drafts),
-                            A::I(j as i32),
-                            A::I(adv as i32),
-                        ],
-                    )?;
-                    if j + 1 < k {
-                        s.mtp_enqueue(m, chain, 1)?;
-                        s.mtp_head(m, 1)?;
-                    }
-                }
-                Ok(())
-            })?;
-            m.draft_graphs.insert((n, k), g);
+        Ok(n)
+    }
+
+    /// A whole draft's launches: the `n` queued slots, the head, and each chained step after
+    /// `mtp_chain_input` moved the last draft into the input; the `k` drafts land in `drafts`.
+    fn mtp_enqueue_draft(&mut self, m: &mut DevMtp, n: usize, k: usize) -> Result<(), CudaError> {
+        let (q, chain, drafts) = (m.q, m.chain, m.drafts);
+        let f = self.k.mtp_chain_input.clone();
+        self.mtp_enqueue(m, q, n)?;
+        self.mtp_head(m, n)?;
+        for j in 0..k {
+            let adv = if j == 0 { n } else { 1 };
+            self.launch(
+                "mtp_chain_input",
+                &f,
+                (1, 1, 1),
+                32,
+                0,
+                &[
+                    A::P(self.sc.input),
+                    A::P(self.sc.out),
+                    A::P(drafts),
+                    A::I(j as i32),
+                    A::I(adv as i32),
+                ],
+            )?;
+            if j + 1 < k {
+                self.mtp_enqueue(m, chain, 1)?;
+                self.mtp_head(m, 1)?;
+            }
         }
-        m.draft_graphs[&(n, k)]
+        Ok(())
+    }
+
+    /// Greedy speculative decoding's pass with MTP drafts as one graph per (queued slots,
+    /// drafts): `k` drafts after `pending` ([`CudaModel::mtp_draft`]), then the verify pass of
+    /// `[pending, drafts..]` ([`CudaModel::verify_greedy`]), the verify rows' input assembled
+    /// from the drafts on the device (`mtp_verify_input`), one read of drafts and ids. Returns
+    /// the drafts and every row's greedy token; `keep` follows as after a verify pass. `None`
+    /// (nothing run) unless [`CudaModel::set_mtp_pass_graph`] is on and the pass fits a graph
+    /// (graphs on, every expert resident, `k` in 1..=8 and below `max_verify`, a short queue):
+    /// then draft and verify separately.
+    pub fn mtp_pass(&mut self, pending: u32, k: usize) -> Result<Option<MtpPass>, CudaError> {
+        let fused = self.mtp_pass_graph
+            && self.small_graphs
+            && self.opts.graphs
+            && !self.experts.bounded()
+            && self.profile_verify.is_none()
+            && (1..=MAX_GRAPH_DRAFTS).contains(&k)
+            && k < self.opts.max_verify
+            && self.pos + k < self.opts.max_context
+            && self.mtp.as_ref().is_some_and(|m| {
+                m.queue.has_last() && m.queue.queued() < SMALL_GRAPH_ROWS.min(self.opts.max_batch)
+            });
+        if !fused {
+            return Ok(None);
+        }
+        let mut m = self
+            .mtp
+            .take()
+            .ok_or_else(|| CudaError::Invalid("no MTP block".into()))?;
+        let r = self.mtp_pass_fused(&mut m, pending, k);
+        self.mtp = Some(m);
+        r.map(Some)
+    }
+
+    /// [`Self::mtp_pass`]'s graph.
+    fn mtp_pass_fused(
+        &mut self,
+        m: &mut DevMtp,
+        pending: u32,
+        k: usize,
+    ) -> Result<MtpPass, CudaError> {
+        if pending as usize >= self.config.vocab {
+            return Err(CudaError::Invalid(format!(
+                "token id {pending} is outside the vocabulary (size {})",
+                self.config.vocab
+            )));
+        }
+        m.queue.complete(pending).map_err(CudaError::Invalid)?;
+        self.bind()?;
+        let n = self.mtp_upload_draft(m, k)?;
+        let params = [i32_of(self.pos, "position")?, pending as i32];
+        // SAFETY: `pass_params` holds 2 i32; pageable memory is staged before the call returns.
+        unsafe { cu::memcpy_htod_async(m.pass_params, &params, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("uploading the pass parameters", e))?;
+        let rows = k + 1;
+        if !m.pass_graphs.contains_key(&(n, k)) {
+            let h = self.config.hidden;
+            let g = self.capture(|s| {
+                s.mtp_enqueue_draft(m, n, k)?;
+                let f = s.k.mtp_verify_input.clone();
+                s.launch(
+                    "mtp_verify_input",
+                    &f,
+                    (1, 1, 1),
+                    32,
+                    0,
+                    &[
+                        A::P(s.sc.input),
+                        A::P(m.pass_params),
+                        A::P(m.drafts),
+                        A::I(k as i32),
+                    ],
+                )?;
+                s.enqueue_forward(rows, Head::All, Rows::Steps)?;
+                s.argmax(s.sc.logits, rows)?;
+                // The verify rows into the MTP queue (its first row: the queue is empty).
+                s.rms_norm(s.sc.x, s.output_norm, m.q, rows, h)
+            })?;
+            m.pass_graphs.insert((n, k), g);
+        }
+        m.pass_graphs[&(n, k)]
             .launch()
-            .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?;
-        let mut ids = vec![0i32; k];
-        // SAFETY: `drafts` holds MAX_GRAPH_DRAFTS >= k i32; synchronized below.
-        unsafe { cu::memcpy_dtoh_async(&mut ids, m.drafts, self.stream.cu_stream()) }
-            .map_err(|e| CudaError::driver("reading the MTP drafts", e))?;
-        self.sync()?;
+            .map_err(|e| CudaError::driver("replaying an MTP pass graph", e))?;
+        let drafts = self.read_i32s(m.drafts, k, "reading the MTP drafts")?;
+        let ids = self.read_i32s(self.sc.out, rows, "reading the verified tokens")?;
+        // The bookkeeping of the draft, then of the verify pass (`verify_rows`).
         m.queue.ran();
-        Ok(ids.into_iter().map(|d| d.max(0) as u32).collect())
+        let mut tokens = Vec::with_capacity(rows);
+        tokens.push(pending);
+        tokens.extend_from_slice(&drafts);
+        let first = m.queue.record(&tokens, true);
+        debug_assert_eq!(first, 0, "the verify rows go to the queue's first rows");
+        self.verify_passes += 1;
+        let start = self.pos;
+        self.pos += rows;
+        self.last_row = rows - 1;
+        self.verified = Some((start, rows));
+        self.experts.after_forward(&self.stream, rows)?;
+        Ok(MtpPass { drafts, ids })
+    }
+
+    /// Whether [`CudaModel::mtp_pass`] runs a pass as one graph
+    /// (`REDLITE_CUDA_MTP_PASS_GRAPH`, default off: not yet measured).
+    pub fn set_mtp_pass_graph(&mut self, on: bool) {
+        self.mtp_pass_graph = on;
     }
 
     /// Run the queued slots through the MTP block (chunks of at most `max_batch`), keeping the
@@ -4002,6 +4143,8 @@ fn dev_mtp(
         graphs: HashMap::new(),
         draft_graphs: HashMap::new(),
         drafts: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
+        pass_graphs: HashMap::new(),
+        pass_params: arena.zeros(8)?,
     })
 }
 
