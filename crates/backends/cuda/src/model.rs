@@ -1815,15 +1815,7 @@ impl CudaModel {
         pending: u32,
         k: usize,
     ) -> Result<Vec<u32>, CudaError> {
-        if pending as usize >= self.config.vocab {
-            return Err(CudaError::Invalid(format!(
-                "token id {pending} is outside the vocabulary (size {})",
-                self.config.vocab
-            )));
-        }
-        m.queue.complete(pending).map_err(CudaError::Invalid)?;
-        self.bind()?;
-        let n = m.queue.queued();
+        let n = self.mtp_begin(m, pending)?;
         if k > 0
             && k <= MAX_GRAPH_DRAFTS
             && n <= SMALL_GRAPH_ROWS.min(self.opts.max_batch)
@@ -1957,13 +1949,9 @@ impl CudaModel {
         r.map(Some)
     }
 
-    /// [`Self::mtp_pass`]'s graph.
-    fn mtp_pass_fused(
-        &mut self,
-        m: &mut DevMtp,
-        pending: u32,
-        k: usize,
-    ) -> Result<MtpPass, CudaError> {
+    /// A draft's start: the waiting row's slot completed with `pending`; returns the queued
+    /// slots.
+    fn mtp_begin(&mut self, m: &mut DevMtp, pending: u32) -> Result<usize, CudaError> {
         if pending as usize >= self.config.vocab {
             return Err(CudaError::Invalid(format!(
                 "token id {pending} is outside the vocabulary (size {})",
@@ -1972,6 +1960,17 @@ impl CudaModel {
         }
         m.queue.complete(pending).map_err(CudaError::Invalid)?;
         self.bind()?;
+        Ok(m.queue.queued())
+    }
+
+    /// [`Self::mtp_pass`]'s graph.
+    fn mtp_pass_fused(
+        &mut self,
+        m: &mut DevMtp,
+        pending: u32,
+        k: usize,
+    ) -> Result<MtpPass, CudaError> {
+        self.mtp_begin(m, pending)?;
         let n = self.mtp_upload_draft(m, k)?;
         let params = [i32_of(self.pos, "position")?, pending as i32];
         // SAFETY: `pass_params` holds 2 i32; pageable memory is staged before the call returns.

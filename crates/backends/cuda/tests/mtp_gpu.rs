@@ -115,8 +115,8 @@ impl OracleMtp {
     }
 }
 
-fn check(gpu: &Arc<Gpu>, path: PathBuf) {
-    let name = path.display().to_string();
+/// `path` on the GPU with its MTP block, 8 verify rows.
+fn load_with_mtp(gpu: &Arc<Gpu>, path: &std::path::Path) -> CudaModel {
     let opts = CudaModelOptions {
         max_context: 512,
         max_batch: 64,
@@ -125,7 +125,12 @@ fn check(gpu: &Arc<Gpu>, path: PathBuf) {
         mtp: true,
         ..CudaModelOptions::default()
     };
-    let mut g = CudaModel::load(gpu.clone(), &path, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    CudaModel::load(gpu.clone(), path, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn check(gpu: &Arc<Gpu>, path: PathBuf) {
+    let name = path.display().to_string();
+    let mut g = load_with_mtp(gpu, &path);
     assert!(g.has_mtp(), "{name}: no MTP block loaded");
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{name}: oracle: {e}"));
     let mut o = OracleMtp {
@@ -239,16 +244,7 @@ fn mtp_pass_graph_matches_separate_draft_and_verify() {
         .chain([demo_model()]);
     for path in paths {
         let name = path.display().to_string();
-        let opts = CudaModelOptions {
-            max_context: 512,
-            max_batch: 64,
-            graphs: true,
-            max_verify: 8,
-            mtp: true,
-            ..CudaModelOptions::default()
-        };
-        let mut g =
-            CudaModel::load(gpu.clone(), &path, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut g = load_with_mtp(&gpu, &path);
         let vocab = g.config.vocab as u32;
         let prompt: Vec<u32> = (0..24u32).map(|i| (i * 7919 + 5) % vocab).collect();
         let (sep, sep_log, none) = mtp_spec_run(&mut g, &prompt, 30, false);

@@ -43,6 +43,16 @@ fn decode_each(m: &mut CudaModel, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32
         .collect()
 }
 
+/// Every verify row's logits are the decode step's, bit for bit.
+fn assert_rows_are_steps(verified: &[Vec<f32>], stepped: &[Vec<f32>], what: &str) {
+    for (i, (v, s)) in verified.iter().zip(stepped).enumerate() {
+        assert!(
+            same_bits(v, s),
+            "{what}: verify row {i} differs from the decode step"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn verify_rows_are_decode_steps_and_keep_rolls_back_exactly() {
@@ -60,12 +70,7 @@ fn verify_rows_are_decode_steps_and_keep_rolls_back_exactly() {
             m.reset().expect("reset");
             m.prefill(&prompt).expect("prefill");
             let verified = m.verify(&rows).expect("verify");
-            for (i, (v, s)) in verified.iter().zip(&stepped).enumerate() {
-                assert!(
-                    same_bits(v, s),
-                    "{name} {experts:?}: verify row {i} differs from the decode step"
-                );
-            }
+            assert_rows_are_steps(&verified, &stepped, &format!("{name} {experts:?}"));
             // Reject after 4 rows: keep 4, then step `next`.
             m.keep(4).expect("keep");
             m.decode(next, &GpuSampling::greedy(), 0.0).expect("decode");
@@ -127,12 +132,7 @@ fn verify_graphs_and_sampled_rows_match_decode_steps() {
             m.reset().expect("reset");
             m.prefill(&prompt).expect("prefill");
             let verified = m.verify(&rows).expect("verify");
-            for (i, (v, s)) in verified.iter().zip(&stepped).enumerate() {
-                assert!(
-                    same_bits(v, s),
-                    "{name}: verify pass {pass}, row {i} differs from the decode step"
-                );
-            }
+            assert_rows_are_steps(&verified, &stepped, &format!("{name}, verify pass {pass}"));
         }
         let us: Vec<f32> = (0..rows.len())
             .map(|i| (i as f32 * 0.37 + 0.05) % 1.0)
