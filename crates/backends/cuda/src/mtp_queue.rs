@@ -69,9 +69,13 @@ impl MtpQueue {
         self.queued() + 2 + n > self.rows
     }
 
-    /// A trunk call of `tokens` (not empty): returns the buffer row its first row's hidden state
-    /// goes to (its rows go to consecutive rows). `verify`: [`MtpQueue::keep`] will trim it.
+    /// A trunk call of `tokens`: returns the buffer row its first row's hidden state goes to
+    /// (its rows go to consecutive rows). `verify`: [`MtpQueue::keep`] will trim it. An empty
+    /// call changes nothing.
     pub fn record(&mut self, tokens: &[u32], verify: bool) -> usize {
+        if tokens.is_empty() {
+            return self.queued() + usize::from(self.has_last);
+        }
         if self.has_last {
             self.tokens.push(tokens[0]);
         }
@@ -227,6 +231,8 @@ mod tests {
     fn a_draft_needs_a_trunk_row_and_reset_empties_the_queue() {
         let mut q = MtpQueue::new(8);
         assert!(q.complete(1).is_err());
+        assert_eq!(q.record(&[], false), 0, "an empty call");
+        assert_eq!((q.queued(), q.has_last()), (0, false));
         q.record(&[1, 2, 3], false);
         assert_eq!((q.queued(), q.has_last()), (2, true));
         q.complete(4).expect("waiting row");
