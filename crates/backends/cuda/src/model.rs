@@ -660,8 +660,6 @@ struct DevMtp {
     cat: u64,
     /// f32 `[hidden]`: a chained draft's input, the MTP output after its shared-head norm.
     chain: u64,
-    /// Captured draft steps (`CudaModel::mtp_step` with the head), by (slots, input rows).
-    graphs: HashMap<(usize, u64), CudaGraph>,
     /// Whole drafts (the queued slots, then the chained steps) as one graph, by (slots,
     /// drafts), and where they leave their drafts (i32 `[MAX_GRAPH_DRAFTS]`).
     draft_graphs: HashMap<(usize, usize), CudaGraph>,
@@ -1619,13 +1617,9 @@ impl CudaModel {
     /// ids come back).
     pub fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>, CudaError> {
         self.verify_rows(tokens, true)?;
-        let mut ids = vec![0i32; tokens.len()];
-        // SAFETY: `out` holds max_verify >= tokens.len() i32; synchronized below.
-        unsafe { cu::memcpy_dtoh_async(&mut ids, self.sc.out, self.stream.cu_stream()) }
-            .map_err(|e| CudaError::driver("reading the verified tokens", e))?;
-        self.sync()?;
+        let [ids] = self.read_ids([(self.sc.out, tokens.len())], "reading the verified tokens")?;
         self.experts.after_forward(&self.stream, tokens.len())?;
-        Ok(ids.into_iter().map(|id| id.max(0) as u32).collect())
+        Ok(ids)
     }
 
     /// The forward of a verify pass (and, `greedy`, every row's argmax into `out`).
@@ -1850,20 +1844,27 @@ impl CudaModel {
         m.draft_graphs[&(n, k)]
             .launch()
             .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?;
-        let drafts = self.read_i32s(m.drafts, k, "reading the MTP drafts")?;
-        self.sync()?;
+        let [drafts] = self.read_ids([(m.drafts, k)], "reading the MTP drafts")?;
         m.queue.ran();
         Ok(drafts)
     }
 
-    /// `n` i32 at `src` read back (a copy on the model's stream; the caller synchronizes).
-    fn read_i32s(&self, src: u64, n: usize, what: &str) -> Result<Vec<u32>, CudaError> {
-        let mut v = vec![0i32; n];
-        // SAFETY: `src` holds at least `n` i32 (the callers' buffers); synchronized below.
-        unsafe { cu::memcpy_dtoh_async(&mut v, src, self.stream.cu_stream()) }
-            .map_err(|e| CudaError::driver(what, e))?;
+    /// Token ids read back: for each `(src, n)`, `n` i32 at `src` (copies on the model's stream,
+    /// one synchronization for all; negative values as 0).
+    fn read_ids<const N: usize>(
+        &self,
+        srcs: [(u64, usize); N],
+        what: &str,
+    ) -> Result<[Vec<u32>; N], CudaError> {
+        let mut bufs: [Vec<i32>; N] = std::array::from_fn(|i| vec![0i32; srcs[i].1]);
+        for (buf, (src, _)) in bufs.iter_mut().zip(srcs) {
+            // SAFETY: `src` holds at least `buf.len()` i32 (the callers' buffers); the copy is
+            // complete after the synchronization below, before `buf` is read or dropped.
+            unsafe { cu::memcpy_dtoh_async(buf, src, self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver(what, e))?;
+        }
         self.sync()?;
-        Ok(v.into_iter().map(|d| d.max(0) as u32).collect())
+        Ok(bufs.map(|b| b.into_iter().map(|d| d.max(0) as u32).collect()))
     }
 
     /// A draft graph's input: the queued slots' position and tokens (room for `k` chained slots
@@ -2005,8 +2006,10 @@ impl CudaModel {
         m.pass_graphs[&(n, k)]
             .launch()
             .map_err(|e| CudaError::driver("replaying an MTP pass graph", e))?;
-        let drafts = self.read_i32s(m.drafts, k, "reading the MTP drafts")?;
-        let ids = self.read_i32s(self.sc.out, rows, "reading the verified tokens")?;
+        let [drafts, ids] = self.read_ids(
+            [(m.drafts, k), (self.sc.out, rows)],
+            "reading the drafts and verified tokens",
+        )?;
         // The bookkeeping of the draft, then of the verify pass (`verify_rows`).
         m.queue.ran();
         let mut tokens = Vec::with_capacity(rows);
@@ -2102,8 +2105,9 @@ impl CudaModel {
 
     /// The MTP block over `tokens.len()` slots from position `t0`: slot i takes hidden row i at
     /// `hid` and `tokens[i]`; its output (before the shared-head norm) lands in `x`. `head`: then
-    /// the last slot's draft into `out` ([`Self::mtp_head`]); such steps of up to
-    /// [`SMALL_GRAPH_ROWS`] slots replay a graph captured at their first use.
+    /// the last slot's draft into `out` ([`Self::mtp_head`]). Eager launches: the drafts that fit
+    /// a graph take [`Self::mtp_draft_graph`]; this path serves the first draft after a long
+    /// prompt and the queue's flushes.
     fn mtp_step(
         &mut self,
         m: &mut DevMtp,
@@ -2126,23 +2130,11 @@ impl CudaModel {
         // SAFETY: `input` holds 1 + max_batch i32 (n <= max_batch: the callers' chunks).
         unsafe { cu::memcpy_htod_async(self.sc.input, &input, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
-        let body = |s: &mut Self, m: &mut DevMtp| -> Result<(), CudaError> {
-            s.mtp_enqueue(m, hid, n)?;
-            if head {
-                s.mtp_head(m, n)?;
-            }
-            Ok(())
-        };
-        if !(head && self.small_graphs && self.opts.graphs && n <= SMALL_GRAPH_ROWS) {
-            return body(self, m);
+        self.mtp_enqueue(m, hid, n)?;
+        if head {
+            self.mtp_head(m, n)?;
         }
-        if !m.graphs.contains_key(&(n, hid)) {
-            let g = self.capture(|s| body(s, m))?;
-            m.graphs.insert((n, hid), g);
-        }
-        m.graphs[&(n, hid)]
-            .launch()
-            .map_err(|e| CudaError::driver("replaying an MTP graph", e))
+        Ok(())
     }
 
     /// The draft of the last of `n` slots in `x`: its shared-head norm into `chain` (the next
@@ -2241,12 +2233,8 @@ impl CudaModel {
     }
 
     fn read_out(&self) -> Result<u32, CudaError> {
-        let mut id = [0i32; 1];
-        // SAFETY: `out` holds one i32; synchronized below.
-        unsafe { cu::memcpy_dtoh_async(&mut id, self.sc.out, self.stream.cu_stream()) }
-            .map_err(|e| CudaError::driver("reading the sampled token", e))?;
-        self.sync()?;
-        Ok(id[0].max(0) as u32)
+        let [id] = self.read_ids([(self.sc.out, 1)], "reading the sampled token")?;
+        Ok(id[0])
     }
 
     /// Check `tokens` and copy `[pos, ids...]` to the device.
@@ -4139,7 +4127,6 @@ fn dev_mtp(
         queue: MtpQueue::new(q_rows),
         cat: arena.f32s(o.max_batch * 2 * h)?,
         chain: arena.f32s(h)?,
-        graphs: HashMap::new(),
         draft_graphs: HashMap::new(),
         drafts: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
         pass_graphs: HashMap::new(),
