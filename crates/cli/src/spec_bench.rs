@@ -350,10 +350,7 @@ fn cuda_rewrite(
     let mut out = vec![RewriteRun::plain(base.clone(), &stats)];
     // As on the CPU: the MTP modes only on a file with an MTP block.
     let config = redlite_model::Config::from_gguf(file)?;
-    let has_mtp = config.nextn_layers > 0
-        && file
-            .tensor(&format!("blk.{}.nextn.eh_proj.weight", config.n_layers))
-            .is_some();
+    let has_mtp = redlite_model::weights::has_mtp_block(file, &config);
     for &mode in modes.iter().filter(|m| **m != SpecMode::Off) {
         if matches!(mode, SpecMode::Mtp | SpecMode::Both) && !has_mtp {
             continue;

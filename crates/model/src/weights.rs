@@ -258,8 +258,7 @@ impl<B: Backend> Weights<B> {
             layers.push(load_layer(&l, cfg, i, kind)?);
         }
         let mtp_layer = cfg.n_layers;
-        let mtp = if cfg.nextn_layers > 0 && l.has(&format!("blk.{mtp_layer}.nextn.eh_proj.weight"))
-        {
+        let mtp = if has_mtp_block(file, cfg) {
             let p = |n: &str| format!("blk.{mtp_layer}.nextn.{n}");
             Some(MtpWeights {
                 enorm: l.vector(&p("enorm.weight"), h)?,
@@ -463,4 +462,13 @@ fn load_moe<B: Backend>(
         },
         shared_gate: l.vector(&p("ffn_gate_inp_shexp.weight"), h)?,
     })
+}
+
+/// Whether `file` carries the MTP block (`nextn_predict_layers` > 0 and its `eh_proj`): the
+/// weights load it then ([`Weights::load`]).
+pub fn has_mtp_block(file: &GgufFile, cfg: &Config) -> bool {
+    cfg.nextn_layers > 0
+        && file
+            .tensor(&format!("blk.{}.nextn.eh_proj.weight", cfg.n_layers))
+            .is_some()
 }
