@@ -21,7 +21,8 @@
 # POS=32768 a decode at that position, default and each config. SPEC=1 (after the default's
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
-# cost. ROUNDS=0 and no CONFIGS: no full-size layout is made.
+# cost; SPEC_CONFIGS (as CONFIGS) adds MTP-only rewrites alternating the default with each config.
+# ROUNDS=0 and no CONFIGS: no full-size layout is made.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/ab}
@@ -71,6 +72,14 @@ for cfg in $ALL; do
         timeout 300 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf -f $W/colorsys_60.py \
             --modes lookup,mtp,both --rounds "${SPEC_ROUNDS:-3}" >"$LOGS/rewrite.log" 2>&1
         grep -v "^round" "$LOGS/rewrite.log" | tail -12 | keep
+        # SPEC_CONFIGS: MTP rewrites alternating the default with each config (SPEC_ROUNDS each).
+        for round in $(seq "${SPEC_ROUNDS:-3}"); do
+            for cfg in ${SPEC_CONFIGS:+default $SPEC_CONFIGS}; do
+                step "demo MTP rewrite round $round [$cfg]"
+                with "$cfg" timeout 200 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf \
+                    -f $W/colorsys_60.py --modes mtp --rounds 1 2>&1 | grep -i "mtp\|plain\|off " | tail -3 | keep
+            done
+        done
         step "sampled generation with and without speculation (demo)"
         spec_sampled_check $R models/redlite-demo.gguf | keep
         step "demo verify cost on the GPU"
