@@ -18,7 +18,8 @@
 # default's (`cmp`, then KL per step when they differ: the random full-size layout is chaotic,
 # so only bit-identical changes compare there); ROUNDS rounds of `bench decode -p 8 -n 128`
 # alternating default and configs, with medians; TRACE=1 the phase trace of the default;
-# POS=32768 a decode at that position, default and each config. SPEC=1 (after the default's
+# POS=32768 a decode at that position, default and each config; VERIFY=1 the full-size verify
+# cost (2 / 4 / 8 / 16 rows against a step), default and each config. SPEC=1 (after the default's
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
 # cost; SPEC_CONFIGS (as CONFIGS) adds MTP-only rewrites alternating the default with each config.
@@ -134,6 +135,13 @@ if [ -n "${TRACE:-}" ]; then
     step "trace (default)"
     REDLITE_CUDA_DEFINES=REDLITE_TRACE timeout 200 $R bench decode --backend cuda -m $FULL -p 8 -n 128 >"$LOGS/trace.log" 2>&1
     grep "^trace" "$LOGS/trace.log" | keep
+fi
+if [ -n "${VERIFY:-}" ]; then
+    for cfg in $ALL; do
+        step "full-size verify cost [$cfg]"
+        with "$cfg" timeout 150 $R spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
+            tail -5 | keep
+    done
 fi
 if [ -n "${POS:-}" ]; then
     for cfg in $ALL; do

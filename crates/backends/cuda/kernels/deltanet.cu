@@ -739,9 +739,16 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // channels'. Traces as dn_fused_seq (q/k channels by the first block).
 // early: as dn_fused_seq's (bit 1 for the thread's first DNC_PRE conv channels).
 // Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads
-// (<= DNC_MAX_THREADS), dynamic shared memory = (2 dk + 32 + blockDim.x + 2) floats; counter: nk
-// zeroed u64s.
+// (<= DNC_MAX_THREADS), dynamic shared memory = (DNC_CHUNK (2 dk + 32) + 4 blockDim.x + 2 DNC_CHUNK)
+// floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s.
 #define DNC_PRE 3
+// Tokens whose state-free parts run ahead of the recurrence (ops.rs's DNC_CHUNK sizes the shared
+// memory for it). DNC_PROLOGUE=0: the token-at-a-time loop of sessions 16–20 (five barriers a
+// token), kept for one A/B.
+#define DNC_CHUNK 16
+#ifndef DNC_PROLOGUE
+#define DNC_PROLOGUE 1
+#endif
 // The launch bound (ops.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
 // registers' worth of loads and stores. At (256, 1) NVRTC 13.0's ptxas (the H200 machine's)
 // gives it 190 registers and no local memory; with (256) alone it took 128 and spilled (STACK:104,
@@ -759,10 +766,9 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
     const int cpv = dv / WARP, nv = nk * r;
     const int kh = blockIdx.x / (r * cpv), hl = (blockIdx.x / cpv) % r, cc = blockIdx.x % cpv;
     const int h = kh * r + hl;
-    const int own = 2 * dk + WARP;  // q of kh, k of kh, the block's 32 v channels
-    float* buf = sm;                // [own]: conv output of the current token (q | k | v)
-    float* part = buf + own;        // [warps][32]: partial column sums
-    float* gb = part + blockDim.x;  // beta, exp(g) of the V head
+    const int own = 2 * dk + WARP;     // q of kh, k of kh, the block's 32 v channels
+    float* buf = sm;                   // [DNC_CHUNK][own]: conv outputs (q | k | v) of the chunk's tokens
+    float* part = buf + DNC_CHUNK * own;  // [warps][32] partial column sums (prologue: see there)
     const int lane = threadIdx.x % WARP, rg = threadIdx.x / WARP, warps = blockDim.x / WARP;
     const int j = cc * WARP + lane;
     const int i0 = rg * DNF_ROWS;
@@ -795,6 +801,74 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
     }
     // z of the warp's first gated-norm output (token rg), in flight during the token loop.
     const float zt = pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
+#if DNC_PROLOGUE
+    // Tokens in chunks of DNC_CHUNK. What does not depend on the state (conv, gates, q/k L2
+    // norms) runs for the whole chunk first, every token's loads in flight at once; then the
+    // recurrence, one barrier a token: the S^T k and S^T q partial sums go through two
+    // double-buffered arrays (pm, po), and row group 0 adds token t's S^T q sums after the next
+    // token's barrier. The same operations per column as the token-at-a-time loop below.
+    float* pm = part;             // [2][blockDim.x]
+    float* po = part + 2 * bd;    // [2][blockDim.x]
+    float* gbc = part + 4 * bd;   // [DNC_CHUNK][2]: beta, exp(g) of each token
+    for (int c0 = 0; c0 < n; c0 += DNC_CHUNK) {
+        const int pn = min(DNC_CHUNK, n - c0);
+        for (int tc = 0; tc < pn; ++tc) {
+            const int t = c0 + tc;
+            float* bt = buf + tc * own;
+            if (pre) {
+#pragma unroll
+                for (int i = 0; i < DNC_PRE; ++i) {
+                    if (pr.c[i] >= 0) bt[tid + i * bd] = dnf_conv_pre(pr, i, qkv, t, ch);
+                }
+                for (int li = tid + DNC_PRE * bd; li < own; li += bd) bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
+            } else {
+                for (int li = tid; li < own; li += bd) bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
+            }
+        }
+        for (int tc = tid; tc < pn; tc += bd) {
+            const float* bat = ba + (size_t)(c0 + tc) * 2 * nv + (size_t)kh * 2 * r;
+            dnf_gates(bat[hl], bat[r + hl], pre ? pa : a[h], pre ? pdt : dt_bias[h], gbc[2 * tc], gbc[2 * tc + 1]);
+        }
+        __syncthreads();
+        for (int vec = rg; vec < 2 * pn; vec += warps) {
+            dnf_l2_norm(buf + (vec >> 1) * own + (vec & 1) * dk, dk, lane, l2_eps, (vec & 1) == 0 ? q_scale : 1.0f);
+        }
+        __syncthreads();
+        for (int tc = 0; tc < pn; ++tc) {
+            const int t = c0 + tc, b = (tc & 1) * bd;
+            const float* qs = buf + tc * own;
+            const float* ks = qs + dk;
+            pm[b + rg * WARP + lane] = dnf_decay_dot(st, gbc[2 * tc + 1], ks + i0);
+            __syncthreads();  // token t's S^T k parts, token t - 1's S^T q parts are written
+            if (tc > 0 && rg == 0) {
+                float ot = 0.0f;
+                for (int g = 0; g < warps; ++g) ot += po[(bd - b) + g * WARP + lane];
+                o[((size_t)(t - 1) * nv + h) * dv + j] = ot;
+            }
+            float mt = 0.0f;
+            for (int g = 0; g < warps; ++g) mt += pm[b + g * WARP + lane];
+            const float v = qs[2 * dk + lane];
+            const float delta = gbc[2 * tc] * (v - mt);
+            po[b + rg * WARP + lane] = dnf_update_dot(st, ks + i0, delta, qs + i0);
+            if (s_trace != nullptr) {
+                float* p = s_trace + (size_t)t * nv * dk * dv + ((size_t)h * dk + i0) * dv + j;
+#pragma unroll
+                for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
+                for (int li = threadIdx.x; li < own; li += blockDim.x) {
+                    if (li < 2 * dk && !lead) continue;
+                    dnf_conv_trace(qkv, conv_state, conv_trace, t, DNC_CH(li), ch, kern);
+                }
+            }
+        }
+        __syncthreads();  // the chunk's last S^T q parts; every read of buf and gbc is done
+        if (rg == 0) {
+            float ot = 0.0f;
+            for (int g = 0; g < warps; ++g) ot += po[((pn - 1) & 1) * bd + g * WARP + lane];
+            o[((size_t)(c0 + pn - 1) * nv + h) * dv + j] = ot;
+        }
+    }
+#else
+    float* gb = part + blockDim.x;  // beta, exp(g) of the V head
     for (int t = 0; t < n; ++t) {
         if (pre) {
             // The preloaded channels' loads all in flight at once, then the rest.
@@ -841,6 +915,7 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
             }
         }
     }
+#endif
     {
         float* p = s + ((size_t)h * dk + i0) * dv + j;
         asm volatile("" : "+l"(p));  // a fresh pointer: the load addresses are not kept live

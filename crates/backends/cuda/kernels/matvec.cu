@@ -721,6 +721,43 @@ __device__ __forceinline__ float stage_normed(const float* __restrict__ x, const
     return 1.0f / sqrtf(tot / (float)n + eps);
 }
 
+#define MVF_MAX_TILE 4
+// stage_normed for the nt (<= MVF_MAX_TILE) tokens of a tile at once: xs[t] = x[t] * nw and
+// invs[t] = 1 / rms(x[t]) (nw null: 1), each token's squares summed in stage_normed's order (per
+// thread, per warp, then the warps in order), so the same bits; every token's loads in flight
+// together and one barrier for the tile instead of two a token. invs is written by threads
+// 0 .. nt - 1 after the barrier: read it after a later one. Ends with a barrier (xs complete).
+__device__ __forceinline__ void stage_normed_tile(const float* __restrict__ x, const float* __restrict__ nw, float eps,
+                                                  int cols, int nt, float* xs, float* invs) {
+    __shared__ float part_ss[MVF_MAX_TILE][MVF_WARPS];
+    float ss[MVF_MAX_TILE];
+#pragma unroll
+    for (int t = 0; t < MVF_MAX_TILE; ++t) ss[t] = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float wi = nw == nullptr ? 1.0f : nw[i];
+#pragma unroll
+        for (int t = 0; t < MVF_MAX_TILE; ++t) {
+            if (t < nt) {
+                const float v = x[(size_t)t * cols + i];
+                ss[t] += v * v;
+                xs[(size_t)t * cols + i] = nw == nullptr ? v : v * wi;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MVF_MAX_TILE; ++t) {
+        const float v = warp_sum(ss[t]);
+        if (threadIdx.x % WARP == 0) part_ss[t][threadIdx.x / WARP] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nt) {
+        const int t = threadIdx.x;
+        float tot = 0.0f;
+        for (int w = 0; w < MVF_WARPS; ++w) tot += part_ss[t][w];
+        invs[t] = nw == nullptr ? 1.0f : 1.0f / sqrtf(tot / (float)cols + eps);
+    }
+}
+
 // matvec_norm3_<type>(x, nw, eps, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): up to
 // three matrices of one type and width that read the same normalised input, in one launch:
 // y_m[t] = W_m . (rms_norm(x[t]) * nw), computed as rsqrt(mean(x^2) + eps) * (W_m . (x[t] * nw));
@@ -778,7 +815,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_f32(const
     matvec3_x_f32_body(x, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
-#define MVF_MAX_TILE 4
 // The token-tile products of the warp group's row `row` (one row per group; row >= rows: none)
 // against the tile's nt inputs (token t at x + t * cols): row_partial_tok per lane (each weight
 // decoded once for the tile), the warp sums, the slices added in order; then part 0's lane 0
@@ -842,11 +878,7 @@ __device__ __forceinline__ void matvec_norm3_tok_body(const float* __restrict__ 
     mvf_prefetch<T>(w, cols, rows, row, part, s);
     stage_tables<T>();
     pdl_enter();
-    for (int t = 0; t < nt; ++t) {
-        const float inv = stage_normed(x + (size_t)(t0 + t) * cols, nw, eps, cols, xs + (size_t)t * cols);
-        if (threadIdx.x == 0) invs[t] = inv;
-        __syncthreads();  // part_ss of stage_normed is reused by the next token
-    }
+    stage_normed_tile(x + (size_t)t0 * cols, nw, eps, cols, nt, xs, invs);
     tok_rows_out<T, false>(w, xs, cols, rows, row, part, s, y, t0, nt, invs);
 }
 

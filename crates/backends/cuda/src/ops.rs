@@ -1956,6 +1956,10 @@ pub fn dn_fused_launch(d: DeltaDims) -> Option<(u32, u32)> {
 /// leaves it the registers to hold its state rows without spilling).
 const DNC_MAX_THREADS: usize = 256;
 
+/// `dn_fused_cols`' tokens per chunk (`DNC_CHUNK` in deltanet.cu): their conv outputs, gates and
+/// q/k norms are computed ahead of the recurrence and held in shared memory.
+const DNC_CHUNK: usize = 16;
+
 /// `dn_fused_cols`' launch for these shapes: `(grid, block threads, dynamic shared bytes)`, or
 /// `None` when the shape does not fit it (dk and dv multiples of 32, dk at most
 /// `DNC_MAX_THREADS`).
@@ -1968,7 +1972,7 @@ pub fn dn_cols_launch(d: DeltaDims) -> Option<(u32, u32, u32)> {
         && d.nv.is_multiple_of(d.nk)
         && d.dk <= DNC_MAX_THREADS;
     let threads = d.dk;
-    let shared = 4 * (2 * d.dk + 32 + threads + 2);
+    let shared = 4 * (DNC_CHUNK * (2 * d.dk + 32) + 4 * threads + 2 * DNC_CHUNK);
     fits.then_some(((d.nv * d.dv / 32) as u32, threads as u32, shared as u32))
 }
 

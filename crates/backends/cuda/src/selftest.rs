@@ -1838,8 +1838,9 @@ impl Runner<'_> {
     }
 
     /// `dn_fused_seq` (conv, q/k norm, gates, delta rule, gated norm in one launch) against an
-    /// f64 reference of the five steps, on 1 and 5 tokens (the 5 run starts from the 1 run's
-    /// states, so the carried conv window and delta state are checked too; it also writes the
+    /// f64 reference of the five steps, on 1, 5 and 19 tokens (each run starts from the one before's
+    /// states, so the carried conv window and delta state are checked too; 19 crosses
+    /// `dn_fused_cols`' 16-token chunk; the longer runs also write the
     /// states after every token, the trace of a speculative verify, checked against the
     /// reference's and, for the last token, bit for bit against the carried states).
     fn deltanet_fused(&mut self) {
@@ -1861,7 +1862,7 @@ impl Runner<'_> {
         let norm_w: Vec<f32> = (0..d.dv).map(|_| 0.5 + self.rng.uniform() as f32).collect();
         let mut conv_state = self.rng.normals((kern - 1) * ch, 1.0);
         let mut s = self.rng.normals(d.nv * d.dk * d.dv, 0.1);
-        for n in [1usize, 5] {
+        for n in [1usize, 5, 19] {
             let qkv = self.rng.normals(n * ch, 1.0);
             let ba = self.rng.normals(n * 2 * d.nv, 2.0);
             let z = self.rng.normals(n * d.nv * d.dv, 1.0);
