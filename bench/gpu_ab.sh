@@ -75,7 +75,7 @@ for cfg in $ALL; do
         grep -v "^round" "$LOGS/rewrite.log" | tail -12 | keep
         # SPEC_CONFIGS: MTP rewrites alternating the default with each config (SPEC_ROUNDS each).
         for round in $(seq "${SPEC_ROUNDS:-3}"); do
-            for cfg in ${SPEC_CONFIGS:+default $SPEC_CONFIGS}; do
+            for cfg in ${SPEC_CONFIGS:+default ${SPEC_CONFIGS}}; do
                 step "demo MTP rewrite round $round [$cfg]"
                 with "$cfg" timeout 200 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf \
                     -f $W/colorsys_60.py --modes mtp --rounds 1 2>&1 | grep -i "mtp\|plain\|off " | tail -3 | keep
@@ -83,8 +83,11 @@ for cfg in $ALL; do
         done
         step "sampled generation with and without speculation (demo)"
         spec_sampled_check $R models/redlite-demo.gguf | keep
-        step "demo verify cost on the GPU"
-        timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 --context 900 2>&1 | tail -8 | keep
+        for cfg in default ${SPEC_CONFIGS:-}; do
+            step "demo verify cost on the GPU [$cfg]"
+            with "$cfg" timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 \
+                --context 900 2>&1 | tail -6 | keep
+        done
     fi
     i=$((i + 1))
 done

@@ -439,16 +439,22 @@ extern "C" __global__ __launch_bounds__(128) void dn_delta_warp_128(const float*
 // the same contractions in both: their outputs agree bit for bit).
 
 // Conv + SiLU of channel c for token t; history = [conv_state (kern - 1 rows) | qkv rows 0 .. t].
+// tr (null: none): conv_trace's row t at channel c (dnf_conv_trace's values), written from the
+// inputs read here: the window after token t is inputs t - kern + 2 .. t.
 __device__ __forceinline__ float dnf_conv(const float* __restrict__ qkv, const float* __restrict__ conv_state,
-                                          const float* __restrict__ conv_w, int t, int c, int ch, int kern) {
+                                          const float* __restrict__ conv_w, int t, int c, int ch, int kern,
+                                          float* __restrict__ tr = nullptr) {
     const float* wc = conv_w + (size_t)c * kern;
     float acc = 0.0f;
     for (int jj = 0; jj < kern - 1; ++jj) {
         const int src = t - (kern - 1) + jj;
         const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : conv_state[(size_t)(kern - 1 + src) * ch + c];
+        if (tr != nullptr && jj > 0) tr[(size_t)(jj - 1) * ch] = hv;
         acc += wc[jj] * hv;
     }
-    acc += wc[kern - 1] * qkv[(size_t)t * ch + c];
+    const float x = qkv[(size_t)t * ch + c];
+    if (tr != nullptr) tr[(size_t)(kern - 2) * ch] = x;
+    acc += wc[kern - 1] * x;
     return siluf_(acc);
 }
 
@@ -549,18 +555,21 @@ __device__ __forceinline__ void dnf_pre_channel(DnfConvRegs<NPRE>& p, int i, int
 }
 
 // dnf_conv of channel p.c[i] from the registers (the same operations in the same order).
+// tr: as dnf_conv's.
 template <int NPRE>
 __device__ __forceinline__ float dnf_conv_pre(DnfConvRegs<NPRE>& p, int i, const float* __restrict__ qkv, int t,
-                                              int ch) {
+                                              int ch, float* __restrict__ tr = nullptr) {
     const int c = p.c[i];
     float acc = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
         const int src = t - (DNF_PRE_KERN - 1) + jj, m = t + jj;
         const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : m == 0 ? p.h[i][0] : m == 1 ? p.h[i][1] : p.h[i][2];
+        if (tr != nullptr && jj > 0) tr[(size_t)(jj - 1) * ch] = hv;
         acc += p.w[i][jj] * hv;
     }
     p.x[i] = qkv[(size_t)t * ch + c];
+    if (tr != nullptr) tr[(size_t)(DNF_PRE_KERN - 2) * ch] = p.x[i];
     acc += p.w[i][DNF_PRE_KERN - 1] * p.x[i];
     return siluf_(acc);
 }
@@ -742,20 +751,17 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // (<= DNC_MAX_THREADS), dynamic shared memory = (DNC_CHUNK (2 dk + 32) + 4 blockDim.x + 2 DNC_CHUNK)
 // floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s.
 #define DNC_PRE 3
-// Tokens whose state-free parts run ahead of the recurrence (ops.rs's DNC_CHUNK sizes the shared
-// memory for it). DNC_PROLOGUE=0: the token-at-a-time loop of sessions 16–20 (five barriers a
-// token), kept for one A/B.
+// dn_fused_cols_rows' tokens whose state-free parts run ahead of the recurrence (ops.rs's
+// DNC_CHUNK sizes the shared memory for it).
 #define DNC_CHUNK 16
-#ifndef DNC_PROLOGUE
-#define DNC_PROLOGUE 1
-#endif
 // The launch bound (ops.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
 // registers' worth of loads and stores. At (256, 1) NVRTC 13.0's ptxas (the H200 machine's)
 // gives it 190 registers and no local memory; with (256) alone it took 128 and spilled (STACK:104,
 // 58 spill instructions, the preloaded values stored to the stack before the wait), while 13.5
 // gave 168 and none: check the device's NVRTC version when reading resource usage here.
 #define DNC_MAX_THREADS 256
-extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
+template <bool ROWS>
+__device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
@@ -801,55 +807,114 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
     }
     // z of the warp's first gated-norm output (token rg), in flight during the token loop.
     const float zt = pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
-#if DNC_PROLOGUE
-    // Tokens in chunks of DNC_CHUNK. What does not depend on the state (conv, gates, q/k L2
-    // norms) runs for the whole chunk first, every token's loads in flight at once; then the
-    // recurrence, one barrier a token: the S^T k and S^T q partial sums go through two
-    // double-buffered arrays (pm, po), and row group 0 adds token t's S^T q sums after the next
-    // token's barrier. The same operations per column as the token-at-a-time loop below.
-    float* pm = part;             // [2][blockDim.x]
-    float* po = part + 2 * bd;    // [2][blockDim.x]
-    float* gbc = part + 4 * bd;   // [DNC_CHUNK][2]: beta, exp(g) of each token
-    for (int c0 = 0; c0 < n; c0 += DNC_CHUNK) {
-        const int pn = min(DNC_CHUNK, n - c0);
-        for (int tc = 0; tc < pn; ++tc) {
-            const int t = c0 + tc;
-            float* bt = buf + tc * own;
+    if constexpr (ROWS) {
+        // Tokens in chunks of DNC_CHUNK. What does not depend on the state (conv, gates, q/k L2
+        // norms) runs for the whole chunk first, every token's loads in flight at once; then the
+        // recurrence, one barrier a token: the S^T k and S^T q partial sums go through two
+        // double-buffered arrays (pm, po), and row group 0 adds token t's S^T q sums after the next
+        // token's barrier. The same operations per column as the token-at-a-time loop below.
+        float* pm = part;             // [2][blockDim.x]
+        float* po = part + 2 * bd;    // [2][blockDim.x]
+        float* gbc = part + 4 * bd;   // [DNC_CHUNK][2]: beta, exp(g) of each token
+        for (int c0 = 0; c0 < n; c0 += DNC_CHUNK) {
+            const int pn = min(DNC_CHUNK, n - c0);
+            for (int tc = 0; tc < pn; ++tc) {
+                const int t = c0 + tc;
+                float* bt = buf + tc * own;
+                // The conv trace of token t from the inputs the conv reads (q/k channels: the lead
+                // block's), so the recurrence below waits for no load of it.
+                float* trt = conv_trace == nullptr ? nullptr : conv_trace + (size_t)t * (kern - 1) * ch;
+#define DNC_TR(li) (trt != nullptr && ((li) >= 2 * dk || lead) ? trt + DNC_CH(li) : nullptr)
+                if (pre) {
+#pragma unroll
+                    for (int i = 0; i < DNC_PRE; ++i) {
+                        const int li = tid + i * bd;
+                        if (pr.c[i] >= 0) bt[li] = dnf_conv_pre(pr, i, qkv, t, ch, DNC_TR(li));
+                    }
+                    for (int li = tid + DNC_PRE * bd; li < own; li += bd) {
+                        bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern, DNC_TR(li));
+                    }
+                } else {
+                    for (int li = tid; li < own; li += bd) bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern, DNC_TR(li));
+                }
+#undef DNC_TR
+            }
+            for (int tc = tid; tc < pn; tc += bd) {
+                const float* bat = ba + (size_t)(c0 + tc) * 2 * nv + (size_t)kh * 2 * r;
+                dnf_gates(bat[hl], bat[r + hl], pre ? pa : a[h], pre ? pdt : dt_bias[h], gbc[2 * tc], gbc[2 * tc + 1]);
+            }
+            __syncthreads();
+            for (int vec = rg; vec < 2 * pn; vec += warps) {
+                dnf_l2_norm(buf + (vec >> 1) * own + (vec & 1) * dk, dk, lane, l2_eps, (vec & 1) == 0 ? q_scale : 1.0f);
+            }
+            __syncthreads();
+            for (int tc = 0; tc < pn; ++tc) {
+                const int t = c0 + tc, b = (tc & 1) * bd;
+                const float* qs = buf + tc * own;
+                const float* ks = qs + dk;
+                pm[b + rg * WARP + lane] = dnf_decay_dot(st, gbc[2 * tc + 1], ks + i0);
+                __syncthreads();  // token t's S^T k parts, token t - 1's S^T q parts are written
+                if (tc > 0 && rg == 0) {
+                    float ot = 0.0f;
+                    for (int g = 0; g < warps; ++g) ot += po[(bd - b) + g * WARP + lane];
+                    o[((size_t)(t - 1) * nv + h) * dv + j] = ot;
+                }
+                float mt = 0.0f;
+                for (int g = 0; g < warps; ++g) mt += pm[b + g * WARP + lane];
+                const float v = qs[2 * dk + lane];
+                const float delta = gbc[2 * tc] * (v - mt);
+                po[b + rg * WARP + lane] = dnf_update_dot(st, ks + i0, delta, qs + i0);
+                if (s_trace != nullptr) {
+                    float* p = s_trace + (size_t)t * nv * dk * dv + ((size_t)h * dk + i0) * dv + j;
+#pragma unroll
+                    for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
+                }
+            }
+            __syncthreads();  // the chunk's last S^T q parts; every read of buf and gbc is done
+            if (rg == 0) {
+                float ot = 0.0f;
+                for (int g = 0; g < warps; ++g) ot += po[((pn - 1) & 1) * bd + g * WARP + lane];
+                o[((size_t)(c0 + pn - 1) * nv + h) * dv + j] = ot;
+            }
+        }
+    } else {
+        float* gb = part + blockDim.x;  // beta, exp(g) of the V head
+        for (int t = 0; t < n; ++t) {
             if (pre) {
+                // The preloaded channels' loads all in flight at once, then the rest.
 #pragma unroll
                 for (int i = 0; i < DNC_PRE; ++i) {
-                    if (pr.c[i] >= 0) bt[tid + i * bd] = dnf_conv_pre(pr, i, qkv, t, ch);
+                    if (pr.c[i] >= 0) buf[tid + i * bd] = dnf_conv_pre(pr, i, qkv, t, ch);
                 }
-                for (int li = tid + DNC_PRE * bd; li < own; li += bd) bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
+                for (int li = tid + DNC_PRE * bd; li < own; li += bd) buf[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
             } else {
-                for (int li = tid; li < own; li += bd) bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
+                for (int li = tid; li < own; li += bd) buf[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
             }
-        }
-        for (int tc = tid; tc < pn; tc += bd) {
-            const float* bat = ba + (size_t)(c0 + tc) * 2 * nv + (size_t)kh * 2 * r;
-            dnf_gates(bat[hl], bat[r + hl], pre ? pa : a[h], pre ? pdt : dt_bias[h], gbc[2 * tc], gbc[2 * tc + 1]);
-        }
-        __syncthreads();
-        for (int vec = rg; vec < 2 * pn; vec += warps) {
-            dnf_l2_norm(buf + (vec >> 1) * own + (vec & 1) * dk, dk, lane, l2_eps, (vec & 1) == 0 ? q_scale : 1.0f);
-        }
-        __syncthreads();
-        for (int tc = 0; tc < pn; ++tc) {
-            const int t = c0 + tc, b = (tc & 1) * bd;
-            const float* qs = buf + tc * own;
-            const float* ks = qs + dk;
-            pm[b + rg * WARP + lane] = dnf_decay_dot(st, gbc[2 * tc + 1], ks + i0);
-            __syncthreads();  // token t's S^T k parts, token t - 1's S^T q parts are written
-            if (tc > 0 && rg == 0) {
-                float ot = 0.0f;
-                for (int g = 0; g < warps; ++g) ot += po[(bd - b) + g * WARP + lane];
-                o[((size_t)(t - 1) * nv + h) * dv + j] = ot;
+            if (tid == 0) {
+                const float* bat = ba + (size_t)t * 2 * nv + (size_t)kh * 2 * r;
+                dnf_gates(bat[hl], bat[r + hl], pre ? pa : a[h], pre ? pdt : dt_bias[h], gb[0], gb[1]);
             }
+            __syncthreads();
+            for (int vec = rg; vec < 2; vec += warps) dnf_l2_norm(buf + vec * dk, dk, lane, l2_eps, vec == 0 ? q_scale : 1.0f);
+            __syncthreads();
+            const float* qs = buf;
+            const float* ks = buf + dk;
+            const float m = dnf_decay_dot(st, gb[1], ks + i0);
+            part[rg * WARP + lane] = m;
+            __syncthreads();
             float mt = 0.0f;
-            for (int g = 0; g < warps; ++g) mt += pm[b + g * WARP + lane];
-            const float v = qs[2 * dk + lane];
-            const float delta = gbc[2 * tc] * (v - mt);
-            po[b + rg * WARP + lane] = dnf_update_dot(st, ks + i0, delta, qs + i0);
+            for (int g = 0; g < warps; ++g) mt += part[g * WARP + lane];
+            const float v = buf[2 * dk + lane];
+            const float delta = gb[0] * (v - mt);
+            const float out = dnf_update_dot(st, ks + i0, delta, qs + i0);
+            __syncthreads();  // every warp has read the S^T k sums
+            part[rg * WARP + lane] = out;
+            __syncthreads();
+            if (rg == 0) {
+                float ot = 0.0f;
+                for (int g = 0; g < warps; ++g) ot += part[g * WARP + lane];
+                o[((size_t)t * nv + h) * dv + j] = ot;
+            }
             if (s_trace != nullptr) {
                 float* p = s_trace + (size_t)t * nv * dk * dv + ((size_t)h * dk + i0) * dv + j;
 #pragma unroll
@@ -860,62 +925,7 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
                 }
             }
         }
-        __syncthreads();  // the chunk's last S^T q parts; every read of buf and gbc is done
-        if (rg == 0) {
-            float ot = 0.0f;
-            for (int g = 0; g < warps; ++g) ot += po[((pn - 1) & 1) * bd + g * WARP + lane];
-            o[((size_t)(c0 + pn - 1) * nv + h) * dv + j] = ot;
-        }
     }
-#else
-    float* gb = part + blockDim.x;  // beta, exp(g) of the V head
-    for (int t = 0; t < n; ++t) {
-        if (pre) {
-            // The preloaded channels' loads all in flight at once, then the rest.
-#pragma unroll
-            for (int i = 0; i < DNC_PRE; ++i) {
-                if (pr.c[i] >= 0) buf[tid + i * bd] = dnf_conv_pre(pr, i, qkv, t, ch);
-            }
-            for (int li = tid + DNC_PRE * bd; li < own; li += bd) buf[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
-        } else {
-            for (int li = tid; li < own; li += bd) buf[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern);
-        }
-        if (tid == 0) {
-            const float* bat = ba + (size_t)t * 2 * nv + (size_t)kh * 2 * r;
-            dnf_gates(bat[hl], bat[r + hl], pre ? pa : a[h], pre ? pdt : dt_bias[h], gb[0], gb[1]);
-        }
-        __syncthreads();
-        for (int vec = rg; vec < 2; vec += warps) dnf_l2_norm(buf + vec * dk, dk, lane, l2_eps, vec == 0 ? q_scale : 1.0f);
-        __syncthreads();
-        const float* qs = buf;
-        const float* ks = buf + dk;
-        const float m = dnf_decay_dot(st, gb[1], ks + i0);
-        part[rg * WARP + lane] = m;
-        __syncthreads();
-        float mt = 0.0f;
-        for (int g = 0; g < warps; ++g) mt += part[g * WARP + lane];
-        const float v = buf[2 * dk + lane];
-        const float delta = gb[0] * (v - mt);
-        const float out = dnf_update_dot(st, ks + i0, delta, qs + i0);
-        __syncthreads();  // every warp has read the S^T k sums
-        part[rg * WARP + lane] = out;
-        __syncthreads();
-        if (rg == 0) {
-            float ot = 0.0f;
-            for (int g = 0; g < warps; ++g) ot += part[g * WARP + lane];
-            o[((size_t)t * nv + h) * dv + j] = ot;
-        }
-        if (s_trace != nullptr) {
-            float* p = s_trace + (size_t)t * nv * dk * dv + ((size_t)h * dk + i0) * dv + j;
-#pragma unroll
-            for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
-            for (int li = threadIdx.x; li < own; li += blockDim.x) {
-                if (li < 2 * dk && !lead) continue;
-                dnf_conv_trace(qkv, conv_state, conv_trace, t, DNC_CH(li), ch, kern);
-            }
-        }
-    }
-#endif
     {
         float* p = s + ((size_t)h * dk + i0) * dv + j;
         asm volatile("" : "+l"(p));  // a fresh pointer: the load addresses are not kept live
@@ -943,6 +953,27 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(
 #undef DNC_CH
     trace_phase(14, tt);
 }
+
+// dn_fused_cols: a decode step's (and the five-kernel prompt's fallback) token-at-a-time form;
+// dn_fused_cols_rows: several tokens (verify passes, short prompts), the chunk's conv, gates, q/k
+// norms and conv trace ahead of the recurrence, one barrier a token. The same outputs bit for bit.
+#define DNC_ARGS                                                                                                  \
+    const float *__restrict__ qkv, float *__restrict__ conv_state, const float *__restrict__ conv_w,              \
+        const float *__restrict__ ba, const float *__restrict__ a, const float *__restrict__ dt_bias,             \
+        float *__restrict__ s, const float *__restrict__ z, const float *__restrict__ norm_w, float *__restrict__ y, \
+        int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps,       \
+        float *__restrict__ s_trace, float *__restrict__ conv_trace, int early, float *__restrict__ o,            \
+        unsigned long long *__restrict__ counter
+#define DNC_PASS qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern, l2_eps, q_scale, \
+                 rms_eps, s_trace, conv_trace, early, o, counter
+extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols(DNC_ARGS) {
+    dn_fused_cols_body<false>(DNC_PASS);
+}
+extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols_rows(DNC_ARGS) {
+    dn_fused_cols_body<true>(DNC_PASS);
+}
+#undef DNC_ARGS
+#undef DNC_PASS
 
 // dn_restore(table, s_floats, conv_floats, row): after a verify pass, every DeltaNet layer's
 // recurrent and conv states from row `row` of their traces. table[4 l ..] = (s, s_trace, conv,

@@ -143,6 +143,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_causal",
     "dn_fused_seq",
     "dn_fused_cols",
+    "dn_fused_cols_rows",
     "attn_split",
     "attn_split_gqa",
     "attn_split_gqa4",

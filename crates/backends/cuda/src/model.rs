@@ -687,6 +687,7 @@ struct Kernels {
     dn_delta_seq: CudaFunction,
     dn_fused_seq: CudaFunction,
     dn_fused_cols: CudaFunction,
+    dn_fused_cols_rows: CudaFunction,
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
     attn_prompt: CudaFunction,
@@ -967,6 +968,10 @@ pub struct CudaModel {
     /// head's blocks resident together). The same bits; default on since session 17 (+6.8 %
     /// against `dn_fused_seq` on the H200 once its spills were gone; 2.4 % slower with them).
     dn_cols: Option<(u32, u32, u32)>,
+    /// Calls of several tokens (verify passes, short prompts) take `dn_fused_cols_rows` (the
+    /// chunk's conv, gates, q/k norms and conv trace ahead of the recurrence, one barrier a
+    /// token) instead of `dn_fused_cols` (`REDLITE_CUDA_DN_ROWS`, default on; the same bits).
+    dn_rows: bool,
     /// The fused DeltaNet kernels load their conv weights and windows, gate parameters and norm
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
     /// projections (qkv, ba, z) are read; the same bits.
@@ -1113,6 +1118,7 @@ impl CudaModel {
             dn_delta_seq: f("dn_delta_seq")?,
             dn_fused_seq: f("dn_fused_seq")?,
             dn_fused_cols: f("dn_fused_cols")?,
+            dn_fused_cols_rows: f("dn_fused_cols_rows")?,
             attn_qk_prep: f("attn_qk_prep")?,
             attn_causal: f("attn_causal")?,
             attn_prompt: f("attn_prompt")?,
@@ -1197,9 +1203,10 @@ impl CudaModel {
         })
         .filter(|_| env_switch("REDLITE_CUDA_DN_COLS", true))
         .filter(|&(grid, threads, shared)| {
-            k.dn_fused_cols
-                .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
-                .is_ok_and(|per_sm| per_sm as usize * gpu.info.sm_count >= grid as usize)
+            [&k.dn_fused_cols, &k.dn_fused_cols_rows].iter().all(|f| {
+                f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
+                    .is_ok_and(|per_sm| per_sm as usize * gpu.info.sm_count >= grid as usize)
+            })
         });
         let mut model = CudaModel {
             config,
@@ -1272,6 +1279,7 @@ impl CudaModel {
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
             dn_cols,
+            dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
@@ -3296,6 +3304,13 @@ impl CudaModel {
             let r = nv / nk;
             let cols = self.dn_cols;
             let (name, f, grid, threads, shared) = match cols {
+                Some((grid, threads, shared)) if n > 1 && self.dn_rows => (
+                    "dn_fused_cols_rows",
+                    self.k.dn_fused_cols_rows.clone(),
+                    grid,
+                    threads,
+                    shared,
+                ),
                 Some((grid, threads, shared)) => (
                     "dn_fused_cols",
                     self.k.dn_fused_cols.clone(),

@@ -2044,7 +2044,11 @@ pub fn dn_fused_seq(
         i32_arg(d.dv, "dv")?,
     );
     let (ri, ki) = (i32_arg(d.nv / d.nk, "r")?, i32_arg(kern, "kern")?);
-    let name = if cols {
+    // Several tokens take dn_fused_cols_rows, as in the model (REDLITE_CUDA_DN_ROWS=0: not).
+    let rows_kernel = n > 1 && std::env::var("REDLITE_CUDA_DN_ROWS").as_deref() != Ok("0");
+    let name = if cols && rows_kernel {
+        "dn_fused_cols_rows"
+    } else if cols {
         "dn_fused_cols"
     } else {
         "dn_fused_seq"

@@ -1886,13 +1886,20 @@ impl Runner<'_> {
                 )
             };
             let got = run((false, false));
-            // dn_fused_cols (a V head's columns over several blocks) and both kernels with their
+            // dn_fused_cols (a V head's columns over several blocks; several tokens:
+            // dn_fused_cols_rows, unless REDLITE_CUDA_DN_ROWS=0) and both kernels with their
             // weights and conv windows loaded before the wait, on the same inputs: every output
             // and trace the same bits as dn_fused_seq's.
+            let cols_name = if n > 1 && std::env::var("REDLITE_CUDA_DN_ROWS").as_deref() != Ok("0")
+            {
+                "dn_fused_cols_rows"
+            } else {
+                "dn_fused_cols"
+            };
             for (variant, name, what) in [
                 ((false, true), "dn_fused_seq", "preloaded, "),
-                ((true, false), "dn_fused_cols", ""),
-                ((true, true), "dn_fused_cols", "preloaded, "),
+                ((true, false), cols_name, ""),
+                ((true, true), cols_name, "preloaded, "),
             ] {
                 let r = run(variant).and_then(|c| {
                     let g = got
