@@ -754,6 +754,10 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // dn_fused_cols_rows' tokens whose state-free parts run ahead of the recurrence (ops.rs's
 // DNC_CHUNK sizes the shared memory for it).
 #define DNC_CHUNK 16
+// dn_fused_cols_rows' gated norms: tokens a warp takes at once, and o values a lane holds of each
+// (dv <= DNC_EPI_V * 32; wider heads take the token-at-a-time loop).
+#define DNC_EPI 4
+#define DNC_EPI_V 8
 // The launch bound (ops.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
 // registers' worth of loads and stores. At (256, 1) NVRTC 13.0's ptxas (the H200 machine's)
 // gives it 190 registers and no local memory; with (256) alone it took 128 and spilled (STACK:104,
@@ -767,7 +771,8 @@ __device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
     float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
-    extern __shared__ float sm[];
+    extern __shared__ float4 dnc_sm4[];  // (a name of its own: a template, not extern "C")
+    float* sm = (float*)dnc_sm4;
     long long tt = trace_start(12);
     const int cpv = dv / WARP, nv = nk * r;
     const int kh = blockIdx.x / (r * cpv), hl = (blockIdx.x / cpv) % r, cc = blockIdx.x % cpv;
@@ -933,12 +938,42 @@ __device__ __forceinline__ void dn_fused_cols_body(
         for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
     }
     grid_sync(counter + kh, r * cpv);  // the QK head's o rows are written, its old window read
-    for (int t = rg; t < n; t += warps) {
-        const float* orow = o + ((size_t)t * nv + h) * dv;
-        const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
-        const size_t at = ((size_t)t * nv + h) * dv + j;
-        const bool first = pre && t == rg;
-        y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
+    if (ROWS && dv <= DNC_EPI_V * WARP) {
+        // The gated norms of DNC_EPI tokens a warp at once: every load (the o rows through L2, z)
+        // issued before any arithmetic, then dnf_inv_rms's sums in its order.
+        const float wj = pre ? pnw : norm_w[j];
+        for (int t0 = rg; t0 < n; t0 += DNC_EPI * warps) {
+            float ov[DNC_EPI][DNC_EPI_V], oj[DNC_EPI], zz[DNC_EPI];
+#pragma unroll
+            for (int u = 0; u < DNC_EPI; ++u) {
+                const int t = t0 + u * warps;
+                const float* orow = o + ((size_t)(t < n ? t : t0) * nv + h) * dv;
+#pragma unroll
+                for (int m = 0; m < DNC_EPI_V; ++m) ov[u][m] = lane + m * WARP < dv ? ld_cg(orow + lane + m * WARP) : 0.0f;
+                oj[u] = ld_cg(orow + j);
+                zz[u] = pre && t == rg ? zt : z[((size_t)(t < n ? t : t0) * nv + h) * dv + j];
+            }
+#pragma unroll
+            for (int u = 0; u < DNC_EPI; ++u) {
+                const int t = t0 + u * warps;
+                float ss = 0.0f;
+#pragma unroll
+                for (int m = 0; m < DNC_EPI_V; ++m) {
+                    if (lane + m * WARP < dv) ss += ov[u][m] * ov[u][m];
+                }
+                ss = warp_sum(ss);
+                const float inv = 1.0f / sqrtf(ss / (float)dv + rms_eps);
+                if (t < n) y[((size_t)t * nv + h) * dv + j] = dnf_gated(oj[u], inv, wj, zz[u]);
+            }
+        }
+    } else {
+        for (int t = rg; t < n; t += warps) {
+            const float* orow = o + ((size_t)t * nv + h) * dv;
+            const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
+            const size_t at = ((size_t)t * nv + h) * dv + j;
+            const bool first = pre && t == rg;
+            y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
+        }
     }
     if (pre) {
 #pragma unroll

@@ -835,6 +835,10 @@ pub struct CudaModel {
     /// (`REDLITE_CUDA_PROFILE_VERIFY=N`: the N-th pass, counted from 0).
     verify_passes: u64,
     profile_verify: Option<u64>,
+    /// MTP drafts run so far, and the one to bracket with the profiler, enqueued eagerly
+    /// (`REDLITE_CUDA_PROFILE_DRAFT=N`: the N-th draft, counted from 0).
+    mtp_drafts: u64,
+    profile_draft: Option<u64>,
     /// NVTX ranges per layer while the profiled step is enqueued (loaded with `profile_step`).
     nvtx: Option<crate::nvtx::Nvtx>,
     /// The profiled step is being enqueued.
@@ -1302,6 +1306,8 @@ impl CudaModel {
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             verify_passes: 0,
             profile_verify: env_parse("REDLITE_CUDA_PROFILE_VERIFY"),
+            mtp_drafts: 0,
+            profile_draft: env_parse("REDLITE_CUDA_PROFILE_DRAFT"),
             experts,
             mtp,
             small_graphs: env_switch("REDLITE_CUDA_SMALL_GRAPHS", true),
@@ -1818,13 +1824,19 @@ impl CudaModel {
         k: usize,
     ) -> Result<Vec<u32>, CudaError> {
         let n = self.mtp_begin(m, pending)?;
+        let profiled = self.profile_draft == Some(self.mtp_drafts);
+        self.mtp_drafts += 1;
         if k > 0
             && k <= MAX_GRAPH_DRAFTS
             && n <= SMALL_GRAPH_ROWS.min(self.opts.max_batch)
             && self.small_graphs
             && self.opts.graphs
+            && !profiled
         {
             return self.mtp_draft_graph(m, k);
+        }
+        if profiled {
+            self.profiler(true)?;
         }
         let d = self.mtp_flush(m, true)?;
         let mut drafts = Vec::with_capacity(k);
@@ -1836,6 +1848,9 @@ impl CudaModel {
             let prev = drafts[drafts.len() - 1];
             self.mtp_step(m, chain, &[prev], t, true)?;
             drafts.push(self.read_out()?);
+        }
+        if profiled {
+            self.profiler(false)?;
         }
         Ok(drafts)
     }
