@@ -1624,6 +1624,50 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
     }
 }
 
+// embed_cat2_<type>(table, ids, b, wa, wb, wpre, y, n, eps): the MTP block's input from the token
+// ids and hidden rows b: y[r] = [rms_norm(embedding(ids[r])) * wa | rms_norm(b'[r]) * wb] with
+// b' = b, or with wpre (a chained draft step: b is the last step's output) b' = rms_norm(b) *
+// wpre, its shared-head norm. The embedding, the shared-head norm and both input norms in one
+// launch, each norm with rms_norm's loop and sums (the same values as the separate kernels).
+// Launch: grid = (rows, 2), blockIdx.y picks the half, block = 256 (rms_norm's).
+template <typename T>
+__device__ __forceinline__ void embed_cat2_body(const u8* __restrict__ table, const int* __restrict__ ids,
+                                                const float* __restrict__ b, const float* __restrict__ wa,
+                                                const float* __restrict__ wb, const float* __restrict__ wpre,
+                                                float* __restrict__ y, int n, float eps) {
+    __shared__ float scratch[WARP];
+    const bool second = blockIdx.y == 1;
+    const u8* row = table + (size_t)ids[blockIdx.x] * row_bytes<T>(n);
+    const float* br = b + (size_t)blockIdx.x * n;
+    const float* w = second ? wb : wa;
+    float* yr = y + (size_t)blockIdx.x * 2 * n + (second ? n : 0);
+    float ss = 0.0f;
+    if (second && wpre != nullptr) {
+        // b' into yr (each thread reads back only its own values), then its norm below.
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += br[i] * br[i];
+        ss = block_sum(ss, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        ss = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = br[i] * inv * wpre[i];
+            yr[i] = v;
+            ss += v * v;
+        }
+        br = yr;
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = second ? br[i] : T::dq(row + (size_t)(i / T::QK) * T::BB, i % T::QK);
+            ss += v * v;
+        }
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = second ? br[i] : T::dq(row + (size_t)(i / T::QK) * T::BB, i % T::QK);
+        yr[i] = v * inv * w[i];
+    }
+}
+
 #define MATVEC_KERNELS(name, T)                                                                      \
     extern "C" __global__ void matvec_##name(const u8* w, const float* x, float* y, int rows, int cols) { \
         matvec_body<T>(w, x, y, rows, cols);                                                         \
@@ -1631,6 +1675,12 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ table, const i
     extern "C" __global__ void embed_##name(const u8* table, const int* ids, float* out, int cols) { \
         pdl_enter();                                                                                 \
         embed_body<T>(table, ids, out, cols);                                                        \
+    }                                                                                                \
+    extern "C" __global__ void embed_cat2_##name(const u8* table, const int* ids, const float* b,     \
+                                                 const float* wa, const float* wb, const float* wpre, \
+                                                 float* y, int n, float eps) {                        \
+        pdl_enter();                                                                                 \
+        embed_cat2_body<T>(table, ids, b, wa, wb, wpre, y, n, eps);                                  \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_norm3_##name(                \
         const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0,    \

@@ -21,25 +21,6 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
-// rms_norm_cat2(a, wa, b, wb, y, n, eps): the MTP block's input, y[r] = [rms_norm(a[r]) * wa |
-// rms_norm(b[r]) * wb], rows of n values in, 2n out. Launch: grid = (rows, 2), blockIdx.y picks
-// the half.
-extern "C" __global__ void rms_norm_cat2(const float* __restrict__ a, const float* __restrict__ wa,
-                                         const float* __restrict__ b, const float* __restrict__ wb,
-                                         float* __restrict__ y, int n, float eps) {
-    pdl_enter();
-    __shared__ float scratch[WARP];
-    const bool second = blockIdx.y == 1;
-    const float* xr = (second ? b : a) + (size_t)blockIdx.x * n;
-    const float* w = second ? wb : wa;
-    float* yr = y + (size_t)blockIdx.x * 2 * n + (second ? n : 0);
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, scratch);
-    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
-}
-
 // rms_norm_gated(o, w, z, y, n, eps): the DeltaNet output norm, y = RMSNorm(o)·w ⊙ silu(z), per
 // row of n values (one row per V head).
 extern "C" __global__ void rms_norm_gated(const float* __restrict__ o, const float* __restrict__ w,

@@ -28,20 +28,6 @@ __device__ __forceinline__ void argmax_block(float& bv, int& bi) {
     }
 }
 
-// mtp_chain_input(input, out, drafts, j, adv): between the chained steps of an MTP draft (one
-// graph): drafts[j] = out[0] (the last step's greedy token), then the next step's input, one
-// slot adv positions on with that token (input = [position, ids...]). Launch: grid 1, block 32.
-extern "C" __global__ void mtp_chain_input(int* __restrict__ input, const int* __restrict__ out,
-                                           int* __restrict__ drafts, int j, int adv) {
-    pdl_enter();
-    if (threadIdx.x == 0) {
-        const int d = out[0];
-        drafts[j] = d;
-        input[0] += adv;
-        input[1] = d;
-    }
-}
-
 // mtp_verify_input(input, params, drafts, k): after an MTP draft inside one pass graph, the
 // verify rows' input [trunk position, pending, drafts[0..k]] from params = [position, pending].
 // Launch: grid 1, block 32.
@@ -62,9 +48,10 @@ extern "C" __global__ void mtp_verify_input(int* __restrict__ input, const int* 
 // counter[row], which starts at 0 and is left at 0) picks the best of them in slice order. One
 // block per row (gridDim.x = 1) needs neither buffer (null). Exact whatever the split.
 // Launch: grid = (slices, rows), block = any multiple of 32.
-extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out,
-                                  float2* __restrict__ part, u32* __restrict__ counter) {
-    pdl_enter();
+// argmax_row: that search; true in the one thread (thread 0 of the row's deciding block) whose
+// `best` holds the row's index.
+__device__ __forceinline__ bool argmax_row(const float* __restrict__ x, int n, float2* __restrict__ part,
+                                           u32* __restrict__ counter, int& best) {
     __shared__ int is_last;
     const int row = blockIdx.y, slices = gridDim.x;
     const float* r = x + (size_t)row * n;
@@ -75,8 +62,8 @@ extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __res
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) argmax_take(bv, bi, r[i], i);
     argmax_block(bv, bi);
     if (slices == 1) {
-        if (threadIdx.x == 0) out[row] = bi == 0x7fffffff ? 0 : bi;
-        return;
+        best = bi == 0x7fffffff ? 0 : bi;
+        return threadIdx.x == 0;
     }
     float2* parts = part + (size_t)row * slices;
     if (threadIdx.x == 0) {
@@ -85,7 +72,7 @@ extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __res
         is_last = atomicAdd(&counter[row], 1u) == (u32)slices - 1;
     }
     __syncthreads();
-    if (!is_last) return;
+    if (!is_last) return false;
     __threadfence();
     bv = NEG_INF;
     bi = 0x7fffffff;
@@ -94,9 +81,33 @@ extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __res
         argmax_take(bv, bi, p.x, __float_as_int(p.y));
     }
     argmax_block(bv, bi);
-    if (threadIdx.x == 0) {
-        out[row] = bi == 0x7fffffff ? 0 : bi;
-        counter[row] = 0;
+    if (threadIdx.x != 0) return false;
+    counter[row] = 0;
+    best = bi == 0x7fffffff ? 0 : bi;
+    return true;
+}
+
+extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out,
+                                  float2* __restrict__ part, u32* __restrict__ counter) {
+    pdl_enter();
+    int best;
+    if (argmax_row(x, n, part, counter, best)) out[blockIdx.y] = best;
+}
+
+// argmax_chain(x, n, out, part, counter, input, drafts, j, adv): between the chained steps of an
+// MTP draft (one graph): the argmax of one row, then out[0] = drafts[j] = the token and the next
+// step's input one slot adv positions on with that token (input = [position, ids...]): input[0]
+// += adv, input[1] = the token. Launch: as argmax, one row.
+extern "C" __global__ void argmax_chain(const float* __restrict__ x, int n, int* __restrict__ out,
+                                        float2* __restrict__ part, u32* __restrict__ counter,
+                                        int* __restrict__ input, int* __restrict__ drafts, int j, int adv) {
+    pdl_enter();
+    int best;
+    if (argmax_row(x, n, part, counter, best)) {
+        out[0] = best;
+        drafts[j] = best;
+        input[0] += adv;
+        input[1] = best;
     }
 }
 

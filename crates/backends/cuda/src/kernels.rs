@@ -98,6 +98,7 @@ pub fn type_suffix(ty: GgmlType) -> String {
 pub const PER_TYPE_KERNELS: &[&str] = &[
     "matvec",
     "embed",
+    "embed_cat2",
     "moe_gate_up",
     "moe_down",
     "moe_gate_up_ids",
@@ -121,8 +122,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "noop_pdl",
     "rms_norm",
     "rms_norm_gated",
-    "rms_norm_cat2",
-    "mtp_chain_input",
     "mtp_verify_input",
     "dn_restore",
     "l2_normalize",
@@ -135,6 +134,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "dn_delta_step",
     "attn_decode",
     "argmax",
+    "argmax_chain",
     // The device-resident model's multi-token kernels.
     "dn_conv_seq",
     "dn_qk_norm",

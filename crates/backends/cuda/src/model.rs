@@ -658,8 +658,9 @@ struct DevMtp {
     queue: MtpQueue,
     /// f32 `[max_batch][2·hidden]`: the eh_proj input.
     cat: u64,
-    /// f32 `[hidden]`: a chained draft's input, the MTP output after its shared-head norm.
-    chain: u64,
+    /// The `x` row the last head drew its draft from: a chained step's hidden input, taken
+    /// through the shared-head norm by `embed_cat2` (hence the `true` beside it where passed).
+    head_row: u64,
     /// Whole drafts (the queued slots, then the chained steps) as one graph, by (slots,
     /// drafts), and where they leave their drafts (i32 `[MAX_GRAPH_DRAFTS]`).
     draft_graphs: HashMap<(usize, usize), CudaGraph>,
@@ -674,8 +675,7 @@ struct DevMtp {
 struct Kernels {
     rms_norm: CudaFunction,
     rms_norm_gated: CudaFunction,
-    rms_norm_cat2: CudaFunction,
-    mtp_chain_input: CudaFunction,
+    argmax_chain: CudaFunction,
     mtp_verify_input: CudaFunction,
     dn_restore: CudaFunction,
     swiglu: CudaFunction,
@@ -815,6 +815,8 @@ pub struct CudaModel {
     stream: Arc<CudaStream>,
     k: Kernels,
     embed_f: CudaFunction,
+    /// `embed_cat2_<type>`: the MTP block's embedding and its input norms in one launch.
+    embed_cat2_f: CudaFunction,
     embed: u64,
     output_norm: u64,
     output: DevLinear,
@@ -1109,8 +1111,7 @@ impl CudaModel {
         let k = Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
-            rms_norm_cat2: f("rms_norm_cat2")?,
-            mtp_chain_input: f("mtp_chain_input")?,
+            argmax_chain: f("argmax_chain")?,
             mtp_verify_input: f("mtp_verify_input")?,
             dn_restore: f("dn_restore")?,
             swiglu: f("swiglu")?,
@@ -1158,6 +1159,7 @@ impl CudaModel {
             .ok_or_else(|| CudaError::Invalid("missing tensor token_embd.weight".into()))?
             .clone();
         let embed_f = f(&format!("embed_{}", type_suffix(embd.ty)))?;
+        let embed_cat2_f = f(&format!("embed_cat2_{}", type_suffix(embd.ty)))?;
         let embed = arena.upload(file.tensor_data(&embd))?;
 
         let output_norm = arena.upload_f32(&weights.output_norm)?;
@@ -1219,6 +1221,7 @@ impl CudaModel {
             stream,
             k,
             embed_f,
+            embed_cat2_f,
             embed,
             output_norm,
             output,
@@ -1844,9 +1847,9 @@ impl CudaModel {
             drafts.push(d);
         }
         while !drafts.is_empty() && drafts.len() < k {
-            let (chain, t) = (m.chain, m.queue.slots() + drafts.len() - 1);
+            let t = m.queue.slots() + drafts.len() - 1;
             let prev = drafts[drafts.len() - 1];
-            self.mtp_step(m, chain, &[prev], t, true)?;
+            self.mtp_step(m, (m.head_row, true), &[prev], t, true)?;
             drafts.push(self.read_out()?);
         }
         if profiled {
@@ -1856,7 +1859,7 @@ impl CudaModel {
     }
 
     /// [`Self::mtp_draft_with`] as one graph per (queued slots, drafts): the queued slots, the
-    /// head, and each chained step after `mtp_chain_input` moved the last draft into the input
+    /// head, and each chained step after `argmax_chain` moved the last draft into the input
     /// on the device; one read of the drafts at the end.
     fn mtp_draft_graph(&mut self, m: &mut DevMtp, k: usize) -> Result<Vec<u32>, CudaError> {
         let n = self.mtp_upload_draft(m, k)?;
@@ -1911,32 +1914,13 @@ impl CudaModel {
     }
 
     /// A whole draft's launches: the `n` queued slots, the head, and each chained step after
-    /// `mtp_chain_input` moved the last draft into the input; the `k` drafts land in `drafts`.
+    /// `argmax_chain` moved the last draft into the input; the `k` drafts land in `drafts`.
     fn mtp_enqueue_draft(&mut self, m: &mut DevMtp, n: usize, k: usize) -> Result<(), CudaError> {
-        let (q, chain, drafts) = (m.q, m.chain, m.drafts);
-        let f = self.k.mtp_chain_input.clone();
-        self.mtp_enqueue(m, q, n)?;
-        self.mtp_head(m, n)?;
-        for j in 0..k {
-            let adv = if j == 0 { n } else { 1 };
-            self.launch(
-                "mtp_chain_input",
-                &f,
-                (1, 1, 1),
-                32,
-                0,
-                &[
-                    A::P(self.sc.input),
-                    A::P(self.sc.out),
-                    A::P(drafts),
-                    A::I(j as i32),
-                    A::I(adv as i32),
-                ],
-            )?;
-            if j + 1 < k {
-                self.mtp_enqueue(m, chain, 1)?;
-                self.mtp_head(m, 1)?;
-            }
+        self.mtp_enqueue(m, (m.q, false), n)?;
+        self.mtp_head(m, n, Some((0, n)))?;
+        for j in 1..k {
+            self.mtp_enqueue(m, (m.head_row, true), 1)?;
+            self.mtp_head(m, 1, Some((j, 1)))?;
         }
         Ok(())
     }
@@ -2068,7 +2052,7 @@ impl CudaModel {
             let tokens = m.queue.tokens()[c0..c1].to_vec();
             let (hid, t) = (m.q + (4 * c0 * h) as u64, m.queue.slots() + c0);
             let with_head = head && c1 == n;
-            self.mtp_step(m, hid, &tokens, t, with_head)?;
+            self.mtp_step(m, (hid, false), &tokens, t, with_head)?;
             if with_head {
                 draft = Some(self.read_out()?);
             }
@@ -2127,14 +2111,15 @@ impl CudaModel {
     }
 
     /// The MTP block over `tokens.len()` slots from position `t0`: slot i takes hidden row i at
-    /// `hid` and `tokens[i]`; its output (before the shared-head norm) lands in `x`. `head`: then
+    /// `hid.0` (`hid.1`: a last step's output, its shared-head norm first) and `tokens[i]`; its
+    /// output (before the shared-head norm) lands in `x`. `head`: then
     /// the last slot's draft into `out` ([`Self::mtp_head`]). Eager launches: the drafts that fit
     /// a graph take [`Self::mtp_draft_graph`]; this path serves the first draft after a long
     /// prompt and the queue's flushes.
     fn mtp_step(
         &mut self,
         m: &mut DevMtp,
-        hid: u64,
+        hid: (u64, bool),
         tokens: &[u32],
         t0: usize,
         head: bool,
@@ -2155,43 +2140,79 @@ impl CudaModel {
             .map_err(|e| CudaError::driver("uploading the MTP token ids", e))?;
         self.mtp_enqueue(m, hid, n)?;
         if head {
-            self.mtp_head(m, n)?;
+            self.mtp_head(m, n, None)?;
         }
         Ok(())
     }
 
-    /// The draft of the last of `n` slots in `x`: its shared-head norm into `chain` (the next
-    /// chained slot's input), the lm_head, the greedy token into `out`.
-    fn mtp_head(&mut self, m: &DevMtp, n: usize) -> Result<(), CudaError> {
+    /// The draft of the last of `n` slots in `x` (that row kept as `head_row`, the next chained
+    /// slot's input): the lm_head with the shared-head norm folded in, the greedy token into
+    /// `out`. `link = Some((j, adv))`
+    /// (a draft graph): also drafts[j] = the token and the next chained step's input (the
+    /// position `adv` on, the token), by `argmax_chain`.
+    fn mtp_head(
+        &mut self,
+        m: &mut DevMtp,
+        n: usize,
+        link: Option<(usize, usize)>,
+    ) -> Result<(), CudaError> {
         let h = self.config.hidden;
         self.stage = "mtp";
         let last = self.sc.x + (4 * (n - 1) * h) as u64;
-        self.rms_norm(last, m.shared_head_norm, m.chain, 1, h)?;
-        let (chain, out) = (m.chain, self.output.clone());
+        m.head_row = last;
+        let (norm, out) = (m.shared_head_norm, self.output.clone());
         self.with_split((self.head_lane_iters, 1), |s| {
-            s.matvec_normed(chain, None, &[(&out, s.sc.logits)], 1)
+            s.matvec_normed(last, Some(norm), &[(&out, s.sc.logits)], 1)
         })?;
-        self.argmax(self.sc.logits, 1)
+        let Some((j, adv)) = link else {
+            return self.argmax(self.sc.logits, 1);
+        };
+        let f = self.k.argmax_chain.clone();
+        self.launch(
+            "argmax_chain",
+            &f,
+            (self.argmax_slices as u32, 1, 1),
+            256,
+            0,
+            &[
+                A::P(self.sc.logits),
+                A::I(self.config.vocab as i32),
+                A::P(self.sc.out),
+                A::P(self.sc.argmax_part),
+                A::P(self.sc.argmax_counter),
+                A::P(self.sc.input),
+                A::P(m.drafts),
+                A::I(j as i32),
+                A::I(adv as i32),
+            ],
+        )
     }
 
     /// [`Self::mtp_step`]'s launches (the ids and position already uploaded).
-    fn mtp_enqueue(&mut self, m: &mut DevMtp, hid: u64, n: usize) -> Result<(), CudaError> {
+    fn mtp_enqueue(
+        &mut self,
+        m: &mut DevMtp,
+        (hid, pre): (u64, bool),
+        n: usize,
+    ) -> Result<(), CudaError> {
         let h = self.config.hidden;
         self.stage = "mtp";
         let (x, cat) = (self.sc.x, m.cat);
-        self.embedding(n)?;
-        let f = self.k.rms_norm_cat2.clone();
+        // The embedding and both input norms in one launch.
+        let f = self.embed_cat2_f.clone();
         self.launch(
-            "rms_norm_cat2",
+            "embed_cat2",
             &f,
             (n as u32, 2, 1),
             256,
             0,
             &[
-                A::P(x),
-                A::P(m.enorm),
+                A::P(self.embed),
+                A::P(self.sc.input + 4),
                 A::P(hid),
+                A::P(m.enorm),
                 A::P(m.hnorm),
+                A::P(if pre { m.shared_head_norm } else { 0 }),
                 A::P(cat),
                 A::I(h as i32),
                 A::F(self.config.rms_eps),
@@ -4156,7 +4177,7 @@ fn dev_mtp(
         q: arena.f32s(q_rows * h)?,
         queue: MtpQueue::new(q_rows),
         cat: arena.f32s(o.max_batch * 2 * h)?,
-        chain: arena.f32s(h)?,
+        head_row: 0,
         draft_graphs: HashMap::new(),
         drafts: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
         pass_graphs: HashMap::new(),
