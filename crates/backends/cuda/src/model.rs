@@ -78,13 +78,16 @@ const GRID_COUNTERS: usize = 16;
 const ROUTE_FUSED_THREADS: u32 = 512;
 /// Largest input of `matvec_norm3_*` (its shared memory holds the normalised input).
 const MVF_MAX_COLS: usize = 12 * 1024;
-/// Shortest chunk of the split decode attention (`attn_split`) and the most chunks.
+/// The split decode attention's buffers hold at most `max_context / ATTN_MIN_CHUNK` chunks a head
+/// ([`attn_splits`]).
 const ATTN_MIN_CHUNK: usize = 64;
-/// The same for `attn_split_gqa` (a block's 8 warps take 32 positions a step): short contexts
-/// spread over more blocks (303.0 tok/s at positions 8–136 against 299.6 with 64 on the H200).
-const ATTN_GQA_MIN_CHUNK: usize = 16;
+/// Shortest chunk of the split decode attention by default (`REDLITE_CUDA_ATTN_MIN_CHUNK`), both
+/// kernels: short contexts spread over more blocks (`attn_split_gqa`: 303.0 tok/s at positions
+/// 8–136 against 299.6 with 64 on the H200; `attn_split`, the demo model at ≈ 1,000 positions:
+/// +2.0 % decode against 64, session 21).
+const ATTN_DEFAULT_MIN_CHUNK: usize = 16;
 /// Default number of chunks a decode step's attention is cut into (`REDLITE_CUDA_ATTN_SPLITS`; the
-/// chunks are at least [`ATTN_MIN_CHUNK`] long): 128 (chunks of 256 at position 32,768). On the
+/// chunks are at least [`ATTN_DEFAULT_MIN_CHUNK`] long): 128 (chunks of 256 at position 32,768). On the
 /// H200 (session 10): at 32,768 chunks of 256 gave 166.4 / 162.4 tok/s, of 64 (512 splits) 159.2,
 /// of 1,024 79.6; at 4,096 chunks of 64 (64 splits) 230.4, of 256 165.1.
 const ATTN_DEFAULT_SPLITS: usize = 128;
@@ -862,8 +865,8 @@ pub struct CudaModel {
     /// Prompts' delta rule by `dn_delta_warp_<dk>` (`REDLITE_CUDA_DN_WARP=0`: `dn_delta_seq`).
     dn_warp: bool,
     /// Fewest cache positions per chunk of the decode attention split (`attn_split`):
-    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, by default [`ATTN_GQA_MIN_CHUNK`] with
-    /// `attn_split_gqa` and [`ATTN_MIN_CHUNK`] without, at least 4, rounded up to a multiple of 4).
+    /// `REDLITE_CUDA_ATTN_MIN_CHUNK` (a tuning switch, by default [`ATTN_DEFAULT_MIN_CHUNK`], at
+    /// least 4, rounded up to a multiple of 4).
     /// Larger chunks: fewer blocks and partial results.
     attn_min_chunk: usize,
     /// Chunks of the decode attention split at most (`REDLITE_CUDA_ATTN_SPLITS`, default: SMs /
@@ -1250,11 +1253,7 @@ impl CudaModel {
                 .unwrap_or(attn_default_splits)
                 .clamp(1, ATTN_MAX_SPLITS),
             attn_min_chunk: env_parse("REDLITE_CUDA_ATTN_MIN_CHUNK")
-                .unwrap_or(if attn_gqa.is_some() {
-                    ATTN_GQA_MIN_CHUNK
-                } else {
-                    ATTN_MIN_CHUNK
-                })
+                .unwrap_or(ATTN_DEFAULT_MIN_CHUNK)
                 .max(4)
                 .next_multiple_of(4),
             head_lane_iters: env_parse("REDLITE_CUDA_HEAD_LANE_ITERS").unwrap_or(8),
