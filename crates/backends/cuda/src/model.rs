@@ -86,10 +86,10 @@ const ATTN_MIN_CHUNK: usize = 64;
 /// 8–136 against 299.6 with 64 on the H200; `attn_split`, the demo model at ≈ 1,000 positions:
 /// +2.0 % decode against 64, session 21).
 const ATTN_DEFAULT_MIN_CHUNK: usize = 16;
-/// Default number of chunks a decode step's attention is cut into (`REDLITE_CUDA_ATTN_SPLITS`; the
-/// chunks are at least [`ATTN_DEFAULT_MIN_CHUNK`] long): 128 (chunks of 256 at position 32,768). On the
-/// H200 (session 10): at 32,768 chunks of 256 gave 166.4 / 162.4 tok/s, of 64 (512 splits) 159.2,
-/// of 1,024 79.6; at 4,096 chunks of 64 (64 splits) 230.4, of 256 165.1.
+/// Default number of chunks a decode step's attention is cut into (`REDLITE_CUDA_ATTN_SPLITS`;
+/// the chunks are at least [`ATTN_DEFAULT_MIN_CHUNK`] long): 128 (chunks of 256 at position
+/// 32,768). On the H200 (session 10): at 32,768 chunks of 256 gave 166.4 / 162.4 tok/s, of 64
+/// (512 splits) 159.2, of 1,024 79.6; at 4,096 chunks of 64 (64 splits) 230.4, of 256 165.1.
 const ATTN_DEFAULT_SPLITS: usize = 128;
 const ATTN_MAX_SPLITS: usize = 512;
 
@@ -2146,9 +2146,8 @@ impl CudaModel {
 
     /// The draft of the last of `n` slots in `x` (that row kept as `head_row`, the next chained
     /// slot's input): the lm_head with the shared-head norm folded in, the greedy token into
-    /// `out`. `link = Some((j, adv))`
-    /// (a draft graph): also drafts[j] = the token and the next chained step's input (the
-    /// position `adv` on, the token), by `argmax_chain`.
+    /// `out`. `link = Some((j, adv))` (a draft graph): also drafts[j] = the token and the next
+    /// chained step's input (the position `adv` on, the token), by `argmax_chain`.
     fn mtp_head(
         &mut self,
         m: &mut DevMtp,
