@@ -48,10 +48,11 @@ extern "C" __global__ void mtp_verify_input(int* __restrict__ input, const int* 
 // counter[row], which starts at 0 and is left at 0) picks the best of them in slice order. One
 // block per row (gridDim.x = 1) needs neither buffer (null). Exact whatever the split.
 // Launch: grid = (slices, rows), block = any multiple of 32.
-// argmax_row: that search; true in the one thread (thread 0 of the row's deciding block) whose
-// `best` holds the row's index.
+// argmax_row: that search; true in every thread of the block that decides the row (the row's only
+// block, or its last to finish), whose thread 0 then holds the row's index in `best` and its
+// value in `best_v`.
 __device__ __forceinline__ bool argmax_row(const float* __restrict__ x, int n, float2* __restrict__ part,
-                                           u32* __restrict__ counter, int& best) {
+                                           u32* __restrict__ counter, int& best, float& best_v) {
     __shared__ int is_last;
     const int row = blockIdx.y, slices = gridDim.x;
     const float* r = x + (size_t)row * n;
@@ -63,7 +64,8 @@ __device__ __forceinline__ bool argmax_row(const float* __restrict__ x, int n, f
     argmax_block(bv, bi);
     if (slices == 1) {
         best = bi == 0x7fffffff ? 0 : bi;
-        return threadIdx.x == 0;
+        best_v = bv;
+        return true;
     }
     float2* parts = part + (size_t)row * slices;
     if (threadIdx.x == 0) {
@@ -81,9 +83,9 @@ __device__ __forceinline__ bool argmax_row(const float* __restrict__ x, int n, f
         argmax_take(bv, bi, p.x, __float_as_int(p.y));
     }
     argmax_block(bv, bi);
-    if (threadIdx.x != 0) return false;
-    counter[row] = 0;
+    if (threadIdx.x == 0) counter[row] = 0;
     best = bi == 0x7fffffff ? 0 : bi;
+    best_v = bv;
     return true;
 }
 
@@ -91,24 +93,39 @@ extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __res
                                   float2* __restrict__ part, u32* __restrict__ counter) {
     pdl_enter();
     int best;
-    if (argmax_row(x, n, part, counter, best)) out[blockIdx.y] = best;
+    float best_v;
+    if (argmax_row(x, n, part, counter, best, best_v) && threadIdx.x == 0) out[blockIdx.y] = best;
 }
 
-// argmax_chain(x, n, out, part, counter, input, drafts, j, adv): between the chained steps of an
-// MTP draft (one graph): the argmax of one row, then out[0] = drafts[j] = the token and the next
-// step's input one slot adv positions on with that token (input = [position, ids...]): input[0]
-// += adv, input[1] = the token. Launch: as argmax, one row.
+// argmax_chain(x, n, out, part, counter, input, drafts, j, adv, probs): between the chained steps
+// of an MTP draft (one graph): the argmax of one row, then out[0] = drafts[j] = the token and the
+// next step's input one slot adv positions on with that token (input = [position, ids...]):
+// input[0] += adv, input[1] = the token. probs (null: none): probs[j] = the token's softmax
+// probability, 1 / sum(exp(x - max)), summed by the deciding block (the host stops a draft after
+// an unlikely token). Launch: as argmax, one row.
 extern "C" __global__ void argmax_chain(const float* __restrict__ x, int n, int* __restrict__ out,
                                         float2* __restrict__ part, u32* __restrict__ counter,
-                                        int* __restrict__ input, int* __restrict__ drafts, int j, int adv) {
+                                        int* __restrict__ input, int* __restrict__ drafts, int j, int adv,
+                                        float* __restrict__ probs) {
     pdl_enter();
     int best;
-    if (argmax_row(x, n, part, counter, best)) {
+    float best_v;
+    if (!argmax_row(x, n, part, counter, best, best_v)) return;
+    if (threadIdx.x == 0) {
         out[0] = best;
         drafts[j] = best;
         input[0] += adv;
         input[1] = best;
     }
+    if (probs == nullptr) return;
+    __shared__ float top;
+    __shared__ float scratch[WARP];
+    if (threadIdx.x == 0) top = best_v;
+    __syncthreads();
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += expf(x[i] - top);
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) probs[j] = 1.0f / sum;
 }
 
 #define SAMPLE_MAX_K 64

@@ -665,9 +665,11 @@ struct DevMtp {
     /// through the shared-head norm by `embed_cat2` (hence the `true` beside it where passed).
     head_row: u64,
     /// Whole drafts (the queued slots, then the chained steps) as one graph, by (slots,
-    /// drafts), and where they leave their drafts (i32 `[MAX_GRAPH_DRAFTS]`).
-    draft_graphs: HashMap<(usize, usize), CudaGraph>,
+    /// drafts, with probabilities), and where they leave their drafts (i32
+    /// `[MAX_GRAPH_DRAFTS]`) and, with probabilities, each draft's (f32 `[MAX_GRAPH_DRAFTS]`).
+    draft_graphs: HashMap<(usize, usize, bool), CudaGraph>,
     drafts: u64,
+    draft_probs: u64,
     /// Whole passes (draft + verify, `CudaModel::mtp_pass`) by (slots, drafts), and
     /// their i32 parameters `[trunk position, pending token]`.
     pass_graphs: HashMap<(usize, usize), CudaGraph>,
@@ -844,6 +846,11 @@ pub struct CudaModel {
     /// (`REDLITE_CUDA_PROFILE_DRAFT=N`: the N-th draft, counted from 0).
     mtp_drafts: u64,
     profile_draft: Option<u64>,
+    /// A graphed MTP draft stops after its first draft whose probability is below this, as the
+    /// CPU's `--spec-mtp-min-prob` (`REDLITE_CUDA_MTP_MIN_PROB`, default 0: every draft kept;
+    /// not yet measured on a GPU). The chain's launches still run (one graph); the verify
+    /// pass gets fewer rows. Eager drafts (the first after a long prompt) keep every draft.
+    mtp_min_prob: f32,
     /// NVTX ranges per layer while the profiled step is enqueued (loaded with `profile_step`).
     nvtx: Option<crate::nvtx::Nvtx>,
     /// The profiled step is being enqueued.
@@ -1310,6 +1317,7 @@ impl CudaModel {
             profile_verify: env_parse("REDLITE_CUDA_PROFILE_VERIFY"),
             mtp_drafts: 0,
             profile_draft: env_parse("REDLITE_CUDA_PROFILE_DRAFT"),
+            mtp_min_prob: env_parse("REDLITE_CUDA_MTP_MIN_PROB").unwrap_or(0.0),
             experts,
             mtp,
             small_graphs: env_switch("REDLITE_CUDA_SMALL_GRAPHS", true),
@@ -1862,15 +1870,33 @@ impl CudaModel {
     /// on the device; one read of the drafts at the end.
     fn mtp_draft_graph(&mut self, m: &mut DevMtp, k: usize) -> Result<Vec<u32>, CudaError> {
         let n = self.mtp_upload_draft(m, k)?;
-        if !m.draft_graphs.contains_key(&(n, k)) {
+        let probs = self.mtp_min_prob > 0.0;
+        if !m.draft_graphs.contains_key(&(n, k, probs)) {
             let g = self.capture(|s| s.mtp_enqueue_draft(m, n, k))?;
-            m.draft_graphs.insert((n, k), g);
+            m.draft_graphs.insert((n, k, probs), g);
         }
-        m.draft_graphs[&(n, k)]
+        m.draft_graphs[&(n, k, probs)]
             .launch()
             .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?;
-        let [drafts] = self.read_ids([(m.drafts, k)], "reading the MTP drafts")?;
+        if !probs {
+            let [drafts] = self.read_ids([(m.drafts, k)], "reading the MTP drafts")?;
+            m.queue.ran();
+            return Ok(drafts);
+        }
+        // The probabilities come back as their bits (positive floats: read_ids' clamp of
+        // negative values does not touch them).
+        let [mut drafts, bits] = self.read_ids(
+            [(m.drafts, k), (m.draft_probs, k)],
+            "reading the MTP drafts and their probabilities",
+        )?;
         m.queue.ran();
+        // As the CPU's drafter: the chain stops after the first draft below the threshold.
+        if let Some(i) = bits
+            .iter()
+            .position(|&b| f32::from_bits(b) < self.mtp_min_prob)
+        {
+            drafts.truncate(i + 1);
+        }
         Ok(drafts)
     }
 
@@ -2032,6 +2058,12 @@ impl CudaModel {
         Ok(MtpPass { drafts, ids })
     }
 
+    /// The probability below which a graphed MTP draft stops (after that draft; 0: never), as
+    /// the CPU drafter's `--spec-mtp-min-prob` (`REDLITE_CUDA_MTP_MIN_PROB` sets it at load).
+    pub fn set_mtp_min_prob(&mut self, p: f32) {
+        self.mtp_min_prob = p;
+    }
+
     /// Whether [`CudaModel::mtp_pass`] runs a pass as one graph
     /// (`REDLITE_CUDA_MTP_PASS_GRAPH`, default off: not yet measured).
     pub fn set_mtp_pass_graph(&mut self, on: bool) {
@@ -2182,6 +2214,11 @@ impl CudaModel {
                 A::P(m.drafts),
                 A::I(j as i32),
                 A::I(adv as i32),
+                A::P(if self.mtp_min_prob > 0.0 {
+                    m.draft_probs
+                } else {
+                    0
+                }),
             ],
         )
     }
@@ -4178,6 +4215,7 @@ fn dev_mtp(
         head_row: 0,
         draft_graphs: HashMap::new(),
         drafts: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
+        draft_probs: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
         pass_graphs: HashMap::new(),
         pass_params: arena.zeros(8)?,
     })

@@ -275,3 +275,44 @@ fn mtp_pass_graph_matches_separate_draft_and_verify() {
         );
     }
 }
+
+/// `set_mtp_min_prob`: a draft stops after its first token below the threshold, so with a
+/// threshold above every probability (1.01) each draft is one token, the first of the full
+/// draft's; with one below every probability (1e-30) the full draft. Each threshold drafts on
+/// the same context (reset, the same prompt and pass), over prompts of several lengths.
+#[test]
+#[ignore = "needs a GPU"]
+fn mtp_min_prob_stops_the_draft() {
+    let gpu = Arc::new(Gpu::new(0).expect("GPU"));
+    let greedy = GpuSampling::greedy();
+    for path in [models().join("tiny-CF2.gguf"), demo_model()] {
+        let name = path.display().to_string();
+        let mut g = load_with_mtp(&gpu, &path);
+        let vocab = g.config.vocab as u32;
+        for len in 20..32u32 {
+            let prompt: Vec<u32> = (0..len).map(|i| (i * 7919 + 5) % vocab).collect();
+            let mut drafts = Vec::new();
+            for p in [0.0f32, 1.01, 1e-30] {
+                g.set_mtp_min_prob(p);
+                g.reset().expect("reset");
+                g.prefill(&prompt).expect("prefill");
+                let pending = g.sample_last(&greedy, 0.0).expect("sample");
+                // The first draft after a prompt runs eagerly (more queued slots than a graph
+                // takes); one pass rejecting it leaves a short queue, whose draft is a graph.
+                let first = g.mtp_draft(pending, 3).expect("mtp_draft");
+                let mut rows = vec![pending];
+                rows.extend_from_slice(&first);
+                let ids = g.verify_greedy(&rows).expect("verify");
+                g.keep(1).expect("keep");
+                drafts.push(g.mtp_draft(ids[0], 3).expect("mtp_draft"));
+            }
+            assert_eq!(drafts[0].len(), 3, "{name}, {len} tokens: full draft");
+            assert_eq!(
+                drafts[1],
+                drafts[0][..1],
+                "{name}, {len} tokens: min prob 1.01"
+            );
+            assert_eq!(drafts[2], drafts[0], "{name}, {len} tokens: min prob 1e-30");
+        }
+    }
+}
