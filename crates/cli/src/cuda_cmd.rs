@@ -453,7 +453,7 @@ mod imp {
         let khz = model.device_info().clock_khz.max(1) as f64;
         const WAIT: &str = "launch to the end of the wait";
         const AFTER: &str = "after the wait";
-        let kernels: [TracedKernel; 6] = [
+        let kernels: [TracedKernel; 7] = [
             (
                 "moe_route_gate_up",
                 0,
@@ -484,6 +484,17 @@ mod imp {
             ("moe_down_combine", 6, &[(7, WAIT), (8, AFTER)]),
             ("matvec_q8x", 9, &[(10, WAIT), (11, AFTER)]),
             ("dn_fused_cols", 12, &[(13, WAIT), (14, AFTER)]),
+            (
+                "dn_fused_cols_rows",
+                24,
+                &[
+                    (25, WAIT),
+                    (26, "prologues"),
+                    (27, "recurrences"),
+                    (28, "barrier"),
+                    (29, "gated norms"),
+                ],
+            ),
         ];
         eprintln!("trace: block 0 of each call, at {:.0} MHz", khz / 1e3);
         for (name, calls_slot, phases) in kernels {
@@ -820,6 +831,12 @@ mod imp {
             // One untimed pass (first use of this row count), then the timed ones.
             model.skip_to(p0)?;
             model.verify_greedy(&rows)?;
+            // The trace build (REDLITE_CUDA_DEFINES=REDLITE_TRACE): the kernels' phases over
+            // this row count's passes and the decode steps between them.
+            let tracing = redlite_cuda::kernels::trace_on();
+            if tracing {
+                model.trace(true)?;
+            }
             let (mut v, mut d) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
             for _ in 0..reps.max(1) {
                 model.skip_to(p0)?;
@@ -830,6 +847,10 @@ mod imp {
                 let t = Instant::now();
                 model.decode(token, &greedy, 0.0)?;
                 d.push(t.elapsed().as_secs_f64());
+            }
+            if tracing {
+                eprintln!("trace: verify passes of {} rows and 1-row steps", k + 1);
+                print_trace(&model.trace(false)?, &model);
             }
             out.push(VerifyCost {
                 k,

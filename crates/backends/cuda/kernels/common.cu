@@ -146,8 +146,10 @@ __constant__ int g_knob_pre;
 // the sums back (`Gpu::trace`). Without it the stamps are no-ops. Slots: the fused route kernel
 // 0 (calls), 1..5; moe_down_combine_tab_q8_iq2_xxs 6, 7..8; matvec_q8x 9, 10..11; dn_fused_cols
 // 12, 13..14 (each: the calls, launch to the end of the wait, the wait's end to block 0's end);
-// inside the route kernel's top-k (router_warp_row) 16..20, its gate/up rows 21..23.
-#define TRACE_SLOTS 24
+// inside the route kernel's top-k (router_warp_row) 16..20, its gate/up rows 21..23;
+// dn_fused_cols_rows 24, 25..29 (the wait, the chunks' prologues, their recurrences, the QK
+// head's barrier, the gated norms and conv window).
+#define TRACE_SLOTS 30
 __device__ unsigned long long g_trace[TRACE_SLOTS];
 
 // The clock of block 0's thread 0 (0 elsewhere, or not built in), without counting a call: for

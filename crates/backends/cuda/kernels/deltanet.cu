@@ -773,7 +773,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
     float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
     extern __shared__ float4 dnc_sm4[];  // (a name of its own: a template, not extern "C")
     float* sm = (float*)dnc_sm4;
-    long long tt = trace_start(12);
+    long long tt = trace_start(ROWS ? 24 : 12);
     const int cpv = dv / WARP, nv = nk * r;
     const int kh = blockIdx.x / (r * cpv), hl = (blockIdx.x / cpv) % r, cc = blockIdx.x % cpv;
     const int h = kh * r + hl;
@@ -805,7 +805,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
         pa = a[h], pdt = dt_bias[h], pnw = norm_w[j];
     }
     pdl_enter();  // qkv, ba and z come from the kernel ahead
-    tt = trace_phase(13, tt);
+    tt = trace_phase(ROWS ? 25 : 13, tt);
     if (!(early & 1)) {
 #pragma unroll
         for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
@@ -853,6 +853,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
                 dnf_l2_norm(buf + (vec >> 1) * own + (vec & 1) * dk, dk, lane, l2_eps, (vec & 1) == 0 ? q_scale : 1.0f);
             }
             __syncthreads();
+            tt = trace_phase(26, tt);
             for (int tc = 0; tc < pn; ++tc) {
                 const int t = c0 + tc, b = (tc & 1) * bd;
                 const float* qs = buf + tc * own;
@@ -881,6 +882,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
                 for (int g = 0; g < warps; ++g) ot += po[((pn - 1) & 1) * bd + g * WARP + lane];
                 o[((size_t)(c0 + pn - 1) * nv + h) * dv + j] = ot;
             }
+            tt = trace_phase(27, tt);
         }
     } else {
         float* gb = part + blockDim.x;  // beta, exp(g) of the V head
@@ -938,6 +940,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
         for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
     }
     grid_sync(counter + kh, r * cpv);  // the QK head's o rows are written, its old window read
+    if (ROWS) tt = trace_phase(28, tt);
     if (ROWS && dv <= DNC_EPI_V * WARP) {
         // The gated norms of DNC_EPI tokens a warp at once: every load (the o rows through L2, z)
         // issued before any arithmetic, then dnf_inv_rms's sums in its order.
@@ -986,7 +989,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
         dnf_conv_window(qkv, conv_state, n, DNC_CH(li), ch, kern);
     }
 #undef DNC_CH
-    trace_phase(14, tt);
+    trace_phase(ROWS ? 29 : 14, tt);
 }
 
 // dn_fused_cols: a decode step's (and the five-kernel prompt's fallback) token-at-a-time form;
