@@ -75,17 +75,17 @@ for cfg in $ALL; do
         grep -v "^round" "$LOGS/rewrite.log" | tail -12 | keep
         # SPEC_CONFIGS: MTP rewrites alternating the default with each config (SPEC_ROUNDS each).
         for round in $(seq "${SPEC_ROUNDS:-3}"); do
-            for cfg in ${SPEC_CONFIGS:+default ${SPEC_CONFIGS}}; do
-                step "demo MTP rewrite round $round [$cfg]"
-                with "$cfg" timeout 200 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf \
+            for sc in ${SPEC_CONFIGS:+default ${SPEC_CONFIGS}}; do
+                step "demo MTP rewrite round $round [$sc]"
+                with "$sc" timeout 200 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf \
                     -f $W/colorsys_60.py --modes mtp --rounds 1 2>&1 | grep -i "mtp\|plain\|off " | tail -3 | keep
             done
         done
         step "sampled generation with and without speculation (demo)"
         spec_sampled_check $R models/redlite-demo.gguf | keep
-        for cfg in default ${SPEC_CONFIGS:-}; do
-            step "demo verify cost on the GPU [$cfg]"
-            with "$cfg" timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 \
+        for sc in default ${SPEC_CONFIGS:-}; do
+            step "demo verify cost on the GPU [$sc]"
+            with "$sc" timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 \
                 --context 900 2>&1 | tail -6 | keep
         done
     fi
@@ -143,7 +143,7 @@ if [ -n "${VERIFY:-}" ]; then
     for cfg in $ALL; do
         step "full-size verify cost [$cfg]"
         with "$cfg" timeout 150 $R spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
-            tail -5 | keep
+            tail -6 | keep
     done
 fi
 if [ -n "${POS:-}" ]; then
