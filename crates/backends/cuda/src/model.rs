@@ -2194,33 +2194,21 @@ impl CudaModel {
         self.with_split((self.head_lane_iters, 1), |s| {
             s.matvec_normed(last, Some(norm), &[(&out, s.sc.logits)], 1)
         })?;
-        let Some((j, adv)) = link else {
-            return self.argmax(self.sc.logits, 1);
+        let probs = if self.mtp_min_prob > 0.0 {
+            m.draft_probs
+        } else {
+            0
         };
-        let f = self.k.argmax_chain.clone();
-        self.launch(
-            "argmax_chain",
-            &f,
-            (self.argmax_slices as u32, 1, 1),
-            256,
-            0,
-            &[
-                A::P(self.sc.logits),
-                A::I(self.config.vocab as i32),
-                A::P(self.sc.out),
-                A::P(self.sc.argmax_part),
-                A::P(self.sc.argmax_counter),
+        let chain = link.map(|(j, adv)| {
+            [
                 A::P(self.sc.input),
                 A::P(m.drafts),
                 A::I(j as i32),
                 A::I(adv as i32),
-                A::P(if self.mtp_min_prob > 0.0 {
-                    m.draft_probs
-                } else {
-                    0
-                }),
-            ],
-        )
+                A::P(probs),
+            ]
+        });
+        self.argmax_launch(self.sc.logits, 1, chain)
     }
 
     /// [`Self::mtp_step`]'s launches (the ids and position already uploaded).
@@ -3061,21 +3049,36 @@ impl CudaModel {
     /// Each of `rows` rows of logits at `logits`: its greedy token into `out` (`argmax`, the row
     /// cut into [`ARGMAX_SLICES`] blocks: one block took 61 µs of a 4 ms step for 151,936 logits).
     fn argmax(&mut self, logits: u64, rows: usize) -> Result<(), CudaError> {
-        let f = self.k.argmax.clone();
-        let (part, counter) = (self.sc.argmax_part, self.sc.argmax_counter);
+        self.argmax_launch(logits, rows, None)
+    }
+
+    /// `argmax` of `rows` rows into `out`, or with `chain` (`argmax_chain`'s further arguments:
+    /// input, drafts, j, adv, probs) the one-row `argmax_chain` of an MTP draft graph.
+    fn argmax_launch(
+        &mut self,
+        logits: u64,
+        rows: usize,
+        chain: Option<[A; 5]>,
+    ) -> Result<(), CudaError> {
+        let (name, f) = match chain {
+            Some(_) => ("argmax_chain", self.k.argmax_chain.clone()),
+            None => ("argmax", self.k.argmax.clone()),
+        };
+        let mut args = vec![
+            A::P(logits),
+            A::I(self.config.vocab as i32),
+            A::P(self.sc.out),
+            A::P(self.sc.argmax_part),
+            A::P(self.sc.argmax_counter),
+        ];
+        args.extend(chain.into_iter().flatten());
         self.launch(
-            "argmax",
+            name,
             &f,
             (self.argmax_slices as u32, rows as u32, 1),
             256,
             0,
-            &[
-                A::P(logits),
-                A::I(self.config.vocab as i32),
-                A::P(self.sc.out),
-                A::P(part),
-                A::P(counter),
-            ],
+            &args,
         )
     }
 
