@@ -23,6 +23,7 @@
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
 # cost; SPEC_CONFIGS (as CONFIGS) adds MTP-only rewrites alternating the default with each config.
+# SPEC_TRACE=1 (with SPEC=1): the demo verify's phase trace (REDLITE_TRACE build, one NVRTC compile).
 # ROUNDS=0 and no CONFIGS: no full-size layout is made.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +89,12 @@ for cfg in $ALL; do
             with "$sc" timeout 120 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 \
                 --context 900 2>&1 | tail -6 | keep
         done
+        if [ -n "${SPEC_TRACE:-}" ]; then
+            step "demo verify phase trace (REDLITE_TRACE build)"
+            REDLITE_CUDA_DEFINES=REDLITE_TRACE timeout 200 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf \
+                --ks 1,3 --reps 20 --context 900 >"$LOGS/spec_trace.log" 2>&1
+            grep "^trace\|rows\|rror\|panick" "$LOGS/spec_trace.log" | head -60 | keep
+        fi
     fi
     i=$((i + 1))
 done
