@@ -63,12 +63,12 @@ for cfg in $ALL; do
     step "verify_gpu + expert_cache_gpu [$cfg]"
     for t in verify_gpu expert_cache_gpu; do
         with "$cfg" env REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/$t --ignored --nocapture 2>&1 |
-            grep -h "test result\|panicked" | tail -2 | keep
+            grep -h -A1 "test result\|panicked" | tail -4 | keep
     done
     if [ $i = 0 ] && [ -n "${SPEC:-}" ]; then
         step "mtp_gpu (GPU MTP drafts against the oracle)"
         REDLITE_TEST_MODELS="$DEV/fixtures/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
-            timeout 200 $W/mtp_gpu --ignored --nocapture 2>&1 | grep -h "test result\|panicked\|drafts equal" | keep
+            timeout 200 $W/mtp_gpu --ignored --nocapture 2>&1 | grep -h -A1 "test result\|panicked\|drafts equal\|plain decoding" | keep
         head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsys_60.py
         step "demo file rewrite on the GPU"
         timeout 300 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf -f $W/colorsys_60.py \

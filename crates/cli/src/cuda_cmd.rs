@@ -666,22 +666,8 @@ mod imp {
                 Vec::new()
             };
             let from_mtp = drafts.is_empty() && use_mtp && room > 0;
-            // Greedy MTP passes may run draft and verify as one graph (`CudaModel::mtp_pass`,
-            // REDLITE_CUDA_MTP_PASS_GRAPH=1; its drafting time then includes the verify).
-            let mut fused_ids = None;
             if from_mtp {
-                let k = spec.mtp_draft.min(room);
-                match if sampling {
-                    None
-                } else {
-                    model.mtp_pass(pending, k)?
-                } {
-                    Some(pass) => {
-                        drafts = pass.drafts;
-                        fused_ids = Some(pass.ids);
-                    }
-                    None => drafts = model.mtp_draft(pending, k)?,
-                }
+                drafts = model.mtp_draft(pending, spec.mtp_draft.min(room))?;
             }
             sp.draft_time += td.elapsed();
             sp.forward_passes += 1;
@@ -703,9 +689,7 @@ mod imp {
             rows.extend_from_slice(&drafts);
             // ids[i]: the token after rows[..=i] (greedy: every row's argmax; sampling: drawn
             // row by row up to the first rejected draft).
-            let ids = if let Some(ids) = fused_ids {
-                ids
-            } else if sampling {
+            let ids = if sampling {
                 model.verify_on_device(&rows)?;
                 let mut ids = Vec::with_capacity(rows.len());
                 let mut hist = history.clone();

@@ -28,19 +28,6 @@ __device__ __forceinline__ void argmax_block(float& bv, int& bi) {
     }
 }
 
-// mtp_verify_input(input, params, drafts, k): after an MTP draft inside one pass graph, the
-// verify rows' input [trunk position, pending, drafts[0..k]] from params = [position, pending].
-// Launch: grid 1, block 32.
-extern "C" __global__ void mtp_verify_input(int* __restrict__ input, const int* __restrict__ params,
-                                            const int* __restrict__ drafts, int k) {
-    pdl_enter();
-    if (threadIdx.x == 0) {
-        input[0] = params[0];
-        input[1] = params[1];
-    }
-    for (int j = threadIdx.x; j < k; j += blockDim.x) input[2 + j] = drafts[j];
-}
-
 // argmax(x, n, out, part, counter): per row (blockIdx.y) of n logits, the index of the largest
 // value, lowest index on ties (greedy decoding on the lm_head output). NaN never wins. The row is
 // cut into gridDim.x slices, a block each: every block writes its slice's best to part[row][slice]

@@ -122,7 +122,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "noop_pdl",
     "rms_norm",
     "rms_norm_gated",
-    "mtp_verify_input",
     "dn_restore",
     "l2_normalize",
     "add_inplace",

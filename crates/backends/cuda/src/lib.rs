@@ -65,7 +65,7 @@ pub fn probe() -> Result<(), CudaError> {
 #[cfg(feature = "cuda")]
 pub use expert_cache::{ExpertCacheSize, ExpertPolicy, ExpertStats};
 #[cfg(feature = "cuda")]
-pub use model::{CudaModel, CudaModelOptions, GpuSampling, MtpPass, MAX_VERIFY_ROWS};
+pub use model::{CudaModel, CudaModelOptions, GpuSampling, MAX_VERIFY_ROWS};
 
 /// Whether this build carries the CUDA backend (the `cuda` feature).
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

@@ -670,10 +670,6 @@ struct DevMtp {
     draft_graphs: HashMap<(usize, usize, bool), CudaGraph>,
     drafts: u64,
     draft_probs: u64,
-    /// Whole passes (draft + verify, `CudaModel::mtp_pass`) by (slots, drafts), and
-    /// their i32 parameters `[trunk position, pending token]`.
-    pass_graphs: HashMap<(usize, usize), CudaGraph>,
-    pass_params: u64,
 }
 
 /// The kernels that do not depend on a weight type.
@@ -681,7 +677,6 @@ struct Kernels {
     rms_norm: CudaFunction,
     rms_norm_gated: CudaFunction,
     argmax_chain: CudaFunction,
-    mtp_verify_input: CudaFunction,
     dn_restore: CudaFunction,
     swiglu: CudaFunction,
     dn_conv_seq: CudaFunction,
@@ -795,15 +790,6 @@ struct Scratch {
     attn_part: u64,
     /// f32 pairs `[max_context][rope_dims / 2]`: `rope_table`'s {cos, sin} per position and pair.
     rope_cs: u64,
-}
-
-/// A greedy MTP pass run as one graph ([`CudaModel::mtp_pass`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MtpPass {
-    /// The drafts after the pending token.
-    pub drafts: Vec<u32>,
-    /// `ids[i]`: the greedy token after row i of `[pending, drafts..]`.
-    pub ids: Vec<u32>,
 }
 
 /// The captured decode step and the sampling settings it was captured with.
@@ -1043,8 +1029,6 @@ pub struct CudaModel {
     /// captured at their first use per row count (`REDLITE_CUDA_SMALL_GRAPHS`, default on;
     /// with `graphs`, and with every expert resident for verify passes).
     small_graphs: bool,
-    /// [`CudaModel::mtp_pass`] is on (`set_mtp_pass_graph`).
-    mtp_pass_graph: bool,
     /// By (rows, greedy argmax included); captured at the [`VERIFY_GRAPH_AFTER`]-th pass of
     /// that many rows (`verify_uses`), so that a row count seen once or twice costs no capture.
     verify_graphs: HashMap<(usize, bool), CudaGraph>,
@@ -1122,7 +1106,6 @@ impl CudaModel {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
             argmax_chain: f("argmax_chain")?,
-            mtp_verify_input: f("mtp_verify_input")?,
             dn_restore: f("dn_restore")?,
             swiglu: f("swiglu")?,
             dn_conv_seq: f("dn_conv_seq")?,
@@ -1321,7 +1304,6 @@ impl CudaModel {
             experts,
             mtp,
             small_graphs: env_switch("REDLITE_CUDA_SMALL_GRAPHS", true),
-            mtp_pass_graph: env_switch("REDLITE_CUDA_MTP_PASS_GRAPH", false),
             verify_graphs: HashMap::new(),
             verify_uses: HashMap::new(),
             dn_restore,
@@ -1950,38 +1932,6 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Greedy speculative decoding's pass with MTP drafts as one graph per (queued slots,
-    /// drafts): `k` drafts after `pending` ([`CudaModel::mtp_draft`]), then the verify pass of
-    /// `[pending, drafts..]` ([`CudaModel::verify_greedy`]), the verify rows' input assembled
-    /// from the drafts on the device (`mtp_verify_input`), one read of drafts and ids. Returns
-    /// the drafts and every row's greedy token; `keep` follows as after a verify pass. `None`
-    /// (nothing run) unless [`CudaModel::set_mtp_pass_graph`] is on and the pass fits a graph
-    /// (graphs on, every expert resident, `k` in 1..=8 and below `max_verify`, a short queue):
-    /// then draft and verify separately.
-    pub fn mtp_pass(&mut self, pending: u32, k: usize) -> Result<Option<MtpPass>, CudaError> {
-        let fused = self.mtp_pass_graph
-            && self.small_graphs
-            && self.opts.graphs
-            && !self.experts.bounded()
-            && self.profile_verify.is_none()
-            && (1..=MAX_GRAPH_DRAFTS).contains(&k)
-            && k < self.opts.max_verify
-            && self.pos + k < self.opts.max_context
-            && self.mtp.as_ref().is_some_and(|m| {
-                m.queue.has_last() && m.queue.queued() < SMALL_GRAPH_ROWS.min(self.opts.max_batch)
-            });
-        if !fused {
-            return Ok(None);
-        }
-        let mut m = self
-            .mtp
-            .take()
-            .ok_or_else(|| CudaError::Invalid("no MTP block".into()))?;
-        let r = self.mtp_pass_fused(&mut m, pending, k);
-        self.mtp = Some(m);
-        r.map(Some)
-    }
-
     /// A draft's start: the waiting row's slot completed with `pending`; returns the queued
     /// slots.
     fn mtp_begin(&mut self, m: &mut DevMtp, pending: u32) -> Result<usize, CudaError> {
@@ -1996,78 +1946,10 @@ impl CudaModel {
         Ok(m.queue.queued())
     }
 
-    /// [`Self::mtp_pass`]'s graph.
-    fn mtp_pass_fused(
-        &mut self,
-        m: &mut DevMtp,
-        pending: u32,
-        k: usize,
-    ) -> Result<MtpPass, CudaError> {
-        self.mtp_begin(m, pending)?;
-        let n = self.mtp_upload_draft(m, k)?;
-        let params = [i32_of(self.pos, "position")?, pending as i32];
-        // SAFETY: `pass_params` holds 2 i32; pageable memory is staged before the call returns.
-        unsafe { cu::memcpy_htod_async(m.pass_params, &params, self.stream.cu_stream()) }
-            .map_err(|e| CudaError::driver("uploading the pass parameters", e))?;
-        let rows = k + 1;
-        if !m.pass_graphs.contains_key(&(n, k)) {
-            let h = self.config.hidden;
-            let g = self.capture(|s| {
-                s.mtp_enqueue_draft(m, n, k)?;
-                let f = s.k.mtp_verify_input.clone();
-                s.launch(
-                    "mtp_verify_input",
-                    &f,
-                    (1, 1, 1),
-                    32,
-                    0,
-                    &[
-                        A::P(s.sc.input),
-                        A::P(m.pass_params),
-                        A::P(m.drafts),
-                        A::I(k as i32),
-                    ],
-                )?;
-                s.enqueue_forward(rows, Head::All, Rows::Steps)?;
-                s.argmax(s.sc.logits, rows)?;
-                // The verify rows into the MTP queue (its first row: the queue is empty).
-                s.rms_norm(s.sc.x, s.output_norm, m.q, rows, h)
-            })?;
-            m.pass_graphs.insert((n, k), g);
-        }
-        m.pass_graphs[&(n, k)]
-            .launch()
-            .map_err(|e| CudaError::driver("replaying an MTP pass graph", e))?;
-        let [drafts, ids] = self.read_ids(
-            [(m.drafts, k), (self.sc.out, rows)],
-            "reading the drafts and verified tokens",
-        )?;
-        // The bookkeeping of the draft, then of the verify pass (`verify_rows`).
-        m.queue.ran();
-        let mut tokens = Vec::with_capacity(rows);
-        tokens.push(pending);
-        tokens.extend_from_slice(&drafts);
-        let first = m.queue.record(&tokens, true);
-        debug_assert_eq!(first, 0, "the verify rows go to the queue's first rows");
-        self.verify_passes += 1;
-        let start = self.pos;
-        self.pos += rows;
-        self.last_row = rows - 1;
-        self.verified = Some((start, rows));
-        self.experts.after_forward(&self.stream, rows)?;
-        Ok(MtpPass { drafts, ids })
-    }
-
     /// The probability below which a graphed MTP draft stops (after that draft; 0: never), as
     /// the CPU drafter's `--spec-mtp-min-prob` (`REDLITE_CUDA_MTP_MIN_PROB` sets it at load).
     pub fn set_mtp_min_prob(&mut self, p: f32) {
         self.mtp_min_prob = p;
-    }
-
-    /// Whether [`CudaModel::mtp_pass`] runs a pass as one graph
-    /// (`REDLITE_CUDA_MTP_PASS_GRAPH`, default off: not yet measured).
-    pub fn set_mtp_pass_graph(&mut self, on: bool) {
-        self.mtp_pass_graph = on;
     }
 
     /// Run the queued slots through the MTP block (chunks of at most `max_batch`), keeping the
@@ -4219,8 +4101,6 @@ fn dev_mtp(
         draft_graphs: HashMap::new(),
         drafts: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
         draft_probs: arena.zeros(4 * MAX_GRAPH_DRAFTS)?,
-        pass_graphs: HashMap::new(),
-        pass_params: arena.zeros(8)?,
     })
 }
 
