@@ -588,6 +588,34 @@ __device__ __forceinline__ void dnf_conv_window_pre(const DnfConvRegs<NPRE>& p, 
     }
 }
 
+// DNC_STAGE (default 1): dn_fused_cols_rows' conv of the preloaded channels over a chunk with a
+// sliding window in registers: each token's input loaded once (DNC_STAGE_TOKENS tokens' loads of
+// every channel in flight together) instead of the window's kern inputs per token, a token at a
+// time, each waiting on its loads (the REDLITE_TRACE build, session 22: the prologue grew 1.4 µs
+// a verify row, more than the recurrence). The same values and operations as dnf_conv_pre
+// (the window holds the inputs dnf_conv_pre reads), so the same bits.
+#ifndef DNC_STAGE
+#define DNC_STAGE 1
+#endif
+#define DNC_STAGE_TOKENS 4
+// Conv + SiLU from a window (h0, h1, h2: the inputs of tokens t - 3 .. t - 1) and input x, as
+// dnf_conv_pre's sum; tr: the window after the token (as dnf_conv_pre's).
+__device__ __forceinline__ float dnf_conv_win(const float (&w)[DNF_PRE_KERN], float (&h)[DNF_PRE_KERN - 1], float x,
+                                              float* __restrict__ tr, int ch) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
+        if (tr != nullptr && jj > 0) tr[(size_t)(jj - 1) * ch] = h[jj];
+        acc += w[jj] * h[jj];
+    }
+    if (tr != nullptr) tr[(size_t)(DNF_PRE_KERN - 2) * ch] = x;
+    acc += w[DNF_PRE_KERN - 1] * x;
+    h[0] = h[1];
+    h[1] = h[2];
+    h[2] = x;
+    return siluf_(acc);
+}
+
 // dn_fused_seq(qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern,
 //              l2_eps, q_scale, rms_eps): the whole DeltaNet core of n tokens in one launch, from the
 // projections to the gated norm: conv + SiLU (dn_conv_seq), q/k L2 norm (dn_qk_norm), beta and g
@@ -821,8 +849,46 @@ __device__ __forceinline__ void dn_fused_cols_body(
         float* pm = part;             // [2][blockDim.x]
         float* po = part + 2 * bd;    // [2][blockDim.x]
         float* gbc = part + 4 * bd;   // [DNC_CHUNK][2]: beta, exp(g) of each token
+#if DNC_STAGE
+        // The preloaded channels' windows (DNC_STAGE), carried from chunk to chunk.
+        float win[DNC_PRE][DNF_PRE_KERN - 1];
+#pragma unroll
+        for (int i = 0; i < DNC_PRE; ++i) {
+#pragma unroll
+            for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) win[i][jj] = pr.h[i][jj];
+        }
+#endif
         for (int c0 = 0; c0 < n; c0 += DNC_CHUNK) {
             const int pn = min(DNC_CHUNK, n - c0);
+#if DNC_STAGE
+            if (pre) {
+                for (int t4 = 0; t4 < pn; t4 += DNC_STAGE_TOKENS) {
+                    float xv[DNC_PRE][DNC_STAGE_TOKENS];
+#pragma unroll
+                    for (int i = 0; i < DNC_PRE; ++i) {
+#pragma unroll
+                        for (int u = 0; u < DNC_STAGE_TOKENS; ++u) {
+                            const int tc = t4 + u;
+                            xv[i][u] = pr.c[i] >= 0 && tc < pn ? qkv[(size_t)(c0 + tc) * ch + pr.c[i]] : 0.0f;
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < DNC_STAGE_TOKENS; ++u) {
+                        const int tc = t4 + u, t = c0 + tc;
+                        if (tc >= pn) break;
+                        float* trt = conv_trace == nullptr ? nullptr : conv_trace + (size_t)t * (kern - 1) * ch;
+#pragma unroll
+                        for (int i = 0; i < DNC_PRE; ++i) {
+                            const int li = tid + i * bd;
+                            if (pr.c[i] < 0) continue;
+                            float* tr = trt != nullptr && (li >= 2 * dk || lead) ? trt + pr.c[i] : nullptr;
+                            buf[tc * own + li] = dnf_conv_win(pr.w[i], win[i], xv[i][u], tr, ch);
+                            pr.x[i] = xv[i][u];
+                        }
+                    }
+                }
+            }
+#endif
             for (int tc = 0; tc < pn; ++tc) {
                 const int t = c0 + tc;
                 float* bt = buf + tc * own;
@@ -831,11 +897,13 @@ __device__ __forceinline__ void dn_fused_cols_body(
                 float* trt = conv_trace == nullptr ? nullptr : conv_trace + (size_t)t * (kern - 1) * ch;
 #define DNC_TR(li) (trt != nullptr && ((li) >= 2 * dk || lead) ? trt + DNC_CH(li) : nullptr)
                 if (pre) {
+#if !DNC_STAGE
 #pragma unroll
                     for (int i = 0; i < DNC_PRE; ++i) {
                         const int li = tid + i * bd;
                         if (pr.c[i] >= 0) bt[li] = dnf_conv_pre(pr, i, qkv, t, ch, DNC_TR(li));
                     }
+#endif
                     for (int li = tid + DNC_PRE * bd; li < own; li += bd) {
                         bt[li] = dnf_conv(qkv, conv_state, conv_w, t, DNC_CH(li), ch, kern, DNC_TR(li));
                     }
