@@ -163,15 +163,21 @@ fn env_switch(name: &str, default: bool) -> bool {
 /// Most tokens per tile of `matvec_norm3_tok` (`MVF_MAX_TILE`).
 pub(crate) const MVF_MAX_TILE: usize = 4;
 
-/// Tokens per tile of the token-tile matvec (`matvec_norm3_tok`: weights read and decoded once per
-/// tile) for calls of more than one token: tuning switch `REDLITE_CUDA_TOKEN_TILE`, 1 (off) to
-/// `MVF_MAX_TILE` (the default: an 8-row verify 20.08 → 18.70 ms, prefill-512 520 → 574 tok/s on
-/// the H200, outputs bit-identical).
+/// Tokens per tile of the token-tile matvec (`matvec_norm3_tok`, `matvec_res_tok`: weights read
+/// and decoded once per tile, the tile's tokens one after another in each warp) for calls of more
+/// than one token: tuning switch `REDLITE_CUDA_TOKEN_TILE`, 1 (off) to `MVF_MAX_TILE`; unset (0):
+/// [`AUTO_TILE_SMALL`] tokens a tile for calls of up to [`AUTO_TILE_SMALL_ROWS`] tokens, else
+/// `MVF_MAX_TILE`. Outputs are bit-identical whatever the tile.
 pub(crate) fn token_tile_from_env() -> usize {
-    env_parse("REDLITE_CUDA_TOKEN_TILE")
-        .unwrap_or(MVF_MAX_TILE)
-        .clamp(1, MVF_MAX_TILE)
+    env_parse("REDLITE_CUDA_TOKEN_TILE").map_or(0, |t: usize| t.clamp(1, MVF_MAX_TILE))
 }
+
+/// The automatic tile for short calls (MTP passes, short lookup passes): two tiles of 2 run in
+/// parallel where one tile of 4 runs its tokens serially. H200, session 22: the demo's MTP
+/// rewrite 1.45× → 1.62× (4-row verify 1.51 → 1.34× a step, 8 rows 1.67 → 1.58×); full-size
+/// 4 / 8 rows 5.84 / 9.12 ms → 5.78 / 9.18 (even), 16 rows 15.99 → 16.39 ms (tile 4 stays there).
+const AUTO_TILE_SMALL: usize = 2;
+const AUTO_TILE_SMALL_ROWS: usize = 8;
 
 /// Prompts of at least this many tokens run their products through the GEMMs (`gemm.cu`: the
 /// tensor-core `gemm_<type>`, `gemm_f32_simt` for f32 weights, and `moe_gemm_<type>` over the
@@ -192,11 +198,16 @@ const GEMM_BK: usize = 32;
 const GEMM_THREADS: u32 = 128;
 
 /// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
-/// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`).
+/// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`); `want` 0: by `n` (`token_tile_from_env`).
 pub(crate) fn token_tile(want: usize, n: usize, cols: usize) -> usize {
     if n < 2 {
         return 1;
     }
+    let want = match want {
+        0 if n <= AUTO_TILE_SMALL_ROWS => AUTO_TILE_SMALL,
+        0 => MVF_MAX_TILE,
+        w => w,
+    };
     want.min(n).min((48 * 1024) / (4 * cols.max(1))).max(1)
 }
 
@@ -848,7 +859,8 @@ pub struct CudaModel {
     /// (`mvf_rows_from_env`); the lm_head takes one.
     mvf_rows: usize,
     res_rows: usize,
-    /// Tokens per tile of `matvec_norm3_tok` for multi-token calls (`token_tile_from_env`).
+    /// Tokens per tile of the token-tile matvecs for multi-token calls (`token_tile_from_env`; 0:
+    /// by the call's tokens, `token_tile`).
     token_tile: usize,
     /// Prompts may use the GEMMs (`gemm_from_env`), and whether the call being enqueued does.
     gemm: bool,
@@ -4265,4 +4277,25 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         xq_inv: arena.f32s(b)?,
         rope_cs: arena.alloc(8 * o.max_context * (c.rope_dims / 2).max(1))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_tiles_by_call_length() {
+        // One token: no tile. Automatic: 2 up to 8 tokens, then 4; never more than the tokens or
+        // than 48 KiB of f32 inputs.
+        assert_eq!(token_tile(0, 1, 2048), 1);
+        assert_eq!(token_tile(0, 4, 2048), 2);
+        assert_eq!(token_tile(0, 8, 2048), 2);
+        assert_eq!(token_tile(0, 9, 2048), 4);
+        assert_eq!(token_tile(0, 64, 2048), 4);
+        assert_eq!(token_tile(0, 3, 8192), 1);
+        // A fixed tile (`REDLITE_CUDA_TOKEN_TILE`) whatever the length.
+        assert_eq!(token_tile(4, 4, 2048), 4);
+        assert_eq!(token_tile(4, 3, 2048), 3);
+        assert_eq!(token_tile(1, 16, 2048), 1);
+    }
 }
