@@ -25,7 +25,7 @@ sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest.log" | keep
 step "verify_gpu, expert_cache_gpu, mtp_gpu"
 for t in verify_gpu expert_cache_gpu mtp_gpu; do
     REDLITE_TEST_MODELS="$DEV/fixtures/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
-        timeout 200 $W/$t --ignored --nocapture 2>&1 | grep -h "test result\|panicked\|drafts equal" | keep
+        timeout 200 $W/$t --ignored --nocapture 2>&1 | grep -h -A1 "test result\|panicked\|drafts equal\|plain decoding" | grep -v "^--" | keep
 done
 wait $mm
 dec() { timeout 150 $R bench decode --backend cuda -m $FULL "$@" 2>&1 | grep "^cuda \|launches\|hit rate\|rror\|panick"; }
