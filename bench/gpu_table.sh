@@ -8,7 +8,7 @@
 # Steps (each logged to $OUT/table.txt as it ends): make-model of the full-size layout
 # (background); the self-test with fixture parity; verify_gpu, expert_cache_gpu, mtp_gpu; decode
 # short / at 4,096 / at 32,768 / at --memory 16GiB lfu; prefill 512 and 4,096; bench kernel;
-# bench expert; the full-size verify cost; the demo model's file rewrite on the GPU.
+# bench expert; the full-size verify cost; the demo model's file rewrite and verify cost on the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/ab}
@@ -65,6 +65,9 @@ head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsy
 step "demo file rewrite on the GPU"
 timeout 200 $R spec-bench rewrite --backend cuda -m models/redlite-demo.gguf -f $W/colorsys_60.py \
     --modes lookup,mtp,both --rounds 3 2>&1 | grep "^| " | keep
+step "demo verify cost on the GPU"
+timeout 100 $R spec-bench verify --backend cuda -m models/redlite-demo.gguf --ks 1,2,3,7 --reps 20 --context 900 2>&1 |
+    tail -6 | keep
 step "sampled generation with and without speculation (demo)"
 spec_sampled_check $R models/redlite-demo.gguf | keep
 step "done"
