@@ -5,14 +5,22 @@
 # and an 8-row verify pass and an MTP draft, kernels by name, heaviest first (where a verify row
 # and a draft go: docs/speculative.md).
 #   (gpu_ab.sh ...); DRAFTS="3 4 5" NCU=1 OUT=$OUT bash bench/gpu_demo_spec.sh
+# FULL=1: the profiles on the full-size layout instead (made here if gpu_ab.sh has not; no MTP
+# draft profile: the layout has no MTP block), e.g. where an 8-row verify's time goes:
+#   FULL=1 NCU=1 NCU_ROWS=30 bash bench/gpu_demo_spec.sh   (after `gpu_ab.sh prepare` here)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
 W=/tmp/redlite-ab
+[ -x $W/redlite ] || unpack_ab .device/ab $W
 device_env $W
 R=$W/redlite
 LOGS=$W  # the csv files stay here: the run returns a limited number of files
 M=models/redlite-demo.gguf
+if [ -n "${FULL:-}" ]; then
+    M=$W/full.gguf
+    [ -f $M ] || timeout 300 $R make-model $M --vocab $W/vocab.gguf --force >/dev/null 2>&1
+fi
 head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsys_60.py
 for round in $(seq "${ROUNDS:-3}"); do
     for k in ${DRAFTS:-}; do
@@ -37,4 +45,5 @@ for k in 3 7; do
         $R spec-bench verify --backend cuda -m $M --ks $k --reps 2 --context 900
 done
 # The 20th MTP draft of the demo's file rewrite (eager: the profiled draft skips its graph).
+[ -z "${FULL:-}" ] || exit 0
 REDLITE_CUDA_PROFILE_DRAFT=20 prof draft $R spec-bench rewrite --backend cuda -m $M -f $W/colorsys_60.py --modes mtp --rounds 1
