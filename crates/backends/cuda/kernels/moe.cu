@@ -1127,6 +1127,14 @@ __device__ __forceinline__ const u8* expert_part(const u64* __restrict__ tab, in
     return dstride != 0 ? (const u8*)(e0 + (u64)id * dstride) : (const u8*)tab[3 * (size_t)id + p];
 }
 
+// TAB_PAIR (default 1, session 22): moe_gate_up_tab_q8q_iq2_xxs (the verify rows' and short
+// prompts' gate/up) takes a warp's two rows together, as the decode step's fused route kernel does
+// (both rows' loads in flight before either's arithmetic; each row's sums in the one-row order, so
+// the same bits). 0: a row at a time.
+#ifndef TAB_PAIR
+#define TAB_PAIR 1
+#endif
+
 // moe_gate_up_tab_q8q_iq2_xxs(..., dstride): the parts through expert_part.
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
     const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
@@ -1135,7 +1143,7 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // ids and xq come from the kernels before
     const int id = ids[(size_t)blockIdx.z * k + blockIdx.y];
-    gate_up_q8q_rows<false>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
+    gate_up_q8q_rows<TAB_PAIR != 0>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
                             actq, ff, hidden, k, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
