@@ -554,24 +554,40 @@ __device__ __forceinline__ void dnf_pre_channel(DnfConvRegs<NPRE>& p, int i, int
     for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) p.h[i][jj] = c >= 0 ? conv_state[(size_t)jj * ch + c] : 0.0f;
 }
 
-// dnf_conv of channel p.c[i] from the registers (the same operations in the same order).
-// tr: as dnf_conv's.
+// Conv + SiLU of one channel from its window h (the inputs of tokens t - 3 .. t - 1) and its input
+// x: dnf_conv's sum in dnf_conv's order; then the window slides by one (h ends as t - 2 .. t).
+// tr, when not null: the window after the token, written as dnf_conv writes it.
+__device__ __forceinline__ float dnf_conv_win(const float (&w)[DNF_PRE_KERN], float (&h)[DNF_PRE_KERN - 1], float x,
+                                              float* __restrict__ tr, int ch) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
+        if (tr != nullptr && jj > 0) tr[(size_t)(jj - 1) * ch] = h[jj];
+        acc += w[jj] * h[jj];
+    }
+    if (tr != nullptr) tr[(size_t)(DNF_PRE_KERN - 2) * ch] = x;
+    acc += w[DNF_PRE_KERN - 1] * x;
+    h[0] = h[1];
+    h[1] = h[2];
+    h[2] = x;
+    return siluf_(acc);
+}
+
+// dnf_conv of channel p.c[i] at token t from the registers: its window gathered (earlier tokens'
+// inputs from qkv, the carried-over state from p.h), then dnf_conv_win (the same operations in the
+// same order). tr: as dnf_conv's.
 template <int NPRE>
 __device__ __forceinline__ float dnf_conv_pre(DnfConvRegs<NPRE>& p, int i, const float* __restrict__ qkv, int t,
                                               int ch, float* __restrict__ tr = nullptr) {
     const int c = p.c[i];
-    float acc = 0.0f;
+    float h[DNF_PRE_KERN - 1];
 #pragma unroll
     for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
         const int src = t - (DNF_PRE_KERN - 1) + jj, m = t + jj;
-        const float hv = src >= 0 ? qkv[(size_t)src * ch + c] : m == 0 ? p.h[i][0] : m == 1 ? p.h[i][1] : p.h[i][2];
-        if (tr != nullptr && jj > 0) tr[(size_t)(jj - 1) * ch] = hv;
-        acc += p.w[i][jj] * hv;
+        h[jj] = src >= 0 ? qkv[(size_t)src * ch + c] : m == 0 ? p.h[i][0] : m == 1 ? p.h[i][1] : p.h[i][2];
     }
     p.x[i] = qkv[(size_t)t * ch + c];
-    if (tr != nullptr) tr[(size_t)(DNF_PRE_KERN - 2) * ch] = p.x[i];
-    acc += p.w[i][DNF_PRE_KERN - 1] * p.x[i];
-    return siluf_(acc);
+    return dnf_conv_win(p.w[i], h, p.x[i], tr, ch);
 }
 
 // dnf_conv_window of channel p.c[i] after n >= 1 tokens, from the registers where it can.
@@ -598,23 +614,6 @@ __device__ __forceinline__ void dnf_conv_window_pre(const DnfConvRegs<NPRE>& p, 
 #define DNC_STAGE 1
 #endif
 #define DNC_STAGE_TOKENS 4
-// Conv + SiLU from a window (h0, h1, h2: the inputs of tokens t - 3 .. t - 1) and input x, as
-// dnf_conv_pre's sum; tr: the window after the token (as dnf_conv_pre's).
-__device__ __forceinline__ float dnf_conv_win(const float (&w)[DNF_PRE_KERN], float (&h)[DNF_PRE_KERN - 1], float x,
-                                              float* __restrict__ tr, int ch) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < DNF_PRE_KERN - 1; ++jj) {
-        if (tr != nullptr && jj > 0) tr[(size_t)(jj - 1) * ch] = h[jj];
-        acc += w[jj] * h[jj];
-    }
-    if (tr != nullptr) tr[(size_t)(DNF_PRE_KERN - 2) * ch] = x;
-    acc += w[DNF_PRE_KERN - 1] * x;
-    h[0] = h[1];
-    h[1] = h[2];
-    h[2] = x;
-    return siluf_(acc);
-}
 
 // dn_fused_seq(qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern,
 //              l2_eps, q_scale, rms_eps): the whole DeltaNet core of n tokens in one launch, from the
