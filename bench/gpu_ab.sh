@@ -18,7 +18,9 @@
 # default's (`cmp`, then KL per step when they differ: the random full-size layout is chaotic,
 # so only bit-identical changes compare there); ROUNDS rounds of `bench decode -p 8 -n 128`
 # alternating default and configs, with medians; TRACE=1 the phase trace of the default;
-# POS=32768 a decode at that position, default and each config; VERIFY=1 the full-size verify
+# POS=32768 a decode at that position, default and each config (POS_ROUNDS rounds alternating,
+# medians); CHECK_CONFIGS (as CONFIGS, with "default"): the configs the checks run for (all by
+# default); VERIFY=1 the full-size verify
 # cost (2 / 4 / 8 / 16 rows against a step), default and each config. SPEC=1 (after the default's
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
@@ -55,7 +57,7 @@ if [ $FULLSIZE = 1 ]; then
     mm=$!
 fi
 i=0
-for cfg in $ALL; do
+for cfg in ${CHECK_CONFIGS:-$ALL}; do
     step "self-test + parity [$cfg]"
     with "$cfg" timeout 200 $R selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest$i.log" 2>&1
     grep -h "^selftest:\|^kernels:\|FAIL\|^error\|panicked" "$LOGS/selftest$i.log" | head -20 | keep
@@ -154,9 +156,25 @@ if [ -n "${VERIFY:-}" ]; then
     done
 fi
 if [ -n "${POS:-}" ]; then
-    for cfg in $ALL; do
-        step "decode at position $POS [$cfg]"
-        with "$cfg" timeout 150 $R bench decode --backend cuda -m $FULL -p 8 -n 64 --position "$POS" 2>&1 | grep "^cuda\|rror" | keep
+    for round in $(seq "${POS_ROUNDS:-1}"); do
+        for cfg in $ALL; do
+            step "position $POS round $round [$cfg]"
+            with "$cfg" timeout 150 $R bench decode --backend cuda -m $FULL -p 8 -n 64 --position "$POS" 2>&1 | grep "^cuda\|rror" | keep
+        done
     done
+    python3 - "$LOGS/summary.txt" <<'PY' | keep
+import re, statistics, sys
+cur, runs = None, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"== position \d+ round \d+ \[(.*)\]", line)
+    if m:
+        cur = m.group(1)
+    elif cur and line.startswith("cuda "):
+        runs.setdefault(cur, []).append(float(line.split()[3]))
+        cur = None
+base = statistics.median(runs.get("default", [0])) or 1
+for cfg, v in runs.items():
+    print(f"position median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
+PY
 fi
 step "done"

@@ -610,8 +610,39 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
     }
 }
 
+// xr_reduce(v, lane): the transposed butterfly. In: 32 partial sums a lane; out: lane l holds the
+// warp-wide sum of v[l]. Five stages, offsets 16, 8, 4, 2, 1: at offset o a lane with bit o set
+// keeps the upper o of the 2 o values it still holds and sends the lower o to its partner (lane
+// ^ o), the other lane the reverse, and each adds what it receives; 31 shuffles for the 32 sums
+// (32 warp_sums take 160). A fixed tree, so every call gives the same bits; not warp_sum's bits.
+template <int O>
+__device__ __forceinline__ void xr_stage(float (&v)[WARP], int lane) {
+    const bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < O; ++i) {
+        const float send = up ? v[i] : v[i + O];
+        const float keep = up ? v[i + O] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+
+__device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
+    xr_stage<16>(v, lane);
+    xr_stage<8>(v, lane);
+    xr_stage<4>(v, lane);
+    xr_stage<2>(v, lane);
+    xr_stage<1>(v, lane);
+    return v[0];
+}
+
 // qgrp: the G query rows (hd apart) of the block's KV head and token.
-template <int PER, int G, int P>
+// XR (with G P = 32, attn_split_gqa4x): the G P scores of a warp step reduced by xr_reduce, lane
+// h P + u holding head h's score of position u: that lane takes the exps (one each instead of
+// every lane all G (P + 1)), head h's running max and sum live in its P lanes, and the
+// corrections and weights reach every lane by shuffles; the accumulators' updates are the same
+// operations in the same order as without XR. PF (attn_split_gqa4p): the warp's next step's K and
+// V lines prefetched into L2 before this step's arithmetic.
+template <int PER, int G, int P, bool XR = false, bool PF = false>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -634,6 +665,9 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
 #pragma unroll
         for (int e = 0; e < PER; ++e) acc[h][e] = 0.0f;
     }
+    constexpr bool XRED = XR && G * P == WARP;
+    const int hl = lane / P, ul = lane % P;  // XRED: the lane's head and position
+    float m_own = NEG_INF, l_own = 0.0f;     // XRED: head hl's running max and sum
     for (int j = j0 + w * P; j < j1; j += G * P) {
         float kr[P][PER], vr[P][PER];
 #pragma unroll
@@ -641,6 +675,58 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
             const int jj = j + u < j1 ? j + u : j1 - 1;  // past the end: a copy of the last row, weight 0
             ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
             ld_lane_row<PER>(vc + ((size_t)jj * nkv + g) * hd + PER * lane, vr[u]);
+        }
+        if constexpr (PF) {
+            // The next step's 2 P rows of hd floats: PER lines of 128 bytes a row.
+            const int jn = j + G * P;
+            if (jn < j1) {
+#pragma unroll
+                for (int li = lane; li < 2 * P * PER; li += WARP) {
+                    const int u = (li / PER) % P, part = li % PER;
+                    const int jj = jn + u < j1 ? jn + u : j1 - 1;
+                    const float* base = li < P * PER ? kc : vc;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + ((size_t)jj * nkv + g) * hd + WARP * part));
+                }
+            }
+        }
+        if constexpr (XRED) {
+            float v[WARP];
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+#pragma unroll
+                for (int u = 0; u < P; ++u) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
+                    v[h * P + u] = s;
+                }
+            }
+            const float s = xr_reduce(v, lane) * scale;
+            const float d = j + ul < j1 ? s : NEG_INF;
+            float mx = d;
+#pragma unroll
+            for (int o = 1; o < P; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            mx = fmaxf(m_own, mx);
+            const float corr = expf(m_own - mx);  // 0 on the first rows (m = -inf)
+            const float pr = expf(d - mx);        // 0 past the end
+            float ps = pr;
+#pragma unroll
+            for (int o = 1; o < P; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l_own = l_own * corr + ps;
+            m_own = mx;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const float ch = __shfl_sync(0xffffffffu, corr, h * P);
+#pragma unroll
+                for (int e = 0; e < PER; ++e) acc[h][e] *= ch;
+#pragma unroll
+                for (int u = 0; u < P; ++u) {
+                    const float p = __shfl_sync(0xffffffffu, pr, h * P + u);
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
+                }
+            }
+            continue;
         }
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -670,7 +756,12 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
         }
     }
     // The warps' partials merged in warp order (warps without positions: m = -inf, weight 0).
-    if (lane == 0) {
+    if constexpr (XRED) {
+        if (ul == 0) {
+            sm[w][hl] = m_own;
+            sl[w][hl] = l_own;
+        }
+    } else if (lane == 0) {
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             sm[w][h] = m[h];
@@ -678,6 +769,10 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
         }
     }
     __syncthreads();
+    if constexpr (XRED) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) m[h] = sm[w][h];
+    }
     // Rounds for the warps that had positions only (the first `act`): a warp without any
     // has m = -inf, l = 0 and acc = 0, and adding its f = 0 times acc = 0 leaves every sum as
     // it is (no sum is -0: the first round's 0 + x is never -0), so skipping it keeps the
@@ -726,7 +821,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P>
+template <int P, bool XR = false, bool PF = false>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -737,7 +832,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P, XR, PF>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -758,6 +853,19 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float
                                                                     int nkv, int hd, float scale, int min_chunk) {
     attn_split_gqa_p_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
+
+// attn_split_gqa4x: attn_split_gqa4 with XR (one score a lane, above); attn_split_gqa4p: with PF
+// (the same bits as attn_split_gqa4); attn_split_gqa4xp: both.
+#define ATTN_GQA4_VARIANT(suffix, XR, PF)                                                                 \
+    extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4##suffix(                       \
+        const float* q, const float* kc, const float* vc, float* part, const int* pos_ptr, int heads,      \
+        int nkv, int hd, float scale, int min_chunk) {                                                   \
+        attn_split_gqa_p_body<4, XR, PF>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);     \
+    }
+ATTN_GQA4_VARIANT(x, true, false)
+ATTN_GQA4_VARIANT(p, false, true)
+ATTN_GQA4_VARIANT(xp, true, true)
+#undef ATTN_GQA4_VARIANT
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *

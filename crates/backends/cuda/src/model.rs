@@ -229,6 +229,24 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
         .clamp(1, MVF_WARPS)
 }
 
+/// The `attn_split_gqa4` variant of the decode attention (`REDLITE_CUDA_ATTN_VARIANT`): empty the
+/// plain kernel, `x` one score a lane (the transposed reduction, `attn_split_gqa4x`), `p` the next
+/// step's K/V prefetched into L2 (`attn_split_gqa4p`, the same bits as the plain one), `xp` both.
+fn attn_gqa4_kernel() -> Result<&'static str, CudaError> {
+    let v = std::env::var("REDLITE_CUDA_ATTN_VARIANT").unwrap_or_default();
+    Ok(match v.as_str() {
+        "" => "attn_split_gqa4",
+        "x" => "attn_split_gqa4x",
+        "p" => "attn_split_gqa4p",
+        "xp" => "attn_split_gqa4xp",
+        _ => {
+            return Err(CudaError::Invalid(format!(
+                "REDLITE_CUDA_ATTN_VARIANT={v}: expected one of \"\", x, p, xp"
+            )))
+        }
+    })
+}
+
 /// Chunks of the split decode attention for a context of `o.max_context` positions.
 fn attn_splits(o: &CudaModelOptions) -> usize {
     o.max_context
@@ -1134,7 +1152,7 @@ impl CudaModel {
             attn_prompt: f("attn_prompt")?,
             attn_split: f("attn_split")?,
             attn_split_gqa: f("attn_split_gqa")?,
-            attn_split_gqa4: f("attn_split_gqa4")?,
+            attn_split_gqa4: f(attn_gqa4_kernel()?)?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,

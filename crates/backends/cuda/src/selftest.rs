@@ -2163,14 +2163,65 @@ impl Runner<'_> {
         if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
             self.attention_split_kernel(d, Some(2));
             self.attention_split_kernel(d, Some(4));
+            for variant in ["attn_split_gqa4x", "attn_split_gqa4p", "attn_split_gqa4xp"] {
+                self.attention_split_named(d, variant);
+            }
+            // The prefetch changes no arithmetic.
+            self.attention_split_same_bits(d, "attn_split_gqa4p", "attn_split_gqa4");
+            self.attention_split_same_bits(d, "attn_split_gqa4xp", "attn_split_gqa4x");
         }
+    }
+
+    /// Split kernels `a` and `b` give the same bits (3 rows at 4001.., 64 chunks, gated).
+    fn attention_split_same_bits(&mut self, d: AttnDims, a: &str, b: &str) {
+        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (rows, pos0, ctx, splits) = (3usize, 4001usize, 4096usize, 64usize);
+        let q = self.rng.normals(rows * heads * hd, 1.0);
+        let kc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+        let gate = self.rng.normals(rows * heads * hd, 2.0);
+        let run = |name: &str| {
+            ops::attn_split_merge_with(
+                self.gpu,
+                name,
+                &q,
+                &kc,
+                &vc,
+                Some(&gate),
+                pos0,
+                (heads, nkv, hd),
+                scale,
+                (splits, 16),
+            )
+        };
+        let r = (|| {
+            let (x, y) = (run(a)?, run(b)?);
+            let differ = x
+                .iter()
+                .zip(&y)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            Ok((differ as f64, 0.0))
+        })();
+        self.record(
+            a,
+            format!(
+                "{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, bits vs {b}"
+            ),
+            r,
+        );
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
     fn attention_split_kernel(&mut self, d: AttnDims, gqa: Option<usize>) {
+        self.attention_split_named(d, gqa.map_or("attn_split", ops::attn_split_gqa_kernel));
+    }
+
+    /// [`Self::attention_split`] through the split kernel `name`.
+    fn attention_split_named(&mut self, d: AttnDims, name: &str) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
-        let name = gqa.map_or("attn_split", ops::attn_split_gqa_kernel);
         for (pos0, ctx, splits, gated) in [
             (0usize, 8usize, 4usize, false),
             (40, 64, 4, true),
@@ -2181,9 +2232,9 @@ impl Runner<'_> {
             let vc = self.rng.normals(ctx * nkv * hd, 1.0);
             let gate = self.rng.normals(heads * hd, 2.0);
             let g_opt = gated.then_some(gate.as_slice());
-            let r = ops::attn_split_merge(
+            let r = ops::attn_split_merge_with(
                 self.gpu,
-                gqa,
+                name,
                 &q,
                 &kc,
                 &vc,
@@ -2233,12 +2284,12 @@ impl Runner<'_> {
                 r,
             );
         }
-        self.attention_split_rows(d, gqa);
+        self.attention_split_rows(d, name);
     }
 
     /// Several rows in one `attn_split` + `attn_merge` (the verify pass of speculative decoding):
     /// row t bit for bit what a one-row call at `pos0 + t` computes.
-    fn attention_split_rows(&mut self, d: AttnDims, gqa: Option<usize>) {
+    fn attention_split_rows(&mut self, d: AttnDims, name: &str) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
         let (rows, pos0, ctx, splits) = (5usize, 1021usize, 4096usize, 64usize);
@@ -2248,9 +2299,9 @@ impl Runner<'_> {
         let gate = self.rng.normals(rows * heads * hd, 2.0);
         let dims = (heads, nkv, hd);
         let r = (|| {
-            let all = ops::attn_split_merge(
+            let all = ops::attn_split_merge_with(
                 self.gpu,
-                gqa,
+                name,
                 &q,
                 &kc,
                 &vc,
@@ -2263,9 +2314,9 @@ impl Runner<'_> {
             let w = heads * hd;
             let mut differ = 0usize;
             for t in 0..rows {
-                let one = ops::attn_split_merge(
+                let one = ops::attn_split_merge_with(
                     self.gpu,
-                    gqa,
+                    name,
                     &q[t * w..(t + 1) * w],
                     &kc,
                     &vc,
@@ -2284,12 +2335,8 @@ impl Runner<'_> {
             // Values that differ from the one-row calls (bound 0: bit-identical).
             Ok((differ as f64, 0.0))
         })();
-        let name = format!(
-            "{} rows",
-            gqa.map_or("attn_split", ops::attn_split_gqa_kernel)
-        );
         self.record(
-            &name,
+            &format!("{name} rows"),
             format!("{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, vs one row each"),
             r,
         );
