@@ -20,7 +20,8 @@
 # alternating default and configs, with medians; TRACE=1 the phase trace of the default;
 # POS=32768 a decode at that position, default and each config (POS_ROUNDS rounds alternating,
 # medians); CHECK_CONFIGS (as CONFIGS, with "default"): the configs the checks run for (all by
-# default); VERIFY=1 the full-size verify
+# default); KNCU=1 ncu sections of the dense decode kernel in `bench kernel` (Q6_K head, Q4_K
+# 12288x2048); VERIFY=1 the full-size verify
 # cost (2 / 4 / 8 / 16 rows against a step), default and each config. SPEC=1 (after the default's
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
@@ -176,5 +177,17 @@ base = statistics.median(runs.get("default", [0])) or 1
 for cfg, v in runs.items():
     print(f"position median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
 PY
+fi
+if [ -n "${KNCU:-}" ]; then
+    # ncu's speed of light, memory and warp-state sections of the dense decode kernel on the kernel
+    # bench's random matrices (one launch after ten, serialised, caches flushed).
+    for ts in Q6_K:151936x2048 Q4_K:12288x2048; do
+        step "ncu of bench kernel ${ts}"
+        timeout 200 ncu --kernel-name regex:matvec_q8x --launch-skip 10 --launch-count 1 --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section ComputeWorkloadAnalysis \
+            $R bench kernel --backend cuda --type ${ts%%:*} --shape ${ts#*:} >"$LOGS/kncu_${ts%%:*}.txt" 2>&1
+        grep -E "Duration|Throughput|Busy|Bandwidth|Hit Rate|Stall|Issued|Eligible|Active Warps|Mem Pipes|wavefront|Registers" \
+            "$LOGS/kncu_${ts%%:*}.txt" | head -40 | keep
+    done
 fi
 step "done"
