@@ -717,8 +717,10 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
 #pragma unroll
             for (int h = 0; h < G; ++h) {
                 const float ch = __shfl_sync(0xffffffffu, corr, h * P);
+                if (ch != 1.0f) {  // the warp's max of head h moved (x * 1 = x: the same bits)
 #pragma unroll
-                for (int e = 0; e < PER; ++e) acc[h][e] *= ch;
+                    for (int e = 0; e < PER; ++e) acc[h][e] *= ch;
+                }
 #pragma unroll
                 for (int u = 0; u < P; ++u) {
                     const float p = __shfl_sync(0xffffffffu, pr, h * P + u);
