@@ -20,7 +20,7 @@
 # alternating default and configs, with medians; TRACE=1 the phase trace of the default;
 # POS=32768 a decode at that position, default and each config (POS_ROUNDS rounds alternating,
 # medians); CHECK_CONFIGS (as CONFIGS, with "default"): the configs the checks run for (all by
-# default); KNCU=1 ncu sections of the dense decode kernel in `bench kernel` (Q6_K head, Q4_K
+# default); KSWEEP=1 `bench kernel` of decode's dense shapes over row splits (KSPLITS); KNCU=1 ncu sections of the dense decode kernel in `bench kernel` (Q6_K head, Q4_K
 # 12288x2048); VERIFY=1 the full-size verify
 # cost (2 / 4 / 8 / 16 rows against a step), default and each config. SPEC=1 (after the default's
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
@@ -177,6 +177,16 @@ base = statistics.median(runs.get("default", [0])) or 1
 for cfg, v in runs.items():
     print(f"position median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
 PY
+fi
+if [ -n "${KSWEEP:-}" ]; then
+    # bench kernel over row splits (--split LANE_ITERS:ROWS) of decode's dense shapes.
+    for ts in Q6_K:151936x2048 Q4_K:12288x2048 Q4_K:2048x4096; do
+        step "bench kernel $ts over splits"
+        for sp in ${KSPLITS:-1:1 2:1 4:1 8:1 1:2 2:2 4:2 8:2 1:4 2:4 4:4 8:4 4:8}; do
+            timeout 60 $R bench kernel --backend cuda --type ${ts%%:*} --shape ${ts#*:} --split $sp 2>&1 |
+                grep "^Q" | sed "s/^/split $sp: /" | keep
+        done
+    done
 fi
 if [ -n "${KNCU:-}" ]; then
     # ncu's speed of light, memory and warp-state sections of the dense decode kernel on the kernel

@@ -91,6 +91,12 @@ pub struct Args {
     /// compute capability 9.0 and newer).
     #[arg(long)]
     pub no_pdl: bool,
+    /// cuda kernel: the row split of the one-token product as `LANE_ITERS:ROWS` (the work units a
+    /// lane aims for, which sets the warps per row, and the consecutive rows a warp group takes;
+    /// decode's matrices use 4:4 for the q8 kernels, its lm_head 8:1). Default: 4 and the
+    /// kernel's default rows.
+    #[arg(long, value_name = "LANE_ITERS:ROWS")]
+    pub split: Option<String>,
     /// cuda decode: bracket decode step N (0 = the untimed warm-up step) with the CUDA profiler's
     /// start/stop and NVTX ranges per layer, for `ncu --profile-from-start off` (ranges need
     /// --no-graphs: a replayed graph enqueues nothing).
@@ -442,6 +448,21 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
         Some(a @ ("f32" | "q8")) => Some(a),
         Some(a) => bail!("--acts {a}: expected auto, f32 or q8"),
     };
+    let split = match args.split.as_deref() {
+        None => None,
+        Some(v) => {
+            let bad = || format!("--split {v}: expected LANE_ITERS:ROWS, e.g. 8:1");
+            let (a, b) = v.split_once(':').with_context(bad)?;
+            let (li, r) = (
+                a.trim().parse::<usize>().with_context(bad)?,
+                b.trim().parse::<usize>().with_context(bad)?,
+            );
+            if li == 0 || !(1..=16).contains(&r) {
+                bail!("--split {v}: LANE_ITERS at least 1, ROWS 1 to 16");
+            }
+            Some((li, r))
+        }
+    };
     let (bw, rows) = crate::cuda_cmd::bench_kernels(
         &specs,
         tokens,
@@ -450,6 +471,7 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
         (args.bw_mib as usize) << 20,
         acts,
         !args.no_pdl,
+        split,
     )?;
     if args.json {
         println!(
@@ -463,17 +485,18 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
         args.bw_mib
     );
     println!(
-        "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10} {:>8} {:>6} {:>7}  kernel",
-        "type", "shape", "tokens", "parts", "matrices", "us/call", "GB/s", "% bw", "TFLOPS"
+        "{:<8} {:>11} {:>6} {:>5} {:>4} {:>8} {:>10} {:>8} {:>6} {:>7}  kernel",
+        "type", "shape", "tokens", "parts", "rows", "matrices", "us/call", "GB/s", "% bw", "TFLOPS"
     );
     for r in rows {
         let g = r["gbps"].as_f64().unwrap_or(0.0);
         println!(
-            "{:<8} {:>11} {:>6} {:>5} {:>8} {:>10.2} {:>8.1} {:>5.1}% {:>7.2}  {}{}",
+            "{:<8} {:>11} {:>6} {:>5} {:>4} {:>8} {:>10.2} {:>8.1} {:>5.1}% {:>7.2}  {}{}",
             r["type"].as_str().unwrap_or("?"),
             format!("{}x{}", r["rows"], r["cols"]),
             r["tokens"],
             r["parts"],
+            r["warp_rows"],
             r["matrices"],
             r["us_per_call"].as_f64().unwrap_or(0.0),
             g,

@@ -746,6 +746,7 @@ mod imp {
         bw_bytes: usize,
         acts: Option<&str>,
         pdl: bool,
+        split: Option<(usize, usize)>,
     ) -> Result<(f64, Vec<serde_json::Value>)> {
         use redlite_cuda::kernel_bench::{bench_matvec, read_bandwidth, Acts, KernelBenchOptions};
         let gpu = Gpu::new(0).context("opening the CUDA device")?;
@@ -766,10 +767,12 @@ mod imp {
                     None => Acts::for_decode(ty, c),
                 },
                 pdl,
+                split,
             };
             let b = bench_matvec(&gpu, o).with_context(|| format!("{} {r}x{c}", ty.name()))?;
             rows.push(serde_json::json!({
                 "type": ty.name(), "rows": r, "cols": c, "tokens": tokens, "parts": b.parts,
+                "warp_rows": b.warp_rows,
                 "kernel": b.kernel, "pdl": pdl,
                 "matrices": b.matrices, "us_per_call": b.call_s * 1e6, "gbps": b.gbps,
                 "tflops": b.tflops,

@@ -640,9 +640,9 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // h P + u holding head h's score of position u: that lane takes the exps (one each instead of
 // every lane all G (P + 1)), head h's running max and sum live in its P lanes, and the
 // corrections and weights reach every lane by shuffles; the accumulators' updates are the same
-// operations in the same order as without XR. PF (attn_split_gqa4p): the warp's next step's K and
-// V lines prefetched into L2 before this step's arithmetic.
-template <int PER, int G, int P, bool XR = false, bool PF = false>
+// operations in the same order as without XR (a head's rescale skipped where its max did not
+// move: x * 1 = x).
+template <int PER, int G, int P, bool XR = false>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -675,19 +675,6 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
             const int jj = j + u < j1 ? j + u : j1 - 1;  // past the end: a copy of the last row, weight 0
             ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
             ld_lane_row<PER>(vc + ((size_t)jj * nkv + g) * hd + PER * lane, vr[u]);
-        }
-        if constexpr (PF) {
-            // The next step's 2 P rows of hd floats: PER lines of 128 bytes a row.
-            const int jn = j + G * P;
-            if (jn < j1) {
-#pragma unroll
-                for (int li = lane; li < 2 * P * PER; li += WARP) {
-                    const int u = (li / PER) % P, part = li % PER;
-                    const int jj = jn + u < j1 ? jn + u : j1 - 1;
-                    const float* base = li < P * PER ? kc : vc;
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + ((size_t)jj * nkv + g) * hd + WARP * part));
-                }
-            }
         }
         if constexpr (XRED) {
             float v[WARP];
@@ -728,33 +715,33 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
                     for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
                 }
             }
-            continue;
-        }
+        } else {
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
-            float d[P];
-            float mx = m[h];
+            for (int h = 0; h < G; ++h) {
+                float d[P];
+                float mx = m[h];
 #pragma unroll
-            for (int u = 0; u < P; ++u) {
-                float s = 0.0f;
+                for (int u = 0; u < P; ++u) {
+                    float s = 0.0f;
 #pragma unroll
-                for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
-                s = warp_sum(s) * scale;
-                d[u] = j + u < j1 ? s : NEG_INF;
-                mx = fmaxf(mx, d[u]);
+                    for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
+                    s = warp_sum(s) * scale;
+                    d[u] = j + u < j1 ? s : NEG_INF;
+                    mx = fmaxf(mx, d[u]);
+                }
+                const float corr = expf(m[h] - mx);  // 0 on the first rows (m = -inf)
+                l[h] *= corr;
+#pragma unroll
+                for (int e = 0; e < PER; ++e) acc[h][e] *= corr;
+#pragma unroll
+                for (int u = 0; u < P; ++u) {
+                    const float p = expf(d[u] - mx);  // 0 past the end
+                    l[h] += p;
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
+                }
+                m[h] = mx;
             }
-            const float corr = expf(m[h] - mx);  // 0 on the first rows (m = -inf)
-            l[h] *= corr;
-#pragma unroll
-            for (int e = 0; e < PER; ++e) acc[h][e] *= corr;
-#pragma unroll
-            for (int u = 0; u < P; ++u) {
-                const float p = expf(d[u] - mx);  // 0 past the end
-                l[h] += p;
-#pragma unroll
-                for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
-            }
-            m[h] = mx;
         }
     }
     // The warps' partials merged in warp order (warps without positions: m = -inf, weight 0).
@@ -823,7 +810,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P, bool XR = false, bool PF = false>
+template <int P, bool XR = false>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -834,7 +821,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, XR, PF>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P, XR>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -856,18 +843,13 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float
     attn_split_gqa_p_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
-// attn_split_gqa4x: attn_split_gqa4 with XR (one score a lane, above); attn_split_gqa4p: with PF
-// (the same bits as attn_split_gqa4); attn_split_gqa4xp: both.
-#define ATTN_GQA4_VARIANT(suffix, XR, PF)                                                                 \
-    extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4##suffix(                       \
-        const float* q, const float* kc, const float* vc, float* part, const int* pos_ptr, int heads,      \
-        int nkv, int hd, float scale, int min_chunk) {                                                   \
-        attn_split_gqa_p_body<4, XR, PF>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);     \
-    }
-ATTN_GQA4_VARIANT(x, true, false)
-ATTN_GQA4_VARIANT(p, false, true)
-ATTN_GQA4_VARIANT(xp, true, true)
-#undef ATTN_GQA4_VARIANT
+// attn_split_gqa4x: attn_split_gqa4 with XR (one score a lane, above): the decode attention's
+// default (REDLITE_CUDA_ATTN_XR; session 23: +4.7 % decode at position 32,768 on the H200).
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x(const float* q, const float* kc, const float* vc,
+                                                                     float* part, const int* pos_ptr, int heads,
+                                                                     int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *

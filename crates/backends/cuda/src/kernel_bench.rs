@@ -18,7 +18,8 @@ use redlite_gguf::GgmlType;
 
 use crate::kernels::type_suffix;
 use crate::model::{
-    launch_ex, mvf_parts, mvf_rows_from_env, q8_rows_from_env, MvfSplit, A, MVF_THREADS,
+    launch_ex, mvf_parts, mvf_rows_from_env, q8_rows_from_env, MvfSplit, A, MVF_MAX_ROWS,
+    MVF_THREADS,
 };
 use crate::ops::{q8_row_bytes, row_bytes};
 use crate::selftest::{random_weights, Rng};
@@ -67,6 +68,9 @@ pub struct KernelBenchOptions {
     pub acts: Acts,
     /// Launch with programmatic dependent launch (as decode does on compute capability ≥ 9.0).
     pub pdl: bool,
+    /// The row split `(lane_iters, rows per warp group)` instead of decode's default for its
+    /// matrices (4 and the kernel's rows; decode's lm_head runs `(8, 1)`).
+    pub split: Option<(usize, usize)>,
 }
 
 /// One measurement.
@@ -76,8 +80,10 @@ pub struct KernelBenchResult {
     pub rows: usize,
     pub cols: usize,
     pub tokens: usize,
-    /// Warps per row (`mvf_parts`, lane iterations 4 as the model).
+    /// Warps per row (`mvf_parts`, lane iterations 4 as the model unless the split is given).
     pub parts: usize,
+    /// Consecutive rows a warp group takes.
+    pub warp_rows: usize,
     /// The kernel timed.
     pub kernel: String,
     pub matrices: usize,
@@ -214,11 +220,17 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
     };
     let f = gpu.func(&kernel)?.clone();
     let split = MvfSplit {
-        parts: mvf_parts(o.ty, o.cols, 4),
-        rows: match acts {
-            Acts::F32 => mvf_rows_from_env(false),
-            Acts::Q8 => q8_rows_from_env(),
-        },
+        parts: mvf_parts(o.ty, o.cols, o.split.map_or(4, |s| s.0)),
+        rows: o.split.map_or_else(
+            || match acts {
+                Acts::F32 => mvf_rows_from_env(false),
+                Acts::Q8 => q8_rows_from_env(),
+            },
+            |s| match acts {
+                Acts::F32 => s.1.clamp(1, MVF_MAX_ROWS),
+                Acts::Q8 => s.1.clamp(1, 16),
+            },
+        ),
     };
     let (parts, rpb) = (split.parts, split.rows_per_block() as usize);
     let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
@@ -269,6 +281,7 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
         cols: o.cols,
         tokens: o.tokens,
         parts,
+        warp_rows: split.rows,
         kernel,
         matrices,
         call_s,

@@ -147,8 +147,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa",
     "attn_split_gqa4",
     "attn_split_gqa4x",
-    "attn_split_gqa4p",
-    "attn_split_gqa4xp",
     "attn_merge",
     "rope_table",
     "moe_combine",
