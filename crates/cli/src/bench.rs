@@ -469,9 +469,11 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
         ws,
         reps,
         (args.bw_mib as usize) << 20,
-        acts,
-        !args.no_pdl,
-        split,
+        crate::cuda_cmd::KernelLaunch {
+            acts,
+            pdl: !args.no_pdl,
+            split,
+        },
     )?;
     if args.json {
         println!(

@@ -43,6 +43,18 @@ pub struct CudaDecodeInfo {
     pub pcie_mb_per_token: f64,
 }
 
+/// How `bench kernel|gemm --backend cuda` launches the product.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA build only
+pub struct KernelLaunch<'a> {
+    /// Activations of one-token calls: `None` what decode uses, `Some("f32")` or `Some("q8")`.
+    pub acts: Option<&'a str>,
+    /// Programmatic dependent launch (as decode on compute capability ≥ 9.0).
+    pub pdl: bool,
+    /// The row split `(lane_iters, rows per warp group)`, or decode's default for its matrices.
+    pub split: Option<(usize, usize)>,
+}
+
 /// One line of `spec-bench verify --backend cuda`: a verify pass of `k + 1` rows against a
 /// one-token decode step (medians, milliseconds).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // built by the CUDA build only
@@ -147,8 +159,7 @@ mod imp {
         _working_set: usize,
         _reps: usize,
         _bw_bytes: usize,
-        _acts: Option<&str>,
-        _pdl: bool,
+        _launch: crate::cuda_cmd::KernelLaunch,
     ) -> Result<(f64, Vec<serde_json::Value>)> {
         not_built()
     }
@@ -744,10 +755,9 @@ mod imp {
         working_set: usize,
         reps: usize,
         bw_bytes: usize,
-        acts: Option<&str>,
-        pdl: bool,
-        split: Option<(usize, usize)>,
+        launch: crate::cuda_cmd::KernelLaunch,
     ) -> Result<(f64, Vec<serde_json::Value>)> {
+        let crate::cuda_cmd::KernelLaunch { acts, pdl, split } = launch;
         use redlite_cuda::kernel_bench::{bench_matvec, read_bandwidth, Acts, KernelBenchOptions};
         let gpu = Gpu::new(0).context("opening the CUDA device")?;
         eprintln!("{}", gpu.info);
