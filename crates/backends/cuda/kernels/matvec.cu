@@ -1723,3 +1723,31 @@ extern "C" __global__ void read_sum(const float4* __restrict__ p, unsigned long 
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
+
+// read_sum8(p, n4, out): read_sum unrolled by 8 (8 sums, added at the end) for a grid of 8
+// blocks an SM: more bytes in flight than read_sum's 4 blocks an SM. (ptxas keeps only about two
+// of the eight loads in flight a thread, at 34 registers, whatever the source says; the
+// occupancy, 7 blocks an SM, brings the rest.) Launch: any grid, block = 256 threads.
+extern "C" __global__ void read_sum8(const float4* __restrict__ p, unsigned long long n4, float* __restrict__ out) {
+    pdl_enter();
+    __shared__ float scratch[WARP];
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 7 * stride < n4; i += 8 * stride) {
+        float4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __ldg(p + i + k * stride);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+    }
+    for (; i < n4; i += stride) {
+        const float4 v = __ldg(p + i);
+        acc[0] += (v.x + v.y) + (v.z + v.w);
+    }
+    float a = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a += acc[k];
+    a = block_sum(a, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = a;
+}

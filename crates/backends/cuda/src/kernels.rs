@@ -117,6 +117,7 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
 /// The kernels that do not depend on a weight type.
 pub const PLAIN_KERNELS: &[&str] = &[
     "read_sum",
+    "read_sum8",
     "moe_router",
     "moe_router_warp",
     "noop_pdl",
