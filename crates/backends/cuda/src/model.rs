@@ -870,6 +870,10 @@ pub struct CudaModel {
     /// (`mvf_rows_from_env`); the lm_head takes one.
     mvf_rows: usize,
     res_rows: usize,
+    /// Work units per lane for the residual matvecs (`matvec_res_*`, the output projections;
+    /// `REDLITE_CUDA_RES_LANE_ITERS`, default `mvf_lane_iters`): one-token and verify calls alike,
+    /// so their rows keep the same bits.
+    res_lane_iters: usize,
     /// Tokens per tile of the token-tile matvecs for multi-token calls (`token_tile_from_env`; 0:
     /// by the call's tokens, `token_tile`).
     token_tile: usize,
@@ -1254,6 +1258,9 @@ impl CudaModel {
             mvf_lane_iters,
             mvf_rows,
             res_rows: mvf_rows_from_env(true),
+            res_lane_iters: env_parse("REDLITE_CUDA_RES_LANE_ITERS")
+                .unwrap_or(mvf_lane_iters)
+                .max(1),
             token_tile: token_tile_from_env(),
             gemm: env_switch("REDLITE_CUDA_GEMM", true),
             gemm_now: false,
@@ -2660,7 +2667,7 @@ impl CudaModel {
         };
         let f = self.gpu.func(&name)?.clone();
         let split = MvfSplit {
-            parts: mvf_parts(w.ty, w.cols, self.mvf_lane_iters),
+            parts: mvf_parts(w.ty, w.cols, self.res_lane_iters),
             rows: if q8 { self.q8_res_rows } else { self.res_rows },
         };
         // The next norm in the last block, or (null norm weights there) by `res_norm_q8` after.
