@@ -184,7 +184,7 @@ if [ -n "${KSWEEP:-}" ]; then
         step "bench kernel $ts over splits"
         for sp in ${KSPLITS:-1:1 2:1 4:1 8:1 1:2 2:2 4:2 8:2 1:4 2:4 4:4 8:4 4:8}; do
             timeout 60 $R bench kernel --backend cuda --type ${ts%%:*} --shape ${ts#*:} --split $sp 2>&1 |
-                grep "^Q" | sed "s/^/split $sp: /" | keep
+                grep "^Q\|^read bandwidth" | sed "s/^/split $sp: /" | keep
         done
     done
 fi
