@@ -123,18 +123,14 @@ PY
     fi
     i=$((i + 1))
 done
-dec() { with "$1" timeout 120 $R bench decode --backend cuda -m $FULL -p 8 -n 128 "${@:2}" 2>&1 | grep "^cuda \|launches\|rror\|panick"; }
-for round in $(seq "${ROUNDS:-3}"); do
-    for cfg in $ALL; do
-        step "round $round [$cfg]"
-        dec "$cfg" | keep
-    done
-done
-python3 - "$LOGS/summary.txt" <<'PY' | keep
+# medians HEADER LABEL: the medians of the `cuda` lines after each "== HEADER [config]" step line of
+# the summary (HEADER a regular expression), per config, against the default's.
+medians() {
+    python3 - "$LOGS/summary.txt" "$1" "$2" <<'PY' | keep
 import re, statistics, sys
 cur, runs = None, {}
 for line in open(sys.argv[1]):
-    m = re.match(r"== round \d+ \[(.*)\]", line)
+    m = re.match(r"== " + sys.argv[2] + r" \[(.*)\]", line)
     if m:
         cur = m.group(1)
     elif cur and line.startswith("cuda "):
@@ -142,8 +138,17 @@ for line in open(sys.argv[1]):
         cur = None
 base = statistics.median(runs.get("default", [0])) or 1
 for cfg, v in runs.items():
-    print(f"median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
+    print(f"{sys.argv[3]}median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
 PY
+}
+dec() { with "$1" timeout 120 $R bench decode --backend cuda -m $FULL -p 8 -n 128 "${@:2}" 2>&1 | grep "^cuda \|launches\|rror\|panick"; }
+for round in $(seq "${ROUNDS:-3}"); do
+    for cfg in $ALL; do
+        step "round $round [$cfg]"
+        dec "$cfg" | keep
+    done
+done
+medians "round \\d+" ""
 if [ -n "${TRACE:-}" ]; then
     step "trace (default)"
     REDLITE_CUDA_DEFINES=REDLITE_TRACE timeout 200 $R bench decode --backend cuda -m $FULL -p 8 -n 128 >"$LOGS/trace.log" 2>&1
@@ -163,20 +168,7 @@ if [ -n "${POS:-}" ]; then
             with "$cfg" timeout 150 $R bench decode --backend cuda -m $FULL -p 8 -n 64 --position "$POS" 2>&1 | grep "^cuda\|rror" | keep
         done
     done
-    python3 - "$LOGS/summary.txt" <<'PY' | keep
-import re, statistics, sys
-cur, runs = None, {}
-for line in open(sys.argv[1]):
-    m = re.match(r"== position \d+ round \d+ \[(.*)\]", line)
-    if m:
-        cur = m.group(1)
-    elif cur and line.startswith("cuda "):
-        runs.setdefault(cur, []).append(float(line.split()[3]))
-        cur = None
-base = statistics.median(runs.get("default", [0])) or 1
-for cfg, v in runs.items():
-    print(f"position median {cfg}: {statistics.median(v):.2f} tok/s ({100 * (statistics.median(v) / base - 1):+.1f} %), runs {' / '.join(f'{x:.2f}' for x in v)}")
-PY
+    medians "position \\d+ round \\d+" "position "
 fi
 if [ -n "${KSWEEP:-}" ]; then
     # bench kernel over row splits (--split LANE_ITERS:ROWS) of decode's dense shapes.
