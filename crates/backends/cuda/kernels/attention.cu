@@ -641,10 +641,8 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // every lane all G (P + 1)), head h's running max and sum live in its P lanes, and the
 // corrections and weights reach every lane by shuffles; the accumulators' updates are the same
 // operations in the same order as without XR (a head's rescale skipped where its max did not
-// move: x * 1 = x). PIPE (with XR; attn_split_gqa4xk): a warp step's K rows are loaded during the
-// step before (into the registers its scores have just freed), its V rows at its start: the same
-// operations on the same values, the loads in flight longer.
-template <int PER, int G, int P, bool XR = false, bool PIPE = false>
+// move: x * 1 = x).
+template <int PER, int G, int P, bool XR = false>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -668,27 +666,14 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
         for (int e = 0; e < PER; ++e) acc[h][e] = 0.0f;
     }
     constexpr bool XRED = XR && G * P == WARP;
-    constexpr bool PIPED = PIPE && XRED;
     const int hl = lane / P, ul = lane % P;  // XRED: the lane's head and position
     float m_own = NEG_INF, l_own = 0.0f;     // XRED: head hl's running max and sum
-    float kr[P][PER];
-    // The step at jb's K rows (past the end: a copy of the last row, weight 0).
-    auto load_k = [&](int jb) {
-#pragma unroll
-        for (int u = 0; u < P; ++u) {
-            const int jj = jb + u < j1 ? jb + u : j1 - 1;
-            ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
-        }
-    };
-    if constexpr (PIPED) {
-        if (j0 + w * P < j1) load_k(j0 + w * P);
-    }
     for (int j = j0 + w * P; j < j1; j += G * P) {
-        float vr[P][PER];
+        float kr[P][PER], vr[P][PER];
 #pragma unroll
         for (int u = 0; u < P; ++u) {
             const int jj = j + u < j1 ? j + u : j1 - 1;  // past the end: a copy of the last row, weight 0
-            if constexpr (!PIPED) ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
+            ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
             ld_lane_row<PER>(vc + ((size_t)jj * nkv + g) * hd + PER * lane, vr[u]);
         }
         if constexpr (XRED) {
@@ -702,10 +687,6 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
                     for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
                     v[h * P + u] = s;
                 }
-            }
-            // PIPED: kr is free: the next step's K rows load during this step's softmax and values.
-            if constexpr (PIPED) {
-                if (j + G * P < j1) load_k(j + G * P);
             }
             const float s = xr_reduce(v, lane) * scale;
             const float d = j + ul < j1 ? s : NEG_INF;
@@ -829,7 +810,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P, bool XR = false, bool PIPE = false>
+template <int P, bool XR = false>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
                                                    const float* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -840,7 +821,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, XR, PIPE>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P, XR>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -868,14 +849,6 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x(const floa
                                                                      float* part, const int* pos_ptr, int heads,
                                                                      int nkv, int hd, float scale, int min_chunk) {
     attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-
-// attn_split_gqa4xk: attn_split_gqa4x with PIPE (the K rows a step ahead; the same bits;
-// REDLITE_CUDA_ATTN_PIPE=1).
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xk(const float* q, const float* kc, const float* vc,
-                                                                      float* part, const int* pos_ptr, int heads,
-                                                                      int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4, true, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values

@@ -148,7 +148,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa",
     "attn_split_gqa4",
     "attn_split_gqa4x",
-    "attn_split_gqa4xk",
     "attn_merge",
     "rope_table",
     "moe_combine",

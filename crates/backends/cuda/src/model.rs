@@ -232,16 +232,11 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// The decode attention's `attn_split_gqa` kernel with 4 positions a warp step:
 /// `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.7 % decode at position
 /// 32,768 on the H200, session 23) unless `REDLITE_CUDA_ATTN_XR=0` (`attn_split_gqa4`).
-/// `REDLITE_CUDA_ATTN_PIPE=1` (with XR): `attn_split_gqa4xk`, the K rows loaded a step ahead (the
-/// same bits as `attn_split_gqa4x`).
 fn attn_gqa4_kernel() -> &'static str {
-    match (
-        env_switch("REDLITE_CUDA_ATTN_XR", true),
-        env_switch("REDLITE_CUDA_ATTN_PIPE", false),
-    ) {
-        (true, true) => "attn_split_gqa4xk",
-        (true, false) => "attn_split_gqa4x",
-        (false, _) => "attn_split_gqa4",
+    if env_switch("REDLITE_CUDA_ATTN_XR", true) {
+        "attn_split_gqa4x"
+    } else {
+        "attn_split_gqa4"
     }
 }
 

@@ -2164,50 +2164,7 @@ impl Runner<'_> {
             self.attention_split_kernel(d, Some(2));
             self.attention_split_kernel(d, Some(4));
             self.attention_split_named(d, "attn_split_gqa4x");
-            self.attention_split_named(d, "attn_split_gqa4xk");
-            self.attention_split_same_bits(d, "attn_split_gqa4xk", "attn_split_gqa4x");
         }
-    }
-
-    /// Split kernels `a` and `b` give the same bits (3 rows at 4001.., 64 chunks, gated).
-    fn attention_split_same_bits(&mut self, d: AttnDims, a: &str, b: &str) {
-        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (rows, pos0, ctx, splits) = (3usize, 4001usize, 4096usize, 64usize);
-        let q = self.rng.normals(rows * heads * hd, 1.0);
-        let kc = self.rng.normals(ctx * nkv * hd, 1.0);
-        let vc = self.rng.normals(ctx * nkv * hd, 1.0);
-        let gate = self.rng.normals(rows * heads * hd, 2.0);
-        let run = |name: &str| {
-            ops::attn_split_merge_with(
-                self.gpu,
-                name,
-                &q,
-                &kc,
-                &vc,
-                Some(&gate),
-                pos0,
-                (heads, nkv, hd),
-                scale,
-                (splits, 16),
-            )
-        };
-        let r = (|| {
-            let (x, y) = (run(a)?, run(b)?);
-            let differ = x
-                .iter()
-                .zip(&y)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count();
-            Ok((differ as f64, 0.0))
-        })();
-        self.record(
-            a,
-            format!(
-                "{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, bits vs {b}"
-            ),
-            r,
-        );
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
