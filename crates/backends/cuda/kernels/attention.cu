@@ -614,7 +614,8 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
 // warp-wide sum of v[l]. Five stages, offsets 16, 8, 4, 2, 1: at offset o a lane with bit o set
 // keeps the upper o of the 2 o values it still holds and sends the lower o to its partner (lane
 // ^ o), the other lane the reverse, and each adds what it receives; 31 shuffles for the 32 sums
-// (32 warp_sums take 160). A fixed tree, so every call gives the same bits; not warp_sum's bits.
+// (32 warp_sums take 160). Each sum takes warp_sum's tree (the same offsets in the same order, each
+// lane adding its partner's partial to its own), so each keeps warp_sum's bits.
 template <int O>
 __device__ __forceinline__ void xr_stage(float (&v)[WARP], int lane) {
     const bool up = (lane & O) != 0;
@@ -639,9 +640,10 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // XR (with G P = 32, attn_split_gqa4x): the G P scores of a warp step reduced by xr_reduce, lane
 // h P + u holding head h's score of position u: that lane takes the exps (one each instead of
 // every lane all G (P + 1)), head h's running max and sum live in its P lanes, and the
-// corrections and weights reach every lane by shuffles; the accumulators' updates are the same
-// operations in the same order as without XR (a head's rescale skipped where its max did not
-// move: x * 1 = x).
+// corrections and weights reach every lane by shuffles; the scores, maxima, weights and the
+// accumulators' updates are the same operations in the same order as without XR (a head's rescale
+// skipped where its max did not move: x * 1 = x). Only the softmax sum differs: l · corr +
+// ((p0 + p1) + (p2 + p3)) where the old code added the four weights one by one.
 template <int PER, int G, int P, bool XR = false>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
                                                     const float* __restrict__ vc, float* __restrict__ part,
