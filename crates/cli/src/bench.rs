@@ -93,7 +93,7 @@ pub struct Args {
     pub no_pdl: bool,
     /// cuda kernel: the row split of the one-token product as `LANE_ITERS:ROWS` (the work units a
     /// lane aims for, which sets the warps per row, and the consecutive rows a warp group takes;
-    /// decode's matrices use 4:4 for the q8 kernels, its lm_head 8:1). Default: 4 and the
+    /// decode's matrices use 4:4 for the q8 kernels, its lm_head 8:4). Default: 4 and the
     /// kernel's default rows.
     #[arg(long, value_name = "LANE_ITERS:ROWS")]
     pub split: Option<String>,

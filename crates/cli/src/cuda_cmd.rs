@@ -757,8 +757,8 @@ mod imp {
         bw_bytes: usize,
         launch: crate::cuda_cmd::KernelLaunch,
     ) -> Result<(f64, Vec<serde_json::Value>)> {
-        let crate::cuda_cmd::KernelLaunch { acts, pdl, split } = launch;
         use redlite_cuda::kernel_bench::{bench_matvec, read_bandwidth, Acts, KernelBenchOptions};
+        let crate::cuda_cmd::KernelLaunch { acts, pdl, split } = launch;
         let gpu = Gpu::new(0).context("opening the CUDA device")?;
         eprintln!("{}", gpu.info);
         let bw = read_bandwidth(&gpu, bw_bytes, reps).context("read bandwidth")?;

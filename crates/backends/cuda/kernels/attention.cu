@@ -846,7 +846,7 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float
 }
 
 // attn_split_gqa4x: attn_split_gqa4 with XR (one score a lane, above): the decode attention's
-// default (REDLITE_CUDA_ATTN_XR; session 23: +4.7 % decode at position 32,768 on the H200).
+// default (REDLITE_CUDA_ATTN_XR; session 23: +4.5 % decode at position 32,768 on the H200).
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x(const float* q, const float* kc, const float* vc,
                                                                      float* part, const int* pos_ptr, int heads,
                                                                      int nkv, int hd, float scale, int min_chunk) {

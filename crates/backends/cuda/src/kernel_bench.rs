@@ -69,7 +69,7 @@ pub struct KernelBenchOptions {
     /// Launch with programmatic dependent launch (as decode does on compute capability ≥ 9.0).
     pub pdl: bool,
     /// The row split `(lane_iters, rows per warp group)` instead of decode's default for its
-    /// matrices (4 and the kernel's rows; decode's lm_head runs `(8, 1)`).
+    /// matrices (4 and the kernel's rows; decode's lm_head runs `(8, 4)`).
     pub split: Option<(usize, usize)>,
 }
 
@@ -144,7 +144,7 @@ fn time_runs(
 
 /// The device's read bandwidth over `bytes` (several times L2), GB/s, median of `reps`: the
 /// better of `read_sum` (4 blocks an SM, one load in flight a thread per loop turn; the
-/// reference of sessions 1–22) and `read_sum8` (8 blocks an SM, 8 loads in flight a thread).
+/// reference of sessions 1–22) and `read_sum8` (8 blocks an SM, unrolled by 8).
 pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaError> {
     gpu.ctx
         .bind_to_thread()

@@ -230,7 +230,7 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 }
 
 /// The decode attention's `attn_split_gqa` kernel with 4 positions a warp step:
-/// `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.7 % decode at position
+/// `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.5 % decode at position
 /// 32,768 on the H200, session 23) unless `REDLITE_CUDA_ATTN_XR=0` (`attn_split_gqa4`).
 fn attn_gqa4_kernel() -> &'static str {
     if env_switch("REDLITE_CUDA_ATTN_XR", true) {

@@ -2360,32 +2360,9 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
 }
 
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
-/// the cache (`attn_split`, or with `gqa` = P where it fits `attn_split_gqa` (P = 2) or
-/// `attn_split_gqa4` (P = 4), with `splits` chunks, then `attn_merge`), with the output gate when
-/// `gate` is given: `[rows][heads][hd]`.
-#[allow(clippy::too_many_arguments)]
-pub fn attn_split_merge(
-    gpu: &Gpu,
-    gqa: Option<usize>,
-    q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    gate: Option<&[f32]>,
-    pos0: usize,
-    dims: (usize, usize, usize),
-    scale: f32,
-    chunks: (usize, usize),
-) -> Result<Vec<f32>, CudaError> {
-    let (heads, nkv, hd) = dims;
-    let split = match gqa {
-        Some(p) if attn_split_gqa_fits(heads, nkv, hd) => attn_split_gqa_kernel(p),
-        _ => "attn_split",
-    };
-    attn_split_merge_with(gpu, split, q, kc, vc, gate, pos0, dims, scale, chunks)
-}
-
-/// [`attn_split_merge`] through the split kernel `split` (`attn_split`, `attn_split_gqa` or
-/// `attn_split_gqa4`; the `gqa` ones only where the shape fits [`attn_split_gqa_fits`]).
+/// the cache by the kernel `split` (`attn_split`, or where the shape fits [`attn_split_gqa_fits`]
+/// `attn_split_gqa`, `attn_split_gqa4` or `attn_split_gqa4x`) into `splits` chunks, then
+/// `attn_merge`, with the output gate when `gate` is given: `[rows][heads][hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_split_merge_with(
     gpu: &Gpu,
