@@ -169,7 +169,7 @@ fn threads_used(args: &Args) -> usize {
 
 pub fn run(mut args: Args) -> Result<()> {
     if args.backend == "cuda" {
-        args.kv.require_f32("--backend cuda")?;
+        args.kv.require_cuda()?;
         return run_cuda(args);
     }
     let choice = BackendChoice::parse(&args.backend)?;
@@ -580,7 +580,7 @@ fn run_cuda(args: Args) -> Result<()> {
             prompt,
             steps,
             (!args.no_graphs, at),
-            &args.cache,
+            args.kv.gpu(&args.cache),
             &mut progress,
         )?;
         bar.finish_and_clear();
@@ -591,6 +591,7 @@ fn run_cuda(args: Args) -> Result<()> {
             let v = json!({
                 "bench": "decode", "backend": "cuda", "device": info.device,
                 "graphs": info.graphs, "launches_per_step": info.launches_per_step,
+                "kv_type": args.kv.kv_type.name(),
                 "device_mib": info.device_mib, "gpu_used_mib": info.gpu_used_mib,
                 "experts": info.experts, "expert_hit_rate": info.hit_rate,
                 "expert_misses_per_token": info.misses_per_token,
@@ -606,9 +607,10 @@ fn run_cuda(args: Args) -> Result<()> {
             return Ok(());
         }
         println!(
-            "device: {}, {} MiB on the GPU, CUDA graph {}, {launches} kernel launches per decode step",
+            "device: {}, {} MiB on the GPU ({} KV cache), CUDA graph {}, {launches} kernel launches per decode step",
             info.device,
             info.device_mib,
+            args.kv.kv_type,
             if info.graphs { "on" } else { "off" }
         );
         println!(
@@ -639,8 +641,13 @@ fn run_cuda(args: Args) -> Result<()> {
     } else {
         let tokens = args.prompt.unwrap_or(512);
         let runs = args.n.unwrap_or(1);
-        let (r, note) =
-            crate::cuda_cmd::bench_prefill(file, tokens, runs, &args.cache, &mut progress)?;
+        let (r, note) = crate::cuda_cmd::bench_prefill(
+            file,
+            tokens,
+            runs,
+            args.kv.gpu(&args.cache),
+            &mut progress,
+        )?;
         bar.finish_and_clear();
         if args.json {
             let v = json!({

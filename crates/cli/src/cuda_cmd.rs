@@ -15,6 +15,7 @@ use redlite_engine::{GenerateOptions, GenerationStats};
 use redlite_gguf::GgufFile;
 
 use crate::cache_args::CacheArgs;
+use redlite_model::KvType;
 
 /// Where `bench decode --backend cuda` decodes and what it profiles.
 #[derive(Debug, Clone, Copy, Default)]
@@ -79,6 +80,14 @@ pub fn or_cpu(backend: &str) -> &str {
     }
 }
 
+/// What the command line says of the GPU's memory: the expert cache (`--expert-cache`,
+/// `--memory`, `--cache-policy`, `--ubatch`) and the KV cache's element type (`--kv-type`).
+#[derive(Clone, Copy)]
+pub struct GpuMem<'a> {
+    pub cache: &'a CacheArgs,
+    pub kv: KvType,
+}
+
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::*;
@@ -94,7 +103,7 @@ mod imp {
         _file: Arc<GgufFile>,
         _ids: &[u32],
         _step: bool,
-        _cache: &CacheArgs,
+        _mem: GpuMem,
     ) -> Result<Vec<Vec<f32>>> {
         not_built()
     }
@@ -104,7 +113,7 @@ mod imp {
         _prompt: &[u32],
         _sampler: &mut Sampler,
         _opts: &GenerateOptions,
-        _cache: &CacheArgs,
+        _mem: GpuMem,
         _on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats)> {
         not_built()
@@ -115,7 +124,7 @@ mod imp {
         _prompt: usize,
         _steps: usize,
         _graphs: (bool, DecodeAt),
-        _cache: &CacheArgs,
+        _mem: GpuMem,
         _progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
         not_built()
@@ -135,7 +144,7 @@ mod imp {
         _file: Arc<GgufFile>,
         _tokens: usize,
         _runs: usize,
-        _cache: &CacheArgs,
+        _mem: GpuMem,
         _progress: Progress,
     ) -> Result<(PrefillResult, String)> {
         not_built()
@@ -147,7 +156,7 @@ mod imp {
         _sampler: &mut Sampler,
         _opts: &GenerateOptions,
         _spec: &SpecConfig,
-        _cache: &CacheArgs,
+        _mem: GpuMem,
         _on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats, SpecStats)> {
         not_built()
@@ -169,7 +178,7 @@ mod imp {
         _context: usize,
         _ks: &[usize],
         _reps: usize,
-        _cache: &CacheArgs,
+        _mem: GpuMem,
     ) -> Result<Vec<VerifyCost>> {
         not_built()
     }
@@ -190,14 +199,13 @@ mod imp {
 
     use super::*;
 
-    fn open(
-        file: Arc<GgufFile>,
-        mut opts: CudaModelOptions,
-        cache: &CacheArgs,
-    ) -> Result<CudaModel> {
-        (opts.experts, opts.expert_policy) = gpu_experts(&file, cache)?;
+    fn open(file: Arc<GgufFile>, mut opts: CudaModelOptions, mem: GpuMem) -> Result<CudaModel> {
+        (opts.experts, opts.expert_policy) = gpu_experts(&file, mem.cache)?;
+        opts.kv_type = mem.kv;
         // Prompt tokens per forward call: --ubatch (a verify pass still gets its rows).
-        let ubatch = cache.gpu_ubatch(matches!(opts.experts, ExpertCacheSize::All));
+        let ubatch = mem
+            .cache
+            .gpu_ubatch(matches!(opts.experts, ExpertCacheSize::All));
         opts.max_batch = opts
             .max_batch
             .min(ubatch.clamp(1, MAX_UBATCH))
@@ -220,15 +228,18 @@ mod imp {
     }
 
     /// The expert cache `--expert-cache` / `--memory` / `--cache-policy` ask for.
-    fn gpu_experts(file: &GgufFile, cache: &CacheArgs) -> Result<(ExpertCacheSize, ExpertPolicy)> {
+    fn gpu_experts(
+        file: &GgufFile,
+        cache_args: &CacheArgs,
+    ) -> Result<(ExpertCacheSize, ExpertPolicy)> {
         use crate::cache_args::GpuExperts;
-        let size = match cache.gpu_experts(file)? {
+        let size = match cache_args.gpu_experts(file)? {
             GpuExperts::All => ExpertCacheSize::All,
             GpuExperts::Min => ExpertCacheSize::Min,
             GpuExperts::Bytes(b) => ExpertCacheSize::Bytes(b),
             GpuExperts::Budget(b) => ExpertCacheSize::Budget(b),
         };
-        let policy = cache
+        let policy = cache_args
             .cache_policy
             .parse()
             .map_err(|e| anyhow::anyhow!("--cache-policy: {e}"))?;
@@ -271,9 +282,9 @@ mod imp {
         file: Arc<GgufFile>,
         ids: &[u32],
         step: bool,
-        cache: &CacheArgs,
+        mem: GpuMem,
     ) -> Result<Vec<Vec<f32>>> {
-        let mut model = open(file, options(ids.len(), ids.len()), cache)?;
+        let mut model = open(file, options(ids.len(), ids.len()), mem)?;
         if !step {
             return Ok(model.forward_logits(ids)?);
         }
@@ -308,13 +319,13 @@ mod imp {
         prompt: &[u32],
         sampler: &mut Sampler,
         opts: &GenerateOptions,
-        cache: &CacheArgs,
+        mem: GpuMem,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats)> {
         let mut model = open(
             file,
             options(prompt.len() + opts.max_tokens + 1, prompt.len()),
-            cache,
+            mem,
         )?;
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
@@ -371,7 +382,7 @@ mod imp {
         prompt_len: usize,
         steps: usize,
         (graphs, at): (bool, DecodeAt),
-        cache: &CacheArgs,
+        mem: GpuMem,
         progress: Progress,
     ) -> Result<(DecodeResult, CudaDecodeInfo)> {
         progress("loading the model", 0, 0);
@@ -381,7 +392,7 @@ mod imp {
             prompt_len,
         );
         opts.graphs = graphs;
-        let mut model = open(file.clone(), opts, cache)?;
+        let mut model = open(file.clone(), opts, mem)?;
         if let Some(step) = at.profile_step {
             if let Err(why) = model.set_profile_step(Some(step)) {
                 eprintln!("profiling decode step {step} without NVTX ranges ({why})");
@@ -568,11 +579,11 @@ mod imp {
         file: Arc<GgufFile>,
         tokens: usize,
         runs: usize,
-        cache: &CacheArgs,
+        mem: GpuMem,
         progress: Progress,
     ) -> Result<(PrefillResult, String)> {
         progress("loading the model", 0, 0);
-        let mut model = open(file, options(tokens + 1, tokens), cache)?;
+        let mut model = open(file, options(tokens + 1, tokens), mem)?;
         let prompt = bench_tokens(tokens.max(1), model.config.vocab, 2);
         let runs = runs.max(1);
         let mut secs = Vec::with_capacity(runs);
@@ -608,7 +619,7 @@ mod imp {
         sampler: &mut Sampler,
         opts: &GenerateOptions,
         spec: &SpecConfig,
-        cache: &CacheArgs,
+        mem: GpuMem,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats, SpecStats)> {
         use redlite_engine::speculative::{LookupDrafter, SpecMode};
@@ -620,7 +631,7 @@ mod imp {
         mo.max_batch = mo.max_batch.max(rows_max);
         mo.max_verify = rows_max;
         mo.mtp = spec.mode.uses_mtp() && spec.mtp_draft > 0;
-        let mut model = open(file, mo, cache)?;
+        let mut model = open(file, mo, mem)?;
         if spec.mode == SpecMode::Mtp && !model.has_mtp() {
             anyhow::bail!("--spec mtp: the model has no MTP block (nextn_predict_layers = 0)");
         }
@@ -799,7 +810,7 @@ mod imp {
         context: usize,
         ks: &[usize],
         reps: usize,
-        cache: &CacheArgs,
+        mem: GpuMem,
     ) -> Result<Vec<VerifyCost>> {
         let rows_max = ks.iter().max().copied().unwrap_or(0) + 1;
         if rows_max > redlite_cuda::MAX_VERIFY_ROWS {
@@ -812,7 +823,7 @@ mod imp {
         let context = context.max(1);
         let mut mo = options(context + rows_max + reps + 8, context.max(rows_max));
         mo.max_verify = rows_max;
-        let mut model = open(file, mo, cache)?;
+        let mut model = open(file, mo, mem)?;
         let prompt = bench_tokens(context, model.config.vocab, 3);
         let greedy = GpuSampling::greedy();
         model.prefill(&prompt)?;

@@ -104,7 +104,7 @@ pub fn run(args: Args) -> Result<()> {
             Some(model)
         }
         None => {
-            args.kv.require_f32("--backend cuda")?;
+            args.kv.require_cuda()?;
             None
         }
     };
@@ -185,7 +185,7 @@ pub fn run(args: Args) -> Result<()> {
                 &mut sampler,
                 &opts,
                 &spec,
-                &args.cache,
+                args.kv.gpu(&args.cache),
                 &mut emit,
             )?;
             (ids, stats, Some(s))
@@ -196,7 +196,7 @@ pub fn run(args: Args) -> Result<()> {
                 &prompt_ids,
                 &mut sampler,
                 &opts,
-                &args.cache,
+                args.kv.gpu(&args.cache),
                 &mut emit,
             )?;
             (ids, stats, None)

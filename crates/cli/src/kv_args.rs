@@ -8,8 +8,9 @@ use redlite_model::KvType;
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct KvArgs {
     /// KV cache element type: f32 (exact), f16 (half the bytes) or q8_0 (34 bytes per 32 values,
-    /// needs a head dimension that is a multiple of 32). Drift against f32: docs/quality.md.
-    #[arg(long, value_name = "TYPE", default_value_t = KvType::F32)]
+    /// needs a head dimension that is a multiple of 32; the CUDA backend takes f32 or f16). Drift
+    /// against f32: docs/quality.md.
+    #[arg(long, value_name = "TYPE", env = "REDLITE_KV_TYPE", default_value_t = KvType::F32)]
     pub kv_type: KvType,
 }
 
@@ -19,14 +20,22 @@ impl KvArgs {
         with_model!(model, m => m.set_kv_type(self.kv_type)).context("--kv-type")
     }
 
-    /// Fails unless the type is f32: for paths (the CUDA model) that keep their own f32 cache.
-    pub fn require_f32(&self, what: &str) -> Result<()> {
-        if self.kv_type != KvType::F32 {
+    /// Fails unless the CUDA backend's attention kernels take the type (f32 or f16).
+    pub fn require_cuda(&self) -> Result<()> {
+        if !matches!(self.kv_type, KvType::F32 | KvType::F16) {
             anyhow::bail!(
-                "--kv-type {} is not available with {what} yet (f32 only)",
+                "--kv-type {} is not available with --backend cuda (f32 or f16)",
                 self.kv_type
             );
         }
         Ok(())
+    }
+
+    /// The GPU memory settings: `cache`'s expert cache with this KV type.
+    pub fn gpu<'a>(&self, cache: &'a crate::cache_args::CacheArgs) -> crate::cuda_cmd::GpuMem<'a> {
+        crate::cuda_cmd::GpuMem {
+            cache,
+            kv: self.kv_type,
+        }
     }
 }

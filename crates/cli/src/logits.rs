@@ -38,12 +38,17 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let backend = crate::cuda_cmd::or_cpu(&args.backend);
     let (logits, vocab) = if backend == "cuda" {
-        args.kv.require_f32("--backend cuda")?;
+        args.kv.require_cuda()?;
         let file = std::sync::Arc::new(
             redlite_gguf::GgufFile::open(&args.model)
                 .with_context(|| format!("opening {}", args.model.display()))?,
         );
-        let rows = crate::cuda_cmd::logits(file, &args.ids, args.mode == "step", &args.cache)?;
+        let rows = crate::cuda_cmd::logits(
+            file,
+            &args.ids,
+            args.mode == "step",
+            args.kv.gpu(&args.cache),
+        )?;
         let vocab = rows.first().map_or(0, Vec::len);
         (rows, vocab)
     } else {

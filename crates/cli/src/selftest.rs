@@ -24,6 +24,10 @@ pub struct Args {
     /// cuda: also run each fixture model's first prompt token by token (the decode path).
     #[arg(long)]
     pub step: bool,
+    /// cuda: the KV cache's element type of the parity run's models (f32 or f16; the kernel
+    /// self-test checks both forms of every attention kernel whatever this says).
+    #[arg(long, value_name = "TYPE", env = "REDLITE_KV_TYPE", default_value_t = redlite_model::KvType::F32)]
+    pub kv_type: redlite_model::KvType,
 }
 
 /// The CUDA branch (`--backend cuda`), in its own file.

@@ -56,9 +56,12 @@ mod imp {
         println!("kernels: {passed} passed, {failed} failed");
 
         if let Some(dir) = &args.fixtures {
-            let rows = parity::run(gpu.clone(), dir, !args.no_oracle, args.step)
+            let rows = parity::run(gpu.clone(), dir, !args.no_oracle, args.step, args.kv_type)
                 .with_context(|| format!("parity run on {}", dir.display()))?;
-            println!("\nfixture parity: mean KL(exact ‖ ·) over the stored rows, nats");
+            println!(
+                "\nfixture parity ({} KV cache): mean KL(exact ‖ ·) over the stored rows, nats",
+                args.kv_type
+            );
             println!("| file | mode | rows | KL cuda | KL oracle | KL llama.cpp | bound | argmax (margin > {}) | max abs cuda−oracle | s | ok |", parity::ARGMAX_MARGIN);
             println!("|---|---|---|---|---|---|---|---|---|---|---|");
             let opt = |v: Option<f64>| v.map(|x| format!("{x:.2e}")).unwrap_or_else(|| "-".into());

@@ -158,7 +158,16 @@ fn run_verify(args: VerifyArgs) -> Result<()> {
 /// step replayed from its graph).
 fn run_verify_cuda(args: &VerifyArgs) -> Result<()> {
     let file = open(&args.model)?;
-    let rows = crate::cuda_cmd::verify_cost(file, args.context, &args.ks, args.reps, &args.cache)?;
+    let rows = crate::cuda_cmd::verify_cost(
+        file,
+        args.context,
+        &args.ks,
+        args.reps,
+        crate::cuda_cmd::GpuMem {
+            cache: &args.cache,
+            kv: redlite_model::KvType::F32,
+        },
+    )?;
     println!(
         "verify cost: {} (backend cuda), context {} tokens, median of {} reps",
         args.model.display(),
@@ -344,7 +353,10 @@ fn cuda_rewrite(
         prompt,
         &mut Sampler::new(SamplerConfig::greedy()),
         &opts,
-        &cache,
+        crate::cuda_cmd::GpuMem {
+            cache: &cache,
+            kv: redlite_model::KvType::F32,
+        },
         |_| true,
     )?;
     let mut out = vec![RewriteRun::plain(base.clone(), &stats)];
@@ -365,7 +377,10 @@ fn cuda_rewrite(
             &mut Sampler::new(SamplerConfig::greedy()),
             &opts,
             &cfg,
-            &cache,
+            crate::cuda_cmd::GpuMem {
+                cache: &cache,
+                kv: redlite_model::KvType::F32,
+            },
             |_| true,
         )?;
         out.push(RewriteRun::speculative(mode, ids, &stats, s, &base));

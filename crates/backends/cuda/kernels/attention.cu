@@ -47,6 +47,24 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
 #define ATTN_PER_LANE (ATTN_MAX_HD / WARP)
 #define ATTN_WARPS 4
 
+// The KV cache's element type KV: f32, or f16 kept as its bits (u16: written rounded to nearest
+// even, read exactly; half the bytes a position). The kernels that write or read the cache are
+// templates on it, computing in f32 either way; the f16 entry points end in `_h`.
+__device__ __forceinline__ float kv_ld(const float* p) { return *p; }
+__device__ __forceinline__ float kv_ld(const u16* p) { return f16_to_f32(*p); }
+__device__ __forceinline__ void kv_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_st(u16* p, float v) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    *p = h;
+}
+// The two halves of an f16x2 word to f32 (lo: the low half, the element of the lower index).
+__device__ __forceinline__ void f16x2_to_f32(u32 w, float& lo, float& hi) {
+    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(w));
+}
+
 // rope_table(cs, positions, rope_dims, theta): cs[pos][i] = {cos, sin} of rope_neox_pairs' angle
 // for pair i at pos, rounded to f32 exactly as it rounds them (the double sine, cosine and power
 // cost attn_qk_prep ~5 us a call; the table turns them into one load). Launch: grid =
@@ -84,13 +102,15 @@ __device__ __forceinline__ void rope_neox_any(float* h, int rope_dims, int pos, 
 // [t][nh][hd]; the gate half is copied to gate [t][nh][hd]. Block x >= nh takes KV head x - nh
 // of kn, vn [t][nkv][hd]: K gets QK-norm (k_norm) and RoPE, and K and V are written to the caches
 // kc, vc [ctx][nkv][hd] at the token's position. Launch: grid = (nh + nkv, tokens), block = any
-// multiple of 32; hd <= ATTN_MAX_HD.
-extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const float* __restrict__ kn,
-                                        const float* __restrict__ vn, float* __restrict__ q,
-                                        float* __restrict__ gate, float* __restrict__ kc, float* __restrict__ vc,
-                                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                        const int* __restrict__ pos_ptr, int nh, int nkv, int hd, int rope_dims,
-                                        double theta, float eps, const float2* __restrict__ rope_cs) {
+// multiple of 32; hd <= ATTN_MAX_HD. attn_qk_prep_h: the caches in f16.
+template <typename KV>
+__device__ __forceinline__ void attn_qk_prep_body(const float* __restrict__ qg, const float* __restrict__ kn,
+                                                  const float* __restrict__ vn, float* __restrict__ q,
+                                                  float* __restrict__ gate, KV* __restrict__ kc, KV* __restrict__ vc,
+                                                  const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                                  const int* __restrict__ pos_ptr, int nh, int nkv, int hd,
+                                                  int rope_dims, double theta, float eps,
+                                                  const float2* __restrict__ rope_cs) {
     __shared__ float head[ATTN_MAX_HD];
     __shared__ float scratch[WARP];
     const int t = blockIdx.y;
@@ -100,23 +120,25 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
     prefetch_l1_block((int)blockIdx.x < nh ? q_norm : k_norm, (size_t)hd * 4);
     if (rope_cs != nullptr) prefetch_l1_block(rope_cs + (size_t)pos * (rope_dims / 2), (size_t)rope_dims / 2 * 8);
     pdl_enter();
+    const bool is_q = (int)blockIdx.x < nh;
     const float* src;
     const float* w;
-    float* dst;
-    if ((int)blockIdx.x < nh) {
+    float* qdst = nullptr;  // a query head's row of q
+    KV* kdst = nullptr;     // else the KV head's row of the K cache
+    if (is_q) {
         const size_t hh = (size_t)t * nh + blockIdx.x;
         src = qg + hh * 2 * hd;
         w = q_norm;
-        dst = q + hh * hd;
+        qdst = q + hh * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) gate[hh * hd + i] = src[hd + i];
     } else {
         const int g = blockIdx.x - nh;
         src = kn + ((size_t)t * nkv + g) * hd;
         w = k_norm;
-        dst = kc + ((size_t)pos * nkv + g) * hd;
+        kdst = kc + ((size_t)pos * nkv + g) * hd;
         const float* vs = vn + ((size_t)t * nkv + g) * hd;
-        float* vd = vc + ((size_t)pos * nkv + g) * hd;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = vs[i];
+        KV* vd = vc + ((size_t)pos * nkv + g) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vd + i, vs[i]);
     }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
@@ -126,8 +148,25 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
     __syncthreads();
     rope_neox_any(head, rope_dims, pos, theta, rope_cs, threadIdx.x, blockDim.x);
     __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = head[i];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (is_q) qdst[i] = head[i];
+        else kv_st(kdst + i, head[i]);
+    }
 }
+
+#define ATTN_QK_PREP_ENTRY(NAME, KV)                                                                           \
+    extern "C" __global__ void NAME(const float* __restrict__ qg, const float* __restrict__ kn,                 \
+                                    const float* __restrict__ vn, float* __restrict__ q,                       \
+                                    float* __restrict__ gate, KV* __restrict__ kc, KV* __restrict__ vc,        \
+                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,        \
+                                    const int* __restrict__ pos_ptr, int nh, int nkv, int hd, int rope_dims,   \
+                                    double theta, float eps, const float2* __restrict__ rope_cs) {             \
+        attn_qk_prep_body<KV>(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos_ptr, nh, nkv, hd, rope_dims,   \
+                              theta, eps, rope_cs);                                                            \
+    }
+ATTN_QK_PREP_ENTRY(attn_qk_prep, float)
+ATTN_QK_PREP_ENTRY(attn_qk_prep_h, u16)
+#undef ATTN_QK_PREP_ENTRY
 
 // attn_causal(q, kc, vc, gate, o, pos, nkv, hd, scale): causal softmax attention of query token
 // t = blockIdx.y (position p = *pos + t) and head h = blockIdx.x (gridDim.x = heads; GQA: KV head
@@ -137,10 +176,12 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
 // are merged at the end. No scratch memory, any length. When gate is not null ([tokens][heads][hd]),
 // o = attention * sigmoid(gate) (the output gate of gated attention, folded in).
 // Launch: grid = (heads, tokens), block = 32 * ATTN_WARPS; hd a multiple of 32, <= ATTN_MAX_HD.
-extern "C" __global__ void attn_causal(const float* __restrict__ q, const float* __restrict__ kc,
-                                       const float* __restrict__ vc, const float* __restrict__ gate,
-                                       float* __restrict__ o, const int* __restrict__ pos_ptr, int nkv, int hd,
-                                       float scale) {
+// attn_causal_h: the caches in f16.
+template <typename KV>
+__device__ __forceinline__ void attn_causal_body(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                 const KV* __restrict__ vc, const float* __restrict__ gate,
+                                                 float* __restrict__ o, const int* __restrict__ pos_ptr, int nkv,
+                                                 int hd, float scale) {
     pdl_enter();
     __shared__ float part_m[ATTN_WARPS], part_l[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS * ATTN_MAX_HD];
@@ -158,21 +199,21 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = wid; j < n; j += ATTN_WARPS) {
-        const float* kj = kc + ((size_t)j * nkv + g) * hd;
+        const KV* kj = kc + ((size_t)j * nkv + g) * hd;
         float d = 0.0f;
 #pragma unroll
         for (int c = 0; c < ATTN_PER_LANE; ++c) {
-            if (c < per) d += qr[c] * kj[c * WARP + lane];
+            if (c < per) d += qr[c] * kv_ld(kj + c * WARP + lane);
         }
         d = warp_sum(d) * scale;
         const float m_new = fmaxf(m, d);
         const float corr = expf(m - m_new);  // 0 on the first position (m = -inf)
         const float p = expf(d - m_new);
         l = l * corr + p;
-        const float* vj = vc + ((size_t)j * nkv + g) * hd;
+        const KV* vj = vc + ((size_t)j * nkv + g) * hd;
 #pragma unroll
         for (int c = 0; c < ATTN_PER_LANE; ++c) {
-            if (c < per) acc[c] = acc[c] * corr + p * vj[c * WARP + lane];
+            if (c < per) acc[c] = acc[c] * corr + p * kv_ld(vj + c * WARP + lane);
         }
         m = m_new;
     }
@@ -201,6 +242,17 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
     }
 }
 
+#define ATTN_CAUSAL_ENTRY(NAME, KV)                                                                            \
+    extern "C" __global__ void NAME(const float* __restrict__ q, const KV* __restrict__ kc,                    \
+                                    const KV* __restrict__ vc, const float* __restrict__ gate,                 \
+                                    float* __restrict__ o, const int* __restrict__ pos_ptr, int nkv, int hd,   \
+                                    float scale) {                                                             \
+        attn_causal_body<KV>(q, kc, vc, gate, o, pos_ptr, nkv, hd, scale);                                     \
+    }
+ATTN_CAUSAL_ENTRY(attn_causal, float)
+ATTN_CAUSAL_ENTRY(attn_causal_h, u16)
+#undef ATTN_CAUSAL_ENTRY
+
 // attn_prompt(q, kc, vc, gate, o, pos, ntok, heads, nkv, hd, scale): attn_causal for the ntok
 // tokens of a prompt, a GQA group per block: block (g, b) takes KV head g and the r = heads / nkv
 // query heads that read it, for tokens b·QT .. b·QT + QT − 1 (QT = 32 / r): 32 query rows, row
@@ -208,14 +260,15 @@ extern "C" __global__ void attn_causal(const float* __restrict__ q, const float*
 // AP_KT at a time in shared memory once for all 32 rows (attn_causal reads them from L2 per
 // row); each row keeps attn_causal's online softmax over its own causal range.
 // Launch: grid = (nkv, ceil(ntok / QT)), block = 256, dynamic shared memory = 2·AP_KT·hd floats;
-// r divides 32, hd a multiple of 32 and <= 32 · AP_PER_LANE.
+// r divides 32, hd a multiple of 32 and <= 32 · AP_PER_LANE. attn_prompt_h: the caches in f16.
 #define AP_KT 16
 #define AP_ROWS 4
 #define AP_PER_LANE 8
-extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __restrict__ q, const float* __restrict__ kc,
-                                                              const float* __restrict__ vc, const float* __restrict__ gate,
-                                                              float* __restrict__ o, const int* __restrict__ pos_ptr,
-                                                              int ntok, int heads, int nkv, int hd, float scale) {
+template <typename KV>
+__device__ __forceinline__ void attn_prompt_body(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                 const KV* __restrict__ vc, const float* __restrict__ gate,
+                                                 float* __restrict__ o, const int* __restrict__ pos_ptr, int ntok,
+                                                 int heads, int nkv, int hd, float scale) {
     pdl_enter();
     extern __shared__ float kv[];
     float* ks = kv;              // [AP_KT][hd]
@@ -246,8 +299,8 @@ extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __res
         for (int idx = threadIdx.x; idx < kt * hd; idx += blockDim.x) {
             const int jj = idx / hd, d = idx - jj * hd;
             const size_t at = ((size_t)(j0 + jj) * nkv + g) * hd + d;
-            ks[idx] = kc[at];
-            vs[idx] = vc[at];
+            ks[idx] = kv_ld(kc + at);
+            vs[idx] = kv_ld(vc + at);
         }
         __syncthreads();
         for (int jj = 0; jj < kt; ++jj) {
@@ -289,6 +342,17 @@ extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __res
     }
 }
 
+#define ATTN_PROMPT_ENTRY(NAME, KV)                                                                             \
+    extern "C" __global__ __launch_bounds__(256) void NAME(                                                     \
+        const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,                      \
+        const float* __restrict__ gate, float* __restrict__ o, const int* __restrict__ pos_ptr, int ntok,       \
+        int heads, int nkv, int hd, float scale) {                                                              \
+        attn_prompt_body<KV>(q, kc, vc, gate, o, pos_ptr, ntok, heads, nkv, hd, scale);                         \
+    }
+ATTN_PROMPT_ENTRY(attn_prompt, float)
+ATTN_PROMPT_ENTRY(attn_prompt_h, u16)
+#undef ATTN_PROMPT_ENTRY
+
 // attn_prompt_mma_<hd>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale): attn_prompt on the
 // tensor cores (the flash-attention form). Block (g, b) takes the same 32 query rows as
 // attn_prompt (KV head g, its r query heads × 32 / r tokens), 16 rows per warp. Q (times the
@@ -297,12 +361,14 @@ extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* __res
 // the online softmax runs on S's fragments (each row's max over the 4 lanes that hold it), and
 // P (f16, straight from S's fragments) · V accumulates into the f32 output fragments. Inputs are
 // rounded to f16 like the prompt GEMMs'. Launch: grid = (nkv, ceil(ntok / (32 / r))), block = 64,
-// dynamic shared memory = attn_prompt_mma_shared(hd) bytes; r divides 32.
+// dynamic shared memory = attn_prompt_mma_shared(hd) bytes; r divides 32. The `_h` forms read an
+// f16 cache: the tiles stage its values as they are, which is the rounding the f32 forms apply, so
+// both give the same bits for the same (f16-representable) cache.
 #define APM_KT 16
 #define APM_ROWS 32
-template <int HD>
-__device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q, const float* __restrict__ kc,
-                                                     const float* __restrict__ vc, const float* __restrict__ gate,
+template <int HD, typename KV>
+__device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                     const KV* __restrict__ vc, const float* __restrict__ gate,
                                                      float* __restrict__ o, const int* __restrict__ pos_ptr,
                                                      int ntok, int heads, int nkv, float scale) {
     constexpr int QP = HD + 8;        // halves per row of Q and K (conflict-free fragment loads)
@@ -347,15 +413,22 @@ __device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q
         __syncthreads();  // Q is written; the previous tile is read
         for (int idx = tid; idx < APM_KT * HD / 4; idx += blockDim.x) {
             const int jj = idx / (HD / 4), d = 4 * (idx % (HD / 4));
-            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
+            // Four values of K and of V as two f16x2 words each (an f16 cache holds them so).
+            uint2 kw = make_uint2(0u, 0u), vw = kw;
             if (j0 + jj < nkeys) {
                 const size_t at = ((size_t)(j0 + jj) * nkv + g) * HD + d;
-                kv4 = *(const float4*)(kc + at);
-                vv4 = *(const float4*)(vc + at);
+                if constexpr (sizeof(KV) == 2) {
+                    kw = *(const uint2*)(kc + at);
+                    vw = *(const uint2*)(vc + at);
+                } else {
+                    const float4 kv4 = *(const float4*)(kc + at), vv4 = *(const float4*)(vc + at);
+                    kw = make_uint2(pack_f16x2(kv4.x, kv4.y), pack_f16x2(kv4.z, kv4.w));
+                    vw = make_uint2(pack_f16x2(vv4.x, vv4.y), pack_f16x2(vv4.z, vv4.w));
+                }
             }
-            *(u32*)(ks + jj * QP + d) = pack_f16x2(kv4.x, kv4.y);
-            *(u32*)(ks + jj * QP + d + 2) = pack_f16x2(kv4.z, kv4.w);
-            const u32 v01 = pack_f16x2(vv4.x, vv4.y), v23 = pack_f16x2(vv4.z, vv4.w);
+            *(u32*)(ks + jj * QP + d) = kw.x;
+            *(u32*)(ks + jj * QP + d + 2) = kw.y;
+            const u32 v01 = vw.x, v23 = vw.y;
             vt[(d + 0) * VP + jj] = (u16)(v01 & 0xffff);
             vt[(d + 1) * VP + jj] = (u16)(v01 >> 16);
             vt[(d + 2) * VP + jj] = (u16)(v23 & 0xffff);
@@ -450,24 +523,20 @@ __device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q
     }
 }
 
-extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_64(const float* q, const float* kc, const float* vc,
-                                                                     const float* gate, float* o, const int* pos,
-                                                                     int ntok, int heads, int nkv, float scale) {
-    pdl_enter();
-    attn_prompt_mma_body<64>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
-}
-extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_128(const float* q, const float* kc, const float* vc,
-                                                                      const float* gate, float* o, const int* pos,
-                                                                      int ntok, int heads, int nkv, float scale) {
-    pdl_enter();
-    attn_prompt_mma_body<128>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
-}
-extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_256(const float* q, const float* kc, const float* vc,
-                                                                      const float* gate, float* o, const int* pos,
-                                                                      int ntok, int heads, int nkv, float scale) {
-    pdl_enter();
-    attn_prompt_mma_body<256>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
-}
+#define ATTN_PROMPT_MMA_ENTRY(NAME, HD, KV)                                                                     \
+    extern "C" __global__ __launch_bounds__(64) void NAME(const float* q, const KV* kc, const KV* vc,             \
+                                                          const float* gate, float* o, const int* pos, int ntok,  \
+                                                          int heads, int nkv, float scale) {                      \
+        pdl_enter();                                                                                              \
+        attn_prompt_mma_body<HD, KV>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);                           \
+    }
+ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_64, 64, float)
+ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_128, 128, float)
+ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_256, 256, float)
+ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_64_h, 64, u16)
+ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_128_h, 128, u16)
+ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_256_h, 256, u16)
+#undef ATTN_PROMPT_MMA_ENTRY
 
 // Decode attention split over the cache length (flash-decoding), for new tokens t = blockIdx.z at
 // positions p = *pos + t (n = p + 1 cache rows each; their K/V rows are all written first, and
@@ -495,9 +564,9 @@ __device__ __forceinline__ int attn_chunk(int n, int splits, int min_chunk) {
 // sum and weighted V sum; it writes part[h][c] = {max, sum, acc[hd]}.
 // Launch: grid = (nkv, splits, tokens), block = 32 * (heads / nkv) threads; hd a multiple of 32,
 // <= ATTN_MAX_HD; part holds tokens * heads * splits * (hd + 2) floats.
-template <int PER>
-__device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const float* __restrict__ kc,
-                                                const float* __restrict__ vc, float* __restrict__ part,
+template <int PER, typename KV>
+__device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                const KV* __restrict__ vc, float* __restrict__ part,
                                                 const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                 float scale, int min_chunk) {
     const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
@@ -522,12 +591,12 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
 #pragma unroll
         for (int uu = 0; uu < ATTN_UNROLL; ++uu) {
             const int jj = j + uu < j1 ? j + uu : j1 - 1;  // past the end: a copy of the last row, weight 0
-            const float* kj = kc + ((size_t)jj * nkv + g) * hd;
-            const float* vj = vc + ((size_t)jj * nkv + g) * hd;
+            const KV* kj = kc + ((size_t)jj * nkv + g) * hd;
+            const KV* vj = vc + ((size_t)jj * nkv + g) * hd;
 #pragma unroll
             for (int e = 0; e < PER; ++e) {
-                kr[uu][e] = e < per ? kj[e * WARP + lane] : 0.0f;
-                vr[uu][e] = e < per ? vj[e * WARP + lane] : 0.0f;
+                kr[uu][e] = e < per ? kv_ld(kj + e * WARP + lane) : 0.0f;
+                vr[uu][e] = e < per ? kv_ld(vj + e * WARP + lane) : 0.0f;
             }
         }
         float d[ATTN_UNROLL];
@@ -565,11 +634,13 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     }
 }
 
-// Registers sized for the head: PER = hd / 32 rounded up to a power of two.
-extern "C" __global__ void attn_split(const float* __restrict__ q, const float* __restrict__ kc,
-                                      const float* __restrict__ vc, float* __restrict__ part,
-                                      const int* __restrict__ pos_ptr, int heads, int nkv, int hd, float scale,
-                                      int min_chunk) {
+// Registers sized for the head: PER = hd / 32 rounded up to a power of two. attn_split_h: the
+// caches in f16.
+template <typename KV>
+__device__ __forceinline__ void attn_split_per(const float* __restrict__ q, const KV* __restrict__ kc,
+                                               const KV* __restrict__ vc, float* __restrict__ part,
+                                               const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
+                                               float scale, int min_chunk) {
     pdl_enter();
     const int per = hd / WARP;
     if (per <= 2) attn_split_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
@@ -577,6 +648,18 @@ extern "C" __global__ void attn_split(const float* __restrict__ q, const float* 
     else if (per <= 8) attn_split_body<8>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
     else attn_split_body<ATTN_PER_LANE>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
+
+// The entry points of the split kernels: NAME(q, kc, vc, part, pos, heads, nkv, hd, scale,
+// min_chunk) calling BODY on caches of KV.
+#define ATTN_SPLIT_ENTRY(NAME, BOUNDS, KV, BODY)                                                                  \
+    extern "C" __global__ BOUNDS void NAME(const float* __restrict__ q, const KV* __restrict__ kc,                \
+                                           const KV* __restrict__ vc, float* __restrict__ part,                   \
+                                           const int* __restrict__ pos_ptr, int heads, int nkv, int hd,           \
+                                           float scale, int min_chunk) {                                          \
+        BODY(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);                                         \
+    }
+ATTN_SPLIT_ENTRY(attn_split, , float, attn_split_per<float>)
+ATTN_SPLIT_ENTRY(attn_split_h, , u16, attn_split_per<u16>)
 
 // attn_split_gqa(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): attn_split with the warps
 // over positions instead of query heads: block (g, c) takes KV head g and chunk c as attn_split
@@ -607,6 +690,31 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
             r[2 * i] = v.x;
             r[2 * i + 1] = v.y;
         }
+    }
+}
+
+// The same from an f16 row (PER halves: one 16-byte load per 8).
+template <int PER>
+__device__ __forceinline__ void ld_lane_row(const u16* __restrict__ p, float (&r)[PER]) {
+    if constexpr (PER % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < PER / 8; ++i) {
+            const uint4 v = ((const uint4*)p)[i];
+            f16x2_to_f32(v.x, r[8 * i], r[8 * i + 1]);
+            f16x2_to_f32(v.y, r[8 * i + 2], r[8 * i + 3]);
+            f16x2_to_f32(v.z, r[8 * i + 4], r[8 * i + 5]);
+            f16x2_to_f32(v.w, r[8 * i + 6], r[8 * i + 7]);
+        }
+    } else if constexpr (PER % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < PER / 4; ++i) {
+            const uint2 v = ((const uint2*)p)[i];
+            f16x2_to_f32(v.x, r[4 * i], r[4 * i + 1]);
+            f16x2_to_f32(v.y, r[4 * i + 2], r[4 * i + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER / 2; ++i) f16x2_to_f32(((const u32*)p)[i], r[2 * i], r[2 * i + 1]);
     }
 }
 
@@ -644,9 +752,9 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // accumulators' updates are the same operations in the same order as without XR (a head's rescale
 // skipped where its max did not move: x * 1 = x). Only the softmax sum differs: l · corr +
 // ((p0 + p1) + (p2 + p3)) where the old code added the four weights one by one.
-template <int PER, int G, int P, bool XR = false>
-__device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const float* __restrict__ kc,
-                                                    const float* __restrict__ vc, float* __restrict__ part,
+template <int PER, int G, int P, bool XR, typename KV>
+__device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const KV* __restrict__ kc,
+                                                    const KV* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                     float scale, int min_chunk, float (*sm)[8], float (*sl)[8],
                                                     float* sacc) {
@@ -812,9 +920,9 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P, bool XR = false>
-__device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const float* __restrict__ kc,
-                                                   const float* __restrict__ vc, float* __restrict__ part,
+template <int P, bool XR, typename KV>
+__device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                   const KV* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                    float scale, int min_chunk) {
     __shared__ float sm[8][8], sl[8][8];
@@ -823,7 +931,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, XR>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P, XR, KV>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -833,25 +941,18 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
 #undef ATTN_GQA_CASE
 }
 
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* q, const float* kc, const float* vc,
-                                                                   float* part, const int* pos_ptr, int heads,
-                                                                   int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float* q, const float* kc, const float* vc,
-                                                                    float* part, const int* pos_ptr, int heads,
-                                                                    int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-
+#define ATTN_GQA_BOUNDS __launch_bounds__(256, 1)
+ATTN_SPLIT_ENTRY(attn_split_gqa, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_body<2, false, float>))
+ATTN_SPLIT_ENTRY(attn_split_gqa4, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_body<4, false, float>))
 // attn_split_gqa4x: attn_split_gqa4 with XR (one score a lane, above): the decode attention's
 // default (REDLITE_CUDA_ATTN_XR; session 23: +4.5 % decode at position 32,768 on the H200).
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x(const float* q, const float* kc, const float* vc,
-                                                                     float* part, const int* pos_ptr, int heads,
-                                                                     int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
+ATTN_SPLIT_ENTRY(attn_split_gqa4x, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_body<4, true, float>))
+// The same three on an f16 cache.
+ATTN_SPLIT_ENTRY(attn_split_gqa_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<2, false, u16>))
+ATTN_SPLIT_ENTRY(attn_split_gqa4_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, false, u16>))
+ATTN_SPLIT_ENTRY(attn_split_gqa4x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16>))
+#undef ATTN_GQA_BOUNDS
+#undef ATTN_SPLIT_ENTRY
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *

@@ -42,7 +42,7 @@ use cudarc::driver::{
 };
 use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::weights::{LayerWeights, MixerWeights, MtpWeights, Weights};
-use redlite_model::{Config, ModelError};
+use redlite_model::{Config, KvType, ModelError};
 
 use crate::expert_cache::{
     device_used, moe_warps, slots_per_layer, ExpertBytes, ExpertCache, ExpertCacheSize,
@@ -279,6 +279,9 @@ pub struct CudaModelOptions {
     /// experts stay resident whatever `experts` says, and every trunk call then also queues its
     /// rows' hidden states for the MTP cache.
     pub mtp: bool,
+    /// The KV cache's element type: f32 or f16 (half the bytes a position, and half what the
+    /// decode attention streams at long contexts; the attention kernels' `_h` forms).
+    pub kv_type: KvType,
 }
 
 impl Default for CudaModelOptions {
@@ -291,6 +294,7 @@ impl Default for CudaModelOptions {
             expert_policy: ExpertPolicy::Lfu,
             max_verify: 0,
             mtp: false,
+            kv_type: KvType::F32,
         }
     }
 }
@@ -1120,6 +1124,11 @@ impl CudaModel {
             bytes: 0,
         };
         let f = |name: &str| gpu.func(name).cloned();
+        // An attention kernel in the form for the cache's element type.
+        let fkv = |name: &str| {
+            gpu.func(&crate::ops::kv_kernel(name, opts.kv_type)?)
+                .cloned()
+        };
         // A kernel with the blocks of `threads` an SM holds at once (for grid barriers).
         let with_blocks_per_sm =
             |name: &str, threads: u32| -> Result<(CudaFunction, u32), CudaError> {
@@ -1144,12 +1153,12 @@ impl CudaModel {
             dn_fused_seq: f("dn_fused_seq")?,
             dn_fused_cols: f("dn_fused_cols")?,
             dn_fused_cols_rows: f("dn_fused_cols_rows")?,
-            attn_qk_prep: f("attn_qk_prep")?,
-            attn_causal: f("attn_causal")?,
-            attn_prompt: f("attn_prompt")?,
-            attn_split: f("attn_split")?,
-            attn_split_gqa: f("attn_split_gqa")?,
-            attn_split_gqa4: f(attn_gqa4_kernel())?,
+            attn_qk_prep: fkv("attn_qk_prep")?,
+            attn_causal: fkv("attn_causal")?,
+            attn_prompt: fkv("attn_prompt")?,
+            attn_split: fkv("attn_split")?,
+            attn_split_gqa: fkv("attn_split_gqa")?,
+            attn_split_gqa4: fkv(attn_gqa4_kernel())?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -3208,18 +3217,20 @@ impl CudaModel {
                 match crate::ops::attn_prompt_mma(nh, nkv, hd).filter(|_| self.attn_mma) {
                     Some(launch) => {
                         let (name, grid, block, shared) = launch(n);
-                        (name, self.gpu.func(name)?.clone(), (grid, block, shared))
+                        let name = crate::ops::kv_kernel(name, self.opts.kv_type)?;
+                        let f = self.gpu.func(&name)?.clone();
+                        (name, f, (grid, block, shared))
                     }
                     None => {
                         args.insert(9, A::I(hd as i32));
                         (
-                            "attn_prompt",
+                            "attn_prompt".to_string(),
                             self.k.attn_prompt.clone(),
                             crate::ops::attn_prompt_launch(n, nh, nkv, hd),
                         )
                     }
                 };
-            self.launch(name, &f, grid, block, shared, &args)?;
+            self.launch(&name, &f, grid, block, shared, &args)?;
         } else {
             let f = self.k.attn_causal.clone();
             self.launch(
@@ -3905,6 +3916,7 @@ fn check_config(c: &Config, o: &CudaModelOptions) -> Result<(), CudaError> {
             c.head_dim, c.rope_dims
         ));
     }
+    crate::ops::kv_kernel("", o.kv_type)?;
     if c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return bad(format!(
             "{} heads over {} KV heads",
@@ -4152,7 +4164,11 @@ fn dev_layer(
     };
     let mixer = match &w.mixer {
         MixerWeights::Attention(a) => {
-            let kv = o.max_context * c.n_kv_heads * c.head_dim;
+            // Bytes of each cache: [max_context][kv_heads][head_dim] of the KV type.
+            let kv = o
+                .kv_type
+                .bytes_for((o.max_context * c.n_kv_heads * c.head_dim) as u64)
+                as usize;
             DevMixer::Attention {
                 wq: dev_linear(gpu, arena, &a.wq)?,
                 wk: dev_linear(gpu, arena, &a.wk)?,
@@ -4160,8 +4176,8 @@ fn dev_layer(
                 wo: dev_linear(gpu, arena, &a.wo)?,
                 q_norm: arena.upload_f32(&a.q_norm)?,
                 k_norm: arena.upload_f32(&a.k_norm)?,
-                kc: arena.zeros(4 * kv)?,
-                vc: arena.zeros(4 * kv)?,
+                kc: arena.zeros(kv)?,
+                vc: arena.zeros(kv)?,
             }
         }
         MixerWeights::DeltaNet(d) => DevMixer::DeltaNet {

@@ -6,6 +6,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use redlite_gguf::GgmlType;
+use redlite_model::KvType;
 
 use crate::kernels::type_suffix;
 use crate::model::{MvfSplit, MVF_MAX_ROWS, MVF_MAX_TILE};
@@ -2132,10 +2133,62 @@ pub struct AttnDims {
     pub eps: f32,
 }
 
+/// The attention kernel `name` for a KV cache of type `kv`: `name` for f32, `name_h` for f16
+/// (the attention kernels take no other cache type).
+pub fn kv_kernel(name: &str, kv: KvType) -> Result<String, CudaError> {
+    match kv {
+        KvType::F32 => Ok(name.to_string()),
+        KvType::F16 => Ok(format!("{name}_h")),
+        other => Err(CudaError::Invalid(format!(
+            "a {other} KV cache on the GPU (the CUDA attention kernels take f32 or f16)"
+        ))),
+    }
+}
+
+/// A K or V cache on the device in the element type `kv` (f32, or f16 rounded to nearest even).
+enum KvDev {
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<u16>),
+}
+
+impl KvDev {
+    fn upload(gpu: &Gpu, data: &[f32], kv: KvType) -> Result<KvDev, CudaError> {
+        kv_kernel("", kv)?;
+        Ok(if kv == KvType::F16 {
+            let bits: Vec<u16> = data
+                .iter()
+                .map(|&x| redlite_model::kv_type::f32_to_f16(x))
+                .collect();
+            KvDev::F16(upload(gpu, &bits)?)
+        } else {
+            KvDev::F32(upload(gpu, data)?)
+        })
+    }
+
+    fn address(&self, gpu: &Gpu) -> u64 {
+        match self {
+            KvDev::F32(b) => device_address(gpu, b),
+            KvDev::F16(b) => device_address(gpu, b),
+        }
+    }
+
+    /// The values as f32 (f16 widened exactly).
+    fn download(&self, gpu: &Gpu) -> Result<Vec<f32>, CudaError> {
+        match self {
+            KvDev::F32(b) => download(gpu, b),
+            KvDev::F16(b) => Ok(download(gpu, b)?
+                .into_iter()
+                .map(redlite_model::kv_type::f16_to_f32)
+                .collect()),
+        }
+    }
+}
+
 /// `attn_qk_prep` on `n` tokens at positions `pos0..`: returns `(q, gate, k cache, v cache)`
 /// with the caches `[ctx][nkv][hd]` (positions outside `pos0..pos0 + n` keep `kc0` / `vc0`);
 /// RoPE's angles from `rope_table`'s rows when `table` (as the model runs it), else computed
-/// in the kernel.
+/// in the kernel. The caches are of type `kv` on the device (`attn_qk_prep_h` for f16; `kc0`,
+/// `vc0` rounded to it), returned as f32.
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 pub fn attn_qk_prep(
@@ -2150,6 +2203,7 @@ pub fn attn_qk_prep(
     pos0: usize,
     d: AttnDims,
     table: bool,
+    kv: KvType,
 ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>), CudaError> {
     let n = check_rows(qg.len(), d.heads * 2 * d.hd, "attn_qk_prep q")?;
     let ctx = check_rows(kc0.len(), d.nkv * d.hd, "attn_qk_prep cache")?;
@@ -2165,7 +2219,8 @@ pub fn attn_qk_prep(
     }
     let (qgd, knd, vnd) = (upload(gpu, qg)?, upload(gpu, kn)?, upload(gpu, vn)?);
     let (qnd, knd2) = (upload(gpu, q_norm)?, upload(gpu, k_norm)?);
-    let (mut kc, mut vc) = (upload(gpu, kc0)?, upload(gpu, vc0)?);
+    let (kc, vc) = (KvDev::upload(gpu, kc0, kv)?, KvDev::upload(gpu, vc0, kv)?);
+    let (kca, vca) = (kc.address(gpu), vc.address(gpu));
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
     let mut q = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
     let mut gate = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
@@ -2192,26 +2247,27 @@ pub fn attn_qk_prep(
         None
     };
     let cs_ptr = cs.as_ref().map_or(0u64, |c| device_address(gpu, c));
+    let name = kv_kernel("attn_qk_prep", kv)?;
     launch!(
         gpu,
-        gpu.func("attn_qk_prep")?,
-        "attn_qk_prep",
+        gpu.func(&name)?,
+        &name,
         cfg(((d.heads + d.nkv) as u32, n as u32, 1), 128, 0),
         [
-            &qgd, &knd, &vnd, &mut q, &mut gate, &mut kc, &mut vc, &qnd, &knd2, &pos, &hi, &nkvi,
-            &hdi, &rdi, &d.theta, &d.eps, &cs_ptr
+            &qgd, &knd, &vnd, &mut q, &mut gate, &kca, &vca, &qnd, &knd2, &pos, &hi, &nkvi, &hdi,
+            &rdi, &d.theta, &d.eps, &cs_ptr
         ]
     )?;
     Ok((
         download(gpu, &q)?,
         download(gpu, &gate)?,
-        download(gpu, &kc)?,
-        download(gpu, &vc)?,
+        kc.download(gpu)?,
+        vc.download(gpu)?,
     ))
 }
 
 /// Causal attention of `n` query tokens at positions `pos0..` (`q [n][heads][hd]`) over caches
-/// `[ctx][nkv][hd]` that hold positions `0..pos0 + n`.
+/// `[ctx][nkv][hd]` that hold positions `0..pos0 + n`, on the device as `kv` (rounded to it).
 #[allow(clippy::too_many_arguments)]
 pub fn attn_causal(
     gpu: &Gpu,
@@ -2224,6 +2280,7 @@ pub fn attn_causal(
     hd: usize,
     scale: f32,
     kind: AttnKind,
+    kv: KvType,
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(q.len(), heads * hd, "attn_causal q")?;
     if (kind == AttnKind::Prompt && !attn_prompt_fits(heads, nkv, hd))
@@ -2240,7 +2297,9 @@ pub fn attn_causal(
     {
         return Err(CudaError::Invalid("attn_causal: sizes".into()));
     }
-    let (qd, kd, vd) = (upload(gpu, q)?, upload(gpu, kc)?, upload(gpu, vc)?);
+    let qd = upload(gpu, q)?;
+    let (kcd, vcd) = (KvDev::upload(gpu, kc, kv)?, KvDev::upload(gpu, vc, kv)?);
+    let (kd, vd) = (kcd.address(gpu), vcd.address(gpu));
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
     let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
     let (nkvi, hdi) = (i32_arg(nkv, "nkv")?, i32_arg(hd, "hd")?);
@@ -2248,27 +2307,30 @@ pub fn attn_causal(
     if kind == AttnKind::PromptMma {
         let (name, grid, block, shared) =
             attn_prompt_mma(heads, nkv, hd).map_or(Default::default(), |f| f(n));
+        let name = kv_kernel(name, kv)?;
         launch!(
             gpu,
-            gpu.func(name)?,
-            name,
+            gpu.func(&name)?,
+            &name,
             cfg(grid, block, shared),
             [&qd, &kd, &vd, &0u64, &mut o, &pos, &ntok, &headsi, &nkvi, &scale]
         )?;
     } else if kind == AttnKind::Prompt {
         let (grid, block, shared) = attn_prompt_launch(n, heads, nkv, hd);
+        let name = kv_kernel("attn_prompt", kv)?;
         launch!(
             gpu,
-            gpu.func("attn_prompt")?,
-            "attn_prompt",
+            gpu.func(&name)?,
+            &name,
             cfg(grid, block, shared),
             [&qd, &kd, &vd, &0u64, &mut o, &pos, &ntok, &headsi, &nkvi, &hdi, &scale]
         )?;
     } else {
+        let name = kv_kernel("attn_causal", kv)?;
         launch!(
             gpu,
-            gpu.func("attn_causal")?,
-            "attn_causal",
+            gpu.func(&name)?,
+            &name,
             cfg((heads as u32, n as u32, 1), 128, 0),
             [&qd, &kd, &vd, &0u64, &mut o, &pos, &nkvi, &hdi, &scale]
         )?;
@@ -2362,11 +2424,13 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
 /// the cache by the kernel `split` (`attn_split`, or where the shape fits [`attn_split_gqa_fits`]
 /// `attn_split_gqa`, `attn_split_gqa4` or `attn_split_gqa4x`) into `splits` chunks, then
-/// `attn_merge`, with the output gate when `gate` is given: `[rows][heads][hd]`.
+/// `attn_merge`, with the output gate when `gate` is given: `[rows][heads][hd]`. The caches are of
+/// type `kv` on the device (the split kernel's `_h` form for f16; `kc`, `vc` rounded to it).
 #[allow(clippy::too_many_arguments)]
 pub fn attn_split_merge_with(
     gpu: &Gpu,
     split: &str,
+    kv: KvType,
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
@@ -2390,7 +2454,9 @@ pub fn attn_split_merge_with(
     {
         return Err(CudaError::Invalid("attn_split: sizes".into()));
     }
-    let (qd, kd, vd) = (upload(gpu, q)?, upload(gpu, kc)?, upload(gpu, vc)?);
+    let qd = upload(gpu, q)?;
+    let (kcd, vcd) = (KvDev::upload(gpu, kc, kv)?, KvDev::upload(gpu, vc, kv)?);
+    let (kd, vd) = (kcd.address(gpu), vcd.address(gpu));
     let gd = upload(gpu, gate.unwrap_or(&[0.0]))?;
     let gate_ptr = if gate.is_some() {
         device_address(gpu, &gd)
@@ -2409,10 +2475,11 @@ pub fn attn_split_merge_with(
     if split != "attn_split" && !attn_split_gqa_fits(heads, nkv, hd) {
         return Err(CudaError::Invalid(format!("{split}: shape")));
     }
+    let kernel = kv_kernel(split, kv)?;
     launch!(
         gpu,
-        gpu.func(split)?,
-        split,
+        gpu.func(&kernel)?,
+        &kernel,
         cfg(
             (nkv as u32, splits as u32, rows as u32),
             (32 * (heads / nkv)) as u32,

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use redlite_model::{Mode, Model};
+use redlite_model::{KvType, Mode, Model};
 use serde_json::Value;
 
 use crate::{CudaError, CudaModel, CudaModelOptions, Gpu, GpuSampling};
@@ -210,16 +210,22 @@ fn run_prompt_gpu(
 }
 
 /// Run every fixture model in `dir` (prefill; `step` also runs each model's first prompt token by
-/// token). `oracle`: also run the CPU oracle for the argmax check and its own KL.
+/// token). `oracle`: also run the CPU oracle for the argmax check and its own KL. The GPU models
+/// keep their KV caches in `kv` (f32 or f16; the oracle stays f32), under the same bound.
 pub fn run(
     gpu: Arc<Gpu>,
     dir: &Path,
     oracle: bool,
     step: bool,
+    kv: KvType,
 ) -> Result<Vec<ParityRow>, CudaError> {
     let mut rows = Vec::new();
     for (name, path, prompts) in fixtures(dir)? {
-        let mut cuda = CudaModel::load(gpu.clone(), &path, CudaModelOptions::default())
+        let opts = CudaModelOptions {
+            kv_type: kv,
+            ..CudaModelOptions::default()
+        };
+        let mut cuda = CudaModel::load(gpu.clone(), &path, opts)
             .map_err(|e| bad(format!("loading {} on the GPU: {e}", path.display())))?;
         let cpu = if oracle {
             Some(Model::load(&path).map_err(|e| bad(format!("loading {}: {e}", path.display())))?)

@@ -12,6 +12,8 @@
 use cudarc::driver::CudaSlice;
 use redlite_gguf::quant::dequantize_to_vec;
 use redlite_gguf::GgmlType;
+use redlite_model::kv_type::{f16_to_f32, f32_to_f16};
+use redlite_model::KvType;
 
 use crate::kernels::ALL_TYPES;
 use crate::ops::{self, AttnDims, DeltaDims, ExpertSet, ExpertTensors};
@@ -268,6 +270,11 @@ fn expert_set(ty: GgmlType, parts: &[Vec<CudaSlice<u8>>; 3]) -> ExpertSet<'_> {
         up: parts[1].iter().collect(),
         down: parts[2].iter().collect(),
     }
+}
+
+/// `x` rounded to f16 (nearest even) and back: what an f16 KV cache holds.
+fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect()
 }
 
 /// `‖a − b‖ / ‖b‖`, infinite when `a` has a NaN or the lengths differ.
@@ -2043,7 +2050,18 @@ impl Runner<'_> {
             let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
             let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
             let r = ops::attn_qk_prep(
-                self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, false,
+                self.gpu,
+                &qg,
+                &kn,
+                &vn,
+                &qn,
+                &kw,
+                &kc0,
+                &vc0,
+                pos0,
+                d,
+                false,
+                KvType::F32,
             )
             .map(|(q, gate, kc, vc)| {
                 let eps = f64::from(d.eps);
@@ -2094,7 +2112,18 @@ impl Runner<'_> {
             let r = (|| {
                 let run = |table| {
                     ops::attn_qk_prep(
-                        self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, table,
+                        self.gpu,
+                        &qg,
+                        &kn,
+                        &vn,
+                        &qn,
+                        &kw,
+                        &kc0,
+                        &vc0,
+                        pos0,
+                        d,
+                        table,
+                        KvType::F32,
                     )
                 };
                 let (a, b) = (run(true)?, run(false)?);
@@ -2113,40 +2142,78 @@ impl Runner<'_> {
                 format!("{n} tokens at {pos0}, table vs computed angles, bit for bit"),
                 r,
             );
+            // The f16 cache: q and the gate as the f32 kernel's, the caches its values rounded
+            // to f16, bit for bit.
+            let r = (|| {
+                let run = |kv| {
+                    ops::attn_qk_prep(
+                        self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, true, kv,
+                    )
+                };
+                let (a, b) = (run(KvType::F32)?, run(KvType::F16)?);
+                let differ = |x: &[f32], y: &[f32]| {
+                    x.iter()
+                        .zip(y)
+                        .filter(|(p, q)| p.to_bits() != q.to_bits())
+                        .count()
+                };
+                let n_diff = differ(&a.0, &b.0)
+                    + differ(&a.1, &b.1)
+                    + differ(&round_f16(&a.2), &b.2)
+                    + differ(&round_f16(&a.3), &b.3);
+                // Values that differ (bound 0: bit-identical).
+                Ok((n_diff as f64, 0.0))
+            })();
+            self.record(
+                "attn_qk_prep_h",
+                format!("{n} tokens at {pos0}, f16 cache vs the f32 kernel's rounded, bit for bit"),
+                r,
+            );
 
             let q = self.rng.normals(n * heads * hd, 1.0);
-            let kc = self.rng.normals(ctx * nkv * hd, 1.0);
-            let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+            let kc32 = self.rng.normals(ctx * nkv * hd, 1.0);
+            let vc32 = self.rng.normals(ctx * nkv * hd, 1.0);
+            let (kc16, vc16) = (round_f16(&kc32), round_f16(&vc32));
             // attn_causal, attn_prompt (a GQA group of rows per block) and its tensor-core form
-            // (f16 inputs: TOL_ATTN_F16) on the same data.
-            for kind in [
+            // (f16 inputs: TOL_ATTN_F16) on the same data; each on an f32 and an f16 cache (the
+            // reference on the cache's values rounded to f16).
+            for (kind, kv) in [
                 ops::AttnKind::Causal,
                 ops::AttnKind::Prompt,
                 ops::AttnKind::PromptMma,
-            ] {
-                let r = ops::attn_causal(self.gpu, &q, &kc, &vc, pos0, heads, nkv, hd, scale, kind)
-                    .map(|o| {
-                        let reference: Vec<f64> = (0..n * heads)
-                            .flat_map(|th| {
-                                let (t, h) = (th / heads, th % heads);
-                                let qh = &q[th * hd..(th + 1) * hd];
-                                let at = (pos0 + t + 1, nkv, h / (heads / nkv));
-                                attention_row64(qh, &kc, &vc, at, scale)
-                            })
-                            .collect();
-                        let tol = if kind == ops::AttnKind::PromptMma {
-                            TOL_ATTN_F16
-                        } else {
-                            TOL_F32
-                        };
-                        (rel_err(&o, &reference), tol)
-                    });
+            ]
+            .into_iter()
+            .flat_map(|k| [(k, KvType::F32), (k, KvType::F16)])
+            {
+                let (kc, vc) = match kv {
+                    KvType::F16 => (&kc16, &vc16),
+                    _ => (&kc32, &vc32),
+                };
+                let r =
+                    ops::attn_causal(self.gpu, &q, kc, vc, pos0, heads, nkv, hd, scale, kind, kv)
+                        .map(|o| {
+                            let reference: Vec<f64> = (0..n * heads)
+                                .flat_map(|th| {
+                                    let (t, h) = (th / heads, th % heads);
+                                    let qh = &q[th * hd..(th + 1) * hd];
+                                    let at = (pos0 + t + 1, nkv, h / (heads / nkv));
+                                    attention_row64(qh, kc, vc, at, scale)
+                                })
+                                .collect();
+                            let tol = if kind == ops::AttnKind::PromptMma {
+                                TOL_ATTN_F16
+                            } else {
+                                TOL_F32
+                            };
+                            (rel_err(&o, &reference), tol)
+                        });
+                let name = match kind {
+                    ops::AttnKind::Causal => "attn_causal",
+                    ops::AttnKind::Prompt => "attn_prompt",
+                    ops::AttnKind::PromptMma => "attn_prompt_mma",
+                };
                 self.record(
-                    match kind {
-                        ops::AttnKind::Causal => "attn_causal",
-                        ops::AttnKind::Prompt => "attn_prompt",
-                        ops::AttnKind::PromptMma => "attn_prompt_mma",
-                    },
+                    &ops::kv_kernel(name, kv).unwrap_or_default(),
                     format!("{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}"),
                     r,
                 );
@@ -2158,22 +2225,27 @@ impl Runner<'_> {
     /// Decode attention split over the cache (`attn_split` + `attn_merge`), with and without the
     /// output gate, against the f64 softmax: short (one chunk) and long (many chunks, the last
     /// one partial).
+    /// Each on an f32 and an f16 cache (`_h`; the reference on the values rounded to f16).
     fn attention_split(&mut self, d: AttnDims) {
-        self.attention_split_kernel(d, None);
-        if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
-            self.attention_split_kernel(d, Some(2));
-            self.attention_split_kernel(d, Some(4));
-            self.attention_split_named(d, "attn_split_gqa4x");
+        for kv in [KvType::F32, KvType::F16] {
+            self.attention_split_kernel(d, None, kv);
+            if ops::attn_split_gqa_fits(d.heads, d.nkv, d.hd) {
+                self.attention_split_kernel(d, Some(2), kv);
+                self.attention_split_kernel(d, Some(4), kv);
+                self.attention_split_named(d, "attn_split_gqa4x", kv);
+            }
         }
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
-    fn attention_split_kernel(&mut self, d: AttnDims, gqa: Option<usize>) {
-        self.attention_split_named(d, gqa.map_or("attn_split", ops::attn_split_gqa_kernel));
+    fn attention_split_kernel(&mut self, d: AttnDims, gqa: Option<usize>, kv: KvType) {
+        self.attention_split_named(d, gqa.map_or("attn_split", ops::attn_split_gqa_kernel), kv);
     }
 
-    /// [`Self::attention_split`] through the split kernel `name`.
-    fn attention_split_named(&mut self, d: AttnDims, name: &str) {
+    /// [`Self::attention_split`] through the split kernel `name` on a cache of `kv`.
+    fn attention_split_named(&mut self, d: AttnDims, name: &str, kv: KvType) {
+        let kernel = ops::kv_kernel(name, kv).unwrap_or_default();
+        let round = |x: Vec<f32>| if kv == KvType::F16 { round_f16(&x) } else { x };
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
         for (pos0, ctx, splits, gated) in [
@@ -2182,13 +2254,14 @@ impl Runner<'_> {
             (4001, 4096, 64, true),
         ] {
             let q = self.rng.normals(heads * hd, 1.0);
-            let kc = self.rng.normals(ctx * nkv * hd, 1.0);
-            let vc = self.rng.normals(ctx * nkv * hd, 1.0);
+            let kc = round(self.rng.normals(ctx * nkv * hd, 1.0));
+            let vc = round(self.rng.normals(ctx * nkv * hd, 1.0));
             let gate = self.rng.normals(heads * hd, 2.0);
             let g_opt = gated.then_some(gate.as_slice());
             let r = ops::attn_split_merge_with(
                 self.gpu,
                 name,
+                kv,
                 &q,
                 &kc,
                 &vc,
@@ -2230,7 +2303,7 @@ impl Runner<'_> {
                 (rel_err(&o, &reference), TOL_F32)
             });
             self.record(
-                name,
+                &kernel,
                 format!(
                     "1 token at {pos0}, {splits} splits, {heads}/{nkv} heads x{hd}{}",
                     if gated { ", gated" } else { "" }
@@ -2238,12 +2311,12 @@ impl Runner<'_> {
                 r,
             );
         }
-        self.attention_split_rows(d, name);
+        self.attention_split_rows(d, name, kv);
     }
 
     /// Several rows in one `attn_split` + `attn_merge` (the verify pass of speculative decoding):
     /// row t bit for bit what a one-row call at `pos0 + t` computes.
-    fn attention_split_rows(&mut self, d: AttnDims, name: &str) {
+    fn attention_split_rows(&mut self, d: AttnDims, name: &str, kv: KvType) {
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
         let (rows, pos0, ctx, splits) = (5usize, 1021usize, 4096usize, 64usize);
@@ -2256,6 +2329,7 @@ impl Runner<'_> {
             let all = ops::attn_split_merge_with(
                 self.gpu,
                 name,
+                kv,
                 &q,
                 &kc,
                 &vc,
@@ -2271,6 +2345,7 @@ impl Runner<'_> {
                 let one = ops::attn_split_merge_with(
                     self.gpu,
                     name,
+                    kv,
                     &q[t * w..(t + 1) * w],
                     &kc,
                     &vc,
@@ -2290,7 +2365,7 @@ impl Runner<'_> {
             Ok((differ as f64, 0.0))
         })();
         self.record(
-            &format!("{name} rows"),
+            &format!("{} rows", ops::kv_kernel(name, kv).unwrap_or_default()),
             format!("{rows} rows at {pos0}.., {splits} splits, {heads}/{nkv} heads x{hd}, vs one row each"),
             r,
         );

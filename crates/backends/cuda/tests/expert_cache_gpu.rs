@@ -29,6 +29,7 @@ fn run(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize, policy: ExpertPolic
         expert_policy: policy,
         max_verify: 0,
         mtp: false,
+        kv_type: common::kv_type(),
     };
     let mut m = CudaModel::load(gpu.clone(), &path, opts)
         .unwrap_or_else(|e| panic!("{name} {experts:?}: {e}"));
@@ -78,6 +79,7 @@ fn bounded_expert_cache_gives_the_logits_of_full_residency() {
                 expert_policy: ExpertPolicy::Static,
                 max_verify: 0,
                 mtp: false,
+                kv_type: common::kv_type(),
             },
         )
         .expect("load");

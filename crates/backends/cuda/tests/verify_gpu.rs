@@ -20,6 +20,7 @@ fn load(gpu: &Arc<Gpu>, name: &str, experts: ExpertCacheSize) -> CudaModel {
         graphs: true,
         experts,
         max_verify: 16,
+        kv_type: common::kv_type(),
         ..CudaModelOptions::default()
     };
     CudaModel::load(

@@ -18,3 +18,13 @@ pub fn models() -> PathBuf {
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
 }
+
+/// The KV cache type the models are loaded with: `$REDLITE_KV_TYPE` (as the CLI's `--kv-type`
+/// reads it), f32 when unset.
+#[allow(dead_code)] // not every test binary loads a model
+pub fn kv_type() -> redlite_model::KvType {
+    std::env::var("REDLITE_KV_TYPE")
+        .ok()
+        .map(|s| s.parse().expect("REDLITE_KV_TYPE: f32 or f16"))
+        .unwrap_or_default()
+}
