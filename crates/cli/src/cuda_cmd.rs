@@ -83,6 +83,7 @@ pub fn or_cpu(backend: &str) -> &str {
 /// What the command line says of the GPU's memory: the expert cache (`--expert-cache`,
 /// `--memory`, `--cache-policy`, `--ubatch`) and the KV cache's element type (`--kv-type`).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // read by the CUDA build only
 pub struct GpuMem<'a> {
     pub cache: &'a CacheArgs,
     pub kv: KvType,
