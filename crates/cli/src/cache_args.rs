@@ -110,9 +110,10 @@ pub enum GpuExperts {
 }
 
 impl CacheArgs {
-    /// The GPU expert cache these flags ask for; `--memory` also prints the GPU plan for `file`.
+    /// The GPU expert cache these flags ask for; `--memory` also prints the GPU plan for `file`
+    /// (its KV in `kv_type`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub fn gpu_experts(&self, file: &GgufFile) -> Result<GpuExperts> {
+    pub fn gpu_experts(&self, file: &GgufFile, kv_type: KvType) -> Result<GpuExperts> {
         match (&self.expert_cache, &self.memory) {
             (Some(s), _) => Ok(
                 match Budget::parse(s).map_err(|e| anyhow!("--expert-cache: {e}"))? {
@@ -126,7 +127,7 @@ impl CacheArgs {
                     memory,
                     ctx: self.memory_ctx,
                     target: Target::Cuda,
-                    kv: KvType::F32,
+                    kv: kv_type,
                     ubatch: 64,
                 };
                 match plan(&PlanInput::from_file(file)?, req) {

@@ -201,7 +201,7 @@ mod imp {
     use super::*;
 
     fn open(file: Arc<GgufFile>, mut opts: CudaModelOptions, mem: GpuMem) -> Result<CudaModel> {
-        (opts.experts, opts.expert_policy) = gpu_experts(&file, mem.cache)?;
+        (opts.experts, opts.expert_policy) = gpu_experts(&file, mem)?;
         opts.kv_type = mem.kv;
         // Prompt tokens per forward call: --ubatch (a verify pass still gets its rows).
         let ubatch = mem
@@ -229,12 +229,10 @@ mod imp {
     }
 
     /// The expert cache `--expert-cache` / `--memory` / `--cache-policy` ask for.
-    fn gpu_experts(
-        file: &GgufFile,
-        cache_args: &CacheArgs,
-    ) -> Result<(ExpertCacheSize, ExpertPolicy)> {
+    fn gpu_experts(file: &GgufFile, mem: GpuMem) -> Result<(ExpertCacheSize, ExpertPolicy)> {
+        let cache_args = mem.cache;
         use crate::cache_args::GpuExperts;
-        let size = match cache_args.gpu_experts(file)? {
+        let size = match cache_args.gpu_experts(file, mem.kv)? {
             GpuExperts::All => ExpertCacheSize::All,
             GpuExperts::Min => ExpertCacheSize::Min,
             GpuExperts::Bytes(b) => ExpertCacheSize::Bytes(b),
