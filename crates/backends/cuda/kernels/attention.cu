@@ -693,30 +693,50 @@ __device__ __forceinline__ void ld_lane_row(const float* __restrict__ p, float (
     }
 }
 
-// The same from an f16 row (PER halves: one 16-byte load per 8).
+// KvLane<KV, PER>: a lane's PER consecutive values of one cache row as loaded (load: 16-byte loads
+// where PER allows) and widened to f32 where they are used: f32 as they are; f16 kept packed two a
+// word, so a warp step holds twice the rows of an f32 one in the same registers.
+template <typename KV, int PER>
+struct KvLane;
 template <int PER>
-__device__ __forceinline__ void ld_lane_row(const u16* __restrict__ p, float (&r)[PER]) {
-    if constexpr (PER % 8 == 0) {
+struct KvLane<float, PER> {
+    float v[PER];
+    __device__ __forceinline__ void load(const float* __restrict__ p) { ld_lane_row<PER>(p, v); }
+    __device__ __forceinline__ void widen(float (&r)[PER]) const {
 #pragma unroll
-        for (int i = 0; i < PER / 8; ++i) {
-            const uint4 v = ((const uint4*)p)[i];
-            f16x2_to_f32(v.x, r[8 * i], r[8 * i + 1]);
-            f16x2_to_f32(v.y, r[8 * i + 2], r[8 * i + 3]);
-            f16x2_to_f32(v.z, r[8 * i + 4], r[8 * i + 5]);
-            f16x2_to_f32(v.w, r[8 * i + 6], r[8 * i + 7]);
-        }
-    } else if constexpr (PER % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < PER / 4; ++i) {
-            const uint2 v = ((const uint2*)p)[i];
-            f16x2_to_f32(v.x, r[4 * i], r[4 * i + 1]);
-            f16x2_to_f32(v.y, r[4 * i + 2], r[4 * i + 3]);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < PER / 2; ++i) f16x2_to_f32(((const u32*)p)[i], r[2 * i], r[2 * i + 1]);
+        for (int e = 0; e < PER; ++e) r[e] = v[e];
     }
-}
+};
+template <int PER>
+struct KvLane<u16, PER> {
+    u32 w[PER / 2];
+    __device__ __forceinline__ void load(const u16* __restrict__ p) {
+        if constexpr (PER % 8 == 0) {
+#pragma unroll
+            for (int i = 0; i < PER / 8; ++i) {
+                const uint4 x = ((const uint4*)p)[i];
+                w[4 * i] = x.x;
+                w[4 * i + 1] = x.y;
+                w[4 * i + 2] = x.z;
+                w[4 * i + 3] = x.w;
+            }
+        } else if constexpr (PER % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < PER / 4; ++i) {
+                const uint2 x = ((const uint2*)p)[i];
+                w[2 * i] = x.x;
+                w[2 * i + 1] = x.y;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER / 2; ++i) w[i] = ((const u32*)p)[i];
+        }
+    }
+    __device__ __forceinline__ void widen(float (&r)[PER]) const {
+#pragma unroll
+        for (int i = 0; i < PER / 2; ++i) f16x2_to_f32(w[i], r[2 * i], r[2 * i + 1]);
+    }
+};
 
 // xr_reduce(v, lane): the transposed butterfly. In: 32 partial sums a lane; out: lane l holds the
 // warp-wide sum of v[l]. Five stages, offsets 16, 8, 4, 2, 1: at offset o a lane with bit o set
@@ -752,7 +772,10 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // accumulators' updates are the same operations in the same order as without XR (a head's rescale
 // skipped where its max did not move: x * 1 = x). Only the softmax sum differs: l · corr +
 // ((p0 + p1) + (p2 + p3)) where the old code added the four weights one by one.
-template <int PER, int G, int P, bool XR, typename KV>
+// LP: the rows a warp loads a step (its positions j .. j + LP - 1, warps LP apart), taken in
+// sub-steps of P (LP = P but for attn_split_gqa8x_h; LP > P changes which warp takes which rows,
+// so its bits are its own).
+template <int PER, int G, int P, bool XR, typename KV, int LP>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const KV* __restrict__ kc,
                                                     const KV* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -778,79 +801,99 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     constexpr bool XRED = XR && G * P == WARP;
     const int hl = lane / P, ul = lane % P;  // XRED: the lane's head and position
     float m_own = NEG_INF, l_own = 0.0f;     // XRED: head hl's running max and sum
-    for (int j = j0 + w * P; j < j1; j += G * P) {
-        float kr[P][PER], vr[P][PER];
+    for (int j = j0 + w * LP; j < j1; j += G * LP) {
+        KvLane<KV, PER> kl[LP], vl[LP];
 #pragma unroll
-        for (int u = 0; u < P; ++u) {
+        for (int u = 0; u < LP; ++u) {
             const int jj = j + u < j1 ? j + u : j1 - 1;  // past the end: a copy of the last row, weight 0
-            ld_lane_row<PER>(kc + ((size_t)jj * nkv + g) * hd + PER * lane, kr[u]);
-            ld_lane_row<PER>(vc + ((size_t)jj * nkv + g) * hd + PER * lane, vr[u]);
+            kl[u].load(kc + ((size_t)jj * nkv + g) * hd + PER * lane);
+            vl[u].load(vc + ((size_t)jj * nkv + g) * hd + PER * lane);
         }
-        if constexpr (XRED) {
-            float v[WARP];
+        // The LP rows in sub-steps of P (one sub-step unless LP > P).
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-#pragma unroll
-                for (int u = 0; u < P; ++u) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
-                    v[h * P + u] = s;
-                }
-            }
-            const float s = xr_reduce(v, lane) * scale;
-            const float d = j + ul < j1 ? s : NEG_INF;
-            float mx = d;
-#pragma unroll
-            for (int o = 1; o < P; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            mx = fmaxf(m_own, mx);
-            const float corr = expf(m_own - mx);  // 0 on the first rows (m = -inf)
-            const float pr = expf(d - mx);        // 0 past the end
-            float ps = pr;
-#pragma unroll
-            for (int o = 1; o < P; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-            l_own = l_own * corr + ps;
-            m_own = mx;
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const float ch = __shfl_sync(0xffffffffu, corr, h * P);
-                if (ch != 1.0f) {  // the warp's max of head h moved (x * 1 = x: the same bits)
-#pragma unroll
-                    for (int e = 0; e < PER; ++e) acc[h][e] *= ch;
-                }
+        for (int sub = 0; sub < LP / P; ++sub) {
+            const int js = j + sub * P;
+            if constexpr (XRED) {
+                float v[WARP];
 #pragma unroll
                 for (int u = 0; u < P; ++u) {
-                    const float p = __shfl_sync(0xffffffffu, pr, h * P + u);
+                    float kr[PER];
+                    kl[sub * P + u].widen(kr);
 #pragma unroll
-                    for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
+                    for (int h = 0; h < G; ++h) {
+                        float s = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[e];
+                        v[h * P + u] = s;
+                    }
                 }
-            }
-        } else {
+                const float s = xr_reduce(v, lane) * scale;
+                const float d = js + ul < j1 ? s : NEG_INF;
+                float mx = d;
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-                float d[P];
-                float mx = m[h];
+                for (int o = 1; o < P; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                mx = fmaxf(m_own, mx);
+                const float corr = expf(m_own - mx);  // 0 on the first rows (m = -inf)
+                const float pr = expf(d - mx);        // 0 past the end
+                float ps = pr;
+#pragma unroll
+                for (int o = 1; o < P; o *= 2) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+                l_own = l_own * corr + ps;
+                m_own = mx;
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float ch = __shfl_sync(0xffffffffu, corr, h * P);
+                    if (ch != 1.0f) {  // the warp's max of head h moved (x * 1 = x: the same bits)
+#pragma unroll
+                        for (int e = 0; e < PER; ++e) acc[h][e] *= ch;
+                    }
+                }
+                // Row by row, each head's weight times the row: every acc[h][e] takes its
+                // rescale, then the rows in order, as when the heads went first.
 #pragma unroll
                 for (int u = 0; u < P; ++u) {
-                    float s = 0.0f;
+                    float vr[PER];
+                    vl[sub * P + u].widen(vr);
 #pragma unroll
-                    for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
-                    s = warp_sum(s) * scale;
-                    d[u] = j + u < j1 ? s : NEG_INF;
-                    mx = fmaxf(mx, d[u]);
+                    for (int h = 0; h < G; ++h) {
+                        const float p = __shfl_sync(0xffffffffu, pr, h * P + u);
+#pragma unroll
+                        for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[e];
+                    }
                 }
-                const float corr = expf(m[h] - mx);  // 0 on the first rows (m = -inf)
-                l[h] *= corr;
-#pragma unroll
-                for (int e = 0; e < PER; ++e) acc[h][e] *= corr;
+            } else {
+                float kr[P][PER], vr[P][PER];
 #pragma unroll
                 for (int u = 0; u < P; ++u) {
-                    const float p = expf(d[u] - mx);  // 0 past the end
-                    l[h] += p;
-#pragma unroll
-                    for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
+                    kl[sub * P + u].widen(kr[u]);
+                    vl[sub * P + u].widen(vr[u]);
                 }
-                m[h] = mx;
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    float d[P];
+                    float mx = m[h];
+#pragma unroll
+                    for (int u = 0; u < P; ++u) {
+                        float s = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < PER; ++e) s += qr[h][e] * kr[u][e];
+                        s = warp_sum(s) * scale;
+                        d[u] = js + u < j1 ? s : NEG_INF;
+                        mx = fmaxf(mx, d[u]);
+                    }
+                    const float corr = expf(m[h] - mx);  // 0 on the first rows (m = -inf)
+                    l[h] *= corr;
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) acc[h][e] *= corr;
+#pragma unroll
+                    for (int u = 0; u < P; ++u) {
+                        const float p = expf(d[u] - mx);  // 0 past the end
+                        l[h] += p;
+#pragma unroll
+                        for (int e = 0; e < PER; ++e) acc[h][e] += p * vr[u][e];
+                    }
+                    m[h] = mx;
+                }
             }
         }
     }
@@ -881,7 +924,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     // consecutive values (i = PER lane + e) and a warp's 32 consecutive values both fall in
     // 32 different banks (value i at PER lane + e unpadded put lanes PER floats apart: a
     // PER-way conflict on every access).
-    const int act = min(G, (j1 - j0 + P - 1) / P);
+    const int act = min(G, (j1 - j0 + LP - 1) / LP);
     constexpr int SROW = PER * WARP + PER;  // hd + hd / 32
     float f[G];
 #pragma unroll
@@ -920,7 +963,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P, bool XR, typename KV>
+template <int P, bool XR, typename KV, int LP = P>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const KV* __restrict__ kc,
                                                    const KV* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -931,7 +974,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, XR, KV>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P, XR, KV, LP>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -951,6 +994,9 @@ ATTN_SPLIT_ENTRY(attn_split_gqa4x, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_bod
 ATTN_SPLIT_ENTRY(attn_split_gqa_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<2, false, u16>))
 ATTN_SPLIT_ENTRY(attn_split_gqa4_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, false, u16>))
 ATTN_SPLIT_ENTRY(attn_split_gqa4x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16>))
+// attn_split_gqa8x_h: attn_split_gqa4x_h with 8 rows loaded a warp step (two XR sub-steps of 4):
+// the packed f16 rows of 8 positions take the registers of 4 f32 ones, twice the bytes in flight.
+ATTN_SPLIT_ENTRY(attn_split_gqa8x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16, 8>))
 #undef ATTN_GQA_BOUNDS
 #undef ATTN_SPLIT_ENTRY
 

@@ -229,15 +229,24 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
         .clamp(1, MVF_WARPS)
 }
 
-/// The decode attention's `attn_split_gqa` kernel with 4 positions a warp step:
-/// `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.5 % decode at position
-/// 32,768 on the H200, session 23) unless `REDLITE_CUDA_ATTN_XR=0` (`attn_split_gqa4`).
-fn attn_gqa4_kernel() -> &'static str {
-    if env_switch("REDLITE_CUDA_ATTN_XR", true) {
-        "attn_split_gqa4x"
-    } else {
-        "attn_split_gqa4"
+/// The decode attention's `attn_split_gqa` kernel with 4 positions a warp step, for a cache of
+/// `kv`: `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.5 % decode at position
+/// 32,768 on the H200, session 23) unless `REDLITE_CUDA_ATTN_XR=0` (`attn_split_gqa4`); on an
+/// f16 cache their `_h` forms, the XR one loading 8 rows a warp step (`attn_split_gqa8x_h`)
+/// unless `REDLITE_CUDA_ATTN_LP8=0`.
+fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
+    let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
+    if xr && kv == KvType::F16 && env_switch("REDLITE_CUDA_ATTN_LP8", true) {
+        return Ok("attn_split_gqa8x_h".into());
     }
+    crate::ops::kv_kernel(
+        if xr {
+            "attn_split_gqa4x"
+        } else {
+            "attn_split_gqa4"
+        },
+        kv,
+    )
 }
 
 /// Chunks of the split decode attention for a context of `o.max_context` positions.
@@ -1158,7 +1167,7 @@ impl CudaModel {
             attn_prompt: fkv("attn_prompt")?,
             attn_split: fkv("attn_split")?,
             attn_split_gqa: fkv("attn_split_gqa")?,
-            attn_split_gqa4: fkv(attn_gqa4_kernel())?,
+            attn_split_gqa4: f(&attn_gqa4_kernel(opts.kv_type)?)?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,

@@ -2233,6 +2233,10 @@ impl Runner<'_> {
                 self.attention_split_kernel(d, Some(2), kv);
                 self.attention_split_kernel(d, Some(4), kv);
                 self.attention_split_named(d, "attn_split_gqa4x", kv);
+                if kv == KvType::F16 {
+                    // 8 rows a warp step: an f16 cache only.
+                    self.attention_split_named(d, "attn_split_gqa8x", kv);
+                }
             }
         }
     }

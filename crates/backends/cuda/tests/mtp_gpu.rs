@@ -123,6 +123,7 @@ fn load_with_mtp(gpu: &Arc<Gpu>, path: &std::path::Path) -> CudaModel {
         graphs: true,
         max_verify: 8,
         mtp: true,
+        kv_type: common::kv_type(),
         ..CudaModelOptions::default()
     };
     CudaModel::load(gpu.clone(), path, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
