@@ -774,8 +774,8 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // ((p0 + p1) + (p2 + p3)) where the old code added the four weights one by one.
 // LP: the rows a warp loads a step (its positions j .. j + LP - 1, warps LP apart), taken in
 // sub-steps of P (LP = P but for attn_split_gqa8x_h; LP > P changes which warp takes which rows,
-// so its bits are its own).
-template <int PER, int G, int P, bool XR, typename KV, int LP>
+// so its bits are its own). PF: the next step's rows loaded ahead (the same bits).
+template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const KV* __restrict__ kc,
                                                     const KV* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -801,13 +801,32 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     constexpr bool XRED = XR && G * P == WARP;
     const int hl = lane / P, ul = lane % P;  // XRED: the lane's head and position
     float m_own = NEG_INF, l_own = 0.0f;     // XRED: head hl's running max and sum
-    for (int j = j0 + w * LP; j < j1; j += G * LP) {
-        KvLane<KV, PER> kl[LP], vl[LP];
+    // The K and V rows of the warp step at j (past the end: copies of the last row, weight 0).
+    auto load_step = [&](int j, KvLane<KV, PER>(&kl)[LP], KvLane<KV, PER>(&vl)[LP]) {
 #pragma unroll
         for (int u = 0; u < LP; ++u) {
-            const int jj = j + u < j1 ? j + u : j1 - 1;  // past the end: a copy of the last row, weight 0
+            const int jj = j + u < j1 ? j + u : j1 - 1;
             kl[u].load(kc + ((size_t)jj * nkv + g) * hd + PER * lane);
             vl[u].load(vc + ((size_t)jj * nkv + g) * hd + PER * lane);
+        }
+    };
+    // PF: the next step's rows are loaded before this step's arithmetic (kn, vn), so their
+    // latency runs under it; else each step loads its rows, then waits for them.
+    KvLane<KV, PER> kn[PF ? LP : 1], vn[PF ? LP : 1];
+    if constexpr (PF) {
+        if (j0 + w * LP < j1) load_step(j0 + w * LP, kn, vn);
+    }
+    for (int j = j0 + w * LP; j < j1; j += G * LP) {
+        KvLane<KV, PER> kl[LP], vl[LP];
+        if constexpr (PF) {
+#pragma unroll
+            for (int u = 0; u < LP; ++u) {
+                kl[u] = kn[u];
+                vl[u] = vn[u];
+            }
+            if (j + G * LP < j1) load_step(j + G * LP, kn, vn);
+        } else {
+            load_step(j, kl, vl);
         }
         // The LP rows in sub-steps of P (one sub-step unless LP > P).
 #pragma unroll
@@ -963,7 +982,7 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-template <int P, bool XR, typename KV, int LP = P>
+template <int P, bool XR, typename KV, int LP = P, bool PF = false>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const KV* __restrict__ kc,
                                                    const KV* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -974,7 +993,7 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, XR, KV, LP>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+        return attn_split_gqa_body<PP, GG, P, XR, KV, LP, PF>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
                                                   part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
@@ -997,6 +1016,9 @@ ATTN_SPLIT_ENTRY(attn_split_gqa4x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_bod
 // attn_split_gqa8x_h: attn_split_gqa4x_h with 8 rows loaded a warp step (two XR sub-steps of 4):
 // the packed f16 rows of 8 positions take the registers of 4 f32 ones, twice the bytes in flight.
 ATTN_SPLIT_ENTRY(attn_split_gqa8x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16, 8>))
+// attn_split_gqa4xp_h: attn_split_gqa4x_h with the next warp step's rows loaded ahead (PF above):
+// the same rows for the same warps, so its bits are attn_split_gqa4x_h's.
+ATTN_SPLIT_ENTRY(attn_split_gqa4xp_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16, 4, true>))
 #undef ATTN_GQA_BOUNDS
 #undef ATTN_SPLIT_ENTRY
 

@@ -2234,8 +2234,9 @@ impl Runner<'_> {
                 self.attention_split_kernel(d, Some(4), kv);
                 self.attention_split_named(d, "attn_split_gqa4x", kv);
                 if kv == KvType::F16 {
-                    // 8 rows a warp step: an f16 cache only.
+                    // 8 rows a warp step, and the next step's rows loaded ahead: f16 only.
                     self.attention_split_named(d, "attn_split_gqa8x", kv);
+                    self.attention_split_named(d, "attn_split_gqa4xp", kv);
                 }
             }
         }
