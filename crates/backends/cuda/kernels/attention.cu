@@ -154,19 +154,18 @@ __device__ __forceinline__ void attn_qk_prep_body(const float* __restrict__ qg, 
     }
 }
 
-#define ATTN_QK_PREP_ENTRY(NAME, KV)                                                                           \
-    extern "C" __global__ void NAME(const float* __restrict__ qg, const float* __restrict__ kn,                 \
-                                    const float* __restrict__ vn, float* __restrict__ q,                       \
-                                    float* __restrict__ gate, KV* __restrict__ kc, KV* __restrict__ vc,        \
-                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,        \
-                                    const int* __restrict__ pos_ptr, int nh, int nkv, int hd, int rope_dims,   \
-                                    double theta, float eps, const float2* __restrict__ rope_cs) {             \
-        attn_qk_prep_body<KV>(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos_ptr, nh, nkv, hd, rope_dims,   \
-                              theta, eps, rope_cs);                                                            \
-    }
-ATTN_QK_PREP_ENTRY(attn_qk_prep, float)
-ATTN_QK_PREP_ENTRY(attn_qk_prep_h, u16)
-#undef ATTN_QK_PREP_ENTRY
+extern "C" __global__ void attn_qk_prep(const float* qg, const float* kn, const float* vn, float* q, float* gate,
+                                        float* kc, float* vc, const float* q_norm, const float* k_norm,
+                                        const int* pos_ptr, int nh, int nkv, int hd, int rope_dims, double theta,
+                                        float eps, const float2* rope_cs) {
+    attn_qk_prep_body(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos_ptr, nh, nkv, hd, rope_dims, theta, eps, rope_cs);
+}
+extern "C" __global__ void attn_qk_prep_h(const float* qg, const float* kn, const float* vn, float* q, float* gate,
+                                          u16* kc, u16* vc, const float* q_norm, const float* k_norm,
+                                          const int* pos_ptr, int nh, int nkv, int hd, int rope_dims, double theta,
+                                          float eps, const float2* rope_cs) {
+    attn_qk_prep_body(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos_ptr, nh, nkv, hd, rope_dims, theta, eps, rope_cs);
+}
 
 // attn_causal(q, kc, vc, gate, o, pos, nkv, hd, scale): causal softmax attention of query token
 // t = blockIdx.y (position p = *pos + t) and head h = blockIdx.x (gridDim.x = heads; GQA: KV head
@@ -242,16 +241,14 @@ __device__ __forceinline__ void attn_causal_body(const float* __restrict__ q, co
     }
 }
 
-#define ATTN_CAUSAL_ENTRY(NAME, KV)                                                                            \
-    extern "C" __global__ void NAME(const float* __restrict__ q, const KV* __restrict__ kc,                    \
-                                    const KV* __restrict__ vc, const float* __restrict__ gate,                 \
-                                    float* __restrict__ o, const int* __restrict__ pos_ptr, int nkv, int hd,   \
-                                    float scale) {                                                             \
-        attn_causal_body<KV>(q, kc, vc, gate, o, pos_ptr, nkv, hd, scale);                                     \
-    }
-ATTN_CAUSAL_ENTRY(attn_causal, float)
-ATTN_CAUSAL_ENTRY(attn_causal_h, u16)
-#undef ATTN_CAUSAL_ENTRY
+extern "C" __global__ void attn_causal(const float* q, const float* kc, const float* vc, const float* gate, float* o,
+                                       const int* pos_ptr, int nkv, int hd, float scale) {
+    attn_causal_body(q, kc, vc, gate, o, pos_ptr, nkv, hd, scale);
+}
+extern "C" __global__ void attn_causal_h(const float* q, const u16* kc, const u16* vc, const float* gate, float* o,
+                                         const int* pos_ptr, int nkv, int hd, float scale) {
+    attn_causal_body(q, kc, vc, gate, o, pos_ptr, nkv, hd, scale);
+}
 
 // attn_prompt(q, kc, vc, gate, o, pos, ntok, heads, nkv, hd, scale): attn_causal for the ntok
 // tokens of a prompt, a GQA group per block: block (g, b) takes KV head g and the r = heads / nkv
@@ -342,16 +339,16 @@ __device__ __forceinline__ void attn_prompt_body(const float* __restrict__ q, co
     }
 }
 
-#define ATTN_PROMPT_ENTRY(NAME, KV)                                                                             \
-    extern "C" __global__ __launch_bounds__(256) void NAME(                                                     \
-        const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,                      \
-        const float* __restrict__ gate, float* __restrict__ o, const int* __restrict__ pos_ptr, int ntok,       \
-        int heads, int nkv, int hd, float scale) {                                                              \
-        attn_prompt_body<KV>(q, kc, vc, gate, o, pos_ptr, ntok, heads, nkv, hd, scale);                         \
-    }
-ATTN_PROMPT_ENTRY(attn_prompt, float)
-ATTN_PROMPT_ENTRY(attn_prompt_h, u16)
-#undef ATTN_PROMPT_ENTRY
+extern "C" __global__ __launch_bounds__(256) void attn_prompt(const float* q, const float* kc, const float* vc,
+                                                              const float* gate, float* o, const int* pos_ptr,
+                                                              int ntok, int heads, int nkv, int hd, float scale) {
+    attn_prompt_body(q, kc, vc, gate, o, pos_ptr, ntok, heads, nkv, hd, scale);
+}
+extern "C" __global__ __launch_bounds__(256) void attn_prompt_h(const float* q, const u16* kc, const u16* vc,
+                                                                const float* gate, float* o, const int* pos_ptr,
+                                                                int ntok, int heads, int nkv, int hd, float scale) {
+    attn_prompt_body(q, kc, vc, gate, o, pos_ptr, ntok, heads, nkv, hd, scale);
+}
 
 // attn_prompt_mma_<hd>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale): attn_prompt on the
 // tensor cores (the flash-attention form). Block (g, b) takes the same 32 query rows as
@@ -523,20 +520,42 @@ __device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q
     }
 }
 
-#define ATTN_PROMPT_MMA_ENTRY(NAME, HD, KV)                                                                     \
-    extern "C" __global__ __launch_bounds__(64) void NAME(const float* q, const KV* kc, const KV* vc,             \
-                                                          const float* gate, float* o, const int* pos, int ntok,  \
-                                                          int heads, int nkv, float scale) {                      \
-        pdl_enter();                                                                                              \
-        attn_prompt_mma_body<HD, KV>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);                           \
-    }
-ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_64, 64, float)
-ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_128, 128, float)
-ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_256, 256, float)
-ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_64_h, 64, u16)
-ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_128_h, 128, u16)
-ATTN_PROMPT_MMA_ENTRY(attn_prompt_mma_256_h, 256, u16)
-#undef ATTN_PROMPT_MMA_ENTRY
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_64(const float* q, const float* kc, const float* vc,
+                                                                    const float* gate, float* o, const int* pos, int ntok,
+                                                                    int heads, int nkv, float scale) {
+    pdl_enter();
+    attn_prompt_mma_body<64>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_64_h(const float* q, const u16* kc, const u16* vc,
+                                                                      const float* gate, float* o, const int* pos, int ntok,
+                                                                      int heads, int nkv, float scale) {
+    pdl_enter();
+    attn_prompt_mma_body<64>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_128(const float* q, const float* kc, const float* vc,
+                                                                     const float* gate, float* o, const int* pos, int ntok,
+                                                                     int heads, int nkv, float scale) {
+    pdl_enter();
+    attn_prompt_mma_body<128>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_128_h(const float* q, const u16* kc, const u16* vc,
+                                                                       const float* gate, float* o, const int* pos, int ntok,
+                                                                       int heads, int nkv, float scale) {
+    pdl_enter();
+    attn_prompt_mma_body<128>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_256(const float* q, const float* kc, const float* vc,
+                                                                     const float* gate, float* o, const int* pos, int ntok,
+                                                                     int heads, int nkv, float scale) {
+    pdl_enter();
+    attn_prompt_mma_body<256>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
+extern "C" __global__ __launch_bounds__(64) void attn_prompt_mma_256_h(const float* q, const u16* kc, const u16* vc,
+                                                                       const float* gate, float* o, const int* pos, int ntok,
+                                                                       int heads, int nkv, float scale) {
+    pdl_enter();
+    attn_prompt_mma_body<256>(q, kc, vc, gate, o, pos, ntok, heads, nkv, scale);
+}
 
 // Decode attention split over the cache length (flash-decoding), for new tokens t = blockIdx.z at
 // positions p = *pos + t (n = p + 1 cache rows each; their K/V rows are all written first, and
@@ -637,7 +656,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
 // Registers sized for the head: PER = hd / 32 rounded up to a power of two. attn_split_h: the
 // caches in f16.
 template <typename KV>
-__device__ __forceinline__ void attn_split_per(const float* __restrict__ q, const KV* __restrict__ kc,
+__device__ __forceinline__ void attn_split_any_body(const float* __restrict__ q, const KV* __restrict__ kc,
                                                const KV* __restrict__ vc, float* __restrict__ part,
                                                const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                float scale, int min_chunk) {
@@ -649,17 +668,14 @@ __device__ __forceinline__ void attn_split_per(const float* __restrict__ q, cons
     else attn_split_body<ATTN_PER_LANE>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
-// The entry points of the split kernels: NAME(q, kc, vc, part, pos, heads, nkv, hd, scale,
-// min_chunk) calling BODY on caches of KV.
-#define ATTN_SPLIT_ENTRY(NAME, BOUNDS, KV, BODY)                                                                  \
-    extern "C" __global__ BOUNDS void NAME(const float* __restrict__ q, const KV* __restrict__ kc,                \
-                                           const KV* __restrict__ vc, float* __restrict__ part,                   \
-                                           const int* __restrict__ pos_ptr, int heads, int nkv, int hd,           \
-                                           float scale, int min_chunk) {                                          \
-        BODY(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);                                         \
-    }
-ATTN_SPLIT_ENTRY(attn_split, , float, attn_split_per<float>)
-ATTN_SPLIT_ENTRY(attn_split_h, , u16, attn_split_per<u16>)
+extern "C" __global__ void attn_split(const float* q, const float* kc, const float* vc, float* part,
+                                      const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_any_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+extern "C" __global__ void attn_split_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                        const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_any_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 
 // attn_split_gqa(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): attn_split with the warps
 // over positions instead of query heads: block (g, c) takes KV head g and chunk c as attn_split
@@ -1003,24 +1019,45 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
 #undef ATTN_GQA_CASE
 }
 
-#define ATTN_GQA_BOUNDS __launch_bounds__(256, 1)
-ATTN_SPLIT_ENTRY(attn_split_gqa, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_body<2, false, float>))
-ATTN_SPLIT_ENTRY(attn_split_gqa4, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_body<4, false, float>))
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa(const float* q, const float* kc, const float* vc, float* part,
+                                                                    const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<2, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4(const float* q, const float* kc, const float* vc, float* part,
+                                                                     const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 // attn_split_gqa4x: attn_split_gqa4 with XR (one score a lane, above): the decode attention's
 // default (REDLITE_CUDA_ATTN_XR; session 23: +4.5 % decode at position 32,768 on the H200).
-ATTN_SPLIT_ENTRY(attn_split_gqa4x, ATTN_GQA_BOUNDS, float, (attn_split_gqa_p_body<4, true, float>))
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x(const float* q, const float* kc, const float* vc, float* part,
+                                                                      const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 // The same three on an f16 cache.
-ATTN_SPLIT_ENTRY(attn_split_gqa_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<2, false, u16>))
-ATTN_SPLIT_ENTRY(attn_split_gqa4_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, false, u16>))
-ATTN_SPLIT_ENTRY(attn_split_gqa4x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16>))
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                      const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<2, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                       const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                        const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 // attn_split_gqa8x_h: attn_split_gqa4x_h with 8 rows loaded a warp step (two XR sub-steps of 4):
 // the packed f16 rows of 8 positions take the registers of 4 f32 ones, twice the bytes in flight.
-ATTN_SPLIT_ENTRY(attn_split_gqa8x_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16, 8>))
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa8x_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                        const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, true, u16, 8>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 // attn_split_gqa4xp_h: attn_split_gqa4x_h with the next warp step's rows loaded ahead (PF above):
 // the same rows for the same warps, so its bits are attn_split_gqa4x_h's.
-ATTN_SPLIT_ENTRY(attn_split_gqa4xp_h, ATTN_GQA_BOUNDS, u16, (attn_split_gqa_p_body<4, true, u16, 4, true>))
-#undef ATTN_GQA_BOUNDS
-#undef ATTN_SPLIT_ENTRY
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xp_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                         const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_gqa_p_body<4, true, u16, 4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *
