@@ -232,13 +232,14 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// The decode attention's `attn_split_gqa` kernel with 4 positions a warp step, for a cache of
 /// `kv`: `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.5 % decode at position
 /// 32,768 on the H200, session 23) unless `REDLITE_CUDA_ATTN_XR=0` (`attn_split_gqa4`); on an
-/// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4x` (the default,
-/// `attn_split_gqa4x_h`), `8x` (`attn_split_gqa8x_h`, 8 rows loaded a warp step) or `4xp`
-/// (`attn_split_gqa4xp_h`, the next step's rows loaded ahead).
+/// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4xp` (the default,
+/// `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead; position 32,768 349.0 tok/s
+/// against 340.7 with `4x`, session 24), `4x` (`attn_split_gqa4x_h`, the same bits) or `8x`
+/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4).
 fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
-        let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4x".into());
+        let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4xp".into());
         return match form.as_str() {
             "8x" | "4xp" | "4x" => Ok(format!("attn_split_gqa{form}_h")),
             other => Err(CudaError::Invalid(format!(
