@@ -1058,28 +1058,6 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // lo + w + W, ... (W = blockDim.x / 32 warps), with PAIR rows r and r + W together (both rows'
 // loads in flight before either's arithmetic); each row's activation silu(gate . x) * (up . x)
 // into act_s[r] and act.
-// GU_XR (compile-time, default 0): a row pair's four sums (gate and up of both rows) by a transposed
-// butterfly instead of four warp_sums: at offset 16 a lane keeps two of the four (by its bit 4) and
-// adds its partner's, at 8 one of those two, then 4, 2, 1 as warp_sum: 7 shuffles instead of 20.
-// Each sum takes warp_sum's tree (the same offsets in the same order, own + partner), so its bits.
-// Lane 0 ends with a0's sum, lane 8 with a1's, lane 16 with a2's, lane 24 with a3's.
-#ifndef GU_XR
-#define GU_XR 0
-#endif
-__device__ __forceinline__ float xr4_reduce(float a0, float a1, float a2, float a3, int lane) {
-    const bool up16 = (lane & 16) != 0, up8 = (lane & 8) != 0;
-    float k0 = up16 ? a2 : a0, k1 = up16 ? a3 : a1;
-    const float s0 = up16 ? a0 : a2, s1 = up16 ? a1 : a3;
-    k0 += __shfl_xor_sync(0xffffffffu, s0, 16);
-    k1 += __shfl_xor_sync(0xffffffffu, s1, 16);
-    float k = up8 ? k1 : k0;
-    k += __shfl_xor_sync(0xffffffffu, up8 ? k0 : k1, 8);
-    k += __shfl_xor_sync(0xffffffffu, k, 4);
-    k += __shfl_xor_sync(0xffffffffu, k, 2);
-    k += __shfl_xor_sync(0xffffffffu, k, 1);
-    return k;
-}
-
 template <bool PAIR>
 __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                   const Q8Row& x, float* __restrict__ act, float* act_s, int ff,
@@ -1093,17 +1071,6 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
             iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
-#if GU_XR
-            // Lane 0: row r's gate sum (its up sum from lane 8); lane 16: row r + nw's (from 24).
-            const float gs = xr4_reduce(ga, ua, ga1, ua1, lane);
-            const float us = __shfl_xor_sync(0xffffffffu, gs, 8);
-            if ((lane & 15) == 0) {
-                const int rr = lane == 0 ? r : r + nw;
-                const float a = siluf_(gs) * us;
-                act_s[rr] = a;
-                act[te * ff + bx * WARP + rr] = a;
-            }
-#else
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
                 const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
@@ -1112,7 +1079,6 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
                 act[te * ff + row] = a;
                 act[te * ff + row + nw] = a1;
             }
-#endif
             continue;
         }
         float ga, ua;
