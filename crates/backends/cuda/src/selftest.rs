@@ -2049,21 +2049,12 @@ impl Runner<'_> {
             let kw: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
             let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
             let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
-            let r = ops::attn_qk_prep(
-                self.gpu,
-                &qg,
-                &kn,
-                &vn,
-                &qn,
-                &kw,
-                &kc0,
-                &vc0,
-                pos0,
-                d,
-                false,
-                KvType::F32,
-            )
-            .map(|(q, gate, kc, vc)| {
+            // RoPE's angles from the table or computed, the cache in f32 or f16.
+            let gpu = self.gpu;
+            let qk_prep = |table, kv| {
+                ops::attn_qk_prep(gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, table, kv)
+            };
+            let r = qk_prep(false, KvType::F32).map(|(q, gate, kc, vc)| {
                 let eps = f64::from(d.eps);
                 let (mut rq, mut rg) = (Vec::new(), Vec::new());
                 let mut rk: Vec<f64> = kc0.iter().map(|&v| f64::from(v)).collect();
@@ -2110,23 +2101,7 @@ impl Runner<'_> {
             // RoPE from rope_table's rows (the model's way) against the angles computed in the
             // kernel: every output bit for bit.
             let r = (|| {
-                let run = |table| {
-                    ops::attn_qk_prep(
-                        self.gpu,
-                        &qg,
-                        &kn,
-                        &vn,
-                        &qn,
-                        &kw,
-                        &kc0,
-                        &vc0,
-                        pos0,
-                        d,
-                        table,
-                        KvType::F32,
-                    )
-                };
-                let (a, b) = (run(true)?, run(false)?);
+                let (a, b) = (qk_prep(true, KvType::F32)?, qk_prep(false, KvType::F32)?);
                 let differ = |x: &[f32], y: &[f32]| {
                     x.iter()
                         .zip(y)
@@ -2145,12 +2120,7 @@ impl Runner<'_> {
             // The f16 cache: q and the gate as the f32 kernel's, the caches its values rounded
             // to f16, bit for bit.
             let r = (|| {
-                let run = |kv| {
-                    ops::attn_qk_prep(
-                        self.gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, true, kv,
-                    )
-                };
-                let (a, b) = (run(KvType::F32)?, run(KvType::F16)?);
+                let (a, b) = (qk_prep(true, KvType::F32)?, qk_prep(true, KvType::F16)?);
                 let differ = |x: &[f32], y: &[f32]| {
                     x.iter()
                         .zip(y)
