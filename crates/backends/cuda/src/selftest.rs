@@ -233,13 +233,17 @@ fn same_route(what: &str, a: RouteOut, b: RouteOut) -> Result<(), CudaError> {
     same_bytes(&format!("{what}: q8 rows differ"), a.3, b.3)
 }
 
-/// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
-fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
-    let differ = a
-        .iter()
+/// How many values of `a` differ in any bit from `b`'s (pairwise over the shorter).
+fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
         .zip(b)
         .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count();
+        .count()
+}
+
+/// `Err` naming `what` (which ends in "differs from …") when `a` and `b` differ in any bit.
+fn same_bits(what: &str, a: &[f32], b: &[f32]) -> Result<(), CudaError> {
+    let differ = bits_differ(a, b);
     if differ > 0 || a.len() != b.len() {
         return Err(CudaError::Invalid(format!(
             "{what} in {differ} of {} outputs",
@@ -2102,13 +2106,8 @@ impl Runner<'_> {
             // kernel: every output bit for bit.
             let r = (|| {
                 let (a, b) = (qk_prep(true, KvType::F32)?, qk_prep(false, KvType::F32)?);
-                let differ = |x: &[f32], y: &[f32]| {
-                    x.iter()
-                        .zip(y)
-                        .filter(|(p, q)| p.to_bits() != q.to_bits())
-                        .count()
-                };
-                let n_diff = differ(&a.0, &b.0) + differ(&a.1, &b.1) + differ(&a.2, &b.2);
+                let n_diff =
+                    bits_differ(&a.0, &b.0) + bits_differ(&a.1, &b.1) + bits_differ(&a.2, &b.2);
                 // Values that differ (bound 0: bit-identical).
                 Ok((n_diff as f64, 0.0))
             })();
@@ -2121,16 +2120,10 @@ impl Runner<'_> {
             // to f16, bit for bit.
             let r = (|| {
                 let (a, b) = (qk_prep(true, KvType::F32)?, qk_prep(true, KvType::F16)?);
-                let differ = |x: &[f32], y: &[f32]| {
-                    x.iter()
-                        .zip(y)
-                        .filter(|(p, q)| p.to_bits() != q.to_bits())
-                        .count()
-                };
-                let n_diff = differ(&a.0, &b.0)
-                    + differ(&a.1, &b.1)
-                    + differ(&round_f16(&a.2), &b.2)
-                    + differ(&round_f16(&a.3), &b.3);
+                let n_diff = bits_differ(&a.0, &b.0)
+                    + bits_differ(&a.1, &b.1)
+                    + bits_differ(&round_f16(&a.2), &b.2)
+                    + bits_differ(&round_f16(&a.3), &b.3);
                 // Values that differ (bound 0: bit-identical).
                 Ok((n_diff as f64, 0.0))
             })();
