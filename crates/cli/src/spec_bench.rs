@@ -57,6 +57,8 @@ pub struct VerifyArgs {
     pub threads: usize,
     #[command(flatten)]
     pub cache: crate::cache_args::CacheArgs,
+    #[command(flatten)]
+    pub kv: crate::kv_args::KvArgs,
 }
 
 #[derive(clap::Args)]
@@ -121,12 +123,14 @@ fn run_verify(args: VerifyArgs) -> Result<()> {
         bail!("give at least one K and one repetition");
     }
     if args.backend == "cuda" {
+        args.kv.require_cuda()?;
         return run_verify_cuda(&args);
     }
     let choice = BackendChoice::parse(&args.backend)?;
     let file = open(&args.model)?;
-    let model = load_model_from(file, choice, args.threads)
+    let mut model = load_model_from(file, choice, args.threads)
         .with_context(|| format!("loading {}", args.model.display()))?;
+    args.kv.apply(&mut model)?;
     // Fixed, spread-out token ids (the vocabulary of any Qwen3 file holds them).
     let tokens: Vec<u32> = (0..64u32).map(|i| 100 + i * 37).collect();
     println!(
@@ -163,10 +167,7 @@ fn run_verify_cuda(args: &VerifyArgs) -> Result<()> {
         args.context,
         &args.ks,
         args.reps,
-        crate::cuda_cmd::GpuMem {
-            cache: &args.cache,
-            kv: redlite_model::KvType::F32,
-        },
+        args.kv.gpu(&args.cache),
     )?;
     println!(
         "verify cost: {} (backend cuda), context {} tokens, median of {} reps",
