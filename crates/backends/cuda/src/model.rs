@@ -259,36 +259,6 @@ fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     )
 }
 
-/// `REDLITE_CUDA_SHARED_PRIO`: `low` puts the shared expert's kernels at the device's least
-/// stream priority and every other decode kernel at its greatest, `high` the reverse; unset or
-/// `off`: no priorities.
-fn shared_prio_from_env(gpu: &Gpu) -> Result<Option<(i32, i32)>, CudaError> {
-    let want = std::env::var("REDLITE_CUDA_SHARED_PRIO").unwrap_or_default();
-    let low = match want.as_str() {
-        "" | "off" => return Ok(None),
-        "low" => true,
-        "high" => false,
-        other => {
-            return Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_SHARED_PRIO={other} (low, high or off)"
-            )))
-        }
-    };
-    let (mut least, mut greatest) = (0i32, 0i32);
-    gpu.ctx
-        .bind_to_thread()
-        .map_err(|e| CudaError::driver("binding the context", e))?;
-    // SAFETY: two out-parameters of plain integers, with the context current.
-    unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
-        .result()
-        .map_err(|e| CudaError::driver("reading the stream priority range", e))?;
-    Ok(Some(if low {
-        (least, greatest)
-    } else {
-        (greatest, least)
-    }))
-}
-
 /// Chunks of the split decode attention for a context of `o.max_context` positions.
 fn attn_splits(o: &CudaModelOptions) -> usize {
     o.max_context
@@ -419,26 +389,9 @@ pub(crate) enum A {
 pub(crate) unsafe fn launch_ex(
     stream: &cudarc::driver::CudaStream,
     f: &CudaFunction,
-    launch: ((u32, u32, u32), u32, u32),
-    args: &[A],
-    pdl: bool,
-) -> Result<(), cudarc::driver::DriverError> {
-    // SAFETY: the caller's contract.
-    unsafe { launch_prio(stream, f, launch, args, pdl, None) }
-}
-
-/// [`launch_ex`] with a launch priority (`CU_LAUNCH_ATTRIBUTE_PRIORITY`; lower numbers run
-/// first; a captured graph honours it when instantiated with `USE_NODE_PRIORITY`).
-///
-/// # Safety
-/// As [`launch_ex`].
-pub(crate) unsafe fn launch_prio(
-    stream: &cudarc::driver::CudaStream,
-    f: &CudaFunction,
     (grid, block, shared): ((u32, u32, u32), u32, u32),
     args: &[A],
     pdl: bool,
-    priority: Option<i32>,
 ) -> Result<(), cudarc::driver::DriverError> {
     use std::ffi::c_void;
     let mut params: Vec<*mut c_void> = args
@@ -451,19 +404,9 @@ pub(crate) unsafe fn launch_prio(
         })
         .collect();
     // SAFETY: an all-zero attribute value is valid (a union of plain integers).
-    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-    let mut count = 0;
-    if pdl {
-        attrs[count].id =
-            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attrs[count].value.programmaticStreamSerializationAllowed = 1;
-        count += 1;
-    }
-    if let Some(p) = priority {
-        attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY;
-        attrs[count].value.priority = p;
-        count += 1;
-    }
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
     let cfg = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,
@@ -473,8 +416,8 @@ pub(crate) unsafe fn launch_prio(
         blockDimZ: 1,
         sharedMemBytes: shared,
         hStream: stream.cu_stream(),
-        attrs: attrs.as_mut_ptr(),
-        numAttrs: count as u32,
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl),
     };
     // SAFETY: the caller's contract; `params` points at values that live until the call returns
     // (the driver copies them).
@@ -979,10 +922,6 @@ pub struct CudaModel {
     /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
-    /// Launch priorities `(shared expert, every other kernel)` of the decode step
-    /// (`REDLITE_CUDA_SHARED_PRIO=low|high`: the shared expert's side-stream kernels below or
-    /// above the routed path's; unset: none, the graphs instantiated without node priorities).
-    shared_prio: Option<(i32, i32)>,
     /// RoPE's cosines and sines from `rope_table`'s rows (`Scratch::rope_cs`, computed once at
     /// load) instead of computed in double by every `attn_qk_prep` block
     /// (`REDLITE_CUDA_ROPE_TABLE`, default on; the same bits).
@@ -1299,7 +1238,6 @@ impl CudaModel {
         let pdl = gpu.info.compute_capability.0 >= 9 && env_switch("REDLITE_CUDA_PDL", true);
         // P = 4 (`attn_split_gqa4`): 303.3 tok/s against 303.0 with 2 (short), 257.3 against 254.4
         // at position 32,768 on the H200.
-        let shared_prio = shared_prio_from_env(&gpu)?;
         let gqa_p = env_parse::<usize>("REDLITE_CUDA_ATTN_GQA").unwrap_or(4);
         let attn_gqa = (gqa_p > 0
             && crate::ops::attn_split_gqa_fits(config.n_heads, config.n_kv_heads, config.head_dim))
@@ -1356,7 +1294,6 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
-            shared_prio,
             rope_table: env_switch("REDLITE_CUDA_ROPE_TABLE", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
@@ -1654,7 +1591,7 @@ impl CudaModel {
                 let enqueued = self.enqueue_step(s);
                 let captured = self
                     .stream
-                    .end_capture(self.graph_flags())
+                    .end_capture(sys::CUgraphInstantiate_flags_enum(0))
                     .map_err(|e| CudaError::driver("ending the graph capture", e))?;
                 enqueued?;
                 let graph = captured.ok_or_else(|| {
@@ -1827,7 +1764,7 @@ impl CudaModel {
         let enqueued = f(self);
         let captured = self
             .stream
-            .end_capture(self.graph_flags())
+            .end_capture(sys::CUgraphInstantiate_flags_enum(0))
             .map_err(|e| CudaError::driver("ending a graph capture", e))?;
         enqueued?;
         captured.ok_or_else(|| CudaError::Invalid("a graph capture came back empty".into()))
@@ -2281,15 +2218,6 @@ impl CudaModel {
         r.result().map_err(|e| CudaError::driver(what, e))
     }
 
-    /// The graphs' instantiation flags: the launches' own priorities when they carry some.
-    fn graph_flags(&self) -> sys::CUgraphInstantiate_flags_enum {
-        if self.shared_prio.is_some() {
-            sys::CUgraphInstantiate_flags_enum::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
-        } else {
-            sys::CUgraphInstantiate_flags_enum(0)
-        }
-    }
-
     fn bind(&self) -> Result<(), CudaError> {
         self.gpu
             .ctx
@@ -2465,11 +2393,8 @@ impl CudaModel {
         shared: u32,
         args: &[A],
     ) -> Result<(), CudaError> {
-        let priority = self
-            .shared_prio
-            .map(|(shared, main)| if self.stage == "shared" { shared } else { main });
         // SAFETY: as in `launch`: the arguments are the kernel's, in order and of its types.
-        unsafe { launch_prio(&self.stream, f, (grid, block, shared), args, true, priority) }
+        unsafe { launch_ex(&self.stream, f, (grid, block, shared), args, true) }
             .map_err(|e| CudaError::driver(what, e))?;
         self.launches += 1;
         Ok(())
