@@ -2497,6 +2497,89 @@ pub fn attn_split_merge_with(
     download(gpu, &o)
 }
 
+/// The decode attention with `attn_qk_prep`'s work folded in (`attn_split_prep`): the split kernel
+/// of the default form for a cache of `kv` (`attn_split_gqa4x_prep`, `attn_split_gqa4xp_prep_h`).
+pub fn attn_split_prep_kernel(kv: KvType) -> Result<&'static str, CudaError> {
+    match kv {
+        KvType::F32 => Ok("attn_split_gqa4x_prep"),
+        KvType::F16 => Ok("attn_split_gqa4xp_prep_h"),
+        other => Err(CudaError::Invalid(format!(
+            "the attention kernels take an f32 or f16 KV cache, not {other}"
+        ))),
+    }
+}
+
+/// [`attn_qk_prep`] and [`attn_split_merge_with`] as the fused kernel runs them: the projections
+/// of `n` tokens at `pos0..` (`qg [n][heads][2][hd]`, `kn`, `vn [n][nkv][hd]`) over the caches
+/// `kc0`, `vc0` through [`attn_split_prep_kernel`] and `attn_merge` (gated). Returns the output
+/// `[n][heads][hd]` and both caches after the call.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn attn_split_prep_merge(
+    gpu: &Gpu,
+    kv: KvType,
+    (qg, kn, vn): (&[f32], &[f32], &[f32]),
+    (q_norm, k_norm): (&[f32], &[f32]),
+    (kc0, vc0): (&[f32], &[f32]),
+    pos0: usize,
+    d: AttnDims,
+    (splits, min_chunk): (usize, usize),
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), CudaError> {
+    let n = check_rows(qg.len(), d.heads * 2 * d.hd, "attn_split_prep q")?;
+    let ctx = check_rows(kc0.len(), d.nkv * d.hd, "attn_split_prep cache")?;
+    if kn.len() != n * d.nkv * d.hd
+        || vn.len() != kn.len()
+        || vc0.len() != kc0.len()
+        || pos0 + n > ctx
+        || q_norm.len() != d.hd
+        || k_norm.len() != d.hd
+        || !attn_split_gqa_fits(d.heads, d.nkv, d.hd)
+        || !(1..=512).contains(&splits)
+    {
+        return Err(CudaError::Invalid("attn_split_prep: sizes".into()));
+    }
+    let (qgd, knd, vnd) = (upload(gpu, qg)?, upload(gpu, kn)?, upload(gpu, vn)?);
+    let (qnd, knd2) = (upload(gpu, q_norm)?, upload(gpu, k_norm)?);
+    let (kc, vc) = (KvDev::upload(gpu, kc0, kv)?, KvDev::upload(gpu, vc0, kv)?);
+    let (kca, vca) = (kc.address(gpu), vc.address(gpu));
+    let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
+    let mut q = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
+    let mut gate = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
+    let mut part = alloc_poisoned::<f32>(gpu, n * d.heads * splits * (d.hd + 2))?;
+    let mut o = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
+    let (hi, nkvi, hdi, rdi) = (
+        i32_arg(d.heads, "heads")?,
+        i32_arg(d.nkv, "nkv")?,
+        i32_arg(d.hd, "hd")?,
+        i32_arg(d.rope_dims, "rope dims")?,
+    );
+    let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
+    let scale = 1.0 / (d.hd as f32).sqrt();
+    let no_table = 0u64;
+    let name = attn_split_prep_kernel(kv)?;
+    launch!(
+        gpu,
+        gpu.func(name)?,
+        name,
+        cfg(
+            (d.nkv as u32, splits as u32, n as u32),
+            (32 * (d.heads / d.nkv)) as u32,
+            0
+        ),
+        [
+            &qgd, &knd, &vnd, &mut q, &mut gate, &kca, &vca, &qnd, &knd2, &mut part, &pos, &hi,
+            &nkvi, &hdi, &rdi, &d.theta, &d.eps, &no_table, &scale, &mci
+        ]
+    )?;
+    launch!(
+        gpu,
+        gpu.func("attn_merge")?,
+        "attn_merge",
+        cfg((d.heads as u32, d.hd.div_ceil(32) as u32, n as u32), 256, 0),
+        [&part, &gate, &mut o, &pos, &si, &hdi, &mci]
+    )?;
+    Ok((download(gpu, &o)?, kc.download(gpu)?, vc.download(gpu)?))
+}
+
 /// Whole expert tensors (`n_exp` experts of type `ty`, one after another) for the id kernels.
 pub struct ExpertTensors<'a> {
     pub ty: GgmlType,
