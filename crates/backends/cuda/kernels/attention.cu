@@ -1025,18 +1025,15 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-// ENTER: the prefetch and the wait here (false: the caller did both, attn_split_prep).
-template <int P, bool XR, typename KV, int LP = P, bool PF = false, bool ENTER = true>
+template <int P, bool XR, typename KV, int LP = P, bool PF = false>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const KV* __restrict__ kc,
                                                    const KV* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                    float scale, int min_chunk) {
     __shared__ float sm[8][8], sl[8][8];
     __shared__ float sacc[8 * (8 * WARP + 8)];  // G * (hd + hd / 32) at most
-    if constexpr (ENTER) {
-        attn_prefetch_chunk(kc, vc, pos_ptr, nkv, hd, min_chunk);
-        pdl_enter();
-    }
+    attn_prefetch_chunk(kc, vc, pos_ptr, nkv, hd, min_chunk);
+    pdl_enter();
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
@@ -1088,96 +1085,6 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa8x_h(const fl
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xp_h(const float* q, const u16* kc, const u16* vc, float* part,
                                                                          const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
     attn_split_gqa_p_body<4, true, u16, 4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-
-// attn_split_prep: attn_qk_prep's work for one block of the decode attention (REDLITE_CUDA_ATTN_PREP),
-// so that the step's attention is two launches (split, merge) instead of three. Block (g, c, t)
-// computes the G query heads of KV head g for token t (QK-norm, RoPE) into q, and chunk 0 copies
-// their gates; the block whose chunk holds positions of this call (*pos + t' for t' <= t) normalises,
-// rotates and writes those K rows and copies their V rows into the caches itself. Several blocks
-// compute the same q rows and the same cache rows (every chunk of KV head g, and the chunks of later
-// tokens holding the same positions) and store the same bits; each then reads only what it stored
-// itself (after the block's barrier), so no block waits for another. A warp per head: the sum of
-// squares over the warp (not attn_qk_prep's block order: other bits than attn_qk_prep, the same in
-// every block and call). Before the wait: the norm weights and RoPE rows into L1, the chunk's
-// earlier rows into L2 (attn_prefetch_chunk).
-template <typename KV>
-__device__ __forceinline__ void attn_split_prep(const float* __restrict__ qg, const float* __restrict__ kn,
-                                                const float* __restrict__ vn, float* q, float* __restrict__ gate,
-                                                KV* kc, KV* vc, const float* __restrict__ q_norm,
-                                                const float* __restrict__ k_norm, const int* __restrict__ pos_ptr,
-                                                int nh, int nkv, int hd, int rope_dims, double theta, float eps,
-                                                const float2* __restrict__ rope_cs, int min_chunk) {
-    __shared__ float heads_s[8][8 * WARP];  // a warp's head (hd <= 256: attn_split_gqa's shapes)
-    const int g = blockIdx.x, c = blockIdx.y, t = blockIdx.z, G = nh / nkv;
-    const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    // The positions were uploaded before the step's first kernel: readable before the wait.
-    const int pos0 = *pos_ptr, n = pos0 + 1 + t;
-    const int chunk = attn_chunk(n, gridDim.y, min_chunk), j0 = c * chunk;
-    prefetch_l1_block(q_norm, (size_t)hd * 4);
-    prefetch_l1_block(k_norm, (size_t)hd * 4);
-    if (rope_cs != nullptr) prefetch_l1_block(rope_cs + (size_t)pos0 * (rope_dims / 2), (size_t)(t + 1) * rope_dims / 2 * 8);
-    attn_prefetch_chunk(kc, vc, pos_ptr, nkv, hd, min_chunk);
-    pdl_enter();  // qg, kn and vn come from the kernel before
-    if (j0 >= n) return;  // the whole block (the split body returns too)
-    const int j1 = min(n, j0 + chunk);
-    float* hs = heads_s[w];
-    // Head src (hd values) normalised with weights wn and rotated for position p, into hs.
-    auto prep_head = [&](const float* src, const float* wn, int p) {
-        float ss = 0.0f;
-        for (int i = lane; i < hd; i += WARP) {
-            const float v = src[i];
-            hs[i] = v;
-            ss += v * v;
-        }
-        ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-        for (int i = lane; i < hd; i += WARP) hs[i] = hs[i] * inv * wn[i];
-        __syncwarp();
-        rope_neox_any(hs, rope_dims, p, theta, rope_cs, lane, WARP);
-        __syncwarp();
-    };
-    for (int hh = w; hh < G; hh += nw) {
-        const size_t h = (size_t)t * nh + (size_t)g * G + hh;
-        const float* src = qg + h * 2 * hd;
-        prep_head(src, q_norm, pos0 + t);
-        for (int i = lane; i < hd; i += WARP) q[h * hd + i] = hs[i];
-        if (c == 0) {
-            for (int i = lane; i < hd; i += WARP) gate[h * hd + i] = src[hd + i];
-        }
-        __syncwarp();  // hs is reused
-    }
-    for (int j = max(j0, pos0) + w; j < j1; j += nw) {
-        const size_t row = (size_t)(j - pos0) * nkv + g, at = ((size_t)j * nkv + g) * hd;
-        for (int i = lane; i < hd; i += WARP) kv_st(vc + at + i, vn[row * hd + i]);
-        prep_head(kn + row * hd, k_norm, j);
-        for (int i = lane; i < hd; i += WARP) kv_st(kc + at + i, hs[i]);
-        __syncwarp();
-    }
-    __syncthreads();  // q and the new rows are read by every warp below
-}
-
-// attn_split_gqa4x_prep / attn_split_gqa4xp_prep_h (qg, kn, vn, q, gate, kc, vc, q_norm, k_norm,
-// part, pos, heads, nkv, hd, rope_dims, theta, eps, rope_cs, scale, min_chunk): attn_split_prep,
-// then attn_split_gqa4x / attn_split_gqa4xp_h on what it wrote (attn_qk_prep's arguments, then
-// attn_split's). Launch: as attn_split_gqa.
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4x_prep(
-    const float* qg, const float* kn, const float* vn, float* q, float* gate, float* kc, float* vc,
-    const float* q_norm, const float* k_norm, float* part, const int* pos_ptr, int heads, int nkv, int hd,
-    int rope_dims, double theta, float eps, const float2* rope_cs, float scale, int min_chunk) {
-    attn_split_prep(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos_ptr, heads, nkv, hd, rope_dims, theta, eps,
-                    rope_cs, min_chunk);
-    attn_split_gqa_p_body<4, true, float, 4, false, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale,
-                                                           min_chunk);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xp_prep_h(
-    const float* qg, const float* kn, const float* vn, float* q, float* gate, u16* kc, u16* vc,
-    const float* q_norm, const float* k_norm, float* part, const int* pos_ptr, int heads, int nkv, int hd,
-    int rope_dims, double theta, float eps, const float2* rope_cs, float scale, int min_chunk) {
-    attn_split_prep(qg, kn, vn, q, gate, kc, vc, q_norm, k_norm, pos_ptr, heads, nkv, hd, rope_dims, theta, eps,
-                    rope_cs, min_chunk);
-    attn_split_gqa_p_body<4, true, u16, 4, true, false>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale,
-                                                        min_chunk);
 }
 
 // attn_split_mma_h(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): attn_split_gqa on the

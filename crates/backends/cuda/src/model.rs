@@ -259,17 +259,6 @@ fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     )
 }
 
-/// The decode attention's kernel with `attn_qk_prep` folded in, when `REDLITE_CUDA_ATTN_PREP=1`
-/// and the split kernel is the default form it is made from (else `None`: `attn_qk_prep`, then
-/// the split kernel).
-fn attn_prep_kernel(kv: KvType) -> Result<Option<&'static str>, CudaError> {
-    if !env_switch("REDLITE_CUDA_ATTN_PREP", false) {
-        return Ok(None);
-    }
-    let name = crate::ops::attn_split_prep_kernel(kv)?;
-    Ok((name.replace("_prep", "") == attn_gqa4_kernel(kv)?).then_some(name))
-}
-
 /// Chunks of the split decode attention for a context of `o.max_context` positions.
 fn attn_splits(o: &CudaModelOptions) -> usize {
     o.max_context
@@ -750,9 +739,6 @@ struct Kernels {
     attn_split: CudaFunction,
     attn_split_gqa: CudaFunction,
     attn_split_gqa4: CudaFunction,
-    /// `attn_split_gqa4`'s form with `attn_qk_prep` folded in (`REDLITE_CUDA_ATTN_PREP=1`, for
-    /// the default forms only), or `None`.
-    attn_split_prep: Option<CudaFunction>,
     attn_merge: CudaFunction,
     argmax: CudaFunction,
     sample_topk: CudaFunction,
@@ -1192,10 +1178,6 @@ impl CudaModel {
             attn_split: fkv("attn_split")?,
             attn_split_gqa: fkv("attn_split_gqa")?,
             attn_split_gqa4: f(&attn_gqa4_kernel(opts.kv_type)?)?,
-            attn_split_prep: match attn_prep_kernel(opts.kv_type)? {
-                Some(name) => Some(f(name)?),
-                None => None,
-            },
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -3161,29 +3143,23 @@ impl CudaModel {
         let pos = sc.input;
         let rope_cs = if self.rope_table { sc.rope_cs } else { 0 };
         self.matvec_normed(x, Some(attn_norm), &[(wq, qg), (wk, kn), (wv, vn)], n)?;
-        let decode = n == 1 || rows == Rows::Steps;
-        // attn_qk_prep's arguments (its work is folded into the split kernel's blocks when
-        // `attn_split_prep` is on).
-        let prep_args = [
-            A::P(qg),
-            A::P(kn),
-            A::P(vn),
-            A::P(q),
-            A::P(gate),
-            A::P(*kc),
-            A::P(*vc),
-            A::P(*q_norm),
-            A::P(*k_norm),
-        ];
-        let fused = self
-            .k
-            .attn_split_prep
-            .clone()
-            .filter(|_| decode && self.attn_gqa == Some(4));
-        if fused.is_none() {
-            let f = self.k.attn_qk_prep.clone();
-            let mut args = prep_args.to_vec();
-            args.extend([
+        let f = self.k.attn_qk_prep.clone();
+        self.launch(
+            "attn_qk_prep",
+            &f,
+            ((nh + nkv) as u32, n as u32, 1),
+            128,
+            0,
+            &[
+                A::P(qg),
+                A::P(kn),
+                A::P(vn),
+                A::P(q),
+                A::P(gate),
+                A::P(*kc),
+                A::P(*vc),
+                A::P(*q_norm),
+                A::P(*k_norm),
                 A::P(pos),
                 A::I(nh as i32),
                 A::I(nkv as i32),
@@ -3192,65 +3168,36 @@ impl CudaModel {
                 A::D(theta),
                 A::F(eps),
                 A::P(rope_cs),
-            ]);
-            self.launch(
-                "attn_qk_prep",
-                &f,
-                ((nh + nkv) as u32, n as u32, 1),
-                128,
-                0,
-                &args,
-            )?;
-        }
-        if decode {
+            ],
+        )?;
+        if n == 1 || rows == Rows::Steps {
             // Decode (each row at its own position): the cache split into chunks
             // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts).min(self.attn_splits);
-            let grid = (nkv as u32, splits as u32, n as u32);
-            let block = (32 * (nh / nkv)) as u32;
-            let min_chunk = self.attn_min_chunk as i32;
-            if let Some(f) = fused {
-                let mut args = prep_args.to_vec();
-                args.extend([
+            let f = match self.attn_gqa {
+                Some(4) => self.k.attn_split_gqa4.clone(),
+                Some(_) => self.k.attn_split_gqa.clone(),
+                None => self.k.attn_split.clone(),
+            };
+            self.launch(
+                "attn_split",
+                &f,
+                (nkv as u32, splits as u32, n as u32),
+                (32 * (nh / nkv)) as u32,
+                0,
+                &[
+                    A::P(q),
+                    A::P(*kc),
+                    A::P(*vc),
                     A::P(part),
                     A::P(pos),
                     A::I(nh as i32),
                     A::I(nkv as i32),
                     A::I(hd as i32),
-                    A::I(rd as i32),
-                    A::D(theta),
-                    A::F(eps),
-                    A::P(rope_cs),
                     A::F(scale),
-                    A::I(min_chunk),
-                ]);
-                self.launch("attn_split", &f, grid, block, 0, &args)?;
-            } else {
-                let f = match self.attn_gqa {
-                    Some(4) => self.k.attn_split_gqa4.clone(),
-                    Some(_) => self.k.attn_split_gqa.clone(),
-                    None => self.k.attn_split.clone(),
-                };
-                self.launch(
-                    "attn_split",
-                    &f,
-                    grid,
-                    block,
-                    0,
-                    &[
-                        A::P(q),
-                        A::P(*kc),
-                        A::P(*vc),
-                        A::P(part),
-                        A::P(pos),
-                        A::I(nh as i32),
-                        A::I(nkv as i32),
-                        A::I(hd as i32),
-                        A::F(scale),
-                        A::I(min_chunk),
-                    ],
-                )?;
-            }
+                    A::I(self.attn_min_chunk as i32),
+                ],
+            )?;
             let f = self.k.attn_merge.clone();
             self.launch(
                 "attn_merge",

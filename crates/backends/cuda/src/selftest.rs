@@ -2213,7 +2213,6 @@ impl Runner<'_> {
             ..d
         };
         self.attention_split_named(small, "attn_split_mma", KvType::F16);
-        self.attention_split_prep(d);
     }
 
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
@@ -2296,96 +2295,6 @@ impl Runner<'_> {
             );
         }
         self.attention_split_rows(d, name, kv);
-    }
-
-    /// The decode attention with `attn_qk_prep` folded in (`attn_split_prep`) against
-    /// `attn_qk_prep` then the split and merge on what it wrote: the output and both caches (the
-    /// K rows' sums of squares run in another order: f32 tolerance); then its rows against
-    /// one-row calls of itself, bit for bit.
-    fn attention_split_prep(&mut self, d: AttnDims) {
-        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
-        let (splits, min_chunk) = (64usize, 64usize);
-        for kv in [KvType::F32, KvType::F16] {
-            let name = ops::attn_split_prep_kernel(kv).unwrap_or_default();
-            let split = if kv == KvType::F16 {
-                "attn_split_gqa4xp"
-            } else {
-                "attn_split_gqa4x"
-            };
-            for (n, pos0, ctx) in [(1usize, 0usize, 16usize), (1, 999, 1024), (5, 4001, 4096)] {
-                let qg = self.rng.normals(n * heads * 2 * hd, 1.0);
-                let kn = self.rng.normals(n * nkv * hd, 1.0);
-                let vn = self.rng.normals(n * nkv * hd, 1.0);
-                let qn: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
-                let kw: Vec<f32> = (0..hd).map(|_| 0.5 + self.rng.uniform() as f32).collect();
-                let kc0 = self.rng.normals(ctx * nkv * hd, 1.0);
-                let vc0 = self.rng.normals(ctx * nkv * hd, 1.0);
-                let gpu = self.gpu;
-                let fused = |kc: &[f32], vc: &[f32], at: usize, rows: std::ops::Range<usize>| {
-                    let (q, k) = (heads * 2 * hd, nkv * hd);
-                    ops::attn_split_prep_merge(
-                        gpu,
-                        kv,
-                        (
-                            &qg[rows.start * q..rows.end * q],
-                            &kn[rows.start * k..rows.end * k],
-                            &vn[rows.start * k..rows.end * k],
-                        ),
-                        (&qn, &kw),
-                        (kc, vc),
-                        at,
-                        d,
-                        (splits, min_chunk),
-                    )
-                };
-                let r = (|| {
-                    let (q, gate, kc, vc) = ops::attn_qk_prep(
-                        gpu, &qg, &kn, &vn, &qn, &kw, &kc0, &vc0, pos0, d, false, kv,
-                    )?;
-                    let reference = ops::attn_split_merge_with(
-                        gpu,
-                        split,
-                        kv,
-                        &q,
-                        &kc,
-                        &vc,
-                        Some(&gate),
-                        pos0,
-                        (heads, nkv, hd),
-                        1.0 / (hd as f32).sqrt(),
-                        (splits, min_chunk),
-                    )?;
-                    let (o, kf, vf) = fused(&kc0, &vc0, pos0, 0..n)?;
-                    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
-                    let err = rel_err(&o, &f64s(&reference))
-                        .max(rel_err(&kf, &f64s(&kc)))
-                        .max(rel_err(&vf, &f64s(&vc)));
-                    Ok((err, TOL_F32))
-                })();
-                self.record(
-                    name,
-                    format!("{n} tokens at {pos0}, {heads}/{nkv} heads x{hd}, vs attn_qk_prep + {split}"),
-                    r,
-                );
-                if n > 1 {
-                    let r = (|| {
-                        let (all, kc, vc) = fused(&kc0, &vc0, pos0, 0..n)?;
-                        let w = heads * hd;
-                        let mut differ = 0usize;
-                        for t in 0..n {
-                            let (one, _, _) = fused(&kc, &vc, pos0 + t, t..t + 1)?;
-                            differ += bits_differ(&one, &all[t * w..(t + 1) * w]);
-                        }
-                        Ok((differ as f64, 0.0))
-                    })();
-                    self.record(
-                        &format!("{name} rows"),
-                        format!("{n} rows at {pos0}.., {heads}/{nkv} heads x{hd}, vs one row each"),
-                        r,
-                    );
-                }
-            }
-        }
     }
 
     /// Several rows in one `attn_split` + `attn_merge` (the verify pass of speculative decoding):
