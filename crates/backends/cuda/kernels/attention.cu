@@ -576,32 +576,6 @@ __device__ __forceinline__ int attn_chunk(int n, int splits, int min_chunk) {
     return (c + ATTN_UNROLL - 1) / ATTN_UNROLL * ATTN_UNROLL;
 }
 
-// REDLITE_CUDA_ATTN_PF_KB (set from the host after the module loads; default 0): before its wait,
-// a decode attention block starts the first g_knob_attn_pf KiB of its chunk's K rows and as many
-// of its V rows into L2, so that the cache's stream begins while the kernels ahead run. The rows
-// are earlier steps' (the one this step writes is at most a stale hint: L2 is coherent, and a
-// prefetch neither waits nor faults); *pos comes from the host or from a kernel that completed
-// before the one ahead began.
-__constant__ int g_knob_attn_pf;
-template <typename KV>
-__device__ __forceinline__ void attn_prefetch_chunk(const KV* kc, const KV* vc, const int* pos_ptr, int nkv, int hd,
-                                                    int min_chunk) {
-    const int kib = g_knob_attn_pf;
-    if (kib <= 0) return;
-    const int n = *pos_ptr + 1 + blockIdx.z;
-    const int chunk = attn_chunk(n, gridDim.y, min_chunk);
-    const int j0 = blockIdx.y * chunk;
-    if (j0 >= n) return;
-    const size_t rb = (size_t)hd * sizeof(KV);
-    const int lines = (int)((rb + 127) / 128);
-    const int rows = min(min(n, j0 + chunk) - j0, (int)(((size_t)kib << 10) / rb));
-    for (int i = threadIdx.x; i < 2 * rows * lines; i += blockDim.x) {
-        const int r = (i >> 1) / lines, l = (i >> 1) % lines;
-        const KV* row = ((i & 1) ? vc : kc) + ((size_t)(j0 + r) * nkv + blockIdx.x) * hd;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const u8*)row + 128 * l));
-    }
-}
-
 // attn_split(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): block (g, c) = (blockIdx.x,
 // blockIdx.y) takes KV head g and chunk c; its warp w takes query head g * (heads / nkv) + w (the
 // query heads of a KV head read the same K and V rows, through L1). A warp walks its chunk
@@ -686,7 +660,6 @@ __device__ __forceinline__ void attn_split_any_body(const float* __restrict__ q,
                                                const KV* __restrict__ vc, float* __restrict__ part,
                                                const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                float scale, int min_chunk) {
-    attn_prefetch_chunk(kc, vc, pos_ptr, nkv, hd, min_chunk);
     pdl_enter();
     const int per = hd / WARP;
     if (per <= 2) attn_split_body<2>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
@@ -1032,7 +1005,6 @@ __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ 
                                                    float scale, int min_chunk) {
     __shared__ float sm[8][8], sl[8][8];
     __shared__ float sacc[8 * (8 * WARP + 8)];  // G * (hd + hd / 32) at most
-    attn_prefetch_chunk(kc, vc, pos_ptr, nkv, hd, min_chunk);
     pdl_enter();
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
@@ -1273,7 +1245,6 @@ __device__ __forceinline__ void attn_split_mma_body(const float* __restrict__ q,
 
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_mma_h(const float* q, const u16* kc, const u16* vc, float* part,
                                                                       const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
-    attn_prefetch_chunk(kc, vc, pos_ptr, nkv, hd, min_chunk);
     pdl_enter();
     if (hd == 64) attn_split_mma_body<64>(q, kc, vc, part, pos_ptr, heads, nkv, scale, min_chunk);
     else if (hd == 128) attn_split_mma_body<128>(q, kc, vc, part, pos_ptr, heads, nkv, scale, min_chunk);

@@ -248,9 +248,7 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// `REDLITE_CUDA_TOPK_LOGITS` (default 1: the router's top-k chosen on the logits and the
 /// weights as exp(l - max) over the chosen only, without the softmax over every expert: the same
 /// choices except where the softmax rounds two different logits to one probability, weights
-/// within a few ulps; 0: the softmax, then the top-k of the probabilities). Integer knobs:
-/// `g_knob_attn_pf` = `REDLITE_CUDA_ATTN_PF_KB` (default 0: the KiB of K rows and of V rows a
-/// decode attention block starts into L2 before its wait; attention.cu).
+/// within a few ulps; 0: the softmax, then the top-k of the probabilities).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     // (symbol, environment variable, default)
     const KNOBS: [(&str, &str, bool); 5] = [
@@ -260,22 +258,12 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         ("g_knob_soft", "REDLITE_CUDA_SOFTMAX_FLAT", true),
         ("g_knob_tkl", "REDLITE_CUDA_TOPK_LOGITS", true),
     ];
-    // Integer knobs: (symbol, environment variable, default).
-    const INT_KNOBS: [(&str, &str, i32); 1] = [("g_knob_attn_pf", "REDLITE_CUDA_ATTN_PF_KB", 0)];
-    let switches = KNOBS.iter().map(|&(symbol, var, default)| {
-        let on = std::env::var(var).map_or(default, |v| v != "0");
-        (symbol, on as i32)
-    });
-    let ints = INT_KNOBS.iter().map(|&(symbol, var, default)| {
-        let v = std::env::var(var)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(default);
-        (symbol, v)
-    });
-    switches
-        .chain(ints)
-        .map(|(symbol, v)| (symbol, v.to_le_bytes().to_vec()))
+    KNOBS
+        .iter()
+        .map(|&(symbol, var, default)| {
+            let on = std::env::var(var).map_or(default, |v| v != "0");
+            (symbol, (on as i32).to_le_bytes().to_vec())
+        })
         .collect()
 }
 
