@@ -235,17 +235,15 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4xp` (the default,
 /// `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead; position 32,768 349.0 tok/s
 /// against 340.7 with `4x`, session 24), `4x` (`attn_split_gqa4x_h`, the same bits) or `8x`
-/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4) or `mma` (`attn_split_mma_h`: the
-/// scores and weighted sums on the tensor cores, Q and P in f16).
+/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4).
 fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
         let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4xp".into());
         return match form.as_str() {
             "8x" | "4xp" | "4x" => Ok(format!("attn_split_gqa{form}_h")),
-            "mma" => Ok("attn_split_mma_h".into()),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x or mma)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp or 4x)"
             ))),
         };
     }
