@@ -48,8 +48,8 @@ for p in 4096 32768; do
     step "decode at position $p"
     dec -p 8 -n 64 --position $p | keep
 done
-step "decode at position 32768, f16 KV cache"
-dec -p 8 -n 64 --position 32768 --kv-type f16 | keep
+step "decode at position 32768, f32 KV cache (the default on the GPU is f16)"
+dec -p 8 -n 64 --position 32768 --kv-type f32 | keep
 step "decode --memory 16GiB --cache-policy lfu"
 dec -p 8 -n 128 --memory 16GiB --cache-policy lfu | keep
 step "prefill 512, then 4,096 (--ubatch 4096)"

@@ -238,7 +238,7 @@ pub fn run(mut args: Args) -> Result<()> {
         Kind::Decode => {
             let file = file.context("decode needs -m FILE")?;
             progress("loading the model", 0, 0);
-            let cache = args.cache.config(&file, args.kv.kv_type)?;
+            let cache = args.cache.config(&file, args.kv.cpu())?;
             let mut model = load_model_with_cache(file, choice, args.threads, cache)?;
             args.kv.apply(&mut model)?;
             let prompt = args.prompt.unwrap_or(8);
@@ -591,7 +591,7 @@ fn run_cuda(args: Args) -> Result<()> {
             let v = json!({
                 "bench": "decode", "backend": "cuda", "device": info.device,
                 "graphs": info.graphs, "launches_per_step": info.launches_per_step,
-                "kv_type": args.kv.kv_type.name(),
+                "kv_type": args.kv.cuda().name(),
                 "device_mib": info.device_mib, "gpu_used_mib": info.gpu_used_mib,
                 "experts": info.experts, "expert_hit_rate": info.hit_rate,
                 "expert_misses_per_token": info.misses_per_token,
@@ -610,7 +610,7 @@ fn run_cuda(args: Args) -> Result<()> {
             "device: {}, {} MiB on the GPU ({} KV cache), CUDA graph {}, {launches} kernel launches per decode step",
             info.device,
             info.device_mib,
-            args.kv.kv_type,
+            args.kv.cuda(),
             if info.graphs { "on" } else { "off" }
         );
         println!(

@@ -97,7 +97,7 @@ pub fn run(args: Args) -> Result<()> {
                 file.clone(),
                 choice,
                 args.threads,
-                args.cache.config(&file, args.kv.kv_type)?,
+                args.cache.config(&file, args.kv.cpu())?,
             )
             .with_context(|| format!("loading {}", model_path.display()))?;
             args.kv.apply(&mut model)?;

@@ -57,7 +57,7 @@ pub fn run(args: Args) -> Result<()> {
             redlite_gguf::GgufFile::open(&args.model)
                 .with_context(|| format!("opening {}", args.model.display()))?,
         );
-        let cache = args.cache.config(&file, args.kv.kv_type)?;
+        let cache = args.cache.config(&file, args.kv.cpu())?;
         let mut model = load_model_with_cache(file, choice, args.threads, cache)
             .with_context(|| format!("loading {}", args.model.display()))?;
         args.kv.apply(&mut model)?;

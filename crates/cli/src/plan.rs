@@ -33,9 +33,10 @@ pub struct Args {
     /// Which memory the budget is: cpu (host RAM) or cuda (GPU memory).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// KV-cache element type: f32, f16, q8_0.
-    #[arg(long, default_value = "f32")]
-    pub kv_type: String,
+    /// KV-cache element type: f32, f16, q8_0 (default: f32 for cpu, f16 for cuda, as
+    /// `generate` and `bench` take them).
+    #[arg(long)]
+    pub kv_type: Option<String>,
     /// Tokens per forward pass counted in the scratch.
     #[arg(long, default_value_t = 64)]
     pub ubatch: u64,
@@ -64,14 +65,17 @@ pub fn run(args: Args) -> Result<()> {
         }
         (None, None) => bail!("give -m FILE or --layout NAME"),
     };
+    let target = Target::parse(&args.backend).map_err(|e| anyhow!("--backend: {e}"))?;
+    let kv = match &args.kv_type {
+        Some(t) => t.parse::<KvType>().map_err(|e| anyhow!("--kv-type: {e}"))?,
+        None if target == Target::Cuda => KvType::F16,
+        None => KvType::F32,
+    };
     let req = PlanRequest {
         memory: Budget::parse(&args.memory).map_err(|e| anyhow!("--memory: {e}"))?,
         ctx: args.ctx,
-        target: Target::parse(&args.backend).map_err(|e| anyhow!("--backend: {e}"))?,
-        kv: args
-            .kv_type
-            .parse::<KvType>()
-            .map_err(|e| anyhow!("--kv-type: {e}"))?,
+        target,
+        kv,
         ubatch: args.ubatch.max(1),
     };
     let p = plan(&input, req)?;

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<()> {
         redlite_gguf::GgufFile::open(&model_path)
             .with_context(|| format!("opening {}", model_path.display()))?,
     );
-    let cache = args.cache.config(&file, args.kv.kv_type)?;
+    let cache = args.cache.config(&file, args.kv.cpu())?;
     let mut model = load_model_with_cache(file, choice, args.threads, cache)
         .with_context(|| format!("loading {}", model_path.display()))?;
     args.kv.apply(&mut model)?;

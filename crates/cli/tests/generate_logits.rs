@@ -119,6 +119,9 @@ fn backend_cuda_without_a_gpu_says_so_and_runs_on_the_cpu() {
         model.to_str().unwrap(),
         "--backend",
         "cuda",
+        // Exact on a GPU too (the CUDA backend's default cache is f16).
+        "--kv-type",
+        "f32",
         "--ids",
         &join(&ids(&e["token_ids"])),
         "-n",
