@@ -27,7 +27,9 @@
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
 # cost; SPEC_CONFIGS (as CONFIGS) adds MTP-only rewrites alternating the default with each config.
 # SPEC_TRACE=1 (with SPEC=1): the demo verify's phase trace (REDLITE_TRACE build, one NVRTC compile).
-# ROUNDS=0 and no CONFIGS: no full-size layout is made.
+# ROUNDS=0 and no CONFIGS: no full-size layout is made. The `bench` and `generate` commands' cache is
+# f16 on the GPU by default (session 25), the test binaries' and the self-test's parity f32; set
+# REDLITE_KV_TYPE in a config to pin both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=${DEV:-.device/ab}
