@@ -1751,3 +1751,43 @@ extern "C" __global__ void read_sum8(const float4* __restrict__ p, unsigned long
     a = block_sum(a, scratch);
     if (threadIdx.x == 0) out[blockIdx.x] = a;
 }
+
+// read_rows(p, rows, piece16, heads, out): the decode attention's walk over its KV cache without
+// the arithmetic, for `bench kernel`'s layout probe. The buffer is [rows][heads][piece16 float4s]
+// (the cache's [position][KV head][head_dim]; piece16 a multiple of 32: 512-byte sub-rows); block
+// b takes head g = b % heads and the rows of chunk b / heads (gridDim.x / heads chunks of equal
+// length); a warp reads a 512-byte sub-row a load (16 bytes a lane), eight sub-rows in flight, the
+// block's warps on consecutive sub-rows. heads = 1: every block one contiguous stretch (a
+// head-major cache). Launch: grid = heads · chunks, block = 256 threads.
+extern "C" __global__ void read_rows(const float4* __restrict__ p, unsigned long long rows, int piece16, int heads,
+                                     float* __restrict__ out) {
+    pdl_enter();
+    __shared__ float scratch[WARP];
+    const int g = blockIdx.x % heads, lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const unsigned long long chunks = gridDim.x / heads, c = blockIdx.x / heads;
+    const unsigned long long per = (rows + chunks - 1) / chunks, r0 = c * per;
+    const unsigned long long r1 = r0 + per < rows ? r0 + per : rows;
+    const int ks = __ffs(piece16 / WARP) - 1;  // log2(sub-rows a row)
+    const int subs = r1 > r0 ? (int)((r1 - r0) << ks) : 0;
+    auto at = [&](int sr) {
+        return p + ((r0 + (sr >> ks)) * heads + g) * piece16 + (sr & ((1 << ks) - 1)) * WARP + lane;
+    };
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int sr = w;
+    for (; sr + 7 * nw < subs; sr += 8 * nw) {
+        float4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __ldg(at(sr + k * nw));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+    }
+    for (; sr < subs; sr += nw) {
+        const float4 v = __ldg(at(sr));
+        acc[0] += (v.x + v.y) + (v.z + v.w);
+    }
+    float a = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a += acc[k];
+    a = block_sum(a, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = a;
+}

@@ -144,7 +144,8 @@ fn time_runs(
 
 /// The device's read bandwidth over `bytes` (several times L2), GB/s, median of `reps`: the
 /// better of `read_sum` (4 blocks an SM, one load in flight a thread per loop turn; the
-/// reference of sessions 1–22) and `read_sum8` (8 blocks an SM, unrolled by 8).
+/// reference of sessions 1–22) and `read_sum8` (8 blocks an SM, unrolled by 8). Also prints (not
+/// returned) the decode attention's cache walk over both cache layouts (`read_rows`).
 pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaError> {
     gpu.ctx
         .bind_to_thread()
@@ -176,6 +177,42 @@ pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaE
         let gbps = 16.0 * n4 as f64 / s / 1e9;
         eprintln!("read bandwidth: {name} {gbps:.0} GB/s");
         best = best.max(gbps);
+    }
+    // The decode attention's cache walk (`read_rows`): one block an SM as `attn_split_gqa` runs
+    // (and four, for more bytes in flight), over the cache's [position][2 KV heads][row] layout
+    // with f16 rows (512 bytes) and f32 rows (1 KiB), and over a head-major layout (each block
+    // one contiguous stretch).
+    let f = gpu.func("read_rows")?.clone();
+    for (what, piece, heads, per_sm) in [
+        ("[pos][2 heads][512 B] (f16 cache)", 512usize, 2i32, 1u32),
+        ("[pos][2 heads][1 KiB] (f32 cache)", 1024, 2, 1),
+        ("[head][pos][512 B] (head-major)", 512, 1, 1),
+        ("[pos][2 heads][512 B] (f16 cache)", 512, 2, 4),
+        ("[head][pos][512 B] (head-major)", 512, 1, 4),
+    ] {
+        let piece16 = (piece / 16) as i32;
+        let rows = 16 * n4 / (piece as u64 * heads as u64);
+        let grid = per_sm * sms - (per_sm * sms) % heads as u32;
+        let s = time_runs(gpu, &stream, reps, || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&buf.0)
+                .arg(&rows)
+                .arg(&piece16)
+                .arg(&heads)
+                .arg(&out.0);
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: arguments in the kernel's order and types; the rows fit `buf` (rows ·
+            // heads · piece ≤ its bytes) and `out` holds one float per block.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(drv("launching read_rows"))
+        })?;
+        let gbps = (rows * heads as u64 * piece as u64) as f64 / s / 1e9;
+        eprintln!("read bandwidth: cache walk {what}, {grid} blocks: {gbps:.0} GB/s");
     }
     Ok(best)
 }

@@ -118,6 +118,7 @@ pub const PER_TYPE_KERNELS: &[&str] = &[
 pub const PLAIN_KERNELS: &[&str] = &[
     "read_sum",
     "read_sum8",
+    "read_rows",
     "moe_router",
     "moe_router_warp",
     "noop_pdl",
