@@ -1724,6 +1724,16 @@ extern "C" __global__ void read_sum(const float4* __restrict__ p, unsigned long 
     if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
 
+// The read kernels' end: their eight partial sums added in order, then over the block into
+// out[blockIdx.x] (so that no load can be dropped).
+__device__ __forceinline__ void sum8_out(const float (&acc)[8], float* scratch, float* out) {
+    float a = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a += acc[k];
+    a = block_sum(a, scratch);
+    if (threadIdx.x == 0) out[blockIdx.x] = a;
+}
+
 // read_sum8(p, n4, out): read_sum unrolled by 8 (8 sums, added at the end) for a grid of 8
 // blocks an SM: more bytes in flight than read_sum's 4 blocks an SM. (ptxas keeps only about two
 // of the eight loads in flight a thread, at 34 registers, whatever the source says; the
@@ -1745,11 +1755,7 @@ extern "C" __global__ void read_sum8(const float4* __restrict__ p, unsigned long
         const float4 v = __ldg(p + i);
         acc[0] += (v.x + v.y) + (v.z + v.w);
     }
-    float a = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) a += acc[k];
-    a = block_sum(a, scratch);
-    if (threadIdx.x == 0) out[blockIdx.x] = a;
+    sum8_out(acc, scratch, out);
 }
 
 // read_rows(p, rows, piece16, heads, out): the decode attention's walk over its KV cache without
@@ -1785,9 +1791,5 @@ extern "C" __global__ void read_rows(const float4* __restrict__ p, unsigned long
         const float4 v = __ldg(at(sr));
         acc[0] += (v.x + v.y) + (v.z + v.w);
     }
-    float a = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) a += acc[k];
-    a = block_sum(a, scratch);
-    if (threadIdx.x == 0) out[blockIdx.x] = a;
+    sum8_out(acc, scratch, out);
 }
