@@ -154,6 +154,15 @@ pub fn compile_cached(src: &str, arch: &str) -> Result<Compiled, CudaError> {
             }
         }
     }
+    // The whole module takes NVRTC about a minute: say so before the wait (once per source,
+    // architecture and NVRTC version; later starts read the cache).
+    eprintln!(
+        "compiling the CUDA kernels for {arch} with NVRTC {ver} (about a minute, once; cached in {})",
+        cache_path
+            .as_ref()
+            .and_then(|p| p.parent())
+            .map_or("no cache directory".to_string(), |d| d.display().to_string())
+    );
     let (cubin, log) = compile_cubin(src, arch)?;
     if let Some(path) = &cache_path {
         // Write to a temporary name and rename, so a concurrent reader never sees half a file.
