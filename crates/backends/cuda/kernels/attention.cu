@@ -58,6 +58,22 @@ __device__ __forceinline__ void kv_st(u16* p, float v) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     *p = h;
 }
+// The cache row of position j, KV head g (the device-resident model's caches; attn_decode, the
+// Backend trait's kernel, keeps [n][nkv][hd]). KV_TILE (REDLITE_CUDA_DEFINES=KV_TILE=1; default
+// 0, an experiment): the caches in tiles of 16 positions a KV head, [ctx / 16][nkv][16][hd] (a
+// head's 16 rows contiguous: 8 KiB in f16 at head_dim 256) instead of [ctx][nkv][hd], whose
+// decode walk reads 512-byte rows 1 KiB apart; the caches' positions a multiple of 16.
+#ifndef KV_TILE
+#define KV_TILE 0
+#endif
+__device__ __forceinline__ size_t kv_row(int j, int g, int nkv, int hd) {
+#if KV_TILE
+    return (((size_t)(j >> 4) * nkv + g) * 16 + (j & 15)) * hd;
+#else
+    return ((size_t)j * nkv + g) * hd;
+#endif
+}
+
 // The two halves of an f16x2 word to f32 (lo: the low half, the element of the lower index).
 __device__ __forceinline__ void f16x2_to_f32(u32 w, float& lo, float& hi) {
     asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
@@ -135,9 +151,9 @@ __device__ __forceinline__ void attn_qk_prep_body(const float* __restrict__ qg, 
         const int g = blockIdx.x - nh;
         src = kn + ((size_t)t * nkv + g) * hd;
         w = k_norm;
-        kdst = kc + ((size_t)pos * nkv + g) * hd;
+        kdst = kc + kv_row(pos, g, nkv, hd);
         const float* vs = vn + ((size_t)t * nkv + g) * hd;
-        KV* vd = vc + ((size_t)pos * nkv + g) * hd;
+        KV* vd = vc + kv_row(pos, g, nkv, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vd + i, vs[i]);
     }
     float ss = 0.0f;
@@ -198,7 +214,7 @@ __device__ __forceinline__ void attn_causal_body(const float* __restrict__ q, co
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = wid; j < n; j += ATTN_WARPS) {
-        const KV* kj = kc + ((size_t)j * nkv + g) * hd;
+        const KV* kj = kc + kv_row(j, g, nkv, hd);
         float d = 0.0f;
 #pragma unroll
         for (int c = 0; c < ATTN_PER_LANE; ++c) {
@@ -209,7 +225,7 @@ __device__ __forceinline__ void attn_causal_body(const float* __restrict__ q, co
         const float corr = expf(m - m_new);  // 0 on the first position (m = -inf)
         const float p = expf(d - m_new);
         l = l * corr + p;
-        const KV* vj = vc + ((size_t)j * nkv + g) * hd;
+        const KV* vj = vc + kv_row(j, g, nkv, hd);
 #pragma unroll
         for (int c = 0; c < ATTN_PER_LANE; ++c) {
             if (c < per) acc[c] = acc[c] * corr + p * kv_ld(vj + c * WARP + lane);
@@ -295,7 +311,7 @@ __device__ __forceinline__ void attn_prompt_body(const float* __restrict__ q, co
         __syncthreads();  // the previous tile is read
         for (int idx = threadIdx.x; idx < kt * hd; idx += blockDim.x) {
             const int jj = idx / hd, d = idx - jj * hd;
-            const size_t at = ((size_t)(j0 + jj) * nkv + g) * hd + d;
+            const size_t at = kv_row(j0 + jj, g, nkv, hd) + d;
             ks[idx] = kv_ld(kc + at);
             vs[idx] = kv_ld(vc + at);
         }
@@ -413,7 +429,7 @@ __device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q
             // Four values of K and of V as two f16x2 words each (an f16 cache holds them so).
             uint2 kw = make_uint2(0u, 0u), vw = kw;
             if (j0 + jj < nkeys) {
-                const size_t at = ((size_t)(j0 + jj) * nkv + g) * HD + d;
+                const size_t at = kv_row(j0 + jj, g, nkv, HD) + d;
                 if constexpr (sizeof(KV) == 2) {
                     kw = *(const uint2*)(kc + at);
                     vw = *(const uint2*)(vc + at);
@@ -610,8 +626,8 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
 #pragma unroll
         for (int uu = 0; uu < ATTN_UNROLL; ++uu) {
             const int jj = j + uu < j1 ? j + uu : j1 - 1;  // past the end: a copy of the last row, weight 0
-            const KV* kj = kc + ((size_t)jj * nkv + g) * hd;
-            const KV* vj = vc + ((size_t)jj * nkv + g) * hd;
+            const KV* kj = kc + kv_row(jj, g, nkv, hd);
+            const KV* vj = vc + kv_row(jj, g, nkv, hd);
 #pragma unroll
             for (int e = 0; e < PER; ++e) {
                 kr[uu][e] = e < per ? kv_ld(kj + e * WARP + lane) : 0.0f;
@@ -822,8 +838,8 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
 #pragma unroll
         for (int u = 0; u < LP; ++u) {
             const int jj = j + u < j1 ? j + u : j1 - 1;
-            kl[u].load(kc + ((size_t)jj * nkv + g) * hd + PER * lane);
-            vl[u].load(vc + ((size_t)jj * nkv + g) * hd + PER * lane);
+            kl[u].load(kc + kv_row(jj, g, nkv, hd) + PER * lane);
+            vl[u].load(vc + kv_row(jj, g, nkv, hd) + PER * lane);
         }
     };
     // PF: the next step's rows are loaded before this step's arithmetic (kn, vn), so their

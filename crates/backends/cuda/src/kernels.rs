@@ -267,6 +267,16 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         .collect()
 }
 
+/// Whether `REDLITE_CUDA_DEFINES` defines `name` to something other than 0 (a bare name is 1).
+pub fn define_on(name: &str) -> bool {
+    std::env::var("REDLITE_CUDA_DEFINES").is_ok_and(|d| {
+        d.split(',').any(|x| {
+            let (n, v) = x.split_once('=').unwrap_or((x, "1"));
+            n.trim() == name && v.trim() != "0"
+        })
+    })
+}
+
 /// Whether the kernels are built with their phase stamps (`REDLITE_CUDA_DEFINES` names
 /// `REDLITE_TRACE`): they add their phases' clock cycles to `g_trace` (read back with
 /// `Gpu::trace`).

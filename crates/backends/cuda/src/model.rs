@@ -4181,10 +4181,11 @@ fn dev_layer(
     };
     let mixer = match &w.mixer {
         MixerWeights::Attention(a) => {
-            // Bytes of each cache: [max_context][kv_heads][head_dim] of the KV type.
+            // Bytes of each cache: [max_context][kv_heads][head_dim] of the KV type, the
+            // positions rounded up to a multiple of 16 (the KV_TILE layout's tiles).
             let kv = o
                 .kv_type
-                .bytes_for((o.max_context * c.n_kv_heads * c.head_dim) as u64)
+                .bytes_for((o.max_context.next_multiple_of(16) * c.n_kv_heads * c.head_dim) as u64)
                 as usize;
             DevMixer::Attention {
                 wq: dev_linear(gpu, arena, &a.wq)?,
