@@ -281,13 +281,7 @@ pub fn define_on(name: &str) -> bool {
 /// `REDLITE_TRACE`): they add their phases' clock cycles to `g_trace` (read back with
 /// `Gpu::trace`).
 pub fn trace_on() -> bool {
-    std::env::var("REDLITE_CUDA_DEFINES").is_ok_and(|d| {
-        d.split(',').any(|x| {
-            x.split('=')
-                .next()
-                .is_some_and(|n| n.trim() == "REDLITE_TRACE")
-        })
-    })
+    define_on("REDLITE_TRACE")
 }
 
 #[cfg(test)]
