@@ -2151,6 +2151,12 @@ enum KvDev {
     F16(CudaSlice<u16>),
 }
 
+/// Where row (position `j`, KV head `g`) of a cache starts in the KV_TILE layout (attention.cu's
+/// `kv_row` with `KV_TILE` on).
+fn kv_tile_at(j: usize, g: usize, (nkv, hd): (usize, usize)) -> usize {
+    (((j / 16) * nkv + g) * 16 + j % 16) * hd
+}
+
 /// A `[ctx][nkv][hd]` cache in the kernels' layout: as it is, or with the kernels built with
 /// `KV_TILE` (attention.cu's `kv_row`) in tiles of 16 positions a KV head, `[ctx / 16][nkv][16][hd]`
 /// (`ctx` padded with zero rows to a multiple of 16).
@@ -2163,7 +2169,7 @@ fn kv_to_device(data: &[f32], (nkv, hd): (usize, usize), tiled: bool) -> Vec<f32
     let mut out = vec![0.0f32; ctx.next_multiple_of(16) * row];
     for j in 0..ctx {
         for g in 0..nkv {
-            let at = (((j / 16) * nkv + g) * 16 + j % 16) * hd;
+            let at = kv_tile_at(j, g, (nkv, hd));
             out[at..at + hd].copy_from_slice(&data[(j * nkv + g) * hd..][..hd]);
         }
     }
@@ -2178,7 +2184,7 @@ fn kv_from_device(data: Vec<f32>, ctx: usize, (nkv, hd): (usize, usize), tiled: 
     let mut out = vec![0.0f32; ctx * nkv * hd];
     for j in 0..ctx {
         for g in 0..nkv {
-            let at = (((j / 16) * nkv + g) * 16 + j % 16) * hd;
+            let at = kv_tile_at(j, g, (nkv, hd));
             out[(j * nkv + g) * hd..][..hd].copy_from_slice(&data[at..at + hd]);
         }
     }
