@@ -180,14 +180,13 @@ pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaE
     }
     // The decode attention's cache walk (`read_rows`): one block an SM as `attn_split_gqa` runs
     // (and four, for more bytes in flight), over the cache's [position][2 KV heads][row] layout
-    // with f16 rows (512 bytes) and f32 rows (1 KiB), over a head-major layout (each block one
-    // contiguous stretch) and over attention.cu's KV_TILE layout (16 f16 rows of a head together).
+    // with f16 rows (512 bytes) and f32 rows (1 KiB), and over a head-major layout (each block
+    // one contiguous stretch).
     let f = gpu.func("read_rows")?.clone();
     for (what, piece, heads, per_sm) in [
         ("[pos][2 heads][512 B] (f16 cache)", 512usize, 2i32, 1u32),
         ("[pos][2 heads][1 KiB] (f32 cache)", 1024, 2, 1),
         ("[head][pos][512 B] (head-major)", 512, 1, 1),
-        ("[pos/16][2 heads][16 × 512 B] (KV_TILE)", 8192, 2, 1),
         ("[pos][2 heads][512 B] (f16 cache)", 512, 2, 4),
         ("[head][pos][512 B] (head-major)", 512, 1, 4),
     ] {

@@ -2151,56 +2151,9 @@ enum KvDev {
     F16(CudaSlice<u16>),
 }
 
-/// Where row (position `j`, KV head `g`) of a cache starts in the KV_TILE layout (attention.cu's
-/// `kv_row` with `KV_TILE` on).
-fn kv_tile_at(j: usize, g: usize, (nkv, hd): (usize, usize)) -> usize {
-    (((j / 16) * nkv + g) * 16 + j % 16) * hd
-}
-
-/// A `[ctx][nkv][hd]` cache in the kernels' layout: as it is, or with the kernels built with
-/// `KV_TILE` (attention.cu's `kv_row`) in tiles of 16 positions a KV head, `[ctx / 16][nkv][16][hd]`
-/// (`ctx` padded with zero rows to a multiple of 16).
-fn kv_to_device(data: &[f32], (nkv, hd): (usize, usize), tiled: bool) -> Vec<f32> {
-    if !tiled {
-        return data.to_vec();
-    }
-    let row = nkv * hd;
-    let ctx = data.len() / row.max(1);
-    let mut out = vec![0.0f32; ctx.next_multiple_of(16) * row];
-    for j in 0..ctx {
-        for g in 0..nkv {
-            let at = kv_tile_at(j, g, (nkv, hd));
-            out[at..at + hd].copy_from_slice(&data[(j * nkv + g) * hd..][..hd]);
-        }
-    }
-    out
-}
-
-/// [`kv_to_device`]'s inverse for a cache of `ctx` positions.
-fn kv_from_device(data: Vec<f32>, ctx: usize, (nkv, hd): (usize, usize), tiled: bool) -> Vec<f32> {
-    if !tiled {
-        return data;
-    }
-    let mut out = vec![0.0f32; ctx * nkv * hd];
-    for j in 0..ctx {
-        for g in 0..nkv {
-            let at = kv_tile_at(j, g, (nkv, hd));
-            out[(j * nkv + g) * hd..][..hd].copy_from_slice(&data[at..at + hd]);
-        }
-    }
-    out
-}
-
 impl KvDev {
-    /// A `[ctx][nkv][hd]` cache (`dims` = `(nkv, hd)`) in the kernels' layout and type `kv`.
-    fn upload(
-        gpu: &Gpu,
-        data: &[f32],
-        kv: KvType,
-        dims: (usize, usize),
-    ) -> Result<KvDev, CudaError> {
+    fn upload(gpu: &Gpu, data: &[f32], kv: KvType) -> Result<KvDev, CudaError> {
         kv_kernel("", kv)?;
-        let data = kv_to_device(data, dims, crate::kernels::define_on("KV_TILE"));
         Ok(if kv == KvType::F16 {
             let bits: Vec<u16> = data
                 .iter()
@@ -2208,7 +2161,7 @@ impl KvDev {
                 .collect();
             KvDev::F16(upload(gpu, &bits)?)
         } else {
-            KvDev::F32(upload(gpu, &data)?)
+            KvDev::F32(upload(gpu, data)?)
         })
     }
 
@@ -2219,21 +2172,15 @@ impl KvDev {
         }
     }
 
-    /// The values as f32 (f16 widened exactly), `[ctx][nkv][hd]` again.
-    fn download(&self, gpu: &Gpu, ctx: usize, dims: (usize, usize)) -> Result<Vec<f32>, CudaError> {
-        let data = match self {
-            KvDev::F32(b) => download(gpu, b)?,
-            KvDev::F16(b) => download(gpu, b)?
+    /// The values as f32 (f16 widened exactly).
+    fn download(&self, gpu: &Gpu) -> Result<Vec<f32>, CudaError> {
+        match self {
+            KvDev::F32(b) => download(gpu, b),
+            KvDev::F16(b) => Ok(download(gpu, b)?
                 .into_iter()
                 .map(redlite_model::kv_type::f16_to_f32)
-                .collect(),
-        };
-        Ok(kv_from_device(
-            data,
-            ctx,
-            dims,
-            crate::kernels::define_on("KV_TILE"),
-        ))
+                .collect()),
+        }
     }
 }
 
@@ -2272,11 +2219,7 @@ pub fn attn_qk_prep(
     }
     let (qgd, knd, vnd) = (upload(gpu, qg)?, upload(gpu, kn)?, upload(gpu, vn)?);
     let (qnd, knd2) = (upload(gpu, q_norm)?, upload(gpu, k_norm)?);
-    let dims = (d.nkv, d.hd);
-    let (kc, vc) = (
-        KvDev::upload(gpu, kc0, kv, dims)?,
-        KvDev::upload(gpu, vc0, kv, dims)?,
-    );
+    let (kc, vc) = (KvDev::upload(gpu, kc0, kv)?, KvDev::upload(gpu, vc0, kv)?);
     let (kca, vca) = (kc.address(gpu), vc.address(gpu));
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
     let mut q = alloc_poisoned::<f32>(gpu, n * d.heads * d.hd)?;
@@ -2318,8 +2261,8 @@ pub fn attn_qk_prep(
     Ok((
         download(gpu, &q)?,
         download(gpu, &gate)?,
-        kc.download(gpu, ctx, dims)?,
-        vc.download(gpu, ctx, dims)?,
+        kc.download(gpu)?,
+        vc.download(gpu)?,
     ))
 }
 
@@ -2355,10 +2298,7 @@ pub fn attn_causal(
         return Err(CudaError::Invalid("attn_causal: sizes".into()));
     }
     let qd = upload(gpu, q)?;
-    let (kcd, vcd) = (
-        KvDev::upload(gpu, kc, kv, (nkv, hd))?,
-        KvDev::upload(gpu, vc, kv, (nkv, hd))?,
-    );
+    let (kcd, vcd) = (KvDev::upload(gpu, kc, kv)?, KvDev::upload(gpu, vc, kv)?);
     let (kd, vd) = (kcd.address(gpu), vcd.address(gpu));
     let pos = upload(gpu, &[i32_arg(pos0, "pos")?])?;
     let mut o = alloc_poisoned::<f32>(gpu, q.len())?;
@@ -2481,6 +2421,40 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
     }
 }
 
+/// Bytes of dynamic shared memory the decode attention's split kernel `name` (with or without its
+/// `_h`) takes for `heads` query heads over `nkv` KV heads of `hd` values in a cache of `kv`: the
+/// cp.async ring of `attn_split_gqa4xa` (4 steps) and `attn_split_gqa4xa6` (6), each step 4 K and
+/// 4 V rows a warp and a warp a query head of the KV head; 0 for the others.
+pub fn attn_split_shared(name: &str, (heads, nkv, hd): (usize, usize, usize), kv: KvType) -> usize {
+    let stages = match name.trim_end_matches("_h") {
+        "attn_split_gqa4xa" => 4,
+        "attn_split_gqa4xa6" => 6,
+        _ => return 0,
+    };
+    kv.bytes_for(((heads / nkv.max(1)) * stages * 2 * 4 * hd) as u64) as usize
+}
+
+/// Lets `f` (the kernel `name`) launch with `shared` bytes of dynamic shared memory: above 48 KiB a
+/// function must opt in, and the device may allow less (an error naming both).
+pub fn allow_shared(
+    f: &cudarc::driver::CudaFunction,
+    name: &str,
+    shared: usize,
+) -> Result<(), CudaError> {
+    if shared <= 48 * 1024 {
+        return Ok(());
+    }
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        shared as i32,
+    )
+    .map_err(|e| {
+        CudaError::Invalid(format!(
+            "{name} needs {shared} bytes of shared memory a block, more than this GPU allows ({e})"
+        ))
+    })
+}
+
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
 /// the cache by the kernel `split` (`attn_split`, or where the shape fits [`attn_split_gqa_fits`]
 /// `attn_split_gqa`, `attn_split_gqa4` or `attn_split_gqa4x`) into `splits` chunks, then
@@ -2515,10 +2489,7 @@ pub fn attn_split_merge_with(
         return Err(CudaError::Invalid("attn_split: sizes".into()));
     }
     let qd = upload(gpu, q)?;
-    let (kcd, vcd) = (
-        KvDev::upload(gpu, kc, kv, (nkv, hd))?,
-        KvDev::upload(gpu, vc, kv, (nkv, hd))?,
-    );
+    let (kcd, vcd) = (KvDev::upload(gpu, kc, kv)?, KvDev::upload(gpu, vc, kv)?);
     let (kd, vd) = (kcd.address(gpu), vcd.address(gpu));
     let gd = upload(gpu, gate.unwrap_or(&[0.0]))?;
     let gate_ptr = if gate.is_some() {
@@ -2539,6 +2510,8 @@ pub fn attn_split_merge_with(
         return Err(CudaError::Invalid(format!("{split}: shape")));
     }
     let kernel = kv_kernel(split, kv)?;
+    let shared = attn_split_shared(&kernel, (heads, nkv, hd), kv);
+    allow_shared(gpu.func(&kernel)?, &kernel, shared)?;
     launch!(
         gpu,
         gpu.func(&kernel)?,
@@ -2546,7 +2519,7 @@ pub fn attn_split_merge_with(
         cfg(
             (nkv as u32, splits as u32, rows as u32),
             (32 * (heads / nkv)) as u32,
-            0
+            shared as u32
         ),
         [&qd, &kd, &vd, &mut part, &pos, &hi, &nkvi, &hdi, &scale, &mci]
     )?;
@@ -2740,20 +2713,5 @@ mod tests {
         assert!(!attn_prompt_fits(6, 2, 128));
         assert!(attn_prompt_mma(4, 2, 96).is_none());
         assert!(!attn_prompt_fits(4, 2, 512));
-    }
-
-    /// The KV_TILE layout's conversions: the round trip is the identity, and row (j, g) lands
-    /// where attention.cu's `kv_row` puts it (tiles of 16 positions a KV head, `ctx` padded).
-    #[test]
-    fn kv_tile_layout_round_trips() {
-        let (ctx, nkv, hd) = (37usize, 2usize, 4usize);
-        let data: Vec<f32> = (0..ctx * nkv * hd).map(|i| i as f32).collect();
-        assert_eq!(kv_to_device(&data, (nkv, hd), false), data);
-        let dev = kv_to_device(&data, (nkv, hd), true);
-        assert_eq!(dev.len(), 48 * nkv * hd);
-        let (j, g) = (21usize, 1usize);
-        let at = (((j >> 4) * nkv + g) * 16 + (j & 15)) * hd;
-        assert_eq!(dev[at..at + hd], data[(j * nkv + g) * hd..][..hd]);
-        assert_eq!(kv_from_device(dev, ctx, (nkv, hd), true), data);
     }
 }
