@@ -214,7 +214,77 @@ pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaE
         let gbps = (rows * heads as u64 * piece as u64) as f64 / s / 1e9;
         eprintln!("read bandwidth: cache walk {what}, {grid} blocks: {gbps:.0} GB/s");
     }
+    attention_walk(gpu, &stream, reps)?;
     Ok(best)
+}
+
+/// The f16 decode attention's split kernels alone at position 32,767 of the full-size layout's
+/// shape (16 query heads over 2 KV heads of 256, the model's one-wave grid of 2 × (SMs / 2)
+/// blocks), each launch on the next of four caches (256 MiB of K/V, five times L2), back to back
+/// without a graph or neighbours: µs a launch and GB/s of K/V (printed). Tells the kernel's own
+/// stream from what its neighbours in a decode step do to it.
+fn attention_walk(
+    gpu: &Gpu,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    reps: usize,
+) -> Result<(), CudaError> {
+    const CACHES: usize = 4;
+    let (heads, nkv, hd, ctx) = (16usize, 2usize, 256usize, 32_768usize);
+    let kv_bytes = ctx * nkv * hd * 2;
+    let splits = (gpu.info.sm_count / nkv).max(1);
+    let caches: Vec<(DevBuf, DevBuf)> = (0..CACHES)
+        .map(|_| Ok((DevBuf::new(kv_bytes)?, DevBuf::new(kv_bytes)?)))
+        .collect::<Result<_, CudaError>>()?;
+    for (k, v) in &caches {
+        // SAFETY: each buffer holds kv_bytes; f16 zeros (every score 0: the same work).
+        unsafe { cu::memset_d8_sync(k.0, 0, kv_bytes) }.map_err(drv("clearing"))?;
+        unsafe { cu::memset_d8_sync(v.0, 0, kv_bytes) }.map_err(drv("clearing"))?;
+    }
+    let q = DevBuf::new(4 * heads * hd)?;
+    // SAFETY: q holds heads · hd floats (zeros).
+    unsafe { cu::memset_d8_sync(q.0, 0, 4 * heads * hd) }.map_err(drv("clearing"))?;
+    let part = DevBuf::new(4 * heads * splits * (hd + 2))?;
+    let pos = DevBuf::new(4)?;
+    let last = (ctx - 1) as i32;
+    // SAFETY: pos holds one i32.
+    unsafe { cu::memcpy_htod_sync(pos.0, std::slice::from_ref(&last)) }.map_err(drv("pos"))?;
+    let (hi, nkvi, hdi, mc) = (heads as i32, nkv as i32, hd as i32, 64i32);
+    let scale = 1.0f32 / (hd as f32).sqrt();
+    for form in ["4x", "4xp", "4xa", "4xa6"] {
+        let name = format!("attn_split_gqa{form}_h");
+        let f = gpu.func(&name)?.clone();
+        let shared =
+            crate::ops::attn_split_shared(&name, (heads, nkv, hd), redlite_model::KvType::F16);
+        crate::ops::allow_shared(&f, &name, shared)?;
+        let mut i = 0usize;
+        let s = time_runs(gpu, stream, reps.max(CACHES), || {
+            for _ in 0..CACHES {
+                let (k, v) = &caches[i % CACHES];
+                i += 1;
+                let mut b = stream.launch_builder(&f);
+                b.arg(&q.0).arg(&k.0).arg(&v.0).arg(&part.0).arg(&pos.0);
+                b.arg(&hi).arg(&nkvi).arg(&hdi).arg(&scale).arg(&mc);
+                let cfg = LaunchConfig {
+                    grid_dim: (nkv as u32, splits as u32, 1),
+                    block_dim: (32 * (heads / nkv) as u32, 1, 1),
+                    shared_mem_bytes: shared as u32,
+                };
+                // SAFETY: arguments in the kernel's order and types; the caches hold ctx
+                // positions, part heads · splits chunks, pos the last position.
+                unsafe { b.launch(cfg) }
+                    .map(|_| ())
+                    .map_err(drv("launching the split kernel"))?;
+            }
+            Ok(())
+        })? / CACHES as f64;
+        let gbps = 2.0 * kv_bytes as f64 / s / 1e9;
+        eprintln!(
+            "decode attention alone: {name} at {ctx} positions, {} blocks: {:.1} µs, {gbps:.0} GB/s",
+            nkv * splits,
+            s * 1e6
+        );
+    }
+    Ok(())
 }
 
 /// `matvec_norm3_<type>` (no norm) on `o.tokens` activation rows, cycling through matrices that
