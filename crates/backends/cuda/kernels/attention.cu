@@ -58,11 +58,6 @@ __device__ __forceinline__ void kv_st(u16* p, float v) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     *p = h;
 }
-// The cache row of position j, KV head g: the caches are [ctx][nkv][hd]. (Session 26: tiles of 16
-// positions a KV head, [ctx / 16][nkv][16][hd], read no faster: the decode walk is bound by its
-// bytes in flight, not by the 512-byte rows 1 KiB apart; docs/perf-ledger.md.)
-__device__ __forceinline__ size_t kv_row(int j, int g, int nkv, int hd) { return ((size_t)j * nkv + g) * hd; }
-
 // The two halves of an f16x2 word to f32 (lo: the low half, the element of the lower index).
 __device__ __forceinline__ void f16x2_to_f32(u32 w, float& lo, float& hi) {
     asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
@@ -140,9 +135,9 @@ __device__ __forceinline__ void attn_qk_prep_body(const float* __restrict__ qg, 
         const int g = blockIdx.x - nh;
         src = kn + ((size_t)t * nkv + g) * hd;
         w = k_norm;
-        kdst = kc + kv_row(pos, g, nkv, hd);
+        kdst = kc + ((size_t)pos * nkv + g) * hd;
         const float* vs = vn + ((size_t)t * nkv + g) * hd;
-        KV* vd = vc + kv_row(pos, g, nkv, hd);
+        KV* vd = vc + ((size_t)pos * nkv + g) * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_st(vd + i, vs[i]);
     }
     float ss = 0.0f;
@@ -203,7 +198,7 @@ __device__ __forceinline__ void attn_causal_body(const float* __restrict__ q, co
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = wid; j < n; j += ATTN_WARPS) {
-        const KV* kj = kc + kv_row(j, g, nkv, hd);
+        const KV* kj = kc + ((size_t)j * nkv + g) * hd;
         float d = 0.0f;
 #pragma unroll
         for (int c = 0; c < ATTN_PER_LANE; ++c) {
@@ -214,7 +209,7 @@ __device__ __forceinline__ void attn_causal_body(const float* __restrict__ q, co
         const float corr = expf(m - m_new);  // 0 on the first position (m = -inf)
         const float p = expf(d - m_new);
         l = l * corr + p;
-        const KV* vj = vc + kv_row(j, g, nkv, hd);
+        const KV* vj = vc + ((size_t)j * nkv + g) * hd;
 #pragma unroll
         for (int c = 0; c < ATTN_PER_LANE; ++c) {
             if (c < per) acc[c] = acc[c] * corr + p * kv_ld(vj + c * WARP + lane);
@@ -300,7 +295,7 @@ __device__ __forceinline__ void attn_prompt_body(const float* __restrict__ q, co
         __syncthreads();  // the previous tile is read
         for (int idx = threadIdx.x; idx < kt * hd; idx += blockDim.x) {
             const int jj = idx / hd, d = idx - jj * hd;
-            const size_t at = kv_row(j0 + jj, g, nkv, hd) + d;
+            const size_t at = ((size_t)(j0 + jj) * nkv + g) * hd + d;
             ks[idx] = kv_ld(kc + at);
             vs[idx] = kv_ld(vc + at);
         }
@@ -418,7 +413,7 @@ __device__ __forceinline__ void attn_prompt_mma_body(const float* __restrict__ q
             // Four values of K and of V as two f16x2 words each (an f16 cache holds them so).
             uint2 kw = make_uint2(0u, 0u), vw = kw;
             if (j0 + jj < nkeys) {
-                const size_t at = kv_row(j0 + jj, g, nkv, HD) + d;
+                const size_t at = ((size_t)(j0 + jj) * nkv + g) * HD + d;
                 if constexpr (sizeof(KV) == 2) {
                     kw = *(const uint2*)(kc + at);
                     vw = *(const uint2*)(vc + at);
@@ -615,8 +610,8 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
 #pragma unroll
         for (int uu = 0; uu < ATTN_UNROLL; ++uu) {
             const int jj = j + uu < j1 ? j + uu : j1 - 1;  // past the end: a copy of the last row, weight 0
-            const KV* kj = kc + kv_row(jj, g, nkv, hd);
-            const KV* vj = vc + kv_row(jj, g, nkv, hd);
+            const KV* kj = kc + ((size_t)jj * nkv + g) * hd;
+            const KV* vj = vc + ((size_t)jj * nkv + g) * hd;
 #pragma unroll
             for (int e = 0; e < PER; ++e) {
                 kr[uu][e] = e < per ? kv_ld(kj + e * WARP + lane) : 0.0f;
@@ -759,28 +754,6 @@ struct KvLane<u16, PER> {
     }
 };
 
-// cp_async_lane<BYTES>(dst, src): BYTES (4, 8 or a multiple of 16) from global src to shared dst
-// without passing through registers (cp.async; 16-byte pieces cached in L2 only). A group of them
-// is closed by cp_async_commit; cp_async_wait<N> returns once at most N of the thread's newest
-// groups are still in flight. A thread that reads back only what it copied needs no barrier.
-template <int BYTES>
-__device__ __forceinline__ void cp_async_lane(void* dst, const void* src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES % 16 == 0) {
-#pragma unroll
-        for (int i = 0; i < BYTES / 16; ++i)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + 16 * i), "l"((const char*)src + 16 * i)
-                         : "memory");
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES) : "memory");
-    }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // xr_reduce(v, lane): the transposed butterfly. In: 32 partial sums a lane; out: lane l holds the
 // warp-wide sum of v[l]. Five stages, offsets 16, 8, 4, 2, 1: at offset o a lane with bit o set
 // keeps the upper o of the 2 o values it still holds and sends the lower o to its partner (lane
@@ -817,19 +790,13 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // ((p0 + p1) + (p2 + p3)) where the old code added the four weights one by one.
 // LP: the rows a warp loads a step (its positions j .. j + LP - 1, warps LP apart), taken in
 // sub-steps of P (LP = P but for attn_split_gqa8x_h; LP > P changes which warp takes which rows,
-// so its bits are its own). PF: the next step's rows loaded ahead (the same bits). RING > 0 (and PF
-// off): the warp's rows come through a ring of RING steps in shared memory (`ring`, RING * 2 * LP
-// rows of the warp), filled by cp.async RING - 1 steps ahead, so that the block keeps RING - 1
-// steps of every warp in flight without registers for them (one block an SM holds 8 warps: with
-// its rows in registers its walk stays near 2.1 TB/s, `bench kernel`'s cache walk at one block an
-// SM); each lane copies and reads back only its own pieces. The same rows for the same warps:
-// the same bits as without.
-template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF, int RING = 0>
+// so its bits are its own). PF: the next step's rows loaded ahead (the same bits).
+template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const KV* __restrict__ kc,
                                                     const KV* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                     float scale, int min_chunk, float (*sm)[8], float (*sl)[8],
-                                                    float* sacc, KV* ring) {
+                                                    float* sacc) {
     // sm[warp][head], sl[warp][head]: the warps' maxima and sums; sacc[head * hd + i]: the block's.
     const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
     const int n = *pos_ptr + 1 + t;
@@ -855,8 +822,8 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
 #pragma unroll
         for (int u = 0; u < LP; ++u) {
             const int jj = j + u < j1 ? j + u : j1 - 1;
-            kl[u].load(kc + kv_row(jj, g, nkv, hd) + PER * lane);
-            vl[u].load(vc + kv_row(jj, g, nkv, hd) + PER * lane);
+            kl[u].load(kc + ((size_t)jj * nkv + g) * hd + PER * lane);
+            vl[u].load(vc + ((size_t)jj * nkv + g) * hd + PER * lane);
         }
     };
     // PF: the next step's rows are loaded before this step's arithmetic (kn, vn), so their
@@ -865,42 +832,9 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     if constexpr (PF) {
         if (j0 + w * LP < j1) load_step(j0 + w * LP, kn, vn);
     }
-    // RING: this lane's piece of row u of K (kv = 0) or V (1) in ring slot `slot`, and the step
-    // at j copied into a slot; the first RING - 1 steps are issued here (one group a step, empty
-    // past the end, so that the group count stays that of the steps).
-    KV* const my_ring = ring + (size_t)w * (RING > 0 ? RING : 1) * 2 * LP * WARP * PER + PER * lane;
-    auto piece = [&](int slot, int kv, int u) { return my_ring + (((size_t)slot * 2 + kv) * LP + u) * WARP * PER; };
-    auto copy_step = [&](int j, int slot) {
-#pragma unroll
-        for (int u = 0; u < LP; ++u) {
-            const int jj = j + u < j1 ? j + u : j1 - 1;
-            cp_async_lane<PER * sizeof(KV)>(piece(slot, 0, u), kc + kv_row(jj, g, nkv, hd) + PER * lane);
-            cp_async_lane<PER * sizeof(KV)>(piece(slot, 1, u), vc + kv_row(jj, g, nkv, hd) + PER * lane);
-        }
-    };
-    if constexpr (RING > 0) {
-#pragma unroll
-        for (int s = 0; s < RING - 1; ++s) {
-            if (j0 + (w + s * G) * LP < j1) copy_step(j0 + (w + s * G) * LP, s);
-            cp_async_commit();
-        }
-    }
-    int slot = 0;  // RING: the slot of this step
     for (int j = j0 + w * LP; j < j1; j += G * LP) {
         KvLane<KV, PER> kl[LP], vl[LP];
-        if constexpr (RING > 0) {
-            cp_async_wait<RING - 2>();  // this step's group has landed
-#pragma unroll
-            for (int u = 0; u < LP; ++u) {
-                kl[u].load(piece(slot, 0, u));
-                vl[u].load(piece(slot, 1, u));
-            }
-            // The step RING - 1 ahead goes to the slot read one step ago.
-            const int jn = j + (RING - 1) * G * LP;
-            if (jn < j1) copy_step(jn, slot == 0 ? RING - 1 : slot - 1);
-            cp_async_commit();
-            slot = slot == RING - 1 ? 0 : slot + 1;
-        } else if constexpr (PF) {
+        if constexpr (PF) {
 #pragma unroll
             for (int u = 0; u < LP; ++u) {
                 kl[u] = kn[u];
@@ -1064,22 +998,19 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
     for (int r = 0; r < PER; ++r) out[2 + r * WARP + lane] = sacc[h * SROW + r * (WARP + 1) + lane];
 }
 
-// RING > 0: the ring is the launch's dynamic shared memory, G * RING * 2 * LP * hd values of KV.
-template <int P, bool XR, typename KV, int LP = P, bool PF = false, int RING = 0>
+template <int P, bool XR, typename KV, int LP = P, bool PF = false>
 __device__ __forceinline__ void attn_split_gqa_p_body(const float* __restrict__ q, const KV* __restrict__ kc,
                                                    const KV* __restrict__ vc, float* __restrict__ part,
                                                    const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
                                                    float scale, int min_chunk) {
     __shared__ float sm[8][8], sl[8][8];
     __shared__ float sacc[8 * (8 * WARP + 8)];  // G * (hd + hd / 32) at most
-    extern __shared__ uint4 attn_ring[];
     pdl_enter();
     const int per = hd / WARP, grp = heads / nkv;
 #define ATTN_GQA_CASE(PP, GG)                                                                                      \
     if (per == PP && grp == GG)                                                                                    \
-        return attn_split_gqa_body<PP, GG, P, XR, KV, LP, PF, RING>(                                              \
-            q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc, part, pos_ptr, heads, nkv, hd, scale,  \
-            min_chunk, sm, sl, sacc, (KV*)attn_ring);
+        return attn_split_gqa_body<PP, GG, P, XR, KV, LP, PF>(q + ((size_t)blockIdx.z * heads + blockIdx.x * GG) * hd, kc, vc,   \
+                                                  part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl, sacc);
 #define ATTN_GQA_CASES(PP) ATTN_GQA_CASE(PP, 1) ATTN_GQA_CASE(PP, 2) ATTN_GQA_CASE(PP, 4) ATTN_GQA_CASE(PP, 8)
     ATTN_GQA_CASES(2)
     ATTN_GQA_CASES(4)
@@ -1126,17 +1057,6 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa8x_h(const fl
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xp_h(const float* q, const u16* kc, const u16* vc, float* part,
                                                                          const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
     attn_split_gqa_p_body<4, true, u16, 4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-// attn_split_gqa4xa_h, attn_split_gqa4xa6_h: attn_split_gqa4x_h with each warp's rows through a
-// cp.async ring of 4 or 6 steps in shared memory (RING above; dynamic shared memory G * RING * 16 *
-// hd bytes: 128 or 192 KiB at 8 query heads a KV head and head_dim 256): the same bits.
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xa_h(const float* q, const u16* kc, const u16* vc, float* part,
-                                                                         const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4, true, u16, 4, false, 4>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xa6_h(const float* q, const u16* kc, const u16* vc, float* part,
-                                                                          const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa_p_body<4, true, u16, 4, false, 6>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values

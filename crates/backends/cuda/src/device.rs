@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use crate::{kernels, nvrtc, CudaError};
@@ -148,24 +148,10 @@ impl Gpu {
             .map_err(|e| CudaError::driver(format!("loading the {arch} kernel module"), e))?;
         let stream = ctx.default_stream();
         let mut funcs = HashMap::new();
-        // REDLITE_CUDA_CARVEOUT=P (an experiment, session 26): every kernel prefers P % of the
-        // SM's unified L1 as shared memory, so that consecutive kernels of a step share one
-        // carve-out (a kernel that needs another one waits for the SM to drain).
-        let carveout = std::env::var("REDLITE_CUDA_CARVEOUT")
-            .ok()
-            .and_then(|v| v.trim().parse::<i32>().ok())
-            .filter(|p| (-1..=100).contains(p));
         for name in kernels::kernel_names() {
             let f = module
                 .load_function(&name)
                 .map_err(|e| CudaError::driver(format!("kernel {name}"), e))?;
-            if let Some(p) = carveout {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    p,
-                )
-                .map_err(|e| CudaError::driver(format!("carve-out of {name}"), e))?;
-            }
             funcs.insert(name, f);
         }
         for (symbol, bytes) in kernels::grid_tables().into_iter().chain(kernels::knobs()) {

@@ -192,8 +192,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa4x_h",
     "attn_split_gqa8x_h",
     "attn_split_gqa4xp_h",
-    "attn_split_gqa4xa_h",
-    "attn_split_gqa4xa6_h",
     "dn_conv_prompt",
     "dn_conv_shift",
     "swiglu_pairs",

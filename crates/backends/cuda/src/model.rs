@@ -235,17 +235,15 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4xp` (the default,
 /// `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead; position 32,768 349.0 tok/s
 /// against 340.7 with `4x`, session 24), `4x` (`attn_split_gqa4x_h`, the same bits) or `8x`
-/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4), `4xa` / `4xa6`
-/// (`attn_split_gqa4xa{,6}_h`: each warp's rows through a cp.async ring of 4 or 6 steps in shared
-/// memory, the same bits).
+/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4).
 fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
         let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4xp".into());
         return match form.as_str() {
-            "8x" | "4xp" | "4x" | "4xa" | "4xa6" => Ok(format!("attn_split_gqa{form}_h")),
+            "8x" | "4xp" | "4x" => Ok(format!("attn_split_gqa{form}_h")),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x, 4xa or 4xa6)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp or 4x)"
             ))),
         };
     }
@@ -922,8 +920,6 @@ pub struct CudaModel {
     /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
-    /// Dynamic shared memory of `Kernels::attn_split_gqa4` (its cp.async ring, or 0).
-    attn_gqa4_shared: u32,
     /// RoPE's cosines and sines from `rope_table`'s rows (`Scratch::rope_cs`, computed once at
     /// load) instead of computed in double by every `attn_qk_prep` block
     /// (`REDLITE_CUDA_ROPE_TABLE`, default on; the same bits).
@@ -1246,14 +1242,6 @@ impl CudaModel {
         .then_some(gqa_p);
         // `attn_split_gqa` runs one block per SM (242 / 255 registers a thread): as many chunks as fill
         // one wave (66 on the H200: 247.8 tok/s at position 32,768 against 233.8 with 128).
-        // The gqa4 kernel's dynamic shared memory (the cp.async ring of `4xa` / `4xa6`).
-        let attn_gqa4_shared = {
-            let name = attn_gqa4_kernel(opts.kv_type)?;
-            let dims = (config.n_heads, config.n_kv_heads, config.head_dim);
-            let shared = crate::ops::attn_split_shared(&name, dims, opts.kv_type);
-            crate::ops::allow_shared(&k.attn_split_gqa4, &name, shared)?;
-            shared as u32
-        };
         let attn_default_splits = if attn_gqa.is_some() {
             (gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
         } else {
@@ -1304,7 +1292,6 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
-            attn_gqa4_shared,
             rope_table: env_switch("REDLITE_CUDA_ROPE_TABLE", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
@@ -3185,17 +3172,17 @@ impl CudaModel {
             // Decode (each row at its own position): the cache split into chunks
             // (flash-decoding), then the chunks merged and the output gate applied.
             let splits = attn_splits(&self.opts).min(self.attn_splits);
-            let (f, shared) = match self.attn_gqa {
-                Some(4) => (self.k.attn_split_gqa4.clone(), self.attn_gqa4_shared),
-                Some(_) => (self.k.attn_split_gqa.clone(), 0),
-                None => (self.k.attn_split.clone(), 0),
+            let f = match self.attn_gqa {
+                Some(4) => self.k.attn_split_gqa4.clone(),
+                Some(_) => self.k.attn_split_gqa.clone(),
+                None => self.k.attn_split.clone(),
             };
             self.launch(
                 "attn_split",
                 &f,
                 (nkv as u32, splits as u32, n as u32),
                 (32 * (nh / nkv)) as u32,
-                shared,
+                0,
                 &[
                     A::P(q),
                     A::P(*kc),

@@ -2421,40 +2421,6 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
     }
 }
 
-/// Bytes of dynamic shared memory the decode attention's split kernel `name` (with or without its
-/// `_h`) takes for `heads` query heads over `nkv` KV heads of `hd` values in a cache of `kv`: the
-/// cp.async ring of `attn_split_gqa4xa` (4 steps) and `attn_split_gqa4xa6` (6), each step 4 K and
-/// 4 V rows a warp and a warp a query head of the KV head; 0 for the others.
-pub fn attn_split_shared(name: &str, (heads, nkv, hd): (usize, usize, usize), kv: KvType) -> usize {
-    let stages = match name.trim_end_matches("_h") {
-        "attn_split_gqa4xa" => 4,
-        "attn_split_gqa4xa6" => 6,
-        _ => return 0,
-    };
-    kv.bytes_for(((heads / nkv.max(1)) * stages * 2 * 4 * hd) as u64) as usize
-}
-
-/// Lets `f` (the kernel `name`) launch with `shared` bytes of dynamic shared memory: above 48 KiB a
-/// function must opt in, and the device may allow less (an error naming both).
-pub fn allow_shared(
-    f: &cudarc::driver::CudaFunction,
-    name: &str,
-    shared: usize,
-) -> Result<(), CudaError> {
-    if shared <= 48 * 1024 {
-        return Ok(());
-    }
-    f.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        shared as i32,
-    )
-    .map_err(|e| {
-        CudaError::Invalid(format!(
-            "{name} needs {shared} bytes of shared memory a block, more than this GPU allows ({e})"
-        ))
-    })
-}
-
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
 /// the cache by the kernel `split` (`attn_split`, or where the shape fits [`attn_split_gqa_fits`]
 /// `attn_split_gqa`, `attn_split_gqa4` or `attn_split_gqa4x`) into `splits` chunks, then
@@ -2510,8 +2476,6 @@ pub fn attn_split_merge_with(
         return Err(CudaError::Invalid(format!("{split}: shape")));
     }
     let kernel = kv_kernel(split, kv)?;
-    let shared = attn_split_shared(&kernel, (heads, nkv, hd), kv);
-    allow_shared(gpu.func(&kernel)?, &kernel, shared)?;
     launch!(
         gpu,
         gpu.func(&kernel)?,
@@ -2519,7 +2483,7 @@ pub fn attn_split_merge_with(
         cfg(
             (nkv as u32, splits as u32, rows as u32),
             (32 * (heads / nkv)) as u32,
-            shared as u32
+            0
         ),
         [&qd, &kd, &vd, &mut part, &pos, &hi, &nkvi, &hdi, &scale, &mci]
     )?;

@@ -2200,12 +2200,6 @@ impl Runner<'_> {
                     // 8 rows a warp step, and the next step's rows loaded ahead: f16 only.
                     self.attention_split_named(d, "attn_split_gqa8x", kv);
                     self.attention_split_named(d, "attn_split_gqa4xp", kv);
-                    self.attention_split_named(d, "attn_split_gqa4xa", kv);
-                    self.attention_split_named(d, "attn_split_gqa4xa6", kv);
-                    // The cp.async rings read the same rows for the same warps as 4xp.
-                    for ring in ["attn_split_gqa4xa", "attn_split_gqa4xa6"] {
-                        self.attention_split_same_bits(d, ring, "attn_split_gqa4xp", kv);
-                    }
                 }
             }
         }
@@ -2214,44 +2208,6 @@ impl Runner<'_> {
     /// [`Self::attention_split`] through `attn_split` or (`gqa` = P) `attn_split_gqa{,4}`.
     fn attention_split_kernel(&mut self, d: AttnDims, gqa: Option<usize>, kv: KvType) {
         self.attention_split_named(d, gqa.map_or("attn_split", ops::attn_split_gqa_kernel), kv);
-    }
-
-    /// The split kernel `name` against `base` on the same cache (4,002 positions in 64 chunks,
-    /// gated): every output bit for bit (err: the values that differ; tolerance 0).
-    fn attention_split_same_bits(&mut self, d: AttnDims, name: &str, base: &str, kv: KvType) {
-        let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
-        let (pos0, ctx) = (4001usize, 4096usize);
-        let q = self.rng.normals(heads * hd, 1.0);
-        let kc = round_f16(&self.rng.normals(ctx * nkv * hd, 1.0));
-        let vc = round_f16(&self.rng.normals(ctx * nkv * hd, 1.0));
-        let gate = self.rng.normals(heads * hd, 2.0);
-        let run = |split: &str| {
-            let scale = 1.0 / (hd as f32).sqrt();
-            let dims = (heads, nkv, hd);
-            ops::attn_split_merge_with(
-                self.gpu,
-                split,
-                kv,
-                &q,
-                &kc,
-                &vc,
-                Some(&gate),
-                pos0,
-                dims,
-                scale,
-                (64, 64),
-            )
-        };
-        let r = run(name).and_then(|a| {
-            let b = run(base)?;
-            let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
-            Ok((differ.count() as f64, 0.0))
-        });
-        self.record(
-            &ops::kv_kernel(name, kv).unwrap_or_default(),
-            format!("bit for bit against {base} at {pos0}, {heads}/{nkv} heads x{hd}"),
-            r,
-        );
     }
 
     /// [`Self::attention_split`] through the split kernel `name` on a cache of `kv`.
