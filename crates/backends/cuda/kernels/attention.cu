@@ -791,7 +791,10 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // LP: the rows a warp loads a step (its positions j .. j + LP - 1, warps LP apart), taken in
 // sub-steps of P (LP = P but for attn_split_gqa8x_h; LP > P changes which warp takes which rows,
 // so its bits are its own). PF: the next step's rows loaded ahead (the same bits).
-template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF>
+// HSPLIT: the KV head's query heads over HSPLIT blocks of G each (block x takes query heads
+// x G .. x G + G - 1 of KV head x / HSPLIT; HSPLIT = 1: all of them), so that a lane holds
+// HSPLIT times fewer heads' q and accumulators; each block reads the KV head's rows.
+template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF, int HSPLIT = 1>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const KV* __restrict__ kc,
                                                     const KV* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -822,8 +825,8 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
 #pragma unroll
         for (int u = 0; u < LP; ++u) {
             const int jj = j + u < j1 ? j + u : j1 - 1;
-            kl[u].load(kc + ((size_t)jj * nkv + g) * hd + PER * lane);
-            vl[u].load(vc + ((size_t)jj * nkv + g) * hd + PER * lane);
+            kl[u].load(kc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
+            vl[u].load(vc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
         }
     };
     // PF: the next step's rows are loaded before this step's arithmetic (kn, vn), so their
@@ -1057,6 +1060,23 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa8x_h(const fl
 extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xp_h(const float* q, const u16* kc, const u16* vc, float* part,
                                                                          const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
     attn_split_gqa_p_body<4, true, u16, 4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+
+// attn_split_gqa8xh_h: the f16 split with a KV head's query heads over two blocks (HSPLIT = 2; head_dim
+// 256 and 8 query heads a KV head only: 4 heads and 4 warps a block, 8 rows a warp step for XR's 32 scores a
+// warp), at most 128 registers a thread so that four blocks (16 warps) fit an SM, where
+// attn_split_gqa4x_h's 212 registers hold one 8-warp block. Launch: grid = (2 nkv, splits,
+// tokens), block = 32 * heads / nkv / 2 threads (splits: twice attn_split_gqa's for the same
+// warps an SM).
+extern "C" __global__ __launch_bounds__(128, 4) void attn_split_gqa8xh_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                         const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    __shared__ float sm[8][8], sl[8][8];
+    __shared__ float sacc[4 * (8 * WARP + 8)];
+    pdl_enter();
+    if (hd != 8 * WARP || heads != 8 * nkv) __trap();  // the host launches it for this shape only
+    attn_split_gqa_body<8, 4, 8, true, u16, 8, false, 2>(q + ((size_t)blockIdx.z * heads + blockIdx.x * 4) * hd, kc,
+                                                         vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl,
+                                                         sacc);
 }
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values

@@ -244,16 +244,19 @@ fn attention_walk(
     let q = DevBuf::new(4 * heads * hd)?;
     // SAFETY: q holds heads · hd floats (zeros).
     unsafe { cu::memset_d8_sync(q.0, 0, 4 * heads * hd) }.map_err(drv("clearing"))?;
-    let part = DevBuf::new(4 * heads * splits * (hd + 2))?;
+    let part = DevBuf::new(4 * heads * 2 * splits * (hd + 2))?; // up to two blocks a KV head's heads
     let pos = DevBuf::new(4)?;
     let last = (ctx - 1) as i32;
     // SAFETY: pos holds one i32.
     unsafe { cu::memcpy_htod_sync(pos.0, std::slice::from_ref(&last)) }.map_err(drv("pos"))?;
     let (hi, nkvi, hdi, mc) = (heads as i32, nkv as i32, hd as i32, 64i32);
     let scale = 1.0f32 / (hd as f32).sqrt();
-    for form in ["4x", "4xp", "8x"] {
+    for form in ["4x", "4xp", "8x", "8xh"] {
         let name = format!("attn_split_gqa{form}_h");
         let f = gpu.func(&name)?.clone();
+        // As the model launches it: `8xh` with half the heads a block, twice the blocks.
+        let hb = crate::ops::attn_split_head_blocks(&name);
+        let splits = hb * splits;
         let mut i = 0usize;
         let s = time_runs(gpu, stream, reps.max(CACHES), || {
             for _ in 0..CACHES {
@@ -263,8 +266,8 @@ fn attention_walk(
                 b.arg(&q.0).arg(&k.0).arg(&v.0).arg(&part.0).arg(&pos.0);
                 b.arg(&hi).arg(&nkvi).arg(&hdi).arg(&scale).arg(&mc);
                 let cfg = LaunchConfig {
-                    grid_dim: (nkv as u32, splits as u32, 1),
-                    block_dim: (32 * (heads / nkv) as u32, 1, 1),
+                    grid_dim: ((hb * nkv) as u32, splits as u32, 1),
+                    block_dim: (32 * (heads / nkv / hb) as u32, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: arguments in the kernel's order and types; the caches hold ctx
@@ -278,7 +281,7 @@ fn attention_walk(
         let gbps = 2.0 * kv_bytes as f64 / s / 1e9;
         eprintln!(
             "decode attention alone: {name} at {ctx} positions, {} blocks: {:.1} µs, {gbps:.0} GB/s",
-            nkv * splits,
+            hb * nkv * splits,
             s * 1e6
         );
     }

@@ -192,6 +192,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa4x_h",
     "attn_split_gqa8x_h",
     "attn_split_gqa4xp_h",
+    "attn_split_gqa8xh_h",
     "dn_conv_prompt",
     "dn_conv_shift",
     "swiglu_pairs",

@@ -235,15 +235,17 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4xp` (the default,
 /// `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead; position 32,768 349.0 tok/s
 /// against 340.7 with `4x`, session 24), `4x` (`attn_split_gqa4x_h`, the same bits) or `8x`
-/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4).
+/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4) or `8xh` (`attn_split_gqa8xh_h`: a KV
+/// head's query heads over two blocks of at most 128 registers a thread, four an SM; head_dim
+/// 256 with 8 query heads a KV head only; session 26, not yet measured).
 fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
         let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4xp".into());
         return match form.as_str() {
-            "8x" | "4xp" | "4x" => Ok(format!("attn_split_gqa{form}_h")),
+            "8x" | "4xp" | "4x" | "8xh" => Ok(format!("attn_split_gqa{form}_h")),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp or 4x)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x or 8xh)"
             ))),
         };
     }
@@ -920,6 +922,9 @@ pub struct CudaModel {
     /// (a warp per query head): `Some(P)`, P positions per warp step (`REDLITE_CUDA_ATTN_GQA=P`,
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
+    /// Blocks a KV head's query heads take in the decode attention's split kernel (2 for
+    /// `attn_split_gqa8xh_h`, else 1).
+    attn_head_blocks: usize,
     /// RoPE's cosines and sines from `rope_table`'s rows (`Scratch::rope_cs`, computed once at
     /// load) instead of computed in double by every `attn_qk_prep` block
     /// (`REDLITE_CUDA_ROPE_TABLE`, default on; the same bits).
@@ -1242,8 +1247,26 @@ impl CudaModel {
         .then_some(gqa_p);
         // `attn_split_gqa` runs one block per SM (242 / 255 registers a thread): as many chunks as fill
         // one wave (66 on the H200: 247.8 tok/s at position 32,768 against 233.8 with 128).
+        // `attn_split_gqa8xh_h`: twice the blocks a KV head (half its query heads each) at four
+        // 4-warp blocks an SM, so twice the chunks for the same warps an SM.
+        let attn_head_blocks = attn_gqa4_kernel(opts.kv_type)
+            .map(|name| crate::ops::attn_split_head_blocks(&name))
+            .unwrap_or(1);
+        if attn_gqa == Some(4)
+            && !crate::ops::attn_split_takes(
+                &attn_gqa4_kernel(opts.kv_type)?,
+                config.n_heads,
+                config.n_kv_heads,
+                config.head_dim,
+            )
+        {
+            return Err(CudaError::Invalid(format!(
+                "REDLITE_CUDA_ATTN_H=8xh takes head_dim 256 with 8 query heads a KV head, not {} with {} / {}",
+                config.head_dim, config.n_heads, config.n_kv_heads
+            )));
+        }
         let attn_default_splits = if attn_gqa.is_some() {
-            (gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
+            (attn_head_blocks * gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
         } else {
             ATTN_DEFAULT_SPLITS
         };
@@ -1292,6 +1315,11 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
+            attn_head_blocks: if attn_gqa == Some(4) {
+                attn_head_blocks
+            } else {
+                1
+            },
             rope_table: env_switch("REDLITE_CUDA_ROPE_TABLE", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
@@ -3177,11 +3205,12 @@ impl CudaModel {
                 Some(_) => self.k.attn_split_gqa.clone(),
                 None => self.k.attn_split.clone(),
             };
+            let hb = self.attn_head_blocks;
             self.launch(
                 "attn_split",
                 &f,
-                (nkv as u32, splits as u32, n as u32),
-                (32 * (nh / nkv)) as u32,
+                ((hb * nkv) as u32, splits as u32, n as u32),
+                (32 * (nh / nkv) / hb) as u32,
                 0,
                 &[
                     A::P(q),

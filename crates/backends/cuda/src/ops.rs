@@ -2421,6 +2421,23 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
     }
 }
 
+/// Blocks a KV head's query heads take in the split kernel `name` (with or without its `_h`): 2
+/// for `attn_split_gqa8xh` (half the heads a block, so grid.x is twice the KV heads and a block
+/// half the warps), else 1.
+pub fn attn_split_head_blocks(name: &str) -> usize {
+    if name.trim_end_matches("_h") == "attn_split_gqa8xh" {
+        2
+    } else {
+        1
+    }
+}
+
+/// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh` only head_dim 256 with
+/// 8 query heads a KV head; the others what [`attn_split_gqa_fits`] allows.
+pub fn attn_split_takes(name: &str, heads: usize, nkv: usize, hd: usize) -> bool {
+    attn_split_head_blocks(name) == 1 || (hd == 256 && nkv > 0 && heads == 8 * nkv)
+}
+
 /// Decode attention of `rows` tokens (q is `[rows][heads][hd]`), row t at `pos0 + t`, split over
 /// the cache by the kernel `split` (`attn_split`, or where the shape fits [`attn_split_gqa_fits`]
 /// `attn_split_gqa`, `attn_split_gqa4` or `attn_split_gqa4x`) into `splits` chunks, then
@@ -2472,17 +2489,20 @@ pub fn attn_split_merge_with(
         i32_arg(hd, "hd")?,
     );
     let (si, mci) = (i32_arg(splits, "splits")?, i32_arg(min_chunk, "min chunk")?);
-    if split != "attn_split" && !attn_split_gqa_fits(heads, nkv, hd) {
+    if split != "attn_split"
+        && !(attn_split_gqa_fits(heads, nkv, hd) && attn_split_takes(split, heads, nkv, hd))
+    {
         return Err(CudaError::Invalid(format!("{split}: shape")));
     }
     let kernel = kv_kernel(split, kv)?;
+    let hb = attn_split_head_blocks(split);
     launch!(
         gpu,
         gpu.func(&kernel)?,
         &kernel,
         cfg(
-            (nkv as u32, splits as u32, rows as u32),
-            (32 * (heads / nkv)) as u32,
+            ((hb * nkv) as u32, splits as u32, rows as u32),
+            (32 * (heads / nkv) / hb) as u32,
             0
         ),
         [&qd, &kd, &vd, &mut part, &pos, &hi, &nkvi, &hdi, &scale, &mci]
