@@ -62,8 +62,8 @@ for ts in Q4_K:12288x2048:4:4 Q4_K:151936x2048:4:4 Q6_K:151936x2048:4:4 Q6_K:151
     timeout 100 $R bench kernel --backend cuda --type ${ts%%:*} --shape $(echo $ts | cut -d: -f2) \
         --split $(echo $ts | cut -d: -f3-4) 2>&1 | quiet | tail -3 | keep
 done
-step "read bandwidth and the decode attention's cache walk (read_rows: interleaved vs head-major)"
-timeout 100 $R bench kernel --backend cuda --type Q4_K --shape 2048x2048 2>&1 | grep "^read bandwidth" | keep
+step "read bandwidth, the decode attention's cache walk (read_rows) and its split kernels alone"
+timeout 100 $R bench kernel --backend cuda --type Q4_K --shape 2048x2048 2>&1 | grep "^read bandwidth\|^decode attention" | keep
 step "bench expert (layer 0, 512 distinct, 10 a call)"
 timeout 100 $R bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call 10 -n 20 2>&1 | quiet | tail -4 | keep
 step "full-size verify cost"
