@@ -1160,6 +1160,8 @@ impl CudaModel {
                     .map_err(|e| CudaError::driver("occupancy", e))?;
                 Ok((k, per_sm))
             };
+        // The decode attention's split kernel of 4 positions a warp step (its forms: below).
+        let gqa4_name = attn_gqa4_kernel(opts.kv_type)?;
         let k = Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
@@ -1180,7 +1182,7 @@ impl CudaModel {
             attn_prompt: fkv("attn_prompt")?,
             attn_split: fkv("attn_split")?,
             attn_split_gqa: fkv("attn_split_gqa")?,
-            attn_split_gqa4: f(&attn_gqa4_kernel(opts.kv_type)?)?,
+            attn_split_gqa4: f(&gqa4_name)?,
             attn_merge: f("attn_merge")?,
             argmax: f("argmax")?,
             sample_topk: f("sample_topk")?,
@@ -1249,22 +1251,16 @@ impl CudaModel {
         // one wave (66 on the H200: 247.8 tok/s at position 32,768 against 233.8 with 128).
         // `attn_split_gqa8xh_h`: twice the blocks a KV head (half its query heads each) at four
         // 4-warp blocks an SM, so twice the chunks for the same warps an SM.
-        let attn_head_blocks = attn_gqa4_kernel(opts.kv_type)
-            .map(|name| crate::ops::attn_split_head_blocks(&name))
-            .unwrap_or(1);
-        if attn_gqa == Some(4)
-            && !crate::ops::attn_split_takes(
-                &attn_gqa4_kernel(opts.kv_type)?,
-                config.n_heads,
-                config.n_kv_heads,
-                config.head_dim,
-            )
-        {
+        let (nh, nkv, hd) = (config.n_heads, config.n_kv_heads, config.head_dim);
+        if attn_gqa == Some(4) && !crate::ops::attn_split_takes(&gqa4_name, nh, nkv, hd) {
             return Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H=8xh takes head_dim 256 with 8 query heads a KV head, not {} with {} / {}",
-                config.head_dim, config.n_heads, config.n_kv_heads
+                "{gqa4_name} takes head_dim 256 with 8 query heads a KV head, not {hd} with {nh} / {nkv}"
             )));
         }
+        let attn_head_blocks = match attn_gqa {
+            Some(4) => crate::ops::attn_split_head_blocks(&gqa4_name),
+            _ => 1,
+        };
         let attn_default_splits = if attn_gqa.is_some() {
             (attn_head_blocks * gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
         } else {
@@ -1315,11 +1311,7 @@ impl CudaModel {
             gemm_now: false,
             attn_mma: env_switch("REDLITE_CUDA_ATTN_MMA", true),
             attn_gqa,
-            attn_head_blocks: if attn_gqa == Some(4) {
-                attn_head_blocks
-            } else {
-                1
-            },
+            attn_head_blocks,
             rope_table: env_switch("REDLITE_CUDA_ROPE_TABLE", true),
             dn_fused_prompt: env_switch("REDLITE_CUDA_DN_PROMPT_FUSED", false),
             dn_warp: env_switch("REDLITE_CUDA_DN_WARP", true),
