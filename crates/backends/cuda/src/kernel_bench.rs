@@ -235,7 +235,7 @@ fn attention_walk(
     const CACHES: usize = 4;
     let (heads, nkv, hd, ctx) = (16usize, 2usize, 256usize, 32_768usize);
     let kv_bytes = ctx * nkv * hd * 2;
-    let splits = (gpu.info.sm_count / nkv).max(1);
+    let sms = gpu.info.sm_count;
     let caches: Vec<(DevBuf, DevBuf)> = (0..CACHES)
         .map(|_| Ok((DevBuf::new(kv_bytes)?, DevBuf::new(kv_bytes)?)))
         .collect::<Result<_, CudaError>>()?;
@@ -247,19 +247,27 @@ fn attention_walk(
     let q = DevBuf::new(4 * heads * hd)?;
     // SAFETY: q holds heads · hd floats (zeros).
     unsafe { cu::memset_d8_sync(q.0, 0, 4 * heads * hd) }.map_err(drv("clearing"))?;
-    let part = DevBuf::new(4 * heads * 2 * splits * (hd + 2))?; // up to two blocks a KV head's heads
+    // Chunks: one wave of at most 4 blocks an SM over the KV heads (`attn_one_wave_splits`).
+    let max_splits = (4 * sms).div_ceil(nkv);
+    let part = DevBuf::new(4 * heads * max_splits * (hd + 2))?;
     let pos = DevBuf::new(4)?;
     let last = (ctx - 1) as i32;
     // SAFETY: pos holds one i32.
     unsafe { cu::memcpy_htod_sync(pos.0, std::slice::from_ref(&last)) }.map_err(drv("pos"))?;
     let (hi, nkvi, hdi, mc) = (heads as i32, nkv as i32, hd as i32, 64i32);
     let scale = 1.0f32 / (hd as f32).sqrt();
-    for form in ["4x", "4xp", "8x", "8xh"] {
+    for form in ["4x", "4xp", "8x", "8xh", "8xh3"] {
         let name = format!("attn_split_gqa{form}_h");
         let f = gpu.func(&name)?.clone();
-        // As the model launches it: `8xh` with half the heads a block, twice the blocks.
+        // As the model launches it: `8xh{,3}` with half the heads a block, and chunks for one
+        // wave of the blocks an SM holds.
         let hb = crate::ops::attn_split_head_blocks(&name);
-        let splits = hb * splits;
+        let threads = (32 * heads / nkv / hb) as u32;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .map_err(drv("occupancy"))?;
+        let splits =
+            crate::ops::attn_one_wave_splits(per_sm as usize, sms, nkv, hb).min(max_splits);
         let mut i = 0usize;
         let s = time_runs(gpu, stream, reps.max(CACHES), || {
             for _ in 0..CACHES {
@@ -270,7 +278,7 @@ fn attention_walk(
                 b.arg(&hi).arg(&nkvi).arg(&hdi).arg(&scale).arg(&mc);
                 let cfg = LaunchConfig {
                     grid_dim: ((hb * nkv) as u32, splits as u32, 1),
-                    block_dim: (32 * (heads / nkv / hb) as u32, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: arguments in the kernel's order and types; the caches hold ctx

@@ -193,6 +193,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa8x_h",
     "attn_split_gqa4xp_h",
     "attn_split_gqa8xh_h",
+    "attn_split_gqa8xh3_h",
     "dn_conv_prompt",
     "dn_conv_shift",
     "swiglu_pairs",

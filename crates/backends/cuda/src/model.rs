@@ -235,17 +235,17 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4xp` (the default,
 /// `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead; position 32,768 349.0 tok/s
 /// against 340.7 with `4x`, session 24), `4x` (`attn_split_gqa4x_h`, the same bits) or `8x`
-/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4) or `8xh` (`attn_split_gqa8xh_h`: a KV
-/// head's query heads over two blocks of at most 128 registers a thread, four an SM; head_dim
-/// 256 with 8 query heads a KV head only; session 26, not yet measured).
+/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4), `8xh` / `8xh3`
+/// (`attn_split_gqa8xh{,3}_h`: a KV head's query heads over two 4-warp blocks, four or three an
+/// SM; head_dim 256 with 8 query heads a KV head only; session 26, not yet measured).
 fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
         let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4xp".into());
         return match form.as_str() {
-            "8x" | "4xp" | "4x" | "8xh" => Ok(format!("attn_split_gqa{form}_h")),
+            "8x" | "4xp" | "4x" | "8xh" | "8xh3" => Ok(format!("attn_split_gqa{form}_h")),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x or 8xh)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x, 8xh or 8xh3)"
             ))),
         };
     }
@@ -1249,8 +1249,9 @@ impl CudaModel {
         .then_some(gqa_p);
         // `attn_split_gqa` runs one block per SM (242 / 255 registers a thread): as many chunks as fill
         // one wave (66 on the H200: 247.8 tok/s at position 32,768 against 233.8 with 128).
-        // `attn_split_gqa8xh_h`: twice the blocks a KV head (half its query heads each) at four
-        // 4-warp blocks an SM, so twice the chunks for the same warps an SM.
+        // The gqa4 kernel: as many chunks as fill one wave of its blocks (one an SM but for
+        // `attn_split_gqa8xh{,3}_h`: two blocks a KV head, half its query heads each, four or
+        // three an SM).
         let (nh, nkv, hd) = (config.n_heads, config.n_kv_heads, config.head_dim);
         if attn_gqa == Some(4) && !crate::ops::attn_split_takes(&gqa4_name, nh, nkv, hd) {
             return Err(CudaError::Invalid(format!(
@@ -1261,8 +1262,16 @@ impl CudaModel {
             Some(4) => crate::ops::attn_split_head_blocks(&gqa4_name),
             _ => 1,
         };
-        let attn_default_splits = if attn_gqa.is_some() {
-            (attn_head_blocks * gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
+        let attn_default_splits = if attn_gqa == Some(4) {
+            let threads = (32 * nh / nkv.max(1) / attn_head_blocks) as u32;
+            let per_sm = k
+                .attn_split_gqa4
+                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                .map_err(|e| CudaError::driver("occupancy", e))?;
+            let sms = gpu.info.sm_count;
+            crate::ops::attn_one_wave_splits(per_sm as usize, sms, nkv, attn_head_blocks)
+        } else if attn_gqa.is_some() {
+            (gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
         } else {
             ATTN_DEFAULT_SPLITS
         };

@@ -2422,18 +2422,23 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
 }
 
 /// Blocks a KV head's query heads take in the split kernel `name` (with or without its `_h`): 2
-/// for `attn_split_gqa8xh` (half the heads a block, so grid.x is twice the KV heads and a block
-/// half the warps), else 1.
+/// for `attn_split_gqa8xh` and `8xh3` (half the heads a block, so grid.x is twice the KV heads
+/// and a block half the warps), else 1.
 pub fn attn_split_head_blocks(name: &str) -> usize {
-    if name.trim_end_matches("_h") == "attn_split_gqa8xh" {
-        2
-    } else {
-        1
+    match name.trim_end_matches("_h") {
+        "attn_split_gqa8xh" | "attn_split_gqa8xh3" => 2,
+        _ => 1,
     }
 }
 
-/// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh` only head_dim 256 with
-/// 8 query heads a KV head; the others what [`attn_split_gqa_fits`] allows.
+/// Chunks of a split kernel's one-wave grid: `per_sm` blocks an SM (its occupancy) on `sms` SMs
+/// over `nkv` KV heads of `head_blocks` blocks each.
+pub fn attn_one_wave_splits(per_sm: usize, sms: usize, nkv: usize, head_blocks: usize) -> usize {
+    (per_sm.max(1) * sms / (nkv * head_blocks).max(1)).max(1)
+}
+
+/// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh{,3}` only head_dim 256
+/// with 8 query heads a KV head; the others what [`attn_split_gqa_fits`] allows.
 pub fn attn_split_takes(name: &str, heads: usize, nkv: usize, hd: usize) -> bool {
     attn_split_head_blocks(name) == 1 || (hd == 256 && nkv > 0 && heads == 8 * nkv)
 }
@@ -2697,5 +2702,18 @@ mod tests {
         assert!(!attn_prompt_fits(6, 2, 128));
         assert!(attn_prompt_mma(4, 2, 96).is_none());
         assert!(!attn_prompt_fits(4, 2, 512));
+    }
+    /// One wave of a split kernel's blocks: the model's 66 chunks for one 8-warp block an SM on
+    /// the H200's 132 SMs over 2 KV heads, 132 for `8xh`'s four half-head blocks, 99 for three.
+    #[test]
+    fn one_wave_splits() {
+        assert_eq!(attn_one_wave_splits(1, 132, 2, 1), 66);
+        assert_eq!(attn_one_wave_splits(4, 132, 2, 2), 132);
+        assert_eq!(attn_one_wave_splits(3, 132, 2, 2), 99);
+        assert_eq!(attn_one_wave_splits(0, 1, 4, 2), 1);
+        assert_eq!(attn_split_head_blocks("attn_split_gqa8xh3_h"), 2);
+        assert_eq!(attn_split_head_blocks("attn_split_gqa4xp_h"), 1);
+        assert!(attn_split_takes("attn_split_gqa8xh", 16, 2, 256));
+        assert!(!attn_split_takes("attn_split_gqa8xh", 16, 4, 256));
     }
 }

@@ -2202,6 +2202,7 @@ impl Runner<'_> {
                     self.attention_split_named(d, "attn_split_gqa4xp", kv);
                     if ops::attn_split_takes("attn_split_gqa8xh", d.heads, d.nkv, d.hd) {
                         self.attention_split_named(d, "attn_split_gqa8xh", kv);
+                        self.attention_split_named(d, "attn_split_gqa8xh3", kv);
                     }
                 }
             }
