@@ -262,7 +262,7 @@ fn attention_walk(
         // As the model launches it: `8xh{,3}` with half the heads a block, and chunks for one
         // wave of the blocks an SM holds.
         let hb = crate::ops::attn_split_head_blocks(&name);
-        let threads = (32 * heads / nkv / hb) as u32;
+        let (gx, threads) = crate::ops::attn_split_block(heads, nkv, hb);
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
             .map_err(drv("occupancy"))?;
@@ -277,7 +277,7 @@ fn attention_walk(
                 b.arg(&q.0).arg(&k.0).arg(&v.0).arg(&part.0).arg(&pos.0);
                 b.arg(&hi).arg(&nkvi).arg(&hdi).arg(&scale).arg(&mc);
                 let cfg = LaunchConfig {
-                    grid_dim: ((hb * nkv) as u32, splits as u32, 1),
+                    grid_dim: (gx, splits as u32, 1),
                     block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
@@ -292,7 +292,7 @@ fn attention_walk(
         let gbps = 2.0 * kv_bytes as f64 / s / 1e9;
         eprintln!(
             "decode attention alone: {name} at {ctx} positions, {} blocks: {:.1} µs, {gbps:.0} GB/s",
-            hb * nkv * splits,
+            gx as usize * splits,
             s * 1e6
         );
     }

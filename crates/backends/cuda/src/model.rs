@@ -1263,7 +1263,7 @@ impl CudaModel {
             _ => 1,
         };
         let attn_default_splits = if attn_gqa == Some(4) {
-            let threads = (32 * nh / nkv.max(1) / attn_head_blocks) as u32;
+            let (_, threads) = crate::ops::attn_split_block(nh, nkv, attn_head_blocks);
             let per_sm = k
                 .attn_split_gqa4
                 .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
@@ -3206,12 +3206,12 @@ impl CudaModel {
                 Some(_) => self.k.attn_split_gqa.clone(),
                 None => self.k.attn_split.clone(),
             };
-            let hb = self.attn_head_blocks;
+            let (gx, block) = crate::ops::attn_split_block(nh, nkv, self.attn_head_blocks);
             self.launch(
                 "attn_split",
                 &f,
-                ((hb * nkv) as u32, splits as u32, n as u32),
-                (32 * (nh / nkv) / hb) as u32,
+                (gx, splits as u32, n as u32),
+                block,
                 0,
                 &[
                     A::P(q),

@@ -2431,6 +2431,16 @@ pub fn attn_split_head_blocks(name: &str) -> usize {
     }
 }
 
+/// A split kernel's blocks across and threads a block, `(grid.x, block)`, for `heads` query heads
+/// over `nkv` KV heads when a KV head's heads take `head_blocks` blocks: one warp a query head.
+pub fn attn_split_block(heads: usize, nkv: usize, head_blocks: usize) -> (u32, u32) {
+    let nkv = nkv.max(1);
+    (
+        (head_blocks * nkv) as u32,
+        (32 * (heads / nkv) / head_blocks.max(1)) as u32,
+    )
+}
+
 /// Chunks of a split kernel's one-wave grid: `per_sm` blocks an SM (its occupancy) on `sms` SMs
 /// over `nkv` KV heads of `head_blocks` blocks each.
 pub fn attn_one_wave_splits(per_sm: usize, sms: usize, nkv: usize, head_blocks: usize) -> usize {
@@ -2500,16 +2510,12 @@ pub fn attn_split_merge_with(
         return Err(CudaError::Invalid(format!("{split}: shape")));
     }
     let kernel = kv_kernel(split, kv)?;
-    let hb = attn_split_head_blocks(split);
+    let (gx, block) = attn_split_block(heads, nkv, attn_split_head_blocks(split));
     launch!(
         gpu,
         gpu.func(&kernel)?,
         &kernel,
-        cfg(
-            ((hb * nkv) as u32, splits as u32, rows as u32),
-            (32 * (heads / nkv) / hb) as u32,
-            0
-        ),
+        cfg((gx, splits as u32, rows as u32), block, 0),
         [&qd, &kd, &vd, &mut part, &pos, &hi, &nkvi, &hdi, &scale, &mci]
     )?;
     launch!(
@@ -2713,6 +2719,8 @@ mod tests {
         assert_eq!(attn_one_wave_splits(0, 1, 4, 2), 1);
         assert_eq!(attn_split_head_blocks("attn_split_gqa8xh3_h"), 2);
         assert_eq!(attn_split_head_blocks("attn_split_gqa4xp_h"), 1);
+        assert_eq!(attn_split_block(16, 2, 1), (2, 256));
+        assert_eq!(attn_split_block(16, 2, 2), (4, 128));
         assert!(attn_split_takes("attn_split_gqa8xh", 16, 2, 256));
         assert!(!attn_split_takes("attn_split_gqa8xh", 16, 4, 256));
     }
