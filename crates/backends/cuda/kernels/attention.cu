@@ -1062,13 +1062,16 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_gqa4xp_h(const f
     attn_split_gqa_p_body<4, true, u16, 4, true>(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
-// attn_split_gqa8xh_h, attn_split_gqa8xh3_h: the f16 split with a KV head's query heads over two
-// blocks (HSPLIT = 2; head_dim 256 and 8 query heads a KV head only: 4 heads and 4 warps a block,
-// 8 rows a warp step for XR's 32 scores a warp), so that more warps fit an SM than
-// attn_split_gqa4x_h's 212 registers allow (one 8-warp block): at most 128 registers a thread
-// and four blocks (16 warps) an SM (8xh; NVRTC 13.0 spills the accumulators around their
-// rescale), or 168 and three blocks (12 warps) without spills (8xh3). Launch: grid = (2 nkv,
-// splits, tokens), block = 32 * heads / nkv / 2 threads; splits as many as fill one wave.
+// attn_split_gqa8xh3_h: the f16 split with a KV head's query heads over two blocks (HSPLIT = 2;
+// head_dim 256 and 8 query heads a KV head only: 4 heads and 4 warps a block, 8 rows a warp step
+// for XR's 32 scores a warp), so that more warps fit an SM than attn_split_gqa4x_h's 212
+// registers allow (one 8-warp block): at most 168 registers a thread (161 with NVRTC 13.0, no
+// spills) and three blocks (12 warps) an SM. The model's default where the shape fits (session
+// 27 on the H200: short decode +1.3 % against 4xp, position 32,768 even; alone at 32K 32.0 µs
+// against 4xp's 32.6). A (128, 4) bound (16 warps an SM, 128 registers with the accumulators
+// spilled around their rescale) was slower: 34.3 µs alone, short +1.0 %, 32K −0.5 %; removed.
+// Launch: grid = (2 nkv, splits, tokens), block = 32 * heads / nkv / 2 threads; splits as many
+// as fill one wave.
 __device__ __forceinline__ void attn_split_gqa8xh_body(const float* q, const u16* kc, const u16* vc, float* part,
                                                        const int* pos_ptr, int heads, int nkv, int hd, float scale,
                                                        int min_chunk) {
@@ -1079,10 +1082,6 @@ __device__ __forceinline__ void attn_split_gqa8xh_body(const float* q, const u16
     attn_split_gqa_body<8, 4, 8, true, u16, 8, false, 2>(q + ((size_t)blockIdx.z * heads + blockIdx.x * 4) * hd, kc,
                                                          vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk, sm, sl,
                                                          sacc);
-}
-extern "C" __global__ __launch_bounds__(128, 4) void attn_split_gqa8xh_h(const float* q, const u16* kc, const u16* vc, float* part,
-                                                                         const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
-    attn_split_gqa8xh_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 extern "C" __global__ __launch_bounds__(128, 3) void attn_split_gqa8xh3_h(const float* q, const u16* kc, const u16* vc, float* part,
                                                                           const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {

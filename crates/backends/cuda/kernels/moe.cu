@@ -922,6 +922,15 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
+// Experiments (run-time knobs, default 0; kernels.rs `knobs`): g_knob_gu_pf
+// (REDLITE_CUDA_GU_PF), the fused route kernel's block asks for its unit's 32 gate and 32 up rows
+// (≈ 34 KB at full size) at once after the top-k, a `prefetch.global.L1` a line, instead of each
+// warp's loads meeting DRAM row by row inside its loop (a few round trips a warp); g_knob_dn_pf
+// (REDLITE_CUDA_DOWN_PF), the q8 down kernel's block asks for its rows of all k choices at once
+// after the wait. Hints only: the same loads and arithmetic, the same bits.
+__constant__ int g_knob_gu_pf;
+__constant__ int g_knob_dn_pf;
+
 // IQ2_LDG (default 1 since session 20: +0.5 % decode on the H200, the same bits):
 // iq2xxs_sub_value tells the compiler its weight pointer is global (`__isGlobal`), so that its
 // loads are `LDG.E.U16` instead of the generic `LD.E.U16` it emits for expert pointers computed
@@ -1272,6 +1281,12 @@ __device__ __forceinline__ void route_gate_up_body(
     const int id = ids_s[by];
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
+    if (g_knob_gu_pf) {
+        // The unit's 32 gate and 32 up rows (contiguous in each part) requested at once.
+        const size_t span = (size_t)WARP * row_bytes<T_IQ2_XXS>(hidden);
+        prefetch_l1_span(gate + bx * span, span);
+        prefetch_l1_span(up + bx * span, span);
+    }
     gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     trace_phase(5, tt);
 }
@@ -1322,6 +1337,15 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
     tt = trace_phase(7, tt);
+    if (g_knob_dn_pf) {
+        // The block's rows of every choice's down part, requested at once (rows consecutive).
+        const int rows = blockDim.x / WARP / d.parts, row0 = blockIdx.x * rows;
+        const size_t rb = row_bytes<T_IQ2_XXS>(ff);
+        for (int c = 0; c < k; ++c) {
+            prefetch_l1_span(expert_part(tab, ids[t * k + c], 2, dstride, d0) + (size_t)row0 * rb,
+                             (size_t)min(rows, hidden - row0) * rb);
+        }
+    }
     const int sbs = ff / 32;
     float acc = 0.0f;
     if (d.valid) {

@@ -192,7 +192,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa4x_h",
     "attn_split_gqa8x_h",
     "attn_split_gqa4xp_h",
-    "attn_split_gqa8xh_h",
     "attn_split_gqa8xh3_h",
     "dn_conv_prompt",
     "dn_conv_shift",
@@ -250,15 +249,20 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// `REDLITE_CUDA_TOPK_LOGITS` (default 1: the router's top-k chosen on the logits and the
 /// weights as exp(l - max) over the chosen only, without the softmax over every expert: the same
 /// choices except where the softmax rounds two different logits to one probability, weights
-/// within a few ulps; 0: the softmax, then the top-k of the probabilities).
+/// within a few ulps; 0: the softmax, then the top-k of the probabilities). Experiments, default
+/// 0 (moe.cu): `g_knob_gu_pf` = `REDLITE_CUDA_GU_PF` (the fused route kernel's gate/up rows into
+/// L1 at once after the top-k), `g_knob_dn_pf` = `REDLITE_CUDA_DOWN_PF` (the q8 down kernel's rows
+/// of every choice into L1 at once after the wait).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     // (symbol, environment variable, default)
-    const KNOBS: [(&str, &str, bool); 5] = [
+    const KNOBS: [(&str, &str, bool); 7] = [
         ("g_knob_pre", "REDLITE_CUDA_PRE_WEIGHTS", true),
         ("g_knob_topk", "REDLITE_CUDA_TOPK_REDUX", true),
         ("g_knob_sync", "REDLITE_CUDA_SYNC_RELEASE", true),
         ("g_knob_soft", "REDLITE_CUDA_SOFTMAX_FLAT", true),
         ("g_knob_tkl", "REDLITE_CUDA_TOPK_LOGITS", true),
+        ("g_knob_gu_pf", "REDLITE_CUDA_GU_PF", false),
+        ("g_knob_dn_pf", "REDLITE_CUDA_DOWN_PF", false),
     ];
     KNOBS
         .iter()

@@ -232,20 +232,26 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// The decode attention's `attn_split_gqa` kernel with 4 positions a warp step, for a cache of
 /// `kv`: `attn_split_gqa4x` (its scores reduced transposed, one a lane: +4.5 % decode at position
 /// 32,768 on the H200, session 23) unless `REDLITE_CUDA_ATTN_XR=0` (`attn_split_gqa4`); on an
-/// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `4xp` (the default,
-/// `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead; position 32,768 349.0 tok/s
-/// against 340.7 with `4x`, session 24), `4x` (`attn_split_gqa4x_h`, the same bits) or `8x`
-/// (`attn_split_gqa8x_h`, 8 rows loaded a warp step: 347.4), `8xh` / `8xh3`
-/// (`attn_split_gqa8xh{,3}_h`: a KV head's query heads over two 4-warp blocks, four or three an
-/// SM; head_dim 256 with 8 query heads a KV head only; session 26, not yet measured).
-fn attn_gqa4_kernel(kv: KvType) -> Result<String, CudaError> {
+/// f16 cache their `_h` forms, the XR one as `REDLITE_CUDA_ATTN_H` says: `8xh3` (the default
+/// where the shape takes it, head_dim 256 with 8 query heads a KV head as the Qwen3-Next models:
+/// `attn_split_gqa8xh3_h`, a KV head's query heads over two 4-warp blocks, three an SM; short
+/// decode 398.60 tok/s against 393.60 with `4xp`, position 32,768 even, session 27), `4xp` (the
+/// default for other shapes, `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead;
+/// position 32,768 349.0 tok/s against 340.7 with `4x`, session 24), `4x`
+/// (`attn_split_gqa4x_h`, the same bits as `4xp`) or `8x` (`attn_split_gqa8x_h`, 8 rows loaded a
+/// warp step: 347.4). `(heads, nkv, hd)`: the model's attention shape.
+fn attn_gqa4_kernel(kv: KvType, shape: (usize, usize, usize)) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
-        let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| "4xp".into());
+        let (nh, nkv, hd) = shape;
+        let form = std::env::var("REDLITE_CUDA_ATTN_H").unwrap_or_else(|_| {
+            let takes = crate::ops::attn_split_takes("attn_split_gqa8xh3", nh, nkv, hd);
+            (if takes { "8xh3" } else { "4xp" }).into()
+        });
         return match form.as_str() {
-            "8x" | "4xp" | "4x" | "8xh" | "8xh3" => Ok(format!("attn_split_gqa{form}_h")),
+            "8x" | "4xp" | "4x" | "8xh3" => Ok(format!("attn_split_gqa{form}_h")),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x, 8xh or 8xh3)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x or 8xh3)"
             ))),
         };
     }
@@ -923,7 +929,7 @@ pub struct CudaModel {
     /// 2 or 4; 0 turns it off).
     attn_gqa: Option<usize>,
     /// Blocks a KV head's query heads take in the decode attention's split kernel (2 for
-    /// `attn_split_gqa8xh_h`, else 1).
+    /// `attn_split_gqa8xh3_h`, else 1).
     attn_head_blocks: usize,
     /// RoPE's cosines and sines from `rope_table`'s rows (`Scratch::rope_cs`, computed once at
     /// load) instead of computed in double by every `attn_qk_prep` block
@@ -1161,7 +1167,10 @@ impl CudaModel {
                 Ok((k, per_sm))
             };
         // The decode attention's split kernel of 4 positions a warp step (its forms: below).
-        let gqa4_name = attn_gqa4_kernel(opts.kv_type)?;
+        let gqa4_name = attn_gqa4_kernel(
+            opts.kv_type,
+            (config.n_heads, config.n_kv_heads, config.head_dim),
+        )?;
         let k = Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_gated: f("rms_norm_gated")?,
@@ -1250,8 +1259,7 @@ impl CudaModel {
         // `attn_split_gqa` runs one block per SM (242 / 255 registers a thread): as many chunks as fill
         // one wave (66 on the H200: 247.8 tok/s at position 32,768 against 233.8 with 128).
         // The gqa4 kernel: as many chunks as fill one wave of its blocks (one an SM but for
-        // `attn_split_gqa8xh{,3}_h`: two blocks a KV head, half its query heads each, four or
-        // three an SM).
+        // `attn_split_gqa8xh3_h`: two blocks a KV head, half its query heads each, three an SM).
         let (nh, nkv, hd) = (config.n_heads, config.n_kv_heads, config.head_dim);
         if attn_gqa == Some(4) && !crate::ops::attn_split_takes(&gqa4_name, nh, nkv, hd) {
             return Err(CudaError::Invalid(format!(

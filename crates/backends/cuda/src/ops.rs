@@ -2422,11 +2422,11 @@ pub fn attn_split_gqa_kernel(p: usize) -> &'static str {
 }
 
 /// Blocks a KV head's query heads take in the split kernel `name` (with or without its `_h`): 2
-/// for `attn_split_gqa8xh` and `8xh3` (half the heads a block, so grid.x is twice the KV heads
+/// for `attn_split_gqa8xh3` (half the heads a block, so grid.x is twice the KV heads
 /// and a block half the warps), else 1.
 pub fn attn_split_head_blocks(name: &str) -> usize {
     match name.trim_end_matches("_h") {
-        "attn_split_gqa8xh" | "attn_split_gqa8xh3" => 2,
+        "attn_split_gqa8xh3" => 2,
         _ => 1,
     }
 }
@@ -2447,7 +2447,7 @@ pub fn attn_one_wave_splits(per_sm: usize, sms: usize, nkv: usize, head_blocks: 
     (per_sm.max(1) * sms / (nkv * head_blocks).max(1)).max(1)
 }
 
-/// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh{,3}` only head_dim 256
+/// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh3` only head_dim 256
 /// with 8 query heads a KV head; the others what [`attn_split_gqa_fits`] allows.
 pub fn attn_split_takes(name: &str, heads: usize, nkv: usize, hd: usize) -> bool {
     attn_split_head_blocks(name) == 1 || (hd == 256 && nkv > 0 && heads == 8 * nkv)
@@ -2710,7 +2710,7 @@ mod tests {
         assert!(!attn_prompt_fits(4, 2, 512));
     }
     /// One wave of a split kernel's blocks: the model's 66 chunks for one 8-warp block an SM on
-    /// the H200's 132 SMs over 2 KV heads, 132 for `8xh`'s four half-head blocks, 99 for three.
+    /// the H200's 132 SMs over 2 KV heads, 99 for `8xh3`'s three half-head blocks.
     #[test]
     fn one_wave_splits() {
         assert_eq!(attn_one_wave_splits(1, 132, 2, 1), 66);
@@ -2721,7 +2721,9 @@ mod tests {
         assert_eq!(attn_split_head_blocks("attn_split_gqa4xp_h"), 1);
         assert_eq!(attn_split_block(16, 2, 1), (2, 256));
         assert_eq!(attn_split_block(16, 2, 2), (4, 128));
-        assert!(attn_split_takes("attn_split_gqa8xh", 16, 2, 256));
-        assert!(!attn_split_takes("attn_split_gqa8xh", 16, 4, 256));
+        assert!(attn_split_takes("attn_split_gqa8xh3", 16, 2, 256));
+        assert!(!attn_split_takes("attn_split_gqa8xh3", 16, 4, 256));
+        assert!(!attn_split_takes("attn_split_gqa8xh3_h", 8, 2, 256));
+        assert!(attn_split_takes("attn_split_gqa4xp_h", 8, 2, 64));
     }
 }

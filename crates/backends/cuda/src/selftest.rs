@@ -2200,8 +2200,7 @@ impl Runner<'_> {
                     // 8 rows a warp step, and the next step's rows loaded ahead: f16 only.
                     self.attention_split_named(d, "attn_split_gqa8x", kv);
                     self.attention_split_named(d, "attn_split_gqa4xp", kv);
-                    if ops::attn_split_takes("attn_split_gqa8xh", d.heads, d.nkv, d.hd) {
-                        self.attention_split_named(d, "attn_split_gqa8xh", kv);
+                    if ops::attn_split_takes("attn_split_gqa8xh3", d.heads, d.nkv, d.hd) {
                         self.attention_split_named(d, "attn_split_gqa8xh3", kv);
                     }
                 }
