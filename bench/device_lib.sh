@@ -93,6 +93,14 @@ ab_setup() {
     LOG="$LOGS/$2"
 }
 step() { echo "== $* ($(date -u +%T))" | tee -a "$LOG"; }
+# pack_logs: every file in $LOGS but the summary $LOG into one logs.tar.gz there (the device tool
+# brings back at most 8 files from $OUT, so a run with many logs lost its summary).
+pack_logs() {
+    local d=$LOGS f
+    f=$(basename "$LOG")
+    (cd "$d" && find . -maxdepth 1 -type f ! -name "$f" ! -name logs.tar.gz -printf '%f\n' | tar czf logs.tar.gz -T - &&
+        find . -maxdepth 1 -type f ! -name "$f" ! -name logs.tar.gz -delete)
+}
 keep() { tee -a "$LOG"; }
 
 # spec_sampled_check R MODEL: `generate --backend cuda` with sampling (on the GPU's sampler, then

@@ -195,3 +195,4 @@ if [ -n "${KNCU:-}" ]; then
     done
 fi
 step "done"
+pack_logs

@@ -191,15 +191,6 @@ __device__ __forceinline__ long long trace_phase(int phase, long long t) {
 #endif
 }
 
-// The 128-byte lines of [p, p + bytes) into this SM's L1, a line per thread of the block (a hint).
-__device__ __forceinline__ void prefetch_l1_span(const void* p, size_t bytes) {
-    const size_t head = (size_t)p & 127;
-    const u8* start = (const u8*)p - head;
-    for (size_t off = (size_t)threadIdx.x * 128; off < bytes + head; off += (size_t)blockDim.x * 128) {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(start + off));
-    }
-}
-
 // Starts the 128-byte lines of [p, p + bytes) into this SM's L1, a line per thread of the block
 // (a hint: it neither waits nor faults). For a few KB of weights read after the wait.
 __device__ __forceinline__ void prefetch_l1_block(const void* p, size_t bytes) {

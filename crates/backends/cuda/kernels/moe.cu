@@ -922,14 +922,6 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
-// Experiments (run-time knobs, default 0; kernels.rs `knobs`): g_knob_gu_pf
-// (REDLITE_CUDA_GU_PF), the fused route kernel's block asks for its unit's 32 gate and 32 up rows
-// (≈ 34 KB at full size) at once after the top-k, a `prefetch.global.L1` a line, instead of each
-// warp's loads meeting DRAM row by row inside its loop (a few round trips a warp); g_knob_dn_pf
-// (REDLITE_CUDA_DOWN_PF), the q8 down kernel's block asks for its rows of all k choices at once
-// after the wait. Hints only: the same loads and arithmetic, the same bits.
-__constant__ int g_knob_gu_pf;
-__constant__ int g_knob_dn_pf;
 
 // IQ2_LDG (default 1 since session 20: +0.5 % decode on the H200, the same bits):
 // iq2xxs_sub_value tells the compiler its weight pointer is global (`__isGlobal`), so that its
@@ -1281,12 +1273,6 @@ __device__ __forceinline__ void route_gate_up_body(
     const int id = ids_s[by];
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
-    if (g_knob_gu_pf) {
-        // The unit's 32 gate and 32 up rows (contiguous in each part) requested at once.
-        const size_t span = (size_t)WARP * row_bytes<T_IQ2_XXS>(hidden);
-        prefetch_l1_span(gate + bx * span, span);
-        prefetch_l1_span(up + bx * span, span);
-    }
     gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     trace_phase(5, tt);
 }
@@ -1309,6 +1295,149 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
     u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
     route_gate_up_body(xn, cols, parts, w0, y0, r0, w1, y1, r1, n_expert, tab, ids, wts, xq, act, actq, ff,
                        hidden, k, dstride, counter);
+}
+
+// moe_route_gate_up_even_q8q_iq2_xxs(...as moe_route_gate_up_q8q_iq2_xxs..., counter, unit_count):
+// the fused route kernel with the gate/up rows dealt out evenly (REDLITE_CUDA_ROUTE_EVEN): one
+// 1,024-thread block an SM (gridDim.x of them, all resident), block b taking the rows
+// [b R / G, (b + 1) R / G) of the R = k · ff (choice, row) pairs, a warp a row at a time (two
+// with PAIR), instead of one 32-row unit a 512-thread block (k · ff / 32 = 160 blocks at full
+// size: 28 SMs with two units, 64 rows, and 104 with one). The router's rows, the barrier and the
+// top-k as the other kernel (4 router groups a block). A unit's 32 activations are quantised by
+// the block that holds them all, or, for a unit cut between two blocks, by the block that counts
+// its last rows in (unit_count: one u32 a unit, zero between launches; the completing block
+// resets it). The same arithmetic per row and per unit, so the same bits.
+// Launch: grid = (G, 1, 1) with G <= SMs, block = 1024 threads, R / G <= 128 rows a block.
+#define EVEN_MAX_ROWS 128
+extern "C" __global__ __launch_bounds__(1024, 1) void moe_route_gate_up_even_q8q_iq2_xxs(
+    const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
+    const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
+    int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter,
+    unsigned* __restrict__ unit_count) {
+    __shared__ float red[4][MVF_WARPS];
+    __shared__ int ids_s[WARP];
+    __shared__ float wts_s[WARP];
+    __shared__ float act_s[EVEN_MAX_ROWS];
+    __shared__ int done_s[8];
+    long long tt = trace_start();
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const int groups = (int)blockDim.x / (WARP * MVF_WARPS);
+    const int half = wid / MVF_WARPS, w = wid % MVF_WARPS;
+    const int per = MVF_WARPS / parts;
+    const int part = w % parts, w0p = w - part;
+    const int nb = gridDim.x;
+    const int vblocks = (r0 + per - 1) / per + (r1 + per - 1) / per;
+    const size_t rbytes = (size_t)cols * 4;
+    auto row_of = [&](int vb, float*& y) -> const u8* {
+        const int nb0 = (r0 + per - 1) / per;
+        const int m = vb < nb0 ? 0 : 1, b = vb < nb0 ? vb : vb - nb0;
+        const int row = b * per + w / parts, rows = m == 0 ? r0 : r1;
+        if (row >= rows) return nullptr;
+        y = (m == 0 ? y0 : y1) + row;
+        return (m == 0 ? w0 : w1) + (size_t)row * rbytes;
+    };
+    for (int vb = groups * blockIdx.x + half; vb < vblocks; vb += groups * nb) {
+        float* y;
+        const u8* wr = row_of(vb, y);
+        if (wr != nullptr) prefetch_l2(wr, rbytes, part * WARP + lane, parts * WARP);
+    }
+    stage_iq2_q8_tables();
+    const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
+    pdl_enter();  // xn and xq come from the kernels before
+    tt = trace_phase(1, tt);
+    for (int base = groups * blockIdx.x; base < vblocks; base += groups * nb) {
+        float* y = nullptr;
+        const u8* wr = base + half < vblocks ? row_of(base + half, y) : nullptr;
+        const float acc = wr != nullptr ? row_partial<T_F32>(wr, xn, cols, lane, part, parts) : 0.0f;
+        const float v = warp_sum(acc);
+        if (lane == 0) red[half][w] = v;
+        __syncthreads();
+        if (wr != nullptr && part == 0 && lane == 0) {
+            float sum = 0.0f;
+            for (int p = 0; p < parts; ++p) sum += red[half][w0p + p];
+            *y = 1.0f * sum;
+        }
+        __syncthreads();
+    }
+    tt = trace_phase(2, tt);
+    grid_sync(counter, nb);
+    tt = trace_phase(3, tt);
+    if (threadIdx.x < WARP) {
+        router_warp_row(y0, n_expert, k, ids_s, wts_s);
+        __syncwarp();
+        if (blockIdx.x == 0 && (int)threadIdx.x < k) {
+            ids[threadIdx.x] = ids_s[threadIdx.x];
+            wts[threadIdx.x] = wts_s[threadIdx.x];
+        }
+    }
+    __syncthreads();
+    tt = trace_phase(4, tt);
+    // The block's (choice, row) pairs i in [lo, hi): choice i / ff, row i % ff.
+    const int total = k * ff;
+    const int lo = (int)((long long)blockIdx.x * total / nb), hi = (int)((long long)(blockIdx.x + 1) * total / nb);
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    const Q8Row x = q8_row((u8*)xq, hidden);
+    auto parts_of = [&](int i, const u8*& g, const u8*& u) {
+        const int c = i / ff, row = i - c * ff;
+        const int id = ids_s[c];
+        g = expert_part(tab, id, 0, dstride, g0) + (size_t)row * rb;
+        u = expert_part(tab, id, 1, dstride, u0) + (size_t)row * rb;
+    };
+    for (int i = lo + wid; i < hi; i += 2 * nw) {
+        const u8 *g, *u;
+        parts_of(i, g, u);
+        if (i + nw < hi) {
+            const u8 *g1, *u1;
+            parts_of(i + nw, g1, u1);
+            float ga, ua, ga1, ua1;
+            iq2xxs_gate_up2_q8(g, u, g1, u1, x, hidden, lane, ga, ua, ga1, ua1);
+            const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
+            if (lane == 0) {
+                const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
+                act_s[i - lo] = a;
+                act_s[i + nw - lo] = a1;
+                act[i] = a;
+                act[i + nw] = a1;
+            }
+            continue;
+        }
+        float ga, ua;
+        iq2xxs_gate_up_q8(g, u, x, hidden, lane, ga, ua);
+        const float gv = warp_sum(ga), uv = warp_sum(ua);
+        if (lane == 0) {
+            const float a = siluf_(gv) * uv;
+            act_s[i - lo] = a;
+            act[i] = a;
+        }
+    }
+    // The units this block touches: ua0 .. ua1 (at most 5 with R / G <= 128 rows).
+    const int ua0 = lo / WARP, ua1 = (hi - 1) / WARP;
+    __threadfence();  // act visible before a cut unit is counted
+    __syncthreads();
+    if (threadIdx.x <= ua1 - ua0) {
+        const int un = ua0 + threadIdx.x;
+        const int a = max(lo, un * WARP), b = min(hi, un * WARP + WARP);
+        int mine = 0;  // 1: all 32 rows here; 2: this block counted the unit's last rows in
+        if (b - a == WARP) {
+            mine = 1;
+        } else if (atomicAdd(&unit_count[un], (unsigned)(b - a)) + (unsigned)(b - a) == WARP) {
+            mine = 2;
+            unit_count[un] = 0;
+        }
+        done_s[threadIdx.x] = mine;
+    }
+    __syncthreads();
+    if (wid <= ua1 - ua0 && done_s[wid] != 0) {
+        const int un = ua0 + wid;
+        __threadfence();
+        const int i = un * WARP + lane;
+        const float v = done_s[wid] == 1 ? act_s[i - lo] : ld_cg(act + i);
+        const int c = i / ff, bx = (i - c * ff) / WARP;
+        u8* base = actq + (size_t)c * Q8_ROW_BYTES(ff);
+        q8_block32(v, lane, (i8*)base + 32 * bx, (float*)(base + ff) + bx, (int*)(base + ff + ff / 32 * 4) + 2 * bx);
+    }
+    trace_phase(5, tt);
 }
 
 // DOWN_LOOP (default 1): moe_down_combine_tab_q8_iq2_xxs walks its (choice, sub-block) pairs
@@ -1337,15 +1466,6 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
     tt = trace_phase(7, tt);
-    if (g_knob_dn_pf) {
-        // The block's rows of every choice's down part, requested at once (rows consecutive).
-        const int rows = blockDim.x / WARP / d.parts, row0 = blockIdx.x * rows;
-        const size_t rb = row_bytes<T_IQ2_XXS>(ff);
-        for (int c = 0; c < k; ++c) {
-            prefetch_l1_span(expert_part(tab, ids[t * k + c], 2, dstride, d0) + (size_t)row0 * rb,
-                             (size_t)min(rows, hidden - row0) * rb);
-        }
-    }
     const int sbs = ff / 32;
     float acc = 0.0f;
     if (d.valid) {

@@ -174,6 +174,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_gate_up_route_q8q_iq2_xxs",
     "moe_gate_up_route2_q8q_iq2_xxs",
     "moe_route_gate_up_q8q_iq2_xxs",
+    "moe_route_gate_up_even_q8q_iq2_xxs",
     "moe_down_combine_tab_q8_iq2_xxs",
     "attn_prompt",
     "attn_prompt_mma_64",
@@ -249,20 +250,15 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// `REDLITE_CUDA_TOPK_LOGITS` (default 1: the router's top-k chosen on the logits and the
 /// weights as exp(l - max) over the chosen only, without the softmax over every expert: the same
 /// choices except where the softmax rounds two different logits to one probability, weights
-/// within a few ulps; 0: the softmax, then the top-k of the probabilities). Experiments, default
-/// 0 (moe.cu): `g_knob_gu_pf` = `REDLITE_CUDA_GU_PF` (the fused route kernel's gate/up rows into
-/// L1 at once after the top-k), `g_knob_dn_pf` = `REDLITE_CUDA_DOWN_PF` (the q8 down kernel's rows
-/// of every choice into L1 at once after the wait).
+/// within a few ulps; 0: the softmax, then the top-k of the probabilities).
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     // (symbol, environment variable, default)
-    const KNOBS: [(&str, &str, bool); 7] = [
+    const KNOBS: [(&str, &str, bool); 5] = [
         ("g_knob_pre", "REDLITE_CUDA_PRE_WEIGHTS", true),
         ("g_knob_topk", "REDLITE_CUDA_TOPK_REDUX", true),
         ("g_knob_sync", "REDLITE_CUDA_SYNC_RELEASE", true),
         ("g_knob_soft", "REDLITE_CUDA_SOFTMAX_FLAT", true),
         ("g_knob_tkl", "REDLITE_CUDA_TOPK_LOGITS", true),
-        ("g_knob_gu_pf", "REDLITE_CUDA_GU_PF", false),
-        ("g_knob_dn_pf", "REDLITE_CUDA_DOWN_PF", false),
     ];
     KNOBS
         .iter()
