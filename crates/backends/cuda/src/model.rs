@@ -765,9 +765,6 @@ struct Kernels {
     /// `moe_route_gate_up_q8q_iq2_xxs` and its blocks an SM (its grid barrier needs every block
     /// resident at once: the launch checks the grid against it).
     moe_route_fused: (CudaFunction, u32),
-    /// `moe_route_gate_up_even_q8q_iq2_xxs` (the gate/up rows dealt out evenly over one block an
-    /// SM) and its blocks an SM.
-    moe_route_even: (CudaFunction, u32),
 }
 
 /// Activation buffers for `max_batch` tokens.
@@ -814,9 +811,6 @@ struct Scratch {
     grid_counter: u64,
     /// `dn_fused_cols`' barrier counters, one per QK head (u64, only ever growing).
     dn_counter: u64,
-    /// `moe_route_gate_up_even`'s u32 count of finished rows per 32-row gate/up unit of a token
-    /// `[n_experts_used · expert_ff / 32]` (zero between launches).
-    unit_counter: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
     argmax_part: u64,
@@ -1023,12 +1017,6 @@ pub struct CudaModel {
     /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
     /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
-    /// The fused route kernel with its gate/up rows dealt out evenly over the SMs
-    /// (`moe_route_gate_up_even_q8q_iq2_xxs`: one 1,024-thread block an SM, a 32-row unit cut
-    /// between two blocks quantised by the one that finishes it) instead of a 32-row unit a
-    /// 512-thread block (160 blocks at full size: 28 SMs with two units); the same bits
-    /// (`REDLITE_CUDA_ROUTE_EVEN`, session 27, off until measured).
-    route_even: bool,
     /// (kernel, grid size) → `grid_sync` counter index, in order of first use.
     grid_counters: Vec<(&'static str, u32)>,
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
@@ -1223,10 +1211,6 @@ impl CudaModel {
                 "moe_route_gate_up_q8q_iq2_xxs",
                 ROUTE_FUSED_THREADS,
             )?,
-            moe_route_even: with_blocks_per_sm(
-                "moe_route_gate_up_even_q8q_iq2_xxs",
-                crate::ops::ROUTE_EVEN_THREADS,
-            )?,
             swiglu_pairs: f("swiglu_pairs")?,
             moe_combine_pairs: f("moe_combine_pairs")?,
         };
@@ -1382,7 +1366,6 @@ impl CudaModel {
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
-            route_even: env_switch("REDLITE_CUDA_ROUTE_EVEN", false),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
@@ -3666,34 +3649,16 @@ impl CudaModel {
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_fused.is_some() => {
                 let act_q = self.sc.act_q;
-                // The even form: one block an SM (as many as are resident at once), each at most
-                // ROUTE_EVEN_MAX_ROWS rows.
-                let (even_f, even_per_sm) = self.k.moe_route_even.clone();
-                let even_grid = (self.gpu.info.sm_count * even_per_sm as usize).min(k * ff / 32);
-                let even = self.route_even
-                    && even_grid > 0
-                    && (k * ff).div_ceil(even_grid) <= crate::ops::ROUTE_EVEN_MAX_ROWS;
-                let (f, grid, threads, name) = if even {
-                    let t = crate::ops::ROUTE_EVEN_THREADS;
-                    (even_f, even_grid as u32, t, "moe_route_gate_up_even")
-                } else {
-                    let f = route_fused.clone().expect("checked above");
-                    (
-                        f,
-                        ((ff / 32) * k) as u32,
-                        ROUTE_FUSED_THREADS,
-                        "moe_route_gate_up",
-                    )
-                };
+                let f = route_fused.clone().expect("checked above");
+                let grid = ((ff / 32) * k) as u32;
                 let counter = self
-                    .grid_counter(name, grid)
+                    .grid_counter("moe_route_gate_up", grid)
                     .ok_or_else(|| CudaError::Invalid("out of grid_sync counters".into()))?;
-                let units = even.then_some(A::P(self.sc.unit_counter));
                 self.launch(
                     "moe_route_gate_up_q8q",
                     &f,
                     (grid, 1, 1),
-                    threads,
+                    ROUTE_FUSED_THREADS,
                     0,
                     &[
                         A::P(xn),
@@ -3709,7 +3674,6 @@ impl CudaModel {
                     .into_iter()
                     .chain(routed_tail)
                     .chain([A::P(counter)])
-                    .chain(units)
                     .collect::<Vec<_>>(),
                 )?;
                 (dn_f, act_q)
@@ -4387,7 +4351,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
         dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
-        unit_counter: arena.zeros(4 * (c.n_experts_used * c.expert_ff / 32).max(1))?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,

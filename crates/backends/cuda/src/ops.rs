@@ -830,15 +830,7 @@ pub enum RouteForm {
     Separate,
     /// `moe_route_gate_up_q8q_iq2_xxs` (a grid barrier after the logits).
     Fused,
-    /// `moe_route_gate_up_even_q8q_iq2_xxs` on this many 1,024-thread blocks (the gate/up rows
-    /// dealt out evenly, units cut between blocks; at most [`ROUTE_EVEN_MAX_ROWS`] a block).
-    Even(u32),
 }
-
-/// Most (choice, row) pairs a block of `moe_route_gate_up_even_q8q_iq2_xxs` takes (`EVEN_MAX_ROWS`).
-pub const ROUTE_EVEN_MAX_ROWS: usize = 128;
-/// Threads of a `moe_route_gate_up_even_q8q_iq2_xxs` block (four 8-warp router groups).
-pub const ROUTE_EVEN_THREADS: u32 = 1024;
 
 /// A one-token router and routed gate/up as the model runs them with every expert resident
 /// (experts in slots, direct addresses): the f32 `router` `[ne][hidden]` and `gate_vec`
@@ -891,20 +883,8 @@ pub fn moe_route_gate_up_slots(
     );
     let (ffi, ki, dstride) = (i32_arg(ff, "ff")?, i32_arg(k, "k")?, sb as u64);
     if form != RouteForm::Separate {
-        let (name, grid, threads) = match form {
-            RouteForm::Even(g) if g > 0 && (k * ff).div_ceil(g as usize) <= ROUTE_EVEN_MAX_ROWS => {
-                ("moe_route_gate_up_even_q8q_iq2_xxs", g, ROUTE_EVEN_THREADS)
-            }
-            RouteForm::Even(g) => {
-                return Err(CudaError::Invalid(format!(
-                    "moe_route_gate_up_even: {g} blocks for {} rows",
-                    k * ff
-                )))
-            }
-            _ => ("moe_route_gate_up_q8q_iq2_xxs", ((ff / 32) * k) as u32, 512),
-        };
+        let (name, grid) = ("moe_route_gate_up_q8q_iq2_xxs", ((ff / 32) * k) as u32);
         let mut counter = upload(gpu, &[0u64])?;
-        let mut units = upload(gpu, &vec![0u32; k * ff / 32])?;
         let f = gpu.func(name)?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&xn_d)
@@ -928,15 +908,7 @@ pub fn moe_route_gate_up_slots(
             .arg(&ki)
             .arg(&dstride)
             .arg(&mut counter);
-        if matches!(form, RouteForm::Even(_)) {
-            b.arg(&mut units);
-        }
-        drv(name, unsafe { b.launch(cfg((grid, 1, 1), threads, 0)) })?;
-        if download(gpu, &units)?.iter().any(|&c| c != 0) {
-            return Err(CudaError::Invalid(format!(
-                "{name}: a unit's count was not reset"
-            )));
-        }
+        drv(name, unsafe { b.launch(cfg((grid, 1, 1), 512, 0)) })?;
     } else {
         let split = MvfSplit {
             parts: parts_n,

@@ -870,20 +870,6 @@ impl Runner<'_> {
                     (&ids_f, &wts_f, &act_f, &actq_f),
                     (&ids_s, &wts_s, &act_s, &actq_s),
                 )?;
-                // The even form (`REDLITE_CUDA_ROUTE_EVEN`): the fewest blocks it takes and one
-                // block fewer than a unit each, so that units are cut between blocks.
-                let total = chosen.len() * ff;
-                for g in [total.div_ceil(ops::ROUTE_EVEN_MAX_ROWS) + 1, total / 32 - 1] {
-                    let (l_e, g_e, ids_e, wts_e, act_e, actq_e) =
-                        route(ops::RouteForm::Even(g as u32))?;
-                    same_bits("even route: router logits differ", &l_e, &l_s)?;
-                    same_bits("even route: shared gate logit differs", &g_e, &g_s)?;
-                    same_route(
-                        &format!("even route ({g} blocks)"),
-                        (&ids_e, &wts_e, &act_e, &actq_e),
-                        (&ids_s, &wts_s, &act_s, &actq_s),
-                    )?;
-                }
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
