@@ -109,7 +109,9 @@ IDS=9707,11,1879,374,264,1273,315,279,13,576,3974,13876,38835,34208,916,279,1567
 step "full-size logits of 27 steps, each config against the default"
 i=0
 for cfg in $ALL; do
-    with "$cfg" timeout 120 $R logits --backend cuda --mode step -m $FULL --ids $IDS --out $W/lg$i.bin >/dev/null 2>"$LOGS/logits$i.err"
+    # 300 s: a config's first call may compile the kernel module (a minute), as the default's
+    # did in session 27's run 4 when only a define's config had been checked before.
+    with "$cfg" timeout 300 $R logits --backend cuda --mode step -m $FULL --ids $IDS --out $W/lg$i.bin >/dev/null 2>"$LOGS/logits$i.err"
     if [ $i -gt 0 ] && cmp -s $W/lg0.bin $W/lg$i.bin; then
         echo "[$cfg] bit-identical to the default ($(stat -c %s $W/lg$i.bin) bytes)" | keep
     elif [ $i -gt 0 ]; then

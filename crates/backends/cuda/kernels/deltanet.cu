@@ -1071,12 +1071,11 @@ __device__ __forceinline__ void dn_fused_cols_body(
         unsigned long long *__restrict__ counter
 #define DNC_PASS qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern, l2_eps, q_scale, \
                  rms_eps, s_trace, conv_trace, early, o, counter
-// DNC_MIN_BLOCKS (compile-time, default 1; session 27's experiment): dn_fused_cols' blocks an SM
-// in its launch bound. 1 gives it 190 registers (NVRTC 13.0), 48.6 K of the SM's 64 K, so a block
-// starts only where the in-projection's blocks before it have left little; 2 caps it at 128
-// (no spills) so that it fits beside them (session 27: the fused route kernel with 1,024-thread
-// blocks, one an SM, lost 16.5 % with the same bits: a block that needs a whole SM waits for
-// it to drain instead of overlapping the kernel ahead).
+// DNC_MIN_BLOCKS (compile-time, default 1): dn_fused_cols' blocks an SM in its launch bound. 1
+// gives it 190 registers (NVRTC 13.0), 48.6 K of the SM's 64 K; 2 caps it at 128 (no spills), so
+// that a block fits beside the in-projection's blocks ahead of it (session 27's fused route kernel
+// on 1,024-thread blocks lost 16.5 % by waiting for whole SMs). Measured on the H200 (session 27,
+// three alternating rounds): 2 is 0.8 % slower (393.79 against 397.10 tok/s), so 1 stays.
 #ifndef DNC_MIN_BLOCKS
 #define DNC_MIN_BLOCKS 1
 #endif

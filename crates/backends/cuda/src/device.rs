@@ -1,10 +1,10 @@
 //! The device: context, stream, the loaded kernel module and its functions.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 
 use crate::{kernels, nvrtc, CudaError};
@@ -86,6 +86,23 @@ pub fn probe() -> Result<(), CudaError> {
 }
 
 /// One GPU with the kernel module loaded.
+/// Held while a stream captures a graph and while a stream is created: cudarc synchronises the
+/// whole context when it creates a context's first stream, which the driver refuses
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) while another thread's stream is capturing, as two
+/// models loaded at once in one process (the GPU tests' threads) did.
+static CAPTURE: Mutex<()> = Mutex::new(());
+
+/// The capture lock (a poisoned lock still serialises: the guarded data is `()`).
+pub(crate) fn capture_lock() -> MutexGuard<'static, ()> {
+    CAPTURE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A new non-blocking stream of `ctx`, never while another thread captures a graph.
+pub(crate) fn new_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
+    let _guard = capture_lock();
+    ctx.new_stream()
+}
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,

@@ -136,7 +136,7 @@ pub fn bench_experts(
             type_suffix(ex[0].down.ty)
         ))?
         .clone();
-    let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    let stream = crate::device::new_stream(&gpu.ctx).map_err(drv("creating a stream"))?;
     let warps = moe_warps();
     let types = format!("{}/{}", ex[0].gate.ty.name(), ex[0].down.ty.name());
     let mut out = Vec::new();
@@ -149,6 +149,7 @@ pub fn bench_experts(
             .collect();
         // SAFETY: `tab` holds 3n u64.
         unsafe { cu::memcpy_htod_sync(tab, &entries) }.map_err(drv("upload"))?;
+        let capturing = crate::device::capture_lock();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(drv("beginning the capture"))?;
@@ -191,6 +192,7 @@ pub fn bench_experts(
             .end_capture(sys::CUgraphInstantiate_flags_enum(0))
             .map_err(drv("ending the capture"))?
             .ok_or_else(|| CudaError::Invalid("empty capture".into()))?;
+        drop(capturing);
         graph.launch().map_err(drv("warm-up"))?;
         stream.synchronize().map_err(drv("sync"))?;
         let mut secs = Vec::new();

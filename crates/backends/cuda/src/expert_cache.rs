@@ -562,8 +562,7 @@ impl ExpertCache {
         let tables_dev = alloc(8 * entries)?;
         let tables = Pinned::new(8 * entries, "the expert tables")?;
         let ids_dev = alloc(4 * layers * max_batch.max(1) * k)?;
-        let copy = ctx
-            .new_stream()
+        let copy = crate::device::new_stream(ctx)
             .map_err(|e| CudaError::driver("creating the expert copy stream", e))?;
         let event = || {
             ctx.new_event(None)

@@ -156,7 +156,7 @@ pub fn read_bandwidth(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, CudaE
     unsafe { cu::memset_d8_sync(buf.0, 0, 16 * n4 as usize) }.map_err(drv("clearing"))?;
     let sms = gpu.info.sm_count.max(1) as u32;
     let out = DevBuf::new(4 * 8 * sms as usize)?;
-    let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    let stream = crate::device::new_stream(&gpu.ctx).map_err(drv("creating a stream"))?;
     let mut best = 0.0f64;
     for (name, blocks) in [("read_sum", 4 * sms), ("read_sum8", 8 * sms)] {
         let f = gpu.func(name)?.clone();
@@ -361,7 +361,7 @@ pub fn bench_matvec(gpu: &Gpu, o: KernelBenchOptions) -> Result<KernelBenchResul
         ),
     };
     let (parts, rpb) = (split.parts, split.rows_per_block() as usize);
-    let stream = gpu.ctx.new_stream().map_err(drv("creating a stream"))?;
+    let stream = crate::device::new_stream(&gpu.ctx).map_err(drv("creating a stream"))?;
     // The q8 row of x (no norm weights: x itself), written once as decode's `rms_norm_q8` does.
     let (xq, invs) = (DevBuf::new(q8_row_bytes(o.cols))?, DevBuf::new(4)?);
     let (eps, cols, pi, rows) = (1e-6f32, o.cols as i32, split.arg(), o.rows as i32);

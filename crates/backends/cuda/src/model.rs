@@ -636,7 +636,7 @@ impl MoeSide {
     fn new(ctx: &Arc<CudaContext>) -> Result<MoeSide, CudaError> {
         let drv = |e| CudaError::driver("creating the shared expert's stream", e);
         Ok(MoeSide {
-            stream: ctx.new_stream().map_err(drv)?,
+            stream: crate::device::new_stream(ctx).map_err(drv)?,
             fork: ctx.new_event(None).map_err(drv)?,
             join: ctx.new_event(None).map_err(drv)?,
         })
@@ -1142,9 +1142,7 @@ impl CudaModel {
         gpu.ctx
             .bind_to_thread()
             .map_err(|e| CudaError::driver("binding the context", e))?;
-        let stream = gpu
-            .ctx
-            .new_stream()
+        let stream = crate::device::new_stream(&gpu.ctx)
             .map_err(|e| CudaError::driver("creating the model's stream", e))?;
         let mut arena = Arena {
             ctx: gpu.ctx.clone(),
@@ -1620,6 +1618,7 @@ impl CudaModel {
             let stale = self.graph.as_ref().is_none_or(|g| g.sampling != *s);
             if stale {
                 self.graph = None;
+                let _capturing = crate::device::capture_lock();
                 self.stream
                     .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                     .map_err(|e| CudaError::driver("beginning the graph capture", e))?;
@@ -1793,6 +1792,7 @@ impl CudaModel {
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<(), CudaError>,
     ) -> Result<CudaGraph, CudaError> {
+        let _capturing = crate::device::capture_lock();
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| CudaError::driver("beginning a graph capture", e))?;
