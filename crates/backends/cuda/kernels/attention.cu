@@ -1088,6 +1088,212 @@ extern "C" __global__ __launch_bounds__(128, 3) void attn_split_gqa8xh3_h(const 
     attn_split_gqa8xh_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
 
+// attn_split_mma_h(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): attn_split_gqa on the
+// tensor cores, for an f16 cache and head_dim 64, 128 or 256 (REDLITE_CUDA_ATTN_H=mma). Same
+// launch, chunking and part layout as attn_split_gqa (block (g, c, t), 32 · G threads for the G =
+// heads / nkv query heads of KV head g, so attn_merge is unchanged); warp w takes the chunk's tiles
+// of 16 positions j0 + 16 (w + k · warps), with Q (times the scale, rounded to f16, as the prompt
+// kernels do) and P in f16, products summed in f32:
+// - S = Q · Kᵀ (m16n8k16; rows = the G heads, rows G..15 zero; two n8 tiles of positions j + n).
+//   Kᵀ is the col-major B operand, so its fragments come straight from the cache rows: lane
+//   (gq, cq) (gq = lane / 4, cq = lane % 4) loads 16 bytes of row j + 8 nt + gq at dims
+//   32 s + 8 cq .. + 7 and uses words 0–1 for one k-step and 2–3 for the next. A dot product does
+//   not care which k-slot a dimension takes as long as Q and K agree, and Q's fragments (staged once
+//   in shared memory, the same for every warp) are permuted the same way.
+// - The online softmax on S's fragments: a head's max over the 4 lanes that hold its row.
+// - Oᵀ = Vᵀ · Pᵀ (rows = 16 dims, cols = the 8 heads, k = 16 positions): Pᵀ's B fragments are
+//   S's accumulators as they are (lane (gq, cq): head gq, positions j + 2 cq, + 1, + 8, + 9), and
+//   Vᵀ's A fragments pair two positions of one dimension: lane (gq, cq) loads rows j + 2 cq, + 1,
+//   + 8, + 9 at dims (hd / 8) gq .. + hd / 8 - 1 and pairs them with byte permutes (M tile mt takes
+//   dims (hd / 8) gq + 2 mt and + 1 as rows gq and gq + 8). Lane (gq, cq) ends with heads 2 cq,
+//   2 cq + 1 of those dims.
+// New bits (f16 Q and P): the prompt kernels' tolerance against the f64 reference; rows of a
+// several-token call keep the one-token call's bits (same chunking, same tiles).
+#define AMMA_MAX_G 8
+template <int HD>
+__device__ __forceinline__ void attn_split_mma_body(const float* __restrict__ q, const u16* __restrict__ kc,
+                                                    const u16* __restrict__ vc, float* __restrict__ part,
+                                                    const int* __restrict__ pos_ptr, int heads, int nkv,
+                                                    float scale, int min_chunk) {
+    constexpr int KS = HD / 32;  // 16-byte K pieces of a lane per row (two k-steps each)
+    constexpr int MT = HD / 16;  // M tiles of Oᵀ (16 dims each); a lane's V words per row
+    constexpr int VW = HD / 64;  // 16-byte V pieces of a lane per row
+    // Shared rows of the block's heads: value i at i + i / 32, rows SROW apart (SROW % 32 = 4:
+    // lanes of one store fall in 32 different banks for head_dim 256).
+    constexpr int SROW = (HD + HD / 32 + 31) / 32 * 32 + 4;
+    __shared__ uint4 qs[KS * WARP];
+    __shared__ float sm[AMMA_MAX_G][AMMA_MAX_G], sl[AMMA_MAX_G][AMMA_MAX_G];
+    __shared__ float sacc[AMMA_MAX_G * SROW];
+    const int g = blockIdx.x, c = blockIdx.y, splits = gridDim.y, t = blockIdx.z;
+    const int n = *pos_ptr + 1 + t;
+    const int chunk = attn_chunk(n, splits, min_chunk);
+    const int j0 = c * chunk;
+    if (j0 >= n) return;  // the whole block
+    const int j1 = min(n, j0 + chunk);
+    const int G = heads / nkv;  // = the block's warps
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+    const int gq = lane >> 2, cq = lane & 3;
+    // Q's A fragments: entry s · 32 + l holds head l / 4's dims 32 s + 8 (l % 4) .. + 7.
+    const float* qg = q + ((size_t)t * heads + (size_t)g * G) * HD;
+    for (int i = tid; i < KS * WARP; i += blockDim.x) {
+        const int s = i / WARP, hq = (i % WARP) >> 2, d = 32 * s + 8 * (i & 3);
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (hq < G) {
+            const float4 a = *(const float4*)(qg + (size_t)hq * HD + d);
+            const float4 b = *(const float4*)(qg + (size_t)hq * HD + d + 4);
+            v = make_uint4(pack_f16x2(a.x * scale, a.y * scale), pack_f16x2(a.z * scale, a.w * scale),
+                           pack_f16x2(b.x * scale, b.y * scale), pack_f16x2(b.z * scale, b.w * scale));
+        }
+        qs[i] = v;
+    }
+    __syncthreads();
+    float acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][e] = 0.0f;
+    float m = NEG_INF, l = 0.0f;  // head gq's running max (the same in its 4 lanes), this lane's sum
+    const size_t rs = (size_t)nkv * HD;  // elements between cache rows
+    for (int j = j0 + 16 * w; j < j1; j += 16 * nw) {
+        // Every load of the tile first (past the chunk: copies of its last row, weight 0).
+        uint4 ka[KS], kb[KS], va[VW], vb[VW], vcc[VW], vd[VW];
+        {
+            const u16* k0 = kc + (size_t)min(j + gq, j1 - 1) * rs + (size_t)g * HD + 8 * cq;
+            const u16* k1 = kc + (size_t)min(j + 8 + gq, j1 - 1) * rs + (size_t)g * HD + 8 * cq;
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                ka[s] = *(const uint4*)(k0 + 32 * s);
+                kb[s] = *(const uint4*)(k1 + 32 * s);
+            }
+            const u16* v0 = vc + (size_t)g * HD + (HD / 8) * gq;
+            const u16* pa = v0 + (size_t)min(j + 2 * cq, j1 - 1) * rs;
+            const u16* pb = v0 + (size_t)min(j + 2 * cq + 1, j1 - 1) * rs;
+            const u16* pc = v0 + (size_t)min(j + 2 * cq + 8, j1 - 1) * rs;
+            const u16* pd = v0 + (size_t)min(j + 2 * cq + 9, j1 - 1) * rs;
+#pragma unroll
+            for (int i = 0; i < VW; ++i) {
+                va[i] = *(const uint4*)(pa + 8 * i);
+                vb[i] = *(const uint4*)(pb + 8 * i);
+                vcc[i] = *(const uint4*)(pc + 8 * i);
+                vd[i] = *(const uint4*)(pd + 8 * i);
+            }
+        }
+        // S: s0 positions j + 2 cq, + 1 (values 0, 1), s1 positions j + 8 + 2 cq, + 1.
+        float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+            const uint4 qw = qs[s * WARP + lane];
+            const u32 a0[4] = {qw.x, 0u, qw.y, 0u}, a1[4] = {qw.z, 0u, qw.w, 0u};
+            const u32 b00[2] = {ka[s].x, ka[s].y}, b01[2] = {ka[s].z, ka[s].w};
+            const u32 b10[2] = {kb[s].x, kb[s].y}, b11[2] = {kb[s].z, kb[s].w};
+            mma_16816(s0, a0, b00);
+            mma_16816(s0, a1, b01);
+            mma_16816(s1, a0, b10);
+            mma_16816(s1, a1, b11);
+        }
+        const int jb = j + 2 * cq;
+        float sc[4] = {jb < j1 ? s0[0] : NEG_INF, jb + 1 < j1 ? s0[1] : NEG_INF, jb + 8 < j1 ? s1[0] : NEG_INF,
+                       jb + 9 < j1 ? s1[1] : NEG_INF};
+        float tmax = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float mn = fmaxf(m, tmax);       // finite: position j is in the chunk
+        const float corr = expf(m - mn);       // 0 on the first tile (m = -inf)
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = expf(sc[e] - mn);  // 0 past the chunk
+        l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
+        m = mn;
+        // Oᵀ's columns 2 cq, 2 cq + 1 are heads 2 cq, 2 cq + 1: their rescales from lanes 8 cq, 8 cq + 4.
+        const float ca = __shfl_sync(0xffffffffu, corr, 8 * cq), cb = __shfl_sync(0xffffffffu, corr, 8 * cq + 4);
+        const u32 pf[2] = {pack_f16x2(p[0], p[1]), pack_f16x2(p[2], p[3])};
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const u32 wa = ((const u32*)&va[mt / 4])[mt % 4], wb = ((const u32*)&vb[mt / 4])[mt % 4];
+            const u32 wc = ((const u32*)&vcc[mt / 4])[mt % 4], wd = ((const u32*)&vd[mt / 4])[mt % 4];
+            const u32 a[4] = {__byte_perm(wa, wb, 0x5410), __byte_perm(wa, wb, 0x7632), __byte_perm(wc, wd, 0x5410),
+                              __byte_perm(wc, wd, 0x7632)};
+            acc[mt][0] *= ca;
+            acc[mt][1] *= cb;
+            acc[mt][2] *= ca;
+            acc[mt][3] *= cb;
+            mma_16816(acc[mt], a, pf);
+        }
+    }
+    // The warps' partials merged in warp order, as attn_split_gqa does (warps without a tile:
+    // m = -inf, weight 0, skipped).
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (cq == 0 && gq < G) {
+        sm[w][gq] = m;
+        sl[w][gq] = l;
+    }
+    __syncthreads();
+    const int ha = 2 * cq, hb = 2 * cq + 1;
+    // This warp's weights for heads ha and hb (0 for heads past G).
+    auto weight = [&](int hh) {
+        if (hh >= G) return 0.0f;
+        float mx = NEG_INF;
+        for (int k = 0; k < nw; ++k) mx = fmaxf(mx, sm[k][hh]);
+        return sm[w][hh] == NEG_INF ? 0.0f : expf(sm[w][hh] - mx);
+    };
+    const float fa = weight(ha), fb = weight(hb);
+    const int act = min(nw, (j1 - j0 + 15) / 16);
+    const int base = (HD / 8) * gq + ((HD / 8) * gq) / WARP;  // a lane's dims never cross a 32 boundary
+#pragma unroll 1
+    for (int k = 0; k < act; ++k) {
+        if (w == k && ha < G) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float* xa = &sacc[ha * SROW + base + 2 * mt];
+                xa[0] = (k == 0 ? 0.0f : xa[0]) + acc[mt][0] * fa;
+                xa[1] = (k == 0 ? 0.0f : xa[1]) + acc[mt][2] * fa;
+                if (hb < G) {
+                    float* xb = &sacc[hb * SROW + base + 2 * mt];
+                    xb[0] = (k == 0 ? 0.0f : xb[0]) + acc[mt][1] * fb;
+                    xb[1] = (k == 0 ? 0.0f : xb[1]) + acc[mt][3] * fb;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Warp h writes head h's {max, sum, acc}.
+    const int h = w;
+    float mm = NEG_INF;
+    for (int k = 0; k < nw; ++k) mm = fmaxf(mm, sm[k][h]);
+    float* out = part + (((size_t)t * heads + (size_t)g * G + h) * splits + c) * (HD + 2);
+    if (lane == 0) {
+        float ll = 0.0f;
+        for (int k = 0; k < nw; ++k) ll += sm[k][h] == NEG_INF ? 0.0f : sl[k][h] * expf(sm[k][h] - mm);
+        out[0] = mm;
+        out[1] = ll;
+    }
+#pragma unroll
+    for (int i = lane; i < HD; i += WARP) out[2 + i] = sacc[h * SROW + i + i / WARP];
+}
+
+// The wait, then the body for the head dimension (64, 128 or 256; the host checks it).
+__device__ __forceinline__ void attn_split_mma_hd_body(const float* q, const u16* kc, const u16* vc, float* part,
+                                                       const int* pos_ptr, int heads, int nkv, int hd, float scale,
+                                                       int min_chunk) {
+    pdl_enter();
+    if (hd == 64) attn_split_mma_body<64>(q, kc, vc, part, pos_ptr, heads, nkv, scale, min_chunk);
+    else if (hd == 128) attn_split_mma_body<128>(q, kc, vc, part, pos_ptr, heads, nkv, scale, min_chunk);
+    else if (hd == 256) attn_split_mma_body<256>(q, kc, vc, part, pos_ptr, heads, nkv, scale, min_chunk);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void attn_split_mma_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                      const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_mma_hd_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+// attn_split_mma2_h: the same at two blocks an SM (at most 128 registers a thread; session 27,
+// after session 26's finding that the arithmetic-free walk over the cache needs more than one
+// 8-warp block an SM to pass 2.1 TB/s, and 8xh3's that the SIMT kernel's own chain is its bound:
+// this kernel's chain is 9x shorter, so its bound should be the walk's).
+extern "C" __global__ __launch_bounds__(256, 2) void attn_split_mma2_h(const float* q, const u16* kc, const u16* vc, float* part,
+                                                                       const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
+    attn_split_mma_hd_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
+}
+
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *
 // sigmoid(gate[h][i]) over the active chunks of attn_split (M = max m_c); gate may be null. The

@@ -256,12 +256,18 @@ fn attention_walk(
     unsafe { cu::memcpy_htod_sync(pos.0, std::slice::from_ref(&last)) }.map_err(drv("pos"))?;
     let (hi, nkvi, hdi, mc) = (heads as i32, nkv as i32, hd as i32, 64i32);
     let scale = 1.0f32 / (hd as f32).sqrt();
-    for form in ["4x", "4xp", "8x", "8xh3"] {
-        let name = format!("attn_split_gqa{form}_h");
-        let f = gpu.func(&name)?.clone();
+    for name in [
+        "attn_split_gqa4x_h",
+        "attn_split_gqa4xp_h",
+        "attn_split_gqa8x_h",
+        "attn_split_gqa8xh3_h",
+        "attn_split_mma_h",
+        "attn_split_mma2_h",
+    ] {
+        let f = gpu.func(name)?.clone();
         // As the model launches it: `8xh3` with half the heads a block, and chunks for one
         // wave of the blocks an SM holds.
-        let hb = crate::ops::attn_split_head_blocks(&name);
+        let hb = crate::ops::attn_split_head_blocks(name);
         let (gx, threads) = crate::ops::attn_split_block(heads, nkv, hb);
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)

@@ -239,7 +239,10 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// default for other shapes, `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead;
 /// position 32,768 349.0 tok/s against 340.7 with `4x`, session 24), `4x`
 /// (`attn_split_gqa4x_h`, the same bits as `4xp`) or `8x` (`attn_split_gqa8x_h`, 8 rows loaded a
-/// warp step: 347.4). `(heads, nkv, hd)`: the model's attention shape.
+/// warp step: 347.4), or on the tensor cores (Q and P in f16) `mma` (`attn_split_mma_h`, one
+/// block an SM: even with 4xp in session 25) or `mma2` (`attn_split_mma2_h`, two blocks an SM,
+/// 128 registers; session 27, not yet run on a GPU). `(heads, nkv, hd)`: the model's attention
+/// shape.
 fn attn_gqa4_kernel(kv: KvType, shape: (usize, usize, usize)) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
@@ -250,8 +253,9 @@ fn attn_gqa4_kernel(kv: KvType, shape: (usize, usize, usize)) -> Result<String, 
         });
         return match form.as_str() {
             "8x" | "4xp" | "4x" | "8xh3" => Ok(format!("attn_split_gqa{form}_h")),
+            "mma" | "mma2" => Ok(format!("attn_split_{form}_h")),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x or 8xh3)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x, 8xh3, mma or mma2)"
             ))),
         };
     }
@@ -1261,7 +1265,7 @@ impl CudaModel {
         let (nh, nkv, hd) = (config.n_heads, config.n_kv_heads, config.head_dim);
         if attn_gqa == Some(4) && !crate::ops::attn_split_takes(&gqa4_name, nh, nkv, hd) {
             return Err(CudaError::Invalid(format!(
-                "{gqa4_name} takes head_dim 256 with 8 query heads a KV head, not {hd} with {nh} / {nkv}"
+                "{gqa4_name} does not take head_dim {hd} with {nh} query heads over {nkv} KV heads"
             )));
         }
         let attn_head_blocks = match attn_gqa {

@@ -2203,6 +2203,12 @@ impl Runner<'_> {
                     if ops::attn_split_takes("attn_split_gqa8xh3", d.heads, d.nkv, d.hd) {
                         self.attention_split_named(d, "attn_split_gqa8xh3", kv);
                     }
+                    // On the tensor cores (Q and P in f16: the prompt kernels' tolerance), at
+                    // one and two blocks an SM.
+                    if ops::attn_split_takes("attn_split_mma", d.heads, d.nkv, d.hd) {
+                        self.attention_split_named(d, "attn_split_mma", kv);
+                        self.attention_split_named(d, "attn_split_mma2", kv);
+                    }
                 }
             }
         }
@@ -2217,6 +2223,11 @@ impl Runner<'_> {
     fn attention_split_named(&mut self, d: AttnDims, name: &str, kv: KvType) {
         let kernel = ops::kv_kernel(name, kv).unwrap_or_default();
         let round = |x: Vec<f32>| if kv == KvType::F16 { round_f16(&x) } else { x };
+        let tol = if name.contains("mma") {
+            TOL_ATTN_F16
+        } else {
+            TOL_F32
+        };
         let (hd, nkv, heads) = (d.hd, d.nkv, d.heads);
         let scale = 1.0 / (hd as f32).sqrt();
         for (pos0, ctx, splits, gated) in [
@@ -2271,7 +2282,7 @@ impl Runner<'_> {
                         reference[h * hd + i] = a * gv;
                     }
                 }
-                (rel_err(&o, &reference), TOL_F32)
+                (rel_err(&o, &reference), tol)
             });
             self.record(
                 &kernel,
