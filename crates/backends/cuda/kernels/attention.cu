@@ -1285,14 +1285,8 @@ extern "C" __global__ __launch_bounds__(256, 1) void attn_split_mma_h(const floa
                                                                       const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
     attn_split_mma_hd_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
 }
-// attn_split_mma2_h: the same at two blocks an SM (at most 128 registers a thread; session 27,
-// after session 26's finding that the arithmetic-free walk over the cache needs more than one
-// 8-warp block an SM to pass 2.1 TB/s, and 8xh3's that the SIMT kernel's own chain is its bound:
-// this kernel's chain is 9x shorter, so its bound should be the walk's).
-extern "C" __global__ __launch_bounds__(256, 2) void attn_split_mma2_h(const float* q, const u16* kc, const u16* vc, float* part,
-                                                                       const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
-    attn_split_mma_hd_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
+// (Session 27: the same body at __launch_bounds__(256, 2), two blocks an SM at 128 registers with
+// a 24-byte stack, took 33.8 µs alone at 32K against this one's 30.3: removed.)
 
 // attn_merge(part, gate, o, pos, splits, hd, min_chunk): query head h = blockIdx.x, values
 // i = 32 blockIdx.y + lane: o[h][i] = (sum_c acc_c[i] e^(m_c - M)) / (sum_c l_c e^(m_c - M)) *

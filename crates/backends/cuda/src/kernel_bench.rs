@@ -262,7 +262,6 @@ fn attention_walk(
         "attn_split_gqa8x_h",
         "attn_split_gqa8xh3_h",
         "attn_split_mma_h",
-        "attn_split_mma2_h",
     ] {
         let f = gpu.func(name)?.clone();
         // As the model launches it: `8xh3` with half the heads a block, and chunks for one

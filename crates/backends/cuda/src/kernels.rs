@@ -194,7 +194,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "attn_split_gqa4xp_h",
     "attn_split_gqa8xh3_h",
     "attn_split_mma_h",
-    "attn_split_mma2_h",
     "dn_conv_prompt",
     "dn_conv_shift",
     "swiglu_pairs",

@@ -239,10 +239,10 @@ pub(crate) fn mvf_parts(ty: GgmlType, cols: usize, lane_iters: usize) -> usize {
 /// default for other shapes, `attn_split_gqa4xp_h`: the next warp step's rows loaded ahead;
 /// position 32,768 349.0 tok/s against 340.7 with `4x`, session 24), `4x`
 /// (`attn_split_gqa4x_h`, the same bits as `4xp`) or `8x` (`attn_split_gqa8x_h`, 8 rows loaded a
-/// warp step: 347.4), or on the tensor cores (Q and P in f16) `mma` (`attn_split_mma_h`, one
-/// block an SM: even with 4xp in session 25) or `mma2` (`attn_split_mma2_h`, two blocks an SM,
-/// 128 registers; session 27, not yet run on a GPU). `(heads, nkv, hd)`: the model's attention
-/// shape.
+/// warp step: 347.4), or on the tensor cores (Q and P in f16) `mma` (`attn_split_mma_h`: in a
+/// step even with 4xp at 32K in session 25; alone at 32K the fastest, 30.3 µs against 8xh3's
+/// 32.0, session 27; two blocks an SM at 128 registers were slower, 33.8). `(heads, nkv, hd)`:
+/// the model's attention shape.
 fn attn_gqa4_kernel(kv: KvType, shape: (usize, usize, usize)) -> Result<String, CudaError> {
     let xr = env_switch("REDLITE_CUDA_ATTN_XR", true);
     if xr && kv == KvType::F16 {
@@ -253,9 +253,9 @@ fn attn_gqa4_kernel(kv: KvType, shape: (usize, usize, usize)) -> Result<String, 
         });
         return match form.as_str() {
             "8x" | "4xp" | "4x" | "8xh3" => Ok(format!("attn_split_gqa{form}_h")),
-            "mma" | "mma2" => Ok(format!("attn_split_{form}_h")),
+            "mma" => Ok("attn_split_mma_h".into()),
             other => Err(CudaError::Invalid(format!(
-                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x, 8xh3, mma or mma2)"
+                "REDLITE_CUDA_ATTN_H={other} (8x, 4xp, 4x, 8xh3 or mma)"
             ))),
         };
     }

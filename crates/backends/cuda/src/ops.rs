@@ -2448,7 +2448,7 @@ pub fn attn_one_wave_splits(per_sm: usize, sms: usize, nkv: usize, head_blocks: 
 }
 
 /// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh3` only head_dim 256
-/// with 8 query heads a KV head; `attn_split_mma{,2}` head_dim 64, 128 or 256 with at most 8;
+/// with 8 query heads a KV head; `attn_split_mma` head_dim 64, 128 or 256 with at most 8;
 /// the others what [`attn_split_gqa_fits`] allows.
 pub fn attn_split_takes(name: &str, heads: usize, nkv: usize, hd: usize) -> bool {
     if name.starts_with("attn_split_mma") {
@@ -2733,9 +2733,9 @@ mod tests {
         assert!(!attn_split_takes("attn_split_gqa8xh3", 16, 4, 256));
         assert!(!attn_split_takes("attn_split_gqa8xh3_h", 8, 2, 256));
         assert!(attn_split_takes("attn_split_gqa4xp_h", 8, 2, 64));
-        assert!(attn_split_takes("attn_split_mma2_h", 16, 2, 256));
+        assert!(attn_split_takes("attn_split_mma_h", 16, 2, 256));
         assert!(attn_split_takes("attn_split_mma_h", 4, 2, 64));
-        assert!(!attn_split_takes("attn_split_mma2_h", 32, 2, 256));
+        assert!(!attn_split_takes("attn_split_mma_h", 32, 2, 256));
         assert!(!attn_split_takes("attn_split_mma_h", 16, 2, 96));
     }
 }

@@ -2203,11 +2203,9 @@ impl Runner<'_> {
                     if ops::attn_split_takes("attn_split_gqa8xh3", d.heads, d.nkv, d.hd) {
                         self.attention_split_named(d, "attn_split_gqa8xh3", kv);
                     }
-                    // On the tensor cores (Q and P in f16: the prompt kernels' tolerance), at
-                    // one and two blocks an SM.
+                    // On the tensor cores (Q and P in f16: the prompt kernels' tolerance).
                     if ops::attn_split_takes("attn_split_mma", d.heads, d.nkv, d.hd) {
                         self.attention_split_named(d, "attn_split_mma", kv);
-                        self.attention_split_named(d, "attn_split_mma2", kv);
                     }
                 }
             }
