@@ -85,7 +85,6 @@ pub fn probe() -> Result<(), CudaError> {
     }
 }
 
-/// One GPU with the kernel module loaded.
 /// Held while a stream captures a graph and while a stream is created: cudarc synchronises the
 /// whole context when it creates a context's first stream, which the driver refuses
 /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) while another thread's stream is capturing, as two
@@ -103,6 +102,7 @@ pub(crate) fn new_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, Driv
     ctx.new_stream()
 }
 
+/// One GPU with the kernel module loaded.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,

@@ -266,13 +266,8 @@ fn attention_walk(
         let f = gpu.func(name)?.clone();
         // As the model launches it: `8xh3` with half the heads a block, and chunks for one
         // wave of the blocks an SM holds.
-        let hb = crate::ops::attn_split_head_blocks(name);
-        let (gx, threads) = crate::ops::attn_split_block(heads, nkv, hb);
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
-            .map_err(drv("occupancy"))?;
-        let splits =
-            crate::ops::attn_one_wave_splits(per_sm as usize, sms, nkv, hb).min(max_splits);
+        let (gx, threads, splits) = crate::ops::attn_split_wave(&f, name, heads, nkv, sms)?;
+        let splits = splits.min(max_splits);
         let mut i = 0usize;
         let s = time_runs(gpu, stream, reps.max(CACHES), || {
             for _ in 0..CACHES {

@@ -1273,13 +1273,8 @@ impl CudaModel {
             _ => 1,
         };
         let attn_default_splits = if attn_gqa == Some(4) {
-            let (_, threads) = crate::ops::attn_split_block(nh, nkv, attn_head_blocks);
-            let per_sm = k
-                .attn_split_gqa4
-                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
-                .map_err(|e| CudaError::driver("occupancy", e))?;
             let sms = gpu.info.sm_count;
-            crate::ops::attn_one_wave_splits(per_sm as usize, sms, nkv, attn_head_blocks)
+            crate::ops::attn_split_wave(&k.attn_split_gqa4, &gqa4_name, nh, nkv, sms)?.2
         } else if attn_gqa.is_some() {
             (gpu.info.sm_count / config.n_kv_heads.max(1)).max(1)
         } else {

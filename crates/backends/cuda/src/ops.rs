@@ -2447,6 +2447,28 @@ pub fn attn_one_wave_splits(per_sm: usize, sms: usize, nkv: usize, head_blocks: 
     (per_sm.max(1) * sms / (nkv * head_blocks).max(1)).max(1)
 }
 
+/// The launch of split kernel `f` (named `name`) for `heads` query heads over `nkv` KV heads on
+/// `sms` SMs, as the model runs it: `(grid.x, block threads, chunks)`, the chunks filling one wave
+/// of the blocks an SM holds (its occupancy).
+pub fn attn_split_wave(
+    f: &cudarc::driver::CudaFunction,
+    name: &str,
+    heads: usize,
+    nkv: usize,
+    sms: usize,
+) -> Result<(u32, u32, usize), CudaError> {
+    let hb = attn_split_head_blocks(name);
+    let (gx, threads) = attn_split_block(heads, nkv, hb);
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+        .map_err(|e| CudaError::driver("occupancy", e))?;
+    Ok((
+        gx,
+        threads,
+        attn_one_wave_splits(per_sm as usize, sms, nkv, hb),
+    ))
+}
+
 /// Whether the split kernel `name` takes this shape: `attn_split_gqa8xh3` only head_dim 256
 /// with 8 query heads a KV head; `attn_split_mma` head_dim 64, 128 or 256 with at most 8;
 /// the others what [`attn_split_gqa_fits`] allows.
