@@ -1162,6 +1162,77 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
                             actq, ff, hidden, k, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
+// GU_TOK_MAX (default 4): the most tokens a block of moe_gate_up_tok_q8q_iq2_xxs takes.
+#ifndef GU_TOK_MAX
+#define GU_TOK_MAX 4
+#endif
+
+// moe_gate_up_tok_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k, dstride, n, tile):
+// moe_gate_up_tab_q8q_iq2_xxs for a call of n tokens with `tile` (1 .. GU_TOK_MAX) of them a block:
+// block (bx, c, z) takes unit bx of choice c of tokens z · tile, ...: the tables staged once a
+// block, and a warp's row of every token's expert loaded together (as the one-token kernel pairs
+// two rows of one expert). Each row's sums take the one-token function's operations in its order
+// and each token's 32 activations the same q8 block: the same bits.
+// Launch: grid = (ff / 32, k, ceil(n / tile)), block = 32 * W threads (W >= GU_TOK_MAX).
+extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs(
+    const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
+    u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, int n, int tile) {
+    __shared__ float act_s[GU_TOK_MAX][WARP];
+    stage_iq2_q8_tables();  // depends on nothing: before the wait
+    const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
+    pdl_enter();  // ids and xq come from the kernels before
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const int per = min(max(tile, 1), GU_TOK_MAX);
+    const int t0 = blockIdx.z * per, nt = min(per, n - t0);
+    const int bx = blockIdx.x, c = blockIdx.y;
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    const u8* gate[GU_TOK_MAX];
+    const u8* up[GU_TOK_MAX];
+#pragma unroll
+    for (int j = 0; j < GU_TOK_MAX; ++j) {
+        const int id = ids[(size_t)(t0 + min(j, nt - 1)) * k + c];  // past the call: unused
+        gate[j] = expert_part(tab, id, 0, dstride, g0);
+        up[j] = expert_part(tab, id, 1, dstride, u0);
+    }
+    for (int r = wid; r < WARP; r += nw) {
+        const int row = bx * WARP + r;
+        const size_t off = (size_t)row * rb;
+        float ga[GU_TOK_MAX], ua[GU_TOK_MAX];
+#pragma unroll
+        for (int j = 0; j < GU_TOK_MAX; ++j) {
+            ga[j] = 0.0f;
+            ua[j] = 0.0f;
+        }
+#pragma unroll 2
+        for (int sb = lane; sb < hidden / 32; sb += WARP) {
+#pragma unroll
+            for (int j = 0; j < GU_TOK_MAX; ++j) {
+                if (j < nt) {
+                    const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
+                    const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
+                    ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
+                    ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GU_TOK_MAX; ++j) {
+            const float gv = warp_sum(ga[j]), uv = warp_sum(ua[j]);
+            if (lane == 0 && j < nt) {
+                const float a = siluf_(gv) * uv;
+                act_s[j][r] = a;
+                act[((size_t)(t0 + j) * k + c) * ff + row] = a;
+            }
+        }
+    }
+    __syncthreads();
+    if (wid < nt) {
+        u8* base = actq + ((size_t)(t0 + wid) * k + c) * Q8_ROW_BYTES(ff);
+        q8_block32(act_s[wid][lane], lane, (i8*)base + 32 * bx, (float*)(base + ff) + bx,
+                   (int*)(base + ff + ff / 32 * 4) + 2 * bx);
+    }
+}
+
 // moe_gate_up_route_q8q_iq2_xxs(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride): the
 // router's top-k and moe_gate_up_tab_q8q_iq2_xxs in one launch: warp 0 of every block computes
 // moe_router_warp's choices of its token from the router logits (router_warp_row: the same ids and
@@ -1374,6 +1445,84 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     }
     down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);
     trace_phase(8, tt);
+}
+
+// DOWN_TOK_MAX (default 8): the most tokens a block of moe_down_combine_tok_q8_iq2_xxs takes.
+#ifndef DOWN_TOK_MAX
+#define DOWN_TOK_MAX 8
+#endif
+
+// moe_down_combine_tok_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
+// dstride, n, tile): moe_down_combine_tab_q8_iq2_xxs for a call of n tokens with `tile` (1 ..
+// DOWN_TOK_MAX) of them a block: the tables staged once a block instead of once a token, the
+// tokens' loads of a pair in flight together, one barrier for all of them. Each token's lane sum
+// takes the one-token kernel's pairs in its order, its row the parts in order: the same bits.
+// Launch: grid = (hidden * parts / warps, ceil(n / tile)), block = 32 * warps.
+extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
+                                                           const float* __restrict__ weight,
+                                                           const u8* __restrict__ actq, float* __restrict__ x,
+                                                           const float* __restrict__ shared,
+                                                           const float* __restrict__ gate_logit, int hidden, int ff,
+                                                           int k, u64 dstride, int n, int tile) {
+    __shared__ float red[DOWN_TOK_MAX][32];
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const DownRow d = down_row(hidden);
+    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
+    stage_iq2_q8_tables();
+    const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
+    pdl_enter();  // ids, actq and x come from the kernels before
+    const int per = min(max(tile, 1), DOWN_TOK_MAX);
+    const int t0 = blockIdx.y * per, nt = min(per, n - t0);
+    const int sbs = ff / 32;
+    float acc[DOWN_TOK_MAX];
+#pragma unroll
+    for (int j = 0; j < DOWN_TOK_MAX; ++j) acc[j] = 0.0f;
+    if (d.valid) {
+        const int step = d.parts * WARP, np = k * sbs;
+        const int dc = step / sbs, ds = step - dc * sbs;
+        const int i0 = d.part * WARP + lane;
+        int c = i0 / sbs, sb = i0 - c * sbs;
+        for (int i = i0; i < np; i += step) {
+#pragma unroll
+            for (int j = 0; j < DOWN_TOK_MAX; ++j) {
+                if (j < nt) {
+                    const size_t te = (size_t)(t0 + j) * k + c;
+                    const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
+                    const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
+                    const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
+                    const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
+                    acc[j] = __fadd_rn(acc[j], __fmul_rn(weight[te], v));
+                }
+            }
+            c += dc;
+            sb += ds;
+            if (sb >= sbs) {
+                sb -= sbs;
+                ++c;
+            }
+        }
+    }
+    // down_row_finish for every token, with one barrier.
+#pragma unroll
+    for (int j = 0; j < DOWN_TOK_MAX; ++j) acc[j] = warp_sum(acc[j]);
+    if (d.parts > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < DOWN_TOK_MAX; ++j) red[j][wid] = acc[j];
+        }
+        __syncthreads();
+    }
+    if (d.valid && d.part == 0 && lane == 0) {
+        for (int j = 0; j < nt; ++j) {
+            float s = acc[j];
+            if (d.parts > 1) {
+                s = 0.0f;
+                for (int p = 0; p < d.parts; ++p) s += red[j][wid + p];
+            }
+            const size_t t = t0 + j, at = t * hidden + d.row;
+            x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
+        }
+    }
 }
 
 // moe_down_combine_tab_<type>(tab, ids, weight, act, x, shared, gate_logit, hidden, ff, k): the routed experts' down projections, their weighted sum (in

@@ -175,6 +175,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_gate_up_route2_q8q_iq2_xxs",
     "moe_route_gate_up_q8q_iq2_xxs",
     "moe_down_combine_tab_q8_iq2_xxs",
+    "moe_gate_up_tok_q8q_iq2_xxs",
+    "moe_down_combine_tok_q8_iq2_xxs",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

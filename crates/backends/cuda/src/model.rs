@@ -529,6 +529,9 @@ struct DevExperts {
     /// `moe_gate_up_tab_q8q_iq2_xxs` and `moe_down_combine_tab_q8_iq2_xxs` when every part is
     /// IQ2_XXS (the down projection on 8-bit activations too).
     q8_down_f: Option<(CudaFunction, CudaFunction)>,
+    /// Their token-tile forms for calls of several tokens (`moe_gate_up_tok_q8q_iq2_xxs`,
+    /// `moe_down_combine_tok_q8_iq2_xxs`: the same bits, [`CudaModel::moe_tok`] tokens a block).
+    q8_tok_f: Option<(CudaFunction, CudaFunction)>,
     down_f: CudaFunction,
     /// Warps per block of both kernels ([`moe_warps`]).
     warps: u32,
@@ -1082,6 +1085,11 @@ pub struct CudaModel {
     /// Warps per row asked of `moe_down_combine_tab` (`REDLITE_CUDA_MOE_DOWN_PARTS`, default 2;
     /// [`Self::moe_down_parts`] fits it to the kernel).
     moe_down_parts: usize,
+    /// Tokens a block of the IQ2_XXS routed experts' token-tile kernels in calls of several tokens
+    /// (verify rows, short prompts), gate/up and down: `REDLITE_CUDA_MOE_TOK=g:d` (g 1 ..
+    /// [`MOE_TOK_GU_MAX`], d 1 .. [`MOE_TOK_DOWN_MAX`]; 0: the one-token kernels on a grid of
+    /// tokens).
+    moe_tok: (usize, usize),
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -1383,6 +1391,7 @@ impl CudaModel {
             xq_fresh: false,
             q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", true),
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
+            moe_tok: moe_tok_tiles(),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -3699,23 +3708,33 @@ impl CudaModel {
             }
             Some((gu_f, dn_f)) => {
                 let act_q = self.sc.act_q;
+                let mut args = vec![
+                    A::P(tab),
+                    A::P(ids),
+                    A::P(self.sc.xq),
+                    A::P(act),
+                    A::P(act_q),
+                    A::I(ff as i32),
+                    A::I(h as i32),
+                    A::I(k as i32),
+                    A::P(dstride),
+                ];
+                let tok = e.q8_tok_f.as_ref().filter(|_| n > 1 && self.moe_tok.0 > 0);
+                let (name, f, z) = match tok {
+                    Some((f, _)) => {
+                        let tile = self.moe_tok.0.min(n);
+                        args.extend([A::I(n as i32), A::I(tile as i32)]);
+                        ("moe_gate_up_tok_q8q", f.clone(), n.div_ceil(tile))
+                    }
+                    None => ("moe_gate_up_tab_q8q", gu_f, n),
+                };
                 self.launch(
-                    "moe_gate_up_tab_q8q",
-                    &gu_f,
-                    ((ff / 32) as u32, k as u32, n as u32),
+                    name,
+                    &f,
+                    ((ff / 32) as u32, k as u32, z as u32),
                     crate::ops::q8q_threads(),
                     0,
-                    &[
-                        A::P(tab),
-                        A::P(ids),
-                        A::P(self.sc.xq),
-                        A::P(act),
-                        A::P(act_q),
-                        A::I(ff as i32),
-                        A::I(h as i32),
-                        A::I(k as i32),
-                        A::P(dstride),
-                    ],
+                    &args,
                 )?;
                 (dn_f, act_q)
             }
@@ -3746,7 +3765,7 @@ impl CudaModel {
         self.stream.wait(&self.side.join).map_err(drv)?;
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch (the q8
         // kernel takes `dstride` too).
-        let args = [
+        let mut args = vec![
             A::P(tab),
             A::P(ids),
             A::P(wts),
@@ -3759,13 +3778,28 @@ impl CudaModel {
             A::I(k as i32),
             A::P(dstride),
         ];
+        if !q8_down_on {
+            args.truncate(10);
+        }
+        let tok = e
+            .q8_tok_f
+            .as_ref()
+            .filter(|_| q8_down_on && n > 1 && self.moe_tok.1 > 0);
+        let (name, f, y) = match tok {
+            Some((_, f)) => {
+                let tile = self.moe_tok.1.min(n);
+                args.extend([A::I(n as i32), A::I(tile as i32)]);
+                ("moe_down_combine_tok", f.clone(), n.div_ceil(tile))
+            }
+            None => ("moe_down_combine_tab", down_f, n),
+        };
         self.launch(
-            "moe_down_combine_tab",
-            &down_f,
-            (blocks(h * self.moe_down_parts(e), e.warps), n as u32, 1),
+            name,
+            &f,
+            (blocks(h * self.moe_down_parts(e), e.warps), y as u32, 1),
             32 * e.warps,
             0,
-            if q8_down_on { &args } else { &args[..10] },
+            &args,
         )?;
         Ok(())
     }
@@ -4276,6 +4310,13 @@ fn dev_layer(
             )),
             _ => None,
         },
+        q8_tok_f: match (expert.gate.ty, expert.down.ty) {
+            (GgmlType::IQ2XXS, GgmlType::IQ2XXS) => Some((
+                gpu.func("moe_gate_up_tok_q8q_iq2_xxs")?.clone(),
+                gpu.func("moe_down_combine_tok_q8_iq2_xxs")?.clone(),
+            )),
+            _ => None,
+        },
         down_f: gpu
             .func(&format!(
                 "moe_down_combine_tab_{}",
@@ -4365,6 +4406,23 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         xq_inv: arena.f32s(b)?,
         rope_cs: arena.alloc(8 * o.max_context * (c.rope_dims / 2).max(1))?,
     })
+}
+
+/// The most tokens a block of `moe_gate_up_tok_q8q_iq2_xxs` takes (the kernel's `GU_TOK_MAX`).
+pub const MOE_TOK_GU_MAX: usize = 4;
+/// The most tokens a block of `moe_down_combine_tok_q8_iq2_xxs` takes (its `DOWN_TOK_MAX`).
+pub const MOE_TOK_DOWN_MAX: usize = 8;
+
+/// [`CudaModel::moe_tok`] from `REDLITE_CUDA_MOE_TOK` (`g:d`, `g,d` or one number for both;
+/// default off).
+fn moe_tok_tiles() -> (usize, usize) {
+    let v = std::env::var("REDLITE_CUDA_MOE_TOK").unwrap_or_default();
+    let mut it = v
+        .split([',', ':'])
+        .map(|p| p.trim().parse::<usize>().unwrap_or(0));
+    let g = it.next().unwrap_or(0);
+    let d = it.next().unwrap_or(g);
+    (g.min(MOE_TOK_GU_MAX), d.min(MOE_TOK_DOWN_MAX))
 }
 
 #[cfg(test)]

@@ -794,6 +794,124 @@ pub fn moe_route_down_q8_slots(
     ))
 }
 
+/// The routed experts of `n` tokens (`ids` and `weights`: `[n][k]`, ids into `parts`' experts;
+/// `xq`: the tokens' q8 rows) with every part IQ2_XXS, as a call of several tokens runs them:
+/// `tiles = (0, 0)`: the one-token kernels on a grid of tokens (`moe_gate_up_tab_q8q_iq2_xxs`,
+/// `moe_down_combine_tab_q8_iq2_xxs`); `(g, d)`: their token-tile forms
+/// (`moe_gate_up_tok_q8q_iq2_xxs`, `moe_down_combine_tok_q8_iq2_xxs`) with g and d tokens a block.
+/// The parts through the table, or (`direct`) at its first entries + id · slot stride. Returns
+/// `(x + Σ weight · down, activations [n][k][ff], their q8 rows)` for `x` = the index pattern
+/// written first (so that a missed row shows).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_q8_tokens(
+    gpu: &Gpu,
+    parts: [&[Vec<u8>]; 3],
+    ids: &[i32],
+    weights: &[f32],
+    xq: &[u8],
+    (hidden, ff): (usize, usize),
+    tiles: (usize, usize),
+    direct: bool,
+) -> Result<RoutedSlots, CudaError> {
+    let ne = parts[0].len();
+    let n = xq.len() / q8_row_bytes(hidden).max(1);
+    let k = ids.len().checked_div(n).unwrap_or(0);
+    if parts.iter().any(|p| p.len() != ne)
+        || n == 0
+        || k == 0
+        || ids.len() != n * k
+        || weights.len() != n * k
+        || xq.len() != n * q8_row_bytes(hidden)
+        || ids.iter().any(|&i| i < 0 || i as usize >= ne)
+        || !ff.is_multiple_of(32)
+        || tiles.0 > crate::model::MOE_TOK_GU_MAX
+        || tiles.1 > crate::model::MOE_TOK_DOWN_MAX
+    {
+        return Err(CudaError::Invalid(
+            "routed experts of several tokens: sizes".into(),
+        ));
+    }
+    let (_slots, tab, sb) = expert_slots(gpu, parts)?;
+    let start: Vec<f32> = (0..n * hidden).map(|i| (i % 7) as f32 * 0.25).collect();
+    let mut c = TabCall {
+        tab,
+        ids: upload(gpu, ids)?,
+        weights: upload(gpu, weights)?,
+        out: upload(gpu, &start)?,
+        shared: upload(gpu, &vec![0.5f32; n * hidden])?,
+        gl: upload(gpu, &vec![0.25f32; n])?,
+        ff: i32_arg(ff, "ff")?,
+        hidden: i32_arg(hidden, "hidden")?,
+        k: i32_arg(k, "k")?,
+    };
+    let x_d = upload(gpu, xq)?;
+    let mut act = alloc_poisoned::<f32>(gpu, n * k * ff)?;
+    let mut actq = alloc_poisoned::<u8>(gpu, n * k * q8_row_bytes(ff))?;
+    let dstride = if direct { sb as u64 } else { 0 };
+    let ni = i32_arg(n, "tokens")?;
+    if tiles.0 == 0 {
+        let name = "moe_gate_up_tab_q8q_iq2_xxs";
+        launch!(
+            gpu,
+            gpu.func(name)?,
+            name,
+            cfg(((ff / 32) as u32, k as u32, n as u32), q8q_threads(), 0),
+            [&c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k, &dstride]
+        )?;
+    } else {
+        let name = "moe_gate_up_tok_q8q_iq2_xxs";
+        let tile = i32_arg(tiles.0, "tile")?;
+        launch!(
+            gpu,
+            gpu.func(name)?,
+            name,
+            cfg(
+                ((ff / 32) as u32, k as u32, n.div_ceil(tiles.0) as u32),
+                q8q_threads(),
+                0
+            ),
+            [
+                &c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k, &dstride, &ni,
+                &tile
+            ]
+        )?;
+    }
+    // Two warps per row, as the model runs it.
+    let warps = crate::expert_cache::moe_warps();
+    let grid_x = blocks(hidden * 2, warps);
+    if tiles.1 == 0 {
+        let name = "moe_down_combine_tab_q8_iq2_xxs";
+        launch!(
+            gpu,
+            gpu.func(name)?,
+            name,
+            cfg((grid_x, n as u32, 1), 32 * warps, 0),
+            [
+                &c.tab, &c.ids, &c.weights, &actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff,
+                &c.k, &dstride
+            ]
+        )?;
+    } else {
+        let name = "moe_down_combine_tok_q8_iq2_xxs";
+        let tile = i32_arg(tiles.1, "tile")?;
+        launch!(
+            gpu,
+            gpu.func(name)?,
+            name,
+            cfg((grid_x, n.div_ceil(tiles.1) as u32, 1), 32 * warps, 0),
+            [
+                &c.tab, &c.ids, &c.weights, &actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff,
+                &c.k, &dstride, &ni, &tile
+            ]
+        )?;
+    }
+    Ok((
+        download(gpu, &c.out)?,
+        download(gpu, &act)?,
+        download(gpu, &actq)?,
+    ))
+}
+
 /// Experts `parts[p][e]` (part p: gate, up, down) packed into the slots of one device buffer (the
 /// expert cache's layout) and the table of their parts' addresses: `(slots, table, slot bytes)`.
 fn expert_slots(

@@ -923,6 +923,97 @@ impl Runner<'_> {
         }
     }
 
+    /// The routed experts of several tokens (a verify's rows) on 8-bit activations: the one-token
+    /// kernels on a grid of tokens against f64, and the token-tile kernels
+    /// (`moe_gate_up_tok_q8q_iq2_xxs`, `moe_down_combine_tok_q8_iq2_xxs`) bit for bit against them,
+    /// tiles that leave a partial last tile, through the table and at direct slots.
+    fn experts_q8_tokens(&mut self) {
+        let ty = GgmlType::IQ2XXS;
+        for (hidden, ff) in [(2048usize, 512usize), (512, 256)] {
+            let (n_exp, n, k) = (6usize, 7usize, 3usize);
+            let [gate, up, down] = self.random_experts(ty, (hidden, ff), n_exp);
+            let x = self.rng.normals(n * hidden, 1.0);
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                let mut row: Vec<i32> = Vec::new();
+                while row.len() < k {
+                    let e = self.rng.below(n_exp) as i32;
+                    if !row.contains(&e) {
+                        row.push(e);
+                    }
+                }
+                ids.extend(row);
+            }
+            let weights: Vec<f32> = (0..n * k)
+                .map(|_| 0.1 + self.rng.uniform() as f32)
+                .collect();
+            let tiles = [(1usize, 1usize), (2, 3), (4, 8), (3, 5)];
+            let r = (|| {
+                let xq: Vec<u8> = x.chunks(hidden).flat_map(ops::q8_row).collect();
+                let parts = [&gate[..], &up[..], &down[..]];
+                let run = |t, direct| {
+                    ops::moe_experts_q8_tokens(
+                        self.gpu,
+                        parts,
+                        &ids,
+                        &weights,
+                        &xq,
+                        (hidden, ff),
+                        t,
+                        direct,
+                    )
+                };
+                let (y, act, actq) = run((0, 0), false)?;
+                for direct in [false, true] {
+                    for &t in &tiles {
+                        let (y_t, act_t, actq_t) = run(t, direct)?;
+                        let what = format!("token tiles {t:?} (direct {direct})");
+                        same_bits(&format!("{what}: activations differ"), &act_t, &act)?;
+                        same_bytes(&format!("{what}: q8 rows differ"), &actq_t, &actq)?;
+                        same_bits(&format!("{what}: outputs differ"), &y_t, &y)?;
+                    }
+                }
+                let deq = |b: &[u8]| {
+                    dequantize_to_vec(ty, b).map_err(|e| CudaError::Invalid(e.to_string()))
+                };
+                let (mut ref_act, mut reference) = (Vec::new(), Vec::new());
+                let gl = 1.0 / (1.0 + (-0.25f64).exp());
+                for t in 0..n {
+                    let xq = quantize_q8_blocks(&x[t * hidden..(t + 1) * hidden]);
+                    let mut out: Vec<f64> = (0..hidden)
+                        .map(|i| ((t * hidden + i) % 7) as f64 * 0.25 + gl * 0.5)
+                        .collect();
+                    for c in 0..k {
+                        let (e, w) = (ids[t * k + c] as usize, weights[t * k + c]);
+                        let (g, u, d) = (deq(&gate[e])?, deq(&up[e])?, deq(&down[e])?);
+                        for r in 0..ff {
+                            let gv = dot64(&g[r * hidden..(r + 1) * hidden], &xq);
+                            let uv = dot64(&u[r * hidden..(r + 1) * hidden], &xq);
+                            ref_act.push(silu64(gv) * uv);
+                        }
+                        let at = (t * k + c) * ff;
+                        let aq = quantize_q8_blocks(&act[at..at + ff]);
+                        for (r, o) in out.iter_mut().enumerate() {
+                            *o += f64::from(w) * dot64(&d[r * ff..(r + 1) * ff], &aq);
+                        }
+                    }
+                    reference.extend(out);
+                }
+                Ok((
+                    rel_err(&y, &reference).max(rel_err(&act, &ref_act)),
+                    TOL_F32,
+                ))
+            })();
+            self.record(
+                "experts q8 tokens IQ2_XXS",
+                format!(
+                    "n={n} k={k} of {n_exp}, {hidden}/{ff}, one-token kernels on a grid against f64, token tiles {tiles:?} bit for bit, table and direct"
+                ),
+                r,
+            );
+        }
+    }
+
     /// `swiglu_q8`: silu(gate) · up against f64, and its q8 rows bit for bit the quantisation of
     /// its own output (what `matvec_norm3_q8` would stage from it).
     fn swiglu_q8(&mut self) {
@@ -2432,6 +2523,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.matvec_res_q8();
     r.experts_q8();
     r.experts_q8_down();
+    r.experts_q8_tokens();
     r.swiglu_q8();
     r.matvec3_x_f32();
     r.sample_topk();
