@@ -1172,6 +1172,40 @@ __device__ __forceinline__ Q4kUnit q4k_unit(const uint4 hd, const uint4 qv, int 
     return u;
 }
 
+// A q8 row's values under a unit of block `ib` (the same for every row at that column): its low
+// and high 16 quants, their sums of 16 and the two blocks' scales.
+struct Q8UnitX {
+    int4 a, e;
+    float s_lo, s_hi, d_lo, d_hi;
+};
+
+__device__ __forceinline__ Q8UnitX q8_unit_x(const Q8Row& x, int ib, int at) {
+    const int lo = 256 * ib + at, hi = lo + 32;
+    Q8UnitX v;
+    v.a = *(const int4*)(x.q + lo);
+    v.e = *(const int4*)(x.q + hi);
+    v.s_lo = (float)x.s16[lo / 16];
+    v.s_hi = (float)x.s16[hi / 16];
+    v.d_lo = x.d[lo / 32];
+    v.d_hi = x.d[hi / 32];
+    return v;
+}
+
+// The unit's dot with loaded q8 values (q4k_unit_q8's operations in its order).
+__device__ __forceinline__ float q4k_unit_q8v(const Q4kUnit& u, const Q8UnitX& v) {
+    const int4 a = v.a, e = v.e;
+    int sl = dp4a(u.lo[0], a.x, 0), sh = dp4a(u.hi[0], e.x, 0);
+    sl = dp4a(u.lo[1], a.y, sl);
+    sh = dp4a(u.hi[1], e.y, sh);
+    sl = dp4a(u.lo[2], a.z, sl);
+    sh = dp4a(u.hi[2], e.z, sh);
+    sl = dp4a(u.lo[3], a.w, sl);
+    sh = dp4a(u.hi[3], e.w, sh);
+    const float vl = __fsub_rn(__fmul_rn(u.ds0, (float)sl), __fmul_rn(u.dm0, v.s_lo));
+    const float vh = __fsub_rn(__fmul_rn(u.ds1, (float)sh), __fmul_rn(u.dm1, v.s_hi));
+    return __fadd_rn(__fmul_rn(v.d_lo, vl), __fmul_rn(v.d_hi, vh));
+}
+
 // The unit's dot with block `ib` of a staged q8 row.
 __device__ __forceinline__ float q4k_unit_q8(const Q4kUnit& u, const Q8Row& x, int ib) {
     const int lo = 256 * ib + u.at, hi = lo + 32;
@@ -1230,6 +1264,27 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
                     qv[r][k] = *(const uint4*)(b + 16 + 16 * (g & 7));
                 }
             }
+        }
+        if constexpr (NR > 1 && NT > 1) {
+            // Each token's q8 values loaded once for the NR rows (the same column positions);
+            // every row's partial in the order below (unit by unit, token by token).
+#pragma unroll
+            for (int k = 0; k < Q8_UNITS; ++k) {
+                const int g = gi + k * step;
+                Q4kUnit u[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) u[r] = q4k_unit(hd[r][k], qv[r][k], g & 7);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= nt) continue;
+                    const Q8UnitX v = q8_unit_x(xr[t], g >> 3, u[0].at);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        if (wr[r] != nullptr) acc[r][t] = __fadd_rn(acc[r][t], q4k_unit_q8v(u[r], v));
+                    }
+                }
+            }
+            continue;
         }
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -1362,11 +1417,16 @@ __device__ __forceinline__ void rows_q8(const u8* const (&wr)[NR], u8* base, int
 // tokens t0 .. t0 + nt - 1, NR rows at a time (2 for one token): y[t][row] = invs[t] * dot, or
 // with ADD y[t][row] += dot (invs unused). Every thread of the block calls it (barriers when
 // s.parts > 1).
+// Q8X_TOK_NR (default 1): rows a warp walks together in the token-tile kernels (NT > 1); a row's
+// partial does not depend on it. 2: the rows share each token's q8 loads (the same positions).
+#ifndef Q8X_TOK_NR
+#define Q8X_TOK_NR 1
+#endif
 template <typename T, int NT, bool ADD>
 __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
                                             MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
                                             const float* invs) {
-    constexpr int NR = NT == 1 ? 2 : 1;
+    constexpr int NR = NT == 1 ? 2 : Q8X_TOK_NR;
     __shared__ float red[NR][NT][MVF_WARPS];
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t rb = row_bytes<T>(cols);

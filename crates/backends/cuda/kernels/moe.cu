@@ -849,20 +849,10 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // db · (dx · Σ) with db = d (0.5 + scale) / 4 as the f32 decoder; the lane adds its sub-blocks in
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
-// IQ2_SG_TAB (compile-time, default 0; session 27, not yet measured on a GPU): iq2xxs_sub_q8's
-// sign byte (the 7-bit code and its parity bit) read from the staged 128-byte ksigns table
-// instead of computed (popc, and, shift, or). The table is 32 words, one a bank, so a warp's
-// reads never conflict (unlike session 18's 8-byte mask table); the same bytes, so the same bits.
-#ifndef IQ2_SG_TAB
-#define IQ2_SG_TAB 0
-#endif
-
-// The grid into shared memory (the sign masks are computed: iq2_negmask_alu unless IQ2_SG_TAB).
+// The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
+// staged ksigns table at -0.7 % decode).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-#if IQ2_SG_TAB
-    for (int i = threadIdx.x; i < 128; i += blockDim.x) s_ksigns_iq2xs[i] = g_ksigns_iq2xs[i];
-#endif
     __syncthreads();
 }
 
@@ -912,11 +902,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     for (int l = 0; l < 4; ++l) {
         const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
-#if IQ2_SG_TAB
-        const u32 sg = s_ksigns_iq2xs[code];
-#else
         const u32 sg = code | ((__popc(code) & 1u) << 7);
-#endif
         sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
         sum = dp4a(iq2_signed_bytes((u32)(g >> 32), sg >> 4), q[2 * l + 1], sum);
     }
