@@ -1191,9 +1191,8 @@ __device__ __forceinline__ Q8UnitX q8_unit_x(const Q8Row& x, int ib, int at) {
     return v;
 }
 
-// The unit's dot with loaded q8 values (q4k_unit_q8's operations in its order).
-__device__ __forceinline__ float q4k_unit_q8v(const Q4kUnit& u, const Q8UnitX& v) {
-    const int4 a = v.a, e = v.e;
+// The unit's two sums of 16 quant products (low nibbles against a, high against e).
+__device__ __forceinline__ int2 q4k_unit_dots(const Q4kUnit& u, const int4 a, const int4 e) {
     int sl = dp4a(u.lo[0], a.x, 0), sh = dp4a(u.hi[0], e.x, 0);
     sl = dp4a(u.lo[1], a.y, sl);
     sh = dp4a(u.hi[1], e.y, sh);
@@ -1201,8 +1200,14 @@ __device__ __forceinline__ float q4k_unit_q8v(const Q4kUnit& u, const Q8UnitX& v
     sh = dp4a(u.hi[2], e.z, sh);
     sl = dp4a(u.lo[3], a.w, sl);
     sh = dp4a(u.hi[3], e.w, sh);
-    const float vl = __fsub_rn(__fmul_rn(u.ds0, (float)sl), __fmul_rn(u.dm0, v.s_lo));
-    const float vh = __fsub_rn(__fmul_rn(u.ds1, (float)sh), __fmul_rn(u.dm1, v.s_hi));
+    return make_int2(sl, sh);
+}
+
+// The unit's dot with loaded q8 values (q4k_unit_q8's operations in its order).
+__device__ __forceinline__ float q4k_unit_q8v(const Q4kUnit& u, const Q8UnitX& v) {
+    const int2 s = q4k_unit_dots(u, v.a, v.e);
+    const float vl = __fsub_rn(__fmul_rn(u.ds0, (float)s.x), __fmul_rn(u.dm0, v.s_lo));
+    const float vh = __fsub_rn(__fmul_rn(u.ds1, (float)s.y), __fmul_rn(u.dm1, v.s_hi));
     return __fadd_rn(__fmul_rn(v.d_lo, vl), __fmul_rn(v.d_hi, vh));
 }
 
@@ -1210,17 +1215,11 @@ __device__ __forceinline__ float q4k_unit_q8v(const Q4kUnit& u, const Q8UnitX& v
 __device__ __forceinline__ float q4k_unit_q8(const Q4kUnit& u, const Q8Row& x, int ib) {
     const int lo = 256 * ib + u.at, hi = lo + 32;
     const int4 a = *(const int4*)(x.q + lo), e = *(const int4*)(x.q + hi);
-    int sl = dp4a(u.lo[0], a.x, 0), sh = dp4a(u.hi[0], e.x, 0);
-    sl = dp4a(u.lo[1], a.y, sl);
-    sh = dp4a(u.hi[1], e.y, sh);
-    sl = dp4a(u.lo[2], a.z, sl);
-    sh = dp4a(u.hi[2], e.z, sh);
-    sl = dp4a(u.lo[3], a.w, sl);
-    sh = dp4a(u.hi[3], e.w, sh);
+    const int2 s = q4k_unit_dots(u, a, e);
     // Rounded operations spelled out (no contraction left to the compiler): every kernel that
     // inlines this computes the same value.
-    const float vl = __fsub_rn(__fmul_rn(u.ds0, (float)sl), __fmul_rn(u.dm0, (float)x.s16[lo / 16]));
-    const float vh = __fsub_rn(__fmul_rn(u.ds1, (float)sh), __fmul_rn(u.dm1, (float)x.s16[hi / 16]));
+    const float vl = __fsub_rn(__fmul_rn(u.ds0, (float)s.x), __fmul_rn(u.dm0, (float)x.s16[lo / 16]));
+    const float vh = __fsub_rn(__fmul_rn(u.ds1, (float)s.y), __fmul_rn(u.dm1, (float)x.s16[hi / 16]));
     return __fadd_rn(__fmul_rn(x.d[lo / 32], vl), __fmul_rn(x.d[hi / 32], vh));
 }
 

@@ -1374,6 +1374,18 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
 #define DOWN_LOOP 1
 #endif
 
+// Pair (te, sb) of the q8 down kernels: weight[te] · (sub-block sb of the down row at `off` of
+// choice te's expert, against sub-block sb of its q8 activation row).
+__device__ __forceinline__ float down_pair_q8(const u64* __restrict__ tab, const int* __restrict__ ids,
+                                              const float* __restrict__ weight, const u8* __restrict__ actq,
+                                              size_t te, int sb, size_t off, int ff, u64 dstride, u64 d0) {
+    const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
+    const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
+    const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
+    const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
+    return __fmul_rn(weight[te], v);
+}
+
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
@@ -1413,12 +1425,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
             c = i / sbs;
             sb = i - c * sbs;
 #endif
-            const size_t te = t * k + c;
-            const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
-            const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
-            const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-            const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
-            acc = __fadd_rn(acc, __fmul_rn(weight[te], v));
+            acc = __fadd_rn(acc, down_pair_q8(tab, ids, weight, actq, t * k + c, sb, off, ff, dstride, d0));
 #if DOWN_LOOP
             c += dc;
             sb += ds;
@@ -1473,11 +1480,7 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
             for (int j = 0; j < DOWN_TOK_MAX; ++j) {
                 if (j < nt) {
                     const size_t te = (size_t)(t0 + j) * k + c;
-                    const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
-                    const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
-                    const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-                    const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
-                    acc[j] = __fadd_rn(acc[j], __fmul_rn(weight[te], v));
+                    acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
                 }
             }
             c += dc;

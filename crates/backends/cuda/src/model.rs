@@ -3721,11 +3721,11 @@ impl CudaModel {
                 ];
                 let tok = e.q8_tok_f.as_ref().filter(|_| n > 1 && self.moe_tok.0 > 0);
                 let (name, f, z) = match tok {
-                    Some((f, _)) => {
-                        let tile = self.moe_tok.0.min(n);
-                        args.extend([A::I(n as i32), A::I(tile as i32)]);
-                        ("moe_gate_up_tok_q8q", f.clone(), n.div_ceil(tile))
-                    }
+                    Some((f, _)) => (
+                        "moe_gate_up_tok_q8q",
+                        f.clone(),
+                        push_token_tile(&mut args, n, self.moe_tok.0),
+                    ),
                     None => ("moe_gate_up_tab_q8q", gu_f, n),
                 };
                 self.launch(
@@ -3786,11 +3786,11 @@ impl CudaModel {
             .as_ref()
             .filter(|_| q8_down_on && n > 1 && self.moe_tok.1 > 0);
         let (name, f, y) = match tok {
-            Some((_, f)) => {
-                let tile = self.moe_tok.1.min(n);
-                args.extend([A::I(n as i32), A::I(tile as i32)]);
-                ("moe_down_combine_tok", f.clone(), n.div_ceil(tile))
-            }
+            Some((_, f)) => (
+                "moe_down_combine_tok",
+                f.clone(),
+                push_token_tile(&mut args, n, self.moe_tok.1),
+            ),
             None => ("moe_down_combine_tab", down_f, n),
         };
         self.launch(
@@ -4412,6 +4412,14 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
 pub const MOE_TOK_GU_MAX: usize = 4;
 /// The most tokens a block of `moe_down_combine_tok_q8_iq2_xxs` takes (its `DOWN_TOK_MAX`).
 pub const MOE_TOK_DOWN_MAX: usize = 8;
+
+/// A token-tile kernel's last two arguments for a call of `n` tokens with `tile` of them a block
+/// (`n`, the tile clamped to `n`); returns the grid's extent over the tokens.
+fn push_token_tile(args: &mut Vec<A>, n: usize, tile: usize) -> usize {
+    let tile = tile.clamp(1, n.max(1));
+    args.extend([A::I(n as i32), A::I(tile as i32)]);
+    n.div_ceil(tile)
+}
 
 /// [`CudaModel::moe_tok`] from `REDLITE_CUDA_MOE_TOK` (`g:d`, `g,d` or one number for both;
 /// default `0:8`: the down kernel's token tiles only. Session 28 on the H200: the full-size
