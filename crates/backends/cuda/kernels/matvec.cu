@@ -261,6 +261,86 @@ struct GroupDot<T_Q4_K> {
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] += part[t];
     }
+    // A unit's weights as dot_loaded_tok decodes them: w0[k][j] (sub-block 2c, word k of the
+    // rotated order) and w1[k][j] (2c + 1); the unit's activations start at x - 32 g + xoff.
+    struct Decoded {
+        float w0[4][4], w1[4][4];
+    };
+    static __device__ __forceinline__ Decoded decode(const Raw& r, int g) {
+        const int c = g >> 1;
+        const u32 sc_w = c < 2 ? (r.hd.y & 0x3F3F3F3Fu) : ((r.hd.w & 0x0F0F0F0Fu) | ((r.hd.y >> 2) & 0x30303030u));
+        const u32 m_w = c < 2 ? (r.hd.z & 0x3F3F3F3Fu)
+                              : (((r.hd.w >> 4) & 0x0F0F0F0Fu) | ((r.hd.z >> 2) & 0x30303030u));
+        const int b0 = (2 * c) & 3;
+        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
+        const float ds0 = d * byte_f32(sc_w, b0), dm0 = dmin * byte_f32(m_w, b0);
+        const float ds1 = d * byte_f32(sc_w, b0 + 1), dm1 = dmin * byte_f32(m_w, b0 + 1);
+        u32 v0 = r.q.x, v1 = r.q.y, v2 = r.q.z, v3 = r.q.w;
+        if (c & 1) {
+            const u32 t = v0;
+            v0 = v1, v1 = v2, v2 = v3, v3 = t;
+        }
+        if (c & 2) {
+            u32 t = v0;
+            v0 = v2, v2 = t;
+            t = v1, v1 = v3, v3 = t;
+        }
+        const u32 v[4] = {v0, v1, v2, v3};
+        Decoded u;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const u32 lo = v[k] & 0x0F0F0F0Fu, hi = (v[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                u.w0[k][j] = ds0 * byte_f32(lo, j) - dm0;
+                u.w1[k][j] = ds1 * byte_f32(hi, j) - dm1;
+            }
+        }
+        return u;
+    }
+    // dot_loaded_tok for two rows' units at the same position g (the same activations): each
+    // token's activations loaded once for both; each row's sums in dot_loaded_tok's order.
+    template <int NT>
+    static __device__ __forceinline__ void dot_loaded_tok2(const Raw& ra, const Raw& rb, int g,
+                                                           const float* __restrict__ x, int stride, int nt,
+                                                           float (&acca)[NT], float (&accb)[NT]) {
+        const int c = g >> 1, h = g & 1;
+        const float* xl = x - 32 * g + 64 * c + 16 * h;
+        const Decoded ua = decode(ra, g), ub = decode(rb, g);
+        float pa[NT], pb[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            pa[t] = 0.0f;
+            pb[t] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int kk = (k + c) & 3;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float* xt = xl + (size_t)t * stride;
+                    const float4 a = ld_x4(xt + 4 * kk), e = ld_x4(xt + 32 + 4 * kk);
+                    const float as[4] = {a.x, a.y, a.z, a.w}, es[4] = {e.x, e.y, e.z, e.w};
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        pa[t] += ua.w0[k][j] * as[j];
+                        pa[t] += ua.w1[k][j] * es[j];
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        pb[t] += ub.w0[k][j] * as[j];
+                        pb[t] += ub.w1[k][j] * es[j];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            acca[t] += pa[t];
+            accb[t] += pb[t];
+        }
+    }
     // a's first word made to depend on b's loaded words (an identity lop3: result = a): a's
     // arithmetic then waits for b's loads, so ptxas issues them before it.
     static __device__ __forceinline__ void pin(Raw& a, const Raw& b) {
@@ -549,6 +629,41 @@ __device__ __forceinline__ void row_partial_tok(const u8* __restrict__ wr, const
         }
     }
 }
+
+#if Q4K_PAIR
+// row_partial_tok<T_Q4_K> of two rows (wa, wb: wb = wa past the matrix, its sums then unused) with
+// each token's activations loaded once for both (dot_loaded_tok2): the same units in the same
+// order per row, so each row's partials are row_partial_tok's bit for bit.
+template <int NT>
+__device__ __forceinline__ void row_partial_tok2_q4k(const u8* __restrict__ wa, const u8* __restrict__ wb,
+                                                     const float* __restrict__ x, int cols, int stride, int nt,
+                                                     int lane, int part, int parts, float (&acca)[NT],
+                                                     float (&accb)[NT]) {
+    using D = GroupDot<T_Q4_K>;
+    constexpr int G = D::G, PER_BLOCK = T_Q4_K::QK / G;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        acca[t] = 0.0f;
+        accb[t] = 0.0f;
+    }
+    const int groups = cols / G, step = parts * WARP;
+    int gi = part * WARP + lane;
+    for (; gi + step < groups; gi += 2 * step) {
+        const int gj = gi + step;
+        const size_t bi = (size_t)(gi / PER_BLOCK) * T_Q4_K::BB, bj = (size_t)(gj / PER_BLOCK) * T_Q4_K::BB;
+        auto a0 = D::load(wa + bi, gi % PER_BLOCK), b0 = D::load(wb + bi, gi % PER_BLOCK);
+        const auto a1 = D::load(wa + bj, gj % PER_BLOCK), b1 = D::load(wb + bj, gj % PER_BLOCK);
+        D::pin(a0, a1);
+        D::template dot_loaded_tok2<NT>(a0, b0, gi % PER_BLOCK, x + (size_t)gi * G, stride, nt, acca, accb);
+        D::template dot_loaded_tok2<NT>(a1, b1, gj % PER_BLOCK, x + (size_t)gj * G, stride, nt, acca, accb);
+    }
+    if (gi < groups) {
+        const size_t bi = (size_t)(gi / PER_BLOCK) * T_Q4_K::BB;
+        const auto a0 = D::load(wa + bi, gi % PER_BLOCK), b0 = D::load(wb + bi, gi % PER_BLOCK);
+        D::template dot_loaded_tok2<NT>(a0, b0, gi % PER_BLOCK, x + (size_t)gi * G, stride, nt, acca, accb);
+    }
+}
+#endif
 
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
@@ -902,6 +1017,61 @@ __device__ __forceinline__ void mvf_tok_inplace_body(const u8* __restrict__ w, c
     pdl_enter();  // x (and y) come from the kernels before
     tok_rows_out<T, ADD>(w, x + (size_t)t0 * cols, cols, rows, row, part, s, y, t0, nt, nullptr);
 }
+
+#if Q4K_PAIR
+// matvec_res_tok2_q4_k(w, x, y, rows, cols, split, n): matvec_res_tok_q4_k with two rows a warp
+// group (the host's split says rows 2; the kernel takes 2 whatever it says): the rows' products by
+// row_partial_tok2_q4k (each token's activations loaded once for both rows, L1 traffic halved),
+// each row's slices added in order, y[t][row] += sum: matvec_res_tok's outputs bit for bit.
+// Launch: grid = (ceil(rows / (2 * MVF_WARPS / parts)), ceil(n / tile)), block = 32 * MVF_WARPS.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_k(const u8* w, const float* x,
+                                                                                 float* y, int rows, int cols,
+                                                                                 int split, int n) {
+    __shared__ float red[2][MVF_MAX_TILE][MVF_WARPS];
+    const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
+    MvfSplit s = mvf_split(split);
+    s.rows = 2;
+    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
+    int row, part;
+    mvf_first(blockIdx.x, s, row, part);
+    if (blockIdx.y == 0) mvf_prefetch<T_Q4_K>(w, cols, rows, row, part, s);
+    pdl_enter();  // x and y come from the kernels before
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const size_t rb = row_bytes<T_Q4_K>(cols);
+    float acca[MVF_MAX_TILE], accb[MVF_MAX_TILE];
+    if (row < rows) {
+        const u8* wa = w + (size_t)row * rb;
+        const u8* wb = row + 1 < rows ? wa + rb : wa;
+        row_partial_tok2_q4k<MVF_MAX_TILE>(wa, wb, x + (size_t)t0 * cols, cols, cols, nt, lane, part, s.parts,
+                                           acca, accb);
+    } else {
+#pragma unroll
+        for (int t = 0; t < MVF_MAX_TILE; ++t) {
+            acca[t] = 0.0f;
+            accb[t] = 0.0f;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MVF_MAX_TILE; ++t) {
+        const float va = warp_sum(acca[t]), vb = warp_sum(accb[t]);
+        if (lane == 0) {
+            red[0][t][wi] = va;
+            red[1][t][wi] = vb;
+        }
+    }
+    __syncthreads();
+    if (part != 0 || lane != 0) return;
+    for (int k = 0; k < 2; ++k) {
+        if (row + k >= rows) break;
+        for (int t = 0; t < nt; ++t) {
+            float sum = 0.0f;
+            for (int p = 0; p < s.parts; ++p) sum += red[k][t][wi + p];
+            float* out = y + (size_t)(t0 + t) * rows + row + k;
+            *out = *out + sum;
+        }
+    }
+}
+#endif
 
 // matvec3_x_tok_f32(x, cols, split, n, w0, y0, rows0, ...): matvec3_x_f32 for n tokens in tiles of
 // tile = split >> 16 (up to MVF_MAX_TILE), one row per warp group (mvf_tok_inplace_body): its outputs
@@ -1283,18 +1453,18 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
                     }
                 }
             }
-            continue;
-        }
+        } else {
 #pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            if (wr[r] == nullptr) continue;
+            for (int r = 0; r < NR; ++r) {
+                if (wr[r] == nullptr) continue;
 #pragma unroll
-            for (int k = 0; k < Q8_UNITS; ++k) {
-                const int g = gi + k * step;
-                const Q4kUnit u = q4k_unit(hd[r][k], qv[r][k], g & 7);
+                for (int k = 0; k < Q8_UNITS; ++k) {
+                    const int g = gi + k * step;
+                    const Q4kUnit u = q4k_unit(hd[r][k], qv[r][k], g & 7);
 #pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    if (t < nt) acc[r][t] = __fadd_rn(acc[r][t], q4k_unit_q8(u, xr[t], g >> 3));
+                    for (int t = 0; t < NT; ++t) {
+                        if (t < nt) acc[r][t] = __fadd_rn(acc[r][t], q4k_unit_q8(u, xr[t], g >> 3));
+                    }
                 }
             }
         }

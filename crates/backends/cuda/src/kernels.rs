@@ -177,6 +177,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_down_combine_tab_q8_iq2_xxs",
     "moe_gate_up_tok_q8q_iq2_xxs",
     "moe_down_combine_tok_q8_iq2_xxs",
+    "matvec_res_tok2_q4_k",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

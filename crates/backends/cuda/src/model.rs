@@ -1090,6 +1090,10 @@ pub struct CudaModel {
     /// [`MOE_TOK_GU_MAX`], d 1 .. [`MOE_TOK_DOWN_MAX`]; 0: the one-token kernels on a grid of
     /// tokens; default `0:8`, see [`moe_tok_tiles`]).
     moe_tok: (usize, usize),
+    /// Rows a warp group of the Q4_K output projections' token tiles (`REDLITE_CUDA_RES_TOK_ROWS`,
+    /// 1 or 2, default 1): 2 takes `matvec_res_tok2_q4_k` (each token's activations loaded once
+    /// for two rows; the same bits). Not yet measured on a GPU (session 28).
+    res_tok_rows: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -1392,6 +1396,9 @@ impl CudaModel {
             q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", true),
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_tok: moe_tok_tiles(),
+            res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS")
+                .unwrap_or(1)
+                .clamp(1, 2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -2751,14 +2758,18 @@ impl CudaModel {
         };
         let tile = token_tile(self.token_tile, n, w.cols);
         if self.x_tok && tile > 1 && split_norm && !q8 {
-            // Several tokens (a verify pass): the weights once per tile, the same bits.
-            let f = self
-                .gpu
-                .func(&format!("matvec_res_tok_{}", type_suffix(w.ty)))?
-                .clone();
+            // Several tokens (a verify pass): the weights once per tile, the same bits; Q4_K
+            // with `res_tok_rows` 2: two rows a warp group sharing each token's activation loads.
+            let two = self.res_tok_rows == 2 && w.ty == GgmlType::Q4K;
+            let name = if two {
+                "matvec_res_tok2_q4_k".to_string()
+            } else {
+                format!("matvec_res_tok_{}", type_suffix(w.ty))
+            };
+            let f = self.gpu.func(&name)?.clone();
             let split = MvfSplit {
                 parts: split.parts,
-                rows: 1,
+                rows: if two { 2 } else { 1 },
             };
             self.launch(
                 "matvec_res_tok",

@@ -1288,12 +1288,15 @@ pub fn matvec_fused(
     let norm_len = if residual.is_some() { rows } else { cols };
     // No norm weights (norm3 only): the plain product W · x[t], the norm left out.
     let plain = residual.is_none() && nw.is_empty();
+    // Token tiles of two rows a warp group: `matvec_res_tok2_q4_k` only.
+    let two_rows = residual.is_some() && ty == GgmlType::Q4K;
     if (nw.len() != norm_len && !plain)
         || !(1..=8).contains(&parts)
         || !parts.is_power_of_two()
         || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
         || !(1..=MVF_MAX_TILE).contains(&tile)
-        || (tile > 1 && (rows_per_warp != 1 || 4 * tile * cols > 48 * 1024))
+        || (tile > 1 && 4 * tile * cols > 48 * 1024)
+        || (tile > 1 && rows_per_warp != 1 && !(rows_per_warp == 2 && two_rows))
         || residual.is_some_and(|r| r.len() != n * rows)
         || 4 * cols > 48 * 1024
     {
@@ -1379,9 +1382,14 @@ pub fn matvec_fused(
             // `matvec_res_tok_<type>`: y[t] += W · x[t] in token tiles, no norm.
             let mut y = upload(gpu, res)?;
             let ni = i32_arg(n, "tokens")?;
+            let name = if rows_per_warp == 2 {
+                "matvec_res_tok2_q4_k".to_string()
+            } else {
+                format!("matvec_res_tok_{sfx}")
+            };
             launch!(
                 gpu,
-                gpu.func(&format!("matvec_res_tok_{sfx}"))?,
+                gpu.func(&name)?,
                 "matvec_res_tok",
                 cfg((grid.0, n.div_ceil(tile) as u32, 1), 256, 0),
                 [w, &x, &mut y, &r, &c, &p, &ni]

@@ -1212,6 +1212,20 @@ impl Runner<'_> {
                             (eps, parts, 1, tile),
                         )?;
                         same_bits("matvec_res_tok differs from matvec_res", &yt, &y)?;
+                        if ty == GgmlType::Q4K {
+                            // Two rows a warp group (`matvec_res_tok2_q4_k`).
+                            let (y2, _) = ops::matvec_fused(
+                                self.gpu,
+                                ty,
+                                &w,
+                                (rows2, cols2),
+                                &xs,
+                                &nw,
+                                Some(&res),
+                                (eps, parts, 2, tile),
+                            )?;
+                            same_bits("matvec_res_tok2_q4_k differs from matvec_res", &y2, &y)?;
+                        }
                     }
                 }
                 let wf =
