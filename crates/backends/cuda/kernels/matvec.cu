@@ -140,6 +140,20 @@ struct WarpBlockDot<T_Q6_K> {
     }
 };
 
+// The scales and mins of a Q4_K block's sub-blocks 2c and 2c + 1 (c = 0..3), times d and dmin:
+// (ds0, dm0, ds1, dm1). hd is the block's first 16 bytes (d, dmin, the 12 scale bytes). The 6-bit
+// scales and mins of sub-blocks 0..3 and 4..7 sit four to a word (bytes 0..3 of the scales hold
+// sub-blocks 0..3 and the top bits of 4..7, bytes 8..11 their low nibbles) and are decoded
+// without branches; unit c takes bytes 2c % 4 and 2c % 4 + 1 of its half.
+__device__ __forceinline__ float4 q4k_pair_scales(const uint4 hd, int c) {
+    const u32 sc_w = c < 2 ? (hd.y & 0x3F3F3F3Fu) : ((hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u));
+    const u32 m_w = c < 2 ? (hd.z & 0x3F3F3F3Fu) : (((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u));
+    const int b0 = (2 * c) & 3;
+    const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
+    return make_float4(d * byte_f32(sc_w, b0), dmin * byte_f32(m_w, b0), d * byte_f32(sc_w, b0 + 1),
+                       dmin * byte_f32(m_w, b0 + 1));
+}
+
 // Q4_K group decoders. Q4K_PAIR (default) takes units of 32 values: unit u (0..7) of a block is
 // quant bytes 16u .. 16u + 15 (chunk c = u / 2, half h = u % 2), whose low nibbles are values
 // 64c + 16h + j of sub-block 2c and whose high nibbles are values 64c + 32 + 16h + j of sub-block
@@ -163,21 +177,17 @@ struct GroupDot<T_Q4_K> {
     static __device__ __forceinline__ Raw load(const u8* __restrict__ b, int g) {
         return Raw{*(const uint4*)b, *(const uint4*)(b + 16 + 16 * g)};
     }
-    static __device__ __forceinline__ float dot_loaded(const Raw& r, int g, const float* __restrict__ x) {
-        const int c = g >> 1, h = g & 1;
-        const float* xl = x - 32 * g + 64 * c + 16 * h;  // values of sub-block 2c; +32: 2c + 1
-        // The 6-bit scales and mins of sub-blocks 0..3 and 4..7, four to a word (bytes 0..3 of
-        // the scales hold sub-blocks 0..3 and the top bits of 4..7, bytes 8..11 their low nibbles),
-        // decoded without branches; unit c takes bytes 2c % 4 and 2c % 4 + 1 of its half.
-        const u32 sc_w = c < 2 ? (r.hd.y & 0x3F3F3F3Fu) : ((r.hd.w & 0x0F0F0F0Fu) | ((r.hd.y >> 2) & 0x30303030u));
-        const u32 m_w = c < 2 ? (r.hd.z & 0x3F3F3F3Fu)
-                              : (((r.hd.w >> 4) & 0x0F0F0F0Fu) | ((r.hd.z >> 2) & 0x30303030u));
-        const int b0 = (2 * c) & 3;
-        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
-        const float ds0 = d * byte_f32(sc_w, b0), dm0 = dmin * byte_f32(m_w, b0);
-        const float ds1 = d * byte_f32(sc_w, b0 + 1), dm1 = dmin * byte_f32(m_w, b0 + 1);
+    // A unit's scales and mins (q4k_pair_scales) and its four quant words in the rotated order
+    // (v[k] = word (k + c) % 4).
+    struct Unit {
+        float4 sc;  // ds0, dm0, ds1, dm1
+        u32 v[4];
+    };
+    static __device__ __forceinline__ Unit unit(const Raw& r, int g) {
+        const int c = g >> 1;
+        const float4 sc = q4k_pair_scales(r.hd, c);
         u32 v0 = r.q.x, v1 = r.q.y, v2 = r.q.z, v3 = r.q.w;
-        if (c & 1) {  // rotate the words by c: v[k] = word (k + c) % 4
+        if (c & 1) {
             const u32 t = v0;
             v0 = v1, v1 = v2, v2 = v3, v3 = t;
         }
@@ -186,7 +196,14 @@ struct GroupDot<T_Q4_K> {
             v0 = v2, v2 = t;
             t = v1, v1 = v3, v3 = t;
         }
-        const u32 v[4] = {v0, v1, v2, v3};
+        return Unit{sc, {v0, v1, v2, v3}};
+    }
+    static __device__ __forceinline__ float dot_loaded(const Raw& r, int g, const float* __restrict__ x) {
+        const int c = g >> 1, h = g & 1;
+        const float* xl = x - 32 * g + 64 * c + 16 * h;  // values of sub-block 2c; +32: 2c + 1
+        const Unit un = unit(r, g);
+        const float ds0 = un.sc.x, dm0 = un.sc.y, ds1 = un.sc.z, dm1 = un.sc.w;
+        const u32 v[4] = {un.v[0], un.v[1], un.v[2], un.v[3]};
         float acc = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -213,24 +230,9 @@ struct GroupDot<T_Q4_K> {
                                                           int stride, int nt, float (&acc)[NT]) {
         const int c = g >> 1, h = g & 1;
         const float* xl = x - 32 * g + 64 * c + 16 * h;
-        const u32 sc_w = c < 2 ? (r.hd.y & 0x3F3F3F3Fu) : ((r.hd.w & 0x0F0F0F0Fu) | ((r.hd.y >> 2) & 0x30303030u));
-        const u32 m_w = c < 2 ? (r.hd.z & 0x3F3F3F3Fu)
-                              : (((r.hd.w >> 4) & 0x0F0F0F0Fu) | ((r.hd.z >> 2) & 0x30303030u));
-        const int b0 = (2 * c) & 3;
-        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
-        const float ds0 = d * byte_f32(sc_w, b0), dm0 = dmin * byte_f32(m_w, b0);
-        const float ds1 = d * byte_f32(sc_w, b0 + 1), dm1 = dmin * byte_f32(m_w, b0 + 1);
-        u32 v0 = r.q.x, v1 = r.q.y, v2 = r.q.z, v3 = r.q.w;
-        if (c & 1) {
-            const u32 t = v0;
-            v0 = v1, v1 = v2, v2 = v3, v3 = t;
-        }
-        if (c & 2) {
-            u32 t = v0;
-            v0 = v2, v2 = t;
-            t = v1, v1 = v3, v3 = t;
-        }
-        const u32 v[4] = {v0, v1, v2, v3};
+        const Unit un = unit(r, g);
+        const float ds0 = un.sc.x, dm0 = un.sc.y, ds1 = un.sc.z, dm1 = un.sc.w;
+        const u32 v[4] = {un.v[0], un.v[1], un.v[2], un.v[3]};
         float part[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) part[t] = 0.0f;
@@ -267,25 +269,9 @@ struct GroupDot<T_Q4_K> {
         float w0[4][4], w1[4][4];
     };
     static __device__ __forceinline__ Decoded decode(const Raw& r, int g) {
-        const int c = g >> 1;
-        const u32 sc_w = c < 2 ? (r.hd.y & 0x3F3F3F3Fu) : ((r.hd.w & 0x0F0F0F0Fu) | ((r.hd.y >> 2) & 0x30303030u));
-        const u32 m_w = c < 2 ? (r.hd.z & 0x3F3F3F3Fu)
-                              : (((r.hd.w >> 4) & 0x0F0F0F0Fu) | ((r.hd.z >> 2) & 0x30303030u));
-        const int b0 = (2 * c) & 3;
-        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
-        const float ds0 = d * byte_f32(sc_w, b0), dm0 = dmin * byte_f32(m_w, b0);
-        const float ds1 = d * byte_f32(sc_w, b0 + 1), dm1 = dmin * byte_f32(m_w, b0 + 1);
-        u32 v0 = r.q.x, v1 = r.q.y, v2 = r.q.z, v3 = r.q.w;
-        if (c & 1) {
-            const u32 t = v0;
-            v0 = v1, v1 = v2, v2 = v3, v3 = t;
-        }
-        if (c & 2) {
-            u32 t = v0;
-            v0 = v2, v2 = t;
-            t = v1, v1 = v3, v3 = t;
-        }
-        const u32 v[4] = {v0, v1, v2, v3};
+        const Unit un = unit(r, g);
+        const float ds0 = un.sc.x, dm0 = un.sc.y, ds1 = un.sc.z, dm1 = un.sc.w;
+        const u32 v[4] = {un.v[0], un.v[1], un.v[2], un.v[3]};
         Decoded u;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -484,7 +470,7 @@ struct GroupDot<T_IQ2_XXS> {
 template <>
 struct GroupDot<T_F32> {
     enum { G = 4, SPLIT = 0 };
-    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int, const float* __restrict__ x) {
+    static __device__ __forceinline__ float4 load4(const u8* __restrict__ b) {
         float4 v;
         if (((size_t)b & 15) == 0) {
             v = *(const float4*)b;
@@ -492,6 +478,10 @@ struct GroupDot<T_F32> {
             const float* f = (const float*)b;
             v = make_float4(f[0], f[1], f[2], f[3]);
         }
+        return v;
+    }
+    static __device__ __forceinline__ float dot(const u8* __restrict__ b, int, const float* __restrict__ x) {
+        const float4 v = load4(b);
         return v.x * x[0] + v.y * x[1] + v.z * x[2] + v.w * x[3];
     }
 };
@@ -595,6 +585,11 @@ __device__ __forceinline__ void row_partial2(const u8* __restrict__ wa, const u8
     acc_b = b;
 }
 
+// F32 token tiles: each group's weights loaded once for the tile's tokens (1, default) or the
+// whole row walked once per token (0, what sessions up to 28 measured).
+#ifndef F32_TOK_LOOP
+#define F32_TOK_LOOP 1
+#endif
 // The lane's partials of one row for nt (<= NT) tokens whose activations are NT rows `stride`
 // apart (the token-tile kernels): with a SPLIT group decoder each group's weights are loaded and
 // decoded once for all the tokens (dot_loaded_tok); otherwise row_partial per token. Each token's
@@ -621,6 +616,31 @@ __device__ __forceinline__ void row_partial_tok(const u8* __restrict__ wr, const
         if (gi < groups) {
             const auto r0 = D::load(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK);
             D::template dot_loaded_tok<NT>(r0, gi % PER_BLOCK, x + (size_t)gi * G, stride, nt, acc);
+        }
+    } else if constexpr (F32_TOK_LOOP && D::G > T::QK) {
+        // Groups of several one-value blocks (F32): each group's weights loaded once for all the
+        // tokens, then row_partial's group sum per token (the same expression: its bits); the
+        // tokens' activations as 16-byte loads when they are aligned (values, not order).
+        constexpr int G = D::G;
+        const int groups = cols / G;
+        const bool x16 = ((((size_t)x) | ((size_t)stride * sizeof(float))) & 15) == 0;
+        for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
+            const float4 v = D::load4(wr + (size_t)gi * G * T::BB);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float* xt = x + (size_t)t * stride + (size_t)gi * G;
+                    const float4 u = x16 ? *(const float4*)xt : make_float4(xt[0], xt[1], xt[2], xt[3]);
+                    acc[t] += v.x * u.x + v.y * u.y + v.z * u.z + v.w * u.w;
+                }
+            }
+        }
+        for (int k = groups * G + part * WARP + lane; k < cols; k += parts * WARP) {
+            const float v = T::dq(wr + (size_t)k * T::BB, 0);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) acc[t] += v * x[(size_t)t * stride + k];
+            }
         }
     } else {
 #pragma unroll

@@ -1199,22 +1199,16 @@ impl Runner<'_> {
                     (eps, parts, rpw, 1),
                 )?;
                 if rpw == 1 {
-                    // Token tiles (`matvec_res_tok`, no norm): the residual sums bit for bit.
+                    // Token tiles (`matvec_res_tok`, no norm; with Q4_K also two rows a warp
+                    // group, `matvec_res_tok2_q4_k`): the residual sums bit for bit.
+                    let forms: &[(usize, &str)] = if ty == GgmlType::Q4K {
+                        &[(1, "matvec_res_tok"), (2, "matvec_res_tok2_q4_k")]
+                    } else {
+                        &[(1, "matvec_res_tok")]
+                    };
                     for tile in [2, 3] {
-                        let (yt, _) = ops::matvec_fused(
-                            self.gpu,
-                            ty,
-                            &w,
-                            (rows2, cols2),
-                            &xs,
-                            &nw,
-                            Some(&res),
-                            (eps, parts, 1, tile),
-                        )?;
-                        same_bits("matvec_res_tok differs from matvec_res", &yt, &y)?;
-                        if ty == GgmlType::Q4K {
-                            // Two rows a warp group (`matvec_res_tok2_q4_k`).
-                            let (y2, _) = ops::matvec_fused(
+                        for &(tok_rows, name) in forms {
+                            let (yt, _) = ops::matvec_fused(
                                 self.gpu,
                                 ty,
                                 &w,
@@ -1222,9 +1216,9 @@ impl Runner<'_> {
                                 &xs,
                                 &nw,
                                 Some(&res),
-                                (eps, parts, 2, tile),
+                                (eps, parts, tok_rows, tile),
                             )?;
-                            same_bits("matvec_res_tok2_q4_k differs from matvec_res", &y2, &y)?;
+                            same_bits(&format!("{name} differs from matvec_res"), &yt, &y)?;
                         }
                     }
                 }
