@@ -71,3 +71,30 @@ fn write_matvec_cubin() {
     let (cubin, _) = nvrtc::compile_cubin(&src, ARCH).expect("compiles");
     std::fs::write(&out, cubin).expect("writing the cubin");
 }
+
+/// Fills the kernel-module cache here, for a GPU machine to read instead of compiling (NVRTC
+/// takes minutes there a configuration): the whole module, with `REDLITE_CUDA_DEFINES` as the
+/// engine would read it, compiled through `nvrtc::compile_cached` into `REDLITE_CUDA_CACHE`. The
+/// key holds NVRTC's major and minor version, so the GPU machine's NVRTC must be the same 13.x.
+#[test]
+#[ignore]
+fn warm_module_cache() {
+    if std::env::var_os("REDLITE_CUDA_CACHE").is_none() {
+        eprintln!("SKIPPED: set REDLITE_CUDA_CACHE");
+        return;
+    }
+    let compiled = nvrtc::compile_cached(&module_source(), ARCH).expect("compiles");
+    eprintln!(
+        "{} ({} bytes, {})",
+        compiled
+            .cache_path
+            .as_ref()
+            .map_or("no cache path".into(), |p| p.display().to_string()),
+        compiled.cubin.len(),
+        if compiled.cached {
+            "was cached"
+        } else {
+            "compiled"
+        }
+    );
+}
