@@ -199,6 +199,17 @@ const GEMM_THREADS: u32 = 128;
 
 /// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
 /// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`); `want` 0: by `n` (`token_tile_from_env`).
+/// Rows a warp group of the Q4_K output projections' token tiles for a call of `n` tokens: `want`
+/// (1 or 2) when set, else 2 up to 4 tokens and 1 beyond (session 29, full-size 2 / 4 / 8 / 16-row
+/// verify: two rows −3.4 / −1.6 / −0.3 / +0.5 %).
+pub(crate) fn res_tok_rows(want: usize, n: usize) -> usize {
+    match want {
+        1 | 2 => want,
+        _ if n <= 4 => 2,
+        _ => 1,
+    }
+}
+
 pub(crate) fn token_tile(want: usize, n: usize, cols: usize) -> usize {
     if n < 2 {
         return 1;
@@ -1090,9 +1101,9 @@ pub struct CudaModel {
     /// [`MOE_TOK_GU_MAX`], d 1 .. [`MOE_TOK_DOWN_MAX`]; 0: the one-token kernels on a grid of
     /// tokens; default `0:8`, see [`moe_tok_tiles`]).
     moe_tok: (usize, usize),
-    /// Rows a warp group of the Q4_K output projections' token tiles (`REDLITE_CUDA_RES_TOK_ROWS`,
-    /// 1 or 2, default 1): 2 takes `matvec_res_tok2_q4_k` (each token's activations loaded once
-    /// for two rows; the same bits). Not yet measured on a GPU (session 28).
+    /// Rows a warp group of the Q4_K output projections' token tiles (`REDLITE_CUDA_RES_TOK_ROWS`:
+    /// 1, 2, or 0 for the default [`res_tok_rows`]): 2 takes `matvec_res_tok2_q4_k` (each token's
+    /// activations loaded once for two rows; the same bits).
     res_tok_rows: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
@@ -1396,9 +1407,7 @@ impl CudaModel {
             q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", true),
             moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
             moe_tok: moe_tok_tiles(),
-            res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS")
-                .unwrap_or(1)
-                .clamp(1, 2),
+            res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -2760,7 +2769,7 @@ impl CudaModel {
         if self.x_tok && tile > 1 && split_norm && !q8 {
             // Several tokens (a verify pass): the weights once per tile, the same bits; Q4_K
             // with `res_tok_rows` 2: two rows a warp group sharing each token's activation loads.
-            let two = self.res_tok_rows == 2 && w.ty == GgmlType::Q4K;
+            let two = res_tok_rows(self.res_tok_rows, n) == 2 && w.ty == GgmlType::Q4K;
             let name = if two {
                 "matvec_res_tok2_q4_k".to_string()
             } else {
@@ -4451,6 +4460,17 @@ fn moe_tok_tiles() -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_projection_tile_rows_by_call_length() {
+        // Default: two rows a warp group up to 4 tokens; a setting of 1 or 2 holds for any length.
+        assert_eq!(res_tok_rows(0, 2), 2);
+        assert_eq!(res_tok_rows(0, 4), 2);
+        assert_eq!(res_tok_rows(0, 5), 1);
+        assert_eq!(res_tok_rows(0, 16), 1);
+        assert_eq!(res_tok_rows(1, 2), 1);
+        assert_eq!(res_tok_rows(2, 16), 2);
+    }
 
     #[test]
     fn token_tiles_by_call_length() {
