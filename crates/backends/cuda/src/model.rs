@@ -197,8 +197,6 @@ const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 32;
 const GEMM_THREADS: u32 = 128;
 
-/// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
-/// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`); `want` 0: by `n` (`token_tile_from_env`).
 /// Rows a warp group of the Q4_K output projections' token tiles for a call of `n` tokens: `want`
 /// (1 or 2) when set, else 2 up to 4 tokens and 1 beyond (session 29, full-size 2 / 4 / 8 / 16-row
 /// verify: two rows −3.4 / −1.6 / −0.3 / +0.5 %).
@@ -210,6 +208,8 @@ pub(crate) fn res_tok_rows(want: usize, n: usize) -> usize {
     }
 }
 
+/// The tile `matvec_norm3_tok` runs for `n` tokens of width `cols` (its shared memory holds the
+/// tile's inputs: at most 48 KiB), or 1 (use `matvec_norm3`); `want` 0: by `n` (`token_tile_from_env`).
 pub(crate) fn token_tile(want: usize, n: usize, cols: usize) -> usize {
     if n < 2 {
         return 1;
