@@ -480,9 +480,12 @@ struct GroupDot<T_F32> {
         }
         return v;
     }
+    // A group's sum: one expression (its contractions) for the one-token and token-tile kernels.
+    static __device__ __forceinline__ float dot4(float4 v, float4 u) {
+        return v.x * u.x + v.y * u.y + v.z * u.z + v.w * u.w;
+    }
     static __device__ __forceinline__ float dot(const u8* __restrict__ b, int, const float* __restrict__ x) {
-        const float4 v = load4(b);
-        return v.x * x[0] + v.y * x[1] + v.z * x[2] + v.w * x[3];
+        return dot4(load4(b), make_float4(x[0], x[1], x[2], x[3]));
     }
 };
 
@@ -631,7 +634,7 @@ __device__ __forceinline__ void row_partial_tok(const u8* __restrict__ wr, const
                 if (t < nt) {
                     const float* xt = x + (size_t)t * stride + (size_t)gi * G;
                     const float4 u = x16 ? *(const float4*)xt : make_float4(xt[0], xt[1], xt[2], xt[3]);
-                    acc[t] += v.x * u.x + v.y * u.y + v.z * u.z + v.w * u.w;
+                    acc[t] += D::dot4(v, u);
                 }
             }
         }
