@@ -1126,24 +1126,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_tok_f32(c
 #ifndef Q8X_MIN_BLOCKS
 #define Q8X_MIN_BLOCKS 3
 #endif
-// The same for the token-tile forms of a verify pass (matvec_res_tok_<type>, matvec_q8x_tok_<type>):
-// 1 leaves the allocation free (Q4_K: 78 and 119 registers, so 3 and 2 blocks an SM).
-#ifndef RES_TOK_MIN_BLOCKS
-#define RES_TOK_MIN_BLOCKS 1
-#endif
-#ifndef Q8X_TOK_MIN_BLOCKS
-#define Q8X_TOK_MIN_BLOCKS 1
-#endif
-#if RES_TOK_MIN_BLOCKS > 1
-#define RES_TOK_BOUNDS __launch_bounds__(32 * MVF_WARPS, RES_TOK_MIN_BLOCKS)
-#else
-#define RES_TOK_BOUNDS __launch_bounds__(32 * MVF_WARPS)
-#endif
-#if Q8X_TOK_MIN_BLOCKS > 1
-#define Q8X_TOK_BOUNDS __launch_bounds__(32 * MVF_WARPS, Q8X_TOK_MIN_BLOCKS)
-#else
-#define Q8X_TOK_BOUNDS __launch_bounds__(32 * MVF_WARPS)
-#endif
 __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
                                               float* __restrict__ yn, u32* __restrict__ counter, float eps,
                                               u8* __restrict__ xq);
@@ -1820,13 +1802,13 @@ __device__ __forceinline__ void matvec_q8x_tok_body(const u8* xq, const float* i
                                         stride, t0, nt, inv);
 }
 
-extern "C" __global__ Q8X_TOK_BOUNDS void matvec_q8x_tok_q4_k(
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q4_k(
     const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
     float* y1, int r1, const u8* w2, float* y2, int r2) {
     matvec_q8x_tok_body<T_Q4_K>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
-extern "C" __global__ Q8X_TOK_BOUNDS void matvec_q8x_tok_q6_k(
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k(
     const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
     float* y1, int r1, const u8* w2, float* y2, int r2) {
     matvec_q8x_tok_body<T_Q6_K>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
@@ -1971,7 +1953,7 @@ __device__ __forceinline__ void embed_cat2_body(const u8* __restrict__ table, co
     /* matvec_res_tok: y[t] += W . x[t] for n tokens in tiles (split >> 16), no norm (as        */   \
     /* matvec_res with nw null, bit for bit). Launch: grid = (ceil(rows / (MVF_WARPS / parts)), */   \
     /* ceil(n / tile)), block = 32 * MVF_WARPS.                                                 */   \
-    extern "C" __global__ void RES_TOK_BOUNDS matvec_res_tok_##name(                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS) matvec_res_tok_##name(              \
         const u8* w, const float* x, float* y, int rows, int cols, int split, int n) {               \
         const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);                             \
         mvf_tok_inplace_body<T, true>(w, x, y, rows, cols, mvf_split(split), blockIdx.x, tile, n);        \
