@@ -3740,19 +3740,25 @@ impl CudaModel {
                     A::P(dstride),
                 ];
                 let tok = e.q8_tok_f.as_ref().filter(|_| n > 1 && self.moe_tok.0 > 0);
-                let (name, f, z) = match tok {
+                let (name, f, z, threads) = match tok {
                     Some((f, _)) => (
                         "moe_gate_up_tok_q8q",
                         f.clone(),
                         push_token_tile(&mut args, n, self.moe_tok.0),
+                        crate::ops::q8q_tok_threads(),
                     ),
-                    None => ("moe_gate_up_tab_q8q", gu_f, n),
+                    None => (
+                        "moe_gate_up_tab_q8q",
+                        gu_f,
+                        n,
+                        crate::ops::q8q_threads_for(n),
+                    ),
                 };
                 self.launch(
                     name,
                     &f,
                     ((ff / 32) as u32, k as u32, z as u32),
-                    crate::ops::q8q_threads(),
+                    threads,
                     0,
                     &args,
                 )?;

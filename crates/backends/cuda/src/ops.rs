@@ -23,12 +23,37 @@ pub const NORM_SLICES: usize = 8;
 /// warps (8, 16 or 32; default 16: two rows a warp, two blocks an SM: 283.1 / 283.2 tok/s on the
 /// H200 against 279.0 / 279.2 with 32 warps, one block an SM, and 276.9 with 8).
 pub fn q8q_threads() -> u32 {
-    let warps = std::env::var("REDLITE_CUDA_Q8Q_WARPS")
+    32 * warps_from_env("REDLITE_CUDA_Q8Q_WARPS", &[8, 16, 32], 16)
+}
+
+/// Threads per block of `moe_gate_up_tab_q8q_iq2_xxs` in a call of `n` tokens: past
+/// [`Q8Q_FEW_TOKENS`] (the verify's 8- and 16-row passes) `REDLITE_CUDA_Q8Q_TOK_WARPS` warps (4, 8
+/// or 16; default 8: four blocks an SM; session 30 on the H200, 8 / 16 rows −2.4 / −2.3 % against
+/// 16 warps, while at 2 rows +2.3 %), else [`q8q_threads`]. The same bits whatever the warps.
+pub fn q8q_threads_for(n: usize) -> u32 {
+    if n > Q8Q_FEW_TOKENS {
+        32 * warps_from_env("REDLITE_CUDA_Q8Q_TOK_WARPS", &[4, 8, 16], 8)
+    } else {
+        q8q_threads()
+    }
+}
+
+/// Threads per block of `moe_gate_up_tok_q8q_iq2_xxs`: [`q8q_threads`], at most 512 (its launch
+/// bound; `REDLITE_CUDA_Q8Q_WARPS=32` failed its launch with "invalid argument" in session 30).
+pub fn q8q_tok_threads() -> u32 {
+    q8q_threads().min(512)
+}
+
+/// Calls of up to this many tokens take [`q8q_threads`] in `moe_gate_up_tab_q8q_iq2_xxs`.
+pub const Q8Q_FEW_TOKENS: usize = 4;
+
+/// Warps from the variable `name` when it holds one of `allowed`, else `default`.
+fn warps_from_env(name: &str, allowed: &[u32], default: u32) -> u32 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|w| [8, 16, 32].contains(w))
-        .unwrap_or(16);
-    32 * warps
+        .filter(|w| allowed.contains(w))
+        .unwrap_or(default)
 }
 
 /// Most experts the one-warp router kernel `moe_router_warp` takes (its `32 * ROUTER_VPL`).
@@ -855,7 +880,11 @@ pub fn moe_experts_q8_tokens(
             gpu,
             gpu.func(name)?,
             name,
-            cfg(((ff / 32) as u32, k as u32, n as u32), q8q_threads(), 0),
+            cfg(
+                ((ff / 32) as u32, k as u32, n as u32),
+                q8q_threads_for(n),
+                0
+            ),
             [&c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k, &dstride]
         )?;
     } else {
@@ -867,7 +896,7 @@ pub fn moe_experts_q8_tokens(
             name,
             cfg(
                 ((ff / 32) as u32, k as u32, n.div_ceil(tiles.0) as u32),
-                q8q_threads(),
+                q8q_tok_threads(),
                 0
             ),
             [
