@@ -1615,11 +1615,24 @@ __device__ __forceinline__ void rows_q8(const u8* const (&wr)[NR], u8* base, int
 #ifndef Q8X_TOK_NR
 #define Q8X_TOK_NR 2
 #endif
+// Q8X_TOK_NR_Q6K: the same for Q6_K (the verify's lm_head, 151,936 rows): NVRTC 13.0 gives
+// matvec_q8x_tok_q6_k 172 registers at 2 (one 256-thread block an SM).
+#ifndef Q8X_TOK_NR_Q6K
+#define Q8X_TOK_NR_Q6K Q8X_TOK_NR
+#endif
+template <typename T>
+struct Q8xTokNr {
+    enum { V = Q8X_TOK_NR };
+};
+template <>
+struct Q8xTokNr<T_Q6_K> {
+    enum { V = Q8X_TOK_NR_Q6K };
+};
 template <typename T, int NT, bool ADD>
 __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
                                             MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
                                             const float* invs) {
-    constexpr int NR = NT == 1 ? 2 : Q8X_TOK_NR;
+    constexpr int NR = NT == 1 ? 2 : Q8xTokNr<T>::V;
     __shared__ float red[NR][NT][MVF_WARPS];
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t rb = row_bytes<T>(cols);
