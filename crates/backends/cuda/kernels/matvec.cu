@@ -1615,10 +1615,11 @@ __device__ __forceinline__ void rows_q8(const u8* const (&wr)[NR], u8* base, int
 #ifndef Q8X_TOK_NR
 #define Q8X_TOK_NR 2
 #endif
-// Q8X_TOK_NR_Q6K: the same for Q6_K (the verify's lm_head, 151,936 rows): NVRTC 13.0 gives
-// matvec_q8x_tok_q6_k 172 registers at 2 (one 256-thread block an SM).
+// Q8X_TOK_NR_Q6K (default 1, session 30): the same for Q6_K (the verify's lm_head, 151,936 rows):
+// NVRTC 13.0 gives matvec_q8x_tok_q6_k 113 registers at 1 (two 256-thread blocks an SM), 172 at
+// 2 (one). H200, full-size verify 2 / 4 / 8 / 16 rows: −3.3 / −2.8 / −1.5 / −2.2 % against 2.
 #ifndef Q8X_TOK_NR_Q6K
-#define Q8X_TOK_NR_Q6K Q8X_TOK_NR
+#define Q8X_TOK_NR_Q6K 1
 #endif
 template <typename T>
 struct Q8xTokNr {
