@@ -256,7 +256,8 @@ pub fn moe_warps() -> u32 {
 }
 
 /// See [`moe_warps`]. 8 since session 30 (H200, full-size layout, three alternating rounds in
-/// each of two runs: decode +0.6 / +0.7 % against 4, 16 +0.2 %; the 8-row verify +0.4 %).
+/// each of two runs: decode +0.6 / +0.7 % against 4, 16 +0.2 %; `--memory 16GiB` lfu +2.5 %;
+/// the 8-row verify +0.4 %; the logits bit for bit).
 const DEFAULT_MOE_WARPS: u32 = 8;
 
 /// Device memory in use on the current device (all processes), bytes.

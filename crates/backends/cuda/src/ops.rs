@@ -28,8 +28,9 @@ pub fn q8q_threads() -> u32 {
 
 /// Threads per block of `moe_gate_up_tab_q8q_iq2_xxs` in a call of `n` tokens: past
 /// [`Q8Q_FEW_TOKENS`] (the verify's 8- and 16-row passes) `REDLITE_CUDA_Q8Q_TOK_WARPS` warps (4, 8
-/// or 16; default 8: four blocks an SM; session 30 on the H200, 8 / 16 rows −2.4 / −2.3 % against
-/// 16 warps, while at 2 rows +2.3 %), else [`q8q_threads`]. The same bits whatever the warps.
+/// or 16; default 8: four blocks an SM; session 30 on the H200, 8 / 16 rows −2.3 / −2.1 % against
+/// 16 warps, while every q8 kernel at 8 warps cost 2 rows 2.3 %), else [`q8q_threads`]. The same
+/// bits whatever the warps.
 pub fn q8q_threads_for(n: usize) -> u32 {
     if n > Q8Q_FEW_TOKENS {
         32 * warps_from_env("REDLITE_CUDA_Q8Q_TOK_WARPS", &[4, 8, 16], 8)
