@@ -688,48 +688,6 @@ __device__ __forceinline__ void row_partial_tok2_q4k(const u8* __restrict__ wa, 
 }
 #endif
 
-// row_partial_tok<T_F32> (the F32_TOK_LOOP form) of two rows (wa, wb: wb = wa past the matrix, its
-// sums then unused) with each token's activations loaded once for both: the same groups in the
-// same order and the same expression per row, so each row's partials are row_partial_tok's bit
-// for bit.
-template <int NT>
-__device__ __forceinline__ void row_partial_tok2_f32(const u8* __restrict__ wa, const u8* __restrict__ wb,
-                                                     const float* __restrict__ x, int cols, int stride, int nt,
-                                                     int lane, int part, int parts, float (&acca)[NT],
-                                                     float (&accb)[NT]) {
-    using D = GroupDot<T_F32>;
-    constexpr int G = D::G;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        acca[t] = 0.0f;
-        accb[t] = 0.0f;
-    }
-    const int groups = cols / G;
-    const bool x16 = ((((size_t)x) | ((size_t)stride * sizeof(float))) & 15) == 0;
-    for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
-        const float4 va = D::load4(wa + (size_t)gi * G * T_F32::BB), vb = D::load4(wb + (size_t)gi * G * T_F32::BB);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t < nt) {
-                const float* xt = x + (size_t)t * stride + (size_t)gi * G;
-                const float4 u = x16 ? *(const float4*)xt : make_float4(xt[0], xt[1], xt[2], xt[3]);
-                acca[t] += D::dot4(va, u);
-                accb[t] += D::dot4(vb, u);
-            }
-        }
-    }
-    for (int k = groups * G + part * WARP + lane; k < cols; k += parts * WARP) {
-        const float va = T_F32::dq(wa + (size_t)k * T_F32::BB, 0), vb = T_F32::dq(wb + (size_t)k * T_F32::BB, 0);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t < nt) {
-                acca[t] += va * x[(size_t)t * stride + k];
-                accb[t] += vb * x[(size_t)t * stride + k];
-            }
-        }
-    }
-}
-
 template <typename T>
 __device__ __forceinline__ float row_dot(const u8* __restrict__ wr, const float* __restrict__ x, int cols, int lane) {
     return warp_sum(row_partial<T>(wr, x, cols, lane, 0, 1));
@@ -1083,36 +1041,6 @@ __device__ __forceinline__ void mvf_tok_inplace_body(const u8* __restrict__ w, c
     tok_rows_out<T, ADD>(w, x + (size_t)t0 * cols, cols, rows, row, part, s, y, t0, nt, nullptr);
 }
 
-// The two-row token tiles' end (rows row and row + 1 of the warp group, those < rows): each lane's
-// partials warp-summed, the slices added in order, then y[t0 + t][row + k] = sum (ADD: += sum):
-// tok_rows_out's outputs for each row. Every thread of the block calls it (one barrier).
-template <bool ADD>
-__device__ __forceinline__ void tok2_rows_out(const float (&acca)[MVF_MAX_TILE], const float (&accb)[MVF_MAX_TILE],
-                                              int row, int rows, int part, int parts, float* __restrict__ y,
-                                              int t0, int nt) {
-    __shared__ float red[2][MVF_MAX_TILE][MVF_WARPS];
-    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-#pragma unroll
-    for (int t = 0; t < MVF_MAX_TILE; ++t) {
-        const float va = warp_sum(acca[t]), vb = warp_sum(accb[t]);
-        if (lane == 0) {
-            red[0][t][wi] = va;
-            red[1][t][wi] = vb;
-        }
-    }
-    __syncthreads();
-    if (part != 0 || lane != 0) return;
-    for (int k = 0; k < 2; ++k) {
-        if (row + k >= rows) break;
-        for (int t = 0; t < nt; ++t) {
-            float sum = 0.0f;
-            for (int p = 0; p < parts; ++p) sum += red[k][t][wi + p];
-            float* out = y + (size_t)(t0 + t) * rows + row + k;
-            *out = ADD ? *out + sum : sum;
-        }
-    }
-}
-
 #if Q4K_PAIR
 // matvec_res_tok2_q4_k(w, x, y, rows, cols, split, n): matvec_res_tok_q4_k with two rows a warp
 // group (the host's split says rows 2; the kernel takes 2 whatever it says): the rows' products by
@@ -1122,6 +1050,7 @@ __device__ __forceinline__ void tok2_rows_out(const float (&acca)[MVF_MAX_TILE],
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_k(const u8* w, const float* x,
                                                                                  float* y, int rows, int cols,
                                                                                  int split, int n) {
+    __shared__ float red[2][MVF_MAX_TILE][MVF_WARPS];
     const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
     MvfSplit s = mvf_split(split);
     s.rows = 2;
@@ -1130,7 +1059,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
     mvf_first(blockIdx.x, s, row, part);
     if (blockIdx.y == 0) mvf_prefetch<T_Q4_K>(w, cols, rows, row, part, s);
     pdl_enter();  // x and y come from the kernels before
-    const int lane = threadIdx.x % WARP;
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t rb = row_bytes<T_Q4_K>(cols);
     float acca[MVF_MAX_TILE], accb[MVF_MAX_TILE];
     if (row < rows) {
@@ -1145,7 +1074,25 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
             accb[t] = 0.0f;
         }
     }
-    tok2_rows_out<true>(acca, accb, row, rows, part, s.parts, y, t0, nt);
+#pragma unroll
+    for (int t = 0; t < MVF_MAX_TILE; ++t) {
+        const float va = warp_sum(acca[t]), vb = warp_sum(accb[t]);
+        if (lane == 0) {
+            red[0][t][wi] = va;
+            red[1][t][wi] = vb;
+        }
+    }
+    __syncthreads();
+    if (part != 0 || lane != 0) return;
+    for (int k = 0; k < 2; ++k) {
+        if (row + k >= rows) break;
+        for (int t = 0; t < nt; ++t) {
+            float sum = 0.0f;
+            for (int p = 0; p < s.parts; ++p) sum += red[k][t][wi + p];
+            float* out = y + (size_t)(t0 + t) * rows + row + k;
+            *out = *out + sum;
+        }
+    }
 }
 #endif
 
@@ -1162,42 +1109,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_tok_f32(c
     const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
     mvf_tok_inplace_body<T_F32, false>(m.w, x, m.y, m.rows, cols, s, m.block, tile, n);
-}
-
-// matvec3_x_tok2_f32(x, cols, split, n, w0, y0, rows0, ...): matvec3_x_tok_f32 with two rows a warp
-// group (the host's split says rows 2; the kernel takes 2 whatever it says): row_partial_tok2_f32
-// loads each token's activations once for both rows, so every output is still matvec3_x_f32's
-// bit for bit. Launch: grid = (sum over m of ceil(rows_m / (2 * MVF_WARPS / parts)), ceil(n /
-// tile)), block = 32 * MVF_WARPS, no dynamic shared memory.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_tok2_f32(const float* x, int cols, int split,
-                                                                             int n, const u8* w0, float* y0, int r0,
-                                                                             const u8* w1, float* y1, int r1,
-                                                                             const u8* w2, float* y2, int r2) {
-    MvfSplit s = mvf_split(split);
-    s.rows = 2;
-    const int tile = min(max((split >> 16) & 255, 1), MVF_MAX_TILE);
-    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const int t0 = blockIdx.y * tile, nt = min(tile, n - t0);
-    int row, part;
-    mvf_first(m.block, s, row, part);
-    if (blockIdx.y == 0) mvf_prefetch<T_F32>(m.w, cols, m.rows, row, part, s);
-    pdl_enter();  // x comes from the kernel before
-    const int lane = threadIdx.x % WARP;
-    const size_t rb = row_bytes<T_F32>(cols);
-    float acca[MVF_MAX_TILE], accb[MVF_MAX_TILE];
-    if (row < m.rows) {
-        const u8* wa = m.w + (size_t)row * rb;
-        const u8* wb = row + 1 < m.rows ? wa + rb : wa;
-        row_partial_tok2_f32<MVF_MAX_TILE>(wa, wb, x + (size_t)t0 * cols, cols, cols, nt, lane, part, s.parts, acca,
-                                           accb);
-    } else {
-#pragma unroll
-        for (int t = 0; t < MVF_MAX_TILE; ++t) {
-            acca[t] = 0.0f;
-            accb[t] = 0.0f;
-        }
-    }
-    tok2_rows_out<false>(acca, accb, row, m.rows, part, s.parts, m.y, t0, nt);
 }
 
 // matvec_res_<type>(w, x, y, rows, cols, split, nw, yn, counter, eps): the residual in the output

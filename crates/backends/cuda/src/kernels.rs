@@ -168,7 +168,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "rms_norm_q8",
     "matvec3_x_f32",
     "matvec3_x_tok_f32",
-    "matvec3_x_tok2_f32",
     "res_norm_q8",
     "moe_gate_up_tab_q8_iq2_xxs",
     "moe_gate_up_tab_q8q_iq2_xxs",

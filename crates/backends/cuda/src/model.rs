@@ -777,7 +777,6 @@ struct Kernels {
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
     matvec3_x_tok_f32: CudaFunction,
-    matvec3_x_tok2_f32: CudaFunction,
     res_norm_q8: CudaFunction,
     moe_gate_up_route: CudaFunction,
     moe_gate_up_route2: CudaFunction,
@@ -1016,10 +1015,6 @@ pub struct CudaModel {
     /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
     /// on; off: the staging `matvec_norm3_tok_f32` and one `matvec_res` block row per token).
     x_tok: bool,
-    /// Rows a warp group of the f32 token tiles (the verify's router and shared-expert gate;
-    /// `REDLITE_CUDA_F32_TOK_ROWS`, 1 or 2, default 1): 2 takes `matvec3_x_tok2_f32` (each
-    /// token's activations loaded once for two rows; the same bits). Not yet measured on a GPU.
-    f32_tok_rows: usize,
     /// f32 products without norm weights (the router and the shared expert's gate logit) of a
     /// one-token-at-a-time call read their input in place (`matvec3_x_f32`) instead of every block
     /// staging it (`REDLITE_CUDA_X_ROUTER`, default on).
@@ -1234,7 +1229,6 @@ impl CudaModel {
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
-            matvec3_x_tok2_f32: f("matvec3_x_tok2_f32")?,
             res_norm_q8: f("res_norm_q8")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
@@ -1389,9 +1383,6 @@ impl CudaModel {
                 .unwrap_or(2)
                 .clamp(1, 16),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
-            f32_tok_rows: env_parse("REDLITE_CUDA_F32_TOK_ROWS")
-                .unwrap_or(1)
-                .clamp(1, 2),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
@@ -2591,20 +2582,15 @@ impl CudaModel {
                 continue;
             }
             if ty == GgmlType::F32 && (tile == 1 || self.x_tok) && nw == 0 && self.x_router {
-                // x read in place; several tokens (a verify pass) in tiles of `f32_tok_rows`
-                // rows a warp group, the same bits.
+                // x read in place; several tokens (a verify pass) in tiles, the same bits.
                 let split = MvfSplit {
                     parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                    rows: if tile > 1 {
-                        self.f32_tok_rows
-                    } else {
-                        self.mvf_rows
-                    },
+                    rows: if tile > 1 { 1 } else { self.mvf_rows },
                 };
-                let f = match (tile > 1, split.rows) {
-                    (false, _) => self.k.matvec3_x_f32.clone(),
-                    (true, 2) => self.k.matvec3_x_tok2_f32.clone(),
-                    (true, _) => self.k.matvec3_x_tok_f32.clone(),
+                let f = if tile > 1 {
+                    self.k.matvec3_x_tok_f32.clone()
+                } else {
+                    self.k.matvec3_x_f32.clone()
                 };
                 let mut args = vec![
                     A::P(x),

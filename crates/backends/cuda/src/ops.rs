@@ -1255,7 +1255,7 @@ pub fn matvec3_x_f32(
         || !parts.is_power_of_two()
         || !(1..=MVF_MAX_ROWS).contains(&rows_per_warp)
         || !(1..=MVF_MAX_TILE).contains(&tile)
-        || (tile > 1 && rows_per_warp > 2)
+        || (tile > 1 && rows_per_warp != 1)
     {
         return Err(CudaError::Invalid("matvec3_x_f32: sizes".into()));
     }
@@ -1286,17 +1286,11 @@ pub fn matvec3_x_f32(
             [&x, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
         )?;
     } else {
-        // The token tiles (`matvec3_x_tok_f32`, the verify pass's router; two rows a warp group:
-        // `matvec3_x_tok2_f32`).
-        let name = if rows_per_warp == 2 {
-            "matvec3_x_tok2_f32"
-        } else {
-            "matvec3_x_tok_f32"
-        };
+        // The token tiles (`matvec3_x_tok_f32`, the verify pass's router).
         launch!(
             gpu,
-            gpu.func(name)?,
-            name,
+            gpu.func("matvec3_x_tok_f32")?,
+            "matvec3_x_tok_f32",
             conf,
             [&x, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
         )?;
