@@ -161,6 +161,8 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "matvec_q8x_q4_k",
     "matvec_q8x_q6_k",
     "matvec_q8x_tok_q4_k",
+    "matvec_q8x_res_q4_k",
+    "matvec_q8x_tok_res_q4_k",
     "matvec_q8x_tok_q6_k",
     "matvec_norm3_q8_q6_k",
     "matvec_norm3_tok_q8_q6_k",
