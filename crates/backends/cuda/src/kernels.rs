@@ -29,6 +29,8 @@ fn prerequisites(file: &str) -> &'static [&'static str] {
         "matvec.cu" => &["common.cu", "dequant.cu"],
         "moe.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "gemm.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
+        // DN_OUT_Q8: dn_fused_cols writes q8 rows (Q8_ROW_BYTES, q8_block32).
+        "deltanet.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "attention.cu" => &["common.cu", "rope.cu"],
         _ => &["common.cu"],
     }
