@@ -2763,12 +2763,7 @@ impl CudaModel {
             self.gemm(w, a, x, n, true)?;
             return self.rms_norm(x, post_norm, xn, n, self.config.hidden);
         }
-        // The q8 row of xn beside it, when an 8-bit MoE kernel will read it.
-        let xq = if (self.q8_moe || self.xq_shared) && self.config.hidden.is_multiple_of(32) {
-            self.sc.xq
-        } else {
-            0
-        };
+        let xq = self.next_xq();
         self.xq_fresh = xq != 0;
         let q8 = self.q8_res && w.ty == GgmlType::Q4K && self.q8_fits(w.ty, w.cols);
         let name = if q8 {
@@ -2891,13 +2886,19 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let x = self.sc.x;
         self.matvec_q8x_launch((aq, 0), &[(w, x)], n, true)?;
-        let xq = if (self.q8_moe || self.xq_shared) && self.config.hidden.is_multiple_of(32) {
+        let xq = self.next_xq();
+        self.xq_fresh = xq != 0;
+        self.res_norm_q8(w.rows, post_norm, xq, n)
+    }
+
+    /// Where the output projection's next norm also writes its q8 row: `sc.xq` when an 8-bit MoE
+    /// kernel will read it, else null.
+    fn next_xq(&self) -> u64 {
+        if (self.q8_moe || self.xq_shared) && self.config.hidden.is_multiple_of(32) {
             self.sc.xq
         } else {
             0
-        };
-        self.xq_fresh = xq != 0;
-        self.res_norm_q8(w.rows, post_norm, xq, n)
+        }
     }
 
     /// Whether `w` goes through [`Self::gemm`] in the call being enqueued.
