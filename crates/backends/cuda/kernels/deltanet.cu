@@ -794,16 +794,11 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // DN_OUT_Q8 (compile-time, default 0; not yet run on a GPU): with yq not null, dn_fused_cols (and
 // _rows) also write each token's gated-norm row as a q8 row at yq + t · Q8_ROW_BYTES(nv · dv): a
 // warp's 32 outputs (columns c0 .. c0 + 31 of the row, c0 = h dv + 32 cc) are one q8 block
-// (q8_block32, the quantisation every q8 consumer stages), which the layer's output projection
+// (q8_row_block32, the quantisation every q8 consumer stages), which the layer's output projection
 // reads in place (matvec_q8x_res_q4_k and its token tiles) instead of the f32 row.
 #ifndef DN_OUT_Q8
 #define DN_OUT_Q8 0
 #endif
-__device__ __forceinline__ void dnf_q8_out(u8* __restrict__ yq, float v, int lane, int t, int width, int c0) {
-    u8* base = yq + (size_t)t * Q8_ROW_BYTES(width);
-    const int b = c0 / WARP;
-    q8_block32(v, lane, (i8*)base + c0, (float*)(base + width) + b, (int*)(base + width + width / 32 * 4) + 2 * b);
-}
 template <bool ROWS>
 __device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
@@ -1051,7 +1046,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
                     const float v = dnf_gated(oj[u], inv, wj, zz[u]);
                     y[((size_t)t * nv + h) * dv + j] = v;
 #if DN_OUT_Q8
-                    if (yq != nullptr) dnf_q8_out(yq, v, lane, t, nv * dv, h * dv + cc * WARP);
+                    if (yq != nullptr) q8_row_block32(v, lane, yq + (size_t)t * Q8_ROW_BYTES(nv * dv), nv * dv, h * cpv + cc);
 #endif
                 }
             }
@@ -1065,7 +1060,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
             const float v = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
             y[at] = v;
 #if DN_OUT_Q8
-            if (yq != nullptr) dnf_q8_out(yq, v, lane, t, nv * dv, h * dv + cc * WARP);
+            if (yq != nullptr) q8_row_block32(v, lane, yq + (size_t)t * Q8_ROW_BYTES(nv * dv), nv * dv, h * cpv + cc);
 #endif
         }
     }

@@ -1157,6 +1157,11 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
 // would stage from it, bit for bit). Every thread calls it; rows a multiple of 32 when xq is set.
 __device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q, float* __restrict__ d,
                                            int* __restrict__ s16);
+// q8_block32 into block b of a q8 row of `cols` values at `row` (its quants, then an f32 scale per
+// 32, then an i32 sum per 16: Q8_ROW_BYTES). Every lane of the warp calls it.
+__device__ __forceinline__ void q8_row_block32(float u, int lane, u8* __restrict__ row, int cols, int b) {
+    q8_block32(u, lane, (i8*)row + 32 * b, (float*)(row + cols) + b, (int*)(row + cols + cols / 32 * 4) + 2 * b);
+}
 __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
                                             float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
                                             int slices);
@@ -1212,10 +1217,7 @@ __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int row
     auto out = [&](int i, float val) {
         const float o = val * inv * nw[i];
         yn[(size_t)t * rows + i] = o;
-        if (base != nullptr) {
-            const int b = i / 32;
-            q8_block32(o, lane, (i8*)base + 32 * b, (float*)(base + rows) + b, (int*)(base + rows + rows / 32 * 4) + 2 * b);
-        }
+        if (base != nullptr) q8_row_block32(o, lane, base, rows, i / 32);
     };
 #pragma unroll
     for (int k = 0; k < RN_REG; ++k) {
@@ -1872,9 +1874,7 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float
     const size_t at = (size_t)blockIdx.y * n + i;
     const float v = siluf_(gate[at]) * up[at];
     out[at] = v;
-    u8* base = xq + (size_t)blockIdx.y * Q8_ROW_BYTES(n);
-    const int b = i / 32;
-    q8_block32(v, threadIdx.x % WARP, (i8*)base + 32 * b, (float*)(base + n) + b, (int*)(base + n + n / 32 * 4) + 2 * b);
+    q8_row_block32(v, threadIdx.x % WARP, xq + (size_t)blockIdx.y * Q8_ROW_BYTES(n), n, i / 32);
 }
 
 // matvec_res_q8_q4_k(w, x, y, rows, cols, split, nw, yn, counter, eps): matvec_res_q4_k through a

@@ -1112,10 +1112,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
     __syncthreads();
     tt = trace_phase(22, tt);
     if (wid == 0) {
-        u8* base = actq + te * Q8_ROW_BYTES(ff);
-        const int b = bx;
-        q8_block32(act_s[lane], lane, (i8*)base + 32 * b, (float*)(base + ff) + b,
-                   (int*)(base + ff + ff / 32 * 4) + 2 * b);
+        q8_row_block32(act_s[lane], lane, actq + te * Q8_ROW_BYTES(ff), ff, bx);
     }
     trace_phase(23, tt);
 }
@@ -1213,9 +1210,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
     }
     __syncthreads();
     if (wid < nt) {
-        u8* base = actq + ((size_t)(t0 + wid) * k + c) * Q8_ROW_BYTES(ff);
-        q8_block32(act_s[wid][lane], lane, (i8*)base + 32 * bx, (float*)(base + ff) + bx,
-                   (int*)(base + ff + ff / 32 * 4) + 2 * bx);
+        q8_row_block32(act_s[wid][lane], lane, actq + ((size_t)(t0 + wid) * k + c) * Q8_ROW_BYTES(ff), ff, bx);
     }
 }
 
