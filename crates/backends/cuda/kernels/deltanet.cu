@@ -759,7 +759,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 #undef DN_CH
 }
 
-// dn_fused_cols(<dn_fused_seq's arguments>, o, counter, yq): dn_fused_seq with each V head's state
+// dn_fused_cols(<dn_fused_seq's arguments>, o, counter): dn_fused_seq with each V head's state
 // columns spread over dv / 32 blocks, so the step runs on nv dv / 32 SMs instead of nk (16 →
 // 128 at full size; ncu: dn_fused_seq was its 16 SMs' instruction stream, ≈ 26 K cycles each).
 // Block (kh, hl, cc) takes V head h = kh r + hl, state columns j = 32 cc + lane; warp rg holds
@@ -791,22 +791,13 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // 58 spill instructions, the preloaded values stored to the stack before the wait), while 13.5
 // gave 168 and none: check the device's NVRTC version when reading resource usage here.
 #define DNC_MAX_THREADS 256
-// DN_OUT_Q8 (compile-time, default 0; not yet run on a GPU): with yq not null, dn_fused_cols (and
-// _rows) also write each token's gated-norm row as a q8 row at yq + t · Q8_ROW_BYTES(nv · dv): a
-// warp's 32 outputs (columns c0 .. c0 + 31 of the row, c0 = h dv + 32 cc) are one q8 block
-// (q8_row_block32, the quantisation every q8 consumer stages), which the layer's output projection
-// reads in place (matvec_q8x_res_q4_k and its token tiles) instead of the f32 row.
-#ifndef DN_OUT_Q8
-#define DN_OUT_Q8 0
-#endif
 template <bool ROWS>
 __device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ qkv, float* __restrict__ conv_state, const float* __restrict__ conv_w,
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
-    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter,
-    u8* __restrict__ yq) {
+    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
     extern __shared__ float4 dnc_sm4[];  // (a name of its own: a template, not extern "C")
     float* sm = (float*)dnc_sm4;
     long long tt = trace_start(ROWS ? 24 : 12);
@@ -1042,13 +1033,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
                 }
                 ss = warp_sum(ss);
                 const float inv = 1.0f / sqrtf(ss / (float)dv + rms_eps);
-                if (t < n) {
-                    const float v = dnf_gated(oj[u], inv, wj, zz[u]);
-                    y[((size_t)t * nv + h) * dv + j] = v;
-#if DN_OUT_Q8
-                    if (yq != nullptr) q8_row_block32(v, lane, yq + (size_t)t * Q8_ROW_BYTES(nv * dv), nv * dv, h * cpv + cc);
-#endif
-                }
+                if (t < n) y[((size_t)t * nv + h) * dv + j] = dnf_gated(oj[u], inv, wj, zz[u]);
             }
         }
     } else {
@@ -1057,11 +1042,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
             const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
             const size_t at = ((size_t)t * nv + h) * dv + j;
             const bool first = pre && t == rg;
-            const float v = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
-            y[at] = v;
-#if DN_OUT_Q8
-            if (yq != nullptr) q8_row_block32(v, lane, yq + (size_t)t * Q8_ROW_BYTES(nv * dv), nv * dv, h * cpv + cc);
-#endif
+            y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
         }
     }
     if (pre) {
@@ -1087,9 +1068,9 @@ __device__ __forceinline__ void dn_fused_cols_body(
         float *__restrict__ s, const float *__restrict__ z, const float *__restrict__ norm_w, float *__restrict__ y, \
         int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps,       \
         float *__restrict__ s_trace, float *__restrict__ conv_trace, int early, float *__restrict__ o,            \
-        unsigned long long *__restrict__ counter, u8 *__restrict__ yq
+        unsigned long long *__restrict__ counter
 #define DNC_PASS qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern, l2_eps, q_scale, \
-                 rms_eps, s_trace, conv_trace, early, o, counter, yq
+                 rms_eps, s_trace, conv_trace, early, o, counter
 // DNC_MIN_BLOCKS (compile-time, default 1): dn_fused_cols' blocks an SM in its launch bound. 1
 // gives it 190 registers (NVRTC 13.0), 48.6 K of the SM's 64 K; 2 caps it at 128 (no spills), so
 // that a block fits beside the in-projection's blocks ahead of it (session 27's fused route kernel

@@ -1758,8 +1758,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
 // 1), the same values as matvec_norm3_q8_q4_k (and its token tiles) on the f32 row those quants
 // (and that 1 / rms) came from.
 // Launch: as matvec_norm3_q8_q4_k (grid.y = tokens), no dynamic shared memory.
-// ADD: y_m[t] += W_m . xq[t] instead (invs unused): matvec_q8x_res_q4_k.
-template <typename T, bool ADD = false>
+template <typename T>
 __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs, int cols, int split, const u8* w0,
                                                 float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
                                                 float* y2, int r2) {
@@ -1773,8 +1772,8 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
     pdl_enter();  // xq comes from the kernel before
     tt = trace_phase(10, tt);
     const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
-    q8_rows_out<T, 1, ADD>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0,
-                           t, 1, inv);
+    q8_rows_out<T, 1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0,
+                             t, 1, inv);
     trace_phase(11, tt);
 }
 
@@ -1799,7 +1798,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void mat
 // speculative verify rows; the token-tile matvec_norm3_tok_q8 staged the tile's norms in every
 // block instead). Launch: grid = (as matvec_q8x, ceil(n / tile)), no dynamic shared memory.
 #define Q8X_MAX_TILE 8
-template <typename T, bool ADD = false>
+template <typename T>
 __device__ __forceinline__ void matvec_q8x_tok_body(const u8* xq, const float* invs, int cols, int split, int n,
                                                     const u8* w0, float* y0, int r0, const u8* w1, float* y1,
                                                     int r1, const u8* w2, float* y2, int r2) {
@@ -1815,31 +1814,14 @@ __device__ __forceinline__ void matvec_q8x_tok_body(const u8* xq, const float* i
 #pragma unroll
     for (int t = 0; t < Q8X_MAX_TILE; ++t) inv[t] = (invs == nullptr || t >= nt) ? 1.0f : invs[t0 + t];
     const int stride = Q8_ROW_BYTES(cols);
-    q8_rows_out<T, Q8X_MAX_TILE, ADD>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t0 * stride,
-                                      stride, t0, nt, inv);
+    q8_rows_out<T, Q8X_MAX_TILE, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t0 * stride,
+                                        stride, t0, nt, inv);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q4_k(
     const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
     float* y1, int r1, const u8* w2, float* y2, int r2) {
     matvec_q8x_tok_body<T_Q4_K>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-}
-
-// matvec_q8x_res_q4_k(xq, invs, cols, split, w, y, rows, 0, 0, 0, 0, 0, 0) and
-// matvec_q8x_tok_res_q4_k(xq, invs, cols, split, n, w, y, rows, ...): the residual forms,
-// y[t] += W . xq[t] (invs unused): a DeltaNet layer's output projection on the q8 row of its gated
-// norm that dn_fused_cols wrote (DN_OUT_Q8); the token tiles' outputs are the one-token kernel's
-// bit for bit. Launch: as matvec_q8x_q4_k / matvec_q8x_tok_q4_k.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_res_q4_k(
-    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
-    int r1, const u8* w2, float* y2, int r2) {
-    matvec_q8x_body<T_Q4_K, true>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-}
-
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_res_q4_k(
-    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
-    float* y1, int r1, const u8* w2, float* y2, int r2) {
-    matvec_q8x_tok_body<T_Q4_K, true>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k(

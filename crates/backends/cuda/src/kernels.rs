@@ -29,8 +29,6 @@ fn prerequisites(file: &str) -> &'static [&'static str] {
         "matvec.cu" => &["common.cu", "dequant.cu"],
         "moe.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "gemm.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
-        // DN_OUT_Q8: dn_fused_cols writes q8 rows (Q8_ROW_BYTES, q8_block32).
-        "deltanet.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "attention.cu" => &["common.cu", "rope.cu"],
         _ => &["common.cu"],
     }
@@ -163,8 +161,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "matvec_q8x_q4_k",
     "matvec_q8x_q6_k",
     "matvec_q8x_tok_q4_k",
-    "matvec_q8x_res_q4_k",
-    "matvec_q8x_tok_res_q4_k",
     "matvec_q8x_tok_q6_k",
     "matvec_norm3_q8_q6_k",
     "matvec_norm3_tok_q8_q6_k",

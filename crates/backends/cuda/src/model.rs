@@ -773,8 +773,6 @@ struct Kernels {
     matvec_q8x_q6k: CudaFunction,
     matvec_q8x_tok: CudaFunction,
     matvec_q8x_tok_q6k: CudaFunction,
-    matvec_q8x_res: CudaFunction,
-    matvec_q8x_tok_res: CudaFunction,
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
@@ -1067,11 +1065,6 @@ pub struct CudaModel {
     /// 254.7 tok/s on the H200 (ncu: `matvec_res` 18.4 → 7.9 µs, the counting of its 512 blocks
     /// and the one-block tail gone).
     res_norm_split: bool,
-    /// A DeltaNet layer's output projection on a q8 row of its gated norm that `dn_fused_cols`
-    /// writes (`matvec_q8x_res_q4_k`, token tiles `matvec_q8x_tok_res_q4_k`), when the module is
-    /// built with `REDLITE_CUDA_DEFINES=DN_OUT_Q8` (default off; not yet run on a GPU: its parity
-    /// and speed are to be measured).
-    dn_out_q8: bool,
     /// Timing diagnostics only: launches to leave out (`REDLITE_CUDA_SKIP`, comma-separated
     /// launch names such as `dn_fused_seq`, or `stage:name` / `stage:*` with stage `dn`, `attn`,
     /// `moe`, `shared` or `head`). The outputs are garbage; the step time shows what each stage
@@ -1232,8 +1225,6 @@ impl CudaModel {
             matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
             matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
             matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
-            matvec_q8x_res: f("matvec_q8x_res_q4_k")?,
-            matvec_q8x_tok_res: f("matvec_q8x_tok_res_q4_k")?,
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
@@ -1403,7 +1394,6 @@ impl CudaModel {
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
             res_norm_split: env_switch("REDLITE_CUDA_RES_NORM_SPLIT", true),
-            dn_out_q8: crate::kernels::define_on("DN_OUT_Q8"),
             skip: env_list("REDLITE_CUDA_SKIP"),
             noop: env_list("REDLITE_CUDA_NOOP"),
             stage: "",
@@ -2697,17 +2687,6 @@ impl CudaModel {
         mats: &[(&DevLinear, u64)],
         n: usize,
     ) -> Result<(), CudaError> {
-        self.matvec_q8x_launch((xq, invs), mats, n, false)
-    }
-
-    /// [`Self::matvec_q8x`], or with `add` (Q4_K only) `y[t] += W · xq[t]` (`invs` unused).
-    fn matvec_q8x_launch(
-        &mut self,
-        (xq, invs): (u64, u64),
-        mats: &[(&DevLinear, u64)],
-        n: usize,
-        add: bool,
-    ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
         // Several tokens: the weights once per tile (`matvec_q8x_tok_*`, the same bits).
         let tile = if n > 1 { self.q8x_tile.min(n) } else { 1 };
@@ -2729,14 +2708,11 @@ impl CudaModel {
             args.push(A::I(n as i32));
         }
         let grid_x = push_mats3(&mut args, mats, split.rows_per_block());
-        let f = match (ty == GgmlType::Q6K, tile > 1, add) {
-            (false, false, true) => self.k.matvec_q8x_res.clone(),
-            (false, true, true) => self.k.matvec_q8x_tok_res.clone(),
-            (true, _, true) => return Err(CudaError::Invalid("matvec_q8x: add on Q6_K".into())),
-            (true, false, false) => self.k.matvec_q8x_q6k.clone(),
-            (false, false, false) => self.k.matvec_q8x.clone(),
-            (true, true, false) => self.k.matvec_q8x_tok_q6k.clone(),
-            (false, true, false) => self.k.matvec_q8x_tok.clone(),
+        let f = match (ty == GgmlType::Q6K, tile > 1) {
+            (true, false) => self.k.matvec_q8x_q6k.clone(),
+            (false, false) => self.k.matvec_q8x.clone(),
+            (true, true) => self.k.matvec_q8x_tok_q6k.clone(),
+            (false, true) => self.k.matvec_q8x_tok.clone(),
         };
         self.launch(
             "matvec_q8x",
@@ -2844,18 +2820,6 @@ impl CudaModel {
         if !split_norm {
             return Ok(());
         }
-        self.res_norm_q8(w.rows, post_norm, xq, n)
-    }
-
-    /// `xn[t] = rms_norm(x[t], post_norm)` and, with `xq` not null, its q8 row (`res_norm_q8`).
-    fn res_norm_q8(
-        &mut self,
-        rows: usize,
-        post_norm: u64,
-        xq: u64,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let (x, xn) = (self.sc.x, self.sc.xn);
         let f = self.k.res_norm_q8.clone();
         self.launch(
             "res_norm_q8",
@@ -2865,30 +2829,13 @@ impl CudaModel {
             0,
             &[
                 A::P(x),
-                A::I(rows as i32),
+                A::I(w.rows as i32),
                 A::P(post_norm),
                 A::P(xn),
                 A::F(self.config.rms_eps),
                 A::P(xq),
             ],
         )
-    }
-
-    /// A DeltaNet layer's output projection on the q8 rows `aq` of its gated norm
-    /// (`DN_OUT_Q8`, written by `dn_fused_cols`): `x[t] += W · aq[t]`, then the next norm and its
-    /// q8 row as [`Self::matvec_residual`] with its norm split off.
-    fn matvec_residual_q8(
-        &mut self,
-        w: &DevLinear,
-        aq: u64,
-        post_norm: u64,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let x = self.sc.x;
-        self.matvec_q8x_launch((aq, 0), &[(w, x)], n, true)?;
-        let xq = self.next_xq();
-        self.xq_fresh = xq != 0;
-        self.res_norm_q8(w.rows, post_norm, xq, n)
     }
 
     /// Where the output projection's next norm also writes its q8 row: `sc.xq` when an 8-bit MoE
@@ -3489,27 +3436,11 @@ impl CudaModel {
                 A::P(conv_tr),
                 A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
             ];
-            // DN_OUT_Q8: the gated norm's q8 rows too (in `xq_in`: the in-projection has read it),
-            // for the output projection to read in place.
-            let aq = if self.dn_out_q8
-                && cols.is_some()
-                && out.ty == GgmlType::Q4K
-                && out.cols.is_multiple_of(256)
-                && self.res_norm_split
-                && !self.gemm_fits(out)
-            {
-                self.sc.xq_in
-            } else {
-                0
-            };
             if cols.is_some() {
-                // The gated norm's rows, the per-QK-head barrier counters, the q8 rows or null.
-                args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter), A::P(aq)]);
+                // The gated norm's rows and the per-QK-head barrier counters.
+                args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
             }
             self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
-            if aq != 0 {
-                return self.matvec_residual_q8(out, aq, post_norm, n);
-            }
             return self.matvec_residual(out, gated, post_norm, n);
         }
         // The conv: one thread per channel over the tokens (the state updated in place), or for a

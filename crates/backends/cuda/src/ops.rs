@@ -1153,39 +1153,13 @@ pub fn matvec_q8x(
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     (xq, invs): (&[u8], Option<&[f32]>),
-    split: (usize, usize, usize),
-) -> Result<Vec<f32>, CudaError> {
-    matvec_q8x_into(gpu, ty, w, (rows, cols), (xq, invs), split, None)
-}
-
-/// The residual forms `matvec_q8x_res_q4_k` / `matvec_q8x_tok_res_q4_k`: `residual[t] + W · xq[t]`.
-pub fn matvec_q8x_res(
-    gpu: &Gpu,
-    w: &CudaSlice<u8>,
-    (rows, cols): (usize, usize),
-    xq: &[u8],
-    residual: &[f32],
-    split: (usize, usize, usize),
-) -> Result<Vec<f32>, CudaError> {
-    let into = Some(residual);
-    matvec_q8x_into(gpu, GgmlType::Q4K, w, (rows, cols), (xq, None), split, into)
-}
-
-fn matvec_q8x_into(
-    gpu: &Gpu,
-    ty: GgmlType,
-    w: &CudaSlice<u8>,
-    (rows, cols): (usize, usize),
-    (xq, invs): (&[u8], Option<&[f32]>),
     (parts, rows_per_warp, tile): (usize, usize, usize),
-    residual: Option<&[f32]>,
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(xq.len(), q8_row_bytes(cols), "matvec_q8x xq")?;
     if !cols.is_multiple_of(256)
         || !(1..=8).contains(&parts)
         || !(1..=16).contains(&rows_per_warp)
         || !(1..=8).contains(&tile)
-        || residual.is_some_and(|r| r.len() != n * rows || ty != GgmlType::Q4K)
     {
         return Err(CudaError::Invalid("matvec_q8x: sizes".into()));
     }
@@ -1201,10 +1175,7 @@ fn matvec_q8x_into(
     };
     let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
     let (p, ni) = (split.arg() | (tile << 16) as i32, i32_arg(n, "tokens")?);
-    let mut y = match residual {
-        Some(r) => upload(gpu, r)?,
-        None => alloc_poisoned::<f32>(gpu, n * rows)?,
-    };
+    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
     let (zero, zi) = (0u64, 0i32);
     let conf = cfg(
         (
@@ -1215,12 +1186,10 @@ fn matvec_q8x_into(
         256,
         0,
     );
-    // tile 1: the one-token kernel (grid.y = tokens); more: `matvec_q8x_tok_<type>`; with a
-    // residual their `_res_` forms.
-    let res = if residual.is_some() { "res_" } else { "" };
+    // tile 1: the one-token kernel (grid.y = tokens); more: `matvec_q8x_tok_<type>`.
     let name = match tile {
-        1 => format!("matvec_q8x_{res}{}", q8_suffix(ty)?),
-        _ => format!("matvec_q8x_tok_{res}{}", q8_suffix(ty)?),
+        1 => format!("matvec_q8x_{}", q8_suffix(ty)?),
+        _ => format!("matvec_q8x_tok_{}", q8_suffix(ty)?),
     };
     let f = gpu.func(&name)?;
     // No scales: a null pointer (the kernel's 1).
@@ -2174,9 +2143,6 @@ pub struct DnFusedOut {
     /// With `trace`: the conv states and delta states after every token (`[n][..]` each).
     pub conv_trace: Vec<f32>,
     pub state_trace: Vec<f32>,
-    /// `dn_fused_cols`' q8 rows of `y` (`[n]` rows of `q8_row_bytes(nv · dv)`), when the module
-    /// is built with `DN_OUT_Q8`; else empty.
-    pub yq: Vec<u8>,
 }
 
 /// The DeltaNet core of `n` tokens in one launch (`dn_fused_seq`, or with `cols` `dn_fused_cols`:
@@ -2250,17 +2216,8 @@ pub fn dn_fused_seq(
         None if cols => return Err(CudaError::Invalid(format!("dn_fused_cols: shape {d:?}"))),
         None => cfg((d.nk as u32, 1, 1), threads, shared),
     };
-    // dn_fused_cols' gated-norm rows and barrier counters, and with DN_OUT_Q8 the q8 rows of y.
+    // dn_fused_cols' gated-norm rows and barrier counters.
     let mut o = alloc_poisoned::<f32>(gpu, n * d.nv * d.dv)?;
-    let yq_on = cols && crate::kernels::define_on("DN_OUT_Q8") && (d.nv * d.dv).is_multiple_of(32);
-    let mut yq = alloc_poisoned::<u8>(
-        gpu,
-        if yq_on {
-            n * q8_row_bytes(d.nv * d.dv)
-        } else {
-            1
-        },
-    )?;
     let mut counter = upload(gpu, &vec![0u64; d.nk])?;
     let (mut st, mut ct) = if trace {
         (
@@ -2299,12 +2256,10 @@ pub fn dn_fused_seq(
         b.arg(&null).arg(&null);
     }
     b.arg(&early);
-    if cols && yq_on {
-        b.arg(&mut o).arg(&mut counter).arg(&mut yq);
-    } else if cols {
-        b.arg(&mut o).arg(&mut counter).arg(&null);
+    if cols {
+        b.arg(&mut o).arg(&mut counter);
     }
-    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter, yq), in order, each
+    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter), in order, each
     // buffer sized for n tokens of these shapes (checked above).
     drv(name, unsafe { b.launch(conf) })?;
     let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
@@ -2320,11 +2275,6 @@ pub fn dn_fused_seq(
         state: download(gpu, &sd)?,
         conv_trace: traced(&ct)?,
         state_trace: traced(&st)?,
-        yq: if yq_on {
-            download(gpu, &yq)?
-        } else {
-            Vec::new()
-        },
     })
 }
 
