@@ -1508,6 +1508,70 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
     }
 }
 
+// Q8X_PRE_X (compile-time, default 0; session 31, not yet run on a GPU): the one-token q8
+// kernels (matvec_q8x_q4_k: decode's in-projections and shared expert; for Q6_K, the head, see
+// q6k_pre_x) load the lane's units of
+// the q8 row once for all the warp's rows (q4k_rows_q8_pre) instead of once a row, where every
+// lane's units fit in Q8_UNITS (cols <= Q8_UNITS · 32 · parts: the 2,048-wide in-projections at
+// one part). The x loads were 6 of a unit's 8 loads; a row's partial is the same bits (its units
+// in the same order, q4k_unit_q8v being q4k_unit_q8's operations).
+#ifndef Q8X_PRE_X
+#define Q8X_PRE_X 0
+#endif
+// Q8X_PRE_NR: the rows a warp walks together with the preloaded x (2 as without it).
+#ifndef Q8X_PRE_NR
+#define Q8X_PRE_NR 2
+#endif
+__device__ __forceinline__ int q4k_unit_at(int g) { return 64 * ((g & 7) >> 1) + 16 * (g & 1); }
+// The lane's units g = gi, gi + step, ... (< units, at most Q8_UNITS) of a q8 row.
+__device__ __forceinline__ void q4k_pre_x(const Q8Row& xr, int units, int gi, int step, Q8UnitX (&xv)[Q8_UNITS]) {
+#pragma unroll
+    for (int k = 0; k < Q8_UNITS; ++k) {
+        const int g = gi + k * step;
+        if (g < units) xv[k] = q8_unit_x(xr, g >> 3, q4k_unit_at(g));
+    }
+}
+// q4k_rows_q8<NR, 1>'s partials with the lane's units of x preloaded (q4k_pre_x, same gi, step).
+template <int NR>
+__device__ __forceinline__ void q4k_rows_q8_pre(const u8* const (&wr)[NR], const Q8UnitX (&xv)[Q8_UNITS], int units,
+                                                int gi, int step, float (&acc)[NR][1]) {
+    uint4 hd[NR][Q8_UNITS], qv[NR][Q8_UNITS];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        acc[r][0] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < Q8_UNITS; ++k) {
+            const int g = gi + k * step;
+            if (wr[r] != nullptr && g < units) {
+                const u8* b = wr[r] + (size_t)(g >> 3) * 144;
+                hd[r][k] = *(const uint4*)b;
+                qv[r][k] = *(const uint4*)(b + 16 + 16 * (g & 7));
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        if (wr[r] == nullptr) continue;
+#pragma unroll
+        for (int k = 0; k < Q8_UNITS; ++k) {
+            const int g = gi + k * step;
+            if (g < units) acc[r][0] = __fadd_rn(acc[r][0], q4k_unit_q8v(q4k_unit(hd[r][k], qv[r][k], g & 7), xv[k]));
+        }
+    }
+}
+template <typename T>
+struct Q8xPre {
+    enum { V = 0 };
+};
+template <>
+struct Q8xPre<T_Q4_K> {
+    enum { V = Q8X_PRE_X };
+};
+template <>
+struct Q8xPre<T_Q6_K> {
+    enum { V = Q8X_PRE_X };
+};
+
 // 16 bytes at a 2-byte aligned address p as four words (aligned 4-byte loads and funnel shifts:
 // Q6_K blocks are 210 bytes, so every other block of a row starts 2 bytes off a word).
 __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
@@ -1582,6 +1646,84 @@ __device__ __forceinline__ void q6k_rows_q8(const u8* const (&wr)[NR], u8* base,
     }
 }
 
+// Q8X_PRE_X for Q6_K (the lm_head): a lane's q8 values of each block it takes (q6k_rows_q8's
+// xl, xh, the two sums of 16 and the two scales), loaded once for all the warp's rows where a
+// row's blocks take at most Q6_PRE_IT iterations (cols <= Q6_PRE_IT · 1,024 · parts).
+#define Q6_PRE_IT 2
+struct Q6kX {
+    int4 xl, xh;
+    int slo, shi;
+    float dlo, dhi;
+};
+__device__ __forceinline__ void q6k_pre_x(const Q8Row& xr, int nb, int lane, int part, int parts,
+                                          Q6kX (&xv)[Q6_PRE_IT]) {
+    const int sub = lane & 7, bo = lane >> 3;
+    const int v0 = 128 * (sub >> 2) + 32 * ((sub >> 1) & 1) + 16 * (sub & 1);
+#pragma unroll
+    for (int k = 0; k < Q6_PRE_IT; ++k) {
+        const int ib = 4 * part + bo + k * 4 * parts;
+        if (ib < nb) {
+            const int at = 256 * ib + v0;
+            xv[k].xl = *(const int4*)(xr.q + at);
+            xv[k].xh = *(const int4*)(xr.q + at + 64);
+            xv[k].slo = xr.s16[at / 16];
+            xv[k].shi = xr.s16[(at + 64) / 16];
+            xv[k].dlo = xr.d[at / 32];
+            xv[k].dhi = xr.d[(at + 64) / 32];
+        }
+    }
+}
+// q6k_rows_q8<NR, 1>'s partials with the lane's q8 values preloaded (q6k_pre_x): the same
+// operations in the same order.
+template <int NR>
+__device__ __forceinline__ void q6k_rows_q8_pre(const u8* const (&wr)[NR], const Q6kX (&xv)[Q6_PRE_IT], int nb,
+                                                int lane, int part, int parts, float (&acc)[NR][1]) {
+    const int sub = lane & 7, bo = lane >> 3;
+    const int c = sub >> 2, h = (sub >> 1) & 1, i = sub & 1;
+    const int s0 = 8 * c + 2 * h + i;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r][0] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < Q6_PRE_IT; ++k) {
+        const int ib = 4 * part + bo + k * 4 * parts;
+        if (ib >= nb) break;
+        u32 ql[NR][4], qh[NR][4];
+        float dlo[NR], dhi[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            if (wr[r] == nullptr) continue;
+            const u8* b = wr[r] + (size_t)ib * 210;
+            ld16_a2(b + 64 * c + 32 * h + 16 * i, ql[r]);
+            ld16_a2(b + 128 + 32 * c + 16 * i, qh[r]);
+            const float d = ld_f16(b + 208);
+            dlo[r] = __fmul_rn(d, (float)(i8)b[192 + s0]);
+            dhi[r] = __fmul_rn(d, (float)(i8)b[192 + s0 + 4]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            if (wr[r] == nullptr) continue;
+            u32 lo[4], hi[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                lo[q] = (ql[r][q] & 0x0F0F0F0Fu) | (((qh[r][q] >> (2 * h)) & 0x03030303u) << 4);
+                hi[q] = ((ql[r][q] >> 4) & 0x0F0F0F0Fu) | (((qh[r][q] >> (2 * h + 4)) & 0x03030303u) << 4);
+            }
+            const Q6kX& x = xv[k];
+            int sl = dp4a(lo[0], x.xl.x, 0), sh = dp4a(hi[0], x.xh.x, 0);
+            sl = dp4a(lo[1], x.xl.y, sl);
+            sh = dp4a(hi[1], x.xh.y, sh);
+            sl = dp4a(lo[2], x.xl.z, sl);
+            sh = dp4a(hi[2], x.xh.z, sh);
+            sl = dp4a(lo[3], x.xl.w, sl);
+            sh = dp4a(hi[3], x.xh.w, sh);
+            const int ilo = sl - 32 * x.slo, ihi = sh - 32 * x.shi;
+            const float v = __fadd_rn(__fmul_rn(__fmul_rn(dlo[r], x.dlo), (float)ilo),
+                                      __fmul_rn(__fmul_rn(dhi[r], x.dhi), (float)ihi));
+            acc[r][0] = __fadd_rn(acc[r][0], v);
+        }
+    }
+}
+
 // The q8 rows function of weight type T (Q4_K or Q6_K).
 template <typename T>
 struct IsQ6k {
@@ -1631,11 +1773,12 @@ template <>
 struct Q8xTokNr<T_Q6_K> {
     enum { V = Q8X_TOK_NR_Q6K };
 };
-template <typename T, int NT, bool ADD>
-__device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
-                                            MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
-                                            const float* invs) {
-    constexpr int NR = NT == 1 ? 2 : Q8xTokNr<T>::V;
+// q8_rows_out's walk over the warp group's rows, NR at a time, with `partials(wr, acc)` filling
+// the lane's partials of those rows (acc[NR][NT]).
+template <typename T, int NT, bool ADD, int NR, typename Partials>
+__device__ __forceinline__ void q8_rows_walk(float* __restrict__ y, int rows, MvfSplit s, int first, int part,
+                                             const u8* __restrict__ w, int cols, int t0, int nt, const float* invs,
+                                             Partials partials) {
     __shared__ float red[NR][NT][MVF_WARPS];
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t rb = row_bytes<T>(cols);
@@ -1647,7 +1790,7 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
             wr[k] = (r + k < s.rows && row < rows) ? w + (size_t)row * rb : nullptr;
         }
         float acc[NR][NT];
-        rows_q8<T, NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
+        partials(wr, acc);
         if (s.parts == 1) {
             // The warp holds whole rows.
 #pragma unroll
@@ -1686,6 +1829,43 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
         }
         __syncthreads();  // red is reused by the next rows
     }
+}
+
+template <typename T, int NT, bool ADD>
+__device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __restrict__ y, int rows, int cols,
+                                            MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
+                                            const float* invs) {
+    const int lane = threadIdx.x % WARP;
+    if constexpr (NT == 1 && Q8xPre<T>::V != 0 && IsQ6k<T>::value) {
+        // Q8X_PRE_X (Q6_K): the lane's q8 values of its blocks loaded once for all the rows.
+        const int nb = cols / 256;
+        if (nb <= Q6_PRE_IT * 4 * s.parts) {
+            Q6kX xv[Q6_PRE_IT];
+            q6k_pre_x(q8_row(base, cols), nb, lane, part, s.parts, xv);
+            q8_rows_walk<T, NT, ADD, Q8X_PRE_NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
+                                                 [&](const u8* const(&wr)[Q8X_PRE_NR], float(&acc)[Q8X_PRE_NR][NT]) {
+                                                     q6k_rows_q8_pre<Q8X_PRE_NR>(wr, xv, nb, lane, part, s.parts, acc);
+                                                 });
+            return;
+        }
+    } else if constexpr (NT == 1 && Q8xPre<T>::V != 0) {
+        // Q8X_PRE_X: the lane's units of the one q8 row loaded once for all the rows.
+        const int units = cols / 32, step = s.parts * WARP, gi = part * WARP + lane;
+        if (units <= Q8_UNITS * step) {
+            Q8UnitX xv[Q8_UNITS];
+            q4k_pre_x(q8_row(base, cols), units, gi, step, xv);
+            q8_rows_walk<T, NT, ADD, Q8X_PRE_NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
+                                                 [&](const u8* const(&wr)[Q8X_PRE_NR], float(&acc)[Q8X_PRE_NR][NT]) {
+                                                     q4k_rows_q8_pre<Q8X_PRE_NR>(wr, xv, units, gi, step, acc);
+                                                 });
+            return;
+        }
+    }
+    constexpr int NR = NT == 1 ? 2 : Q8xTokNr<T>::V;
+    q8_rows_walk<T, NT, ADD, NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
+                                 [&](const u8* const(&wr)[NR], float(&acc)[NR][NT]) {
+                                     rows_q8<T, NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
+                                 });
 }
 
 // Rows per warp group: split >> 8 (1 .. Q8_MAX_ROWS), walked two at a time by the one-token
