@@ -1508,15 +1508,19 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
     }
 }
 
-// Q8X_PRE_X (compile-time, default 0; session 31, not yet run on a GPU): the one-token q8
-// kernels (matvec_q8x_q4_k: decode's in-projections and shared expert; for Q6_K, the head, see
-// q6k_pre_x) load the lane's units of
-// the q8 row once for all the warp's rows (q4k_rows_q8_pre) instead of once a row, where every
-// lane's units fit in Q8_UNITS (cols <= Q8_UNITS · 32 · parts: the 2,048-wide in-projections at
-// one part). The x loads were 6 of a unit's 8 loads; a row's partial is the same bits (its units
-// in the same order, q4k_unit_q8v being q4k_unit_q8's operations).
+// Q8X_PRE_X (compile-time, default 1; 0: a row's q8 values loaded with the row, session 30's
+// kernels): the one-token q8 kernels (matvec_q8x_q4_k: decode's in-projections and the shared
+// expert; matvec_q8x_q6_k: the head, see q6k_pre_x) load the lane's values of the q8 row once for
+// all the warp's rows (q4k_pre_x, q4k_rows_q8_pre) instead of once a row, where every lane's units
+// fit in Q8_UNITS (cols <= Q8_UNITS · 32 · parts: the 2,048-wide in-projections at one part). The
+// x loads were 6 of a unit's 8 loads (L1 wavefronts, not DRAM); a row's partial is the same bits
+// (its units in the same order, q4k_unit_q8v being q4k_unit_q8's operations). H200, session 31
+// run 2: decode +1.6 % (404.9 against 398.4 tok/s), position 32,768 +1.6 %, full-size logits
+// bit-identical; bench kernel Q4_K 12288x2048 7.37 -> 6.67 µs (45.9 -> 50.7 % of the read
+// limit), 151936x2048 60.9 -> 69.1 %, Q6_K 151936x2048 60.8 -> 66.2 %. NVRTC 13.0:
+// matvec_q8x_q4_k 80 registers (as before), matvec_q8x_q6_k 78 (75), no stack.
 #ifndef Q8X_PRE_X
-#define Q8X_PRE_X 0
+#define Q8X_PRE_X 1
 #endif
 // Q8X_PRE_NR: the rows a warp walks together with the preloaded x (2 as without it).
 #ifndef Q8X_PRE_NR
@@ -1585,6 +1589,41 @@ __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
     for (int k = 0; k < 4; ++k) out[k] = __funnelshift_r(v[k], v[k + 1], sh);
 }
 
+// A lane's part of Q6_K block `b` (its sixteenth c, h, i and scale s0, as q6k_rows_q8 says): the
+// 16 low-bit bytes, the 16 high-bit bytes and the two scales d · sc.
+__device__ __forceinline__ void q6k_lane_load(const u8* b, int c, int h, int i, int s0, u32 (&ql)[4], u32 (&qh)[4],
+                                              float& dlo, float& dhi) {
+    ld16_a2(b + 64 * c + 32 * h + 16 * i, ql);
+    ld16_a2(b + 128 + 32 * c + 16 * i, qh);
+    const float d = ld_f16(b + 208);
+    dlo = __fmul_rn(d, (float)(i8)b[192 + s0]);
+    dhi = __fmul_rn(d, (float)(i8)b[192 + s0 + 4]);
+}
+// Its 6-bit quants (+ 32) as bytes: the 16 low values and the 16 high ones.
+__device__ __forceinline__ void q6k_lane_quants(const u32 (&ql)[4], const u32 (&qh)[4], int h, u32 (&lo)[4],
+                                                u32 (&hi)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        lo[k] = (ql[k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * h)) & 0x03030303u) << 4);
+        hi[k] = ((ql[k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * h + 4)) & 0x03030303u) << 4);
+    }
+}
+// Its value against q8 values xl, xh (sums of 16 slo, shi; scales dxlo, dxhi), the rounded
+// operations spelled out.
+__device__ __forceinline__ float q6k_lane_value(const u32 (&lo)[4], const u32 (&hi)[4], float dlo, float dhi,
+                                                const int4 xl, const int4 xh, int slo, int shi, float dxlo,
+                                                float dxhi) {
+    int sl = dp4a(lo[0], xl.x, 0), sh = dp4a(hi[0], xh.x, 0);
+    sl = dp4a(lo[1], xl.y, sl);
+    sh = dp4a(hi[1], xh.y, sh);
+    sl = dp4a(lo[2], xl.z, sl);
+    sh = dp4a(hi[2], xh.z, sh);
+    sl = dp4a(lo[3], xl.w, sl);
+    sh = dp4a(hi[3], xh.w, sh);
+    const int ilo = sl - 32 * slo, ihi = sh - 32 * shi;
+    return __fadd_rn(__fmul_rn(__fmul_rn(dlo, dxlo), (float)ilo), __fmul_rn(__fmul_rn(dhi, dxhi), (float)ihi));
+}
+
 // The lane's partials of NR Q6_K rows against nt staged q8 rows, as q4k_rows_q8 (same contract).
 // A warp takes four blocks per iteration (blocks 4 part + l / 8, + 4 parts, ...), lane l's eighth
 // s = l % 8 of a block being 32 values: the 16 values v0 .. v0 + 15 (low nibbles of ql bytes
@@ -1608,38 +1647,20 @@ __device__ __forceinline__ void q6k_rows_q8(const u8* const (&wr)[NR], u8* base,
         float dlo[NR], dhi[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-            if (wr[r] == nullptr) continue;
-            const u8* b = wr[r] + (size_t)ib * 210;
-            ld16_a2(b + 64 * c + 32 * h + 16 * i, ql[r]);
-            ld16_a2(b + 128 + 32 * c + 16 * i, qh[r]);
-            const float d = ld_f16(b + 208);
-            dlo[r] = __fmul_rn(d, (float)(i8)b[192 + s0]);
-            dhi[r] = __fmul_rn(d, (float)(i8)b[192 + s0 + 4]);
+            if (wr[r] != nullptr) q6k_lane_load(wr[r] + (size_t)ib * 210, c, h, i, s0, ql[r], qh[r], dlo[r], dhi[r]);
         }
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             if (wr[r] == nullptr) continue;
             u32 lo[4], hi[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                lo[k] = (ql[r][k] & 0x0F0F0F0Fu) | (((qh[r][k] >> (2 * h)) & 0x03030303u) << 4);
-                hi[k] = ((ql[r][k] >> 4) & 0x0F0F0F0Fu) | (((qh[r][k] >> (2 * h + 4)) & 0x03030303u) << 4);
-            }
+            q6k_lane_quants(ql[r], qh[r], h, lo, hi);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= nt) continue;
                 const int at = 256 * ib + v0;
                 const int4 xl = *(const int4*)(xr[t].q + at), xh = *(const int4*)(xr[t].q + at + 64);
-                int sl = dp4a(lo[0], xl.x, 0), sh = dp4a(hi[0], xh.x, 0);
-                sl = dp4a(lo[1], xl.y, sl);
-                sh = dp4a(hi[1], xh.y, sh);
-                sl = dp4a(lo[2], xl.z, sl);
-                sh = dp4a(hi[2], xh.z, sh);
-                sl = dp4a(lo[3], xl.w, sl);
-                sh = dp4a(hi[3], xh.w, sh);
-                const int ilo = sl - 32 * xr[t].s16[at / 16], ihi = sh - 32 * xr[t].s16[(at + 64) / 16];
-                const float v = __fadd_rn(__fmul_rn(__fmul_rn(dlo[r], xr[t].d[at / 32]), (float)ilo),
-                                          __fmul_rn(__fmul_rn(dhi[r], xr[t].d[(at + 64) / 32]), (float)ihi));
+                const float v = q6k_lane_value(lo, hi, dlo[r], dhi[r], xl, xh, xr[t].s16[at / 16],
+                                               xr[t].s16[(at + 64) / 16], xr[t].d[at / 32], xr[t].d[(at + 64) / 32]);
                 acc[r][t] = __fadd_rn(acc[r][t], v);
             }
         }
@@ -1691,34 +1712,15 @@ __device__ __forceinline__ void q6k_rows_q8_pre(const u8* const (&wr)[NR], const
         float dlo[NR], dhi[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-            if (wr[r] == nullptr) continue;
-            const u8* b = wr[r] + (size_t)ib * 210;
-            ld16_a2(b + 64 * c + 32 * h + 16 * i, ql[r]);
-            ld16_a2(b + 128 + 32 * c + 16 * i, qh[r]);
-            const float d = ld_f16(b + 208);
-            dlo[r] = __fmul_rn(d, (float)(i8)b[192 + s0]);
-            dhi[r] = __fmul_rn(d, (float)(i8)b[192 + s0 + 4]);
+            if (wr[r] != nullptr) q6k_lane_load(wr[r] + (size_t)ib * 210, c, h, i, s0, ql[r], qh[r], dlo[r], dhi[r]);
         }
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             if (wr[r] == nullptr) continue;
             u32 lo[4], hi[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                lo[q] = (ql[r][q] & 0x0F0F0F0Fu) | (((qh[r][q] >> (2 * h)) & 0x03030303u) << 4);
-                hi[q] = ((ql[r][q] >> 4) & 0x0F0F0F0Fu) | (((qh[r][q] >> (2 * h + 4)) & 0x03030303u) << 4);
-            }
+            q6k_lane_quants(ql[r], qh[r], h, lo, hi);
             const Q6kX& x = xv[k];
-            int sl = dp4a(lo[0], x.xl.x, 0), sh = dp4a(hi[0], x.xh.x, 0);
-            sl = dp4a(lo[1], x.xl.y, sl);
-            sh = dp4a(hi[1], x.xh.y, sh);
-            sl = dp4a(lo[2], x.xl.z, sl);
-            sh = dp4a(hi[2], x.xh.z, sh);
-            sl = dp4a(lo[3], x.xl.w, sl);
-            sh = dp4a(hi[3], x.xh.w, sh);
-            const int ilo = sl - 32 * x.slo, ihi = sh - 32 * x.shi;
-            const float v = __fadd_rn(__fmul_rn(__fmul_rn(dlo[r], x.dlo), (float)ilo),
-                                      __fmul_rn(__fmul_rn(dhi[r], x.dhi), (float)ihi));
+            const float v = q6k_lane_value(lo, hi, dlo[r], dhi[r], x.xl, x.xh, x.slo, x.shi, x.dlo, x.dhi);
             acc[r][0] = __fadd_rn(acc[r][0], v);
         }
     }
