@@ -1522,10 +1522,6 @@ __device__ __forceinline__ void q4k_rows_q8(const u8* const (&wr)[NR], u8* base,
 #ifndef Q8X_PRE_X
 #define Q8X_PRE_X 1
 #endif
-// Q8X_PRE_NR: the rows a warp walks together with the preloaded x (2 as without it).
-#ifndef Q8X_PRE_NR
-#define Q8X_PRE_NR 2
-#endif
 __device__ __forceinline__ int q4k_unit_at(int g) { return 64 * ((g & 7) >> 1) + 16 * (g & 1); }
 // The lane's units g = gi, gi + step, ... (< units, at most Q8_UNITS) of a q8 row.
 __device__ __forceinline__ void q4k_pre_x(const Q8Row& xr, int units, int gi, int step, Q8UnitX (&xv)[Q8_UNITS]) {
@@ -1838,16 +1834,19 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
                                             MvfSplit s, int first, int part, u8* base, int stride, int t0, int nt,
                                             const float* invs) {
     const int lane = threadIdx.x % WARP;
+    // Rows a warp walks together: two for one token (four loads a lane in flight), Q8xTokNr for a
+    // token tile.
+    constexpr int NR = NT == 1 ? 2 : Q8xTokNr<T>::V;
     if constexpr (NT == 1 && Q8xPre<T>::V != 0 && IsQ6k<T>::value) {
         // Q8X_PRE_X (Q6_K): the lane's q8 values of its blocks loaded once for all the rows.
         const int nb = cols / 256;
         if (nb <= Q6_PRE_IT * 4 * s.parts) {
             Q6kX xv[Q6_PRE_IT];
             q6k_pre_x(q8_row(base, cols), nb, lane, part, s.parts, xv);
-            q8_rows_walk<T, NT, ADD, Q8X_PRE_NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
-                                                 [&](const u8* const(&wr)[Q8X_PRE_NR], float(&acc)[Q8X_PRE_NR][NT]) {
-                                                     q6k_rows_q8_pre<Q8X_PRE_NR>(wr, xv, nb, lane, part, s.parts, acc);
-                                                 });
+            q8_rows_walk<T, NT, ADD, NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
+                                         [&](const u8* const(&wr)[NR], float(&acc)[NR][NT]) {
+                                             q6k_rows_q8_pre<NR>(wr, xv, nb, lane, part, s.parts, acc);
+                                         });
             return;
         }
     } else if constexpr (NT == 1 && Q8xPre<T>::V != 0) {
@@ -1856,14 +1855,13 @@ __device__ __forceinline__ void q8_rows_out(const u8* __restrict__ w, float* __r
         if (units <= Q8_UNITS * step) {
             Q8UnitX xv[Q8_UNITS];
             q4k_pre_x(q8_row(base, cols), units, gi, step, xv);
-            q8_rows_walk<T, NT, ADD, Q8X_PRE_NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
-                                                 [&](const u8* const(&wr)[Q8X_PRE_NR], float(&acc)[Q8X_PRE_NR][NT]) {
-                                                     q4k_rows_q8_pre<Q8X_PRE_NR>(wr, xv, units, gi, step, acc);
-                                                 });
+            q8_rows_walk<T, NT, ADD, NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
+                                         [&](const u8* const(&wr)[NR], float(&acc)[NR][NT]) {
+                                             q4k_rows_q8_pre<NR>(wr, xv, units, gi, step, acc);
+                                         });
             return;
         }
     }
-    constexpr int NR = NT == 1 ? 2 : Q8xTokNr<T>::V;
     q8_rows_walk<T, NT, ADD, NR>(y, rows, s, first, part, w, cols, t0, nt, invs,
                                  [&](const u8* const(&wr)[NR], float(&acc)[NR][NT]) {
                                      rows_q8<T, NR, NT>(wr, base, stride, nt, cols, lane, part, s.parts, acc);
