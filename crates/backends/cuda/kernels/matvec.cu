@@ -1574,8 +1574,23 @@ struct Q8xPre<T_Q6_K> {
 
 // 16 bytes at a 2-byte aligned address p as four words (aligned 4-byte loads and funnel shifts:
 // Q6_K blocks are 210 bytes, so every other block of a row starts 2 bytes off a word).
+// LD16_U64 (compile-time, default 0; session 31, not yet run on a GPU): three 8-byte loads from
+// the 8-byte boundary below p instead of five 4-byte ones (run 4's ncu: the Q6_K head bound by L1
+// wavefronts, 13 loads a lane a block). The same bytes.
+#ifndef LD16_U64
+#define LD16_U64 0
+#endif
 __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
     const size_t a = (size_t)p;
+#if LD16_U64
+    const unsigned long long* w = (const unsigned long long*)(a & ~(size_t)7);
+    const unsigned long long w0 = w[0], w1 = w[1], w2 = w[2];
+    const u32 v[6] = {(u32)w0, (u32)(w0 >> 32), (u32)w1, (u32)(w1 >> 32), (u32)w2, (u32)(w2 >> 32)};
+    const bool up = (a & 4) != 0;  // p's word is the second of its 8 bytes
+    const u32 sh = (u32)(a & 2) * 8;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = __funnelshift_r(up ? v[k + 1] : v[k], up ? v[k + 2] : v[k + 1], sh);
+#else
     const u32* w = (const u32*)(a & ~(size_t)3);
     const u32 sh = (u32)(a & 2) * 8;
     u32 v[5];
@@ -1583,6 +1598,7 @@ __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
     for (int k = 0; k < 5; ++k) v[k] = w[k];
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = __funnelshift_r(v[k], v[k + 1], sh);
+#endif
 }
 
 // A lane's part of Q6_K block `b` (its sixteenth c, h, i and scale s0, as q6k_rows_q8 says): the
