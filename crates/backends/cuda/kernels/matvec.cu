@@ -2055,6 +2055,34 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float
     q8_row_block32(v, threadIdx.x % WARP, xq + (size_t)blockIdx.y * Q8_ROW_BYTES(n), n, i / 32);
 }
 
+// matvec_q8x_swiglu_q4_k(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, out, xq_out, counter): the
+// shared expert's gate (w0 → y0) and up (w1 → y1) rows as matvec_q8x_q4_k computes them, then the
+// last block of token t = blockIdx.y to finish (counted in counter[t], which starts at 0 and is
+// left at 0) does swiglu_q8's work on them: out[t] = silu(y0[t]) · y1[t] and its q8 row at xq_out +
+// t · Q8_ROW_BYTES(r0). The same values bit for bit as the two launches, one launch fewer on the
+// shared expert's stream (REDLITE_CUDA_SHARED_SWIGLU). r0 == r1, a multiple of 32.
+// Launch: as matvec_q8x_q4_k with two matrices.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_swiglu_q4_k(
+    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
+    int r1, float* __restrict__ out, u8* __restrict__ xq_out, u32* __restrict__ counter) {
+    matvec_q8x_body<T_Q4_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, nullptr, nullptr, 0);
+    __shared__ int is_last;
+    const int t = blockIdx.y;
+    __threadfence();  // this block's rows are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&counter[t], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const size_t at = (size_t)t * r0;
+    for (int i = threadIdx.x; i < r0; i += blockDim.x) {  // whole warps (r0 a multiple of 32)
+        const float v = siluf_(y0[at + i]) * y1[at + i];
+        out[at + i] = v;
+        q8_row_block32(v, threadIdx.x % WARP, xq_out + (size_t)t * Q8_ROW_BYTES(r0), r0, i / 32);
+    }
+    if (threadIdx.x == 0) counter[t] = 0;
+}
+
 // matvec_res_q8_q4_k(w, x, y, rows, cols, split, nw, yn, counter, eps): matvec_res_q4_k through a
 // staged q8 row of x[t] (no norm), rows per warp group as matvec_norm3_q8: y[t] += W . x[t], then
 // the next norm by the last block. Launch: as matvec_res, dynamic shared memory = Q8_ROW_BYTES(cols).

@@ -1230,6 +1230,72 @@ pub fn matvec_q8x(
     download(gpu, &y)
 }
 
+/// `matvec_q8x_swiglu_q4_k` on `n` q8 rows `xq` (`n` rows of [`q8_row_bytes`]`(cols)`): the Q4_K
+/// gate and up rows (`[rows][cols]` each, `rows` a multiple of 32) as `matvec_q8x_q4_k` computes
+/// them, then by the last block of each token `silu(gate) · up` and its q8 rows: `(that, its q8
+/// rows)`.
+pub fn matvec_q8x_swiglu(
+    gpu: &Gpu,
+    (gate, up): (&CudaSlice<u8>, &CudaSlice<u8>),
+    (rows, cols): (usize, usize),
+    xq: &[u8],
+    (parts, rows_per_warp): (usize, usize),
+) -> Result<(Vec<f32>, Vec<u8>), CudaError> {
+    let n = check_rows(xq.len(), q8_row_bytes(cols), "matvec_q8x_swiglu xq")?;
+    if !cols.is_multiple_of(256)
+        || !rows.is_multiple_of(32)
+        || !(1..=8).contains(&parts)
+        || !(1..=16).contains(&rows_per_warp)
+    {
+        return Err(CudaError::Invalid("matvec_q8x_swiglu: sizes".into()));
+    }
+    let split = MvfSplit {
+        parts,
+        rows: rows_per_warp,
+    };
+    let xd = upload(gpu, xq)?;
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let p = split.arg() | (1 << 16);
+    let mut yg = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let mut yu = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let mut out = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let mut out_q = alloc_poisoned::<u8>(gpu, n * q8_row_bytes(rows))?;
+    let mut counter = upload(gpu, &vec![0u32; n])?;
+    let conf = cfg(
+        (2 * blocks(rows, split.rows_per_block()), n as u32, 1),
+        256,
+        0,
+    );
+    let name = "matvec_q8x_swiglu_q4_k";
+    launch!(
+        gpu,
+        gpu.func(name)?,
+        name,
+        conf,
+        [
+            &xd,
+            &0u64,
+            &c,
+            &p,
+            gate,
+            &mut yg,
+            &r,
+            up,
+            &mut yu,
+            &r,
+            &mut out,
+            &mut out_q,
+            &mut counter
+        ]
+    )?;
+    if download(gpu, &counter)?.iter().any(|&v| v != 0) {
+        return Err(CudaError::Invalid(
+            "matvec_q8x_swiglu: the block counters were not left at 0".into(),
+        ));
+    }
+    Ok((download(gpu, &out)?, download(gpu, &out_q)?))
+}
+
 /// The routed experts of one token as the model runs them on a q8 row of `x` (`xq`,
 /// [`q8_row`]): `moe_gate_up_tab_q8_iq2_xxs` (IQ2_XXS gate and up), then
 /// `moe_down_combine_tab_<down type>`; returns `Σ weight · down(act)`.
