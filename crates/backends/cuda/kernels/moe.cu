@@ -1014,12 +1014,11 @@ struct DownRow {
     bool valid;
 };
 
-// `rows` consecutive rows a warp (DOWN_ROWS): d.row is the first.
-__device__ __forceinline__ DownRow down_row(int hidden, int rows = 1) {
+__device__ __forceinline__ DownRow down_row(int hidden) {
     const int warps = blockDim.x / WARP, wid = threadIdx.x / WARP;
     DownRow d;
-    d.parts = max(1, min(warps, (int)((size_t)gridDim.x * warps * rows / hidden)));
-    d.row = (blockIdx.x * (warps / d.parts) + wid / d.parts) * rows;
+    d.parts = max(1, min(warps, (int)((size_t)gridDim.x * warps / hidden)));
+    d.row = blockIdx.x * (warps / d.parts) + wid / d.parts;
     d.part = wid % d.parts;
     d.valid = d.row < hidden;
     return d;
@@ -1044,37 +1043,6 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
     if (d.valid && d.part == 0 && lane == 0) {
         const size_t at = t * hidden + d.row;
         x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
-    }
-}
-
-// down_row_finish for a warp's R consecutive rows d.row … d.row + R - 1 (each row's sum `s[j]`
-// lane-summed): each row's parts added in order, as down_row_finish does for one.
-template <int R>
-__device__ __forceinline__ void down_rows_finish(const DownRow& d, const float (&s)[R], size_t t, int hidden,
-                                                 float* __restrict__ x, const float* __restrict__ shared,
-                                                 const float* __restrict__ gate_logit) {
-    __shared__ float red[R][32];
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (d.parts > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int j = 0; j < R; ++j) red[j][wid] = s[j];
-        }
-        __syncthreads();
-    }
-    if (d.part != 0 || lane != 0) return;
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-        float v = s[j];
-        if (d.parts > 1) {
-            v = 0.0f;
-            for (int p = 0; p < d.parts; ++p) v += red[j][wid + p];
-        }
-        const int row = d.row + j;
-        if (row < hidden) {
-            const size_t at = t * hidden + row;
-            x[at] += v + sigmoidf_(gate_logit[t]) * shared[at];
-        }
     }
 }
 
@@ -1413,45 +1381,28 @@ __device__ __forceinline__ float down_pair_q8(const u64* __restrict__ tab, const
     return __fmul_rn(weight[te], v);
 }
 
-// DOWN_ROWS (default 1; 2 not yet measured on a GPU): the output rows a warp of
-// moe_down_combine_tab_q8_iq2_xxs takes (consecutive rows). Each row's pairs are walked in the
-// same order with the same arithmetic, so the bits do not change; what changes is that the
-// lane's pair fields (ids, weights, the expert's address, the activation's 32 quants and scale:
-// 44 bytes against the row's 10 of weights) are loaded once for the R rows. The host launches
-// R times fewer blocks (kernels.rs's down_rows reads the define).
-#ifndef DOWN_ROWS
-#define DOWN_ROWS 1
-#endif
-
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
 // value) over pairs l, l + 32 · parts, ... (choice-major), then the parts in order.
-// Launch: grid = (hidden * parts / (warps * DOWN_ROWS), tokens), block = 32 * warps.
+// Launch: as moe_down_combine_tab (grid = (hidden * parts / warps, tokens), block = 32 * warps).
 extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                            const float* __restrict__ weight,
                                                            const u8* __restrict__ actq, float* __restrict__ x,
                                                            const float* __restrict__ shared,
                                                            const float* __restrict__ gate_logit, int hidden, int ff,
                                                            int k, u64 dstride) {
-    constexpr int R = DOWN_ROWS;
     long long tt = trace_start(6);
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
-    const DownRow d = down_row(hidden, R);
-    const size_t rb = row_bytes<T_IQ2_XXS>(ff), off = (size_t)d.row * rb;
+    const DownRow d = down_row(hidden);
+    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
     tt = trace_phase(7, tt);
     const int sbs = ff / 32;
-    float acc[R];
-    size_t jrb[R];  // row j's offset from row 0's (row 0's own past the last row: nothing past it is read)
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-        acc[j] = 0.0f;
-        jrb[j] = d.row + j < hidden ? j * rb : 0;
-    }
+    float acc = 0.0f;
     if (d.valid) {
         // Pair i = c · sbs + sb. DOWN_LOOP: walked without a division per pair (c and sb advance
         // by the step's quotient and remainder), unrolled so that several pairs' loads are in
@@ -1462,28 +1413,14 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
         const int i0 = d.part * WARP + lane;
         int c = i0 / sbs, sb = i0 - c * sbs;
 #if DOWN_LOOP
-#pragma unroll(R == 1 ? 4 : 2)
+#pragma unroll 4
 #endif
         for (int i = i0; i < n; i += step) {
 #if !DOWN_LOOP
             c = i / sbs;
             sb = i - c * sbs;
 #endif
-            if constexpr (R == 1) {
-                acc[0] = __fadd_rn(acc[0], down_pair_q8(tab, ids, weight, actq, t * k + c, sb, off, ff, dstride, d0));
-            } else {
-                // down_pair_q8 for the R rows, the pair's fields loaded once.
-                const size_t te = t * k + c;
-                const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
-                const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
-                const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-                const float w = weight[te];
-#pragma unroll
-                for (int j = 0; j < R; ++j) {
-                    const float v = iq2xxs_sub_value(down + jrb[j], sb, a, q0, q1);
-                    acc[j] = __fadd_rn(acc[j], __fmul_rn(w, v));
-                }
-            }
+            acc = __fadd_rn(acc, down_pair_q8(tab, ids, weight, actq, t * k + c, sb, off, ff, dstride, d0));
 #if DOWN_LOOP
             c += dc;
             sb += ds;
@@ -1494,13 +1431,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 #endif
         }
     }
-    if constexpr (R == 1) {
-        down_row_finish(d, warp_sum(acc[0]), true, t, hidden, x, shared, gate_logit);
-    } else {
-#pragma unroll
-        for (int j = 0; j < R; ++j) acc[j] = warp_sum(acc[j]);
-        down_rows_finish<R>(d, acc, t, hidden, x, shared, gate_logit);
-    }
+    down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);
     trace_phase(8, tt);
 }
 

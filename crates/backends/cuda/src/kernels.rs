@@ -283,22 +283,6 @@ pub fn define_on(name: &str) -> bool {
     })
 }
 
-/// The value `REDLITE_CUDA_DEFINES` gives `name` (a bare name is 1), if it names it and the value
-/// is an integer.
-pub fn define_value(name: &str) -> Option<i64> {
-    let d = std::env::var("REDLITE_CUDA_DEFINES").ok()?;
-    d.split(',').find_map(|x| {
-        let (n, v) = x.split_once('=').unwrap_or((x, "1"));
-        (n.trim() == name).then(|| v.trim().parse().ok()).flatten()
-    })
-}
-
-/// Output rows a warp of `moe_down_combine_tab_q8_iq2_xxs` takes (moe.cu's `DOWN_ROWS`, 1 unless
-/// `REDLITE_CUDA_DEFINES` sets it): its launches take this many times fewer blocks.
-pub fn down_rows() -> usize {
-    define_value("DOWN_ROWS").map_or(1, |v| v.clamp(1, 8) as usize)
-}
-
 /// Whether the kernels are built with their phase stamps (`REDLITE_CUDA_DEFINES` names
 /// `REDLITE_TRACE`): they add their phases' clock cycles to `g_trace` (read back with
 /// `Gpu::trace`).

@@ -3869,20 +3869,10 @@ impl CudaModel {
             ),
             None => ("moe_down_combine_tab", down_f, n),
         };
-        // The one-token q8 kernel's warps take DOWN_ROWS rows each (the token tiles one).
-        let rows = if q8_down_on && tok.is_none() {
-            crate::kernels::down_rows()
-        } else {
-            1
-        };
         self.launch(
             name,
             &f,
-            (
-                blocks(h.div_ceil(rows) * self.moe_down_parts(e), e.warps),
-                y as u32,
-                1,
-            ),
+            (blocks(h * self.moe_down_parts(e), e.warps), y as u32, 1),
             32 * e.warps,
             0,
             &args,

@@ -676,15 +676,7 @@ fn down_q8_launch(
         gpu,
         gpu.func(name)?,
         name,
-        cfg(
-            (
-                blocks(hidden.div_ceil(crate::kernels::down_rows()) * 2, warps),
-                1,
-                1
-            ),
-            32 * warps,
-            0
-        ),
+        cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
         [
             &c.tab, &c.ids, &c.weights, actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k,
             &dstride
@@ -923,15 +915,7 @@ pub fn moe_experts_q8_tokens(
             gpu,
             gpu.func(name)?,
             name,
-            cfg(
-                (
-                    blocks(hidden.div_ceil(crate::kernels::down_rows()) * 2, warps),
-                    n as u32,
-                    1
-                ),
-                32 * warps,
-                0
-            ),
+            cfg((grid_x, n as u32, 1), 32 * warps, 0),
             [
                 &c.tab, &c.ids, &c.weights, &actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff,
                 &c.k, &dstride
