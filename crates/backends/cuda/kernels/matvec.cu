@@ -1574,23 +1574,8 @@ struct Q8xPre<T_Q6_K> {
 
 // 16 bytes at a 2-byte aligned address p as four words (aligned 4-byte loads and funnel shifts:
 // Q6_K blocks are 210 bytes, so every other block of a row starts 2 bytes off a word).
-// LD16_U64 (compile-time, default 0; session 31, not yet run on a GPU): three 8-byte loads from
-// the 8-byte boundary below p instead of five 4-byte ones (run 4's ncu: the Q6_K head bound by L1
-// wavefronts, 13 loads a lane a block). The same bytes.
-#ifndef LD16_U64
-#define LD16_U64 0
-#endif
 __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
     const size_t a = (size_t)p;
-#if LD16_U64
-    const unsigned long long* w = (const unsigned long long*)(a & ~(size_t)7);
-    const unsigned long long w0 = w[0], w1 = w[1], w2 = w[2];
-    const u32 v[6] = {(u32)w0, (u32)(w0 >> 32), (u32)w1, (u32)(w1 >> 32), (u32)w2, (u32)(w2 >> 32)};
-    const bool up = (a & 4) != 0;  // p's word is the second of its 8 bytes
-    const u32 sh = (u32)(a & 2) * 8;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = __funnelshift_r(up ? v[k + 1] : v[k], up ? v[k + 2] : v[k + 1], sh);
-#else
     const u32* w = (const u32*)(a & ~(size_t)3);
     const u32 sh = (u32)(a & 2) * 8;
     u32 v[5];
@@ -1598,7 +1583,6 @@ __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
     for (int k = 0; k < 5; ++k) v[k] = w[k];
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = __funnelshift_r(v[k], v[k + 1], sh);
-#endif
 }
 
 // A lane's part of Q6_K block `b` (its sixteenth c, h, i and scale s0, as q6k_rows_q8 says): the
@@ -2053,34 +2037,6 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gate, const float
     const float v = siluf_(gate[at]) * up[at];
     out[at] = v;
     q8_row_block32(v, threadIdx.x % WARP, xq + (size_t)blockIdx.y * Q8_ROW_BYTES(n), n, i / 32);
-}
-
-// matvec_q8x_swiglu_q4_k(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, out, xq_out, counter): the
-// shared expert's gate (w0 → y0) and up (w1 → y1) rows as matvec_q8x_q4_k computes them, then the
-// last block of token t = blockIdx.y to finish (counted in counter[t], which starts at 0 and is
-// left at 0) does swiglu_q8's work on them: out[t] = silu(y0[t]) · y1[t] and its q8 row at xq_out +
-// t · Q8_ROW_BYTES(r0). The same values bit for bit as the two launches, one launch fewer on the
-// shared expert's stream (REDLITE_CUDA_SHARED_SWIGLU). r0 == r1, a multiple of 32.
-// Launch: as matvec_q8x_q4_k with two matrices.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_swiglu_q4_k(
-    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
-    int r1, float* __restrict__ out, u8* __restrict__ xq_out, u32* __restrict__ counter) {
-    matvec_q8x_body<T_Q4_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, nullptr, nullptr, 0);
-    __shared__ int is_last;
-    const int t = blockIdx.y;
-    __threadfence();  // this block's rows are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counter[t], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const size_t at = (size_t)t * r0;
-    for (int i = threadIdx.x; i < r0; i += blockDim.x) {  // whole warps (r0 a multiple of 32)
-        const float v = siluf_(y0[at + i]) * y1[at + i];
-        out[at + i] = v;
-        q8_row_block32(v, threadIdx.x % WARP, xq_out + (size_t)t * Q8_ROW_BYTES(r0), r0, i / 32);
-    }
-    if (threadIdx.x == 0) counter[t] = 0;
 }
 
 // matvec_res_q8_q4_k(w, x, y, rows, cols, split, nw, yn, counter, eps): matvec_res_q4_k through a

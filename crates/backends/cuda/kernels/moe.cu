@@ -1024,20 +1024,12 @@ __device__ __forceinline__ DownRow down_row(int hidden) {
     return d;
 }
 
-// What the lane that finishes a down row adds into (DOWN_PRE): x[t][row], shared[t][row] and
-// gate_logit[t], loaded early.
-struct DownTail {
-    float x, shared, gl;
-};
-
 // The down kernels' end: the warp's sum `s` (lane-summed), with sum_parts the row's parts added
 // in order (else part 0's own sum stands), then x[t][row] += that + sigmoid(gate_logit[t]) ·
-// shared[t][row] (PRE: those three from `pre`, loaded before). Every thread of the block calls it
-// (a barrier when the row has parts).
-template <bool PRE = false>
+// shared[t][row]. Every thread of the block calls it (a barrier when the row has parts).
 __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool sum_parts, size_t t, int hidden,
                                                 float* __restrict__ x, const float* __restrict__ shared,
-                                                const float* __restrict__ gate_logit, DownTail pre = {}) {
+                                                const float* __restrict__ gate_logit) {
     __shared__ float red[32];
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (d.parts > 1) {
@@ -1050,11 +1042,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
     }
     if (d.valid && d.part == 0 && lane == 0) {
         const size_t at = t * hidden + d.row;
-        if constexpr (PRE) {
-            x[at] = pre.x + (s + sigmoidf_(pre.gl) * pre.shared);
-        } else {
-            x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
-        }
+        x[at] += s + sigmoidf_(gate_logit[t]) * shared[at];
     }
 }
 
@@ -1393,14 +1381,6 @@ __device__ __forceinline__ float down_pair_q8(const u64* __restrict__ tab, const
     return __fmul_rn(weight[te], v);
 }
 
-// DOWN_PRE (default 0; not yet measured on a GPU): moe_down_combine_tab_q8_iq2_xxs's lane that
-// finishes a row loads what it adds into (x, shared, gate_logit: DownTail) right after the wait,
-// beside the pairs' loads, instead of after the row's reduction. The same values and arithmetic,
-// so the same bits. (Session 32 run 1: the kernel's work is 12 % of a decode step, NOOP knock-out.)
-#ifndef DOWN_PRE
-#define DOWN_PRE 0
-#endif
-
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride): moe_down_combine_tab_iq2_xxs on the q8 activation rows of moe_gate_up_tab_q8q_iq2_xxs: the
 // warps of a row share out its (choice, sub-block) pairs, lane l adding weight[c] * (sub-block
@@ -1421,11 +1401,6 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
     tt = trace_phase(7, tt);
-    DownTail pre = {};
-    if (DOWN_PRE && d.valid && d.part == 0 && lane == 0) {
-        const size_t at = t * hidden + d.row;
-        pre = DownTail{x[at], shared[at], gate_logit[t]};
-    }
     const int sbs = ff / 32;
     float acc = 0.0f;
     if (d.valid) {
@@ -1456,7 +1431,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 #endif
         }
     }
-    down_row_finish<DOWN_PRE != 0>(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit, pre);
+    down_row_finish(d, warp_sum(acc), true, t, hidden, x, shared, gate_logit);
     trace_phase(8, tt);
 }
 

@@ -165,7 +165,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "matvec_norm3_q8_q6_k",
     "matvec_norm3_tok_q8_q6_k",
     "swiglu_q8",
-    "matvec_q8x_swiglu_q4_k",
     "rms_norm_q8",
     "matvec3_x_f32",
     "matvec3_x_tok_f32",

@@ -774,7 +774,6 @@ struct Kernels {
     matvec_q8x_tok: CudaFunction,
     matvec_q8x_tok_q6k: CudaFunction,
     swiglu_q8: CudaFunction,
-    matvec_q8x_swiglu: CudaFunction,
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
     matvec3_x_tok_f32: CudaFunction,
@@ -825,9 +824,6 @@ struct Scratch {
     u: u64,
     /// u32 `[max_batch]`, zero between launches: blocks finished per token (`matvec_res_*`).
     counter: u64,
-    /// u32 `[max_batch]`, zero between launches: blocks finished per token of the shared expert's
-    /// `matvec_q8x_swiglu_q4_k` (its own: that stream runs beside the main one).
-    shared_counter: u64,
     /// u64 `[GRID_COUNTERS]`, only ever growing: `grid_sync`'s block arrivals, one counter per
     /// (kernel, grid size) (`CudaModel::grid_counter`).
     grid_counter: u64,
@@ -997,10 +993,6 @@ pub struct CudaModel {
     /// down rows on the q8 row `swiglu_q8` writes beside `sa`.
     q8_moe: bool,
     xq_shared: bool,
-    /// One-token steps: the shared expert's SwiGLU (and its q8 row) by the last block of its
-    /// gate/up kernel (`matvec_q8x_swiglu_q4_k`) instead of a `swiglu_q8` launch
-    /// (`REDLITE_CUDA_SHARED_SWIGLU`, default off: not yet measured on a GPU). The same bits.
-    shared_swiglu: bool,
     /// Q6_K products (the lm_head) on 8-bit activations too (`matvec_q8x_q6_k`,
     /// `matvec_norm3_{,tok_}q8_q6_k`: `dp4a` on the f32 kernel's lane layout;
     /// `REDLITE_CUDA_Q8_Q6K`, on by default since session 11: 290.35 / 290.10 tok/s against
@@ -1234,7 +1226,6 @@ impl CudaModel {
             matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
             matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
             swiglu_q8: f("swiglu_q8")?,
-            matvec_q8x_swiglu: f("matvec_q8x_swiglu_q4_k")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
@@ -1386,7 +1377,6 @@ impl CudaModel {
             q8_moe: env_switch("REDLITE_CUDA_Q8_MOE", true),
             q8_q6k: env_switch("REDLITE_CUDA_Q8_Q6K", true),
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
-            shared_swiglu: env_switch("REDLITE_CUDA_SHARED_SWIGLU", false),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
             q8x_tile: env_parse("REDLITE_CUDA_Q8X_TILE").unwrap_or(8).clamp(1, 8),
             q8x_tile_rows: env_parse("REDLITE_CUDA_Q8X_TILE_ROWS")
@@ -2734,41 +2724,6 @@ impl CudaModel {
         )
     }
 
-    /// One token's shared-expert gate and up rows on the q8 row `xq` (`matvec_q8x_q4_k`'s split),
-    /// then, by the last block, `sa = silu(gate) · up` and its q8 row `sa_q8`
-    /// (`matvec_q8x_swiglu_q4_k`: `swiglu_q8`'s values without its launch).
-    fn matvec_q8x_swiglu(
-        &mut self,
-        xq: u64,
-        (gate, g): (&DevLinear, u64),
-        (up, u): (&DevLinear, u64),
-        (sa, sa_q8): (u64, u64),
-    ) -> Result<(), CudaError> {
-        let cols = gate.cols;
-        let split = MvfSplit {
-            parts: mvf_parts(gate.ty, cols, self.mvf_lane_iters),
-            rows: self.q8_rows,
-        };
-        let mut args = vec![
-            A::P(xq),
-            A::P(0),
-            A::I(cols as i32),
-            A::I(split.arg() | (1 << 16)),
-        ];
-        let grid_x = push_mats3(&mut args, &[(gate, g), (up, u)], split.rows_per_block());
-        args.truncate(args.len() - 3); // no third matrix
-        args.extend([A::P(sa), A::P(sa_q8), A::P(self.sc.shared_counter)]);
-        let f = self.k.matvec_q8x_swiglu.clone();
-        self.launch(
-            "matvec_q8x_swiglu",
-            &f,
-            (grid_x, 1, 1),
-            MVF_THREADS,
-            0,
-            &args,
-        )
-    }
-
     /// The mixer's output projection with the residual and the next norm folded in:
     /// `x[t] += W · a[t]`, then `xn[t] = rms_norm(x[t], post_norm)` (by the last block per token).
     fn matvec_residual(
@@ -3986,31 +3941,19 @@ impl CudaModel {
             && m.sh_gate.ty == m.sh_up.ty
             && m.sh_gate.cols == m.sh_up.cols
             && self.q8_fits(m.sh_gate.ty, m.sh_gate.cols);
-        let q8_down = self.xq_shared
-            && !self.gemm_now
-            && sff.is_multiple_of(32)
-            && self.q8_fits(m.sh_down.ty, m.sh_down.cols);
-        let xq_sa = self.sc.xq_sa;
-        if xq_fits
-            && q8_down
-            && n == 1
-            && self.shared_swiglu
-            && m.sh_gate.ty == GgmlType::Q4K
-            && m.sh_gate.rows == sff
-            && m.sh_up.rows == sff
-        {
-            // Gate/up and the SwiGLU with its q8 row in one launch, then the down rows.
-            self.matvec_q8x_swiglu(xq, (&m.sh_gate, sg), (&m.sh_up, su), (sa, xq_sa))?;
-            return self.matvec_q8x((xq_sa, 0), &[(&m.sh_down, shared)], n);
-        }
         if xq_fits {
             self.matvec_q8x((xq, 0), &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
         } else {
             self.matvec_normed(xn, None, &[(&m.sh_gate, sg), (&m.sh_up, su)], n)?;
         }
-        if q8_down {
+        if self.xq_shared
+            && !self.gemm_now
+            && sff.is_multiple_of(32)
+            && self.q8_fits(m.sh_down.ty, m.sh_down.cols)
+        {
             // The activation quantised where it is made, then the down rows on it (no staging;
             // not for prompts through the GEMMs: this reads the weights once per token).
+            let xq_sa = self.sc.xq_sa;
             let f = self.k.swiglu_q8.clone();
             self.launch(
                 "swiglu_q8",
@@ -4477,7 +4420,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         out: arena.alloc(4 * o.max_verify.max(1))?,
         u: arena.alloc(4)?,
         counter: arena.zeros(4 * b)?,
-        shared_counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
         dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,

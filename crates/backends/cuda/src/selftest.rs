@@ -1042,53 +1042,6 @@ impl Runner<'_> {
         );
     }
 
-    /// `matvec_q8x_swiglu_q4_k` (the shared expert's gate/up with its SwiGLU by the last block)
-    /// bit for bit `matvec_q8x_q4_k` on each matrix then `swiglu_q8`, values and q8 rows; against
-    /// f64 on those gate and up rows.
-    fn matvec_q8x_swiglu(&mut self) {
-        let (rows, cols, n) = (512usize, 2048usize, 3usize);
-        let ty = GgmlType::Q4K;
-        for (parts, rpw) in [(1usize, 4usize), (2, 1)] {
-            let gb = random_weights(&mut self.rng, ty, rows, cols);
-            let ub = random_weights(&mut self.rng, ty, rows, cols);
-            let xs = self.rng.normals(n * cols, 1.0);
-            let r = (|| {
-                let (gw, uw) = (ops::upload(self.gpu, &gb)?, ops::upload(self.gpu, &ub)?);
-                let xq: Vec<u8> = xs.chunks(cols).flat_map(ops::q8_row).collect();
-                let one = |w| {
-                    ops::matvec_q8x(self.gpu, ty, w, (rows, cols), (&xq, None), (parts, rpw, 1))
-                };
-                let (g, u) = (one(&gw)?, one(&uw)?);
-                let (out_ref, q_ref) = ops::swiglu_q8(self.gpu, &g, &u, rows)?;
-                let (out, q) =
-                    ops::matvec_q8x_swiglu(self.gpu, (&gw, &uw), (rows, cols), &xq, (parts, rpw))?;
-                same_bits(
-                    "matvec_q8x_swiglu differs from matvec_q8x + swiglu_q8",
-                    &out,
-                    &out_ref,
-                )?;
-                same_bytes(
-                    "matvec_q8x_swiglu's q8 rows differ from swiglu_q8's",
-                    &q,
-                    &q_ref,
-                )?;
-                let reference: Vec<f64> = g
-                    .iter()
-                    .zip(&u)
-                    .map(|(&a, &b)| silu64(f64::from(a)) * f64::from(b))
-                    .collect();
-                Ok((rel_err(&out, &reference), TOL_F32))
-            })();
-            self.record(
-                "matvec_q8x_swiglu_q4_k",
-                format!(
-                    "n={n}, 2 x {rows}x{cols}, split {parts}:{rpw}, bit for bit matvec_q8x + swiglu_q8"
-                ),
-                r,
-            );
-        }
-    }
-
     /// `n` random experts of type `ty`: gate and up `[ff][hidden]`, down `[hidden][ff]`.
     fn random_experts(
         &mut self,
@@ -2580,7 +2533,6 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.experts_q8_down();
     r.experts_q8_tokens();
     r.swiglu_q8();
-    r.matvec_q8x_swiglu();
     r.matvec3_x_f32();
     r.sample_topk();
     r.out
