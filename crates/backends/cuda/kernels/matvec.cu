@@ -1938,42 +1938,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
 // 1), the same values as matvec_norm3_q8_q4_k (and its token tiles) on the f32 row those quants
 // (and that 1 / rms) came from.
 // Launch: as matvec_norm3_q8_q4_k (grid.y = tokens), no dynamic shared memory.
-// Q8X_SMEM_W (compile-time, default 0; session 32, not yet run on a GPU): the one-token q8 kernels
-// copy their block's weight rows into shared memory (cp.async, before they wait for the kernel
-// ahead) and read them there after the wait, where the default prefetches them into L2: the
-// weights off the chain (session 32's knock-outs: these kernels' work is a latency chain, not
-// bytes). Only when the host gave the block dynamic shared memory for all its rows
-// (`%dynamic_smem_size`: ops.rs q8x_stage_bytes) and they are 16-byte aligned; else the global
-// rows as before. The same bytes and arithmetic: the same bits.
-#ifndef Q8X_SMEM_W
-#define Q8X_SMEM_W 0
-#endif
-
-// Q8X_SMEM_W: start copying the block's rows of m (rpb rows a block) into the dynamic shared
-// memory; returns where row r of m then is (its + r · row bytes), or null when not staged.
-template <typename T>
-__device__ __forceinline__ const u8* q8x_stage_rows(const MvfMatrix& m, int rpb, int cols) {
-#if Q8X_SMEM_W
-    extern __shared__ uint4 q8x_wsm[];
-    const size_t rb = row_bytes<T>(cols);
-    const int lo = m.block * rpb, n = min(rpb, m.rows - lo);
-    u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (n <= 0 || (rb & 15) != 0 || ((size_t)m.w & 15) != 0 || (size_t)n * rb > dyn) return nullptr;
-    const u8* src = m.w + (size_t)lo * rb;
-    const u32 dst = (u32)__cvta_generic_to_shared(q8x_wsm);
-    const int chunks = (int)((size_t)n * rb / 16);
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * (u32)i), "l"(src + 16 * (size_t)i)
-                     : "memory");
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    return (const u8*)q8x_wsm - (size_t)lo * rb;
-#else
-    return nullptr;
-#endif
-}
-
 template <typename T>
 __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs, int cols, int split, const u8* w0,
                                                 float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
@@ -1984,17 +1948,12 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
     const int t = blockIdx.y;
     int first, part;
     mvf_first(m.block, s, first, part);
-    const u8* ws = q8x_stage_rows<T>(m, mvf_rows_per_block(s), cols);
-    if (t == 0 && ws == nullptr) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
+    if (t == 0) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
     pdl_enter();  // xq comes from the kernel before
-    if (Q8X_SMEM_W && ws != nullptr) {  // the same for the whole block
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
-    }
     tt = trace_phase(10, tt);
     const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
-    q8_rows_out<T, 1, false>(ws != nullptr ? ws : m.w, m.y, m.rows, cols, s, first, part,
-                             (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0, t, 1, inv);
+    q8_rows_out<T, 1, false>(m.w, m.y, m.rows, cols, s, first, part, (u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), 0,
+                             t, 1, inv);
     trace_phase(11, tt);
 }
 

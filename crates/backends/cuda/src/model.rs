@@ -2714,17 +2714,12 @@ impl CudaModel {
             (true, true) => self.k.matvec_q8x_tok_q6k.clone(),
             (false, true) => self.k.matvec_q8x_tok.clone(),
         };
-        let shared = if tile == 1 {
-            crate::ops::q8x_stage_bytes(ty, cols, split)
-        } else {
-            0
-        };
         self.launch(
             "matvec_q8x",
             &f,
             (grid_x, n.div_ceil(tile) as u32, 1),
             MVF_THREADS,
-            shared,
+            0,
             &args,
         )
     }

@@ -154,24 +154,6 @@ fn blocks(n: usize, per: u32) -> u32 {
 }
 
 /// Bytes of one row of `cols` values of type `ty`, or an error if `cols` is not whole blocks.
-/// Dynamic shared memory for a block of the one-token q8 kernels (`matvec_q8x_<type>`) that copies
-/// its weight rows there before its wait (matvec.cu's `Q8X_SMEM_W`, set through
-/// `REDLITE_CUDA_DEFINES`): the block's rows when they fit in 48 KiB, else 0 (the kernel then
-/// reads its rows where they are).
-pub(crate) fn q8x_stage_bytes(ty: GgmlType, cols: usize, split: MvfSplit) -> u32 {
-    if !crate::kernels::define_on("Q8X_SMEM_W") {
-        return 0;
-    }
-    let bytes = row_bytes(ty, cols).map_or(usize::MAX, |rb| {
-        rb.saturating_mul(split.rows_per_block() as usize)
-    });
-    if bytes <= 48 * 1024 {
-        bytes as u32
-    } else {
-        0
-    }
-}
-
 pub fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, CudaError> {
     if !cols.is_multiple_of(ty.block_elems()) {
         return Err(CudaError::Invalid(format!(
@@ -1195,11 +1177,6 @@ pub fn matvec_q8x(
     let (p, ni) = (split.arg() | (tile << 16) as i32, i32_arg(n, "tokens")?);
     let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
     let (zero, zi) = (0u64, 0i32);
-    let shared = if tile == 1 {
-        q8x_stage_bytes(ty, cols, split)
-    } else {
-        0
-    };
     let conf = cfg(
         (
             blocks(rows, split.rows_per_block()),
@@ -1207,7 +1184,7 @@ pub fn matvec_q8x(
             1,
         ),
         256,
-        shared,
+        0,
     );
     // tile 1: the one-token kernel (grid.y = tokens); more: `matvec_q8x_tok_<type>`.
     let name = match tile {
