@@ -27,6 +27,9 @@
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
 # cost; SPEC_CONFIGS (as CONFIGS) adds MTP-only rewrites alternating the default with each config.
 # SPEC_TRACE=1 (with SPEC=1): the demo verify's phase trace (REDLITE_TRACE build, one NVRTC compile).
+# A wrapper that runs its own commands after this script calls `device_env /tmp/redlite-ab`
+# (bench/device_lib.sh) first: without the module cache and libnvrtc in its environment each
+# command compiles the kernels again (minutes; session 32's `bench kernel` lines timed out so).
 # ROUNDS=0 and no CONFIGS: no full-size layout is made. The `bench` and `generate` commands' cache is
 # f16 on the GPU by default (session 25), the test binaries' and the self-test's parity f32; set
 # REDLITE_KV_TYPE in a config to pin both.
@@ -67,6 +70,7 @@ for cfg in ${CHECK_CONFIGS:-$ALL}; do
     sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest$i.log" | keep
     step "verify_gpu + expert_cache_gpu [$cfg]"
     for t in verify_gpu expert_cache_gpu; do
+        [ -x "$W/$t" ] || { echo "$t: not in this pack, skipped" | keep; continue; }
         with "$cfg" env REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/$t --ignored --nocapture 2>&1 |
             grep -h -A1 "test result\|panicked" | tail -4 | keep
     done
