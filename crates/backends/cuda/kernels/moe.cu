@@ -1266,8 +1266,6 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
-// The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
-// unit b (32 rows of one choice).
 // DOWN_L2_PRE (compile-time, default 0; session 32, not yet run on a GPU): once the fused route
 // kernel's blocks know the layer's chosen experts (after the top-k), block (bx, by) starts its
 // sixteenth (ff / 32 slices) of choice by's down matrix into L2, so that the down kernel that
@@ -1278,6 +1276,8 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 #define DOWN_L2_PRE 0
 #endif
 
+// The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
+// unit b (32 rows of one choice).
 __device__ __forceinline__ void route_gate_up_body(
     const float* __restrict__ xn, int cols, int parts, const u8* __restrict__ w0, float* __restrict__ y0, int r0,
     const u8* __restrict__ w1, float* __restrict__ y1, int r1, int n_expert, const u64* __restrict__ tab,
