@@ -748,19 +748,6 @@ struct KvLane<u16, PER> {
             for (int i = 0; i < PER / 2; ++i) w[i] = ((const u32*)p)[i];
         }
     }
-    // load's values through L2 (ld.global.cg), never the read-only path: for rows the same
-    // kernel wrote (attn_prep_split_gqa8xh3_h's new position).
-    __device__ __forceinline__ void load_cg(const u16* __restrict__ p) {
-        static_assert(PER % 8 == 0, "load_cg takes 16-byte lane rows");
-#pragma unroll
-        for (int i = 0; i < PER / 8; ++i) {
-            const uint4 x = __ldcg((const uint4*)p + i);
-            w[4 * i] = x.x;
-            w[4 * i + 1] = x.y;
-            w[4 * i + 2] = x.z;
-            w[4 * i + 3] = x.w;
-        }
-    }
     __device__ __forceinline__ void widen(float (&r)[PER]) const {
 #pragma unroll
         for (int i = 0; i < PER / 2; ++i) f16x2_to_f32(w[i], r[2 * i], r[2 * i + 1]);
@@ -807,8 +794,7 @@ __device__ __forceinline__ float xr_reduce(float (&v)[WARP], int lane) {
 // HSPLIT: the KV head's query heads over HSPLIT blocks of G each (block x takes query heads
 // x G .. x G + G - 1 of KV head x / HSPLIT; HSPLIT = 1: all of them), so that a lane holds
 // HSPLIT times fewer heads' q and accumulators; each block reads the KV head's rows.
-// CG: the cache rows loaded through L2 (KvLane::load_cg) for a kernel that writes a row it reads.
-template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF, int HSPLIT = 1, bool CG = false>
+template <int PER, int G, int P, bool XR, typename KV, int LP, bool PF, int HSPLIT = 1>
 __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qgrp, const KV* __restrict__ kc,
                                                     const KV* __restrict__ vc, float* __restrict__ part,
                                                     const int* __restrict__ pos_ptr, int heads, int nkv, int hd,
@@ -839,13 +825,8 @@ __device__ __forceinline__ void attn_split_gqa_body(const float* __restrict__ qg
 #pragma unroll
         for (int u = 0; u < LP; ++u) {
             const int jj = j + u < j1 ? j + u : j1 - 1;
-            if constexpr (CG) {
-                kl[u].load_cg(kc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
-                vl[u].load_cg(vc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
-            } else {
-                kl[u].load(kc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
-                vl[u].load(vc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
-            }
+            kl[u].load(kc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
+            vl[u].load(vc + ((size_t)jj * nkv + g / HSPLIT) * hd + PER * lane);
         }
     };
     // PF: the next step's rows are loaded before this step's arithmetic (kn, vn), so their
@@ -1105,78 +1086,6 @@ __device__ __forceinline__ void attn_split_gqa8xh_body(const float* q, const u16
 extern "C" __global__ __launch_bounds__(128, 3) void attn_split_gqa8xh3_h(const float* q, const u16* kc, const u16* vc, float* part,
                                                                           const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk) {
     attn_split_gqa8xh_body(q, kc, vc, part, pos_ptr, heads, nkv, hd, scale, min_chunk);
-}
-
-// One attn_qk_prep block's row (128 threads) by one warp: src[hd] over its rms, times w, rotated
-// at pos, into h (shared memory). The block's four warps' sums of squares are taken in their
-// order and added as block_sum adds them, so h holds the block's values bit for bit.
-#define PREP_THREADS 128
-__device__ __forceinline__ void attn_prep_row_warp(const float* __restrict__ src, const float* __restrict__ w,
-                                                   float* h, int hd, int pos, int rope_dims, double theta,
-                                                   float eps, const float2* __restrict__ rope_cs, int lane) {
-    float s[PREP_THREADS / WARP];
-#pragma unroll
-    for (int k = 0; k < PREP_THREADS / WARP; ++k) {
-        float ss = 0.0f;  // thread k * 32 + lane of the prep block
-        for (int i = k * WARP + lane; i < hd; i += PREP_THREADS) ss += src[i] * src[i];
-        s[k] = warp_sum(ss);
-    }
-    float v = 0.0f;  // block_sum's second round: lane k holds warp k's sum, the rest 0
-#pragma unroll
-    for (int k = 0; k < PREP_THREADS / WARP; ++k) v = lane == k ? s[k] : v;
-    const float ss = warp_sum(v);
-    const float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-    for (int i = lane; i < hd; i += WARP) h[i] = src[i] * inv * w[i];
-    __syncwarp();
-    rope_neox_any(h, rope_dims, pos, theta, rope_cs, lane, WARP);
-    __syncwarp();
-}
-
-// attn_prep_split_gqa8xh3_h(qg, kn, vn, gate, kc, vc, q_norm, k_norm, part, pos, heads, nkv, hd,
-// scale, min_chunk, rope_dims, theta, eps, rope_cs): attn_qk_prep_h and attn_split_gqa8xh3_h of
-// one token in one launch (a decode step; REDLITE_CUDA_ATTN_PREP_FUSED). Block (x, c) first
-// prepares what it reads: warp w query head 4 x + w (QK-norm and RoPE) into shared memory, the
-// block of chunk 0 also copying those heads' gate rows for attn_merge, and the block whose chunk
-// holds the new position the K row (QK-norm, RoPE; warp 0) and the V row (warps 1-3) of KV head
-// x / 2 into the cache (its two half-head blocks write the same bytes; the rows are read back
-// through L2). Then attn_split_gqa8xh3_h's split. Every prepared value is attn_qk_prep's
-// (attn_prep_row_warp), so q, the cache rows and the partials are the two kernels' bits.
-// Launch: as attn_split_gqa8xh3_h with one token (grid.z = 1).
-extern "C" __global__ __launch_bounds__(128, 3) void attn_prep_split_gqa8xh3_h(
-    const float* qg, const float* kn, const float* vn, float* gate, u16* kc, u16* vc, const float* q_norm,
-    const float* k_norm, float* part, const int* pos_ptr, int heads, int nkv, int hd, float scale, int min_chunk,
-    int rope_dims, double theta, float eps, const float2* rope_cs) {
-    __shared__ float sm[8][8], sl[8][8];
-    __shared__ float sacc[4 * (8 * WARP + 8)];
-    __shared__ __align__(16) float qs[4 * 8 * WARP];  // the block's four query rows
-    __shared__ float ks[8 * WARP];                    // the new K row
-    // The position was uploaded before the step's first kernel (as attn_qk_prep reads it).
-    const int pos = *pos_ptr;
-    prefetch_l1_block(q_norm, (size_t)hd * 4);
-    if (rope_cs != nullptr) prefetch_l1_block(rope_cs + (size_t)pos * (rope_dims / 2), (size_t)rope_dims / 2 * 8);
-    pdl_enter();
-    if (hd != 8 * WARP || heads != 8 * nkv) __trap();  // the host launches it for this shape only
-    const int x = blockIdx.x, c = blockIdx.y, g = x / 2, n = pos + 1;
-    const int chunk = attn_chunk(n, gridDim.y, min_chunk), j0 = c * chunk;
-    if (j0 >= n) return;  // the whole block (as the split)
-    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, h = 4 * x + w;
-    const float* src = qg + (size_t)h * 2 * hd;  // [query | gate] of head h
-    if (c == 0) {
-        for (int i = lane; i < hd; i += WARP) gate[(size_t)h * hd + i] = src[hd + i];
-    }
-    attn_prep_row_warp(src, q_norm, qs + w * hd, hd, pos, rope_dims, theta, eps, rope_cs, lane);
-    if (j0 + chunk >= n) {
-        const size_t row = ((size_t)pos * nkv + g) * hd;
-        if (w == 0) {
-            attn_prep_row_warp(kn + (size_t)g * hd, k_norm, ks, hd, pos, rope_dims, theta, eps, rope_cs, lane);
-            for (int i = lane; i < hd; i += WARP) kv_st(kc + row + i, ks[i]);
-        } else {
-            for (int i = (w - 1) * WARP + lane; i < hd; i += 3 * WARP) kv_st(vc + row + i, vn[(size_t)g * hd + i]);
-        }
-    }
-    __syncthreads();  // q rows and the new cache rows
-    attn_split_gqa_body<8, 4, 8, true, u16, 8, false, 2, true>(qs, kc, vc, part, pos_ptr, heads, nkv, hd, scale,
-                                                               min_chunk, sm, sl, sacc);
 }
 
 // attn_split_mma_h(q, kc, vc, part, pos, heads, nkv, hd, scale, min_chunk): attn_split_gqa on the
