@@ -1266,16 +1266,6 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
-// DOWN_L2_PRE (compile-time, default 0; session 32, not yet run on a GPU): once the fused route
-// kernel's blocks know the layer's chosen experts (after the top-k), block (bx, by) starts its
-// sixteenth (ff / 32 slices) of choice by's down matrix into L2, so that the down kernel that
-// follows finds its rows there instead of in DRAM. Session 32's ncu: the down kernel is a chain of
-// dependent loads (8.1 of its 16.3 cycles between issues waiting on global loads, DRAM at 6.6 %),
-// and its rows are known ≈ 7 µs before it runs (the gate/up rows between). Values unchanged.
-#ifndef DOWN_L2_PRE
-#define DOWN_L2_PRE 0
-#endif
-
 // The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
 // unit b (32 rows of one choice).
 __device__ __forceinline__ void route_gate_up_body(
@@ -1314,7 +1304,6 @@ __device__ __forceinline__ void route_gate_up_body(
     }
     stage_iq2_q8_tables();
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
-    const u64 d0 = DOWN_L2_PRE && dstride != 0 ? tab[2] : 0;
     pdl_enter();  // xn and xq come from the kernels before
     tt = trace_phase(1, tt);
     for (int base = groups * blockIdx.x; base < vblocks; base += groups * nb) {
@@ -1350,14 +1339,6 @@ __device__ __forceinline__ void route_gate_up_body(
     const int id = ids_s[by];
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
-    if (DOWN_L2_PRE) {
-        // This block's slice bx of choice by's down matrix ([hidden][ff]) into L2.
-        const size_t bytes = (size_t)hidden * row_bytes<T_IQ2_XXS>(ff);
-        const size_t chunk = (bytes + slices - 1) / slices, lo = (size_t)bx * chunk;
-        if (lo < bytes) {
-            prefetch_l2(expert_part(tab, id, 2, dstride, d0) + lo, min(chunk, bytes - lo), threadIdx.x, blockDim.x);
-        }
-    }
     gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     trace_phase(5, tt);
 }
