@@ -1266,6 +1266,15 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
+// ROUTE_KO (compile-time, default 0; timing only, the outputs are garbage): 1 leaves the router's
+// rows and the grid barrier out of the fused route kernel (the top-k then reads the logits the
+// layer before left), 2 its top-k (the layer's choices of the step before), 3 neither but the
+// choices replaced by the step before's after the top-k (what 2 gains from reusing the experts).
+// What moving either off the chain could win.
+#ifndef ROUTE_KO
+#define ROUTE_KO 0
+#endif
+
 // The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
 // unit b (32 rows of one choice).
 __device__ __forceinline__ void route_gate_up_body(
@@ -1306,6 +1315,7 @@ __device__ __forceinline__ void route_gate_up_body(
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // xn and xq come from the kernels before
     tt = trace_phase(1, tt);
+#if ROUTE_KO != 1
     for (int base = groups * blockIdx.x; base < vblocks; base += groups * nb) {
         float* y = nullptr;
         const u8* wr = base + half < vblocks ? row_of(base + half, y) : nullptr;
@@ -1322,18 +1332,35 @@ __device__ __forceinline__ void route_gate_up_body(
     }
     tt = trace_phase(2, tt);
     grid_sync(counter, nb);
+#endif
     tt = trace_phase(3, tt);
     const int slices = ff / WARP;
     const int unit = blockIdx.x;
     const int bx = unit % slices, by = unit / slices;
+#if ROUTE_KO == 2
+    // Timing only: the layer's choices of the step before (its ids buffer), no top-k.
+    if ((int)threadIdx.x < k) {
+        ids_s[threadIdx.x] = ids[threadIdx.x];
+        wts_s[threadIdx.x] = wts[threadIdx.x];
+    }
+#else
     if (threadIdx.x < WARP) {
         router_warp_row(y0, n_expert, k, ids_s, wts_s);
         __syncwarp();
-        if (blockIdx.x == 0 && (int)threadIdx.x < k) {
+        if (ROUTE_KO != 3 && blockIdx.x == 0 && (int)threadIdx.x < k) {
             ids[threadIdx.x] = ids_s[threadIdx.x];
             wts[threadIdx.x] = wts_s[threadIdx.x];
         }
     }
+#endif
+#if ROUTE_KO == 3
+    // Timing only: the top-k as always, then the layer's choices of the step before instead.
+    __syncthreads();
+    if ((int)threadIdx.x < k) {
+        ids_s[threadIdx.x] = ids[threadIdx.x];
+        wts_s[threadIdx.x] = wts[threadIdx.x];
+    }
+#endif
     __syncthreads();
     tt = trace_phase(4, tt);
     const int id = ids_s[by];
