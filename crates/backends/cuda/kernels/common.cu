@@ -78,6 +78,17 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// KNOBS_FIXED (compile-time, default 1 since session 33): every run-time knob (`g_knob_*`, set
+// from the environment after the module loads) read as its default, 1, so that the compiler drops
+// the other forms' code (the fused route kernel 7,704 -> 6,712 SASS instructions, NVRTC 13.0).
+// The same values: the defaults' paths. H200, session 33 run 8: decode +0.6 % (408.52 against
+// 405.94 tok/s, three alternating rounds; full-size logits bit-identical). The knobs' variables
+// act again only with REDLITE_CUDA_DEFINES=KNOBS_FIXED=0 (kernels.rs warns).
+#ifndef KNOBS_FIXED
+#define KNOBS_FIXED 1
+#endif
+#define KNOB_ON(k) (KNOBS_FIXED || (k))
+
 // REDLITE_CUDA_SYNC_RELEASE (set from the host after the module loads; default 1): grid_sync's
 // arrival as one release atomic and no sequentially consistent fences (the form of CUTLASS's
 // generic barrier: the block's writes, a CTA barrier, thread 0's release add; thread 0's acquire
@@ -93,7 +104,7 @@ __device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned 
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned long long old;
-        if (g_knob_sync) {
+        if (KNOB_ON(g_knob_sync)) {
             asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(counter) : "memory");
         } else {
             __threadfence();
@@ -104,7 +115,7 @@ __device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned 
         do {
             asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
         } while (now < target);
-        if (!g_knob_sync) __threadfence();
+        if (!KNOB_ON(g_knob_sync)) __threadfence();
     }
     __syncthreads();
 }
@@ -194,7 +205,7 @@ __device__ __forceinline__ long long trace_phase(int phase, long long t) {
 // Starts the 128-byte lines of [p, p + bytes) into this SM's L1, a line per thread of the block
 // (a hint: it neither waits nor faults). For a few KB of weights read after the wait.
 __device__ __forceinline__ void prefetch_l1_block(const void* p, size_t bytes) {
-    if (!g_knob_pre || p == nullptr) return;
+    if (!KNOB_ON(g_knob_pre) || p == nullptr) return;
     const size_t head = (size_t)p & 127;
     const u8* start = (const u8*)p - head;
     for (size_t off = (size_t)threadIdx.x * 128; off < bytes + head; off += (size_t)blockDim.x * 128) {

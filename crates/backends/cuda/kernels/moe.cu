@@ -300,13 +300,13 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     }
     m = warp_max(m);
     tt = trace_phase(16, tt);
-    if (g_knob_tkl && ROUTER_LANE_TAIL && k <= ROUTER_TAIL_UNROLL) {
+    if (KNOB_ON(g_knob_tkl) && ROUTER_LANE_TAIL && k <= ROUTER_TAIL_UNROLL) {
         router_topk_logits(v, m, lane, n_expert, k, idx_out, w_out);
         trace_phase(19, tt);
         return;
     }
     float s = 0.0f;
-    if (g_knob_soft) {
+    if (KNOB_ON(g_knob_soft)) {
         // Without a branch per slot: a slot past the last expert holds -inf, whose exp is the 0
         // the other form adds, so the 16 exps take the same instructions and interleave.
 #pragma unroll
@@ -325,7 +325,7 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     s = warp_sum(s);
     tt = trace_phase(17, tt);
     // Probabilities are >= 0: -2 marks a lane slot past the last expert, -1 a chosen expert.
-    if (g_knob_soft) {
+    if (KNOB_ON(g_knob_soft)) {
         // v / s by div_rn_tame where that is the division's own fast path (every value here but
         // a tiny one), then '/' for the rest: the same quotients, without a branch per slot.
         // Every slot's quotient computed (no predicate on the arithmetic: the chains interleave),
@@ -354,7 +354,7 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     tt = trace_phase(18, tt);
     int my_id = 0;  // lane r < k: the r-th choice (ROUTER_LANE_TAIL)
     float my_p = 0.0f;
-    const bool redux = g_knob_topk && ROUTER_LANE_TAIL && k <= WARP;
+    const bool redux = KNOB_ON(g_knob_topk) && ROUTER_LANE_TAIL && k <= WARP;
     if (redux) router_topk_redux(v, lane, k, my_id, my_p);
     tt = trace_phase(19, tt);
     for (int r = 0; r < (redux ? 0 : k); ++r) {
@@ -399,7 +399,7 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
         // Lane r < k holds the r-th choice: the total in rank order (the same additions as the
         // serial loop below), each choice's place in ascending id order by counting the smaller
         // ids (ids are distinct), written by its lane: the serial loop's output bit for bit.
-        if (g_knob_soft && k <= ROUTER_TAIL_UNROLL) {
+        if (KNOB_ON(g_knob_soft) && k <= ROUTER_TAIL_UNROLL) {
             router_tail_unrolled(my_id, my_p, lane, k, idx_out, w_out);
         } else {
             float total = 0.0f;

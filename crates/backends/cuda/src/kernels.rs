@@ -254,6 +254,10 @@ pub fn grid_tables() -> Vec<(&'static str, Vec<u8>)> {
 /// weights as exp(l - max) over the chosen only, without the softmax over every expert: the same
 /// choices except where the softmax rounds two different logits to one probability, weights
 /// within a few ulps; 0: the softmax, then the top-k of the probabilities).
+///
+/// The kernels read these as their defaults unless they are built with
+/// `REDLITE_CUDA_DEFINES=KNOBS_FIXED=0` (common.cu's `KNOBS_FIXED`, default 1 since session 33:
+/// the other forms' code compiled out); a knob set otherwise is reported once, with no effect.
 pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
     // (symbol, environment variable, default)
     const KNOBS: [(&str, &str, bool); 5] = [
@@ -267,9 +271,28 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         .iter()
         .map(|&(symbol, var, default)| {
             let on = std::env::var(var).map_or(default, |v| v != "0");
+            if on != default && !define_off("KNOBS_FIXED") {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "warning: {var} has no effect: the kernels read their run-time knobs as \
+                         the defaults unless REDLITE_CUDA_DEFINES has KNOBS_FIXED=0"
+                    )
+                });
+            }
             (symbol, (on as i32).to_le_bytes().to_vec())
         })
         .collect()
+}
+
+/// Whether `REDLITE_CUDA_DEFINES` defines `name` as 0.
+pub fn define_off(name: &str) -> bool {
+    std::env::var("REDLITE_CUDA_DEFINES").is_ok_and(|d| {
+        d.split(',').any(|x| {
+            x.split_once('=')
+                .is_some_and(|(n, v)| n.trim() == name && v.trim() == "0")
+        })
+    })
 }
 
 /// Whether `REDLITE_CUDA_DEFINES` defines `name` to something other than 0 (a bare name is 1).
