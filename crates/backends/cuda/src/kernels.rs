@@ -271,7 +271,7 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         .iter()
         .map(|&(symbol, var, default)| {
             let on = std::env::var(var).map_or(default, |v| v != "0");
-            if on != default && !define_off("KNOBS_FIXED") {
+            if on != default && !define_values("KNOBS_FIXED").iter().any(|v| v == "0") {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| {
                     eprintln!(
@@ -285,24 +285,20 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         .collect()
 }
 
-/// Whether `REDLITE_CUDA_DEFINES` defines `name` as 0.
-pub fn define_off(name: &str) -> bool {
-    std::env::var("REDLITE_CUDA_DEFINES").is_ok_and(|d| {
-        d.split(',').any(|x| {
-            x.split_once('=')
-                .is_some_and(|(n, v)| n.trim() == name && v.trim() == "0")
+/// The values `REDLITE_CUDA_DEFINES` gives `name` (a bare name is 1), in order.
+fn define_values(name: &str) -> Vec<String> {
+    let defs = std::env::var("REDLITE_CUDA_DEFINES").unwrap_or_default();
+    defs.split(',')
+        .filter_map(|x| {
+            let (n, v) = x.split_once('=').unwrap_or((x, "1"));
+            (n.trim() == name).then(|| v.trim().to_string())
         })
-    })
+        .collect()
 }
 
 /// Whether `REDLITE_CUDA_DEFINES` defines `name` to something other than 0 (a bare name is 1).
 pub fn define_on(name: &str) -> bool {
-    std::env::var("REDLITE_CUDA_DEFINES").is_ok_and(|d| {
-        d.split(',').any(|x| {
-            let (n, v) = x.split_once('=').unwrap_or((x, "1"));
-            n.trim() == name && v.trim() != "0"
-        })
-    })
+    define_values(name).iter().any(|v| v != "0")
 }
 
 /// Whether the kernels are built with their phase stamps (`REDLITE_CUDA_DEFINES` names
