@@ -588,6 +588,34 @@ __device__ __forceinline__ void row_partial2(const u8* __restrict__ wa, const u8
     acc_b = b;
 }
 
+// Two F32 rows' lane partials at once (either row may be null: 0), each in row_partial<T_F32>'s
+// order and expression, so each value is row_partial's bit for bit; both rows' loads issue before
+// either's arithmetic.
+__device__ __forceinline__ void row_partial_pair_f32(const u8* __restrict__ wa, const u8* __restrict__ wb,
+                                                     const float* __restrict__ x, int cols, int lane, int part,
+                                                     int parts, float& acc_a, float& acc_b) {
+    using D = GroupDot<T_F32>;
+    constexpr int G = D::G;
+    const int groups = cols / G;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 2
+    for (int gi = part * WARP + lane; gi < groups; gi += parts * WARP) {
+        const size_t o = (size_t)gi * G * T_F32::BB;
+        const float4 va = wa != nullptr ? D::load4(wa + o) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 vb = wb != nullptr ? D::load4(wb + o) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float* xg = x + (size_t)gi * G;
+        const float4 u = make_float4(xg[0], xg[1], xg[2], xg[3]);
+        a += D::dot4(va, u);
+        b += D::dot4(vb, u);
+    }
+    for (int k = groups * G + part * WARP + lane; k < cols; k += parts * WARP) {
+        if (wa != nullptr) a += T_F32::dq(wa + (size_t)k * T_F32::BB, 0) * x[k];
+        if (wb != nullptr) b += T_F32::dq(wb + (size_t)k * T_F32::BB, 0) * x[k];
+    }
+    acc_a = a;
+    acc_b = b;
+}
+
 // F32 token tiles: each group's weights loaded once for the tile's tokens (1, default) or the
 // whole row walked once per token (0, what sessions up to 28 measured).
 #ifndef F32_TOK_LOOP

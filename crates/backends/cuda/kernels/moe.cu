@@ -438,6 +438,99 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     }
 }
 
+// TOPK_PAR (compile-time, default 0 until measured): the fused route kernel's top-k by the whole
+// block instead of warp 0's k sequential rounds (session 33: ten rounds of ≈ 350 cycles, 1.85 µs a
+// layer). Thread t holds expert t's key (logit_key: unsigned order is the logits' order; the id
+// breaks a tie, lower first, as in the rounds). (1) Each warp's largest key by one REDUX; (2) t0,
+// the k-th largest of the warps' maxima: k distinct experts have keys >= t0, so every one of the
+// top k does too; (3) the experts with key >= t0 (typically 10-30 of 512) gathered into shared
+// memory as (key, ~id) pairs, in any order; (4) warp 0 ranks each candidate by counting the
+// candidates above it (a total order, so the ranks are distinct), and the rank-r candidate is the
+// r-th choice of the rounds. The exps and router_tail_unrolled as in router_topk_logits: the same
+// outputs bit for bit. More than TOPK_PAR_CAP candidates (ties, e.g. equal logits), more experts
+// than threads, or k above the warps a block: returns false (block-uniform) and the caller runs
+// router_warp_row.
+#ifndef TOPK_PAR
+#define TOPK_PAR 0
+#endif
+#define TOPK_PAR_CAP 64
+__device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, int n_expert, int k,
+                                                  int* __restrict__ idx_out, float* __restrict__ w_out) {
+    __shared__ u32 wmax[WARP];
+    __shared__ unsigned long long cand[TOPK_PAR_CAP];
+    __shared__ int ncand;
+    __shared__ int won_id[ROUTER_TAIL_UNROLL];
+    __shared__ u32 won_h[ROUTER_TAIL_UNROLL];
+    const int t = (int)threadIdx.x, lane = t % WARP, wid = t / WARP, nw = (int)blockDim.x / WARP;
+    if (!(KNOB_ON(g_knob_tkl) && ROUTER_LANE_TAIL) || n_expert > (int)blockDim.x || k > nw ||
+        k > ROUTER_TAIL_UNROLL || nw > WARP)
+        return false;
+    // Phases under REDLITE_TRACE (block 0's thread 0): 16 loads and the warps' maxima, 17 t0 and the
+    // candidates, 19 their ranks, 20 tail.
+    long long tt = trace_clock();
+    const u32 h = t < n_expert ? logit_key(__ldcg(l + t)) : 0u;
+    const u32 wm = __reduce_max_sync(0xffffffffu, h);
+    if (lane == 0) wmax[wid] = wm;
+    if (t == 0) ncand = 0;
+    __syncthreads();
+    tt = trace_phase(16, tt);
+    // t0 by every warp: lane i < nw ranks warp i's maximum (ties: the lower warp first).
+    const u32 mine = lane < nw ? wmax[lane] : 0u;
+    int rank = 0;
+#pragma unroll 8
+    for (int j = 0; j < nw; ++j) {
+        const u32 o = wmax[j];
+        rank += (o > mine) | ((o == mine) & (j < lane));
+    }
+    const u32 at = __ballot_sync(0xffffffffu, lane < nw && rank == k - 1);
+    const u32 t0 = __shfl_sync(0xffffffffu, mine, __ffs(at) - 1);
+    const bool c = h != 0u && h >= t0;
+    const u32 cb = __ballot_sync(0xffffffffu, c);
+    int base = 0;
+    if (lane == 0 && cb != 0u) base = atomicAdd(&ncand, __popc(cb));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (c) {
+        const int slot = base + __popc(cb & ((1u << lane) - 1u));
+        if (slot < TOPK_PAR_CAP) cand[slot] = ((unsigned long long)h << 32) | (u32)~t;
+    }
+    __syncthreads();
+    tt = trace_phase(17, tt);
+    const int n = ncand;
+    if (n > TOPK_PAR_CAP) return false;
+    if (wid != 0) return true;
+    // Lane i ranks candidates i and i + 32 (0: none).
+    const unsigned long long a = lane < n ? cand[lane] : 0ull, b = lane + WARP < n ? cand[lane + WARP] : 0ull;
+    int ra = 0, rb = 0;
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {
+        const unsigned long long o = cand[j];
+        ra += o > a;
+        rb += o > b;
+    }
+    if (lane < n && ra < k) {
+        won_id[ra] = (int)~(u32)a;
+        won_h[ra] = (u32)(a >> 32);
+    }
+    if (lane + WARP < n && rb < k) {
+        won_id[rb] = (int)~(u32)b;
+        won_h[rb] = (u32)(b >> 32);
+    }
+    __syncwarp();
+    tt = trace_phase(19, tt);
+    int my_id = 0;
+    u32 my_h = 0u;
+    if (lane < k) {
+        my_id = won_id[lane];
+        my_h = won_h[lane];
+    }
+    // The rounds' m is the largest logit: the rank-0 key's.
+    const float m = key_logit(won_h[0]);
+    const float my_p = lane < k ? expf(key_logit(my_h) - m) : 0.0f;
+    router_tail_unrolled(my_id, my_p, lane, k, idx_out, w_out);
+    trace_phase(20, tt);
+    return true;
+}
+
 extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int n_expert, int k,
                                            int* __restrict__ idx_out, float* __restrict__ w_out) {
     pdl_enter();
@@ -1274,6 +1367,13 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 #ifndef ROUTE_KO
 #define ROUTE_KO 0
 #endif
+// ROUTE_ROWS2 (compile-time, default 0 until measured): a block's router rows of both its virtual
+// blocks (the router's 513 rows over 2 x 160 block halves: two rounds for most blocks) in one
+// round: both rows' loads issued together (row_partial_pair_f32), one barrier. The same partials
+// and sums, so the same logits bit for bit.
+#ifndef ROUTE_ROWS2
+#define ROUTE_ROWS2 0
+#endif
 
 // The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
 // unit b (32 rows of one choice).
@@ -1283,6 +1383,9 @@ __device__ __forceinline__ void route_gate_up_body(
     int* __restrict__ ids, float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act,
     u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride, unsigned long long* __restrict__ counter) {
     __shared__ float red[2][MVF_WARPS];
+#if ROUTE_ROWS2
+    __shared__ float red2[2][MVF_WARPS];
+#endif
     __shared__ int ids_s[WARP];
     __shared__ float wts_s[WARP];
     // Phases under REDLITE_TRACE (common.cu): 1 launch to the end of the wait, 2 router rows, 3
@@ -1316,6 +1419,36 @@ __device__ __forceinline__ void route_gate_up_body(
     pdl_enter();  // xn and xq come from the kernels before
     tt = trace_phase(1, tt);
 #if ROUTE_KO != 1
+#if ROUTE_ROWS2
+    if (vblocks <= 2 * groups * nb) {
+        // The block half's (at most) two virtual blocks at once: one round of loads, reductions
+        // and barrier instead of two.
+        const int va = groups * blockIdx.x + half, vb2 = va + groups * nb;
+        float *ya = nullptr, *yb = nullptr;
+        const u8* wa = va < vblocks ? row_of(va, ya) : nullptr;
+        const u8* wb = vb2 < vblocks ? row_of(vb2, yb) : nullptr;
+        float acc_a = 0.0f, acc_b = 0.0f;
+        row_partial_pair_f32(wa, wb, xn, cols, lane, part, parts, acc_a, acc_b);
+        const float sa = warp_sum(acc_a), sb = warp_sum(acc_b);
+        if (lane == 0) {
+            red[half][w] = sa;
+            red2[half][w] = sb;
+        }
+        __syncthreads();
+        if (part == 0 && lane == 0) {
+            if (wa != nullptr) {
+                float sum = 0.0f;
+                for (int p = 0; p < parts; ++p) sum += red[half][w0p + p];
+                *ya = 1.0f * sum;
+            }
+            if (wb != nullptr) {
+                float sum = 0.0f;
+                for (int p = 0; p < parts; ++p) sum += red2[half][w0p + p];
+                *yb = 1.0f * sum;
+            }
+        }
+    } else
+#endif
     for (int base = groups * blockIdx.x; base < vblocks; base += groups * nb) {
         float* y = nullptr;
         const u8* wr = base + half < vblocks ? row_of(base + half, y) : nullptr;
@@ -1344,8 +1477,9 @@ __device__ __forceinline__ void route_gate_up_body(
         wts_s[threadIdx.x] = wts[threadIdx.x];
     }
 #else
+    const bool par = TOPK_PAR && router_block_topk(y0, n_expert, k, ids_s, wts_s);  // block-uniform
     if (threadIdx.x < WARP) {
-        router_warp_row(y0, n_expert, k, ids_s, wts_s);
+        if (!par) router_warp_row(y0, n_expert, k, ids_s, wts_s);
         __syncwarp();
         if (ROUTE_KO != 3 && blockIdx.x == 0 && (int)threadIdx.x < k) {
             ids[threadIdx.x] = ids_s[threadIdx.x];

@@ -1043,6 +1043,60 @@ impl Runner<'_> {
     }
 
     /// `n` random experts of type `ty`: gate and up `[ff][hidden]`, down `[hidden][ff]`.
+    /// The fused route kernel's top-k on a model-sized router (512 experts, top 10), where
+    /// its block-wide selection (`TOPK_PAR`) sees many warps and its candidates: random logits,
+    /// each logit four times (ties at the threshold, broken by the lower id) and each 128 times
+    /// (more candidates than it holds: warp 0's rounds instead). Every output the separate
+    /// kernels' (`matvec3_x_f32`, `moe_gate_up_route2_q8q_iq2_xxs`) bit for bit.
+    fn route_topk_many(&mut self) {
+        let ty = GgmlType::IQ2XXS;
+        let (hidden, ff, ne, k) = (256usize, 64usize, 512usize, 10usize);
+        let [gate, up, down] = self.random_experts(ty, (hidden, ff), ne);
+        let x = self.rng.normals(hidden, 1.0);
+        let xq = ops::q8_row(&x);
+        let gate_vec = self.rng.normals(hidden, 0.05);
+        let base = self.rng.normals(ne * hidden, 0.05);
+        for copies in [1usize, 4, 128] {
+            let distinct = ne / copies;
+            let router: Vec<f32> = (0..ne)
+                .flat_map(|e| base[(e % distinct) * hidden..(e % distinct + 1) * hidden].to_vec())
+                .collect();
+            let route = |gpu, form| {
+                ops::moe_route_gate_up_slots(
+                    gpu,
+                    [&gate[..], &up[..], &down[..]],
+                    &router,
+                    &gate_vec,
+                    (&x, &xq),
+                    k,
+                    (hidden, ff),
+                    form,
+                )
+            };
+            let r = (|| {
+                let (l_s, g_s, ids_s, wts_s, act_s, actq_s) =
+                    route(self.gpu, ops::RouteForm::Separate)?;
+                let (l_f, g_f, ids_f, wts_f, act_f, actq_f) =
+                    route(self.gpu, ops::RouteForm::Fused)?;
+                same_bits("fused route: router logits differ", &l_f, &l_s)?;
+                same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
+                same_route(
+                    "fused route",
+                    (&ids_f, &wts_f, &act_f, &actq_f),
+                    (&ids_s, &wts_s, &act_s, &actq_s),
+                )?;
+                Ok((0.0, 0.0))
+            })();
+            self.record(
+                "moe_route_gate_up_q8q_iq2_xxs",
+                format!(
+                    "top-{k} of {ne}, each logit {copies}x, {hidden}/{ff}: = router + route2 bit for bit"
+                ),
+                r,
+            );
+        }
+    }
+
     fn random_experts(
         &mut self,
         ty: GgmlType,
@@ -2531,6 +2585,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.matvec_res_q8();
     r.experts_q8();
     r.experts_q8_down();
+    r.route_topk_many();
     r.experts_q8_tokens();
     r.swiglu_q8();
     r.matvec3_x_f32();
