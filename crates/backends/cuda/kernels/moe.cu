@@ -438,7 +438,8 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
     }
 }
 
-// TOPK_PAR (compile-time, default 0 until measured): the fused route kernel's top-k by the whole
+// TOPK_PAR (compile-time, default 1 since session 34: +3.4 % decode on the H200, 417.86 against
+// 404.12 tok/s, bit-identical; 0: warp 0's rounds always): the fused route kernel's top-k by the whole
 // block instead of warp 0's k sequential rounds (session 33: ten rounds of ≈ 350 cycles, 1.85 µs a
 // layer). Thread t holds expert t's key (logit_key: unsigned order is the logits' order; the id
 // breaks a tie, lower first, as in the rounds). (1) Each warp's largest key by one REDUX; (2) t0,
@@ -451,11 +452,16 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
 // than threads, or k above the warps a block: returns false (block-uniform) and the caller runs
 // router_warp_row.
 #ifndef TOPK_PAR
-#define TOPK_PAR 0
+#define TOPK_PAR 1
 #endif
 #define TOPK_PAR_CAP 64
+#ifndef TOPK_W0
+#define TOPK_W0 0
+#endif
+// weights = false: only idx_out (w_out untouched), without the exps and the division.
 __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, int n_expert, int k,
-                                                  int* __restrict__ idx_out, float* __restrict__ w_out) {
+                                                  int* __restrict__ idx_out, float* __restrict__ w_out,
+                                                  bool weights = true) {
     __shared__ u32 wmax[WARP];
     __shared__ unsigned long long cand[TOPK_PAR_CAP];
     __shared__ int ncand;
@@ -522,6 +528,18 @@ __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, i
     if (lane < k) {
         my_id = won_id[lane];
         my_h = won_h[lane];
+    }
+    if (!weights) {
+        // Only the ids, in ascending order: each choice's place by counting the smaller ids.
+        int is[ROUTER_TAIL_UNROLL];
+#pragma unroll
+        for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) is[r] = __shfl_sync(0xffffffffu, my_id, r);
+        int pos = 0;
+#pragma unroll
+        for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) pos += r < k && is[r] < my_id;
+        if (lane < k) idx_out[pos] = my_id;
+        trace_phase(20, tt);
+        return true;
     }
     // The rounds' m is the largest logit: the rank-0 key's.
     const float m = key_logit(won_h[0]);
@@ -1363,16 +1381,19 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 // rows and the grid barrier out of the fused route kernel (the top-k then reads the logits the
 // layer before left), 2 its top-k (the layer's choices of the step before), 3 neither but the
 // choices replaced by the step before's after the top-k (what 2 gains from reusing the experts).
-// What moving either off the chain could win.
+// What moving either off the chain could win. 4 / 5 (session 34): the gate/up rows left out in
+// blocks 132 .. (the second block on 28 of the H200's 132 SMs) / in blocks 0 .. 27 (as many units,
+// on SMs with one block): whether the SMs holding two blocks set the kernel's end.
 #ifndef ROUTE_KO
 #define ROUTE_KO 0
 #endif
-// ROUTE_ROWS2 (compile-time, default 0 until measured): a block's router rows of both its virtual
+// ROUTE_ROWS2 (compile-time, default 1 since session 34: +0.7 % decode on the H200, 407.09 against
+// 404.12 tok/s, bit-identical): a block's router rows of both its virtual
 // blocks (the router's 513 rows over 2 x 160 block halves: two rounds for most blocks) in one
 // round: both rows' loads issued together (row_partial_pair_f32), one barrier. The same partials
 // and sums, so the same logits bit for bit.
 #ifndef ROUTE_ROWS2
-#define ROUTE_ROWS2 0
+#define ROUTE_ROWS2 1
 #endif
 
 // The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
@@ -1477,7 +1498,10 @@ __device__ __forceinline__ void route_gate_up_body(
         wts_s[threadIdx.x] = wts[threadIdx.x];
     }
 #else
-    const bool par = TOPK_PAR && router_block_topk(y0, n_expert, k, ids_s, wts_s);  // block-uniform
+    // TOPK_W0 (compile-time, default 0 until measured): only block 0 (which writes them out)
+    // computes the weights.
+    const bool par = TOPK_PAR && router_block_topk(y0, n_expert, k, ids_s, wts_s,
+                                                   !TOPK_W0 || blockIdx.x == 0);  // block-uniform
     if (threadIdx.x < WARP) {
         if (!par) router_warp_row(y0, n_expert, k, ids_s, wts_s);
         __syncwarp();
@@ -1500,6 +1524,11 @@ __device__ __forceinline__ void route_gate_up_body(
     const int id = ids_s[by];
     const u8* gate = expert_part(tab, id, 0, dstride, g0);
     const u8* up = expert_part(tab, id, 1, dstride, u0);
+#if ROUTE_KO == 4
+    if (blockIdx.x >= 132) return;
+#elif ROUTE_KO == 5
+    if (blockIdx.x < 28) return;
+#endif
     gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     trace_phase(5, tt);
 }
