@@ -490,10 +490,12 @@ mod imp {
                 "  its top-k",
                 0,
                 &[
-                    (16, "loads and max"),
-                    (17, "exps and sum"),
+                    // The block-wide top-k (TOPK_PAR, default) uses 16, 17, 19 and 20 as
+                    // the second names say; warp 0's rounds (its fallback) as the first.
+                    (16, "loads and max | warps' maxima"),
+                    (17, "exps and sum | t0 and candidates"),
                     (18, "divisions"),
-                    (19, "rounds"),
+                    (19, "rounds | ranks"),
                     (20, "tail"),
                 ],
             ),

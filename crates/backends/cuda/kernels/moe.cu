@@ -553,6 +553,12 @@ extern "C" __global__ void moe_router_warp(const float* __restrict__ logits, int
                                            int* __restrict__ idx_out, float* __restrict__ w_out) {
     pdl_enter();
     const size_t t = blockIdx.x;
+    // Launched with more than a warp (the host's default, REDLITE_CUDA_ROUTER_PAR): the block-wide
+    // top-k (TOPK_PAR), the same outputs; warp 0's rounds where it declines.
+    if (TOPK_PAR && blockDim.x > WARP &&
+        router_block_topk(logits + t * n_expert, n_expert, k, idx_out + t * k, w_out + t * k))
+        return;
+    if (threadIdx.x >= WARP) return;
     router_warp_row(logits + t * n_expert, n_expert, k, idx_out + t * k, w_out + t * k);
 }
 
@@ -1344,8 +1350,9 @@ __device__ __forceinline__ void gate_up_route_body(const float* __restrict__ log
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // the logits and xq come from the kernels before
     const size_t t = blockIdx.z;
+    const bool par = TOPK_PAR && router_block_topk(logits + t * n_expert, n_expert, k, ids_s, wts_s);  // block-uniform
     if (threadIdx.x < WARP) {
-        router_warp_row(logits + t * n_expert, n_expert, k, ids_s, wts_s);
+        if (!par) router_warp_row(logits + t * n_expert, n_expert, k, ids_s, wts_s);
         __syncwarp();
         if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < k) {
             ids[t * k + threadIdx.x] = ids_s[threadIdx.x];

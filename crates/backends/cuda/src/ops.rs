@@ -59,6 +59,8 @@ fn warps_from_env(name: &str, allowed: &[u32], default: u32) -> u32 {
 
 /// Most experts the one-warp router kernel `moe_router_warp` takes (its `32 * ROUTER_VPL`).
 pub const ROUTER_WARP_MAX_EXPERTS: usize = 512;
+/// `moe_router_warp`'s block for its block-wide top-k: a thread an expert up to 512.
+const ROUTER_PAR_THREADS: u32 = 512;
 
 /// Which router kernel runs and how it is launched (per token: one block of `threads`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,11 +82,14 @@ impl RouterKernel {
     }
 
     /// The one-warp kernel (probabilities in registers, no barrier per round), or `None` when
-    /// `n_expert` is above what it holds.
+    /// `n_expert` is above what it holds. Launched with 512 threads, it takes the block-wide
+    /// top-k (moe.cu's `TOPK_PAR`: the same outputs; session 34) where that applies, warp 0's
+    /// rounds otherwise; `REDLITE_CUDA_ROUTER_PAR=0` launches one warp (the rounds always).
     pub fn warp(n_expert: usize) -> Option<RouterKernel> {
+        let par = std::env::var("REDLITE_CUDA_ROUTER_PAR").map_or(true, |v| v != "0");
         (n_expert <= ROUTER_WARP_MAX_EXPERTS).then_some(RouterKernel {
             name: "moe_router_warp",
-            threads: 32,
+            threads: if par { ROUTER_PAR_THREADS } else { 32 },
             shared: 0,
         })
     }
