@@ -474,7 +474,7 @@ mod imp {
         let khz = model.device_info().clock_khz.max(1) as f64;
         const WAIT: &str = "launch to the end of the wait";
         const AFTER: &str = "after the wait";
-        let kernels: [TracedKernel; 7] = [
+        let kernels: [TracedKernel; 8] = [
             (
                 "moe_route_gate_up",
                 0,
@@ -484,6 +484,16 @@ mod imp {
                     (3, "grid barrier"),
                     (4, "top-k"),
                     (5, "gate/up rows"),
+                ],
+            ),
+            (
+                "  its router rows",
+                0,
+                &[
+                    (30, "loads and partials"),
+                    (31, "warp sums"),
+                    (32, "barrier"),
+                    (33, "row sums and stores"),
                 ],
             ),
             (

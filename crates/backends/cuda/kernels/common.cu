@@ -159,8 +159,9 @@ __constant__ int g_knob_pre;
 // 12, 13..14 (each: the calls, launch to the end of the wait, the wait's end to block 0's end);
 // inside the route kernel's top-k (router_warp_row) 16..20, its gate/up rows 21..23;
 // dn_fused_cols_rows 24, 25..29 (the wait, the chunks' prologues, their recurrences, the QK
-// head's barrier, the gated norms and conv window).
-#define TRACE_SLOTS 30
+// head's barrier, the gated norms and conv window); the route kernel's router rows (ROUTE_ROWS2)
+// 30..33 (loads and lane partials, warp sums, barrier, row sums and stores).
+#define TRACE_SLOTS 34
 __device__ unsigned long long g_trace[TRACE_SLOTS];
 
 // The clock of block 0's thread 0 (0 elsewhere, or not built in), without counting a call: for

@@ -455,13 +455,13 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
 #define TOPK_PAR 1
 #endif
 #define TOPK_PAR_CAP 64
-#ifndef TOPK_W0
-#define TOPK_W0 0
+// TOPK_ACC (compile-time, default 0 until measured): the threshold's and the ranks' counts in
+// four and two independent partial sums instead of one chain of selects (the same counts).
+#ifndef TOPK_ACC
+#define TOPK_ACC 0
 #endif
-// weights = false: only idx_out (w_out untouched), without the exps and the division.
 __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, int n_expert, int k,
-                                                  int* __restrict__ idx_out, float* __restrict__ w_out,
-                                                  bool weights = true) {
+                                                  int* __restrict__ idx_out, float* __restrict__ w_out) {
     __shared__ u32 wmax[WARP];
     __shared__ unsigned long long cand[TOPK_PAR_CAP];
     __shared__ int ncand;
@@ -483,10 +483,20 @@ __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, i
     // t0 by every warp: lane i < nw ranks warp i's maximum (ties: the lower warp first).
     const u32 mine = lane < nw ? wmax[lane] : 0u;
     int rank = 0;
+    if (TOPK_ACC && nw == 16) {
+        int r4[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const u32 o = wmax[j];
+            r4[j % 4] += (o > mine) | ((o == mine) & (j < lane));
+        }
+        rank = (r4[0] + r4[1]) + (r4[2] + r4[3]);
+    } else {
 #pragma unroll 8
-    for (int j = 0; j < nw; ++j) {
-        const u32 o = wmax[j];
-        rank += (o > mine) | ((o == mine) & (j < lane));
+        for (int j = 0; j < nw; ++j) {
+            const u32 o = wmax[j];
+            rank += (o > mine) | ((o == mine) & (j < lane));
+        }
     }
     const u32 at = __ballot_sync(0xffffffffu, lane < nw && rank == k - 1);
     const u32 t0 = __shfl_sync(0xffffffffu, mine, __ffs(at) - 1);
@@ -507,11 +517,27 @@ __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, i
     // Lane i ranks candidates i and i + 32 (0: none).
     const unsigned long long a = lane < n ? cand[lane] : 0ull, b = lane + WARP < n ? cand[lane + WARP] : 0ull;
     int ra = 0, rb = 0;
+    if (TOPK_ACC) {
+        // Two partial counts each, over the even and the odd candidates (a zero pads an odd n:
+        // no key is below it).
+        int ra1 = 0, rb1 = 0;
+#pragma unroll 2
+        for (int j = 0; j < n; j += 2) {
+            const unsigned long long o0 = cand[j], o1 = j + 1 < n ? cand[j + 1] : 0ull;
+            ra += o0 > a;
+            rb += o0 > b;
+            ra1 += o1 > a;
+            rb1 += o1 > b;
+        }
+        ra += ra1;
+        rb += rb1;
+    } else {
 #pragma unroll 4
-    for (int j = 0; j < n; ++j) {
-        const unsigned long long o = cand[j];
-        ra += o > a;
-        rb += o > b;
+        for (int j = 0; j < n; ++j) {
+            const unsigned long long o = cand[j];
+            ra += o > a;
+            rb += o > b;
+        }
     }
     if (lane < n && ra < k) {
         won_id[ra] = (int)~(u32)a;
@@ -528,18 +554,6 @@ __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, i
     if (lane < k) {
         my_id = won_id[lane];
         my_h = won_h[lane];
-    }
-    if (!weights) {
-        // Only the ids, in ascending order: each choice's place by counting the smaller ids.
-        int is[ROUTER_TAIL_UNROLL];
-#pragma unroll
-        for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) is[r] = __shfl_sync(0xffffffffu, my_id, r);
-        int pos = 0;
-#pragma unroll
-        for (int r = 0; r < ROUTER_TAIL_UNROLL; ++r) pos += r < k && is[r] < my_id;
-        if (lane < k) idx_out[pos] = my_id;
-        trace_phase(20, tt);
-        return true;
     }
     // The rounds' m is the largest logit: the rank-0 key's.
     const float m = key_logit(won_h[0]);
@@ -1456,13 +1470,17 @@ __device__ __forceinline__ void route_gate_up_body(
         const u8* wa = va < vblocks ? row_of(va, ya) : nullptr;
         const u8* wb = vb2 < vblocks ? row_of(vb2, yb) : nullptr;
         float acc_a = 0.0f, acc_b = 0.0f;
+        long long tr = trace_clock();
         row_partial_pair_f32(wa, wb, xn, cols, lane, part, parts, acc_a, acc_b);
+        tr = trace_phase(30, tr);  // (the clock after the loads' use: their latency included)
         const float sa = warp_sum(acc_a), sb = warp_sum(acc_b);
         if (lane == 0) {
             red[half][w] = sa;
             red2[half][w] = sb;
         }
+        tr = trace_phase(31, tr);
         __syncthreads();
+        tr = trace_phase(32, tr);
         if (part == 0 && lane == 0) {
             if (wa != nullptr) {
                 float sum = 0.0f;
@@ -1475,6 +1493,7 @@ __device__ __forceinline__ void route_gate_up_body(
                 *yb = 1.0f * sum;
             }
         }
+        trace_phase(33, tr);
     } else
 #endif
     for (int base = groups * blockIdx.x; base < vblocks; base += groups * nb) {
@@ -1505,10 +1524,7 @@ __device__ __forceinline__ void route_gate_up_body(
         wts_s[threadIdx.x] = wts[threadIdx.x];
     }
 #else
-    // TOPK_W0 (compile-time, default 0 until measured): only block 0 (which writes them out)
-    // computes the weights.
-    const bool par = TOPK_PAR && router_block_topk(y0, n_expert, k, ids_s, wts_s,
-                                                   !TOPK_W0 || blockIdx.x == 0);  // block-uniform
+    const bool par = TOPK_PAR && router_block_topk(y0, n_expert, k, ids_s, wts_s);  // block-uniform
     if (threadIdx.x < WARP) {
         if (!par) router_warp_row(y0, n_expert, k, ids_s, wts_s);
         __syncwarp();
