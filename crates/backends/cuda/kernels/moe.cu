@@ -455,11 +455,6 @@ __device__ __forceinline__ void router_warp_row(const float* __restrict__ l, int
 #define TOPK_PAR 1
 #endif
 #define TOPK_PAR_CAP 64
-// TOPK_ACC (compile-time, default 0 until measured): the threshold's and the ranks' counts in
-// four and two independent partial sums instead of one chain of selects (the same counts).
-#ifndef TOPK_ACC
-#define TOPK_ACC 0
-#endif
 __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, int n_expert, int k,
                                                   int* __restrict__ idx_out, float* __restrict__ w_out) {
     __shared__ u32 wmax[WARP];
@@ -483,20 +478,10 @@ __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, i
     // t0 by every warp: lane i < nw ranks warp i's maximum (ties: the lower warp first).
     const u32 mine = lane < nw ? wmax[lane] : 0u;
     int rank = 0;
-    if (TOPK_ACC && nw == 16) {
-        int r4[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const u32 o = wmax[j];
-            r4[j % 4] += (o > mine) | ((o == mine) & (j < lane));
-        }
-        rank = (r4[0] + r4[1]) + (r4[2] + r4[3]);
-    } else {
 #pragma unroll 8
-        for (int j = 0; j < nw; ++j) {
-            const u32 o = wmax[j];
-            rank += (o > mine) | ((o == mine) & (j < lane));
-        }
+    for (int j = 0; j < nw; ++j) {
+        const u32 o = wmax[j];
+        rank += (o > mine) | ((o == mine) & (j < lane));
     }
     const u32 at = __ballot_sync(0xffffffffu, lane < nw && rank == k - 1);
     const u32 t0 = __shfl_sync(0xffffffffu, mine, __ffs(at) - 1);
@@ -517,27 +502,11 @@ __device__ __forceinline__ bool router_block_topk(const float* __restrict__ l, i
     // Lane i ranks candidates i and i + 32 (0: none).
     const unsigned long long a = lane < n ? cand[lane] : 0ull, b = lane + WARP < n ? cand[lane + WARP] : 0ull;
     int ra = 0, rb = 0;
-    if (TOPK_ACC) {
-        // Two partial counts each, over the even and the odd candidates (a zero pads an odd n:
-        // no key is below it).
-        int ra1 = 0, rb1 = 0;
-#pragma unroll 2
-        for (int j = 0; j < n; j += 2) {
-            const unsigned long long o0 = cand[j], o1 = j + 1 < n ? cand[j + 1] : 0ull;
-            ra += o0 > a;
-            rb += o0 > b;
-            ra1 += o1 > a;
-            rb1 += o1 > b;
-        }
-        ra += ra1;
-        rb += rb1;
-    } else {
 #pragma unroll 4
-        for (int j = 0; j < n; ++j) {
-            const unsigned long long o = cand[j];
-            ra += o > a;
-            rb += o > b;
-        }
+    for (int j = 0; j < n; ++j) {
+        const unsigned long long o = cand[j];
+        ra += o > a;
+        rb += o > b;
     }
     if (lane < n && ra < k) {
         won_id[ra] = (int)~(u32)a;
