@@ -797,8 +797,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
-    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter,
-    const u8* __restrict__ pf, int pf_bytes) {
+    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
     extern __shared__ float4 dnc_sm4[];  // (a name of its own: a template, not extern "C")
     float* sm = (float*)dnc_sm4;
     long long tt = trace_start(ROWS ? 24 : 12);
@@ -834,15 +833,6 @@ __device__ __forceinline__ void dn_fused_cols_body(
     }
     pdl_enter();  // qkv, ba and z come from the kernel ahead
     tt = trace_phase(ROWS ? 25 : 13, tt);
-    // pf (session 34; null: none): bytes the layer's MoE reads first (its f32 router, 4 MB on the
-    // 80B layout), started into L2 by the blocks' shares now: the recurrence below barely uses
-    // DRAM, while the route kernel's own prefetch, before its wait, shares DRAM with the
-    // out-projection ahead of it and was still in flight when its router rows were read (session
-    // 34's trace: 1.9 µs of loads).
-    if (pf != nullptr && pf_bytes > 0) {
-        const int per = (pf_bytes + (int)gridDim.x - 1) / (int)gridDim.x, lo = per * (int)blockIdx.x;
-        if (lo < pf_bytes) prefetch_l2(pf + lo, (size_t)min(per, pf_bytes - lo), (int)threadIdx.x, (int)blockDim.x);
-    }
     if (!(early & 1)) {
 #pragma unroll
         for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
@@ -1078,9 +1068,9 @@ __device__ __forceinline__ void dn_fused_cols_body(
         float *__restrict__ s, const float *__restrict__ z, const float *__restrict__ norm_w, float *__restrict__ y, \
         int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps,       \
         float *__restrict__ s_trace, float *__restrict__ conv_trace, int early, float *__restrict__ o,            \
-        unsigned long long *__restrict__ counter, const u8 *__restrict__ pf, int pf_bytes
+        unsigned long long *__restrict__ counter
 #define DNC_PASS qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern, l2_eps, q_scale, \
-                 rms_eps, s_trace, conv_trace, early, o, counter, pf, pf_bytes
+                 rms_eps, s_trace, conv_trace, early, o, counter
 // DNC_MIN_BLOCKS (compile-time, default 1): dn_fused_cols' blocks an SM in its launch bound. 1
 // gives it 190 registers (NVRTC 13.0), 48.6 K of the SM's 64 K; 2 caps it at 128 (no spills), so
 // that a block fits beside the in-projection's blocks ahead of it (session 27's fused route kernel

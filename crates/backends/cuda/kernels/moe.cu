@@ -1385,6 +1385,13 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 #ifndef ROUTE_ROWS2
 #define ROUTE_ROWS2 1
 #endif
+// ROUTE_W_EARLY (compile-time, default 0 until measured; with ROUTE_ROWS2): the lane's router
+// weights loaded into registers before the wait (two groups of 4 a row at most: the 2,048-wide
+// router over 8 warps), so that after it only x is loaded. Session 34's trace: the rows' loads
+// took 1.9 µs after the wait, with or without the rows started into L2 far earlier.
+#ifndef ROUTE_W_EARLY
+#define ROUTE_W_EARLY 0
+#endif
 
 // The fused route kernel's body: block b (512 threads, two 8-warp router groups) owns gate/up
 // unit b (32 rows of one choice).
@@ -1425,6 +1432,27 @@ __device__ __forceinline__ void route_gate_up_body(
         const u8* wr = row_of(vb, y);
         if (wr != nullptr) prefetch_l2(wr, rbytes, part * WARP + lane, parts * WARP);
     }
+#if ROUTE_ROWS2 && ROUTE_W_EARLY
+    // The lane's router weights (at most two groups of 4 of each of its two rows) into registers
+    // before the wait: they do not depend on the kernels before.
+    const int gs4 = cols / GroupDot<T_F32>::G, g_lane = part * WARP + lane, g_stride = parts * WARP;
+    const bool w_early = vblocks <= 2 * groups * nb && cols % GroupDot<T_F32>::G == 0 && g_lane + 2 * g_stride >= gs4;
+    float4 wra[2], wrb[2];
+    if (w_early) {
+        const int va = groups * blockIdx.x + half, vb2 = va + groups * nb;
+        float* yd;
+        const u8* wa = va < vblocks ? row_of(va, yd) : nullptr;
+        const u8* wb = vb2 < vblocks ? row_of(vb2, yd) : nullptr;
+#pragma unroll
+        for (int it = 0; it < 2; ++it) {
+            const int gi = g_lane + it * g_stride;
+            const size_t o = (size_t)gi * GroupDot<T_F32>::G * T_F32::BB;
+            const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            wra[it] = wa != nullptr && gi < gs4 ? GroupDot<T_F32>::load4(wa + o) : z4;
+            wrb[it] = wb != nullptr && gi < gs4 ? GroupDot<T_F32>::load4(wb + o) : z4;
+        }
+    }
+#endif
     stage_iq2_q8_tables();
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // xn and xq come from the kernels before
@@ -1440,7 +1468,23 @@ __device__ __forceinline__ void route_gate_up_body(
         const u8* wb = vb2 < vblocks ? row_of(vb2, yb) : nullptr;
         float acc_a = 0.0f, acc_b = 0.0f;
         long long tr = trace_clock();
-        row_partial_pair_f32(wa, wb, xn, cols, lane, part, parts, acc_a, acc_b);
+#if ROUTE_W_EARLY
+        if (w_early) {
+            // row_partial_pair_f32's sums on the preloaded weights: the same groups in the same
+            // order, the same expression.
+#pragma unroll
+            for (int it = 0; it < 2; ++it) {
+                const int gi = g_lane + it * g_stride;
+                if (gi < gs4) {
+                    const float* xg = xn + (size_t)gi * GroupDot<T_F32>::G;
+                    const float4 u = make_float4(xg[0], xg[1], xg[2], xg[3]);
+                    acc_a += GroupDot<T_F32>::dot4(wra[it], u);
+                    acc_b += GroupDot<T_F32>::dot4(wrb[it], u);
+                }
+            }
+        } else
+#endif
+            row_partial_pair_f32(wa, wb, xn, cols, lane, part, parts, acc_a, acc_b);
         tr = trace_phase(30, tr);  // (the clock after the loads' use: their latency included)
         const float sa = warp_sum(acc_a), sb = warp_sum(acc_b);
         if (lane == 0) {

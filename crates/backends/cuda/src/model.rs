@@ -1040,12 +1040,6 @@ pub struct CudaModel {
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
     /// (`REDLITE_CUDA_DN_EARLY`, default on; the same bits).
     dn_early: bool,
-    /// `dn_fused_cols` starts the layer's f32 router matrix into L2 after its wait
-    /// (`REDLITE_CUDA_ROUTER_PF`, default on; session 34): the fused route kernel's router rows
-    /// then read L2 instead of waiting on its own prefetch.
-    router_pf: bool,
-    /// What the next DeltaNet launch starts into L2: (address, bytes), (0, 0) for nothing.
-    router_pf_next: (u64, i32),
     /// The fused DeltaNet core as `dn_fused_cols` (a V head's state columns over dv / 32 blocks,
     /// 128 at full size, a barrier per QK head before the gated norm) instead of `dn_fused_seq`
     /// (a QK head a block: 16): its launch `(grid, threads, shared bytes)`, when the shape has one,
@@ -1393,8 +1387,6 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
-            router_pf: env_switch("REDLITE_CUDA_ROUTER_PF", true),
-            router_pf_next: (0, 0),
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
@@ -3146,11 +3138,6 @@ impl CudaModel {
         let norms = (self.layers[i].attn_norm, self.layers[i].post_norm);
         // A clone of the layer's handles (addresses and kernel handles), so `self` stays free.
         let mixer = self.layers[i].mixer.clone();
-        let router = &self.layers[i].moe.router;
-        self.router_pf_next = match i32::try_from(router.rows * router.cols * 4) {
-            Ok(bytes) if self.router_pf && router.ty == GgmlType::F32 => (router.ptr, bytes),
-            _ => (0, 0),
-        };
         if let Some(nv) = self.nvtx.as_ref().filter(|_| self.in_profile) {
             let kind = match &mixer {
                 DevMixer::Attention { .. } => "attention",
@@ -3450,15 +3437,8 @@ impl CudaModel {
                 A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
             ];
             if cols.is_some() {
-                // The gated norm's rows and the per-QK-head barrier counters; the bytes to start
-                // into L2 after the wait (the layer's router: `router_pf`).
-                let (pf, pf_bytes) = self.router_pf_next;
-                args.extend([
-                    A::P(self.sc.o),
-                    A::P(self.sc.dn_counter),
-                    A::P(pf),
-                    A::I(pf_bytes),
-                ]);
+                // The gated norm's rows and the per-QK-head barrier counters.
+                args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
             }
             self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
             return self.matvec_residual(out, gated, post_norm, n);

@@ -2237,7 +2237,7 @@ pub fn dn_fused_seq(
     };
     // The state loaded before pdl_enter, as the model launches it (the same bits either way).
     let early = 1i32 | if pre { 2 } else { 0 };
-    // The trace pointers (null without), then dn_fused_cols' four extra arguments.
+    // The trace pointers (null without), then dn_fused_cols' two extra arguments.
     let null = 0u64;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&qd)
@@ -2261,12 +2261,10 @@ pub fn dn_fused_seq(
         b.arg(&null).arg(&null);
     }
     b.arg(&early);
-    let no_pf = 0i32;
     if cols {
-        // (no L2 prefetch: a null address, 0 bytes)
-        b.arg(&mut o).arg(&mut counter).arg(&null).arg(&no_pf);
+        b.arg(&mut o).arg(&mut counter);
     }
-    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter, pf, pf_bytes), in order, each
+    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter), in order, each
     // buffer sized for n tokens of these shapes (checked above).
     drv(name, unsafe { b.launch(conf) })?;
     let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
