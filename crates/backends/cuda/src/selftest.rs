@@ -1042,7 +1042,6 @@ impl Runner<'_> {
         );
     }
 
-    /// `n` random experts of type `ty`: gate and up `[ff][hidden]`, down `[hidden][ff]`.
     /// The fused route kernel's top-k on a model-sized router (512 experts, top 10), where
     /// its block-wide selection (`TOPK_PAR`) sees many warps and its candidates: random logits,
     /// each logit four times (ties at the threshold, broken by the lower id) and each 128 times
@@ -1097,6 +1096,7 @@ impl Runner<'_> {
         }
     }
 
+    /// `n` random experts of type `ty`: gate and up `[ff][hidden]`, down `[hidden][ff]`.
     fn random_experts(
         &mut self,
         ty: GgmlType,
@@ -1378,9 +1378,10 @@ impl Runner<'_> {
         );
     }
 
-    /// Both router kernels (the block-wide one and the one-warp one the model runs) on the
-    /// model's shape and on an expert count that leaves lane slots empty; then logits on a
-    /// 0.25 grid, so that many tie (the lower id first, as the reference).
+    /// Both router kernels (the block-wide one and the one-warp one the model runs, launched
+    /// with 512 threads: its block-wide top-k, moe.cu's `TOPK_PAR`) on the model's shape and on
+    /// an expert count that leaves lane slots empty; then logits on a 0.25 grid, so that many
+    /// tie (the lower id first, as the reference).
     fn router(&mut self) {
         for (n_expert, k, ties) in [(512usize, 10usize, false), (60, 8, false), (512, 10, true)] {
             self.router_case(ops::RouterKernel::block(n_expert), n_expert, k, ties);
