@@ -1373,23 +1373,27 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
 // choices replaced by the step before's after the top-k (what 2 gains from reusing the experts).
 // What moving either off the chain could win. 4 / 5 (session 34): the gate/up rows left out in
 // blocks 132 .. (the second block on 28 of the H200's 132 SMs) / in blocks 0 .. 27 (as many units,
-// on SMs with one block): whether the SMs holding two blocks set the kernel's end.
+// on SMs with one block): whether the SMs holding two blocks set the kernel's end. 6 (session
+// 34): the router rows' x not loaded (ones instead; on ROUTE_W_EARLY's path): what their loads
+// and partials after the wait owe to x.
 #ifndef ROUTE_KO
 #define ROUTE_KO 0
 #endif
 // ROUTE_ROWS2 (compile-time, default 1 since session 34: +0.7 % decode on the H200, 407.09 against
-// 404.12 tok/s, bit-identical): a block's router rows of both its virtual
-// blocks (the router's 513 rows over 2 x 160 block halves: two rounds for most blocks) in one
-// round: both rows' loads issued together (row_partial_pair_f32), one barrier. The same partials
-// and sums, so the same logits bit for bit.
+// 404.12 tok/s, bit-identical): a block half's router rows of (at most) two virtual blocks in one
+// round (row_partial_pair_f32: both rows' loads together, each row in row_partial's order, the
+// same logits), one barrier. Written for two rounds a block, but with the router split 4 warps a
+// row (REDLITE_CUDA_ROUTER_LANE_ITERS=4, session 19) the 80B layout's 257 virtual blocks already
+// took one round over the 320 halves: there it saves the loop's second barrier.
 #ifndef ROUTE_ROWS2
 #define ROUTE_ROWS2 1
 #endif
-// ROUTE_W_EARLY (compile-time, default 1 since session 34: +0.7 % decode on the H200, 417.64
-// against 414.92 tok/s, bit-identical; with ROUTE_ROWS2): the lane's router weights loaded into
-// registers before the wait (two groups of 4 a row at most: the 2,048-wide router over 8 warps),
-// so that after it only x is loaded. Session 34's trace: the rows' loads took 1.9 µs after the
-// wait, with or without the rows started into L2 far earlier.
+// ROUTE_W_EARLY (compile-time, default 1 since session 34: +2.0 % decode on the H200, 427.01
+// against 418.48 tok/s, bit-identical; with ROUTE_ROWS2): a lane's router weights (up to four
+// groups of 4 of its block half's one row) loaded into registers before the wait, and after it
+// all of x's groups at once, so that the rows take one L2 round trip after the wait instead of
+// row_partial_pair_f32's two (unrolled by 2 over 4 groups): the rows' loads and partials 1.88 ->
+// 0.64 µs a layer. (Session 34's first form, two groups of each of two rows, never ran at full size.)
 #ifndef ROUTE_W_EARLY
 #define ROUTE_W_EARLY 1
 #endif
@@ -1434,23 +1438,23 @@ __device__ __forceinline__ void route_gate_up_body(
         if (wr != nullptr) prefetch_l2(wr, rbytes, part * WARP + lane, parts * WARP);
     }
 #if ROUTE_ROWS2 && ROUTE_W_EARLY
-    // The lane's router weights (at most two groups of 4 of each of its two rows) into registers
-    // before the wait: they do not depend on the kernels before.
+    // The lane's router weights into registers before the wait (they do not depend on the kernels
+    // before), where its block half has one row (the 80B layout: 257 virtual blocks of 2 rows over
+    // 320 halves) and the lane at most 4 groups of it (2,048 columns over 4 warps).
     const int gs4 = cols / GroupDot<T_F32>::G, g_lane = part * WARP + lane, g_stride = parts * WARP;
-    const bool w_early = vblocks <= 2 * groups * nb && cols % GroupDot<T_F32>::G == 0 && g_lane + 2 * g_stride >= gs4;
-    float4 wra[2], wrb[2];
+    const int wva = groups * blockIdx.x + half;
+    const bool w_early = vblocks <= 2 * groups * nb && wva + groups * nb >= vblocks &&
+                         cols % GroupDot<T_F32>::G == 0 && g_lane + 4 * g_stride >= gs4;
+    float4 wra[4];
     if (w_early) {
-        const int va = groups * blockIdx.x + half, vb2 = va + groups * nb;
-        float* yd;
-        const u8* wa = va < vblocks ? row_of(va, yd) : nullptr;
-        const u8* wb = vb2 < vblocks ? row_of(vb2, yd) : nullptr;
+        float* yd = nullptr;
+        const u8* wa = wva < vblocks ? row_of(wva, yd) : nullptr;
 #pragma unroll
-        for (int it = 0; it < 2; ++it) {
+        for (int it = 0; it < 4; ++it) {
             const int gi = g_lane + it * g_stride;
             const size_t o = (size_t)gi * GroupDot<T_F32>::G * T_F32::BB;
-            const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            wra[it] = wa != nullptr && gi < gs4 ? GroupDot<T_F32>::load4(wa + o) : z4;
-            wrb[it] = wb != nullptr && gi < gs4 ? GroupDot<T_F32>::load4(wb + o) : z4;
+            wra[it] = wa != nullptr && gi < gs4 ? GroupDot<T_F32>::load4(wa + o)
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
 #endif
@@ -1471,17 +1475,23 @@ __device__ __forceinline__ void route_gate_up_body(
         long long tr = trace_clock();
 #if ROUTE_W_EARLY
         if (w_early) {
-            // row_partial_pair_f32's sums on the preloaded weights: the same groups in the same
-            // order, the same expression.
+            // row_partial_pair_f32's sums on the preloaded weights (its second row is null here):
+            // the same groups in the same order, the same expression; all of x's loads at once.
+            float4 xu[4];
 #pragma unroll
-            for (int it = 0; it < 2; ++it) {
+            for (int it = 0; it < 4; ++it) {
                 const int gi = g_lane + it * g_stride;
-                if (gi < gs4) {
-                    const float* xg = xn + (size_t)gi * GroupDot<T_F32>::G;
-                    const float4 u = make_float4(xg[0], xg[1], xg[2], xg[3]);
-                    acc_a += GroupDot<T_F32>::dot4(wra[it], u);
-                    acc_b += GroupDot<T_F32>::dot4(wrb[it], u);
-                }
+#if ROUTE_KO == 6
+                xu[it] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);  // timing only: x not loaded
+                (void)gi;
+#else
+                xu[it] = gi < gs4 ? GroupDot<T_F32>::load4((const u8*)(xn + (size_t)gi * GroupDot<T_F32>::G))
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#endif
+            }
+#pragma unroll
+            for (int it = 0; it < 4; ++it) {
+                if (g_lane + it * g_stride < gs4) acc_a += GroupDot<T_F32>::dot4(wra[it], xu[it]);
             }
         } else
 #endif
