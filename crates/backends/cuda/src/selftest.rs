@@ -233,6 +233,18 @@ fn same_route(what: &str, a: RouteOut, b: RouteOut) -> Result<(), CudaError> {
     same_bytes(&format!("{what}: q8 rows differ"), a.3, b.3)
 }
 
+/// The fused route kernel's outputs (`f`) against the separate launches' (`s`), bit for bit:
+/// router logits, the shared gate logit, then ids, weights, activations and their q8 rows.
+fn same_fused_route(f: &ops::RouteGateUp, s: &ops::RouteGateUp) -> Result<(), CudaError> {
+    same_bits("fused route: router logits differ", &f.0, &s.0)?;
+    same_bits("fused route: shared gate logit differs", &f.1, &s.1)?;
+    same_route(
+        "fused route",
+        (&f.2, &f.3, &f.4, &f.5),
+        (&s.2, &s.3, &s.4, &s.5),
+    )
+}
+
 /// How many values of `a` differ in any bit from `b`'s (pairwise over the shorter).
 fn bits_differ(a: &[f32], b: &[f32]) -> usize {
     a.iter()
@@ -860,16 +872,9 @@ impl Runner<'_> {
                         form,
                     )
                 };
-                let (l_s, g_s, ids_s, wts_s, act_s, actq_s) = route(ops::RouteForm::Separate)?;
+                let separate = route(ops::RouteForm::Separate)?;
                 // The fused kernel.
-                let (l_f, g_f, ids_f, wts_f, act_f, actq_f) = route(ops::RouteForm::Fused)?;
-                same_bits("fused route: router logits differ", &l_f, &l_s)?;
-                same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
-                same_route(
-                    "fused route",
-                    (&ids_f, &wts_f, &act_f, &actq_f),
-                    (&ids_s, &wts_s, &act_s, &actq_s),
-                )?;
+                same_fused_route(&route(ops::RouteForm::Fused)?, &separate)?;
                 let kernel = ops::RouterKernel::warp(ne)
                     .ok_or_else(|| CudaError::Invalid("no warp router for this shape".into()))?;
                 let (ids_ref, wts_ref) =
@@ -1073,17 +1078,8 @@ impl Runner<'_> {
                 )
             };
             let r = (|| {
-                let (l_s, g_s, ids_s, wts_s, act_s, actq_s) =
-                    route(self.gpu, ops::RouteForm::Separate)?;
-                let (l_f, g_f, ids_f, wts_f, act_f, actq_f) =
-                    route(self.gpu, ops::RouteForm::Fused)?;
-                same_bits("fused route: router logits differ", &l_f, &l_s)?;
-                same_bits("fused route: shared gate logit differs", &g_f, &g_s)?;
-                same_route(
-                    "fused route",
-                    (&ids_f, &wts_f, &act_f, &actq_f),
-                    (&ids_s, &wts_s, &act_s, &actq_s),
-                )?;
+                let separate = route(self.gpu, ops::RouteForm::Separate)?;
+                same_fused_route(&route(self.gpu, ops::RouteForm::Fused)?, &separate)?;
                 Ok((0.0, 0.0))
             })();
             self.record(
