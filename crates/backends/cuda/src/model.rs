@@ -152,7 +152,7 @@ fn env_list(name: &str) -> Vec<String> {
 }
 
 /// An on/off tuning switch from the environment: `0` off, `1` on, anything else the default.
-fn env_switch(name: &str, default: bool) -> bool {
+pub(crate) fn env_switch(name: &str, default: bool) -> bool {
     match std::env::var(name).as_deref().map(str::trim) {
         Ok("0") => false,
         Ok("1") => true,

@@ -86,7 +86,7 @@ impl RouterKernel {
     /// top-k (moe.cu's `TOPK_PAR`: the same outputs; session 34) where that applies, warp 0's
     /// rounds otherwise; `REDLITE_CUDA_ROUTER_PAR=0` launches one warp (the rounds always).
     pub fn warp(n_expert: usize) -> Option<RouterKernel> {
-        let par = std::env::var("REDLITE_CUDA_ROUTER_PAR").map_or(true, |v| v != "0");
+        let par = crate::model::env_switch("REDLITE_CUDA_ROUTER_PAR", true);
         (n_expert <= ROUTER_WARP_MAX_EXPERTS).then_some(RouterKernel {
             name: "moe_router_warp",
             threads: if par { ROUTER_PAR_THREADS } else { 32 },
