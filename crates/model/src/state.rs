@@ -437,7 +437,7 @@ impl SequenceState {
         n: usize,
         mut replay: impl FnMut(&[HeadInputs], &mut [f32]),
     ) -> Result<(), ModelError> {
-        let trace = self
+        let mut trace = self
             .trace
             .take()
             .ok_or_else(|| ModelError::State("keep() without begin_trace()".into()))?;
@@ -450,23 +450,26 @@ impl SequenceState {
             )));
         }
         if n < processed {
-            for (layer, t) in self.layers.iter_mut().zip(&trace.layers) {
+            // Check every layer's recording before changing any state.
+            if trace.layers.iter().flatten().any(|t| t.rows != processed) {
+                self.spare_trace.0 = Some(trace);
+                return Err(ModelError::State(
+                    "the verified tokens were not run in Mode::Step while recording".into(),
+                ));
+            }
+            for (layer, t) in self.layers.iter_mut().zip(&mut trace.layers) {
                 let (LayerState::DeltaNet(d), Some(t)) = (layer, t) else {
                     continue;
                 };
-                if t.rows != processed {
-                    self.spare_trace.0 = Some(trace);
-                    return Err(ModelError::State(
-                        "the verified tokens were not run in Mode::Step while recording".into(),
-                    ));
-                }
                 // Conv state after n tokens: the last kernel − 1 inputs up to token n.
                 let ch_rows = d.conv.len();
                 let ch = (t.conv.len() - ch_rows) / processed.max(1);
                 let from = n * ch;
                 d.conv.copy_from_slice(&t.conv[from..from + ch_rows]);
-                // Delta-rule state: the initial one, stepped through the first n rows again.
-                d.s.copy_from_slice(&t.s0);
+                // Delta-rule state: the initial one, stepped through the first n rows again. The
+                // buffers trade places instead of copying: the rejected state left in `t.s0` is
+                // overwritten by the next `begin_trace`.
+                std::mem::swap(&mut d.s, &mut t.s0);
                 let mut left = n;
                 for run in &t.runs {
                     if left == 0 {
