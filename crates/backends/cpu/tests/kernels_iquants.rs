@@ -666,12 +666,23 @@ fn bench_matmul_rows() {
         .filter(|&c: &usize| c > 0 && c % 256 == 0)
         .unwrap_or(4096);
     let rows = 2048;
+    // Types: `REDLITE_BENCH_TYPES` (comma-separated, e.g. `Q4K`), default all three; timed
+    // repetitions: `REDLITE_BENCH_REPS`, default 9 (more for a profiler).
+    let only = std::env::var("REDLITE_BENCH_TYPES").unwrap_or_default();
+    let reps = std::env::var("REDLITE_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&r: &usize| r > 0)
+        .unwrap_or(9);
     let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
     for (ty, bytes, scale_at) in [
         (GgmlType::IQ2XXS, 66, &[0, 2][..]),
         (GgmlType::Q4K, 144, &[0, 2][..]),
         (GgmlType::Q6K, 210, &[208][..]),
     ] {
+        if !only.is_empty() && !only.split(',').any(|t| t.trim() == format!("{ty:?}")) {
+            continue;
+        }
         let case = Case {
             ty,
             name: "",
@@ -685,7 +696,7 @@ fn bench_matmul_rows() {
         let per_block = |secs: f64| secs * 1e9 / (rows * cols / 256 * n) as f64;
         let (mut tm, mut tv) = (vec![], vec![]);
         let mut ys = vec![0.0f32; n * rows];
-        for _ in 0..9 {
+        for _ in 0..reps {
             let t = process_cpu_ns();
             matmul_isa(isa, ty, &w, rows, cols, &xs, n, &mut ys).unwrap();
             tm.push(per_block((process_cpu_ns() - t) as f64 * 1e-9));
@@ -708,7 +719,8 @@ fn bench_matmul_rows() {
         tv.sort_by(f64::total_cmp);
         println!(
             "{ty:?}: matmul n={n}: {:.2} ns per block and row; {n} matvecs: {:.2} (medians)",
-            tm[4], tv[4]
+            tm[reps / 2],
+            tv[reps / 2]
         );
     }
 }
