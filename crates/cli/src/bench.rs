@@ -184,7 +184,7 @@ pub fn run(mut args: Args) -> Result<()> {
     // Open the file before measuring so a bad path fails fast.
     let file = match &args.model {
         Some(p) => Some(Arc::new(
-            GgufFile::open(p).with_context(|| format!("opening {}", p.display()))?,
+            GgufFile::open(p).context("opening the model file")?,
         )),
         None => None,
     };
@@ -429,7 +429,7 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
             vec![(ty, rows, cols)]
         }
         (None, Some(p)) => {
-            let f = GgufFile::open(p).with_context(|| format!("opening {}", p.display()))?;
+            let f = GgufFile::open(p).context("opening the model file")?;
             kernel_specs_from_file(&f)
                 .into_iter()
                 .map(|k| (k.ty, k.rows, k.cols))
@@ -523,8 +523,7 @@ fn run_cuda(args: Args) -> Result<()> {
     }
     if args.kind == Kind::Expert {
         let path = args.model.as_ref().context("bench expert needs -m FILE")?;
-        let file =
-            Arc::new(GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?);
+        let file = Arc::new(GgufFile::open(path).context("opening the model file")?);
         let rows = crate::cuda_cmd::bench_expert(
             file,
             args.layer,
@@ -563,8 +562,7 @@ fn run_cuda(args: Args) -> Result<()> {
         return Ok(());
     }
     let path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
-    let file =
-        Arc::new(GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    let file = Arc::new(GgufFile::open(&path).context("opening the model file")?);
     let bar = progress_bar();
     let mut progress = |stage: &str, done: u64, total: u64| update(&bar, stage, done, total);
     println!("model: {}", path.display());

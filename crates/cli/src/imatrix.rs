@@ -51,9 +51,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.ctx < 2 {
         bail!("--ctx must be at least 2");
     }
-    let file = Arc::new(
-        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
-    );
+    let file = Arc::new(GgufFile::open(&args.model).context("opening the model file")?);
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let mut text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
@@ -100,7 +98,7 @@ pub fn run(args: Args) -> Result<()> {
         BackendChoice::Oracle => collect(file, Oracle, &tokens, &opts, on_chunk),
         BackendChoice::Cpu => collect(
             file,
-            CpuBackend::with_threads(args.threads),
+            CpuBackend::try_with_threads_and_cache(args.threads, Default::default())?,
             &tokens,
             &opts,
             on_chunk,

@@ -62,7 +62,7 @@ fn run_inner(args: Args) -> Result<()> {
         .as_deref()
         .or(args.model.as_deref())
         .context("no model file given")?;
-    let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = GgufFile::open(path).context("opening the model file")?;
 
     if let Some(name) = &args.tensor {
         return run_tensor(&file, path, name, args.dequant.as_deref(), args.json);

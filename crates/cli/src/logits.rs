@@ -40,8 +40,7 @@ pub fn run(args: Args) -> Result<()> {
     let (logits, vocab) = if backend == "cuda" {
         args.kv.require_cuda()?;
         let file = std::sync::Arc::new(
-            redlite_gguf::GgufFile::open(&args.model)
-                .with_context(|| format!("opening {}", args.model.display()))?,
+            redlite_gguf::GgufFile::open(&args.model).context("opening the model file")?,
         );
         let rows = crate::cuda_cmd::logits(
             file,
@@ -54,8 +53,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         let choice = BackendChoice::parse(backend)?;
         let file = std::sync::Arc::new(
-            redlite_gguf::GgufFile::open(&args.model)
-                .with_context(|| format!("opening {}", args.model.display()))?,
+            redlite_gguf::GgufFile::open(&args.model).context("opening the model file")?,
         );
         let cache = args.cache.config(&file, args.kv.cpu())?;
         let mut model = load_model_with_cache(file, choice, args.threads, cache)

@@ -140,8 +140,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let vocab_path = find_vocab(args.vocab)?;
-    let vocab = GgufFile::open(&vocab_path)
-        .with_context(|| format!("opening the vocabulary {}", vocab_path.display()))?;
+    let vocab = GgufFile::open(&vocab_path).context("opening the vocabulary file")?;
     let tokens = vocab
         .get_str_array("tokenizer.ggml.tokens")
         .with_context(|| format!("{} has no tokenizer", vocab_path.display()))?;

@@ -85,9 +85,7 @@ struct RefPrompt {
 
 pub fn run(args: Args) -> Result<()> {
     let choice = BackendChoice::parse(&args.backend)?;
-    let file = Arc::new(
-        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
-    );
+    let file = Arc::new(GgufFile::open(&args.model).context("opening the model file")?);
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let model = load_model_from(file.clone(), choice, args.threads)
         .with_context(|| format!("loading {}", args.model.display()))?;

@@ -45,8 +45,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let input = match (&args.model, &args.layout) {
         (Some(path), _) => {
-            let file =
-                GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+            let file = GgufFile::open(path).context("opening the model file")?;
             PlanInput::from_file(&file).with_context(|| format!("sizing {}", path.display()))?
         }
         (None, Some(name)) => {

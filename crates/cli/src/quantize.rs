@@ -52,8 +52,7 @@ pub fn run(args: Args) -> Result<()> {
         .as_ref()
         .map(|p| Imatrix::load(p).with_context(|| format!("reading imatrix {}", p.display())))
         .transpose()?;
-    let file =
-        GgufFile::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
+    let file = GgufFile::open(&args.input).context("opening the input file")?;
     let choices = plan(&file, recipe, imatrix.as_ref(), args.allow_requantize)
         .with_context(|| format!("planning {} with {}", args.input.display(), recipe.label()))?;
     for c in choices.iter().filter(|c| c.note.is_some() || args.dry_run) {

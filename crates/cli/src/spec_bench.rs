@@ -114,7 +114,7 @@ pub fn run(args: Args) -> Result<()> {
 
 fn open(path: &PathBuf) -> Result<Arc<GgufFile>> {
     Ok(Arc::new(
-        GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?,
+        GgufFile::open(path).context("opening the model file")?,
     ))
 }
 

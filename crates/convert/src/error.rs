@@ -30,7 +30,7 @@ pub enum ConvertError {
     #[error("unused checkpoint tensors (not part of a Qwen3-Next model): {0}")]
     UnusedTensors(String),
     #[error("writing the GGUF file: {0}")]
-    Gguf(#[from] redlite_gguf::GgufError),
+    Gguf(redlite_gguf::GgufError),
 }
 
 impl ConvertError {
@@ -43,3 +43,11 @@ impl ConvertError {
 }
 
 pub type Result<T, E = ConvertError> = std::result::Result<T, E>;
+
+// By hand, not `#[from]`: the message above already includes the GGUF error's text, and as a
+// `source` it would be printed twice in a context chain.
+impl From<redlite_gguf::GgufError> for ConvertError {
+    fn from(e: redlite_gguf::GgufError) -> Self {
+        ConvertError::Gguf(e)
+    }
+}

@@ -115,6 +115,14 @@ pub enum GgufErrorKind {
         file_size: u64,
     },
 
+    /// Two tensors whose data ranges overlap (a tensor would read another's bytes).
+    #[error("tensor data runs to data offset {end}, into the data of tensor {other:?}")]
+    TensorsOverlap { end: u64, other: String },
+
+    /// The path names a directory.
+    #[error("is a directory, not a GGUF file")]
+    NotAFile,
+
     /// A metadata key asked for by an accessor is absent.
     #[error("metadata key is missing")]
     MissingKey,
@@ -251,15 +259,11 @@ impl fmt::Display for GgufError {
     }
 }
 
-impl std::error::Error for GgufError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.kind {
-            GgufErrorKind::Io(e) => Some(e),
-            GgufErrorKind::InvalidUtf8(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+// No `source()`: the message already ends with the inner I/O or UTF-8 error's text
+// (`GgufErrorKind`'s Display), and a source would print it twice in a context chain
+// ("…: No such device (os error 19): No such device (os error 19)"). The inner error stays
+// reachable through `GgufError::kind`.
+impl std::error::Error for GgufError {}
 
 impl From<std::io::Error> for GgufError {
     fn from(e: std::io::Error) -> Self {

@@ -539,6 +539,29 @@ fn parse(buf: &[u8]) -> Result<Parsed> {
         }
     }
 
+    // No two tensors may share bytes: sorted by offset, each non-empty tensor must end at or
+    // before the next one starts (a retyped or moved tensor would otherwise read its
+    // neighbour's data as its own).
+    let mut by_offset: Vec<usize> = (0..tensors.len())
+        .filter(|&i| tensors[i].n_bytes > 0)
+        .collect();
+    by_offset.sort_by_key(|&i| tensors[i].offset);
+    for pair in by_offset.windows(2) {
+        let (a, b) = (&tensors[pair[0]], &tensors[pair[1]]);
+        // Both lie inside the data section (checked above), so the sum cannot overflow.
+        let end = a.offset + a.n_bytes;
+        if end > b.offset {
+            return Err(GgufError::at(
+                GgufErrorKind::TensorsOverlap {
+                    end,
+                    other: b.name.clone(),
+                },
+                format!("tensor {:?}.offset", a.name),
+                offset_positions[pair[0]],
+            ));
+        }
+    }
+
     Ok(Parsed {
         version,
         alignment,
@@ -606,7 +629,11 @@ impl GgufFile {
         let path = path.as_ref();
         let ctx = |e: GgufError| e.with_path(path);
         let file = std::fs::File::open(path).map_err(|e| ctx(e.into()))?;
-        let len = file.metadata().map_err(|e| ctx(e.into()))?.len();
+        let meta = file.metadata().map_err(|e| ctx(e.into()))?;
+        if meta.is_dir() {
+            return Err(ctx(GgufError::new(GgufErrorKind::NotAFile)));
+        }
+        let len = meta.len();
         let backing = if len == 0 {
             Backing::Owned(Vec::new())
         } else {

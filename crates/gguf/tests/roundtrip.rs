@@ -336,3 +336,37 @@ fn open_reports_io_errors_and_handles_empty_files() {
     assert_eq!(e.field_name(), Some("header.magic"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn reader_rejects_overlapping_tensors_and_directories() {
+    let mut w = GgufWriter::new();
+    w.add_tensor("a", &[8], GgmlType::F32, vec![1u8; 32])
+        .unwrap();
+    w.add_tensor("b", &[8], GgmlType::F32, vec![2u8; 32])
+        .unwrap();
+    let bytes = w.to_bytes().unwrap();
+    assert!(GgufFile::from_bytes(bytes.as_slice()).is_ok());
+    // Tensor info of "b": name (u64 length 1, "b"), n_dims u32 = 1, dims u64, type u32, offset u64.
+    let name = [1u8, 0, 0, 0, 0, 0, 0, 0, b'b'];
+    let at = bytes
+        .windows(name.len())
+        .position(|s| s == name)
+        .expect("tensor info of b")
+        + name.len()
+        + 4
+        + 8
+        + 4;
+    assert_eq!(bytes[at..at + 8], 32u64.to_le_bytes());
+    let mut v = bytes.clone();
+    v[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let e = GgufFile::from_bytes(v).unwrap_err();
+    assert!(
+        matches!(e.kind(), GgufErrorKind::TensorsOverlap { other, .. } if other == "b" || other == "a"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("into the data of tensor"), "{e}");
+
+    let e = GgufFile::open(std::env::temp_dir()).unwrap_err();
+    assert!(matches!(e.kind(), GgufErrorKind::NotAFile), "{e}");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+}

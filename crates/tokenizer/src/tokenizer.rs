@@ -40,7 +40,7 @@ pub const QWEN2_PRE_TOKENIZER_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\
 pub enum TokenizerError {
     /// A required `tokenizer.ggml.*` key is missing or has the wrong type.
     #[error("reading the tokenizer from GGUF metadata: {0}")]
-    Gguf(#[from] redlite_gguf::GgufError),
+    Gguf(redlite_gguf::GgufError),
     /// `tokenizer.ggml.model` names a tokenizer family this crate does not implement.
     #[error("unsupported tokenizer model `{0}` (only `gpt2` byte-level BPE is supported)")]
     UnsupportedModel(String),
@@ -581,6 +581,14 @@ fn build_pipeline(
         .with_post_processor(Some(byte_level))
         .with_decoder(Some(byte_level));
     Ok(pipeline)
+}
+
+// By hand, not `#[from]`: the message above already includes the GGUF error's text, and as a
+// `source` it would be printed twice in a context chain.
+impl From<redlite_gguf::GgufError> for TokenizerError {
+    fn from(e: redlite_gguf::GgufError) -> Self {
+        TokenizerError::Gguf(e)
+    }
 }
 
 #[cfg(test)]
