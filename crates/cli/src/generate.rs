@@ -81,15 +81,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    check_sampling(&args)?;
     // `cuda` is the device-resident GPU model (crate::cuda_cmd), not a host-side backend.
     let choice = match crate::cuda_cmd::or_cpu(&args.backend) {
         "cuda" => None,
         name => Some(BackendChoice::parse(name)?),
     };
     let model_path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
-    let file = Arc::new(
-        GgufFile::open(&model_path).with_context(|| format!("opening {}", model_path.display()))?,
-    );
+    let file = Arc::new(GgufFile::open(&model_path).context("opening the model file")?);
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let model = match choice {
         Some(choice) => {
@@ -141,6 +140,7 @@ pub fn run(args: Args) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
+    let max_tokens = fit_context(&file, prompt_ids.len(), args.n)?;
 
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: args.temperature,
@@ -159,7 +159,7 @@ pub fn run(args: Args) -> Result<()> {
         tokenizer.stop_token_ids().to_vec()
     };
     let opts = GenerateOptions {
-        max_tokens: args.n,
+        max_tokens,
         stop_ids,
     };
 
@@ -231,4 +231,60 @@ pub fn run(args: Args) -> Result<()> {
         eprintln!("{}", s.summary());
     }
     Ok(())
+}
+
+/// The sampling options a run can use: finite, with the probabilities in [0, 1] and a positive
+/// repeat penalty (the server checks its request fields the same way).
+fn check_sampling(args: &Args) -> Result<()> {
+    let finite = [
+        ("--temp", args.temperature),
+        ("--top-p", args.top_p),
+        ("--min-p", args.min_p),
+        ("--repeat-penalty", args.repeat_penalty),
+        ("--presence-penalty", args.presence_penalty),
+        ("--frequency-penalty", args.frequency_penalty),
+    ];
+    if let Some((name, v)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+        bail!("{name} must be a finite number, got {v}");
+    }
+    if args.temperature < 0.0 {
+        bail!(
+            "--temp must be >= 0 (0 is greedy), got {}",
+            args.temperature
+        );
+    }
+    for (name, v) in [("--top-p", args.top_p), ("--min-p", args.min_p)] {
+        if !(0.0..=1.0).contains(&v) {
+            bail!("{name} must be between 0 and 1, got {v}");
+        }
+    }
+    if args.repeat_penalty <= 0.0 {
+        bail!(
+            "--repeat-penalty must be greater than 0 (1 is off), got {}",
+            args.repeat_penalty
+        );
+    }
+    Ok(())
+}
+
+/// The tokens to generate: `n`, or fewer where the prompt and `n` would pass the model's trained
+/// context length (a warning says so); an error when the prompt alone fills it.
+fn fit_context(file: &GgufFile, prompt: usize, n: usize) -> Result<usize> {
+    let ctx = file
+        .get_opt_u32("qwen3next.context_length")
+        .ok()
+        .flatten()
+        .map_or(usize::MAX, |c| c as usize);
+    if prompt >= ctx {
+        bail!("the prompt of {prompt} tokens fills the model's context of {ctx} tokens");
+    }
+    if n > ctx - prompt {
+        eprintln!(
+            "warning: -n {n} with a {prompt}-token prompt passes the model's context of {ctx} \
+             tokens; generating at most {} tokens",
+            ctx - prompt
+        );
+        return Ok(ctx - prompt);
+    }
+    Ok(n)
 }

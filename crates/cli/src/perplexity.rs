@@ -46,9 +46,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let choice = BackendChoice::parse(&args.backend)?;
-    let file = Arc::new(
-        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
-    );
+    if args.chunks == Some(0) {
+        anyhow::bail!("--chunks must be at least 1 (leave it out to score every full chunk)");
+    }
+    let file = Arc::new(GgufFile::open(&args.model).context("opening the model file")?);
     let tokenizer = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let mut text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use redlite_engine::default_model::resolve_model;
 use redlite_engine::speculative::SpecMode;
 use redlite_engine::{load_model_with_cache, with_model, BackendChoice};
@@ -66,6 +66,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let choice = BackendChoice::parse(&args.backend)?;
+    check_options(&args)?;
     let model_path = resolve_model(args.model.as_deref()).map_err(anyhow::Error::msg)?;
     let replay = match &args.replay {
         Some(p) => {
@@ -77,9 +78,14 @@ pub fn run(args: Args) -> Result<()> {
         None => Vec::new(),
     };
     let file = std::sync::Arc::new(
-        redlite_gguf::GgufFile::open(&model_path)
-            .with_context(|| format!("opening {}", model_path.display()))?,
+        redlite_gguf::GgufFile::open(&model_path).context("opening the model file")?,
     );
+    if let (Some(ctx), Ok(Some(trained))) = (args.ctx, file.get_opt_u32("qwen3next.context_length"))
+    {
+        if ctx > trained as usize {
+            bail!("--ctx {ctx} exceeds the model's context length of {trained} tokens");
+        }
+    }
     let cache = args.cache.config(&file, args.kv.cpu())?;
     let mut model = load_model_with_cache(file, choice, args.threads, cache)
         .with_context(|| format!("loading {}", model_path.display()))?;
@@ -100,4 +106,32 @@ pub fn run(args: Args) -> Result<()> {
         ..ServerOptions::default()
     };
     with_model!(model, m => redlite_server::run_blocking(m, opts))
+}
+
+/// The options that can be checked before the model loads: a usable context size, checkpoint
+/// spacing, API key and state directory (created here when missing, so that a bad path is
+/// reported with the option's name).
+fn check_options(args: &Args) -> Result<()> {
+    if let Some(ctx) = args.ctx {
+        if ctx < 2 {
+            bail!("--ctx must be at least 2 tokens (a prompt token and a reply), got {ctx}");
+        }
+    }
+    if args.checkpoint_interval == 0 || !args.checkpoint_interval.is_multiple_of(64) {
+        bail!(
+            "--checkpoint-interval must be a positive multiple of 64, got {}",
+            args.checkpoint_interval
+        );
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("--api-key is empty");
+    }
+    if let Some(dir) = &args.state_dir {
+        if dir.exists() && !dir.is_dir() {
+            bail!("--state-dir {}: not a directory", dir.display());
+        }
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--state-dir {}: cannot create it", dir.display()))?;
+    }
+    Ok(())
 }

@@ -138,3 +138,74 @@ fn backend_cuda_without_a_gpu_says_so_and_runs_on_the_cpu() {
         assert!(stderr.contains("using the CPU backend instead"), "{stderr}");
     }
 }
+
+/// The failing command's stderr, after checking that it failed (not a panic: exit code 1).
+fn fails(args: &[&str]) -> String {
+    let out = redlite(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn bad_options_are_clear_errors_not_panics_or_hangs() {
+    let model = reference("models/tiny-Q4_K_M.gguf");
+    let m = model.to_str().unwrap();
+    let gen = |extra: &[&str]| {
+        let mut a = vec!["generate", "-m", m, "-p", "hi", "-n", "2"];
+        a.extend_from_slice(extra);
+        fails(&a)
+    };
+    // A thread count past the limit fails at once (it used to start threads for minutes).
+    assert!(gen(&["-t", "100000"]).contains("at most 1024"));
+    assert!(gen(&["--temp", "NaN"]).contains("--temp must be a finite number"));
+    assert!(gen(&["--temp", "inf"]).contains("--temp must be a finite number"));
+    assert!(gen(&["--top-p", "NaN"]).contains("--top-p"));
+    assert!(gen(&["--min-p", "2"]).contains("--min-p must be between 0 and 1"));
+    assert!(gen(&["--repeat-penalty", "0"]).contains("--repeat-penalty"));
+    // A directory is not a model file, and the OS error is not printed twice.
+    let dir = std::env::temp_dir();
+    let err = fails(&["generate", "-m", dir.to_str().unwrap(), "-p", "hi"]);
+    assert!(err.contains("is a directory, not a GGUF file"), "{err}");
+    let err = fails(&["generate", "-m", "/nonexistent-redlite.gguf", "-p", "hi"]);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    // serve's options, checked before the model loads.
+    let serve = |extra: &[&str]| {
+        let mut a = vec!["serve", "-m", m, "--port", "1"];
+        a.extend_from_slice(extra);
+        fails(&a)
+    };
+    assert!(serve(&["--ctx", "1"]).contains("--ctx must be at least 2"));
+    assert!(serve(&["--ctx", "99999999"]).contains("exceeds the model's context length"));
+    assert!(serve(&["--checkpoint-interval", "63"]).contains("multiple of 64"));
+    assert!(serve(&["--api-key="]).contains("--api-key is empty"));
+    let err = serve(&["--state-dir", m]);
+    assert!(
+        err.contains("--state-dir") && err.contains("not a directory"),
+        "{err}"
+    );
+    // perplexity with no chunks to score.
+    let err = fails(&["perplexity", "-m", m, "-f", "/dev/null", "--chunks", "0"]);
+    assert!(err.contains("--chunks must be at least 1"), "{err}");
+}
+
+#[test]
+fn generate_stops_at_the_models_context() {
+    // tiny-Q4_K_M's context_length is 4096: -n past it is clamped with a warning.
+    let model = reference("models/tiny-Q4_K_M.gguf");
+    let out = redlite(&[
+        "generate",
+        "-m",
+        model.to_str().unwrap(),
+        "--ids",
+        "1,2,3",
+        "-n",
+        "100000",
+        "--ignore-eos",
+        "--print-ids",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("generating at most 4093 tokens"), "{err}");
+}

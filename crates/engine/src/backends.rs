@@ -79,10 +79,11 @@ pub fn load_model_with_cache(
 ) -> Result<AnyModel, ModelError> {
     Ok(match choice {
         BackendChoice::Oracle => AnyModel::Oracle(Model::from_gguf(file, Oracle)?),
-        BackendChoice::Cpu => AnyModel::Cpu(Model::from_gguf(
-            file,
-            CpuBackend::with_threads_and_cache(threads, cache),
-        )?),
+        BackendChoice::Cpu => {
+            let backend = CpuBackend::try_with_threads_and_cache(threads, cache)
+                .map_err(|e| ModelError::Backend(e.to_string()))?;
+            AnyModel::Cpu(Model::from_gguf(file, backend)?)
+        }
     })
 }
 

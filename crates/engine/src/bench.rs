@@ -331,7 +331,8 @@ pub fn bench_kernel_on(
             progress,
         ),
         BackendChoice::Cpu => bench_kernel(
-            &CpuBackend::with_threads(threads),
+            &CpuBackend::try_with_threads_and_cache(threads, Default::default())
+                .map_err(|e| ModelError::Backend(e.to_string()))?,
             spec,
             working_set_bytes,
             passes,

@@ -6,7 +6,9 @@
 //!    `penalties` sampler does: for a token seen `c > 0` times, a positive logit is divided by
 //!    `repeat_penalty` and a non-positive one multiplied by it, then
 //!    `c * frequency_penalty + presence_penalty` is subtracted;
-//! 2. **greedy** when `temperature <= 0`: the argmax of the penalised logits, lowest id on ties;
+//! 2. **greedy** when `temperature <= 0`, or so small that a logit divided by it overflows f32
+//!    (where the tempered softmax is all on the largest logit anyway): the argmax of the
+//!    penalised logits, lowest id on ties;
 //! 3. otherwise **temperature** (logits divided by it), **top-k** (keep the k largest),
 //!    **top-p** (keep the smallest prefix of the sorted distribution whose mass reaches `top_p`),
 //!    **min-p** (keep tokens whose probability is at least `min_p` times the largest),
@@ -195,7 +197,7 @@ impl Sampler {
         if self.cfg.has_penalties() {
             apply_penalties(&mut work, history, &self.cfg);
         }
-        let result = if self.cfg.is_greedy() {
+        let result = if self.cfg.is_greedy() || tempered_overflows(&work, self.cfg.temperature) {
             let token = argmax(&work).unwrap_or(0);
             let prob = softmax_prob_of(&work, token as usize);
             Sampled { token, prob }
@@ -275,6 +277,17 @@ impl Sampler {
             prob: (probs[chosen] / mass) as f32,
         }
     }
+}
+
+/// Whether dividing `logits` by `temperature` leaves the f32 range: the temperature is so small
+/// (e.g. 1e-38) that the tempered softmax puts all its mass on the largest logit, which is
+/// greedy decoding; computed as written, the scaled logits would be ±inf and the weights NaN.
+fn tempered_overflows(logits: &[f32], temperature: f32) -> bool {
+    let max_abs = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .fold(0.0f32, |m, l| m.max(l.abs()));
+    !(max_abs * (1.0 / temperature)).is_finite()
 }
 
 /// Highest logit first, lowest id first among equals: a total, deterministic order.
@@ -488,6 +501,26 @@ mod tests {
             counts[sampler.sample(logits, &[]) as usize] += 1;
         }
         counts.iter().map(|&c| c as f64 / n as f64).collect()
+    }
+
+    #[test]
+    fn tiny_temperatures_pick_the_largest_logit() {
+        // 1 / 1e-45 is +inf in f32 and 30 / 1e-38 overflows: the tempered weights were NaN and
+        // the draw fell to the last id. The limit of the softmax is the argmax.
+        let logits = [0.5, 30.0, -2.0, 29.5, 0.0];
+        for t in [1e-45, 1e-38, 1e-30] {
+            let mut s = Sampler::new(cfg(t, 7));
+            for _ in 0..20 {
+                assert_eq!(s.sample(&logits, &[]), 1, "temperature {t}");
+            }
+        }
+        // A small temperature that does not overflow still samples: at 0.2, ids 1 and 3 take
+        // ≈ 0.924 and ≈ 0.076.
+        let f = frequencies(&mut Sampler::new(cfg(0.2, 3)), &logits, 4000);
+        assert!(
+            (f[1] - 0.924).abs() < 0.03 && (f[3] - 0.076).abs() < 0.03,
+            "{f:?}"
+        );
     }
 
     #[test]

@@ -97,9 +97,9 @@ impl Config {
 
         let block_count = u("block_count")?;
         let nextn_layers = opt_u("nextn_predict_layers")?.unwrap_or(0);
-        if nextn_layers > block_count {
+        if nextn_layers >= block_count {
             return Err(ModelError::BadConfig(format!(
-                "nextn_predict_layers = {nextn_layers} exceeds block_count = {block_count}"
+                "nextn_predict_layers = {nextn_layers} leaves no trunk layers of block_count = {block_count}"
             )));
         }
         let n_layers = block_count - nextn_layers;
@@ -197,6 +197,22 @@ impl Config {
         }
         if cfg.hidden == 0 || cfg.n_layers == 0 || cfg.vocab == 0 {
             return bad("embedding_length, block_count and vocabulary must be non-zero".into());
+        }
+        if cfg.context_length == 0 {
+            return bad("context_length must be non-zero".into());
+        }
+        // A NaN, zero or negative epsilon or RoPE base loads and then yields NaN logits.
+        if !(cfg.rms_eps.is_finite() && cfg.rms_eps > 0.0) {
+            return bad(format!(
+                "attention.layer_norm_rms_epsilon must be finite and > 0, got {}",
+                cfg.rms_eps
+            ));
+        }
+        if !(cfg.rope_theta.is_finite() && cfg.rope_theta > 0.0) {
+            return bad(format!(
+                "rope.freq_base must be finite and > 0, got {}",
+                cfg.rope_theta
+            ));
         }
         if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return bad(format!(

@@ -46,4 +46,6 @@ pub enum ModelError {
     State(String),
     #[error("this model file has no MTP block")]
     NoMtp,
+    #[error("backend: {0}")]
+    Backend(String),
 }

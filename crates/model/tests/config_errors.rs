@@ -93,3 +93,50 @@ fn wrong_shape_names_tensor_and_expected_shape() {
         "{msg}"
     );
 }
+
+#[test]
+fn impossible_hyperparameters_are_refused_at_load() {
+    // (key, value, what the message must say): each loaded before and gave NaN logits or no
+    // trunk layers.
+    let cases: [(&str, MetaValue, &str); 6] = [
+        (
+            "qwen3next.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(f32::NAN),
+            "layer_norm_rms_epsilon must be finite and > 0",
+        ),
+        (
+            "qwen3next.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(-1.0),
+            "layer_norm_rms_epsilon must be finite and > 0",
+        ),
+        (
+            "qwen3next.rope.freq_base",
+            MetaValue::F32(0.0),
+            "rope.freq_base must be finite and > 0",
+        ),
+        (
+            "qwen3next.context_length",
+            MetaValue::U32(0),
+            "context_length must be non-zero",
+        ),
+        (
+            "qwen3next.nextn_predict_layers",
+            MetaValue::U32(99),
+            "leaves no trunk layers",
+        ),
+        (
+            "qwen3next.block_count",
+            MetaValue::U32(1),
+            "leaves no trunk layers",
+        ),
+    ];
+    for (key, value, says) in cases {
+        let err = rewrite(
+            |k, v| if k == key { value.clone() } else { v.clone() },
+            |n, d| Some((n.to_string(), d.to_vec())),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{key} = {value:?} loaded"));
+        assert!(err.to_string().contains(says), "{key}: {err}");
+    }
+}

@@ -204,16 +204,31 @@ impl CpuBackend {
         CpuBackend::with_threads_and_cache(threads, CacheConfig::default())
     }
 
-    /// [`CpuBackend::with_threads`] with an expert cache of the given settings.
+    /// [`CpuBackend::with_threads`] with an expert cache of the given settings. A pool that cannot
+    /// be built (see [`CpuBackend::try_with_threads_and_cache`]) is left to rayon's default.
     pub fn with_threads_and_cache(threads: usize, config: CacheConfig) -> CpuBackend {
-        let n = if threads == 0 {
+        let _ = driver::init_threads(Self::pool_size(threads));
+        CpuBackend::with_cache_config(config)
+    }
+
+    /// [`CpuBackend::with_threads_and_cache`], failing when the pool of `threads` threads cannot
+    /// be built: more than [`driver::MAX_THREADS`], or threads the system cannot start. An
+    /// already-built pool is not an error: it is the one persistent pool, and keeps its size.
+    pub fn try_with_threads_and_cache(
+        threads: usize,
+        config: CacheConfig,
+    ) -> Result<CpuBackend, driver::KernelError> {
+        driver::init_threads(Self::pool_size(threads))?;
+        Ok(CpuBackend::with_cache_config(config))
+    }
+
+    /// The pool size for a requested thread count (0: one per physical core).
+    fn pool_size(threads: usize) -> usize {
+        if threads == 0 {
             driver::physical_cores()
         } else {
             threads
-        };
-        // An already-built pool is not an error for us: it is the one persistent pool.
-        let _ = driver::init_threads(n);
-        CpuBackend::with_cache_config(config)
+        }
     }
 
     fn with_cache_config(config: CacheConfig) -> CpuBackend {

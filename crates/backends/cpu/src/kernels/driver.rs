@@ -74,15 +74,34 @@ pub fn default_threads() -> usize {
         .unwrap_or_else(physical_cores)
 }
 
-/// Builds the global rayon pool with `n` threads (`0` = [`default_threads`]). Fails if the
-/// global pool already exists (it is created on first use with the default size).
+/// The most threads [`init_threads`] starts: far past any CPU's hardware threads, and low enough
+/// that a mistyped count fails at once instead of spending minutes starting threads.
+pub const MAX_THREADS: usize = 1024;
+
+/// Builds the global rayon pool with `n` threads (`0` = [`default_threads`]). A pool that already
+/// exists (it is created on first use with the default size) is kept, and that is not an error;
+/// a count above [`MAX_THREADS`] or threads the system cannot start are.
 pub fn init_threads(n: usize) -> Result<(), KernelError> {
     let n = if n == 0 { default_threads() } else { n };
-    rayon::ThreadPoolBuilder::new()
+    if n > MAX_THREADS {
+        let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+        return Err(KernelError::ThreadPool(format!(
+            "{n} threads requested; at most {MAX_THREADS} (this machine has {cpus} CPUs)"
+        )));
+    }
+    match rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("redlite-cpu-{i}"))
         .build_global()
-        .map_err(|e| KernelError::ThreadPool(e.to_string()))
+    {
+        Ok(()) => Ok(()),
+        // Only a failure to start the threads carries an I/O error as its source; the others
+        // say that the pool exists already.
+        Err(e) if std::error::Error::source(&e).is_none() => Ok(()),
+        Err(e) => Err(KernelError::ThreadPool(format!(
+            "cannot start {n} threads: {e}"
+        ))),
+    }
 }
 
 /// Makes sure the global pool exists, sized by [`default_threads`] unless [`init_threads`] (or
@@ -90,7 +109,7 @@ pub fn init_threads(n: usize) -> Result<(), KernelError> {
 fn ensure_pool() {
     static INIT: OnceLock<()> = OnceLock::new();
     INIT.get_or_init(|| {
-        // An error only means that the pool already exists, which is fine.
+        // On failure rayon builds its own default pool on first use.
         let _ = init_threads(0);
     });
 }
