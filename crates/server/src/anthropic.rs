@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 
 use crate::error::{ApiError, Flavor};
 use crate::openai::{
-    collect, content_text, counted, normalize_messages, parse_body, render_chat, sse_response,
-    start_job, CommonParams, Streamer,
+    check_function, collect, content_text, counted, normalize_messages, parse_body, render_chat,
+    sse_response, start_job, CommonParams, Streamer,
 };
 use crate::toolcall::{parse_all, Piece, ToolCall, ToolCallParser, ToolSchemas};
 use crate::worker::{Event, Finish, Prompt, Usage};
@@ -77,24 +77,33 @@ fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Va
         };
         let mut text = String::new();
         let mut calls = Vec::new();
-        for b in &blocks {
+        for (j, b) in blocks.iter().enumerate() {
+            let block = format!("{field}.content[{j}]");
             let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
             match kind {
                 "text" => match b.get("text") {
                     Some(Value::String(t)) => text.push_str(t),
-                    _ => return Err(ApiError::bad_param(&field, "a text block has no text")),
+                    _ => {
+                        return Err(ApiError::bad_param(
+                            &field,
+                            format!("'{block}': a text block has no 'text' string"),
+                        ))
+                    }
                 },
                 "tool_use" if role == "assistant" => {
                     let id = b.get("id").and_then(Value::as_str).unwrap_or("");
                     let Some(name) = b.get("name").and_then(Value::as_str) else {
-                        return Err(ApiError::bad_param(&field, "a tool_use block has no name"));
+                        return Err(ApiError::bad_param(
+                            &field,
+                            format!("'{block}': a tool_use block has no name"),
+                        ));
                     };
                     let input = b.get("input").cloned().unwrap_or(json!({}));
                     calls.push(json!({"id": id, "type": "function",
                         "function": {"name": name, "arguments": input.to_string()}}));
                 }
                 "tool_result" if role == "user" => {
-                    let content = content_text(b.get("content"), &format!("{field}.content"))?;
+                    let content = content_text(b.get("content"), &format!("{block}.content"))?;
                     let id = b.get("tool_use_id").and_then(Value::as_str).unwrap_or("");
                     out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                 }
@@ -102,7 +111,9 @@ fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Va
                 other => {
                     return Err(ApiError::bad_param(
                         &field,
-                        format!("content blocks of type '{other}' are not supported here"),
+                        format!(
+                            "'{block}': content blocks of type '{other}' are not supported here"
+                        ),
                     ))
                 }
             }
@@ -120,22 +131,44 @@ fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Va
     Ok(out)
 }
 
-/// Anthropic tools to OpenAI-style ones.
+/// Anthropic tools to OpenAI-style ones, checked as the OpenAI endpoint checks its own.
 fn convert_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
     tools
         .iter()
-        .map(|t| {
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::bad_param("tools", "every tool needs a name"))?;
+        .enumerate()
+        .map(|(i, t)| {
+            check_function(&format!("tools[{i}]"), t, "input_schema")?;
+            let schema = match t.get("input_schema") {
+                Some(s @ Value::Object(_)) => s.clone(),
+                _ => json!({"type": "object"}),
+            };
             Ok(json!({"type": "function", "function": {
-                "name": name,
+                "name": t.get("name").cloned().unwrap_or(Value::Null),
                 "description": t.get("description").cloned().unwrap_or(Value::Null),
-                "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"})),
+                "parameters": schema,
             }}))
         })
         .collect()
+}
+
+/// `tool_choice` naming a tool (`{"type": "tool", "name": ...}`): that tool must be in `tools`.
+fn check_tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<(), ApiError> {
+    if choice.and_then(|c| c.get("type")).and_then(Value::as_str) != Some("tool") {
+        return Ok(());
+    }
+    let Some(name) = choice.and_then(|c| c.get("name")).and_then(Value::as_str) else {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            "'tool_choice.name' must be a string",
+        ));
+    };
+    if !tools.iter().any(|t| t["function"]["name"] == name) {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            format!("'tool_choice' names the tool '{name}', which is not in 'tools'"),
+        ));
+    }
+    Ok(())
 }
 
 struct Prepared {
@@ -148,6 +181,7 @@ fn prepare(app: &AppState, req: &MessagesRequest) -> Result<Prepared, ApiError> 
     let messages = convert_messages(req.system.as_ref(), &req.messages)?;
     let messages = normalize_messages(&messages)?;
     let tools = convert_tools(req.tools.as_deref().unwrap_or(&[]))?;
+    check_tool_choice(req.tool_choice.as_ref(), &tools)?;
     let none = matches!(
         req.tool_choice
             .as_ref()

@@ -121,7 +121,14 @@ impl CommonParams {
         check_range("min_p", self.min_p, 0.0, 1.0)?;
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
-        check_range("repeat_penalty", self.repeat_penalty, 0.0, 10.0)?;
+        // It scales repeated tokens' logits (as llama.cpp's); the sampler would quietly read
+        // 0 or less as 1 (off).
+        if let Some(x) = self.repeat_penalty.filter(|x| !(*x > 0.0 && *x <= 10.0)) {
+            return Err(ApiError::bad_param(
+                "repeat_penalty",
+                format!("'repeat_penalty' must be greater than 0 and at most 10, got {x}"),
+            ));
+        }
         if let Some(n) = self.n {
             if n != 1 {
                 return Err(ApiError::bad_param("n", "only n = 1 is supported"));
@@ -186,13 +193,25 @@ impl CommonParams {
             stop,
             debug: self.return_token_ids.unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
-            spec: self
-                .spec
-                .as_deref()
-                .map(|m| SpecMode::parse(m).map_err(|e| ApiError::bad_param("spec", e.to_string())))
-                .transpose()?,
+            spec: self.spec.as_deref().map(parse_spec).transpose()?,
         })
     }
+}
+
+/// The request's `spec` field. The engine's parse error speaks of the model configuration,
+/// so the message is the server's own.
+fn parse_spec(mode: &str) -> Result<SpecMode, ApiError> {
+    SpecMode::parse(mode).map_err(|_| {
+        let names = SpecMode::NAMES;
+        let expected = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(", "),
+        };
+        ApiError::bad_param(
+            "spec",
+            format!("unknown speculation mode '{mode}' (expected {expected})"),
+        )
+    })
 }
 
 /// Parse a JSON body into `T`, with OpenAI-shaped errors for every failure.
@@ -223,8 +242,125 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Only checked for shape: the reply is not constrained to it.
+    #[serde(default)]
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub common: CommonParams,
+}
+
+/// Check one function tool's name and parameter schema (`schema_key`: `parameters` or
+/// `input_schema`); `prefix` names the object holding them in errors.
+pub fn check_function(prefix: &str, f: &Value, schema_key: &str) -> Result<(), ApiError> {
+    match f.get("name") {
+        Some(Value::String(s)) if !s.is_empty() => {}
+        _ => {
+            let field = format!("{prefix}.name");
+            return Err(ApiError::bad_param(
+                &field,
+                format!("'{field}' must be a non-empty string"),
+            ));
+        }
+    }
+    match f.get(schema_key) {
+        None | Some(Value::Null | Value::Object(_)) => Ok(()),
+        Some(_) => {
+            let field = format!("{prefix}.{schema_key}");
+            Err(ApiError::bad_param(
+                &field,
+                format!("'{field}' must be a JSON Schema object"),
+            ))
+        }
+    }
+}
+
+/// Check OpenAI `tools`: function tools with a name and an object schema. As the tool-call
+/// parser, a tool without a `function` object is read as the function itself.
+fn check_tools(tools: &[Value]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        let field = format!("tools[{i}]");
+        let Value::Object(obj) = t else {
+            return Err(ApiError::bad_param(
+                &field,
+                format!("'{field}' must be an object"),
+            ));
+        };
+        match obj.get("type") {
+            None => {}
+            Some(Value::String(s)) if s == "function" => {}
+            Some(other) => {
+                return Err(ApiError::bad_param(
+                    &format!("{field}.type"),
+                    format!("'{field}.type' must be \"function\", got {other}"),
+                ))
+            }
+        }
+        match obj.get("function") {
+            None => check_function(&field, t, "parameters")?,
+            Some(f @ Value::Object(_)) => {
+                check_function(&format!("{field}.function"), f, "parameters")?
+            }
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    &format!("{field}.function"),
+                    format!("'{field}.function' must be an object"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tool_choice` naming a function (`{"type": "function", "function": {"name": ...}}`): that
+/// function must be among `tools`.
+fn check_tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<(), ApiError> {
+    let Some(Value::Object(c)) = choice else {
+        return Ok(());
+    };
+    if c.get("type").and_then(Value::as_str) != Some("function") {
+        return Ok(());
+    }
+    let Some(name) = c
+        .get("function")
+        .and_then(|f| f.get("name"))
+        .and_then(Value::as_str)
+    else {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            "'tool_choice.function.name' must be a string",
+        ));
+    };
+    let known = tools.iter().any(|t| {
+        t.get("function")
+            .unwrap_or(t)
+            .get("name")
+            .and_then(Value::as_str)
+            == Some(name)
+    });
+    if !known {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            format!("'tool_choice' names the function '{name}', which is not in 'tools'"),
+        ));
+    }
+    Ok(())
+}
+
+/// `response_format`: a `json_schema` one's `schema` must be an object.
+fn check_response_format(format: Option<&Value>) -> Result<(), ApiError> {
+    let Some(f) = format else {
+        return Ok(());
+    };
+    if f.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Ok(());
+    }
+    match f.get("json_schema").and_then(|j| j.get("schema")) {
+        None | Some(Value::Null | Value::Object(_)) => Ok(()),
+        Some(_) => Err(ApiError::bad_param(
+            "response_format",
+            "'response_format.json_schema.schema' must be a JSON Schema object",
+        )),
+    }
 }
 
 /// Flatten message content (a string, null, or a list of text parts) to a string.
@@ -240,30 +376,35 @@ pub fn content_text(content: Option<&Value>, field: &str) -> Result<String, ApiE
                     Value::Object(o) => {
                         match (o.get("type").and_then(Value::as_str), o.get("text")) {
                             (Some("text") | None, Some(Value::String(t))) => out.push_str(t),
+                            (Some("text") | None, _) => {
+                                return Err(ApiError::bad_param(
+                                    field,
+                                    format!("'{field}': a text part has no 'text' string"),
+                                ))
+                            }
                             (Some(t), _) => {
                                 return Err(ApiError::bad_param(
                                     field,
                                     format!(
-                                        "content parts of type '{t}' are not supported (text only)"
+                                        "'{field}': content parts of type '{t}' are not supported (text only)"
                                     ),
-                                ))
-                            }
-                            _ => {
-                                return Err(ApiError::bad_param(
-                                    field,
-                                    "a content part has no text",
                                 ))
                             }
                         }
                     }
-                    _ => return Err(ApiError::bad_param(field, "content parts must be objects")),
+                    _ => {
+                        return Err(ApiError::bad_param(
+                            field,
+                            format!("'{field}': content parts must be strings or objects"),
+                        ))
+                    }
                 }
             }
             Ok(out)
         }
         Some(_) => Err(ApiError::bad_param(
             field,
-            "content must be a string or a list of parts",
+            format!("'{field}' must be a string or a list of text parts"),
         )),
     }
 }
@@ -525,6 +666,10 @@ async fn chat_inner(
         ));
     }
     let logprobs = want_logprobs.then_some(top as usize);
+    let given_tools = req.tools.as_deref().unwrap_or_default();
+    check_tools(given_tools)?;
+    check_tool_choice(req.tool_choice.as_ref(), given_tools)?;
+    check_response_format(req.response_format.as_ref())?;
     let tools_off = matches!(&req.tool_choice, Some(Value::String(s)) if s == "none");
     let tools: Vec<Value> = req.tools.clone().unwrap_or_default();
     let use_tools = !tools.is_empty() && !tools_off;

@@ -141,3 +141,89 @@ async fn messages_tool_use_round_trip_and_stream() {
     assert!(n["input_tokens"].as_u64().unwrap() > 1);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_invalid_fields_are_named() {
+    let (server, base) = start(options()).await;
+    let c = client();
+    let url = format!("{base}/v1/messages");
+    let user = |content: Value| json!([{"role": "user", "content": content}]);
+    // (extra fields over a valid request, a piece of the message)
+    let cases = [
+        (
+            json!({"tools": [{"input_schema": {}}]}),
+            "'tools[0].name' must be a non-empty string",
+        ),
+        (
+            json!({"tools": [{"name": ""}]}),
+            "'tools[0].name' must be a non-empty string",
+        ),
+        (
+            json!({"tools": [{"name": "read", "input_schema": "x"}]}),
+            "'tools[0].input_schema' must be a JSON Schema object",
+        ),
+        (
+            json!({"tools": tools(), "tool_choice": {"type": "tool", "name": "missing"}}),
+            "'tool_choice' names the tool 'missing', which is not in 'tools'",
+        ),
+        (
+            json!({"tool_choice": {"type": "tool", "name": "read_file"}}),
+            "not in 'tools'",
+        ),
+        (
+            json!({"system": 5}),
+            "'system' must be a string or a list of text parts",
+        ),
+        (
+            json!({"system": [{"type": "text"}]}),
+            "'system': a text part has no 'text' string",
+        ),
+        (
+            json!({"messages": user(json!([{"type": "text"}]))}),
+            "'messages[0].content[0]': a text block has no 'text' string",
+        ),
+        (
+            json!({"messages": user(json!([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text"}]}]))}),
+            "'messages[0].content[0].content': a text part has no 'text' string",
+        ),
+        (
+            json!({"messages": user(json!([{"type": "tool_result", "tool_use_id": "t", "content": 5}]))}),
+            "'messages[0].content[0].content' must be a string or a list of text parts",
+        ),
+        (
+            json!({"spec": "banana"}),
+            "unknown speculation mode 'banana' (expected off, lookup, mtp or both)",
+        ),
+        (
+            json!({"repeat_penalty": 0}),
+            "'repeat_penalty' must be greater than 0",
+        ),
+    ];
+    for (extra, msg) in cases {
+        let mut body = json!({"max_tokens": 1, "messages": user(json!("hi"))});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, e) = post(&c, &url, &body).await;
+        assert_eq!(status, 400, "{extra}: {e}");
+        assert_eq!(e["type"], "error");
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+        let m = e["error"]["message"].as_str().unwrap();
+        assert!(m.contains(msg), "{extra}: {m:?} lacks {msg:?}");
+        assert!(!m.contains("model configuration"), "{m}");
+    }
+    // Still accepted: a tool without a schema, a tool_choice naming a given tool.
+    for extra in [
+        json!({"tools": [{"name": "read"}]}),
+        json!({"tools": tools(), "tool_choice": {"type": "tool", "name": "read_file"}}),
+        json!({"tools": tools(), "tool_choice": {"type": "any"}}),
+    ] {
+        let mut body = json!({"max_tokens": 1, "messages": user(json!("hi"))});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, r) = post(&c, &url, &body).await;
+        assert_eq!(status, 200, "{extra}: {r}");
+    }
+    server.shutdown().await;
+}

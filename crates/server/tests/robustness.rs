@@ -61,6 +61,7 @@ fn bad_bodies() -> Vec<Vec<u8>> {
         ("presence_penalty", json!(5)),
         ("frequency_penalty", json!(-5)),
         ("repeat_penalty", json!(-1)),
+        ("repeat_penalty", json!(0)),
         ("seed", json!("abc")),
         ("seed", json!(1e40)),
         ("seed", json!(-1.5)),
@@ -77,6 +78,20 @@ fn bad_bodies() -> Vec<Vec<u8>> {
         ("top_logprobs", json!(-1)),
         ("tools", json!("all")),
         ("tools", json!(5)),
+        ("tools", json!([{"type": "banana"}])),
+        ("tools", json!([{"type": "function", "function": {}}])),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+        ),
+        (
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "missing"}}),
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"schema": "x"}}),
+        ),
         ("chat_template_kwargs", json!([1])),
         ("stream_options", json!("x")),
         ("model", json!(5)),
@@ -215,5 +230,123 @@ async fn hostile_requests_get_4xx_and_server_survives() {
     )
     .await;
     assert_eq!(status, 200, "{v}");
+    server.shutdown().await;
+}
+
+/// One chat request with `extra` merged into a valid body: (status, error param, message).
+async fn chat_error(c: &reqwest::Client, url: &str, extra: Value) -> (u16, Value, String) {
+    let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let (status, v) = post(c, url, &body).await;
+    let message = v["error"]["message"].as_str().unwrap_or("").to_string();
+    (status, v["error"]["param"].clone(), message)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_tools_and_fields_are_named() {
+    let (server, base) = start(options()).await;
+    let c = client();
+    let chat = format!("{base}/v1/chat/completions");
+    let f = |name: Value, params: Value| json!({"type": "function", "function": {"name": name, "parameters": params}});
+    let good = f(json!("read"), json!({"type": "object"}));
+    // (extra fields, param, a piece of the message)
+    let cases = [
+        (
+            json!({"tools": [{"type": "banana"}]}),
+            "tools[0].type",
+            "must be \"function\", got \"banana\"",
+        ),
+        (
+            json!({"tools": [good, {"type": "function", "function": {}}]}),
+            "tools[1].function.name",
+            "must be a non-empty string",
+        ),
+        (
+            json!({"tools": [f(json!(""), json!({}))]}),
+            "tools[0].function.name",
+            "non-empty string",
+        ),
+        (
+            json!({"tools": [f(json!(7), json!({}))]}),
+            "tools[0].function.name",
+            "non-empty string",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": "read"}]}),
+            "tools[0].function",
+            "must be an object",
+        ),
+        (json!({"tools": [3]}), "tools[0]", "must be an object"),
+        (
+            json!({"tools": [f(json!("read"), json!("notaschema"))]}),
+            "tools[0].function.parameters",
+            "must be a JSON Schema object",
+        ),
+        (
+            json!({"tools": [good], "tool_choice": {"type": "function", "function": {"name": "missing"}}}),
+            "tool_choice",
+            "'missing', which is not in 'tools'",
+        ),
+        (
+            json!({"tool_choice": {"type": "function", "function": {"name": "missing"}}}),
+            "tool_choice",
+            "'missing', which is not in 'tools'",
+        ),
+        (
+            json!({"tools": [good], "tool_choice": {"type": "function"}}),
+            "tool_choice",
+            "'tool_choice.function.name' must be a string",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
+            "response_format",
+            "'response_format.json_schema.schema' must be a JSON Schema object",
+        ),
+        (
+            json!({"repeat_penalty": 0}),
+            "repeat_penalty",
+            "must be greater than 0 and at most 10, got 0",
+        ),
+        (
+            json!({"repeat_penalty": -0.5}),
+            "repeat_penalty",
+            "must be greater than 0 and at most 10, got -0.5",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+            "messages[0].content",
+            "'messages[0].content': a text part has no 'text' string",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+            "'messages[0].content' must be a string or a list of text parts",
+        ),
+    ];
+    for (extra, param, msg) in cases {
+        let (status, p, m) = chat_error(&c, &chat, extra.clone()).await;
+        assert_eq!(status, 400, "{extra}: {m}");
+        assert_eq!(p, param, "{extra}: {m}");
+        assert!(m.contains(msg), "{extra}: {m:?} lacks {msg:?}");
+    }
+    // Still accepted: a tool with no schema or a null one, a flat function tool, a
+    // tool_choice naming a given function, an object schema in response_format, a small
+    // repeat_penalty.
+    let ok = [
+        json!({"tools": [{"type": "function", "function": {"name": "read"}}]}),
+        json!({"tools": [f(json!("read"), Value::Null)]}),
+        json!({"tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}]}),
+        json!({"tools": [good], "tool_choice": {"type": "function", "function": {"name": "read"}}}),
+        json!({"tools": [good], "tool_choice": "required"}),
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}}),
+        json!({"response_format": {"type": "json_object"}}),
+        json!({"repeat_penalty": 0.01}),
+    ];
+    for extra in ok {
+        let (status, _, m) = chat_error(&c, &chat, extra.clone()).await;
+        assert_eq!(status, 200, "{extra}: {m}");
+    }
     server.shutdown().await;
 }

@@ -101,6 +101,23 @@ async fn speculative_replies_equal_plain_ones() {
     let (status, r) = post(&c, &url, &json!({"prompt": "a", "spec": "always"})).await;
     assert_eq!(status, 400, "{r}");
     assert_eq!(r["error"]["param"], "spec");
+    assert_eq!(
+        r["error"]["message"],
+        "unknown speculation mode 'always' (expected off, lookup, mtp or both)"
+    );
+    // Also on the chat endpoint; the message does not blame the model configuration.
+    let (status, r) = post(
+        &c,
+        &url.replace("/v1/completions", "/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "a"}], "spec": "banana"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert_eq!(r["error"]["param"], "spec");
+    assert_eq!(
+        r["error"]["message"],
+        "unknown speculation mode 'banana' (expected off, lookup, mtp or both)"
+    );
     server.shutdown().await;
 }
 
