@@ -36,7 +36,8 @@ const EXT: &str = "rls";
 /// Why a state file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum StateFileError {
-    #[error("{0}")]
+    // Transparent: the I/O error's own text, not repeated as a source in a context chain.
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("not a redlite state file (bad magic)")]
     BadMagic,
