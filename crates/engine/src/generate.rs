@@ -20,13 +20,23 @@ pub struct GenerationStats {
 
 impl GenerationStats {
     pub fn prompt_tok_per_s(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prompt_time.as_secs_f64().max(1e-9)
+        rate(self.prompt_tokens, self.prompt_time)
     }
 
     /// Decode speed over the tokens that needed a forward step (the first comes from the prompt pass).
     pub fn decode_tok_per_s(&self) -> f64 {
         let steps = self.generated_tokens.saturating_sub(1);
-        steps as f64 / self.decode_time.as_secs_f64().max(1e-9)
+        rate(steps, self.decode_time)
+    }
+}
+
+/// `n` per second over `t`; 0 when nothing was timed (`-n 0` runs no prompt pass, and printed
+/// 10⁹ tok/s).
+fn rate(n: usize, t: Duration) -> f64 {
+    if t.is_zero() {
+        0.0
+    } else {
+        n as f64 / t.as_secs_f64()
     }
 }
 
