@@ -62,19 +62,22 @@ pub enum SpecMode {
     Both,
 }
 
+/// A speculation mode name that [`SpecMode::parse`] does not know (a setting or request field,
+/// not a model problem).
+#[derive(Debug, thiserror::Error)]
+#[error("unknown speculation mode '{0}' (expected off, lookup, mtp or both)")]
+pub struct UnknownSpecMode(pub String);
+
 impl SpecMode {
     pub const NAMES: &'static [&'static str] = &["off", "lookup", "mtp", "both"];
 
-    pub fn parse(name: &str) -> Result<SpecMode, ModelError> {
+    pub fn parse(name: &str) -> Result<SpecMode, UnknownSpecMode> {
         match name {
             "off" => Ok(SpecMode::Off),
             "lookup" => Ok(SpecMode::Lookup),
             "mtp" => Ok(SpecMode::Mtp),
             "both" => Ok(SpecMode::Both),
-            other => Err(ModelError::BadConfig(format!(
-                "unknown speculation mode '{other}' (available: {})",
-                SpecMode::NAMES.join(", ")
-            ))),
+            other => Err(UnknownSpecMode(other.to_string())),
         }
     }
 

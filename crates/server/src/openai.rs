@@ -198,20 +198,9 @@ impl CommonParams {
     }
 }
 
-/// The request's `spec` field. The engine's parse error speaks of the model configuration,
-/// so the message is the server's own.
+/// The request's `spec` field.
 fn parse_spec(mode: &str) -> Result<SpecMode, ApiError> {
-    SpecMode::parse(mode).map_err(|_| {
-        let names = SpecMode::NAMES;
-        let expected = match names.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-            _ => names.join(", "),
-        };
-        ApiError::bad_param(
-            "spec",
-            format!("unknown speculation mode '{mode}' (expected {expected})"),
-        )
-    })
+    SpecMode::parse(mode).map_err(|e| ApiError::bad_param("spec", e.to_string()))
 }
 
 /// Parse a JSON body into `T`, with OpenAI-shaped errors for every failure.
