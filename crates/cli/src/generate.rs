@@ -270,11 +270,9 @@ fn check_sampling(args: &Args) -> Result<()> {
 /// The tokens to generate: `n`, or fewer where the prompt and `n` would pass the model's trained
 /// context length (a warning says so); an error when the prompt alone fills it.
 fn fit_context(file: &GgufFile, prompt: usize, n: usize) -> Result<usize> {
-    let ctx = file
-        .get_opt_u32("qwen3next.context_length")
-        .ok()
-        .flatten()
-        .map_or(usize::MAX, |c| c as usize);
+    let ctx = redlite_model::Config::from_gguf(file)
+        .context("reading the model configuration")?
+        .context_length;
     if prompt >= ctx {
         bail!("the prompt of {prompt} tokens fills the model's context of {ctx} tokens");
     }

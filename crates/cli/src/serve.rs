@@ -80,9 +80,11 @@ pub fn run(args: Args) -> Result<()> {
     let file = std::sync::Arc::new(
         redlite_gguf::GgufFile::open(&model_path).context("opening the model file")?,
     );
-    if let (Some(ctx), Ok(Some(trained))) = (args.ctx, file.get_opt_u32("qwen3next.context_length"))
-    {
-        if ctx > trained as usize {
+    if let Some(ctx) = args.ctx {
+        let trained = redlite_model::Config::from_gguf(&file)
+            .context("reading the model configuration")?
+            .context_length;
+        if ctx > trained {
             bail!("--ctx {ctx} exceeds the model's context length of {trained} tokens");
         }
     }
