@@ -6,9 +6,9 @@
 //!    `penalties` sampler does: for a token seen `c > 0` times, a positive logit is divided by
 //!    `repeat_penalty` and a non-positive one multiplied by it, then
 //!    `c * frequency_penalty + presence_penalty` is subtracted;
-//! 2. **greedy** when `temperature <= 0`, or so small that a logit divided by it overflows f32
-//!    (where the tempered softmax is all on the largest logit anyway): the argmax of the
-//!    penalised logits, lowest id on ties;
+//! 2. **greedy** when `temperature <= 0`, or so small that the largest logit divided by it
+//!    overflows f32 (where the tempered softmax is all on the largest logit anyway): the argmax
+//!    of the penalised logits, lowest id on ties;
 //! 3. otherwise **temperature** (logits divided by it), **top-k** (keep the k largest),
 //!    **top-p** (keep the smallest prefix of the sorted distribution whose mass reaches `top_p`),
 //!    **min-p** (keep tokens whose probability is at least `min_p` times the largest),
@@ -197,7 +197,7 @@ impl Sampler {
         if self.cfg.has_penalties() {
             apply_penalties(&mut work, history, &self.cfg);
         }
-        let result = if self.cfg.is_greedy() || tempered_overflows(&work, self.cfg.temperature) {
+        let result = if self.cfg.is_greedy() {
             let token = argmax(&work).unwrap_or(0);
             let prob = softmax_prob_of(&work, token as usize);
             Sampled { token, prob }
@@ -234,6 +234,14 @@ impl Sampler {
 
         // Unnormalised softmax weights exp(l - max); `total` normalises them.
         let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        if !inv_t.is_finite() || max == f32::INFINITY {
+            // A temperature so small (e.g. 1e-38) that the largest logit / T overflows: the
+            // tempered softmax is all on the largest logit, i.e. greedy decoding (the weights
+            // would be NaN here).
+            let token = argmax(logits).unwrap_or(0);
+            let prob = softmax_prob_of(logits, token as usize);
+            return Sampled { token, prob };
+        }
         let weight = |l: f32| f64::from(l - max).exp();
         let total: f64 = cands.iter().map(|c| weight(c.1)).sum();
 
@@ -277,17 +285,6 @@ impl Sampler {
             prob: (probs[chosen] / mass) as f32,
         }
     }
-}
-
-/// Whether dividing `logits` by `temperature` leaves the f32 range: the temperature is so small
-/// (e.g. 1e-38) that the tempered softmax puts all its mass on the largest logit, which is
-/// greedy decoding; computed as written, the scaled logits would be ±inf and the weights NaN.
-fn tempered_overflows(logits: &[f32], temperature: f32) -> bool {
-    let max_abs = logits
-        .iter()
-        .filter(|l| l.is_finite())
-        .fold(0.0f32, |m, l| m.max(l.abs()));
-    !(max_abs * (1.0 / temperature)).is_finite()
 }
 
 /// Highest logit first, lowest id first among equals: a total, deterministic order.
