@@ -209,6 +209,23 @@ pub trait Backend: Send + Sync + Sized {
         out
     }
 
+    /// The whole MoE block of a short run of tokens (a verify pass), each row exactly what
+    /// [`Backend::moe_token`] gives for its token alone; `None` (the default) leaves it to the
+    /// model, which runs [`Backend::routed_experts_rows`] and the shared expert as batched
+    /// products. A backend whose batched products of a few rows cost more than its one-token
+    /// path (small matrices, where each product's hand-off dominates) computes it here instead.
+    fn moe_rows(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[Vec<(usize, f32)>],
+        shared: &FfnWeights<Self>,
+        shared_gate: &[f32],
+        xs: &[Vec<f32>],
+    ) -> Option<Vec<Vec<f32>>> {
+        let _ = (experts, chosen, shared, shared_gate, xs);
+        None
+    }
+
     /// The routed experts of one token: `Σ weight_e · down_e(silu(gate_e·x) ⊙ up_e·x)` over the
     /// chosen `(expert, weight)` pairs, summed in the given order. Backends fuse this.
     fn routed_experts(

@@ -646,6 +646,9 @@ fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> V
         let (shared, gate) = (&w.shared, &w.shared_gate);
         return vec![b.moe_token(&w.experts, &chosen[0], shared, gate, &xs[0])];
     }
+    if let Some(out) = b.moe_rows(&w.experts, &chosen, &w.shared, &w.shared_gate, xs) {
+        return out;
+    }
     let mut out = b.routed_experts_rows(&w.experts, &chosen, xs);
     add_rows(&mut out, &shared_expert_rows(b, w, xs));
     out

@@ -336,56 +336,97 @@ impl CpuBackend {
         shared: Option<&FfnWeights<Self>>,
         x: &[f32],
     ) -> Vec<Vec<f32>> {
-        let mut ffns: Vec<(&FfnWeights<Self>, ExpertBytes)> = ids
+        let mut ffns: Vec<(&FfnWeights<Self>, ExpertBytes, &[usize])> = ids
             .iter()
             .zip(bytes)
-            .map(|(&e, &b)| (&experts[e], b))
+            .map(|(&e, &b)| (&experts[e], b, &[0usize][..]))
             .collect();
         if let Some(w) = shared {
-            ffns.push((w, [w.gate.bytes(), w.up.bytes(), w.down.bytes()]));
+            ffns.push((w, [w.gate.bytes(), w.up.bytes(), w.down.bytes()], &[0]));
         }
-        let mut products = Vec::with_capacity(2 * ffns.len());
-        for (ffn, b) in &ffns {
-            for (w, wb) in [(&ffn.gate, b[0]), (&ffn.up, b[1])] {
-                products.push(Product {
-                    ty: w.ty,
-                    w: wb,
-                    rows: w.rows,
-                    cols: w.cols,
-                    input: 0,
-                    tiles: w.tiles.as_ref(),
-                });
-            }
-        }
-        let mut gate_up = vec![Vec::new(); products.len()];
-        fused::matvec_batch(&products, &[x], &mut gate_up)
-            .unwrap_or_else(|e| panic!("expert gate/up: {e}"));
-        let act = |gu: &[Vec<f32>]| -> Vec<f32> { silu_times(&gu[0], &gu[1]) };
-        // One exp per value (≈ 5.6k at full size): on the pool when there are that many.
-        let values: usize = gate_up.iter().map(Vec::len).sum::<usize>() / 2;
-        let acts: Vec<Vec<f32>> = if values >= 4096 {
-            gate_up.par_chunks_exact(2).map(act).collect()
-        } else {
-            gate_up.chunks_exact(2).map(act).collect()
-        };
-        let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
-        let products: Vec<Product> = ffns
-            .iter()
-            .enumerate()
-            .map(|(i, (ffn, b))| Product {
-                ty: ffn.down.ty,
-                w: b[2],
-                rows: ffn.down.rows,
-                cols: ffn.down.cols,
-                input: i,
-                tiles: ffn.down.tiles.as_ref(),
-            })
-            .collect();
-        let mut downs = vec![Vec::new(); products.len()];
-        fused::matvec_batch(&products, &inputs, &mut downs)
-            .unwrap_or_else(|e| panic!("expert down: {e}"));
-        downs
+        ffn_outputs(&ffns, &[x])
+            .into_iter()
+            .map(|mut y| y.pop().unwrap_or_default())
+            .collect()
     }
+}
+
+/// `down(silu(gate·x_t) ⊙ up·x_t)` of each feed-forward `(weights, their bytes, tokens)` for each
+/// of its tokens `t` (indices into `xs`): `[ffn][its token][rows]`. Every (feed-forward, token)
+/// pair is a product of its own in two parallel regions (gate and up of every pair over the
+/// tokens' activations quantized once each, then every down), so each output is the one-token
+/// path's ([`CpuBackend::expert_outputs`]) bit for bit.
+fn ffn_outputs<'a>(
+    ffns: &[(&'a FfnWeights<CpuBackend>, ExpertBytes<'a>, &[usize])],
+    xs: &[&[f32]],
+) -> Vec<Vec<Vec<f32>>> {
+    fn product<'a>(w: &'a CpuLinear, bytes: &'a [u8], input: usize) -> Product<'a> {
+        Product {
+            ty: w.ty,
+            w: bytes,
+            rows: w.rows,
+            cols: w.cols,
+            input,
+            tiles: w.tiles.as_ref(),
+        }
+    }
+    let mut products = Vec::new();
+    for (ffn, b, tokens) in ffns {
+        for &t in tokens.iter() {
+            products.push(product(&ffn.gate, b[0], t));
+            products.push(product(&ffn.up, b[1], t));
+        }
+    }
+    let mut gate_up = vec![Vec::new(); products.len()];
+    fused::matvec_batch(&products, xs, &mut gate_up)
+        .unwrap_or_else(|e| panic!("expert gate/up: {e}"));
+    let act = |gu: &[Vec<f32>]| -> Vec<f32> { silu_times(&gu[0], &gu[1]) };
+    // One exp per value (≈ 5.6k at full size): on the pool when there are that many.
+    let values: usize = gate_up.iter().map(Vec::len).sum::<usize>() / 2;
+    let acts: Vec<Vec<f32>> = if values >= 4096 {
+        gate_up.par_chunks_exact(2).map(act).collect()
+    } else {
+        gate_up.chunks_exact(2).map(act).collect()
+    };
+    let inputs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
+    let mut products = Vec::with_capacity(acts.len());
+    for (ffn, b, tokens) in ffns {
+        for _ in tokens.iter() {
+            products.push(product(&ffn.down, b[2], products.len()));
+        }
+    }
+    let mut downs = vec![Vec::new(); products.len()];
+    fused::matvec_batch(&products, &inputs, &mut downs)
+        .unwrap_or_else(|e| panic!("expert down: {e}"));
+    let mut downs = downs.into_iter();
+    ffns.iter()
+        .map(|(_, _, tokens)| downs.by_ref().take(tokens.len()).collect())
+        .collect()
+}
+
+/// Whether [`CpuBackend::moe_rows`] computes a run's MoE block as (expert, token) pairs: when
+/// its experts average at most two tokens each (a verify pass, not a prompt). The full-size
+/// layout's verify (2 threads, 3 alternating rounds, docs/perf-ledger.md): 2 / 8 / 16 / 64 rows
+/// −6 / −4 / −3 / −10 % against the grouped products, whose per-expert hand-offs and
+/// quantization cost more than the multi-row kernels save there; 128 rows (2.7 tokens an expert)
+/// +8 %. `REDLITE_MOE_PAIRS=0` / `=1` never / always (up to 128 tokens), for comparisons.
+fn pairs_pay(chosen: &[Vec<(usize, f32)>]) -> bool {
+    static MODE: OnceLock<Option<bool>> = OnceLock::new();
+    let mode = *MODE.get_or_init(|| match std::env::var("REDLITE_MOE_PAIRS").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    if chosen.len() > 128 {
+        return false;
+    }
+    mode.unwrap_or_else(|| {
+        let pairs: usize = chosen.iter().map(Vec::len).sum();
+        let mut experts: Vec<usize> = chosen.iter().flatten().map(|&(e, _)| e).collect();
+        experts.sort_unstable();
+        experts.dedup();
+        pairs <= 2 * experts.len()
+    })
 }
 
 /// `silu(g) · u` elementwise (the SiLU 16 at a time, same bits as the scalar one).
@@ -920,6 +961,92 @@ impl Backend for CpuBackend {
         x: &[f32],
     ) -> Vec<f32> {
         self.moe_decode(experts, chosen, None, x).0
+    }
+
+    fn moe_rows(
+        &self,
+        experts: &[FfnWeights<Self>],
+        chosen: &[Vec<(usize, f32)>],
+        shared: &FfnWeights<Self>,
+        shared_gate: &[f32],
+        xs: &[Vec<f32>],
+    ) -> Option<Vec<Vec<f32>>> {
+        if !pairs_pay(chosen) {
+            return None;
+        }
+        // Tokens per expert, and where token t's i-th choice finds its output.
+        let mut tokens_of: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let at: Vec<Vec<(usize, usize)>> = chosen
+            .iter()
+            .enumerate()
+            .map(|(t, c)| {
+                c.iter()
+                    .map(|&(e, _)| {
+                        let toks = tokens_of.entry(e).or_default();
+                        toks.push(t);
+                        (e, toks.len() - 1)
+                    })
+                    .collect()
+            })
+            .collect();
+        let groups: Vec<(usize, Vec<usize>)> = tokens_of.into_iter().collect();
+        let group_of: HashMap<usize, usize> = groups
+            .iter()
+            .enumerate()
+            .map(|(g, (e, _))| (*e, g))
+            .collect();
+        let ids: Vec<usize> = groups.iter().map(|(e, _)| *e).collect();
+        let every: Vec<usize> = (0..xs.len()).collect();
+        let inputs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+        let shared_ffn = (
+            shared,
+            [shared.gate.bytes(), shared.up.bytes(), shared.down.bytes()],
+        );
+        // Each round's (expert, token) pairs as products; the shared expert rides in the first.
+        let mut outputs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); groups.len()];
+        let mut shared_down: Option<Vec<Vec<f32>>> = None;
+        self.with_experts(experts, &ids, &[], |idx, bytes| {
+            let mut ffns: Vec<(&FfnWeights<Self>, ExpertBytes, &[usize])> = idx
+                .iter()
+                .zip(bytes)
+                .map(|(&g, &b)| (&experts[groups[g].0], b, groups[g].1.as_slice()))
+                .collect();
+            let first = shared_down.is_none();
+            if first {
+                ffns.push((shared_ffn.0, shared_ffn.1, &every));
+            }
+            let mut ys = ffn_outputs(&ffns, &inputs);
+            if first {
+                shared_down = ys.pop();
+            }
+            for (&g, y) in idx.iter().zip(ys) {
+                outputs[g] = y;
+            }
+        });
+        let shared_down = match shared_down {
+            Some(d) => d,
+            None => ffn_outputs(&[(shared_ffn.0, shared_ffn.1, &every)], &inputs)
+                .pop()
+                .unwrap_or_default(),
+        };
+        // Per token: the weighted sum in its chosen order, then the gated shared expert, as
+        // `moe_token` does.
+        let rows = xs
+            .iter()
+            .zip(chosen.iter().zip(&at))
+            .zip(&shared_down)
+            .map(|((x, (c, at)), down)| {
+                let mut out = vec![0.0f32; x.len()];
+                for (&(_, weight), &(e, k)) in c.iter().zip(at) {
+                    for (o, v) in out.iter_mut().zip(&outputs[group_of[&e]][k]) {
+                        *o += weight * v;
+                    }
+                }
+                add_shared_expert(&mut out, down, shared_gate, x);
+                out
+            })
+            .collect();
+        Some(rows)
     }
 
     fn moe_token(

@@ -97,3 +97,50 @@ fn batched_routed_experts_equal_per_token_bit_for_bit() {
         assert!(*got == b.routed_experts(experts, c, x));
     }
 }
+
+/// A short run's whole MoE block as (expert, token) pairs (`moe_rows`, taken when the experts
+/// average at most two tokens) gives every row exactly what the one-token path (`moe_token`)
+/// gives it: non-tiled experts (IQ2_XXS), tiled ones (Q8_0, Q4_K), the shared expert alongside.
+#[test]
+fn moe_rows_equal_moe_token_bit_for_bit() {
+    for file in ["tiny-IQ2_XXS.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf"] {
+        let path = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../../shared/reference/models/"
+        ))
+        .join(file);
+        let model = Model::load_with(path, CpuBackend::with_threads(0)).unwrap();
+        let b = &model.backend;
+        let h = model.config.hidden;
+        let xs: Vec<Vec<f32>> = (0..3)
+            .map(|t| {
+                (0..h)
+                    .map(|i| (((i + 11 * t) * 37 % 101) as f32 - 50.0) / 40.0)
+                    .collect()
+            })
+            .collect();
+        // 6 pairs over 4 experts: pairs.
+        let chosen: Vec<Vec<(usize, f32)>> = vec![
+            vec![(0, 0.5), (1, 0.5)],
+            vec![(3, 0.9), (0, 0.1)],
+            vec![(1, 0.3), (2, 0.7)],
+        ];
+        for layer in &model.weights.layers {
+            let moe = &layer.moe;
+            let rows = b
+                .moe_rows(&moe.experts, &chosen, &moe.shared, &moe.shared_gate, &xs)
+                .expect("few tokens an expert: pairs");
+            for ((x, c), got) in xs.iter().zip(&chosen).zip(&rows) {
+                let want = b.moe_token(&moe.experts, c, &moe.shared, &moe.shared_gate, x);
+                assert!(*got == want, "{file}");
+            }
+        }
+        // 8 pairs over 2 experts: left to the grouped products.
+        let many = vec![vec![(0, 0.5), (1, 0.5)]; 4];
+        let moe = &model.weights.layers[0].moe;
+        let xs4 = [xs.clone(), vec![xs[0].clone()]].concat();
+        assert!(b
+            .moe_rows(&moe.experts, &many, &moe.shared, &moe.shared_gate, &xs4)
+            .is_none());
+    }
+}
