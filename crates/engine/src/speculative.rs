@@ -868,7 +868,7 @@ pub fn generate_speculative<B: Backend>(
     sampler: &mut Sampler,
     opts: &GenerateOptions,
     spec: &SpecConfig,
-    on_token: impl FnMut(u32) -> bool,
+    on_token: impl FnMut(u32) -> bool + Send,
 ) -> Result<(Vec<u32>, GenerationStats, SpecStats), ModelError> {
     generate_speculative_observed(model, state, prompt, sampler, opts, spec, on_token, |_| {})
 }
@@ -884,8 +884,8 @@ pub fn generate_speculative_observed<B: Backend>(
     sampler: &mut Sampler,
     opts: &GenerateOptions,
     spec: &SpecConfig,
-    mut on_token: impl FnMut(u32) -> bool,
-    mut on_logits: impl FnMut(&[f32]),
+    mut on_token: impl FnMut(u32) -> bool + Send,
+    mut on_logits: impl FnMut(&[f32]) + Send,
 ) -> Result<(Vec<u32>, GenerationStats, SpecStats), ModelError> {
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
@@ -932,50 +932,55 @@ pub fn generate_speculative_observed<B: Backend>(
         done |= !on_token(pending) || out.len() >= opts.max_tokens;
     }
 
-    while !done {
-        let budget = opts.max_tokens - out.len();
-        let v = spec_state.verify(model, state, &history, pending, &last_hidden, budget)?;
+    // The whole loop in one pass on the backend's threads, as plain decoding runs it
+    // ([`crate::generate`]): one hand-off per generation instead of one per verify pass.
+    model.backend.run_pass(|| -> Result<(), ModelError> {
+        while !done {
+            let budget = opts.max_tokens - out.len();
+            let v = spec_state.verify(model, state, &history, pending, &last_hidden, budget)?;
 
-        // Accept drafts while the sampler agrees; the first disagreement is the next token.
-        let mut accepted = 0;
-        let mut next = None;
-        for (i, row) in v.logits.iter().enumerate() {
-            let y = sampler.sample(row, &history);
-            on_logits(row);
-            if opts.stop_ids.contains(&y) {
-                stats.stopped_on_eos = true;
-                done = true;
-                break;
-            }
-            out.push(y);
-            history.push(y);
-            if !on_token(y) || out.len() >= opts.max_tokens {
-                done = true;
-            }
-            if v.drafts().get(i) == Some(&y) {
-                accepted += 1;
-                if done {
+            // Accept drafts while the sampler agrees; the first disagreement is the next token.
+            let mut accepted = 0;
+            let mut next = None;
+            for (i, row) in v.logits.iter().enumerate() {
+                let y = sampler.sample(row, &history);
+                on_logits(row);
+                if opts.stop_ids.contains(&y) {
+                    stats.stopped_on_eos = true;
+                    done = true;
                     break;
                 }
+                out.push(y);
+                history.push(y);
+                if !on_token(y) || out.len() >= opts.max_tokens {
+                    done = true;
+                }
+                if v.drafts().get(i) == Some(&y) {
+                    accepted += 1;
+                    if done {
+                        break;
+                    }
+                } else {
+                    next = Some(y);
+                    break;
+                }
+            }
+
+            // Keep the rows whose input tokens are now part of the sequence: `pending` and the
+            // accepted drafts (when the budget ran out on an accepted draft, that draft was emitted
+            // but, as in plain decoding, not fed).
+            let fed = if next.is_some() || stats.stopped_on_eos {
+                accepted + 1
             } else {
-                next = Some(y);
-                break;
+                accepted
+            };
+            last_hidden = spec_state.commit(model, state, v, accepted, fed)?;
+            if let Some(y) = next {
+                pending = y;
             }
         }
-
-        // Keep the rows whose input tokens are now part of the sequence: `pending` and the
-        // accepted drafts (when the budget ran out on an accepted draft, that draft was emitted
-        // but, as in plain decoding, not fed).
-        let fed = if next.is_some() || stats.stopped_on_eos {
-            accepted + 1
-        } else {
-            accepted
-        };
-        last_hidden = spec_state.commit(model, state, v, accepted, fed)?;
-        if let Some(y) = next {
-            pending = y;
-        }
-    }
+        Ok(())
+    })?;
     stats.generated_tokens = out.len();
     stats.decode_time = t1.elapsed();
     Ok((out, stats, spec_state.stats))
