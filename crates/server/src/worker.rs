@@ -564,42 +564,39 @@ impl<B: Backend> Worker<B> {
             return Ok(reply.finish(Finish::Length));
         }
         let mut next = reply.take(&logits);
-        let finish = loop {
-            let pending = match next {
-                Next::Continue(id) => id,
-                Next::End(f) => break f,
-            };
-            let Some(sp) = spec.as_deref_mut() else {
-                let mut hidden = self.model.forward_hidden(state, &[pending], Mode::Step)?;
-                let logits = self
-                    .model
-                    .lm_head(&[hidden.pop().unwrap_or_default()])
-                    .pop()
-                    .unwrap_or_default();
-                next = reply.take(&logits);
-                continue;
-            };
-            let room = reply.max_tokens - reply.produced;
-            let v = sp.verify(
-                &self.model,
-                state,
-                &reply.history,
-                pending,
-                &last_hidden,
-                room,
-            )?;
-            let mut accepted = 0;
-            for (i, row) in v.logits.iter().enumerate() {
-                next = reply.take(row);
-                match next {
-                    Next::Continue(y) if v.drafts().get(i) == Some(&y) => accepted += 1,
-                    _ => break,
+        // The whole loop in one pass on the backend's threads, as `generate` runs it: one
+        // hand-off per reply instead of one per step (and the lm_head inside the pass).
+        let model = &self.model;
+        let finish = model.backend.run_pass(|| -> Result<Finish, Abort> {
+            Ok(loop {
+                let pending = match next {
+                    Next::Continue(id) => id,
+                    Next::End(f) => break f,
+                };
+                let Some(sp) = spec.as_deref_mut() else {
+                    let mut hidden = model.forward_hidden(state, &[pending], Mode::Step)?;
+                    let logits = model
+                        .lm_head(&[hidden.pop().unwrap_or_default()])
+                        .pop()
+                        .unwrap_or_default();
+                    next = reply.take(&logits);
+                    continue;
+                };
+                let room = reply.max_tokens - reply.produced;
+                let v = sp.verify(model, state, &reply.history, pending, &last_hidden, room)?;
+                let mut accepted = 0;
+                for (i, row) in v.logits.iter().enumerate() {
+                    next = reply.take(row);
+                    match next {
+                        Next::Continue(y) if v.drafts().get(i) == Some(&y) => accepted += 1,
+                        _ => break,
+                    }
                 }
-            }
-            // `pending` and the accepted drafts are fed; after an end the state is not used
-            // again before `save` restores a checkpoint, so any count within the rows will do.
-            last_hidden = sp.commit(&self.model, state, v, accepted, accepted + 1)?;
-        };
+                // `pending` and the accepted drafts are fed; after an end the state is not used
+                // again before `save` restores a checkpoint, so any count within the rows will do.
+                last_hidden = sp.commit(model, state, v, accepted, accepted + 1)?;
+            })
+        })?;
         Ok(reply.finish(finish))
     }
 
