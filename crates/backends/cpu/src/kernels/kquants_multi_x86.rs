@@ -474,22 +474,20 @@ unsafe fn q4k_rows_grouped<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f
         }
         let d = _mm_broadcastss_ps(dh);
         let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dh));
+        // Block `i` of every row (`i < nb`, the shortest row's block count: no bounds checks in
+        // the loop).
+        let ys: [&BlockQ8K; R] = core::array::from_fn(|r| xs[r].get_unchecked(i));
         for (g, a4) in acc4.iter_mut().enumerate().take(R / 4) {
             let r0 = 4 * g;
             let s = [
-                q4k_grouped_sums(&wv, s32, mins, &xs[r0][i]),
-                q4k_grouped_sums(&wv, s32, mins, &xs[r0 + 1][i]),
-                q4k_grouped_sums(&wv, s32, mins, &xs[r0 + 2][i]),
-                q4k_grouped_sums(&wv, s32, mins, &xs[r0 + 3][i]),
+                q4k_grouped_sums(&wv, s32, mins, ys[r0]),
+                q4k_grouped_sums(&wv, s32, mins, ys[r0 + 1]),
+                q4k_grouped_sums(&wv, s32, mins, ys[r0 + 2]),
+                q4k_grouped_sums(&wv, s32, mins, ys[r0 + 3]),
             ];
             let isum = _mm_cvtepi32_ps(hsum4_512([s[0].0, s[1].0, s[2].0, s[3].0]));
             let isumm = _mm_cvtepi32_ps(hsum4_256([s[0].1, s[1].1, s[2].1, s[3].1]));
-            let yd = _mm_setr_ps(
-                xs[r0][i].d,
-                xs[r0 + 1][i].d,
-                xs[r0 + 2][i].d,
-                xs[r0 + 3][i].d,
-            );
+            let yd = _mm_setr_ps(ys[r0].d, ys[r0 + 1].d, ys[r0 + 2].d, ys[r0 + 3].d);
             let t = _mm_sub_ps(
                 _mm_mul_ps(_mm_mul_ps(yd, d), isum),
                 _mm_mul_ps(_mm_mul_ps(yd, dmin), isumm),
@@ -498,8 +496,8 @@ unsafe fn q4k_rows_grouped<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f
         }
         let (d, dmin) = (_mm_cvtss_f32(dh), _mm_cvtss_f32(_mm_movehdup_ps(dh)));
         for r in R / 4 * 4..R {
-            let yd = xs[r][i].d;
-            let (isum, pm) = q4k_grouped_sums(&wv, s32, mins, &xs[r][i]);
+            let yd = ys[r].d;
+            let (isum, pm) = q4k_grouped_sums(&wv, s32, mins, ys[r]);
             let (isum, isumm) = (hsum512_epi32(isum), hsum256_epi32(pm));
             acc[r] += (yd * d) * isum as f32 - (yd * dmin) * isumm as f32;
         }
