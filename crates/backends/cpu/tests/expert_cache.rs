@@ -131,3 +131,28 @@ fn prefetching_loads_guesses_and_leaves_the_logits_bit_identical() {
         assert!(prefetched > 0, "{name}: nothing was prefetched");
     }
 }
+
+/// A verify-sized step of two tokens (its MoE blocks as (expert, token) pairs, `moe_rows`) reads
+/// its experts through the cache in rounds, the shared expert in the first: its logits equal the
+/// one-token steps' with every expert resident, at the smallest cache and at 10 slots.
+#[test]
+fn a_two_row_step_through_the_cache_is_bit_identical() {
+    for name in ["tiny-Q4_K_M.gguf", "tiny-IQ2_XXS.gguf", "tiny-Q8_0.gguf"] {
+        let path = fixture(name);
+        let (reference, _) = logits(&path, CacheConfig::default());
+        let slot = logits(&path, bounded(CacheSize::Min, Policy::Lru))
+            .1
+            .backend
+            .expert_cache_stats()
+            .unwrap()
+            .slot_bytes;
+        for size in [CacheSize::Min, CacheSize::Bytes(10 * slot)] {
+            let backend = CpuBackend::with_threads_and_cache(0, bounded(size, Policy::Lru));
+            let model = Model::load_with(&path, backend).unwrap();
+            let mut state = model.new_state();
+            model.forward(&mut state, &IDS[..8], Mode::Prefill).unwrap();
+            let rows = model.forward(&mut state, &IDS[8..10], Mode::Step).unwrap();
+            assert!(rows[..] == reference[8..10], "{name} {size:?}");
+        }
+    }
+}
