@@ -154,6 +154,21 @@ pub trait Backend: Send + Sync + Sized {
         delta_rule_heads(heads, states, rule, traces)
     }
 
+    /// [`Backend::delta_rule`] that first copies the starting states into `initial` (same
+    /// layout): a speculative verify's checkpoint of the layer ([`crate::state::StepTrace`]).
+    /// Backends copy each head's state as its rows are about to read it, instead of in a separate
+    /// pass over every layer's state before the verify; the result is `delta_rule`'s.
+    fn delta_rule_keeping_initial(
+        &self,
+        heads: &[HeadInputs],
+        states: &mut [f32],
+        initial: &mut [f32],
+        rule: DeltaRule,
+    ) -> Vec<Vec<f32>> {
+        initial.copy_from_slice(states);
+        self.delta_rule(heads, states, rule, None)
+    }
+
     /// Causal softmax attention of one token's query heads `q` (`[n_heads, head_dim]`) over every
     /// position in `kv` (GQA: query head h reads KV head h / (n_heads / kv_heads)), scores scaled by
     /// `scale`. Returns `[n_heads, head_dim]`. The default is the oracle's two-pass softmax.

@@ -438,7 +438,7 @@ fn gated_delta_net<B: Backend>(
     xs: &[Vec<f32>],
     pos0: usize,
     mode: Mode,
-    recorder: Option<&mut DeltaTrace>,
+    mut recorder: Option<&mut DeltaTrace>,
 ) -> Vec<Vec<f32>> {
     let n = xs.len();
     let (nk, nv, dk, dv) = (cfg.dn_k_heads, cfg.dn_v_heads, cfg.dn_k_dim, cfg.dn_v_dim);
@@ -561,7 +561,17 @@ fn gated_delta_net<B: Backend>(
         Mode::Prefill if n > 1 => DeltaRule::Chunked { pos0 },
         _ => DeltaRule::Step,
     };
-    let o = b.delta_rule(&heads, &mut st.s, rule, None).concat(); // [nv][n][dv]
+    // While recording, the layer's first run also keeps the state it starts from (the verify's
+    // checkpoint), copied head by head as the rows read it.
+    let checkpoint = match (recorder.as_deref_mut(), mode) {
+        (Some(rec), Mode::Step) => rec.checkpoint(),
+        _ => None,
+    };
+    let o = match checkpoint {
+        Some(s0) => b.delta_rule_keeping_initial(&heads, &mut st.s, s0, rule),
+        None => b.delta_rule(&heads, &mut st.s, rule, None),
+    }
+    .concat(); // [nv][n][dv]
     drop(heads);
     if let Some(rec) = recorder.filter(|_| mode == Mode::Step) {
         let run = RecordedRun {

@@ -291,8 +291,12 @@ pub struct StepTrace {
 /// [`StepTrace`] of one DeltaNet layer.
 #[derive(Debug, Clone, Default)]
 pub struct DeltaTrace {
-    /// The delta-rule state when recording began, `[v_heads, k_dim, v_dim]`.
+    /// The delta-rule state when recording began, `[v_heads, k_dim, v_dim]`: copied by the
+    /// layer's first recorded run as its heads read the state ([`DeltaTrace::checkpoint`]), so
+    /// a verify pass reads each layer's state once instead of copying all of them first.
     s0: Vec<f32>,
+    /// `s0` is still to be copied (nothing recorded yet).
+    s0_pending: bool,
     /// The conv state when recording began (`kernel − 1` rows of `channels`), then the conv input
     /// row of every recorded token.
     conv: Vec<f32>,
@@ -336,6 +340,12 @@ impl RecordedRun {
 }
 
 impl DeltaTrace {
+    /// Where the first recorded run must copy the layer's delta-rule state before stepping it
+    /// (`Backend::delta_rule_keeping_initial`); `None` once it has been taken.
+    pub fn checkpoint(&mut self) -> Option<&mut [f32]> {
+        std::mem::take(&mut self.s0_pending).then_some(self.s0.as_mut_slice())
+    }
+
     /// Record a run of stepped tokens: their conv input rows (`[n, channels]`) and delta-rule
     /// inputs.
     pub fn record(&mut self, conv_rows: &[f32], run: RecordedRun) {
@@ -406,8 +416,9 @@ impl SequenceState {
             match l {
                 LayerState::DeltaNet(d) => {
                     let t = t.get_or_insert_with(DeltaTrace::default);
-                    t.s0.clear();
-                    t.s0.extend_from_slice(&d.s);
+                    // Sized now, filled by the first recorded run (`checkpoint`).
+                    t.s0.resize(d.s.len(), 0.0);
+                    t.s0_pending = true;
                     t.conv.clear();
                     t.conv.extend_from_slice(&d.conv);
                     t.runs.clear();

@@ -848,6 +848,16 @@ impl Backend for CpuBackend {
         crate::delta_rule::delta_rule_parallel(heads, states, rule, traces)
     }
 
+    fn delta_rule_keeping_initial(
+        &self,
+        heads: &[HeadInputs],
+        states: &mut [f32],
+        initial: &mut [f32],
+        rule: DeltaRule,
+    ) -> Vec<Vec<f32>> {
+        crate::delta_rule::delta_rule_parallel_keeping(heads, states, initial, rule)
+    }
+
     fn routed_experts_rows(
         &self,
         experts: &[FfnWeights<Self>],

@@ -546,10 +546,46 @@ pub fn delta_rule_parallel(
     rule: DeltaRule,
     traces: Option<&mut [Vec<f32>]>,
 ) -> Vec<Vec<f32>> {
+    run_heads(heads, states, None, rule, traces)
+}
+
+/// [`delta_rule_parallel`], each head's starting state first copied into its part of `initial`
+/// (same layout) by the task that is about to read it (a verify's checkpoint: one pass over the
+/// state instead of a copy of every layer's before the verify and a read here).
+pub fn delta_rule_parallel_keeping(
+    heads: &[HeadInputs],
+    states: &mut [f32],
+    initial: &mut [f32],
+    rule: DeltaRule,
+) -> Vec<Vec<f32>> {
+    assert_eq!(initial.len(), states.len(), "checkpoint of another shape");
+    run_heads(heads, states, Some(initial), rule, None)
+}
+
+fn run_heads(
+    heads: &[HeadInputs],
+    states: &mut [f32],
+    initial: Option<&mut [f32]>,
+    rule: DeltaRule,
+    traces: Option<&mut [Vec<f32>]>,
+) -> Vec<Vec<f32>> {
     let per = heads.first().map_or(1, |h| (h.dk * h.dv).max(1));
     let mut traces: Vec<Option<&mut Vec<f32>>> = match traces {
         Some(t) => t.iter_mut().map(Some).collect(),
         None => heads.iter().map(|_| None).collect(),
+    };
+    let mut initial: Vec<Option<&mut [f32]>> = match initial {
+        Some(i) => i.chunks_mut(per).map(Some).collect(),
+        None => heads.iter().map(|_| None).collect(),
+    };
+    let head = |inp: &HeadInputs,
+                s: &mut [f32],
+                i: &mut Option<&mut [f32]>,
+                t: &mut Option<&mut Vec<f32>>| {
+        if let Some(i) = i.as_deref_mut() {
+            i.copy_from_slice(s);
+        }
+        one_head(inp, s, rule, t.as_deref_mut())
     };
     // State bytes touched per token times tokens: a tiny model's one-token step runs on the
     // calling thread (the hand-off to the pool costs more); each head is computed the same.
@@ -559,19 +595,21 @@ pub fn delta_rule_parallel(
         let mut items: Vec<_> = heads
             .iter()
             .zip(states.chunks_mut(per))
+            .zip(initial.iter_mut())
             .zip(traces.iter_mut())
             .map(|x| (x, Vec::new()))
             .collect();
-        crate::team::for_each_mut_or_serial(&mut items, |(((inp, s), t), out)| {
-            *out = one_head(inp, s, rule, t.as_deref_mut());
+        crate::team::for_each_mut_or_serial(&mut items, |((((inp, s), i), t), out)| {
+            *out = head(inp, s, i, t);
         });
         items.into_iter().map(|(_, out)| out).collect()
     } else {
         heads
             .par_iter()
             .zip(states.par_chunks_mut(per))
+            .zip(initial.par_iter_mut())
             .zip(traces.par_iter_mut())
-            .map(|((inp, s), t)| one_head(inp, s, rule, t.as_deref_mut()))
+            .map(|(((inp, s), i), t)| head(inp, s, i, t))
             .collect()
     }
 }

@@ -65,7 +65,28 @@ fn cpu_delta_rule_equals_the_oracle_bit_for_bit() {
         let oracle = delta_rule_heads(&heads, &mut s1, rule, None);
         let cpu = b.delta_rule(&heads, &mut s2, rule, None);
         assert!(oracle == cpu && s1 == s2, "{rule:?}");
+        // Keeping the starting state (a verify's checkpoint) changes nothing else.
+        let (mut s3, mut kept) = (s0.clone(), vec![0.0f32; s0.len()]);
+        let cpu = b.delta_rule_keeping_initial(&heads, &mut s3, &mut kept, rule);
+        assert!(oracle == cpu && s1 == s3 && kept == s0, "{rule:?} keeping");
     }
+    // One row (the heads on the calling thread or the warm team, not rayon): the same.
+    let one: Vec<HeadInputs> = heads
+        .iter()
+        .map(|h| HeadInputs {
+            q: &h.q[..dk],
+            k: &h.k[..dk],
+            v: &h.v[..dv],
+            beta: &h.beta[..1],
+            g: &h.g[..1],
+            dk,
+            dv,
+        })
+        .collect();
+    let (mut s1, mut s3, mut kept) = (s0.clone(), s0.clone(), vec![0.0f32; s0.len()]);
+    let oracle = delta_rule_heads(&one, &mut s1, DeltaRule::Step, None);
+    let cpu = b.delta_rule_keeping_initial(&one, &mut s3, &mut kept, DeltaRule::Step);
+    assert!(oracle == cpu && s1 == s3 && kept == s0, "one row keeping");
 }
 
 #[test]
