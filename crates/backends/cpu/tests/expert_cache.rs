@@ -27,6 +27,16 @@ fn logits(path: &str, config: CacheConfig) -> (Vec<Vec<f32>>, Model<CpuBackend>)
     (rows, model)
 }
 
+/// Bytes of one expert slot of `path`'s cache (from a run at the smallest cache).
+fn slot_bytes(path: &str) -> u64 {
+    logits(path, bounded(CacheSize::Min, Policy::Lru))
+        .1
+        .backend
+        .expert_cache_stats()
+        .unwrap()
+        .slot_bytes
+}
+
 fn bounded(size: CacheSize, policy: Policy) -> CacheConfig {
     CacheConfig {
         size,
@@ -101,12 +111,7 @@ fn prefetching_loads_guesses_and_leaves_the_logits_bit_identical() {
     for name in ["tiny-Q4_K_M.gguf", "tiny-IQ2_XXS.gguf"] {
         let path = fixture(name);
         let (reference, _) = logits(&path, CacheConfig::default());
-        let slot = logits(&path, bounded(CacheSize::Min, Policy::Lru))
-            .1
-            .backend
-            .expert_cache_stats()
-            .unwrap()
-            .slot_bytes;
+        let slot = slot_bytes(&path);
         let mut prefetched = 0;
         for slots in [5, 7, 10, 15] {
             for prefetch in [true, false] {
@@ -140,12 +145,7 @@ fn a_two_row_step_through_the_cache_is_bit_identical() {
     for name in ["tiny-Q4_K_M.gguf", "tiny-IQ2_XXS.gguf", "tiny-Q8_0.gguf"] {
         let path = fixture(name);
         let (reference, _) = logits(&path, CacheConfig::default());
-        let slot = logits(&path, bounded(CacheSize::Min, Policy::Lru))
-            .1
-            .backend
-            .expert_cache_stats()
-            .unwrap()
-            .slot_bytes;
+        let slot = slot_bytes(&path);
         for size in [CacheSize::Min, CacheSize::Bytes(10 * slot)] {
             let backend = CpuBackend::with_threads_and_cache(0, bounded(size, Policy::Lru));
             let model = Model::load_with(&path, backend).unwrap();

@@ -89,22 +89,32 @@ fn cpu_delta_rule_equals_the_oracle_bit_for_bit() {
     assert!(oracle == cpu && s1 == s3 && kept == s0, "one row keeping");
 }
 
-#[test]
-fn batched_routed_experts_equal_per_token_bit_for_bit() {
+/// A reference fixture on the CPU backend.
+fn fixture_model(file: &str) -> Model<CpuBackend> {
     let path = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../../shared/reference/models/tiny-Q4_K_M.gguf"
-    ));
-    let model = Model::load_with(path, CpuBackend::with_threads(0)).unwrap();
-    let b = &model.backend;
-    let h = model.config.hidden;
-    let xs: Vec<Vec<f32>> = (0..5)
+        "/../../../../shared/reference/models/"
+    ))
+    .join(file);
+    Model::load_with(path, CpuBackend::with_threads(0)).unwrap()
+}
+
+/// `n` deterministic activation rows of `h` values (`salt` varies them between tests).
+fn activation_rows(n: usize, h: usize, salt: usize) -> Vec<Vec<f32>> {
+    (0..n)
         .map(|t| {
             (0..h)
-                .map(|i| (((i + 7 * t) * 37 % 101) as f32 - 50.0) / 40.0)
+                .map(|i| (((i + salt * t) * 37 % 101) as f32 - 50.0) / 40.0)
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn batched_routed_experts_equal_per_token_bit_for_bit() {
+    let model = fixture_model("tiny-Q4_K_M.gguf");
+    let b = &model.backend;
+    let xs = activation_rows(5, model.config.hidden, 7);
     let chosen: Vec<Vec<(usize, f32)>> = vec![
         vec![(0, 0.5), (1, 0.5)],
         vec![(3, 0.9), (0, 0.1)],
@@ -125,21 +135,9 @@ fn batched_routed_experts_equal_per_token_bit_for_bit() {
 #[test]
 fn moe_rows_equal_moe_token_bit_for_bit() {
     for file in ["tiny-IQ2_XXS.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf"] {
-        let path = PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../../shared/reference/models/"
-        ))
-        .join(file);
-        let model = Model::load_with(path, CpuBackend::with_threads(0)).unwrap();
+        let model = fixture_model(file);
         let b = &model.backend;
-        let h = model.config.hidden;
-        let xs: Vec<Vec<f32>> = (0..3)
-            .map(|t| {
-                (0..h)
-                    .map(|i| (((i + 11 * t) * 37 % 101) as f32 - 50.0) / 40.0)
-                    .collect()
-            })
-            .collect();
+        let xs = activation_rows(3, model.config.hidden, 11);
         // 6 pairs over 4 experts: pairs.
         let chosen: Vec<Vec<(usize, f32)>> = vec![
             vec![(0, 0.5), (1, 0.5)],

@@ -474,8 +474,8 @@ unsafe fn q4k_rows_grouped<const R: usize>(w: &[u8], xs: [&[BlockQ8K]; R]) -> [f
         }
         let d = _mm_broadcastss_ps(dh);
         let dmin = _mm_broadcastss_ps(_mm_movehdup_ps(dh));
-        // Block `i` of every row (`i < nb`, the shortest row's block count: no bounds checks in
-        // the loop).
+        // Block `i` of every row, without bounds checks in the loop. SAFETY: `i < nb`, and `nb`
+        // is at most every row's block count.
         let ys: [&BlockQ8K; R] = core::array::from_fn(|r| xs[r].get_unchecked(i));
         for (g, a4) in acc4.iter_mut().enumerate().take(R / 4) {
             let r0 = 4 * g;
