@@ -404,13 +404,80 @@ fn ffn_outputs<'a>(
         .collect()
 }
 
-/// Whether [`CpuBackend::moe_rows`] computes a run's MoE block as (expert, token) pairs: when
-/// its experts average at most two tokens each (a verify pass, not a prompt). The full-size
-/// layout's verify (2 threads, 3 alternating rounds, docs/perf-ledger.md): 2 / 8 / 16 / 64 rows
-/// −6 / −4 / −3 / −10 % against the grouped products, whose per-expert hand-offs and
-/// quantization cost more than the multi-row kernels save there; 128 rows (2.7 tokens an expert)
-/// +8 %. `REDLITE_MOE_PAIRS=0` / `=1` never / always (up to 128 tokens), for comparisons.
-fn pairs_pay(chosen: &[Vec<(usize, f32)>]) -> bool {
+/// [`ffn_outputs`] where every feed-forward has Q8_0 tiles (a small model): each token row
+/// quantized once, one parallel region for every gate and up over its tokens and one for every
+/// down (`fused::q8_0_tiles_jobs`), each weight's tokens through the tile kernel together. The
+/// tile kernel's rows do not depend on the rows beside them, so the outputs are the pairs' (the
+/// one-token path's) bit for bit, without a product and a task per pair. `None` unless every
+/// matrix has tiles.
+#[cfg(target_arch = "x86_64")]
+fn ffn_outputs_tiled(
+    ffns: &[(&FfnWeights<CpuBackend>, ExpertBytes, &[usize])],
+    xs: &[&[f32]],
+) -> Option<Vec<Vec<Vec<f32>>>> {
+    use crate::kernels::q8::{quantize_row_q8_0, BlockQ8_0, QK8_0};
+    use crate::kernels::tiles_x86::{Q80Act, Q80Tiles};
+    fn tiles(w: &CpuLinear) -> Option<&Q80Tiles> {
+        w.tiles.as_ref().and_then(|t| t.q8_0())
+    }
+    let ts: Vec<[&Q80Tiles; 3]> = ffns
+        .iter()
+        .map(|(f, _, _)| Some([tiles(&f.gate)?, tiles(&f.up)?, tiles(&f.down)?]))
+        .collect::<Option<_>>()?;
+    // As the one-token path quantizes its inputs (`matvec_batch`, Q8_0 tiles).
+    let quantize = |x: &[f32]| {
+        let mut q = vec![BlockQ8_0::ZERO; x.len() / QK8_0];
+        quantize_row_q8_0(x, &mut q);
+        q
+    };
+    let xq: Vec<Vec<BlockQ8_0>> = xs.iter().map(|x| quantize(x)).collect();
+    let x_acts: Vec<Q80Act> = xq.iter().map(|q| Q80Act::new(q)).collect();
+    let jobs: Vec<(&Q80Tiles, &[usize])> = ts
+        .iter()
+        .zip(ffns)
+        .flat_map(|(t, (_, _, tokens))| [(t[0], *tokens), (t[1], *tokens)])
+        .collect();
+    let mut gate_up = vec![Vec::new(); jobs.len()];
+    fused::q8_0_tiles_jobs(&x_acts, &jobs, &mut gate_up);
+    // silu(gate) · up of every (feed-forward, token) pair, quantized for the downs.
+    let mut aq = Vec::new();
+    let mut pairs = Vec::with_capacity(ffns.len());
+    for (t, gu) in ts.iter().zip(gate_up.chunks_exact(2)) {
+        let rows = t[0].rows();
+        let first = aq.len();
+        for (g, u) in gu[0].chunks_exact(rows).zip(gu[1].chunks_exact(rows)) {
+            aq.push(quantize(&silu_times(g, u)));
+        }
+        pairs.push((first..aq.len()).collect::<Vec<usize>>());
+    }
+    let a_acts: Vec<Q80Act> = aq.iter().map(|q| Q80Act::new(q)).collect();
+    let jobs: Vec<(&Q80Tiles, &[usize])> = ts
+        .iter()
+        .zip(&pairs)
+        .map(|(t, p)| (t[2], p.as_slice()))
+        .collect();
+    let mut downs = vec![Vec::new(); jobs.len()];
+    fused::q8_0_tiles_jobs(&a_acts, &jobs, &mut downs);
+    Some(
+        downs
+            .iter()
+            .zip(&ts)
+            .map(|(d, t)| d.chunks_exact(t[2].rows()).map(<[f32]>::to_vec).collect())
+            .collect(),
+    )
+}
+
+/// Whether [`CpuBackend::moe_rows`] computes a run's MoE block (at most 128 tokens: a verify
+/// pass, not a prompt) itself:
+/// * experts with Q8_0 tiles (a small model): always, through [`ffn_outputs_tiled`];
+/// * otherwise as (expert, token) pairs when the experts average at most two tokens each. The
+///   full-size layout's verify (2 threads, 3 alternating rounds, docs/perf-ledger.md): 2 / 8 /
+///   16 / 64 rows −6 / −4 / −3 / −10 % against the grouped products, whose per-expert hand-offs
+///   and quantization cost more than the multi-row kernels save there; 128 rows (2.7 tokens an
+///   expert) +8 %.
+///
+/// `REDLITE_MOE_PAIRS=0` / `=1` never / always, for comparisons.
+fn pairs_pay(experts: &[FfnWeights<CpuBackend>], chosen: &[Vec<(usize, f32)>]) -> bool {
     static MODE: OnceLock<Option<bool>> = OnceLock::new();
     let mode = *MODE.get_or_init(|| match std::env::var("REDLITE_MOE_PAIRS").as_deref() {
         Ok("0") => Some(false),
@@ -420,12 +487,16 @@ fn pairs_pay(chosen: &[Vec<(usize, f32)>]) -> bool {
     if chosen.len() > 128 {
         return false;
     }
+    let tiled = experts
+        .first()
+        .and_then(|w| w.gate.tiles.as_ref())
+        .is_some_and(|t| t.q8_0().is_some());
     mode.unwrap_or_else(|| {
         let pairs: usize = chosen.iter().map(Vec::len).sum();
         let mut experts: Vec<usize> = chosen.iter().flatten().map(|&(e, _)| e).collect();
         experts.sort_unstable();
         experts.dedup();
-        pairs <= 2 * experts.len()
+        tiled || pairs <= 2 * experts.len()
     })
 }
 
@@ -981,7 +1052,7 @@ impl Backend for CpuBackend {
         shared_gate: &[f32],
         xs: &[Vec<f32>],
     ) -> Option<Vec<Vec<f32>>> {
-        if !pairs_pay(chosen) {
+        if !pairs_pay(experts, chosen) {
             return None;
         }
         // Tokens per expert, and where token t's i-th choice finds its output.
@@ -1025,6 +1096,10 @@ impl Backend for CpuBackend {
             if first {
                 ffns.push((shared_ffn.0, shared_ffn.1, &every));
             }
+            #[cfg(target_arch = "x86_64")]
+            let mut ys =
+                ffn_outputs_tiled(&ffns, &inputs).unwrap_or_else(|| ffn_outputs(&ffns, &inputs));
+            #[cfg(not(target_arch = "x86_64"))]
             let mut ys = ffn_outputs(&ffns, &inputs);
             if first {
                 shared_down = ys.pop();

@@ -129,9 +129,10 @@ fn batched_routed_experts_equal_per_token_bit_for_bit() {
     }
 }
 
-/// A short run's whole MoE block as (expert, token) pairs (`moe_rows`, taken when the experts
-/// average at most two tokens) gives every row exactly what the one-token path (`moe_token`)
-/// gives it: non-tiled experts (IQ2_XXS), tiled ones (Q8_0, Q4_K), the shared expert alongside.
+/// A short run's whole MoE block computed by the backend (`moe_rows`: as (expert, token) pairs
+/// when the experts average at most two tokens, through the Q8_0 tiles on a small model) gives
+/// every row exactly what the one-token path (`moe_token`) gives it: IQ2_XXS and Q4_K_M experts
+/// (pairs), Q8_0 experts (tiles), the shared expert alongside.
 #[test]
 fn moe_rows_equal_moe_token_bit_for_bit() {
     for file in ["tiny-IQ2_XXS.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf"] {
@@ -154,12 +155,16 @@ fn moe_rows_equal_moe_token_bit_for_bit() {
                 assert!(*got == want, "{file}");
             }
         }
-        // 8 pairs over 2 experts: left to the grouped products.
+        // 8 pairs over 2 experts: left to the grouped products, except on Q8_0 tiles (every
+        // short run, four tokens through each expert's tiles together).
         let many = vec![vec![(0, 0.5), (1, 0.5)]; 4];
         let moe = &model.weights.layers[0].moe;
         let xs4 = [xs.clone(), vec![xs[0].clone()]].concat();
-        assert!(b
-            .moe_rows(&moe.experts, &many, &moe.shared, &moe.shared_gate, &xs4)
-            .is_none());
+        let rows = b.moe_rows(&moe.experts, &many, &moe.shared, &moe.shared_gate, &xs4);
+        assert_eq!(rows.is_some(), file == "tiny-Q8_0.gguf", "{file}");
+        for ((x, c), got) in xs4.iter().zip(&many).zip(rows.iter().flatten()) {
+            let want = b.moe_token(&moe.experts, c, &moe.shared, &moe.shared_gate, x);
+            assert!(*got == want, "{file}: four tokens an expert");
+        }
     }
 }

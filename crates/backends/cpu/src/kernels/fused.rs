@@ -250,7 +250,7 @@ fn batch_into(
         if let (Kernel::Q8_0Tiles, Some(tiles)) = (kernel, p.tiles.and_then(|t| t.q8_0())) {
             // Quantized above for every Q8_0-tile product's input.
             if let Some(act) = &q80_acts[p.input] {
-                tiles.matmul_groups(*r0 / TILE_ROWS, std::slice::from_ref(act), &mut [&mut **ys]);
+                tiles.matmul_groups(*r0 / TILE_ROWS, &[act], &mut [&mut **ys]);
                 return;
             }
         }
@@ -311,6 +311,53 @@ pub fn q8_0_tiles_matmul(
     }
 }
 
+/// Products of Q8_0 tiles, each over its own activation rows, in one parallel region (a short
+/// run's feed-forwards, [`crate::CpuBackend`]'s `moe_rows`): job `j` is `jobs[j].0` against the
+/// rows `jobs[j].1` (indices into `acts`), into `outs[j]` (`[those rows][weight rows]`). A task
+/// is whole tile groups of one weight over all its rows, so each weight block is read once for
+/// every ≤ 4 rows; each output is `matvec`'s bit for bit ([`Q80Tiles`]).
+#[cfg(target_arch = "x86_64")]
+pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &mut [Vec<f32>]) {
+    assert_eq!(jobs.len(), outs.len(), "one output per job");
+    for (o, (t, rows)) in outs.iter_mut().zip(jobs) {
+        o.clear();
+        o.resize(rows.len() * t.rows(), 0.0);
+    }
+    let job_acts: Vec<Vec<&Q80Act>> = jobs
+        .iter()
+        .map(|(_, rows)| rows.iter().map(|&i| &acts[i]).collect())
+        .collect();
+    // Tasks of ≈ `task_bytes` of weights: (job, first group, its slice of every row's output).
+    let weight_bytes: usize = jobs.iter().map(|(t, _)| t.rows() * t.blocks() * 34).sum();
+    let bytes = task_bytes(weight_bytes);
+    let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new();
+    for (j, (o, (t, rows))) in outs.iter_mut().zip(jobs).enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let per = (bytes / (t.blocks() * 34).max(1))
+            .next_multiple_of(TILE_ROWS)
+            .max(TILE_ROWS);
+        let first = tasks.len();
+        for c in 0..t.rows().div_ceil(per) {
+            tasks.push((j, c * per / TILE_ROWS, Vec::with_capacity(rows.len())));
+        }
+        for row in o.chunks_mut(t.rows()) {
+            for (task, part) in tasks[first..].iter_mut().zip(row.chunks_mut(per)) {
+                task.2.push(part);
+            }
+        }
+    }
+    let run = |(j, g0, outs): &mut (usize, usize, Vec<&mut [f32]>)| {
+        jobs[*j].0.matmul_groups(*g0, &job_acts[*j], outs);
+    };
+    if weight_bytes < driver::matvec_parallel_min_bytes() {
+        tasks.iter_mut().for_each(run);
+    } else {
+        crate::team::for_each_mut(&mut tasks, run);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn q8_0_tiles_run(
     tiles: &[&Q80Tiles],
@@ -353,6 +400,7 @@ fn q8_0_tiles_run(
         quantize_row_q8_0(x, qb);
     }
     let acts: Vec<Q80Act> = q.chunks_exact(nb).map(Q80Act::new).collect();
+    let acts: Vec<&Q80Act> = acts.iter().collect();
     // Tasks of ≈ `task_bytes` of weights (whole tile groups): (weight, first group, its slice
     // of every activation row's output).
     let weight_bytes: usize = tiles.iter().map(|t| t.rows() * nb * 34).sum();

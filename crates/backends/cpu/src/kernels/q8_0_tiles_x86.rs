@@ -131,7 +131,7 @@ impl Q80Tiles {
 
     /// Rows `16·g0 ..` of `W · x_j` for every activation row `x_j = acts[j]`, into `outs[j]`
     /// (every `outs[j]` holds the same number of rows, from the start of group `g0`).
-    pub fn matmul_groups(&self, g0: usize, acts: &[Q80Act], outs: &mut [&mut [f32]]) {
+    pub fn matmul_groups(&self, g0: usize, acts: &[&Q80Act], outs: &mut [&mut [f32]]) {
         assert_eq!(acts.len(), outs.len());
         let n = outs.first().map_or(0, |o| o.len());
         assert!(outs.iter().all(|o| o.len() == n));
@@ -191,7 +191,7 @@ impl Q80Tiles {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn groups_dot<const G: usize, const M: usize>(
     groups: [&[Q80Tile]; G],
-    acts: &[Q80Act],
+    acts: &[&Q80Act],
     res: &mut [[f32; 2 * TILE_ROWS]; 4],
 ) {
     let mut acc = [[_mm512_setzero_ps(); G]; M];
@@ -258,7 +258,8 @@ mod tests {
                         q
                     })
                     .collect();
-                let acts: Vec<Q80Act> = qs.iter().map(|q| Q80Act::new(q)).collect();
+                let owned: Vec<Q80Act> = qs.iter().map(|q| Q80Act::new(q)).collect();
+                let acts: Vec<&Q80Act> = owned.iter().collect();
                 let mut got = vec![vec![0.0f32; rows]; n];
                 {
                     let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|g| &mut g[..]).collect();

@@ -393,7 +393,7 @@ fn selftest_shape(
                 if let Some(t) = tiles.q8_0() {
                     let mut q = vec![BlockQ8_0::ZERO; cols / QK8_0];
                     quantize_row_q8_0(x, &mut q);
-                    t.matmul_groups(0, &[Q80Act::new(&q)], &mut [&mut out]);
+                    t.matmul_groups(0, &[&Q80Act::new(&q)], &mut [&mut out]);
                     // Several rows at once vs the scalar kernel row by row, bit for bit.
                     let mut qs = vec![BlockQ8_0::ZERO; MATMUL_N * cols / QK8_0];
                     for (xr, qr) in xs.chunks_exact(cols).zip(qs.chunks_exact_mut(cols / QK8_0)) {
@@ -401,6 +401,7 @@ fn selftest_shape(
                     }
                     let acts: Vec<Q80Act> =
                         qs.chunks_exact(cols / QK8_0).map(Q80Act::new).collect();
+                    let acts: Vec<&Q80Act> = acts.iter().collect();
                     let mut ys = vec![0.0f32; MATMUL_N * rows];
                     let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(rows).collect();
                     t.matmul_groups(0, &acts, &mut outs);
