@@ -133,6 +133,14 @@ pub trait Backend: Send + Sync + Sized {
         xs.iter_mut().for_each(|x| *x = crate::ops::sigmoid(*x));
     }
 
+    /// `f(i, &mut items[i])` for every item, in parallel where the backend has threads: the
+    /// per-token work of a run of tokens (norms, conv, gating, routing). Each call must compute
+    /// what it would alone; the default spreads the items over rayon's pool.
+    fn for_each_item<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync + Send) {
+        use rayon::prelude::*;
+        items.par_iter_mut().enumerate().for_each(|(i, t)| f(i, t));
+    }
+
     /// Runs `f`, one forward pass over the layers, where this backend's parallel regions start
     /// cheapest (the CPU backend: on a thread of its pool, so the pass takes part in its own
     /// regions instead of handing each one over and sleeping). The default runs it here.
@@ -277,7 +285,7 @@ pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec
     let flat: Vec<f32> = xs.concat();
     let mut ys = vec![0.0f32; rows * xs.len()];
     b.linear(w, &flat, xs.len(), &mut ys);
-    split_rows(ys, rows, xs.len())
+    split_rows(b, ys, rows, xs.len())
 }
 
 /// `W_i · x` for every row of `xs` and each weight of `ws`, through one [`Backend::linears`]
@@ -300,11 +308,11 @@ pub fn matvec_rows_many<B: Backend, const N: usize>(
         b.linears(&ws, &flat, n, &mut outs);
     }
     let mut rows = rows.into_iter();
-    ys.map(|y| split_rows(y, rows.next().unwrap_or(0), n))
+    ys.map(|y| split_rows(b, y, rows.next().unwrap_or(0), n))
 }
 
 /// `n` rows of `rows` values, one vector each.
-fn split_rows(ys: Vec<f32>, rows: usize, n: usize) -> Vec<Vec<f32>> {
+fn split_rows<B: Backend>(b: &B, ys: Vec<f32>, rows: usize, n: usize) -> Vec<Vec<f32>> {
     if n == 1 {
         // A decode step's row is the whole output (no copy of, e.g., the vocabulary's logits).
         return vec![ys];
@@ -313,9 +321,10 @@ fn split_rows(ys: Vec<f32>, rows: usize, n: usize) -> Vec<Vec<f32>> {
         return vec![Vec::new(); n];
     }
     if n >= 16 {
-        // Prompt-sized: the copies on the pool.
-        use rayon::prelude::*;
-        return ys.par_chunks_exact(rows).map(|r| r.to_vec()).collect();
+        // Long runs: the copies on the backend's threads.
+        let mut out = vec![Vec::new(); n];
+        b.for_each_item(&mut out, |i, r| *r = ys[i * rows..(i + 1) * rows].to_vec());
+        return out;
     }
     ys.chunks_exact(rows).map(|r| r.to_vec()).collect()
 }

@@ -103,11 +103,25 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 /// value `i` pairs with value `i + rope_dims/2`, rotated by `pos · θ^(−2i/rope_dims)`.
 /// The angles are computed in f64 and rounded once.
 pub fn rope_neox(head: &mut [f32], pos: usize, rope_dims: usize, theta: f64) {
-    let half = rope_dims / 2;
-    for i in 0..half {
-        let inv_freq = theta.powf(-2.0 * i as f64 / rope_dims as f64);
-        let angle = pos as f64 * inv_freq;
-        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+    rope_neox_with(head, &rope_angles(pos, rope_dims, theta));
+}
+
+/// `(sin, cos)` of each rotated pair's angle at position `pos` ([`rope_neox`]'s), computed once
+/// for all the heads of a position.
+pub fn rope_angles(pos: usize, rope_dims: usize, theta: f64) -> Vec<(f32, f32)> {
+    (0..rope_dims / 2)
+        .map(|i| {
+            let inv_freq = theta.powf(-2.0 * i as f64 / rope_dims as f64);
+            let angle = pos as f64 * inv_freq;
+            (angle.sin() as f32, angle.cos() as f32)
+        })
+        .collect()
+}
+
+/// [`rope_neox`] with the position's angles from [`rope_angles`].
+pub fn rope_neox_with(head: &mut [f32], angles: &[(f32, f32)]) {
+    let half = angles.len();
+    for (i, &(sin, cos)) in angles.iter().enumerate() {
         let (a, b) = (head[i], head[i + half]);
         head[i] = a * cos - b * sin;
         head[i + half] = b * cos + a * sin;

@@ -7,8 +7,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use redlite_gguf::GgufFile;
 
 use crate::backend::{matvec_rows, matvec_rows_many, Backend, LinearData, LinearSource, Oracle};
@@ -16,7 +14,8 @@ use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
 use crate::ops::{
-    dot, l2_normalize, rms_norm, rms_norm_into, rope_neox, sigmoid, silu, softmax, softplus, top_k,
+    dot, l2_normalize, rms_norm, rms_norm_into, rope_angles, rope_neox_with, sigmoid, silu,
+    softmax, softplus, top_k,
 };
 use crate::state::{
     DeltaNetState, DeltaTrace, KvCache, LayerState, MtpState, RecordedRun, SequenceState,
@@ -30,42 +29,47 @@ use crate::ModelError;
 const L2_NORM_EPS: f32 = 1e-6;
 
 /// Runs of at least this many tokens do their per-token work (norms, conv, gating, routing) on
-/// the rayon pool, the backend's threads; shorter ones (decode steps) stay on the calling thread.
-/// Each token's values are computed the same way either way.
+/// the backend's threads ([`Backend::for_each_item`]); shorter ones (decode steps) stay on the
+/// calling thread. Each token's values are computed the same way either way.
 const PARALLEL_ROWS: usize = 16;
 
-/// `f` of every row, on the pool for runs of [`PARALLEL_ROWS`] rows or more.
-fn map_rows<T: Sync, R: Send>(xs: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
-    if xs.len() >= PARALLEL_ROWS {
-        xs.par_iter().map(f).collect()
-    } else {
-        xs.iter().map(f).collect()
+/// `f(i)` for `i` in `0..n`, on the backend's threads when `n ≥ PARALLEL_ROWS`.
+fn map_range<B: Backend, R: Send>(b: &B, n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if n < PARALLEL_ROWS {
+        return (0..n).map(f).collect();
     }
+    let mut slots: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    b.for_each_item(&mut slots, |i, slot| *slot = Some(f(i)));
+    slots
+        .into_iter()
+        .map(|r| r.expect("for_each_item visits every item"))
+        .collect()
 }
 
-/// `f(i)` for `i` in `0..n`, on the pool when `n ≥ PARALLEL_ROWS`.
-fn map_range<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
-    if n >= PARALLEL_ROWS {
-        (0..n).into_par_iter().map(f).collect()
-    } else {
-        (0..n).map(f).collect()
-    }
+/// `f` of every row, on the backend's threads for runs of [`PARALLEL_ROWS`] rows or more.
+fn map_rows<B: Backend, T: Sync, R: Send>(
+    b: &B,
+    xs: &[T],
+    f: impl Fn(&T) -> R + Sync + Send,
+) -> Vec<R> {
+    map_range(b, xs.len(), |i| f(&xs[i]))
 }
 
-/// A single token's element-wise work (DeltaNet conv channels, gated-norm heads) goes to the pool
-/// from this many elements: each element costs an `exp` (SiLU), ~8k of them per layer at full
-/// size, which the calling thread would otherwise do alone.
+/// A single token's element-wise work (DeltaNet conv channels, gated-norm heads) goes to the
+/// backend's threads from this many elements: each element costs an `exp` (SiLU), ~8k of them per
+/// layer at full size, which the calling thread would otherwise do alone.
 const STEP_PARALLEL_ELEMENTS: usize = 4096;
 
-/// `[f(0), f(1), …, f(len − 1)]`, in a few pool tasks from [`STEP_PARALLEL_ELEMENTS`] elements
+/// `[f(0), f(1), …, f(len − 1)]`, in a few tasks from [`STEP_PARALLEL_ELEMENTS`] elements
 /// (each element computed the same way either way).
-fn map_elements(len: usize, f: impl Fn(usize) -> f32 + Sync + Send) -> Vec<f32> {
+fn map_elements<B: Backend>(b: &B, len: usize, f: impl Fn(usize) -> f32 + Sync + Send) -> Vec<f32> {
     if len < STEP_PARALLEL_ELEMENTS {
         return (0..len).map(f).collect();
     }
     let mut out = vec![0.0f32; len];
     let per = len.div_ceil(8);
-    out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
+    let mut parts: Vec<&mut [f32]> = out.chunks_mut(per).collect();
+    b.for_each_item(&mut parts, |i, o| {
         for (k, y) in o.iter_mut().enumerate() {
             *y = f(i * per + k);
         }
@@ -73,17 +77,23 @@ fn map_elements(len: usize, f: impl Fn(usize) -> f32 + Sync + Send) -> Vec<f32> 
     out
 }
 
-/// `h += m` row by row, on the pool for long runs.
-fn add_rows(x: &mut [Vec<f32>], m: &[Vec<f32>]) {
-    if x.len() >= PARALLEL_ROWS {
-        x.par_iter_mut()
-            .zip(m)
-            .for_each(|(h, m)| add_in_place(h, m));
+/// `f(i, &mut items[i])` for every item, on the backend's threads for runs of [`PARALLEL_ROWS`]
+/// or more.
+fn for_each_row<B: Backend, T: Send>(
+    b: &B,
+    items: &mut [T],
+    f: impl Fn(usize, &mut T) + Sync + Send,
+) {
+    if items.len() >= PARALLEL_ROWS {
+        b.for_each_item(items, f);
     } else {
-        for (h, m) in x.iter_mut().zip(m) {
-            add_in_place(h, m);
-        }
+        items.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
     }
+}
+
+/// `h += m` row by row, on the backend's threads for long runs.
+fn add_rows<B: Backend>(b: &B, x: &mut [Vec<f32>], m: &[Vec<f32>]) {
+    for_each_row(b, x, |i, h| add_in_place(h, &m[i]));
 }
 
 /// How a run of tokens goes through the DeltaNet layers. Both give the same result up to rounding.
@@ -172,7 +182,7 @@ impl<B: Backend> Model<B> {
         mode: Mode,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.config;
-        let mut x = map_rows(tokens, |&t| self.embed(t))
+        let mut x = map_rows(&self.backend, tokens, |&t| self.embed(t))
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         let pos0 = state.pos;
@@ -194,7 +204,7 @@ impl<B: Backend> Model<B> {
             }
         });
         state.pos += tokens.len();
-        Ok(map_rows(&x, |h| {
+        Ok(map_rows(&self.backend, &x, |h| {
             rms_norm(h, &self.weights.output_norm, cfg.rms_eps)
         }))
     }
@@ -339,7 +349,7 @@ fn decoder_layer<B: Backend>(
     mode: Mode,
     recorder: Option<&mut DeltaTrace>,
 ) {
-    let normed = map_rows(x, |h| rms_norm(h, &w.attn_norm, cfg.rms_eps));
+    let normed = map_rows(b, x, |h| rms_norm(h, &w.attn_norm, cfg.rms_eps));
     let mixed = match (&w.mixer, st) {
         (MixerWeights::Attention(a), LayerState::Attention(kv)) => {
             gated_attention(b, cfg, a, kv, &normed, pos0)
@@ -349,9 +359,9 @@ fn decoder_layer<B: Backend>(
         }
         _ => unreachable!("layer state kind follows the config"),
     };
-    add_rows(x, &mixed);
-    let post = map_rows(x, |h| rms_norm(h, &w.post_attention_norm, cfg.rms_eps));
-    add_rows(x, &moe(b, cfg, &w.moe, &post));
+    add_rows(b, x, &mixed);
+    let post = map_rows(b, x, |h| rms_norm(h, &w.post_attention_norm, cfg.rms_eps));
+    add_rows(b, x, &moe(b, cfg, &w.moe, &post));
 }
 
 /// `W_i · x` for every row of `xs` and each of `N` weights: a single row (a decode step) as one
@@ -389,35 +399,44 @@ fn gated_attention<B: Backend>(
     let scale = 1.0 / (hd as f32).sqrt();
     // qg [t][nh, 2, hd], k and v [t][nkv, hd].
     let [qg_all, k_all, v_all] = projections(b, [&w.wq, &w.wk, &w.wv], xs);
-    let (mut qs, mut gates) = (Vec::with_capacity(xs.len()), Vec::with_capacity(xs.len()));
-    for (t, ((qg, mut k), v)) in qg_all.into_iter().zip(k_all).zip(v_all).enumerate() {
-        let pos = pos0 + t;
+    // Per row: q (QK-normed, rotated), its gate, k (QK-normed, rotated); the rows in parallel,
+    // each computed as a one-token step computes it.
+    let prepared: Vec<[Vec<f32>; 3]> = map_range(b, xs.len(), |t| {
+        let angles = rope_angles(pos0 + t, cfg.rope_dims, cfg.rope_theta);
+        let (qg, k_in) = (&qg_all[t], &k_all[t]);
         let mut q = vec![0.0f32; nh * hd];
         let mut gate = vec![0.0f32; nh * hd];
         for h in 0..nh {
             let head = &qg[h * 2 * hd..(h + 1) * 2 * hd];
             let qh = &mut q[h * hd..(h + 1) * hd];
-            qh.copy_from_slice(&rms_norm(&head[..hd], &w.q_norm, cfg.rms_eps));
-            rope_neox(qh, pos, cfg.rope_dims, cfg.rope_theta);
+            rms_norm_into(&head[..hd], &w.q_norm, cfg.rms_eps, qh);
+            rope_neox_with(qh, &angles);
             gate[h * hd..(h + 1) * hd].copy_from_slice(&head[hd..]);
         }
-        for kh in k.chunks_exact_mut(hd) {
-            let normed = rms_norm(kh, &w.k_norm, cfg.rms_eps);
-            kh.copy_from_slice(&normed);
-            rope_neox(kh, pos, cfg.rope_dims, cfg.rope_theta);
+        let mut k = vec![0.0f32; k_in.len()];
+        for (kh, src) in k.chunks_exact_mut(hd).zip(k_in.chunks_exact(hd)) {
+            rms_norm_into(src, &w.k_norm, cfg.rms_eps, kh);
+            rope_neox_with(kh, &angles);
         }
-        kv.push(&k, &v);
+        [q, gate, k]
+    });
+    let (mut qs, mut gates) = (Vec::with_capacity(xs.len()), Vec::with_capacity(xs.len()));
+    for ([q, gate, k], v) in prepared.into_iter().zip(&v_all) {
+        kv.push(&k, v);
         qs.push(q);
         gates.push(gate);
     }
     // Causal attention: row t over positions 0..=pos0 + t, as a one-token step would.
-    let mut attn_out = b.attention_rows(&qs, kv, nh, hd, scale);
-    for (o, gate) in attn_out.iter_mut().zip(&mut gates) {
+    let attn_out = b.attention_rows(&qs, kv, nh, hd, scale);
+    // Each row times the sigmoid of its gate.
+    let mut rows: Vec<(Vec<f32>, Vec<f32>)> = attn_out.into_iter().zip(gates).collect();
+    for_each_row(b, &mut rows, |_, (o, gate)| {
         b.sigmoid_in_place(gate);
         for (od, gd) in o.iter_mut().zip(gate.iter()) {
             *od *= *gd;
         }
-    }
+    });
+    let attn_out: Vec<Vec<f32>> = rows.into_iter().map(|(o, _)| o).collect();
     matvec_rows(b, &w.wo, &attn_out)
 }
 
@@ -462,7 +481,7 @@ fn gated_delta_net<B: Backend>(
         y
     };
     let conv_out: Vec<Vec<f32>> = if n == 1 {
-        let mut y = map_elements(ch, |c| conv_at(0, c));
+        let mut y = map_elements(b, ch, |c| conv_at(0, c));
         b.silu_in_place(&mut y);
         vec![y]
     } else {
@@ -475,7 +494,7 @@ fn gated_delta_net<B: Backend>(
                 taps[j * ch + c] = w.conv[c * kern + j];
             }
         }
-        map_range(n, |t| {
+        map_range(b, n, |t| {
             let mut y = vec![0.0f32; ch];
             for j in 0..kern {
                 let h = &history[(t + j) * ch..(t + j + 1) * ch];
@@ -525,23 +544,24 @@ fn gated_delta_net<B: Backend>(
             g_h[t] = w.a[h] * softplus(a_logit + w.dt_bias[h]);
         }
     };
+    let mut parts: Vec<_> = q
+        .chunks_mut(n.max(1) * dk)
+        .zip(k.chunks_mut(n.max(1) * dk))
+        .zip(v.chunks_mut(n.max(1) * dv))
+        .zip(beta.chunks_mut(n.max(1)))
+        .zip(g.chunks_mut(n.max(1)))
+        .collect();
+    // The heads in parallel for long runs (as rows: a head is a row of every token).
     if n >= PARALLEL_ROWS {
-        q.par_chunks_mut(n * dk)
-            .zip(k.par_chunks_mut(n * dk))
-            .zip(v.par_chunks_mut(n * dv))
-            .zip(beta.par_chunks_mut(n))
-            .zip(g.par_chunks_mut(n))
-            .enumerate()
-            .for_each(|(h, ((((q, k), v), b), g))| head(h, q, k, v, b, g));
+        b.for_each_item(&mut parts, |h, ((((q, k), v), bt), g)| {
+            head(h, q, k, v, bt, g)
+        });
     } else if n > 0 {
-        q.chunks_mut(n * dk)
-            .zip(k.chunks_mut(n * dk))
-            .zip(v.chunks_mut(n * dv))
-            .zip(beta.chunks_mut(n))
-            .zip(g.chunks_mut(n))
-            .enumerate()
-            .for_each(|(h, ((((q, k), v), b), g))| head(h, q, k, v, b, g));
+        for (h, ((((q, k), v), bt), g)) in parts.iter_mut().enumerate() {
+            head(h, q, k, v, bt, g);
+        }
     }
+    drop(parts);
 
     // 5. The delta rule, one V head at a time. When recording (speculative verification), the
     //    run's conv input rows and delta-rule inputs are kept, so a rollback can re-run the
@@ -601,14 +621,12 @@ fn gated_delta_net<B: Backend>(
             *o *= z[t][h * dv + d];
         }
     };
-    let gated: Vec<Vec<f32>> = map_range(n, |t| {
+    let gated: Vec<Vec<f32>> = map_range(b, n, |t| {
         let mut gated = vec![0.0f32; nv * dv];
         if n == 1 && gated.len() >= STEP_PARALLEL_ELEMENTS {
             // One token (decode): its heads on the pool.
-            gated
-                .par_chunks_mut(dv)
-                .enumerate()
-                .for_each(|(h, out)| gate_head(t, h, out));
+            let mut heads: Vec<&mut [f32]> = gated.chunks_mut(dv).collect();
+            b.for_each_item(&mut heads, |h, out| gate_head(t, h, out));
         } else {
             for (h, out) in gated.chunks_mut(dv).enumerate() {
                 gate_head(t, h, out);
@@ -634,7 +652,7 @@ fn expert_choice(cfg: &Config, router_logits: &[f32]) -> Vec<(usize, f32)> {
 /// batched over the rows (each weight read once); each row gets what its one-row products give.
 fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let [gate, up] = matvec_rows_many(b, [&w.shared.gate, &w.shared.up], xs);
-    let act: Vec<Vec<f32>> = map_range(xs.len(), |t| {
+    let act: Vec<Vec<f32>> = map_range(b, xs.len(), |t| {
         gate[t]
             .iter()
             .zip(&up[t])
@@ -642,7 +660,7 @@ fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> 
             .collect()
     });
     let down = matvec_rows(b, &w.shared.down, &act);
-    map_range(xs.len(), |t| {
+    map_range(b, xs.len(), |t| {
         let gate = sigmoid(dot(&w.shared_gate, &xs[t]));
         down[t].iter().map(|v| gate * v).collect()
     })
@@ -651,7 +669,7 @@ fn shared_expert_rows<B: Backend>(b: &B, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> 
 /// MoE block: routed experts plus the gated shared expert, for each token.
 fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let router_logits = matvec_rows(b, &w.router, xs);
-    let chosen = map_rows(&router_logits, |l| expert_choice(cfg, l));
+    let chosen = map_rows(b, &router_logits, |l| expert_choice(cfg, l));
     if xs.len() == 1 {
         let (shared, gate) = (&w.shared, &w.shared_gate);
         return vec![b.moe_token(&w.experts, &chosen[0], shared, gate, &xs[0])];
@@ -660,6 +678,6 @@ fn moe<B: Backend>(b: &B, cfg: &Config, w: &MoeWeights<B>, xs: &[Vec<f32>]) -> V
         return out;
     }
     let mut out = b.routed_experts_rows(&w.experts, &chosen, xs);
-    add_rows(&mut out, &shared_expert_rows(b, w, xs));
+    add_rows(b, &mut out, &shared_expert_rows(b, w, xs));
     out
 }

@@ -414,7 +414,7 @@ fn ffn_outputs<'a>(
 fn ffn_outputs_tiled(
     ffns: &[(&FfnWeights<CpuBackend>, ExpertBytes, &[usize])],
     xs: &[&[f32]],
-) -> Option<Vec<Vec<Vec<f32>>>> {
+) -> Option<Vec<Vec<f32>>> {
     use crate::kernels::q8::{quantize_row_q8_0, BlockQ8_0, QK8_0};
     use crate::kernels::tiles_x86::{Q80Act, Q80Tiles};
     fn tiles(w: &CpuLinear) -> Option<&Q80Tiles> {
@@ -430,7 +430,15 @@ fn ffn_outputs_tiled(
         quantize_row_q8_0(x, &mut q);
         q
     };
-    let xq: Vec<Vec<BlockQ8_0>> = xs.iter().map(|x| quantize(x)).collect();
+    // The per-row work between the products on the threads too for long runs.
+    let map = |n: usize, f: &(dyn Fn(usize) -> Vec<BlockQ8_0> + Sync)| {
+        if n >= ROWS_IN_PARALLEL {
+            crate::team::map(n, f)
+        } else {
+            (0..n).map(f).collect::<Vec<_>>()
+        }
+    };
+    let xq = map(xs.len(), &|i| quantize(xs[i]));
     let x_acts: Vec<Q80Act> = xq.iter().map(|q| Q80Act::new(q)).collect();
     let jobs: Vec<(&Q80Tiles, &[usize])> = ts
         .iter()
@@ -440,16 +448,28 @@ fn ffn_outputs_tiled(
     let mut gate_up = vec![Vec::new(); jobs.len()];
     fused::q8_0_tiles_jobs(&x_acts, &jobs, &mut gate_up);
     // silu(gate) · up of every (feed-forward, token) pair, quantized for the downs.
-    let mut aq = Vec::new();
-    let mut pairs = Vec::with_capacity(ffns.len());
-    for (t, gu) in ts.iter().zip(gate_up.chunks_exact(2)) {
-        let rows = t[0].rows();
-        let first = aq.len();
-        for (g, u) in gu[0].chunks_exact(rows).zip(gu[1].chunks_exact(rows)) {
-            aq.push(quantize(&silu_times(g, u)));
-        }
-        pairs.push((first..aq.len()).collect::<Vec<usize>>());
-    }
+    let pair_of: Vec<(usize, usize)> = ffns
+        .iter()
+        .enumerate()
+        .flat_map(|(f, (_, _, tokens))| (0..tokens.len()).map(move |k| (f, k)))
+        .collect();
+    let aq = map(pair_of.len(), &|p| {
+        let (f, k) = pair_of[p];
+        let rows = ts[f][0].rows();
+        let (g, u) = (&gate_up[2 * f], &gate_up[2 * f + 1]);
+        quantize(&silu_times(
+            &g[k * rows..(k + 1) * rows],
+            &u[k * rows..(k + 1) * rows],
+        ))
+    });
+    let mut first = 0;
+    let pairs: Vec<Vec<usize>> = ffns
+        .iter()
+        .map(|(_, _, tokens)| {
+            first += tokens.len();
+            (first - tokens.len()..first).collect()
+        })
+        .collect();
     let a_acts: Vec<Q80Act> = aq.iter().map(|q| Q80Act::new(q)).collect();
     let jobs: Vec<(&Q80Tiles, &[usize])> = ts
         .iter()
@@ -458,14 +478,12 @@ fn ffn_outputs_tiled(
         .collect();
     let mut downs = vec![Vec::new(); jobs.len()];
     fused::q8_0_tiles_jobs(&a_acts, &jobs, &mut downs);
-    Some(
-        downs
-            .iter()
-            .zip(&ts)
-            .map(|(d, t)| d.chunks_exact(t[2].rows()).map(<[f32]>::to_vec).collect())
-            .collect(),
-    )
+    Some(downs)
 }
+
+/// Runs of at least this many rows do the per-row work around a block's products (quantizing,
+/// SwiGLU, the weighted sums) on the pass's threads.
+const ROWS_IN_PARALLEL: usize = 16;
 
 /// Whether [`CpuBackend::moe_rows`] computes a run's MoE block (at most 128 tokens: a verify
 /// pass, not a prompt) itself:
@@ -878,6 +896,12 @@ impl Backend for CpuBackend {
         })
     }
 
+    /// As one team job inside a pass (a region costs ≈ 1 µs there, against several through
+    /// rayon's deques); on rayon's pool outside one.
+    fn for_each_item<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync + Send) {
+        crate::team::for_each_indexed(items, f);
+    }
+
     /// 16 at a time, bit-identical to the scalar SiLU (`vexp`).
     fn silu_in_place(&self, xs: &mut [f32]) {
         crate::vexp::silu_in_place(xs);
@@ -1084,8 +1108,10 @@ impl Backend for CpuBackend {
             [shared.gate.bytes(), shared.up.bytes(), shared.down.bytes()],
         );
         // Each round's (expert, token) pairs as products; the shared expert rides in the first.
-        let mut outputs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); groups.len()];
-        let mut shared_down: Option<Vec<Vec<f32>>> = None;
+        // Each feed-forward's outputs come flat: `[its tokens][hidden]`.
+        let flat = |ys: Vec<Vec<Vec<f32>>>| ys.into_iter().map(|y| y.concat()).collect::<Vec<_>>();
+        let mut outputs: Vec<Vec<f32>> = vec![Vec::new(); groups.len()];
+        let mut shared_down: Option<Vec<f32>> = None;
         self.with_experts(experts, &ids, &[], |idx, bytes| {
             let mut ffns: Vec<(&FfnWeights<Self>, ExpertBytes, &[usize])> = idx
                 .iter()
@@ -1097,10 +1123,10 @@ impl Backend for CpuBackend {
                 ffns.push((shared_ffn.0, shared_ffn.1, &every));
             }
             #[cfg(target_arch = "x86_64")]
-            let mut ys =
-                ffn_outputs_tiled(&ffns, &inputs).unwrap_or_else(|| ffn_outputs(&ffns, &inputs));
+            let mut ys = ffn_outputs_tiled(&ffns, &inputs)
+                .unwrap_or_else(|| flat(ffn_outputs(&ffns, &inputs)));
             #[cfg(not(target_arch = "x86_64"))]
-            let mut ys = ffn_outputs(&ffns, &inputs);
+            let mut ys = flat(ffn_outputs(&ffns, &inputs));
             if first {
                 shared_down = ys.pop();
             }
@@ -1110,28 +1136,38 @@ impl Backend for CpuBackend {
         });
         let shared_down = match shared_down {
             Some(d) => d,
-            None => ffn_outputs(&[(shared_ffn.0, shared_ffn.1, &every)], &inputs)
-                .pop()
-                .unwrap_or_default(),
+            None => flat(ffn_outputs(
+                &[(shared_ffn.0, shared_ffn.1, &every)],
+                &inputs,
+            ))
+            .pop()
+            .unwrap_or_default(),
         };
         // Per token: the weighted sum in its chosen order, then the gated shared expert, as
         // `moe_token` does.
-        let rows = xs
-            .iter()
-            .zip(chosen.iter().zip(&at))
-            .zip(&shared_down)
-            .map(|((x, (c, at)), down)| {
-                let mut out = vec![0.0f32; x.len()];
-                for (&(_, weight), &(e, k)) in c.iter().zip(at) {
-                    for (o, v) in out.iter_mut().zip(&outputs[group_of[&e]][k]) {
-                        *o += weight * v;
-                    }
+        let hidden = xs.first().map_or(0, Vec::len);
+        let row = |t: usize| {
+            let x = &xs[t];
+            let mut out = vec![0.0f32; hidden];
+            for (&(_, weight), &(e, k)) in chosen[t].iter().zip(&at[t]) {
+                let y = &outputs[group_of[&e]][k * hidden..(k + 1) * hidden];
+                for (o, v) in out.iter_mut().zip(y) {
+                    *o += weight * v;
                 }
-                add_shared_expert(&mut out, down, shared_gate, x);
-                out
-            })
-            .collect();
-        Some(rows)
+            }
+            add_shared_expert(
+                &mut out,
+                &shared_down[t * hidden..(t + 1) * hidden],
+                shared_gate,
+                x,
+            );
+            out
+        };
+        Some(if xs.len() >= ROWS_IN_PARALLEL {
+            crate::team::map(xs.len(), row)
+        } else {
+            (0..xs.len()).map(row).collect()
+        })
     }
 
     fn moe_token(

@@ -311,6 +311,68 @@ pub fn q8_0_tiles_matmul(
     }
 }
 
+/// One task of a multi-row tiled product ([`tile_tasks`]): job `job`'s weight rows from tile group
+/// `g0`, against its token rows `tokens`, written into `outs` (one slice per token: that token's
+/// outputs for the task's weight rows).
+#[cfg(target_arch = "x86_64")]
+struct TileTask<'o> {
+    job: usize,
+    g0: usize,
+    tokens: std::ops::Range<usize>,
+    outs: Vec<&'o mut [f32]>,
+    work: usize,
+}
+
+/// Tasks for tiled products of several tokens: job `j` is a weight of `shapes[j] = (rows, blocks,
+/// tokens)` whose output is `outs[j]` (`[tokens][rows]`). A task's work is its weight bytes times
+/// its token quads (the kernel reads each weight block once for up to 4 tokens); tasks aim at
+/// about 4 a thread, at least [`MIN_TASK_BYTES`]. A job is cut into weight-row slices first (its
+/// weights still read once), then into token slices of whole quads when its rows run out, so a
+/// verify's small matrices over many tokens still spread over the threads; the tasks come
+/// largest first, so the last ones to start are the shortest. Which task computes an output
+/// never changes it.
+#[cfg(target_arch = "x86_64")]
+fn tile_tasks<'o>(shapes: &[(usize, usize, usize)], outs: Vec<&'o mut [f32]>) -> Vec<TileTask<'o>> {
+    let cost = |rows: usize, nb: usize, toks: usize| rows * nb * 34 * toks.div_ceil(4);
+    let total: usize = shapes.iter().map(|&(r, nb, t)| cost(r, nb, t)).sum();
+    let target = total
+        .div_ceil(4 * driver::num_threads().max(1))
+        .max(MIN_TASK_BYTES);
+    let mut tasks = Vec::new();
+    for (j, (&(rows, nb, toks), out)) in shapes.iter().zip(outs).enumerate() {
+        if toks == 0 || rows == 0 {
+            continue;
+        }
+        let parts = cost(rows, nb, toks).div_ceil(target).max(1);
+        let row_parts = parts.min(rows.div_ceil(2 * TILE_ROWS));
+        let per = rows.div_ceil(row_parts).next_multiple_of(TILE_ROWS);
+        let tok_parts = parts.div_ceil(row_parts).min(toks.div_ceil(4));
+        let tper = toks.div_ceil(tok_parts).next_multiple_of(4);
+        let first = tasks.len();
+        for t0 in (0..toks).step_by(tper) {
+            let t1 = (t0 + tper).min(toks);
+            for r0 in (0..rows).step_by(per) {
+                tasks.push(TileTask {
+                    job: j,
+                    g0: r0 / TILE_ROWS,
+                    tokens: t0..t1,
+                    outs: Vec::with_capacity(t1 - t0),
+                    work: cost(per.min(rows - r0), nb, t1 - t0),
+                });
+            }
+        }
+        let row_chunks = rows.div_ceil(per);
+        for (t, row) in out.chunks_mut(rows).enumerate() {
+            let base = first + (t / tper) * row_chunks;
+            for (c, part) in row.chunks_mut(per).enumerate() {
+                tasks[base + c].outs.push(part);
+            }
+        }
+    }
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.work));
+    tasks
+}
+
 /// Products of Q8_0 tiles, each over its own activation rows, in one parallel region (a short
 /// run's feed-forwards, [`crate::CpuBackend`]'s `moe_rows`): job `j` is `jobs[j].0` against the
 /// rows `jobs[j].1` (indices into `acts`), into `outs[j]` (`[those rows][weight rows]`). A task
@@ -327,29 +389,17 @@ pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &m
         .iter()
         .map(|(_, rows)| rows.iter().map(|&i| &acts[i]).collect())
         .collect();
-    // Tasks of ≈ `task_bytes` of weights: (job, first group, its slice of every row's output).
     let weight_bytes: usize = jobs.iter().map(|(t, _)| t.rows() * t.blocks() * 34).sum();
-    let bytes = task_bytes(weight_bytes);
-    let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new();
-    for (j, (o, (t, rows))) in outs.iter_mut().zip(jobs).enumerate() {
-        if rows.is_empty() {
-            continue;
-        }
-        let per = (bytes / (t.blocks() * 34).max(1))
-            .next_multiple_of(TILE_ROWS)
-            .max(TILE_ROWS);
-        let first = tasks.len();
-        for c in 0..t.rows().div_ceil(per) {
-            tasks.push((j, c * per / TILE_ROWS, Vec::with_capacity(rows.len())));
-        }
-        for row in o.chunks_mut(t.rows()) {
-            for (task, part) in tasks[first..].iter_mut().zip(row.chunks_mut(per)) {
-                task.2.push(part);
-            }
-        }
-    }
-    let run = |(j, g0, outs): &mut (usize, usize, Vec<&mut [f32]>)| {
-        jobs[*j].0.matmul_groups(*g0, &job_acts[*j], outs);
+    let shapes: Vec<(usize, usize, usize)> = jobs
+        .iter()
+        .map(|(t, rows)| (t.rows(), t.blocks(), rows.len()))
+        .collect();
+    let mut tasks = tile_tasks(&shapes, outs.iter_mut().map(|o| o.as_mut_slice()).collect());
+    let run = |task: &mut TileTask| {
+        let acts = &job_acts[task.job][task.tokens.clone()];
+        jobs[task.job]
+            .0
+            .matmul_groups(task.g0, acts, &mut task.outs);
     };
     if weight_bytes < driver::matvec_parallel_min_bytes() {
         tasks.iter_mut().for_each(run);
@@ -396,29 +446,27 @@ fn q8_0_tiles_run(
         return Ok(());
     }
     let mut q = vec![BlockQ8_0::ZERO; n * nb];
-    for (x, qb) in xs.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
-        quantize_row_q8_0(x, qb);
+    {
+        // The rows' quantization in parallel for long runs (each row as alone).
+        let mut rows: Vec<(&[f32], &mut [BlockQ8_0])> =
+            xs.chunks_exact(cols).zip(q.chunks_exact_mut(nb)).collect();
+        let quantize =
+            |_: usize, (x, qb): &mut (&[f32], &mut [BlockQ8_0])| quantize_row_q8_0(x, qb);
+        if n >= 16 {
+            crate::team::for_each_indexed(&mut rows, quantize);
+        } else {
+            rows.iter_mut()
+                .enumerate()
+                .for_each(|(i, r)| quantize(i, r));
+        }
     }
     let acts: Vec<Q80Act> = q.chunks_exact(nb).map(Q80Act::new).collect();
     let acts: Vec<&Q80Act> = acts.iter().collect();
-    // Tasks of ≈ `task_bytes` of weights (whole tile groups): (weight, first group, its slice
-    // of every activation row's output).
     let weight_bytes: usize = tiles.iter().map(|t| t.rows() * nb * 34).sum();
-    let per = (task_bytes(weight_bytes) / (nb * 34)).next_multiple_of(TILE_ROWS);
-    let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new();
-    for (i, (y, t)) in ys.iter_mut().zip(tiles).enumerate() {
-        let first = tasks.len();
-        for c in 0..t.rows().div_ceil(per) {
-            tasks.push((i, c * per / TILE_ROWS, Vec::with_capacity(n)));
-        }
-        for row in y.chunks_mut(t.rows()) {
-            for (task, part) in tasks[first..].iter_mut().zip(row.chunks_mut(per)) {
-                task.2.push(part);
-            }
-        }
-    }
-    let task = |(i, g0, outs): &mut (usize, usize, Vec<&mut [f32]>)| {
-        tiles[*i].matmul_groups(*g0, &acts, outs);
+    let shapes: Vec<(usize, usize, usize)> = tiles.iter().map(|t| (t.rows(), nb, n)).collect();
+    let mut tasks = tile_tasks(&shapes, ys.iter_mut().map(|y| &mut **y).collect());
+    let task = |task: &mut TileTask| {
+        tiles[task.job].matmul_groups(task.g0, &acts[task.tokens.clone()], &mut task.outs);
     };
     if weight_bytes * n.min(4) < driver::matvec_parallel_min_bytes() {
         tasks.iter_mut().for_each(task);
