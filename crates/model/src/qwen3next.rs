@@ -469,14 +469,16 @@ fn gated_delta_net<B: Backend>(
     let [qkv, z, ba] = projections(b, [&w.qkv, &w.z, &w.ba], xs);
 
     // 2. Causal conv over [state history (K−1 rows) | this run's inputs], then SiLU.
-    let mut history = st.conv.clone();
-    for row in &qkv {
-        history.extend_from_slice(row);
-    }
+    // The rows of [state history (K−1 rows) | this run's inputs], without copying the run's.
+    let history: Vec<&[f32]> = st
+        .conv
+        .chunks_exact(ch)
+        .chain(qkv.iter().map(Vec::as_slice))
+        .collect();
     let conv_at = |t: usize, c: usize| {
         let mut y = 0.0f32;
         for j in 0..kern {
-            y += w.conv[c * kern + j] * history[(t + j) * ch + c];
+            y += w.conv[c * kern + j] * history[t + j][c];
         }
         y
     };
@@ -497,7 +499,7 @@ fn gated_delta_net<B: Backend>(
         map_range(b, n, |t| {
             let mut y = vec![0.0f32; ch];
             for j in 0..kern {
-                let h = &history[(t + j) * ch..(t + j + 1) * ch];
+                let h = history[t + j];
                 for ((y, &wj), &hj) in y.iter_mut().zip(&taps[j * ch..(j + 1) * ch]).zip(h) {
                     *y += wj * hj;
                 }
@@ -506,7 +508,9 @@ fn gated_delta_net<B: Backend>(
             y
         })
     };
-    st.conv.copy_from_slice(&history[n * ch..]);
+    // The state keeps the last K−1 rows.
+    let kept = history[n..].concat();
+    st.conv.copy_from_slice(&kept);
 
     // 3./4. Per-head q, k, v, β, g, laid out per V head for the delta rule: q/k [nv][n][dk], v [nv][n][dv].
     let q_scale = 1.0 / (dk as f32).sqrt();
@@ -604,16 +608,14 @@ fn gated_delta_net<B: Backend>(
             dk,
             dv,
         };
-        rec.record(&history[(kern - 1) * ch..], run);
+        rec.record(&qkv, run);
     }
 
     // 6. Gated RMSNorm per head, then the output projection.
     // Head h of token t into `out` (`[dv]`).
     // SiLU(z) of every row, in place (the backend's, same values as `ops::silu`).
     let mut z = z;
-    for zt in z.iter_mut() {
-        b.silu_in_place(zt);
-    }
+    for_each_row(b, &mut z, |_, zt| b.silu_in_place(zt));
     let gate_head = |t: usize, h: usize, out: &mut [f32]| {
         let oh = &o[(h * n + t) * dv..(h * n + t + 1) * dv];
         rms_norm_into(oh, &w.norm, cfg.rms_eps, out);

@@ -346,10 +346,12 @@ impl DeltaTrace {
         std::mem::take(&mut self.s0_pending).then_some(self.s0.as_mut_slice())
     }
 
-    /// Record a run of stepped tokens: their conv input rows (`[n, channels]`) and delta-rule
-    /// inputs.
-    pub fn record(&mut self, conv_rows: &[f32], run: RecordedRun) {
-        self.conv.extend_from_slice(conv_rows);
+    /// Record a run of stepped tokens: their conv input rows (`n` rows of `channels`) and
+    /// delta-rule inputs.
+    pub fn record(&mut self, conv_rows: &[Vec<f32>], run: RecordedRun) {
+        for row in conv_rows {
+            self.conv.extend_from_slice(row);
+        }
         self.rows += run.n;
         self.runs.push(run);
     }
