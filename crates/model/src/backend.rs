@@ -133,6 +133,13 @@ pub trait Backend: Send + Sync + Sized {
         xs.iter_mut().for_each(|x| *x = crate::ops::sigmoid(*x));
     }
 
+    /// `W · x` for every row of `xs`, one output vector a row, each what [`Backend::linear`]
+    /// gives for it. The default gathers the rows, runs `linear` once and splits its output
+    /// ([`linear_rows_gathered`]); a backend may write each row's output in place instead.
+    fn linear_rows(&self, w: &Self::Linear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        linear_rows_gathered(self, w, xs)
+    }
+
     /// `f(i, &mut items[i])` for every item, in parallel where the backend has threads: the
     /// per-token work of a run of tokens (norms, conv, gating, routing). Each call must compute
     /// what it would alone; the default spreads the items over rayon's pool.
@@ -276,8 +283,17 @@ pub fn matvec<B: Backend>(b: &B, w: &B::Linear, x: &[f32]) -> Vec<f32> {
     y
 }
 
-/// `W · x` for every row of `xs`.
+/// `W · x` for every row of `xs` ([`Backend::linear_rows`]).
 pub fn matvec_rows<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    if xs.is_empty() {
+        return Vec::new();
+    }
+    b.linear_rows(w, xs)
+}
+
+/// [`Backend::linear_rows`] through one [`Backend::linear`] call: the rows gathered into one
+/// buffer, the output split into a vector a row.
+pub fn linear_rows_gathered<B: Backend>(b: &B, w: &B::Linear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     if xs.is_empty() {
         return Vec::new();
     }

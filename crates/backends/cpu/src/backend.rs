@@ -839,6 +839,16 @@ impl Backend for CpuBackend {
             .unwrap_or_else(|e| panic!("CPU linears ({} weights, {}): {e}", ws.len(), ws[0].ty));
     }
 
+    /// On Q8_0 tiles (small models), each row's output written in place; otherwise gathered.
+    fn linear_rows(&self, w: &CpuLinear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(t)) = (xs.len() > 1, w.tiles.as_ref().and_then(|t| t.q8_0())) {
+            return fused::q8_0_tiles_rows(t, xs)
+                .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
+        }
+        redlite_model::backend::linear_rows_gathered(self, w, xs)
+    }
+
     fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
         (w.rows, w.cols)
     }

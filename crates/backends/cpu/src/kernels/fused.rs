@@ -324,7 +324,7 @@ struct TileTask<'o> {
 }
 
 /// Tasks for tiled products of several tokens: job `j` is a weight of `shapes[j] = (rows, blocks,
-/// tokens)` whose output is `outs[j]` (`[tokens][rows]`). A task's work is its weight bytes times
+/// tokens)` whose output for token `t` is `outs[j][t]` (`rows` values). A task's work is its weight bytes times
 /// its token quads (the kernel reads each weight block once for up to 4 tokens); tasks aim at
 /// about 4 a thread, at least [`MIN_TASK_BYTES`]. A job is cut into weight-row slices first (its
 /// weights still read once), then into token slices of whole quads when its rows run out, so a
@@ -332,7 +332,10 @@ struct TileTask<'o> {
 /// largest first, so the last ones to start are the shortest. Which task computes an output
 /// never changes it.
 #[cfg(target_arch = "x86_64")]
-fn tile_tasks<'o>(shapes: &[(usize, usize, usize)], outs: Vec<&'o mut [f32]>) -> Vec<TileTask<'o>> {
+fn tile_tasks<'o>(
+    shapes: &[(usize, usize, usize)],
+    outs: Vec<Vec<&'o mut [f32]>>,
+) -> Vec<TileTask<'o>> {
     let cost = |rows: usize, nb: usize, toks: usize| rows * nb * 34 * toks.div_ceil(4);
     let total: usize = shapes.iter().map(|&(r, nb, t)| cost(r, nb, t)).sum();
     let target = total
@@ -362,7 +365,7 @@ fn tile_tasks<'o>(shapes: &[(usize, usize, usize)], outs: Vec<&'o mut [f32]>) ->
             }
         }
         let row_chunks = rows.div_ceil(per);
-        for (t, row) in out.chunks_mut(rows).enumerate() {
+        for (t, row) in out.into_iter().enumerate() {
             let base = first + (t / tper) * row_chunks;
             for (c, part) in row.chunks_mut(per).enumerate() {
                 tasks[base + c].outs.push(part);
@@ -394,7 +397,12 @@ pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &m
         .iter()
         .map(|(t, rows)| (t.rows(), t.blocks(), rows.len()))
         .collect();
-    let mut tasks = tile_tasks(&shapes, outs.iter_mut().map(|o| o.as_mut_slice()).collect());
+    let per_token = outs
+        .iter_mut()
+        .zip(&shapes)
+        .map(|(o, &(rows, _, _))| o.chunks_mut(rows.max(1)).collect())
+        .collect();
+    let mut tasks = tile_tasks(&shapes, per_token);
     let run = |task: &mut TileTask| {
         let acts = &job_acts[task.job][task.tokens.clone()];
         jobs[task.job]
@@ -406,6 +414,46 @@ pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &m
     } else {
         crate::team::for_each_mut(&mut tasks, run);
     }
+}
+
+/// `W · x` for every row of `xs` through the Q8_0 tiles `t`, each row's output its own vector
+/// written in place (no gathered input or output buffer: a verify pass's lm_head writes 64 rows
+/// of the vocabulary's logits); each row as [`q8_0_tiles_matmul`] computes it.
+#[cfg(target_arch = "x86_64")]
+pub fn q8_0_tiles_rows(t: &Q80Tiles, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, KernelError> {
+    let (nb, n) = (t.blocks(), xs.len());
+    let cols = nb * QK8_0;
+    if let Some(x) = xs.iter().find(|x| x.len() != cols) {
+        return Err(KernelError::BadLength {
+            what: "activation row",
+            expected: cols,
+            got: x.len(),
+        });
+    }
+    let quantize = |i: usize| {
+        let mut q = vec![BlockQ8_0::ZERO; nb];
+        quantize_row_q8_0(&xs[i], &mut q);
+        q
+    };
+    let q: Vec<Vec<BlockQ8_0>> = if n >= 16 {
+        crate::team::map(n, quantize)
+    } else {
+        (0..n).map(quantize).collect()
+    };
+    let acts: Vec<Q80Act> = q.iter().map(|q| Q80Act::new(q)).collect();
+    let acts: Vec<&Q80Act> = acts.iter().collect();
+    let mut ys = vec![vec![0.0f32; t.rows()]; n];
+    let per_token = vec![ys.iter_mut().map(|y| y.as_mut_slice()).collect()];
+    let mut tasks = tile_tasks(&[(t.rows(), nb, n)], per_token);
+    let task = |task: &mut TileTask| {
+        t.matmul_groups(task.g0, &acts[task.tokens.clone()], &mut task.outs);
+    };
+    if t.rows() * nb * 34 * n.min(4) < driver::matvec_parallel_min_bytes() {
+        tasks.iter_mut().for_each(task);
+    } else {
+        crate::team::for_each_mut(&mut tasks, task);
+    }
+    Ok(ys)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -464,7 +512,12 @@ fn q8_0_tiles_run(
     let acts: Vec<&Q80Act> = acts.iter().collect();
     let weight_bytes: usize = tiles.iter().map(|t| t.rows() * nb * 34).sum();
     let shapes: Vec<(usize, usize, usize)> = tiles.iter().map(|t| (t.rows(), nb, n)).collect();
-    let mut tasks = tile_tasks(&shapes, ys.iter_mut().map(|y| &mut **y).collect());
+    let per_token = ys
+        .iter_mut()
+        .zip(tiles)
+        .map(|(y, t)| y.chunks_mut(t.rows().max(1)).collect())
+        .collect();
+    let mut tasks = tile_tasks(&shapes, per_token);
     let task = |task: &mut TileTask| {
         tiles[task.job].matmul_groups(task.g0, &acts[task.tokens.clone()], &mut task.outs);
     };
