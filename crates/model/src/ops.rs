@@ -49,13 +49,34 @@ pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 /// `1 / sqrt(mean(x²) + eps)`.
 pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let ms = sum_squares(x) / x.len() as f32;
     1.0 / (ms + eps).sqrt()
+}
+
+/// `Σ x_i²` as 16 lane sums (lane `l` adds `x_l², x_{l+16}², …`; independent chains that
+/// vectorise, where one left-to-right chain waits on each add), then the lanes and the tail
+/// (`len % 16` values) added left to right.
+pub fn sum_squares(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    let mut s = 0.0f32;
+    for l in lanes {
+        s += l;
+    }
+    for v in chunks.remainder() {
+        s += v * v;
+    }
+    s
 }
 
 /// L2-normalise in place: `x · rsqrt(Σx² + eps)`.
 pub fn l2_normalize(x: &mut [f32], eps: f32) {
-    let ss: f32 = x.iter().map(|v| v * v).sum();
+    let ss = sum_squares(x);
     let inv = 1.0 / (ss + eps).sqrt();
     for v in x {
         *v *= inv;
