@@ -438,7 +438,8 @@ fn ffn_outputs_tiled(
             (0..n).map(f).collect::<Vec<_>>()
         }
     };
-    let xq = map(xs.len(), &|i| quantize(xs[i]));
+    let nb = xs.first().map_or(0, |x| x.len() / QK8_0);
+    let xq = fused::quantize_rows_q8_0(xs.len(), nb, |i| xs[i]);
     let x_acts: Vec<Q80Act> = xq.iter().map(|q| Q80Act::new(q)).collect();
     let jobs: Vec<(&Q80Tiles, &[usize])> = ts
         .iter()

@@ -324,9 +324,9 @@ struct TileTask<'o> {
 }
 
 /// Tasks for tiled products of several tokens: job `j` is a weight of `shapes[j] = (rows, blocks,
-/// tokens)` whose output for token `t` is `outs[j][t]` (`rows` values). A task's work is its weight bytes times
-/// its token quads (the kernel reads each weight block once for up to 4 tokens); tasks aim at
-/// about 4 a thread, at least [`MIN_TASK_BYTES`]. A job is cut into weight-row slices first (its
+/// tokens)` whose output for token `t` is `outs[j][t]` (`rows` values). A task's work is its
+/// weight bytes times its token quads (the kernel reads each weight block once for up to 4
+/// tokens); tasks aim at about 4 a thread, at least [`MIN_TASK_BYTES`]. A job is cut into weight-row slices first (its
 /// weights still read once), then into token slices of whole quads when its rows run out, so a
 /// verify's small matrices over many tokens still spread over the threads; the tasks come
 /// largest first, so the last ones to start are the shortest. Which task computes an output
@@ -376,6 +376,53 @@ fn tile_tasks<'o>(
     tasks
 }
 
+/// The products of `tiles[j]` against the activation rows `acts(j)` into `outs[j][t]` (one
+/// slice a row), as the tasks of [`tile_tasks`]: in one parallel region, or on this thread when
+/// `serial` (too little work to hand over).
+#[cfg(target_arch = "x86_64")]
+fn run_tile_products<'a>(
+    tiles: &[&Q80Tiles],
+    acts: impl Fn(usize) -> &'a [&'a Q80Act<'a>] + Sync + Send,
+    outs: Vec<Vec<&mut [f32]>>,
+    serial: bool,
+) {
+    let shapes: Vec<(usize, usize, usize)> = tiles
+        .iter()
+        .enumerate()
+        .map(|(j, t)| (t.rows(), t.blocks(), acts(j).len()))
+        .collect();
+    let mut tasks = tile_tasks(&shapes, outs);
+    let run = |task: &mut TileTask| {
+        let a = &acts(task.job)[task.tokens.clone()];
+        tiles[task.job].matmul_groups(task.g0, a, &mut task.outs);
+    };
+    if serial {
+        tasks.iter_mut().for_each(run);
+    } else {
+        crate::team::for_each_mut(&mut tasks, run);
+    }
+}
+
+/// Each row `x(i)` (`n` rows of `nb` blocks) quantized to Q8_0, in parallel from 16 rows (each
+/// row as alone).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn quantize_rows_q8_0<'x>(
+    n: usize,
+    nb: usize,
+    x: impl Fn(usize) -> &'x [f32] + Sync + Send,
+) -> Vec<Vec<BlockQ8_0>> {
+    let quantize = |i: usize| {
+        let mut q = vec![BlockQ8_0::ZERO; nb];
+        quantize_row_q8_0(x(i), &mut q);
+        q
+    };
+    if n >= 16 {
+        crate::team::map(n, quantize)
+    } else {
+        (0..n).map(quantize).collect()
+    }
+}
+
 /// Products of Q8_0 tiles, each over its own activation rows, in one parallel region (a short
 /// run's feed-forwards, [`crate::CpuBackend`]'s `moe_rows`): job `j` is `jobs[j].0` against the
 /// rows `jobs[j].1` (indices into `acts`), into `outs[j]` (`[those rows][weight rows]`). A task
@@ -393,27 +440,14 @@ pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &m
         .map(|(_, rows)| rows.iter().map(|&i| &acts[i]).collect())
         .collect();
     let weight_bytes: usize = jobs.iter().map(|(t, _)| t.rows() * t.blocks() * 34).sum();
-    let shapes: Vec<(usize, usize, usize)> = jobs
-        .iter()
-        .map(|(t, rows)| (t.rows(), t.blocks(), rows.len()))
-        .collect();
+    let tiles: Vec<&Q80Tiles> = jobs.iter().map(|(t, _)| *t).collect();
     let per_token = outs
         .iter_mut()
-        .zip(&shapes)
-        .map(|(o, &(rows, _, _))| o.chunks_mut(rows.max(1)).collect())
+        .zip(&tiles)
+        .map(|(o, t)| o.chunks_mut(t.rows().max(1)).collect())
         .collect();
-    let mut tasks = tile_tasks(&shapes, per_token);
-    let run = |task: &mut TileTask| {
-        let acts = &job_acts[task.job][task.tokens.clone()];
-        jobs[task.job]
-            .0
-            .matmul_groups(task.g0, acts, &mut task.outs);
-    };
-    if weight_bytes < driver::matvec_parallel_min_bytes() {
-        tasks.iter_mut().for_each(run);
-    } else {
-        crate::team::for_each_mut(&mut tasks, run);
-    }
+    let serial = weight_bytes < driver::matvec_parallel_min_bytes();
+    run_tile_products(&tiles, |j| &job_acts[j], per_token, serial);
 }
 
 /// `W · x` for every row of `xs` through the Q8_0 tiles `t`, each row's output its own vector
@@ -430,29 +464,13 @@ pub fn q8_0_tiles_rows(t: &Q80Tiles, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, K
             got: x.len(),
         });
     }
-    let quantize = |i: usize| {
-        let mut q = vec![BlockQ8_0::ZERO; nb];
-        quantize_row_q8_0(&xs[i], &mut q);
-        q
-    };
-    let q: Vec<Vec<BlockQ8_0>> = if n >= 16 {
-        crate::team::map(n, quantize)
-    } else {
-        (0..n).map(quantize).collect()
-    };
+    let q = quantize_rows_q8_0(n, nb, |i| &xs[i]);
     let acts: Vec<Q80Act> = q.iter().map(|q| Q80Act::new(q)).collect();
     let acts: Vec<&Q80Act> = acts.iter().collect();
     let mut ys = vec![vec![0.0f32; t.rows()]; n];
     let per_token = vec![ys.iter_mut().map(|y| y.as_mut_slice()).collect()];
-    let mut tasks = tile_tasks(&[(t.rows(), nb, n)], per_token);
-    let task = |task: &mut TileTask| {
-        t.matmul_groups(task.g0, &acts[task.tokens.clone()], &mut task.outs);
-    };
-    if t.rows() * nb * 34 * n.min(4) < driver::matvec_parallel_min_bytes() {
-        tasks.iter_mut().for_each(task);
-    } else {
-        crate::team::for_each_mut(&mut tasks, task);
-    }
+    let serial = t.rows() * nb * 34 * n.min(4) < driver::matvec_parallel_min_bytes();
+    run_tile_products(&[t], |_| &acts, per_token, serial);
     Ok(ys)
 }
 
@@ -493,38 +511,16 @@ fn q8_0_tiles_run(
     if n == 0 {
         return Ok(());
     }
-    let mut q = vec![BlockQ8_0::ZERO; n * nb];
-    {
-        // The rows' quantization in parallel for long runs (each row as alone).
-        let mut rows: Vec<(&[f32], &mut [BlockQ8_0])> =
-            xs.chunks_exact(cols).zip(q.chunks_exact_mut(nb)).collect();
-        let quantize =
-            |_: usize, (x, qb): &mut (&[f32], &mut [BlockQ8_0])| quantize_row_q8_0(x, qb);
-        if n >= 16 {
-            crate::team::for_each_indexed(&mut rows, quantize);
-        } else {
-            rows.iter_mut()
-                .enumerate()
-                .for_each(|(i, r)| quantize(i, r));
-        }
-    }
-    let acts: Vec<Q80Act> = q.chunks_exact(nb).map(Q80Act::new).collect();
+    let q = quantize_rows_q8_0(n, nb, |i| &xs[i * cols..(i + 1) * cols]);
+    let acts: Vec<Q80Act> = q.iter().map(|q| Q80Act::new(q)).collect();
     let acts: Vec<&Q80Act> = acts.iter().collect();
     let weight_bytes: usize = tiles.iter().map(|t| t.rows() * nb * 34).sum();
-    let shapes: Vec<(usize, usize, usize)> = tiles.iter().map(|t| (t.rows(), nb, n)).collect();
     let per_token = ys
         .iter_mut()
         .zip(tiles)
         .map(|(y, t)| y.chunks_mut(t.rows().max(1)).collect())
         .collect();
-    let mut tasks = tile_tasks(&shapes, per_token);
-    let task = |task: &mut TileTask| {
-        tiles[task.job].matmul_groups(task.g0, &acts[task.tokens.clone()], &mut task.outs);
-    };
-    if weight_bytes * n.min(4) < driver::matvec_parallel_min_bytes() {
-        tasks.iter_mut().for_each(task);
-    } else {
-        crate::team::for_each_mut(&mut tasks, task);
-    }
+    let serial = weight_bytes * n.min(4) < driver::matvec_parallel_min_bytes();
+    run_tile_products(tiles, |_| &acts, per_token, serial);
     Ok(())
 }
