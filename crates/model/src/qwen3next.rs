@@ -469,7 +469,7 @@ fn gated_delta_net<B: Backend>(
     let [qkv, z, ba] = projections(b, [&w.qkv, &w.z, &w.ba], xs);
 
     // 2. Causal conv over [state history (K−1 rows) | this run's inputs], then SiLU.
-    // The rows of [state history (K−1 rows) | this run's inputs], without copying the run's.
+    // Its rows as slices (the run's rows are not copied).
     let history: Vec<&[f32]> = st
         .conv
         .chunks_exact(ch)
