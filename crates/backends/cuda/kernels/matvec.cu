@@ -1559,45 +1559,8 @@ __device__ __forceinline__ void q4k_pre_x(const Q8Row& xr, int units, int gi, in
         if (g < units) xv[k] = q8_unit_x(xr, g >> 3, q4k_unit_at(g));
     }
 }
-// q4k_rows_q8<NR, 1>'s partials with the lane's units of x preloaded (q4k_pre_x, same gi, step).
-template <int NR>
-__device__ __forceinline__ void q4k_rows_q8_pre(const u8* const (&wr)[NR], const Q8UnitX (&xv)[Q8_UNITS], int units,
-                                                int gi, int step, float (&acc)[NR][1]) {
-    uint4 hd[NR][Q8_UNITS], qv[NR][Q8_UNITS];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        acc[r][0] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < Q8_UNITS; ++k) {
-            const int g = gi + k * step;
-            if (wr[r] != nullptr && g < units) {
-                const u8* b = wr[r] + (size_t)(g >> 3) * 144;
-                hd[r][k] = *(const uint4*)b;
-                qv[r][k] = *(const uint4*)(b + 16 + 16 * (g & 7));
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        if (wr[r] == nullptr) continue;
-#pragma unroll
-        for (int k = 0; k < Q8_UNITS; ++k) {
-            const int g = gi + k * step;
-            if (g < units) acc[r][0] = __fadd_rn(acc[r][0], q4k_unit_q8v(q4k_unit(hd[r][k], qv[r][k], g & 7), xv[k]));
-        }
-    }
-}
-// Q8X_W_EARLY (compile-time, default 0; session 37): matvec_q8x_q4_k loads the lane's units of
-// its warp's first row pair into registers before it waits for the kernel ahead (the weights
-// depend on nothing that kernel writes), and after the wait only x's units, in one batch, then
-// the first pair's sums; the later pairs as q4k_rows_q8_pre. The fused route kernel's router rows
-// gained so (ROUTE_W_EARLY, session 34: 3.22 -> 1.82 µs a layer, decode +2.0 %). The same
-// operations in the same order as q4k_rows_q8_pre: the same bits.
-#ifndef Q8X_W_EARLY
-#define Q8X_W_EARLY 0
-#endif
-#if Q8X_W_EARLY
-// q4k_rows_q8_pre's loads: the lane's units of rows wr into hd, qv.
+// The lane's units g = gi, gi + step, ... (< units, at most Q8_UNITS) of the rows wr (null: left
+// out) into hd, qv.
 template <int NR>
 __device__ __forceinline__ void q4k_rows_load(const u8* const (&wr)[NR], int units, int gi, int step,
                                               uint4 (&hd)[NR][Q8_UNITS], uint4 (&qv)[NR][Q8_UNITS]) {
@@ -1614,7 +1577,8 @@ __device__ __forceinline__ void q4k_rows_load(const u8* const (&wr)[NR], int uni
         }
     }
 }
-// q4k_rows_q8_pre's sums on units loaded by q4k_rows_load.
+// q4k_rows_q8<NR, 1>'s partials of those units (q4k_rows_load) against x's (q4k_pre_x, same gi,
+// step): each row's units in order.
 template <int NR>
 __device__ __forceinline__ void q4k_rows_sum(const u8* const (&wr)[NR], const uint4 (&hd)[NR][Q8_UNITS],
                                              const uint4 (&qv)[NR][Q8_UNITS], const Q8UnitX (&xv)[Q8_UNITS],
@@ -1630,6 +1594,26 @@ __device__ __forceinline__ void q4k_rows_sum(const u8* const (&wr)[NR], const ui
         }
     }
 }
+// q4k_rows_q8<NR, 1>'s partials with the lane's units of x preloaded (q4k_pre_x, same gi, step).
+template <int NR>
+__device__ __forceinline__ void q4k_rows_q8_pre(const u8* const (&wr)[NR], const Q8UnitX (&xv)[Q8_UNITS], int units,
+                                                int gi, int step, float (&acc)[NR][1]) {
+    uint4 hd[NR][Q8_UNITS], qv[NR][Q8_UNITS];
+    q4k_rows_load<NR>(wr, units, gi, step, hd, qv);
+    q4k_rows_sum<NR>(wr, hd, qv, xv, units, gi, step, acc);
+}
+// Q8X_W_EARLY (compile-time, default 1 since session 37; 0: the first pair after the wait):
+// matvec_q8x_q4_k (decode's in-projections and the shared expert's gate/up) loads the lane's
+// units of its warp's first row pair into registers before it waits for the kernel ahead (the
+// weights depend on nothing that kernel writes), and after the wait only x's units, in one batch,
+// then the first pair's sums; the later pairs as q4k_rows_q8_pre. The same operations in the same
+// order: the same bits. As ROUTE_W_EARLY (session 34: the router rows 3.22 -> 1.82 µs a layer).
+// H200, session 37 run 2: decode +1.3 % (432.32 / 432.55 / 432.27 against 426.78 / 426.51 /
+// 426.88 tok/s, every round above), position 32,768 +0.8 %, full-size logits bit-identical,
+// self-test 496/496 and parity unchanged. NVRTC 13.0: 80 registers, a 16-byte stack (8 spill
+// instructions; 0 without it).
+#ifndef Q8X_W_EARLY
+#define Q8X_W_EARLY 1
 #endif
 template <typename T>
 struct Q8xPre {
