@@ -548,24 +548,25 @@ fn gated_delta_net<B: Backend>(
             g_h[t] = w.a[h] * softplus(a_logit + w.dt_bias[h]);
         }
     };
-    let mut parts: Vec<_> = q
-        .chunks_mut(n.max(1) * dk)
-        .zip(k.chunks_mut(n.max(1) * dk))
-        .zip(v.chunks_mut(n.max(1) * dv))
-        .zip(beta.chunks_mut(n.max(1)))
-        .zip(g.chunks_mut(n.max(1)))
-        .collect();
-    // The heads in parallel for long runs (as rows: a head is a row of every token).
-    if n >= PARALLEL_ROWS {
-        b.for_each_item(&mut parts, |h, ((((q, k), v), bt), g)| {
-            head(h, q, k, v, bt, g)
-        });
-    } else if n > 0 {
-        for (h, ((((q, k), v), bt), g)) in parts.iter_mut().enumerate() {
-            head(h, q, k, v, bt, g);
+    if n > 0 {
+        let mut parts: Vec<_> = q
+            .chunks_mut(n * dk)
+            .zip(k.chunks_mut(n * dk))
+            .zip(v.chunks_mut(n * dv))
+            .zip(beta.chunks_mut(n))
+            .zip(g.chunks_mut(n))
+            .collect();
+        // The heads in parallel for long runs (a head holds a row of every token).
+        if n >= PARALLEL_ROWS {
+            b.for_each_item(&mut parts, |h, ((((q, k), v), bt), g)| {
+                head(h, q, k, v, bt, g)
+            });
+        } else {
+            for (h, ((((q, k), v), bt), g)) in parts.iter_mut().enumerate() {
+                head(h, q, k, v, bt, g);
+            }
         }
     }
-    drop(parts);
 
     // 5. The delta rule, one V head at a time. When recording (speculative verification), the
     //    run's conv input rows and delta-rule inputs are kept, so a rollback can re-run the

@@ -430,14 +430,6 @@ fn ffn_outputs_tiled(
         quantize_row_q8_0(x, &mut q);
         q
     };
-    // The per-row work between the products on the threads too for long runs.
-    let map = |n: usize, f: &(dyn Fn(usize) -> Vec<BlockQ8_0> + Sync)| {
-        if n >= ROWS_IN_PARALLEL {
-            crate::team::map(n, f)
-        } else {
-            (0..n).map(f).collect::<Vec<_>>()
-        }
-    };
     let nb = xs.first().map_or(0, |x| x.len() / QK8_0);
     let xq = fused::quantize_rows_q8_0(xs.len(), nb, |i| xs[i]);
     let x_acts: Vec<Q80Act> = xq.iter().map(|q| Q80Act::new(q)).collect();
@@ -454,7 +446,8 @@ fn ffn_outputs_tiled(
         .enumerate()
         .flat_map(|(f, (_, _, tokens))| (0..tokens.len()).map(move |k| (f, k)))
         .collect();
-    let aq = map(pair_of.len(), &|p| {
+    // The per-row work between the products on the threads too for long runs.
+    let aq = crate::team::map_rows(pair_of.len(), |p| {
         let (f, k) = pair_of[p];
         let rows = ts[f][0].rows();
         let (g, u) = (&gate_up[2 * f], &gate_up[2 * f + 1]);
@@ -481,10 +474,6 @@ fn ffn_outputs_tiled(
     fused::q8_0_tiles_jobs(&a_acts, &jobs, &mut downs);
     Some(downs)
 }
-
-/// Runs of at least this many rows do the per-row work around a block's products (quantizing,
-/// SwiGLU, the weighted sums) on the pass's threads.
-const ROWS_IN_PARALLEL: usize = 16;
 
 /// Whether [`CpuBackend::moe_rows`] computes a run's MoE block (at most 128 tokens: a verify
 /// pass, not a prompt) itself:
@@ -843,9 +832,11 @@ impl Backend for CpuBackend {
     /// On Q8_0 tiles (small models), each row's output written in place; otherwise gathered.
     fn linear_rows(&self, w: &CpuLinear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(t)) = (xs.len() > 1, w.tiles.as_ref().and_then(|t| t.q8_0())) {
-            return fused::q8_0_tiles_rows(t, xs)
-                .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
+        if xs.len() > 1 {
+            if let Some(t) = w.tiles.as_ref().and_then(|t| t.q8_0()) {
+                return fused::q8_0_tiles_rows(t, xs)
+                    .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
+            }
         }
         redlite_model::backend::linear_rows_gathered(self, w, xs)
     }
@@ -1174,11 +1165,7 @@ impl Backend for CpuBackend {
             );
             out
         };
-        Some(if xs.len() >= ROWS_IN_PARALLEL {
-            crate::team::map(xs.len(), row)
-        } else {
-            (0..xs.len()).map(row).collect()
-        })
+        Some(crate::team::map_rows(xs.len(), row))
     }
 
     fn moe_token(

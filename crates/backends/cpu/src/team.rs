@@ -200,6 +200,19 @@ pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
         .collect()
 }
 
+/// Runs of at least this many rows do their per-row work (quantizing, SwiGLU, weighted sums)
+/// as one job ([`map_rows`]); shorter ones on the calling thread.
+pub const ROWS_IN_PARALLEL: usize = 16;
+
+/// [`map`] for `n` rows' per-row work: spread from [`ROWS_IN_PARALLEL`] rows, else here.
+pub fn map_rows<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if n >= ROWS_IN_PARALLEL {
+        map(n, f)
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
 /// `f(item)` for every element of `items`, as [`for_each_or_serial`] spreads indices.
 pub fn for_each_mut_or_serial<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync + Send) {
     let n = items.len();

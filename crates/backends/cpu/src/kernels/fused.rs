@@ -403,8 +403,8 @@ fn run_tile_products<'a>(
     }
 }
 
-/// Each row `x(i)` (`n` rows of `nb` blocks) quantized to Q8_0, in parallel from 16 rows (each
-/// row as alone).
+/// Each row `x(i)` (`n` rows of `nb` blocks) quantized to Q8_0 (`team::map_rows`: in parallel for
+/// long runs; each row as alone).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn quantize_rows_q8_0<'x>(
     n: usize,
@@ -416,11 +416,7 @@ pub(crate) fn quantize_rows_q8_0<'x>(
         quantize_row_q8_0(x(i), &mut q);
         q
     };
-    if n >= 16 {
-        crate::team::map(n, quantize)
-    } else {
-        (0..n).map(quantize).collect()
-    }
+    crate::team::map_rows(n, quantize)
 }
 
 /// Products of Q8_0 tiles, each over its own activation rows, in one parallel region (a short
