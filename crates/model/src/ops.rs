@@ -150,9 +150,47 @@ pub fn rope_neox_with(head: &mut [f32], angles: &[(f32, f32)]) {
 }
 
 /// Indices of the `k` largest values, largest first (ties: lower index first).
+/// A selection then a sort of the `k` chosen (linear in `x.len()`; the router's 512 logits a
+/// layer): the same indices in the same order as sorting all of `x` by that order.
 pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
+    let order = |&a: &usize, &b: &usize| x[b].total_cmp(&x[a]).then(a.cmp(&b));
     let mut idx: Vec<usize> = (0..x.len()).collect();
-    idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
-    idx.truncate(k);
+    if k < idx.len() {
+        if k == 0 {
+            return Vec::new();
+        }
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
     idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k;
+
+    /// The selection gives what sorting every index by (value descending, index ascending) and
+    /// keeping the first `k` gives, ties and infinities included.
+    #[test]
+    fn top_k_is_the_head_of_the_full_sort() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for n in [1usize, 2, 9, 64, 512] {
+            // Few distinct values, so ties are common.
+            let mut x: Vec<f32> = (0..n).map(|_| (next() % 17) as f32 - 8.0).collect();
+            x[n / 2] = f32::NEG_INFINITY;
+            x[0] = f32::INFINITY;
+            let mut all: Vec<usize> = (0..n).collect();
+            all.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+            for k in [0, 1, 2, 10, n - 1, n, n + 3] {
+                assert_eq!(top_k(&x, k), all[..k.min(n)].to_vec(), "n {n} k {k}");
+            }
+        }
+    }
 }
