@@ -141,7 +141,8 @@ pub trait Backend: Send + Sync + Sized {
     }
 
     /// `f(i, &mut items[i])` for every item, in parallel where the backend has threads: the
-    /// per-token work of a run of tokens (norms, conv, gating, routing). Each call must compute
+    /// per-token work of a run of tokens (norms, conv, gating, routing; the model hands it runs
+    /// of [`PARALLEL_ROWS`] or more). Each call must compute
     /// what it would alone; the default spreads the items over rayon's pool.
     fn for_each_item<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync + Send) {
         use rayon::prelude::*;
@@ -324,6 +325,12 @@ pub fn matvec_rows_many<B: Backend, const N: usize>(
     ys.map(|y| split_rows(b, y, rows.next().unwrap_or(0), n))
 }
 
+/// Runs of at least this many tokens do their per-token work (norms, conv, gating, routing,
+/// copies) on the backend's threads ([`Backend::for_each_item`]; the CPU backend's own per-row
+/// work uses the same threshold); shorter ones (decode steps, short drafts) stay on the calling
+/// thread. Each token's values are computed the same way either way.
+pub const PARALLEL_ROWS: usize = 16;
+
 /// `n` rows of `rows` values, one vector each.
 fn split_rows<B: Backend>(b: &B, ys: Vec<f32>, rows: usize, n: usize) -> Vec<Vec<f32>> {
     if n == 1 {
@@ -333,7 +340,7 @@ fn split_rows<B: Backend>(b: &B, ys: Vec<f32>, rows: usize, n: usize) -> Vec<Vec
     if rows == 0 {
         return vec![Vec::new(); n];
     }
-    if n >= 16 {
+    if n >= PARALLEL_ROWS {
         // Long runs: the copies on the backend's threads.
         let mut out = vec![Vec::new(); n];
         b.for_each_item(&mut out, |i, r| *r = ys[i * rows..(i + 1) * rows].to_vec());

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use redlite_gguf::GgufFile;
 
-use crate::backend::{matvec_rows, matvec_rows_many, Backend, LinearData, LinearSource, Oracle};
+use crate::backend::{
+    matvec_rows, matvec_rows_many, Backend, LinearData, LinearSource, Oracle, PARALLEL_ROWS,
+};
 use crate::config::Config;
 use crate::delta_rule::{DeltaRule, HeadInputs};
 use crate::kv_type::KvType;
@@ -27,11 +29,6 @@ use crate::ModelError;
 
 /// The ε of the L2 normalisation of DeltaNet q and k (HF's `l2norm` default).
 const L2_NORM_EPS: f32 = 1e-6;
-
-/// Runs of at least this many tokens do their per-token work (norms, conv, gating, routing) on
-/// the backend's threads ([`Backend::for_each_item`]); shorter ones (decode steps) stay on the
-/// calling thread. Each token's values are computed the same way either way.
-const PARALLEL_ROWS: usize = 16;
 
 /// `f(i)` for `i` in `0..n`, on the backend's threads when `n ≥ PARALLEL_ROWS`.
 fn map_range<B: Backend, R: Send>(b: &B, n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {

@@ -201,8 +201,9 @@ pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
 }
 
 /// Runs of at least this many rows do their per-row work (quantizing, SwiGLU, weighted sums)
-/// as one job ([`map_rows`]); shorter ones on the calling thread.
-pub const ROWS_IN_PARALLEL: usize = 16;
+/// as one job ([`map_rows`]); shorter ones on the calling thread. The model's threshold for its
+/// per-token work, so a run is spread by both or by neither.
+pub const ROWS_IN_PARALLEL: usize = redlite_model::backend::PARALLEL_ROWS;
 
 /// [`map`] for `n` rows' per-row work: spread from [`ROWS_IN_PARALLEL`] rows, else here.
 pub fn map_rows<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
