@@ -32,6 +32,10 @@ pub struct SpecArgs {
     /// drafts are proposed, never the output.
     #[arg(long)]
     pub spec_mtp_vocab: Option<usize>,
+    /// MTP: draft whenever lookup has none, instead of only while MTP passes are measured to
+    /// cost less per token than plain steps.
+    #[arg(long)]
+    pub spec_mtp_always: bool,
 }
 
 impl SpecArgs {
@@ -47,6 +51,7 @@ impl SpecArgs {
             mtp_draft: self.spec_mtp_draft,
             mtp_min_prob: self.spec_mtp_min_prob,
             mtp_vocab: self.spec_mtp_vocab,
+            mtp_gate: !self.spec_mtp_always,
         }
     }
 }

@@ -21,6 +21,10 @@
 //!   holds exactly what a non-speculative MTP run would. The prompt's slots are run right after
 //!   the prompt pass (counted in the prompt time).
 //!   `both` uses prompt lookup when it finds a match and MTP otherwise.
+//!   [`MtpGate`] keeps MTP drafting to where it pays: it times one-token passes and MTP passes
+//!   (per token they emit) as they happen and leaves the drafts out while plain steps are
+//!   cheaper per token, trying the other kind now and then (a machine where a verify row costs
+//!   nearly as much as a step, such as a small model on a CPU, gains nothing from MTP).
 //!
 //! # Verification and exactness
 //!
@@ -115,6 +119,8 @@ pub struct SpecConfig {
     /// whole vocabulary. Only which drafts are proposed depends on it; the verify pass scores
     /// every token.
     pub mtp_vocab: Option<usize>,
+    /// MTP drafts only while they pay ([`MtpGate`]); otherwise whenever lookup has no draft.
+    pub mtp_gate: bool,
 }
 
 impl Default for SpecConfig {
@@ -132,6 +138,7 @@ impl Default for SpecConfig {
             mtp_draft: 3,
             mtp_min_prob: 0.5,
             mtp_vocab: None,
+            mtp_gate: true,
         }
     }
 }
@@ -195,6 +202,8 @@ pub struct SpecStats {
     pub rows: usize,
     pub lookup: DraftCounters,
     pub mtp: DraftCounters,
+    /// Passes without MTP drafts because [`MtpGate`] found plain steps cheaper per token.
+    pub mtp_gated: usize,
     /// Time spent drafting (lookup search and MTP passes, including the MTP cache catch-up).
     pub draft_time: Duration,
 }
@@ -219,7 +228,7 @@ impl SpecStats {
     pub fn summary(&self) -> String {
         let t = self.total();
         format!(
-            "spec {:?}: {} passes ({} rows), drafts accepted {}/{} ({:.1}%), mean accepted length {:.2}, {:.2} tokens/pass [lookup {}/{}, mtp {}/{}], drafting {:.1} ms",
+            "spec {:?}: {} passes ({} rows), drafts accepted {}/{} ({:.1}%), mean accepted length {:.2}, {:.2} tokens/pass [lookup {}/{}, mtp {}/{}, mtp left out {} passes], drafting {:.1} ms",
             self.mode,
             self.forward_passes,
             self.rows,
@@ -232,6 +241,7 @@ impl SpecStats {
             self.lookup.drafted,
             self.mtp.accepted,
             self.mtp.drafted,
+            self.mtp_gated,
             self.draft_time.as_secs_f64() * 1e3,
         )
     }
@@ -414,6 +424,8 @@ pub struct MtpDrafter {
     queue: Vec<(Vec<f32>, u32)>,
     /// The draft head's part of the vocabulary (`None`: the whole lm_head).
     vocab: Option<DraftVocab>,
+    /// The last catch-up run over queued slots ([`MtpDrafter::flush`]): its time and slots.
+    last_flush: Option<(Duration, usize)>,
 }
 
 /// The part of the vocabulary MTP drafts are chosen from, and the lm_head's rows for it.
@@ -534,6 +546,7 @@ impl MtpDrafter {
             state: model.new_mtp_state(),
             queue: Vec::new(),
             vocab: (vocab > 0 && vocab < full).then(|| DraftVocab::new(vocab, full)),
+            last_flush: None,
         })
     }
 
@@ -553,10 +566,12 @@ impl MtpDrafter {
         if self.queue.is_empty() {
             return Ok(None);
         }
+        let started = Instant::now();
         let (hidden, tokens): (Vec<Vec<f32>>, Vec<u32>) =
             std::mem::take(&mut self.queue).into_iter().unzip();
         let t0 = self.state.kv.len();
         let mut out = model.mtp_hidden(&mut self.state, &hidden, &tokens, t0)?;
+        self.last_flush = Some((started.elapsed(), tokens.len()));
         Ok(out.pop())
     }
 
@@ -649,6 +664,84 @@ impl DraftLength {
     }
 }
 
+/// Whether MTP drafts pay on this machine and model, from the passes as they happen: a pass
+/// without drafts against an MTP pass per token it emits. An MTP pass costs its chained drafts,
+/// its verify rows and the MTP block's catch-up over the tokens it keeps (timed per slot, since
+/// after a stretch without MTP the catch-up covers the whole stretch at once). MTP drafts while
+/// its cost per token is at most a plain pass's; otherwise the passes go without drafts, and
+/// every [`MtpGate::PROBE`] passes one pass of the other kind keeps both figures current.
+/// Which passes draft changes only the speed: the output is that of plain decoding either way.
+#[derive(Debug, Default)]
+pub struct MtpGate {
+    /// Smoothed seconds of a pass without drafts.
+    plain: Option<f64>,
+    /// Smoothed seconds of an MTP pass (without its catch-up) and tokens it emitted.
+    mtp: Option<(f64, f64)>,
+    /// Smoothed seconds of the MTP block's catch-up per slot.
+    catch_up: Option<f64>,
+    /// MTP passes so far.
+    mtp_passes: usize,
+    /// Passes since the kind not chosen last ran.
+    since_other: usize,
+}
+
+impl MtpGate {
+    /// MTP passes before the first pass without drafts (to time one).
+    const WARM: usize = 4;
+    /// Passes between runs of the kind the figures do not favour.
+    const PROBE: usize = 32;
+    /// Weight of a new timing in the smoothed figures.
+    const NEW: f64 = 0.25;
+
+    fn smooth(old: Option<f64>, new: f64) -> Option<f64> {
+        Some(old.map_or(new, |o| o + Self::NEW * (new - o)))
+    }
+
+    /// Whether the next pass should carry MTP drafts.
+    pub fn wants_mtp(&mut self) -> bool {
+        if self.mtp_passes < Self::WARM {
+            return true;
+        }
+        let (Some(plain), Some((mtp, tokens))) = (self.plain, self.mtp) else {
+            // A pass without drafts to time (MTP has been timed by now).
+            return false;
+        };
+        let per_token = (mtp + self.catch_up.unwrap_or(0.0) * tokens) / tokens.max(1.0);
+        let favoured = per_token <= plain;
+        self.since_other += 1;
+        if self.since_other >= Self::PROBE {
+            self.since_other = 0;
+            return !favoured;
+        }
+        favoured
+    }
+
+    /// A pass without drafts took `secs`.
+    pub fn record_plain(&mut self, secs: f64) {
+        self.plain = Self::smooth(self.plain, secs);
+    }
+
+    /// An MTP pass took `secs` (without its catch-up) and emitted `tokens`.
+    pub fn record_mtp(&mut self, secs: f64, tokens: usize) {
+        let (s, t) = match self.mtp {
+            Some((s, t)) => (
+                s + Self::NEW * (secs - s),
+                t + Self::NEW * (tokens as f64 - t),
+            ),
+            None => (secs, tokens as f64),
+        };
+        self.mtp = Some((s, t));
+        self.mtp_passes += 1;
+    }
+
+    /// The MTP block caught up on `slots` slots in `secs`.
+    pub fn record_catch_up(&mut self, secs: f64, slots: usize) {
+        if slots > 0 {
+            self.catch_up = Self::smooth(self.catch_up, secs / slots as f64);
+        }
+    }
+}
+
 /// Which source produced the current draft.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
@@ -665,6 +758,10 @@ pub struct Verify {
     /// Final hidden states of every row (the MTP slots of accepted tokens are built from them).
     hidden: Vec<Vec<f32>>,
     source: Source,
+    /// Seconds the pass took (drafting included) and, of those, the MTP catch-up's seconds and
+    /// slots ([`MtpGate`]).
+    secs: f64,
+    catch_up: Option<(f64, usize)>,
 }
 
 impl Verify {
@@ -682,6 +779,8 @@ impl Verify {
 pub struct Speculator {
     cfg: SpecConfig,
     mtp: Option<MtpDrafter>,
+    /// Whether MTP drafts pay (`None`: always draft, `mtp_gate` off or no MTP).
+    gate: Option<MtpGate>,
     lookup: LookupDrafter,
     stats: SpecStats,
 }
@@ -700,6 +799,7 @@ impl Speculator {
             } else {
                 None
             },
+            gate: (use_mtp && cfg.mtp_gate).then(MtpGate::default),
             lookup: LookupDrafter::new(cfg),
             stats: SpecStats {
                 mode: cfg.mode,
@@ -768,8 +868,16 @@ impl Speculator {
         budget: usize,
     ) -> Result<Verify, ModelError> {
         let td = Instant::now();
+        if let Some(m) = self.mtp.as_mut() {
+            m.last_flush = None;
+        }
         let (drafts, source) = self.draft(model, history, pending, last_hidden, budget)?;
         self.stats.draft_time += td.elapsed();
+        let catch_up = self
+            .mtp
+            .as_ref()
+            .and_then(|m| m.last_flush)
+            .map(|(t, n)| (t.as_secs_f64(), n));
 
         let mut tokens = Vec::with_capacity(drafts.len() + 1);
         tokens.push(pending);
@@ -786,6 +894,8 @@ impl Speculator {
             logits,
             hidden,
             source,
+            secs: td.elapsed().as_secs_f64(),
+            catch_up,
         })
     }
 
@@ -811,8 +921,11 @@ impl Speculator {
         if let Some(m) = self.mtp.as_mut() {
             let k = self.cfg.mtp_draft.min(room);
             if k > 0 {
-                let d = m.draft(model, history, k, self.cfg.mtp_min_prob)?;
-                return Ok((d, Source::Mtp));
+                if self.gate.as_mut().is_none_or(MtpGate::wants_mtp) {
+                    let d = m.draft(model, history, k, self.cfg.mtp_min_prob)?;
+                    return Ok((d, Source::Mtp));
+                }
+                self.stats.mtp_gated += 1;
             }
         }
         Ok((Vec::new(), Source::Lookup))
@@ -832,6 +945,16 @@ impl Speculator {
     ) -> Result<Vec<f32>, ModelError> {
         let drafted = v.drafts().len();
         let fed = fed.clamp(1, v.tokens.len());
+        if let Some(g) = self.gate.as_mut() {
+            if let Some((secs, slots)) = v.catch_up {
+                g.record_catch_up(secs, slots);
+            }
+            if drafted == 0 {
+                g.record_plain(v.secs - v.catch_up.map_or(0.0, |c| c.0));
+            } else if v.source == Source::Mtp {
+                g.record_mtp(v.secs - v.catch_up.map_or(0.0, |c| c.0), accepted + 1);
+            }
+        }
         match v.source {
             Source::Lookup => {
                 self.stats.lookup.add(drafted, accepted);
@@ -1077,6 +1200,32 @@ mod tests {
             ..SpecConfig::default()
         });
         assert_eq!(fixed.current(), 10);
+    }
+
+    /// The gate drafts through its warm-up, then times a plain pass, then follows the cheaper
+    /// kind per token, running the other kind once every `PROBE` passes.
+    #[test]
+    fn mtp_gate_follows_the_cheaper_kind() {
+        let mut g = MtpGate::default();
+        for _ in 0..MtpGate::WARM {
+            assert!(g.wants_mtp());
+            // 3 ms a pass for 2 tokens (catch-up 0.1 ms a slot): 1.6 ms a token.
+            g.record_catch_up(0.0002, 2);
+            g.record_mtp(0.003, 2);
+        }
+        assert!(!g.wants_mtp(), "a plain pass is timed first");
+        g.record_plain(0.001);
+        // Plain 1 ms a token beats MTP's 1.6: plain passes, with an MTP probe every PROBE.
+        let runs: Vec<bool> = (0..2 * MtpGate::PROBE).map(|_| g.wants_mtp()).collect();
+        assert_eq!(runs.iter().filter(|&&m| m).count(), 2, "{runs:?}");
+        assert!(runs[MtpGate::PROBE - 1] && runs[2 * MtpGate::PROBE - 1]);
+        // MTP becomes cheap (4 tokens for 2 ms): after a few timings it is favoured, and a plain
+        // pass runs once every PROBE.
+        for _ in 0..8 {
+            g.record_mtp(0.002, 4);
+        }
+        let runs: Vec<bool> = (0..2 * MtpGate::PROBE).map(|_| g.wants_mtp()).collect();
+        assert_eq!(runs.iter().filter(|&&m| !m).count(), 2, "{runs:?}");
     }
 
     #[test]

@@ -551,7 +551,7 @@ pub fn spec_json(u: &Usage) -> Option<Value> {
         "mean_accepted_length": t.mean_accepted(),
         "tokens_per_pass": s.tokens_per_pass(),
         "lookup": {"drafted": s.lookup.drafted, "accepted": s.lookup.accepted},
-        "mtp": {"drafted": s.mtp.drafted, "accepted": s.mtp.accepted},
+        "mtp": {"drafted": s.mtp.drafted, "accepted": s.mtp.accepted, "left_out_passes": s.mtp_gated},
         "draft_ms": s.draft_time.as_secs_f64() * 1e3,
         "tokens_per_second": if decode_s > 0.0 { u.completion_tokens as f64 / decode_s } else { 0.0 },
     }))
