@@ -723,14 +723,9 @@ impl MtpGate {
 
     /// An MTP pass took `secs` (without its catch-up) and emitted `tokens`.
     pub fn record_mtp(&mut self, secs: f64, tokens: usize) {
-        let (s, t) = match self.mtp {
-            Some((s, t)) => (
-                s + Self::NEW * (secs - s),
-                t + Self::NEW * (tokens as f64 - t),
-            ),
-            None => (secs, tokens as f64),
-        };
-        self.mtp = Some((s, t));
+        let s = Self::smooth(self.mtp.map(|m| m.0), secs);
+        let t = Self::smooth(self.mtp.map(|m| m.1), tokens as f64);
+        self.mtp = s.zip(t);
         self.mtp_passes += 1;
     }
 
