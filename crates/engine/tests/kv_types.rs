@@ -70,7 +70,10 @@ fn speculative_decoding_is_exact_with_f16_and_q8_0_caches() {
                 &prompt,
                 &mut Sampler::new(SamplerConfig::greedy()),
                 &opts,
-                &SpecConfig::with_mode(mode),
+                &SpecConfig {
+                    mtp_gate: false,
+                    ..SpecConfig::with_mode(mode)
+                },
                 |_| true,
             )
             .unwrap();

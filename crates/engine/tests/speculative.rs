@@ -112,6 +112,16 @@ fn greedy_opts(n: usize) -> GenerateOptions {
     }
 }
 
+/// The configuration of `mode` with MTP drafting whenever lookup has no draft: these tests
+/// check the drafting path and count drafts, which the MTP gate's timing would otherwise decide
+/// (`mtp_gate_keeps_the_output` runs the gate).
+fn spec(mode: SpecMode) -> SpecConfig {
+    SpecConfig {
+        mtp_gate: false,
+        ..SpecConfig::with_mode(mode)
+    }
+}
+
 /// Greedy speculative decoding against plain decoding on one model, every mode.
 fn check_greedy_identity<B: Backend>(model: &Model<B>, prompt: &[u32], n: usize, label: &str) {
     let (want, want_logits, want_state) = plain(model, prompt, n);
@@ -125,7 +135,7 @@ fn check_greedy_identity<B: Backend>(model: &Model<B>, prompt: &[u32], n: usize,
             prompt,
             &mut Sampler::new(SamplerConfig::greedy()),
             &greedy_opts(n),
-            &SpecConfig::with_mode(mode),
+            &spec(mode),
             |_| true,
             |l| seen.push(bits(l)),
         )
@@ -188,6 +198,35 @@ fn greedy_identical_on_every_fixture_cpu() {
     }
 }
 
+/// With the MTP gate on (the default), whichever passes it leaves without drafts, the tokens and
+/// every logits row are plain decoding's, greedy and seeded.
+#[test]
+fn mtp_gate_keeps_the_output() {
+    let (model, tok) = load("tiny-Q8_0.gguf", BackendChoice::Cpu);
+    let prompt = rewrite_prompt(&tok);
+    with_model!(&model, m => {
+        let (want, want_logits, _) = plain(m, &prompt, 40);
+        for mode in [SpecMode::Mtp, SpecMode::Both] {
+            let mut seen = Vec::new();
+            let (got, _, stats) = generate_speculative_observed(
+                m,
+                &mut m.new_state(),
+                &prompt,
+                &mut Sampler::new(SamplerConfig::greedy()),
+                &greedy_opts(40),
+                &SpecConfig::with_mode(mode),
+                |_| true,
+                |l| seen.push(bits(l)),
+            )
+            .unwrap();
+            assert_eq!(got, want, "{mode:?}: {}", stats.summary());
+            assert!(seen == want_logits.iter().map(|l| bits(l)).collect::<Vec<_>>(), "{mode:?}: logits");
+            // The gate drafts through its warm-up at least.
+            assert!(stats.mtp.drafted > 0 || stats.lookup.drafted > 0, "{mode:?}: {}", stats.summary());
+        }
+    });
+}
+
 /// Short and unrepetitive prompts: few or no lookups; MTP still drafts every step.
 #[test]
 fn greedy_identical_on_a_short_prompt() {
@@ -202,7 +241,7 @@ fn greedy_identical_on_a_short_prompt() {
                 &prompt,
                 &mut Sampler::new(SamplerConfig::greedy()),
                 &greedy_opts(24),
-                &SpecConfig::with_mode(mode),
+                &spec(mode),
                 |_| true,
             )
             .unwrap();
@@ -238,7 +277,7 @@ fn sampling_matches_plain_generate_for_a_seed() {
                 &prompt,
                 &mut Sampler::new(cfg.clone()),
                 &opts,
-                &SpecConfig::with_mode(mode),
+                &spec(mode),
                 |_| true,
             )
             .unwrap();
@@ -264,7 +303,7 @@ fn early_stop_inside_a_draft_leaves_the_plain_state() {
                 &prompt,
                 &mut Sampler::new(SamplerConfig::greedy()),
                 &greedy_opts(100),
-                &SpecConfig::with_mode(SpecMode::Both),
+                &spec(SpecMode::Both),
                 |_| {
                     count += 1;
                     count < stop_after
@@ -366,7 +405,7 @@ fn statistics_are_consistent() {
             &prompt,
             &mut Sampler::new(SamplerConfig::greedy()),
             &greedy_opts(n),
-            &SpecConfig::with_mode(SpecMode::Both),
+            &spec(SpecMode::Both),
             |_| true,
         )
         .unwrap();
@@ -415,7 +454,7 @@ fn draft_vocabulary_changes_drafts_only() {
             for vocab in [Some(16), Some(0)] {
                 let cfg = SpecConfig {
                     mtp_vocab: vocab,
-                    ..SpecConfig::with_mode(SpecMode::Mtp)
+                    ..spec(SpecMode::Mtp)
                 };
                 let mut state = m.new_state();
                 let (got, _, stats) = generate_speculative(
