@@ -142,8 +142,8 @@ pub trait Backend: Send + Sync + Sized {
 
     /// `f(i, &mut items[i])` for every item, in parallel where the backend has threads: the
     /// per-token work of a run of tokens (norms, conv, gating, routing; the model hands it runs
-    /// of [`PARALLEL_ROWS`] or more). Each call must compute
-    /// what it would alone; the default spreads the items over rayon's pool.
+    /// of [`PARALLEL_ROWS`] or more). Each call must compute what it would alone; the default
+    /// spreads the items over rayon's pool.
     fn for_each_item<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync + Send) {
         use rayon::prelude::*;
         items.par_iter_mut().enumerate().for_each(|(i, t)| f(i, t));

@@ -149,16 +149,16 @@ pub fn rope_neox_with(head: &mut [f32], angles: &[(f32, f32)]) {
     }
 }
 
-/// Indices of the `k` largest values, largest first (ties: lower index first).
-/// A selection then a sort of the `k` chosen (linear in `x.len()`; the router's 512 logits a
-/// layer): the same indices in the same order as sorting all of `x` by that order.
+/// Indices of the `k` largest values, largest first (ties: lower index first): a selection of
+/// the `k` first in that order, then a sort of those alone (linear in `x.len()`, the router's
+/// 512 probabilities a layer), which gives what sorting all of `x` and keeping `k` gives.
 pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
+    if k == 0 {
+        return Vec::new();
+    }
     let order = |&a: &usize, &b: &usize| x[b].total_cmp(&x[a]).then(a.cmp(&b));
     let mut idx: Vec<usize> = (0..x.len()).collect();
     if k < idx.len() {
-        if k == 0 {
-            return Vec::new();
-        }
         idx.select_nth_unstable_by(k - 1, order);
         idx.truncate(k);
     }
