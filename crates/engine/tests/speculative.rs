@@ -199,7 +199,7 @@ fn greedy_identical_on_every_fixture_cpu() {
 }
 
 /// With the MTP gate on (the default), whichever passes it leaves without drafts, the tokens and
-/// every logits row are plain decoding's, greedy and seeded.
+/// every logits row are plain decoding's (greedy).
 #[test]
 fn mtp_gate_keeps_the_output() {
     let (model, tok) = load("tiny-Q8_0.gguf", BackendChoice::Cpu);
