@@ -52,27 +52,10 @@ fn map_rows<B: Backend, T: Sync, R: Send>(
     map_range(b, xs.len(), |i| f(&xs[i]))
 }
 
-/// A single token's element-wise work (DeltaNet conv channels, gated-norm heads) goes to the
-/// backend's threads from this many elements: each element costs an `exp` (SiLU), ~8k of them per
-/// layer at full size, which the calling thread would otherwise do alone.
+/// A single token's gated-norm heads go to the backend's threads from this many elements: each
+/// element costs an `exp` (SiLU of the gate), ~4k of them per layer at full size, which the
+/// calling thread would otherwise do alone.
 const STEP_PARALLEL_ELEMENTS: usize = 4096;
-
-/// `[f(0), f(1), …, f(len − 1)]`, in a few tasks from [`STEP_PARALLEL_ELEMENTS`] elements
-/// (each element computed the same way either way).
-fn map_elements<B: Backend>(b: &B, len: usize, f: impl Fn(usize) -> f32 + Sync + Send) -> Vec<f32> {
-    if len < STEP_PARALLEL_ELEMENTS {
-        return (0..len).map(f).collect();
-    }
-    let mut out = vec![0.0f32; len];
-    let per = len.div_ceil(8);
-    let mut parts: Vec<&mut [f32]> = out.chunks_mut(per).collect();
-    b.for_each_item(&mut parts, |i, o| {
-        for (k, y) in o.iter_mut().enumerate() {
-            *y = f(i * per + k);
-        }
-    });
-    out
-}
 
 /// `f(i, &mut items[i])` for every item, on the backend's threads for runs of [`PARALLEL_ROWS`]
 /// or more.
@@ -472,39 +455,20 @@ fn gated_delta_net<B: Backend>(
         .chunks_exact(ch)
         .chain(qkv.iter().map(Vec::as_slice))
         .collect();
-    let conv_at = |t: usize, c: usize| {
-        let mut y = 0.0f32;
+    // Row t: per channel c, Σ_j tap_j[c] · history[t + j][c], the taps in order from 0.0 (the
+    // taps as rows [kern][ch], so a row's channels go through each tap together: vectorises).
+    let conv_row = |t: usize| {
+        let mut y = vec![0.0f32; ch];
         for j in 0..kern {
-            y += w.conv[c * kern + j] * history[t + j][c];
+            let (tap, h) = (&w.conv_taps[j * ch..(j + 1) * ch], history[t + j]);
+            for ((y, &wj), &hj) in y.iter_mut().zip(tap).zip(h) {
+                *y += wj * hj;
+            }
         }
+        b.silu_in_place(&mut y);
         y
     };
-    let conv_out: Vec<Vec<f32>> = if n == 1 {
-        let mut y = map_elements(b, ch, |c| conv_at(0, c));
-        b.silu_in_place(&mut y);
-        vec![y]
-    } else {
-        // Several rows: the taps as rows [kern][ch], so a row's channels go through each tap
-        // together (vectorises; per channel the same products added in the same order as
-        // `conv_at`, so each row equals a one-token step's bit for bit).
-        let mut taps = vec![0.0f32; kern * ch];
-        for c in 0..ch {
-            for j in 0..kern {
-                taps[j * ch + c] = w.conv[c * kern + j];
-            }
-        }
-        map_range(b, n, |t| {
-            let mut y = vec![0.0f32; ch];
-            for j in 0..kern {
-                let h = history[t + j];
-                for ((y, &wj), &hj) in y.iter_mut().zip(&taps[j * ch..(j + 1) * ch]).zip(h) {
-                    *y += wj * hj;
-                }
-            }
-            b.silu_in_place(&mut y);
-            y
-        })
-    };
+    let conv_out: Vec<Vec<f32>> = map_range(b, n, conv_row);
     // The state keeps the last K−1 rows.
     let kept = history[n..].concat();
     st.conv.copy_from_slice(&kept);

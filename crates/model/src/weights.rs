@@ -36,6 +36,9 @@ pub struct DeltaNetWeights<B: Backend> {
     pub ba: B::Linear,
     /// `[conv_channels, conv_kernel]`: tap `j` of channel `c` at `c·kernel + j`; the last tap is the current token.
     pub conv: Vec<f32>,
+    /// `conv` transposed, `[conv_kernel, conv_channels]`: tap `j` of every channel as one row, so
+    /// a token's channels go through each tap together (vectorised).
+    pub conv_taps: Vec<f32>,
     /// `[n_v]`.
     pub dt_bias: Vec<f32>,
     /// `[n_v]`, stored as `−exp(A_log)`.
@@ -355,11 +358,17 @@ fn load_delta_net<B: Backend>(
             p("ssm_in.weight")
         )));
     };
+    let conv = l.f32_tensor(&p("ssm_conv1d.weight"), &[cfg.conv_kernel, channels])?;
+    let kern = cfg.conv_kernel;
+    let conv_taps = (0..kern * channels)
+        .map(|i| conv[(i % channels) * kern + i / channels])
+        .collect();
     Ok(DeltaNetWeights {
         qkv,
         z,
         ba: l.linear(&p("ssm_ba.weight"), h, 2 * nv)?,
-        conv: l.f32_tensor(&p("ssm_conv1d.weight"), &[cfg.conv_kernel, channels])?,
+        conv,
+        conv_taps,
         dt_bias: l.vector(&p("ssm_dt.bias"), nv)?,
         a: l.vector(&p("ssm_a"), nv)?,
         norm: l.vector(&p("ssm_norm.weight"), dv)?,
