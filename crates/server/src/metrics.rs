@@ -29,6 +29,8 @@ pub struct Metrics {
     pub spec_drafted: AtomicU64,
     pub spec_accepted: AtomicU64,
     pub spec_draft_steps: AtomicU64,
+    /// Passes the MTP gate left without drafts (MTP measured not to pay).
+    pub spec_mtp_left_out: AtomicU64,
     pub spec_completion_tokens: AtomicU64,
     pub spec_decode_micros: AtomicU64,
 }
@@ -70,6 +72,7 @@ impl Metrics {
         add(&self.spec_drafted, t.drafted);
         add(&self.spec_accepted, t.accepted);
         add(&self.spec_draft_steps, t.steps);
+        add(&self.spec_mtp_left_out, s.mtp_gated);
         add(&self.spec_completion_tokens, tokens);
         add(&self.spec_decode_micros, time.as_micros() as usize);
     }
@@ -190,6 +193,12 @@ impl Metrics {
             "counter",
             "Draft tokens accepted.",
             accepted as f64,
+        );
+        metric(
+            "spec_mtp_left_out_passes_total",
+            "counter",
+            "Passes without MTP drafts because MTP passes were measured to cost more per token than plain steps.",
+            get(&self.spec_mtp_left_out) as f64,
         );
         metric(
             "spec_acceptance_rate",

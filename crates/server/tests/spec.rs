@@ -166,6 +166,10 @@ async fn server_default_mode_and_metrics() {
         value("spec_passes_total"),
         s["passes"].as_u64().unwrap() as f64
     );
+    assert_eq!(
+        value("spec_mtp_left_out_passes_total"),
+        s["mtp"]["left_out_passes"].as_u64().unwrap() as f64
+    );
     let rate = value("spec_acceptance_rate");
     assert!(rate > 0.0 && rate <= 1.0, "{m}");
     assert!(value("spec_mean_accepted_length") > 0.0);
