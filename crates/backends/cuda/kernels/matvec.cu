@@ -852,6 +852,8 @@ template <typename T, bool PAIRS, bool EARLY = false>
 __device__ __forceinline__ void mvf_rows(const u8* __restrict__ w, const float* __restrict__ x, int cols, int rows,
                                          int first, int part, MvfSplit s, float* __restrict__ y, float scale,
                                          bool add) {
+    // The two-row form (row_partial2) has no early form: its loads would go out before the wait.
+    static_assert(!(EARLY && PAIRS), "EARLY: without PAIRS");
     if (s.rows == 1) {
         mvf_rows_dot<T, 1, EARLY>(w, x, cols, rows, first, part, s, y, scale, add);
     } else if (PAIRS && s.rows == 2) {
