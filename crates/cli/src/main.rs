@@ -3,6 +3,14 @@
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc for every Rust allocation: a forward pass allocates and frees its activation rows
+/// (per layer, per row of a batch) on both pool threads, and glibc's arenas spent ≈ 20 % of a
+/// demo verify pass in malloc/free/memset/memmove, much of it on the pass's serial path. With
+/// mimalloc the demo's decode step is ≈ 20 % and a 128-row verify ≈ 15 % faster; the full-size
+/// layout's decode is unchanged (docs/perf-ledger.md, 2026-12-05 session 39).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod cache_args;
 mod convert;

@@ -8,6 +8,11 @@
 //! in the process: blocks under 64 MiB come from the heap and up to 256 MiB of free heap stays
 //! mapped. The process then holds its peak working set between passes, which an inference
 //! engine does anyway. A no-op off glibc, or when `GLIBC_TUNABLES` already sets malloc options.
+//!
+//! The `redlite` binary allocates through mimalloc (its `#[global_allocator]`), which keeps freed
+//! memory for reuse by itself; these thresholds then govern what still goes through glibc's
+//! `malloc` (C libraries, and programs that link this crate with the system allocator, such as
+//! the test binaries).
 
 /// Applies the thresholds above, once, before the first large allocation (start of `main`).
 pub fn keep_freed_memory() {
