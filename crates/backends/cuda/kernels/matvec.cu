@@ -492,12 +492,9 @@ struct GroupDot<T_F32> {
 // The lane's share of one row's dot product when the row is cut into `parts` slices and the warp
 // takes slice `part` (units of work dealt round-robin: warp blocks, groups, or values); the warp
 // sum of the slices' partials over every slice is the row's dot. parts = 1: the whole row.
-// EARLY (group decoders with SPLIT; RES_W_EARLY): the first iteration's two groups are loaded
-// before pdl_enter(), which row_partial then calls; x is read after it. The same sums.
-template <typename T, bool EARLY = false>
+template <typename T>
 __device__ __forceinline__ float row_partial(const u8* __restrict__ wr, const float* __restrict__ x, int cols,
                                              int lane, int part, int parts) {
-    static_assert(!EARLY || (!WarpBlockDot<T>::ON && GroupDot<T>::SPLIT), "EARLY: group decoders with SPLIT only");
     float acc = 0.0f;
     constexpr int G = GroupDot<T>::G;
     if constexpr (WarpBlockDot<T>::ON) {
@@ -516,21 +513,6 @@ __device__ __forceinline__ float row_partial(const u8* __restrict__ wr, const fl
             // Two groups per iteration, both loaded first; the sums in the one-at-a-time order.
             const int stride = parts * WARP;
             int gi = part * WARP + lane;
-            if constexpr (EARLY) {
-                const int gj = gi + stride;
-                const bool pair = gj < groups;
-                typename GroupDot<T>::Raw r0, r1;
-                if (pair) {
-                    r0 = GroupDot<T>::load(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK);
-                    r1 = GroupDot<T>::load(wr + (size_t)(gj / PER_BLOCK) * T::BB, gj % PER_BLOCK);
-                }
-                pdl_enter();  // x comes from the kernel before
-                if (pair) {
-                    acc += GroupDot<T>::dot_loaded(r0, gi % PER_BLOCK, x + (size_t)gi * G);
-                    acc += GroupDot<T>::dot_loaded(r1, gj % PER_BLOCK, x + (size_t)gj * G);
-                    gi += 2 * stride;
-                }
-            }
             for (; gi + stride < groups; gi += 2 * stride) {
                 const int gj = gi + stride;
                 auto r0 = GroupDot<T>::load(wr + (size_t)(gi / PER_BLOCK) * T::BB, gi % PER_BLOCK);
@@ -797,7 +779,7 @@ __device__ __forceinline__ void mvf_first(int block, MvfSplit s, int& first, int
 // `part == 0`. Every thread reaches its barrier. NR = 1 is the one-row-per-warp form; callers
 // take it when s.rows == 1 so that form pays for no unused rows; NR = 2 runs the two rows
 // together (row_partial2) where the decoder allows.
-template <typename T, int NR, bool EARLY = false>
+template <typename T, int NR>
 __device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const float* __restrict__ x, int cols,
                                              int rows, int first, int part, MvfSplit s, float* __restrict__ y,
                                              float scale, bool add) {
@@ -818,7 +800,7 @@ __device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const flo
         for (int k = 0; k < NR; ++k) {
             const int row = first + k;
             acc[k] = (k < s.rows && row < rows)
-                         ? row_partial<T, EARLY>(w + (size_t)row * row_bytes<T>(cols), x, cols, lane, part, s.parts)
+                         ? row_partial<T>(w + (size_t)row * row_bytes<T>(cols), x, cols, lane, part, s.parts)
                          : 0.0f;
         }
     }
@@ -846,20 +828,16 @@ __device__ __forceinline__ void mvf_rows_dot(const u8* __restrict__ w, const flo
 
 // PAIRS: compile the two-row form too (it takes registers from every path of the kernel: 64 → 80
 // for Q4_K, so matvec_res, which runs one row per warp, leaves it out).
-// EARLY: row_partial's (each row's first loads, then pdl_enter); the caller waits too, for warps
-// without a row.
-template <typename T, bool PAIRS, bool EARLY = false>
+template <typename T, bool PAIRS>
 __device__ __forceinline__ void mvf_rows(const u8* __restrict__ w, const float* __restrict__ x, int cols, int rows,
                                          int first, int part, MvfSplit s, float* __restrict__ y, float scale,
                                          bool add) {
-    // The two-row form (row_partial2) has no early form: its loads would go out before the wait.
-    static_assert(!(EARLY && PAIRS), "EARLY: without PAIRS");
     if (s.rows == 1) {
-        mvf_rows_dot<T, 1, EARLY>(w, x, cols, rows, first, part, s, y, scale, add);
+        mvf_rows_dot<T, 1>(w, x, cols, rows, first, part, s, y, scale, add);
     } else if (PAIRS && s.rows == 2) {
-        mvf_rows_dot<T, 2, EARLY>(w, x, cols, rows, first, part, s, y, scale, add);
+        mvf_rows_dot<T, 2>(w, x, cols, rows, first, part, s, y, scale, add);
     } else {
-        mvf_rows_dot<T, MVF_MAX_ROWS, EARLY>(w, x, cols, rows, first, part, s, y, scale, add);
+        mvf_rows_dot<T, MVF_MAX_ROWS>(w, x, cols, rows, first, part, s, y, scale, add);
     }
 }
 
@@ -1173,15 +1151,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_tok_f32(c
 #ifndef RES_MIN_BLOCKS
 #define RES_MIN_BLOCKS 4
 #endif
-// RES_W_EARLY (compile-time, default 0: written in session 38 without a GPU, not yet measured):
-// matvec_res_<type> for group decoders with SPLIT (Q4_K: the output projections) at one row a
-// warp loads the lane's first two groups of its row into registers before it waits for the kernel
-// ahead (the weights depend on nothing that kernel writes), then x and the rest of the row as
-// row_partial does. The same operations in the same order: the same bits. The reading of
-// Q8X_W_EARLY (+1.3 %, session 37) for the kernels that take f32 x.
-#ifndef RES_W_EARLY
-#define RES_W_EARLY 0
-#endif
 #ifndef Q8X_MIN_BLOCKS
 #define Q8X_MIN_BLOCKS 3
 #endif
@@ -1205,16 +1174,6 @@ __device__ __forceinline__ void matvec_res_body(const u8* __restrict__ w, const 
     // All of the rows' lines requested at once (the loop would wait for each in turn).
     mvf_prefetch<T>(w, cols, rows, first, part, s);
     stage_tables<T>();
-#if RES_W_EARLY
-    if constexpr (!WarpBlockDot<T>::ON && GroupDot<T>::SPLIT && GroupDot<T>::G > 0 && GroupDot<T>::G <= T::QK) {
-        // row_partial waits (pdl_enter) once a row's first loads are out; warps without a row
-        // wait here (a second wait returns at once).
-        mvf_rows<T, false, true>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
-        pdl_enter();
-        res_next_norm(y, rows, nw, yn, counter, eps, xq);
-        return;
-    }
-#endif
     pdl_enter();  // x and y come from the kernels before
     mvf_rows<T, false>(w, x + (size_t)t * cols, cols, rows, first, part, s, yt, 1.0f, true);
     res_next_norm(y, rows, nw, yn, counter, eps, xq);
