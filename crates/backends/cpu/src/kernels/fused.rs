@@ -463,7 +463,8 @@ pub fn q8_0_tiles_rows(t: &Q80Tiles, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, K
     let q = quantize_rows_q8_0(n, nb, |i| &xs[i]);
     let acts: Vec<Q80Act> = q.iter().map(|q| Q80Act::new(q)).collect();
     let acts: Vec<&Q80Act> = acts.iter().collect();
-    let mut ys = vec![vec![0.0f32; t.rows()]; n];
+    // One zeroed allocation a row (`vec![row; n]` would clone a zeroed row n times: a copy).
+    let mut ys: Vec<Vec<f32>> = (0..n).map(|_| vec![0.0f32; t.rows()]).collect();
     let per_token = vec![ys.iter_mut().map(|y| y.as_mut_slice()).collect()];
     let serial = t.rows() * nb * 34 * n.min(4) < driver::matvec_parallel_min_bytes();
     run_tile_products(&[t], |_| &acts, per_token, serial);
