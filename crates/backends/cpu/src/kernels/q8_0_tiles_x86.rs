@@ -198,28 +198,30 @@ unsafe fn groups_dot<const G: usize, const M: usize>(
     let nb = groups[0].len();
     for b in 0..nb {
         let tiles: [&Q80Tile; G] = core::array::from_fn(|i| groups[i].get_unchecked(b));
-        let q: [[__m512i; 8]; G] = core::array::from_fn(|i| {
-            core::array::from_fn(|k| _mm512_load_si512(tiles[i].q[k].as_ptr() as *const __m512i))
-        });
-        for (acc, a) in acc.iter_mut().zip(&acts[..M]) {
-            let y = a.q.get_unchecked(b).qs.as_ptr() as *const i32;
-            // Two chains of four per group, added exactly.
-            let bias = _mm512_set1_epi32(*a.bias.get_unchecked(b));
-            let mut s0 = [bias; G];
-            let mut s1 = [_mm512_setzero_si512(); G];
-            for k in 0..4 {
-                let y0 = _mm512_set1_epi32(y.add(2 * k).read_unaligned());
-                let y1 = _mm512_set1_epi32(y.add(2 * k + 1).read_unaligned());
+        let y: [*const i32; M] =
+            core::array::from_fn(|j| acts[j].q.get_unchecked(b).qs.as_ptr() as *const i32);
+        // Integer sums per (row, group), from the activation block's bias; the quad k of every
+        // tile row is loaded once for all M rows (fewer live registers than holding a block's 8
+        // vectors per group: no spills). i32 sums are exact, so their order leaves `isum` as is.
+        let mut s: [[__m512i; G]; M] =
+            core::array::from_fn(|j| [_mm512_set1_epi32(*acts[j].bias.get_unchecked(b)); G]);
+        for k in 0..8 {
+            let q: [__m512i; G] = core::array::from_fn(|i| {
+                _mm512_load_si512(tiles[i].q[k].as_ptr() as *const __m512i)
+            });
+            for (sj, yj) in s.iter_mut().zip(&y) {
+                let yk = _mm512_set1_epi32(yj.add(k).read_unaligned());
                 for i in 0..G {
-                    s0[i] = _mm512_dpbusd_epi32(s0[i], q[i][2 * k], y0);
-                    s1[i] = _mm512_dpbusd_epi32(s1[i], q[i][2 * k + 1], y1);
+                    sj[i] = _mm512_dpbusd_epi32(sj[i], q[i], yk);
                 }
             }
+        }
+        for ((accj, sj), a) in acc.iter_mut().zip(&s).zip(&acts[..M]) {
             let dy = _mm512_set1_ps(*a.d.get_unchecked(b));
             for i in 0..G {
-                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0[i], s1[i]));
+                let isum = _mm512_cvtepi32_ps(sj[i]);
                 let d = _mm512_load_ps(tiles[i].d.as_ptr());
-                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(d, dy), isum));
+                accj[i] = _mm512_add_ps(accj[i], _mm512_mul_ps(_mm512_mul_ps(d, dy), isum));
             }
         }
     }
