@@ -153,31 +153,34 @@ impl Q80Tiles {
             let mut j = 0;
             while j < acts.len() {
                 let m = (acts.len() - j).min(4);
-                let mut res = [[0.0f32; 2 * TILE_ROWS]; 4];
                 let a = &acts[j..j + m];
+                // Row `lo..hi` of each of these activation rows' outputs, stored in place.
+                let dst: [*mut f32; 4] = core::array::from_fn(|r| {
+                    outs.get_mut(j + r)
+                        .map_or(core::ptr::null_mut(), |o| o[lo..hi].as_mut_ptr())
+                });
+                let valid = hi - lo;
                 // SAFETY: tiles exist only where `supported()` (AVX-512 VNNI) holds; every
-                // activation row has at least `nb` blocks (checked above).
+                // activation row has at least `nb` blocks (checked above); `dst[..m]` point at
+                // `valid` writable values each (`o[lo..hi]`).
                 unsafe {
                     if two {
                         let gs = [group(0), group(1)];
                         match m {
-                            1 => groups_dot::<2, 1>(gs, a, &mut res),
-                            2 => groups_dot::<2, 2>(gs, a, &mut res),
-                            3 => groups_dot::<2, 3>(gs, a, &mut res),
-                            _ => groups_dot::<2, 4>(gs, a, &mut res),
+                            1 => groups_dot::<2, 1>(gs, a, dst, valid),
+                            2 => groups_dot::<2, 2>(gs, a, dst, valid),
+                            3 => groups_dot::<2, 3>(gs, a, dst, valid),
+                            _ => groups_dot::<2, 4>(gs, a, dst, valid),
                         }
                     } else {
                         let gs = [group(0)];
                         match m {
-                            1 => groups_dot::<1, 1>(gs, a, &mut res),
-                            2 => groups_dot::<1, 2>(gs, a, &mut res),
-                            3 => groups_dot::<1, 3>(gs, a, &mut res),
-                            _ => groups_dot::<1, 4>(gs, a, &mut res),
+                            1 => groups_dot::<1, 1>(gs, a, dst, valid),
+                            2 => groups_dot::<1, 2>(gs, a, dst, valid),
+                            3 => groups_dot::<1, 3>(gs, a, dst, valid),
+                            _ => groups_dot::<1, 4>(gs, a, dst, valid),
                         }
                     }
-                }
-                for (o, r) in outs[j..j + m].iter_mut().zip(&res) {
-                    o[lo..hi].copy_from_slice(&r[..hi - lo]);
                 }
                 j += m;
             }
@@ -187,12 +190,18 @@ impl Q80Tiles {
 }
 
 /// `G` consecutive tile groups (16 weight rows each, the same number of blocks) against `M`
-/// activation rows: `res[j]` lane `16 i + r` = weight row `r` of group `i` · `acts[j]`.
+/// activation rows: `dst[j][16 i + r]` = weight row `r` of group `i` · `acts[j]`, for the first
+/// `valid` of the `16 G` rows (masked stores past them).
+///
+/// # Safety
+/// AVX-512 VNNI; every `acts[j]` has the groups' block count; `dst[j]` (j < M) points at `valid`
+/// writable f32s, `valid <= 16 G`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn groups_dot<const G: usize, const M: usize>(
     groups: [&[Q80Tile]; G],
     acts: &[&Q80Act],
-    res: &mut [[f32; 2 * TILE_ROWS]; 4],
+    dst: [*mut f32; 4],
+    valid: usize,
 ) {
     let mut acc = [[_mm512_setzero_ps(); G]; M];
     let nb = groups[0].len();
@@ -225,9 +234,14 @@ unsafe fn groups_dot<const G: usize, const M: usize>(
             }
         }
     }
-    for (r, acc) in res.iter_mut().zip(acc) {
+    for (&out, acc) in dst.iter().zip(acc) {
         for (i, a) in acc.into_iter().enumerate() {
-            _mm512_storeu_ps(r.as_mut_ptr().add(TILE_ROWS * i), a);
+            let left = valid.saturating_sub(TILE_ROWS * i).min(TILE_ROWS);
+            if left == TILE_ROWS {
+                _mm512_storeu_ps(out.add(TILE_ROWS * i), a);
+            } else if left > 0 {
+                _mm512_mask_storeu_ps(out.add(TILE_ROWS * i), (1u16 << left) - 1, a);
+            }
         }
     }
 }
