@@ -140,6 +140,13 @@ pub trait Backend: Send + Sync + Sized {
         linear_rows_gathered(self, w, xs)
     }
 
+    /// [`Backend::linear_rows`] for several weights that read the same rows (a run's
+    /// projections): `out[i][t]` = `ws[i] · xs[t]`, each what [`matvec`] gives. The default
+    /// gathers the rows once for one [`Backend::linears`] call and splits the outputs.
+    fn linears_rows(&self, ws: &[&Self::Linear], xs: &[Vec<f32>]) -> Vec<Vec<Vec<f32>>> {
+        linears_rows_gathered(self, ws, xs)
+    }
+
     /// `f(i, &mut items[i])` for every item, in parallel where the backend has threads: the
     /// per-token work of a run of tokens (norms, conv, gating, routing; the model hands it runs
     /// of [`PARALLEL_ROWS`] or more). Each call must compute what it would alone; the default
@@ -310,19 +317,35 @@ pub fn matvec_rows_many<B: Backend, const N: usize>(
     ws: [&B::Linear; N],
     xs: &[Vec<f32>],
 ) -> [Vec<Vec<f32>>; N] {
-    let n = xs.len();
-    if n == 0 {
+    if xs.is_empty() {
         return std::array::from_fn(|_| Vec::new());
     }
+    let mut outs = b.linears_rows(&ws, xs).into_iter();
+    std::array::from_fn(|_| outs.next().unwrap_or_default())
+}
+
+/// [`Backend::linears_rows`] by gathering: the rows concatenated once, one
+/// [`Backend::linears`] call, each weight's output split into a vector a row.
+pub fn linears_rows_gathered<B: Backend>(
+    b: &B,
+    ws: &[&B::Linear],
+    xs: &[Vec<f32>],
+) -> Vec<Vec<Vec<f32>>> {
+    let n = xs.len();
+    if n == 0 {
+        return ws.iter().map(|_| Vec::new()).collect();
+    }
     let flat: Vec<f32> = xs.concat();
-    let rows = ws.map(|w| b.linear_shape(w).0);
-    let mut ys = rows.map(|r| vec![0.0f32; r * n]);
+    let rows: Vec<usize> = ws.iter().map(|w| b.linear_shape(w).0).collect();
+    let mut ys: Vec<Vec<f32>> = rows.iter().map(|&r| vec![0.0f32; r * n]).collect();
     {
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
-        b.linears(&ws, &flat, n, &mut outs);
+        b.linears(ws, &flat, n, &mut outs);
     }
-    let mut rows = rows.into_iter();
-    ys.map(|y| split_rows(b, y, rows.next().unwrap_or(0), n))
+    ys.into_iter()
+        .zip(rows)
+        .map(|(y, r)| split_rows(b, y, r, n))
+        .collect()
 }
 
 /// Runs of at least this many tokens do their per-token work (norms, conv, gating, routing,

@@ -841,6 +841,24 @@ impl Backend for CpuBackend {
         redlite_model::backend::linear_rows_gathered(self, w, xs)
     }
 
+    /// On Q8_0 tiles of one width (small models), every row's outputs written in place, the
+    /// rows quantized once; otherwise gathered.
+    fn linears_rows(&self, ws: &[&CpuLinear], xs: &[Vec<f32>]) -> Vec<Vec<Vec<f32>>> {
+        #[cfg(target_arch = "x86_64")]
+        if xs.len() > 1 {
+            let tiles: Option<Vec<_>> = ws
+                .iter()
+                .map(|w| w.tiles.as_ref().and_then(|t| t.q8_0()))
+                .collect();
+            if let Some(ts) = tiles.filter(|ts| ts.iter().all(|t| t.blocks() == ts[0].blocks())) {
+                return fused::q8_0_tiles_rows_many(&ts, xs).unwrap_or_else(|e| {
+                    panic!("CPU linears ({} weights, Q8_0 tiles): {e}", ws.len())
+                });
+            }
+        }
+        redlite_model::backend::linears_rows_gathered(self, ws, xs)
+    }
+
     fn linear_shape(&self, w: &CpuLinear) -> (usize, usize) {
         (w.rows, w.cols)
     }

@@ -451,8 +451,29 @@ pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &m
 /// of the vocabulary's logits); each row as [`q8_0_tiles_matmul`] computes it.
 #[cfg(target_arch = "x86_64")]
 pub fn q8_0_tiles_rows(t: &Q80Tiles, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, KernelError> {
-    let (nb, n) = (t.blocks(), xs.len());
+    Ok(q8_0_tiles_rows_many(&[t], xs)?.pop().unwrap_or_default())
+}
+
+/// [`q8_0_tiles_rows`] for several weights of the same width reading the same rows (a run's
+/// projections): the rows quantized once, every product in one parallel region;
+/// `out[i][t]` = `ts[i] · xs[t]`.
+#[cfg(target_arch = "x86_64")]
+pub fn q8_0_tiles_rows_many(
+    ts: &[&Q80Tiles],
+    xs: &[Vec<f32>],
+) -> Result<Vec<Vec<Vec<f32>>>, KernelError> {
+    let Some(nb) = ts.first().map(|t| t.blocks()) else {
+        return Ok(Vec::new());
+    };
+    let n = xs.len();
     let cols = nb * QK8_0;
+    if let Some(t) = ts.iter().find(|t| t.blocks() != nb) {
+        return Err(KernelError::BadLength {
+            what: "weight width",
+            expected: cols,
+            got: t.blocks() * QK8_0,
+        });
+    }
     if let Some(x) = xs.iter().find(|x| x.len() != cols) {
         return Err(KernelError::BadLength {
             what: "activation row",
@@ -464,10 +485,17 @@ pub fn q8_0_tiles_rows(t: &Q80Tiles, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, K
     let acts: Vec<Q80Act> = q.iter().map(|q| Q80Act::new(q)).collect();
     let acts: Vec<&Q80Act> = acts.iter().collect();
     // One zeroed allocation a row (`vec![row; n]` would clone a zeroed row n times: a copy).
-    let mut ys: Vec<Vec<f32>> = (0..n).map(|_| vec![0.0f32; t.rows()]).collect();
-    let per_token = vec![ys.iter_mut().map(|y| y.as_mut_slice()).collect()];
-    let serial = t.rows() * nb * 34 * n.min(4) < driver::matvec_parallel_min_bytes();
-    run_tile_products(&[t], |_| &acts, per_token, serial);
+    let mut ys: Vec<Vec<Vec<f32>>> = ts
+        .iter()
+        .map(|t| (0..n).map(|_| vec![0.0f32; t.rows()]).collect())
+        .collect();
+    let per_token = ys
+        .iter_mut()
+        .map(|y| y.iter_mut().map(|r| r.as_mut_slice()).collect())
+        .collect();
+    let bytes: usize = ts.iter().map(|t| t.rows() * nb * 34).sum();
+    let serial = bytes * n.min(4) < driver::matvec_parallel_min_bytes();
+    run_tile_products(ts, |_| &acts, per_token, serial);
     Ok(ys)
 }
 
