@@ -549,3 +549,53 @@ fn q8_0_tiles_run(
     run_tile_products(tiles, |_| &acts, per_token, serial);
     Ok(())
 }
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::kernels::selftest::{random_activations, random_weights};
+    use redlite_gguf::quant::GgmlType;
+
+    /// Each weight's row outputs, written in place, are the one-row `matvec`'s bit for bit (two
+    /// weights of different heights sharing the rows, partial tile groups, runs below and above
+    /// the 4-row quads).
+    #[test]
+    fn tiles_rows_many_match_matvec_bit_for_bit() {
+        if !Q80Tiles::supported() {
+            return;
+        }
+        let cols = 384;
+        let shapes = [(37, cols), (160, cols)];
+        let ws: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(r, c)| random_weights(GgmlType::Q8_0, r, c, (r * 31 + c) as u64))
+            .collect();
+        let tiles: Vec<Q80Tiles> = ws
+            .iter()
+            .zip(&shapes)
+            .map(|(w, &(r, c))| Q80Tiles::repack(w, r, c).unwrap())
+            .collect();
+        let ts: Vec<&Q80Tiles> = tiles.iter().collect();
+        for n in [1, 2, 5, 9, 33] {
+            let xs: Vec<Vec<f32>> = (0..n)
+                .map(|j| random_activations(cols, (j * 7 + 3) as u64))
+                .collect();
+            let got = q8_0_tiles_rows_many(&ts, &xs).unwrap();
+            assert_eq!(got.len(), ts.len());
+            for ((w, &(rows, c)), g) in ws.iter().zip(&shapes).zip(&got) {
+                assert_eq!(g.len(), n);
+                for (x, row) in xs.iter().zip(g) {
+                    let mut want = vec![0.0f32; rows];
+                    crate::kernels::matvec(GgmlType::Q8_0, w, rows, c, x, &mut want).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(row), bits(&want), "{rows}x{c} n {n}");
+                }
+            }
+        }
+        // Weights of different widths are refused, not mixed.
+        let narrow = random_weights(GgmlType::Q8_0, 16, 64, 5);
+        let nt = Q80Tiles::repack(&narrow, 16, 64).unwrap();
+        let xs = vec![random_activations(cols, 1); 2];
+        assert!(q8_0_tiles_rows_many(&[ts[0], &nt], &xs).is_err());
+    }
+}
