@@ -41,8 +41,6 @@ mod kquants_x86;
 #[cfg(target_arch = "x86_64")]
 pub use kquants_x86::{q4k_paired_kernel, q4k_paired_q8k, q4k_paired_rows_kernel};
 #[cfg(target_arch = "x86_64")]
-pub mod q8_0_tiles_amx;
-#[cfg(target_arch = "x86_64")]
 pub mod q8_0_tiles_x86;
 #[cfg(target_arch = "x86_64")]
 pub mod tiles_x86;

@@ -27,10 +27,6 @@ use core::arch::x86_64::*;
 /// Weight rows per tile (one per i32 lane of a 512-bit vector).
 pub const TILE_ROWS: usize = 16;
 
-/// Activation rows from which a call takes the AMX kernel where it runs
-/// ([`super::q8_0_tiles_amx`], 16 rows a tile product); fewer take the VNNI one.
-const AMX_MIN_ROWS: usize = 8;
-
 /// Q8_0 block bytes: the f16 scale, then 32 quants.
 const BLOCK_BYTES: usize = 34;
 
@@ -45,11 +41,6 @@ pub struct Q80Tile {
 }
 
 impl Q80Tile {
-    /// The 16 rows' scales as f32.
-    pub(super) fn scales(&self) -> &[f32; 16] {
-        &self.d
-    }
-
     const ZERO: Q80Tile = Q80Tile {
         q: [[0x80; 64]; 8],
         d: [0.0; 16],
@@ -67,9 +58,9 @@ pub struct Q80Tiles {
 /// One activation row as the tile kernel reads it: its Q8_0 blocks, each block's `−128 · Σ y`
 /// and scale as f32.
 pub struct Q80Act<'a> {
-    pub(super) q: &'a [BlockQ8_0],
-    pub(super) bias: Vec<i32>,
-    pub(super) d: Vec<f32>,
+    q: &'a [BlockQ8_0],
+    bias: Vec<i32>,
+    d: Vec<f32>,
 }
 
 impl<'a> Q80Act<'a> {
@@ -148,26 +139,6 @@ impl Q80Tiles {
         assert!(acts
             .iter()
             .all(|a| a.q.len() >= self.nb && a.bias.len() >= self.nb && a.d.len() >= self.nb));
-        if n > 0 && acts.len() >= AMX_MIN_ROWS && super::q8_0_tiles_amx::available() {
-            // Every row on AMX, 16 a tile product (the last chunk padded).
-            // SAFETY: `available()` held; every act has `nb` blocks and every output `n` rows
-            // (checked above); the tiles from group `g0` on cover them.
-            unsafe {
-                super::q8_0_tiles_amx::matmul_groups(
-                    &self.tiles[g0 * self.nb..],
-                    self.nb,
-                    acts,
-                    outs,
-                )
-            };
-            return;
-        }
-        self.vnni(g0, acts, outs);
-    }
-
-    /// [`Q80Tiles::matmul_groups`] on the VNNI kernel.
-    fn vnni(&self, g0: usize, acts: &[&Q80Act], outs: &mut [&mut [f32]]) {
-        let n = outs.first().map_or(0, |o| o.len());
         let groups = n.div_ceil(TILE_ROWS);
         let mut g = 0;
         while g < groups {
@@ -287,13 +258,11 @@ mod tests {
         if !Q80Tiles::supported() {
             return;
         }
-        eprintln!("AMX kernel: {}", super::super::q8_0_tiles_amx::available());
         for (rows, cols) in [(16, 32), (37, 384), (5, 160), (160, 384), (1, 2048)] {
             let ty = GgmlType::Q8_0;
             let w = random_weights(ty, rows, cols, rows as u64 * 7 + cols as u64);
             let tiles = Q80Tiles::repack(&w, rows, cols).unwrap();
-            // 8 rows and more take the AMX kernel where it runs (16 at a time, the rest by VNNI).
-            for n in [1, 2, 3, 5, 9, 16, 17, 24, 33, 40] {
+            for n in [1, 2, 3, 5, 9] {
                 let xs: Vec<Vec<f32>> = (0..n)
                     .map(|j| random_activations(cols, (cols * 13 + j) as u64))
                     .collect();
@@ -328,67 +297,6 @@ mod tests {
                         assert_eq!(t[..], g[TILE_ROWS..]);
                     }
                 }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod amx_timing {
-    use super::*;
-    use crate::kernels::q8::quantize_row_q8_0;
-    use crate::kernels::selftest::{random_activations, random_weights};
-    use redlite_gguf::quant::GgmlType;
-
-    #[test]
-    #[ignore]
-    fn amx_vs_vnni_time() {
-        assert!(super::super::q8_0_tiles_amx::available());
-        let shape: Vec<usize> = std::env::var("SHAPE")
-            .unwrap_or("2048,1024,128".into())
-            .split(',')
-            .map(|v| v.parse().unwrap())
-            .collect();
-        let (rows, cols, n) = (shape[0], shape[1], shape[2]);
-        let w = random_weights(GgmlType::Q8_0, rows, cols, 3);
-        let tiles = Q80Tiles::repack(&w, rows, cols).unwrap();
-        let qs: Vec<Vec<BlockQ8_0>> = (0..n)
-            .map(|j| {
-                let x = random_activations(cols, j as u64);
-                let mut q = vec![BlockQ8_0::ZERO; cols / 32];
-                quantize_row_q8_0(&x, &mut q);
-                q
-            })
-            .collect();
-        let owned: Vec<Q80Act> = qs.iter().map(|q| Q80Act::new(q)).collect();
-        let acts: Vec<&Q80Act> = owned.iter().collect();
-        let mut got = vec![vec![0.0f32; rows]; n];
-        let gap_us: u64 = std::env::var("GAP_US").map_or(0, |v| v.parse().unwrap());
-        for round in 0..3 {
-            for amx in [false, true] {
-                let mut busy = std::time::Duration::ZERO;
-                let t = std::time::Instant::now();
-                for _ in 0..10 {
-                    if gap_us > 0 {
-                        let t0 = std::time::Instant::now();
-                        while t0.elapsed().as_micros() < gap_us as u128 {
-                            std::hint::spin_loop();
-                        }
-                        busy += t0.elapsed();
-                    }
-                    let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|g| &mut g[..]).collect();
-                    if amx {
-                        tiles.matmul_groups(0, &acts, &mut outs);
-                    } else {
-                        tiles.vnni(0, &acts, &mut outs);
-                    }
-                }
-                let dt = (t.elapsed() - busy).as_secs_f64() / 10.0;
-                let gmacs = (rows * cols * n) as f64 / dt / 1e9;
-                eprintln!(
-                    "round {round} amx {amx}: {:.3} ms, {gmacs:.1} GMAC/s",
-                    dt * 1e3
-                );
             }
         }
     }
