@@ -262,7 +262,9 @@ mod tests {
             let ty = GgmlType::Q8_0;
             let w = random_weights(ty, rows, cols, rows as u64 * 7 + cols as u64);
             let tiles = Q80Tiles::repack(&w, rows, cols).unwrap();
-            for n in [1, 2, 3, 5, 9] {
+            // The kernel takes activation rows four at a time: single rows, partial quads and runs
+            // of many quads with every remainder.
+            for n in [1, 2, 3, 5, 9, 16, 17, 24, 33, 40] {
                 let xs: Vec<Vec<f32>> = (0..n)
                     .map(|j| random_activations(cols, (cols * 13 + j) as u64))
                     .collect();
