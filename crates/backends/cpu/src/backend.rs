@@ -829,16 +829,10 @@ impl Backend for CpuBackend {
             .unwrap_or_else(|e| panic!("CPU linears ({} weights, {}): {e}", ws.len(), ws[0].ty));
     }
 
-    /// On Q8_0 tiles (small models), each row's output written in place; otherwise gathered.
+    /// [`Backend::linears_rows`] of one weight (on Q8_0 tiles each row's output written in
+    /// place; otherwise gathered, `linears` of one weight being `linear`).
     fn linear_rows(&self, w: &CpuLinear, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
-        #[cfg(target_arch = "x86_64")]
-        if xs.len() > 1 {
-            if let Some(t) = w.tiles.as_ref().and_then(|t| t.q8_0()) {
-                return fused::q8_0_tiles_rows(t, xs)
-                    .unwrap_or_else(|e| panic!("CPU linear {}×{} {}: {e}", w.rows, w.cols, w.ty));
-            }
-        }
-        redlite_model::backend::linear_rows_gathered(self, w, xs)
+        self.linears_rows(&[w], xs).pop().unwrap_or_default()
     }
 
     /// On Q8_0 tiles of one width (small models), every row's outputs written in place, the

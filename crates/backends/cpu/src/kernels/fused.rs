@@ -446,17 +446,11 @@ pub fn q8_0_tiles_jobs(acts: &[Q80Act], jobs: &[(&Q80Tiles, &[usize])], outs: &m
     run_tile_products(&tiles, |j| &job_acts[j], per_token, serial);
 }
 
-/// `W · x` for every row of `xs` through the Q8_0 tiles `t`, each row's output its own vector
-/// written in place (no gathered input or output buffer: a verify pass's lm_head writes 64 rows
-/// of the vocabulary's logits); each row as [`q8_0_tiles_matmul`] computes it.
-#[cfg(target_arch = "x86_64")]
-pub fn q8_0_tiles_rows(t: &Q80Tiles, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, KernelError> {
-    Ok(q8_0_tiles_rows_many(&[t], xs)?.pop().unwrap_or_default())
-}
-
-/// [`q8_0_tiles_rows`] for several weights of the same width reading the same rows (a run's
-/// projections): the rows quantized once, every product in one parallel region;
-/// `out[i][t]` = `ts[i] · xs[t]`.
+/// `W_i · x` for every row of `xs` through the Q8_0 tiles of several weights of the same width
+/// (a run's projections, or the lm_head alone): the rows quantized once, every product in one
+/// parallel region, each row's output its own vector written in place (no gathered input or
+/// output buffer: a verify pass's lm_head writes 64 rows of the vocabulary's logits);
+/// `out[i][t]` = `ts[i] · xs[t]`, as [`q8_0_tiles_matmul`] computes it.
 #[cfg(target_arch = "x86_64")]
 pub fn q8_0_tiles_rows_many(
     ts: &[&Q80Tiles],
