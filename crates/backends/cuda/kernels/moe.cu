@@ -951,8 +951,36 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
+// IQ2_GRID_REP (compile-time, default 1; session 41): the q8 kernels' grid as IQ2_GRID_REP copies
+// interleaved entry-major (entry i's copy c at u64 index i * REP + c), lane l reading copy l % REP.
+// An 8-byte entry spans two banks, so u64 index j sits on bank pair j % 16: with 16 copies every
+// lane of a half-warp reads its own bank pair whatever its entry, and a warp's 32 random lookups
+// take the two wavefronts their 256 bytes need instead of ≈ 5 (ncu, session 32: 62 % excess shared
+// wavefronts in the down kernel). 8 copies: lanes l and l + 8 share a pair's two columns. Costs
+// 2 KiB a copy of shared memory a block (16: 32 KiB), staged before the wait. The same values.
+#ifndef IQ2_GRID_REP
+#define IQ2_GRID_REP 1
+#endif
+#if IQ2_GRID_REP > 1
+__shared__ u64 s_iq2xxs_grid_rep[256 * IQ2_GRID_REP];
+#endif
+
+// Grid entry i for the calling lane (staged by stage_iq2_q8_tables).
+__device__ __forceinline__ u64 iq2_q8_grid(u32 i) {
+#if IQ2_GRID_REP > 1
+    return s_iq2xxs_grid_rep[i * IQ2_GRID_REP + (threadIdx.x % IQ2_GRID_REP)];
+#else
+    return s_iq2xxs_grid[i];
+#endif
+}
+
 __device__ __forceinline__ void stage_iq2_q8_tables() {
+#if IQ2_GRID_REP > 1
+    for (int t = threadIdx.x; t < 256 * IQ2_GRID_REP; t += blockDim.x)
+        s_iq2xxs_grid_rep[t] = g_iq2xxs_grid[t / IQ2_GRID_REP];
+#else
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
+#endif
     __syncthreads();
 }
 
@@ -1000,7 +1028,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
         const u32 code = (aux >> (7 * l)) & 127;
         const u32 sg = code | ((__popc(code) & 1u) << 7);
         sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
@@ -1011,7 +1039,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
         const u64 m = iq2_negmask_alu((aux >> (7 * l)) & 127);
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
