@@ -10,7 +10,8 @@
 #   T=/work/target-cuda/release bench/gpu_ab.sh prepare
 # There (`run` with `carry: [".device/ab"]`):
 #   CONFIGS="REDLITE_CUDA_X=0 REDLITE_CUDA_DEFINES=FOO=0" ROUNDS=3 OUT=$OUT bash bench/gpu_ab.sh
-# CONFIGS: space-separated, each a comma-separated list of VAR=VALUE set for that config
+# CONFIGS: space-separated, each a comma-separated list of VAR=VALUE set for that config (several
+# kernel defines in one config: REDLITE_CUDA_DEFINES=A=1;B=2)
 # (REDLITE_CUDA_DEFINES=… recompiles the kernels once, ≈ 70 s). Steps, each logged to
 # $OUT/summary.txt as it ends: make-model of the full-size layout (background); the self-test
 # with fixture parity and `--step` (default, then each config); `verify_gpu` and

@@ -288,7 +288,7 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
 /// The values `REDLITE_CUDA_DEFINES` gives `name` (a bare name is 1), in order.
 fn define_values(name: &str) -> Vec<String> {
     let defs = std::env::var("REDLITE_CUDA_DEFINES").unwrap_or_default();
-    defs.split(',')
+    defs.split([',', ';'])
         .filter_map(|x| {
             let (n, v) = x.split_once('=').unwrap_or((x, "1"));
             (n.trim() == name).then(|| v.trim().to_string())
