@@ -121,7 +121,11 @@ pub fn cache_dir() -> Option<PathBuf> {
 fn with_env_defines(src: &str) -> String {
     let mut out = String::new();
     if let Ok(defs) = std::env::var("REDLITE_CUDA_DEFINES") {
-        for d in defs.split([',', ';']).map(str::trim).filter(|d| !d.is_empty()) {
+        for d in defs
+            .split([',', ';'])
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+        {
             let (name, value) = d.split_once('=').unwrap_or((d, "1"));
             out.push_str(&format!("#define {name} {value}\n"));
         }
