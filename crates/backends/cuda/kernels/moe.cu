@@ -949,6 +949,13 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // db · (dx · Σ) with db = d (0.5 + scale) / 4 as the f32 decoder; the lane adds its sub-blocks in
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
+// The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
+// staged ksigns table at -0.7 % decode).
+__device__ __forceinline__ void stage_iq2_q8_tables() {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
+    __syncthreads();
+}
+
 // A sign code's byte mask of negative weights (0xFF bytes), computed: the sign byte is the 7-bit
 // code plus its parity in bit 7 (ksigns_iq2xs), each nibble's bits spread to the top bit of a
 // byte by one multiply (no carries: the four shifted copies do not overlap), then widened to 0xFF
@@ -961,58 +968,6 @@ __device__ __forceinline__ u64 iq2_negmask_alu(u32 code) {
     const u32 hi = ((((sg >> 4) * 0x10204080u) & 0x80808080u) >> 7) * 255u;
     return ((u64)hi << 32) | lo;
 }
-
-// IQ2_GRID_REP (compile-time, default 1; session 41): the q8 kernels' grid as IQ2_GRID_REP copies
-// interleaved entry-major (entry i's copy c at u64 index i * REP + c), lane l reading copy l % REP.
-// An 8-byte entry spans two banks, so u64 index j sits on bank pair j % 16: with 16 copies every
-// lane of a half-warp reads its own bank pair whatever its entry, and a warp's 32 random lookups
-// take the two wavefronts their 256 bytes need instead of ≈ 5 (ncu, session 32: 62 % excess shared
-// wavefronts in the down kernel). 8 copies: lanes l and l + 8 share a pair's two columns. Costs
-// 2 KiB a copy of shared memory a block (16: 32 KiB), staged before the wait. The same values.
-#ifndef IQ2_GRID_REP
-#define IQ2_GRID_REP 1
-#endif
-#if IQ2_GRID_REP > 1
-__shared__ u64 s_iq2xxs_grid_rep[256 * IQ2_GRID_REP];
-#endif
-
-// IQ2_SIGN_TAB (compile-time, default 0; session 41): the sign code's byte mask of negative weights
-// (iq2_negmask_alu's 0xFF bytes, 128 codes) from a staged table, IQ2_GRID_REP copies interleaved as
-// the grid's (so the lookup is conflict-free where the grid's is), instead of the parity, the
-// multiply and PRMT per four weights: a lookup and three operations per four weights against about
-// seven. Session 28's staged ksigns table (one copy, 5.5-way conflicts) lost 0.7 %. The same bytes.
-#ifndef IQ2_SIGN_TAB
-#define IQ2_SIGN_TAB 0
-#endif
-#if IQ2_SIGN_TAB
-__shared__ u64 s_iq2_negmask[128 * IQ2_GRID_REP];
-#endif
-
-// Grid entry i for the calling lane (staged by stage_iq2_q8_tables).
-__device__ __forceinline__ u64 iq2_q8_grid(u32 i) {
-#if IQ2_GRID_REP > 1
-    return s_iq2xxs_grid_rep[i * IQ2_GRID_REP + (threadIdx.x % IQ2_GRID_REP)];
-#else
-    return s_iq2xxs_grid[i];
-#endif
-}
-
-// The grid into shared memory (the sign bytes are computed unless IQ2_SIGN_TAB: session 28
-// measured a one-copy staged ksigns table at -0.7 % decode).
-__device__ __forceinline__ void stage_iq2_q8_tables() {
-#if IQ2_GRID_REP > 1
-    for (int t = threadIdx.x; t < 256 * IQ2_GRID_REP; t += blockDim.x)
-        s_iq2xxs_grid_rep[t] = g_iq2xxs_grid[t / IQ2_GRID_REP];
-#else
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-#endif
-#if IQ2_SIGN_TAB
-    for (int t = threadIdx.x; t < 128 * IQ2_GRID_REP; t += blockDim.x)
-        s_iq2_negmask[t] = iq2_negmask_alu((u32)(t / IQ2_GRID_REP));
-#endif
-    __syncthreads();
-}
-
 
 // IQ2_SIGNED_DP4A (default 1): iq2xxs_sub_q8 negates the grid bytes of the negative weights
 // (iq2_signed_bytes) and takes one dp4a per four weights; 0: Σ g q - 2 Σ_neg g q with the
@@ -1045,26 +1000,18 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
-#if IQ2_SIGN_TAB
-        // g_j ^ m_j + (m_j & 1): iq2_signed_bytes' negation with the mask from the table.
-        const u64 m = s_iq2_negmask[code * IQ2_GRID_REP + (threadIdx.x % IQ2_GRID_REP)];
-        const u32 mlo = (u32)m, mhi = (u32)(m >> 32);
-        sum = dp4a(((u32)g ^ mlo) + (mlo & 0x01010101u), q[2 * l], sum);
-        sum = dp4a(((u32)(g >> 32) ^ mhi) + (mhi & 0x01010101u), q[2 * l + 1], sum);
-#else
         const u32 sg = code | ((__popc(code) & 1u) << 7);
         sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
         sum = dp4a(iq2_signed_bytes((u32)(g >> 32), sg >> 4), q[2 * l + 1], sum);
-#endif
     }
     return sum;
 #else
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u64 m = iq2_negmask_alu((aux >> (7 * l)) & 127);
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
