@@ -84,7 +84,8 @@ pub struct Args {
     #[arg(long)]
     pub no_graphs: bool,
     /// cuda kernel: activations of the one-token product: auto (what decode uses: q8 for Q4_K
-    /// and Q6_K), f32 or q8.
+    /// and Q6_K), f32 or q8. cuda expert: auto (the q8 kernels decode's experts use, IQ2_XXS),
+    /// q8 or f32 (the f32-activation expert kernels).
     #[arg(long, value_name = "auto|f32|q8")]
     pub acts: Option<String>,
     /// cuda kernel|gemm: launch without programmatic dependent launch (decode uses it on
@@ -522,6 +523,11 @@ fn run_cuda(args: Args) -> Result<()> {
         return run_cuda_kernels(&args);
     }
     if args.kind == Kind::Expert {
+        let acts = match args.acts.as_deref() {
+            None | Some("auto") => None,
+            Some(a @ ("f32" | "q8")) => Some(a),
+            Some(a) => bail!("--acts {a}: expected auto, f32 or q8"),
+        };
         let path = args.model.as_ref().context("bench expert needs -m FILE")?;
         let file = Arc::new(GgufFile::open(path).context("opening the model file")?);
         let rows = crate::cuda_cmd::bench_expert(
@@ -530,16 +536,20 @@ fn run_cuda(args: Args) -> Result<()> {
             args.distinct,
             args.per_call,
             args.n.unwrap_or(20),
+            acts,
         )?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);
             return Ok(());
         }
         println!(
-            "model: {}, layer {}, {} warps per block (REDLITE_MOE_WARPS)",
+            "model: {}, layer {}, {} warps per block (REDLITE_MOE_WARPS), kernels {}",
             path.display(),
             args.layer,
-            rows.first().map_or(0, |r| r["warps"].as_u64().unwrap_or(0))
+            rows.first().map_or(0, |r| r["warps"].as_u64().unwrap_or(0)),
+            rows.first()
+                .and_then(|r| r["kernels"].as_str())
+                .unwrap_or("?")
         );
         println!(
             "{:<12} {:>14} {:>9} {:>5} {:>9} {:>10} {:>9} {:>9}",

@@ -137,6 +137,7 @@ mod imp {
         _distinct: usize,
         _per_call: usize,
         _replays: usize,
+        _acts: Option<&str>,
     ) -> Result<Vec<serde_json::Value>> {
         not_built()
     }
@@ -552,14 +553,22 @@ mod imp {
 
     /// `bench expert`: one layer's expert kernels on `distinct` experts of the file, `per_call`
     /// per call, experts in device slots and in mapped pinned host memory; one row each (JSON).
+    /// `acts`: None (auto: the q8 kernels where the types have them), "q8" or "f32".
     pub fn bench_expert(
         file: Arc<GgufFile>,
         layer: usize,
         distinct: usize,
         per_call: usize,
         replays: usize,
+        acts: Option<&str>,
     ) -> Result<Vec<serde_json::Value>> {
-        use redlite_cuda::expert_bench::{bench_experts, ExpertBenchOptions};
+        use redlite_cuda::expert_bench::{bench_experts, ExpertActs, ExpertBenchOptions};
+        let acts = match acts {
+            None => ExpertActs::Auto,
+            Some("q8") => ExpertActs::Q8,
+            Some("f32") => ExpertActs::F32,
+            Some(a) => anyhow::bail!("--acts {a}: expected auto, f32 or q8"),
+        };
         let gpu = Arc::new(Gpu::new(0).context("opening the CUDA device")?);
         eprintln!("{}", gpu.info);
         let o = ExpertBenchOptions {
@@ -568,13 +577,14 @@ mod imp {
             per_call,
             calls: 64,
             replays,
+            acts,
         };
         let rows = bench_experts(&gpu, &file, o).context("bench expert")?;
         Ok(rows
             .into_iter()
             .map(|r| {
                 serde_json::json!({
-                    "place": r.place, "warps": r.warps, "types": r.types,
+                    "place": r.place, "warps": r.warps, "types": r.types, "kernels": r.kernels,
                     "expert_bytes": r.expert_bytes,
                     "per_call": r.per_call, "distinct": r.distinct,
                     "us_per_call": r.call_s * 1e6, "gbps": r.gbps,

@@ -1,15 +1,22 @@
-//! `bench expert`: one layer's expert kernels (`moe_gate_up_tab` + `moe_down_combine_tab`, as the
-//! decode step runs them) on N distinct experts copied from the file, K experts per call, one
-//! token, no model loaded. Consecutive calls take the next K experts (cyclically), so with N·slot
-//! bytes well above the L2 cache every call reads its experts from memory. The calls are
-//! captured once as a CUDA graph and replayed (no launch gaps). Run twice: experts in device
-//! slots (memory bandwidth) and in mapped pinned host memory (the expert cache's miss path, PCIe).
+//! `bench expert`: one layer's expert kernels on N distinct experts copied from the file, K experts
+//! per call, one token, no model loaded. With IQ2_XXS experts (the default, `ExpertActs::Auto`)
+//! the kernels a decode step's experts take when its router is not fused into them (a verify row,
+//! a call under a memory budget): `moe_gate_up_tab_q8q_iq2_xxs` on the token's q8 row (which
+//! also quantises the activations) and `moe_down_combine_tab_q8_iq2_xxs` on those q8 rows; the
+//! fused route kernel of a resident decode step runs the same rows' arithmetic
+//! (`gate_up_q8q_rows`). `ExpertActs::F32` (other types always): the f32-activation kernels
+//! (`moe_gate_up_tab_<type>` + `moe_down_combine_tab_<type>`), which every session up to 40
+//! measured although decode had left them for the q8 ones. Consecutive calls take the next K
+//! experts (cyclically), so with N·slot bytes well above the L2 cache every call reads its experts
+//! from memory. The calls are captured once as a CUDA graph and replayed (no launch gaps). Run
+//! twice: experts in device slots (memory bandwidth) and in mapped pinned host memory (the expert
+//! cache's miss path, PCIe).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result as cu, sys, LaunchConfig, PushKernelArg};
-use redlite_gguf::GgufFile;
+use redlite_gguf::{GgmlType, GgufFile};
 use redlite_model::weights::Weights;
 use redlite_model::Config;
 
@@ -31,6 +38,19 @@ pub struct ExpertBenchOptions {
     /// Calls per graph replay, and replays timed.
     pub calls: usize,
     pub replays: usize,
+    /// Which kernels: the q8 ones where the types have them, or the f32-activation ones.
+    pub acts: ExpertActs,
+}
+
+/// The activations of the benchmarked expert kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertActs {
+    /// 8-bit (the decode path's) where the expert types have q8 kernels (IQ2_XXS), else f32.
+    Auto,
+    /// 8-bit; an error for types without q8 kernels.
+    Q8,
+    /// f32 (`moe_gate_up_tab_<type>`, `moe_down_combine_tab_<type>`).
+    F32,
 }
 
 /// One measurement.
@@ -40,6 +60,8 @@ pub struct ExpertBenchResult {
     pub place: &'static str,
     /// Warps per block of both kernels.
     pub warps: u32,
+    /// The two kernels, gate/up then down.
+    pub kernels: String,
     pub types: String,
     pub expert_bytes: usize,
     pub per_call: usize,
@@ -118,26 +140,62 @@ pub fn bench_experts(
         dalloc(4)?,
     );
     let (ids_d, wts_d, tab) = (dalloc(4 * ids.len())?, dalloc(4 * k)?, dalloc(8 * 3 * n)?);
+    // x as the q8 row a producer writes (quants, an f32 scale per 32, an i32 sum per 16), and the
+    // K choices' q8 activation rows the gate/up kernel writes for the down kernel.
+    let (xq, actq) = (
+        dalloc(crate::ops::q8_row_bytes(h))?,
+        dalloc(k * crate::ops::q8_row_bytes(ff))?,
+    );
     // SAFETY: each destination holds its source's bytes; synchronous copies.
     unsafe {
         cu::memcpy_htod_sync(xb, &x).map_err(drv("upload"))?;
+        cu::memcpy_htod_sync(xq, &q8_row(&x)).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(xo, &zeros).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(shared, &zeros).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(gl, &[0.0f32]).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(ids_d, &ids).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(wts_d, &wts).map_err(drv("upload"))?;
     }
-    let gate_up = gpu
-        .func(&format!("moe_gate_up_tab_{}", type_suffix(ex[0].gate.ty)))?
-        .clone();
-    let down = gpu
-        .func(&format!(
-            "moe_down_combine_tab_{}",
-            type_suffix(ex[0].down.ty)
-        ))?
-        .clone();
+    let q8_types = ex[0].gate.ty == GgmlType::IQ2XXS
+        && ex[0].down.ty == GgmlType::IQ2XXS
+        && h.is_multiple_of(256)
+        && ff.is_multiple_of(256);
+    let q8 = match o.acts {
+        ExpertActs::Auto => q8_types,
+        ExpertActs::F32 => false,
+        ExpertActs::Q8 if q8_types => true,
+        ExpertActs::Q8 => {
+            return Err(CudaError::Invalid(format!(
+                "no q8 expert kernels for {} / {} experts ({h} × {ff}): only IQ2_XXS with both sizes multiples of 256",
+                ex[0].gate.ty.name(),
+                ex[0].down.ty.name()
+            )))
+        }
+    };
+    let (gate_up_name, down_name) = if q8 {
+        (
+            "moe_gate_up_tab_q8q_iq2_xxs".to_string(),
+            "moe_down_combine_tab_q8_iq2_xxs".to_string(),
+        )
+    } else {
+        (
+            format!("moe_gate_up_tab_{}", type_suffix(ex[0].gate.ty)),
+            format!("moe_down_combine_tab_{}", type_suffix(ex[0].down.ty)),
+        )
+    };
+    let gate_up = gpu.func(&gate_up_name)?.clone();
+    let down = gpu.func(&down_name)?.clone();
     let stream = crate::device::new_stream(&gpu.ctx).map_err(drv("creating a stream"))?;
     let warps = moe_warps();
+    // The q8 kernels' launch shapes as the model's (`enqueue_moe`): gate/up blocks of 32 rows of
+    // one choice at `q8q_threads_for(1)`, down rows over `parts` warps each (the model's
+    // `moe_down_parts`: REDLITE_CUDA_MOE_DOWN_PARTS, default 2, a power of two ≤ the warps).
+    let parts = crate::model::env_parse::<usize>("REDLITE_CUDA_MOE_DOWN_PARTS")
+        .unwrap_or(2)
+        .clamp(1, warps as usize)
+        .next_power_of_two()
+        .min(warps as usize);
+    let dstride: u64 = 0;
     let types = format!("{}/{}", ex[0].gate.ty.name(), ex[0].down.ty.name());
     let mut out = Vec::new();
     for (place, base) in [("device", slots), ("host (PCIe)", host_dev)] {
@@ -156,6 +214,42 @@ pub fn bench_experts(
         let (hi, ffi, ki) = (h as i32, ff as i32, k as i32);
         for call in 0..calls {
             let idp = ids_d + (4 * call * k) as u64;
+            if q8 {
+                let mut b = stream.launch_builder(&gate_up);
+                b.arg(&tab)
+                    .arg(&idp)
+                    .arg(&xq)
+                    .arg(&act)
+                    .arg(&actq)
+                    .arg(&ffi)
+                    .arg(&hi)
+                    .arg(&ki)
+                    .arg(&dstride);
+                let cfg = LaunchConfig {
+                    grid_dim: ((ff / 32) as u32, k as u32, 1),
+                    block_dim: (crate::ops::q8q_threads_for(1), 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: arguments in the kernel's order and types, buffers sized above.
+                unsafe { b.launch(cfg) }.map_err(drv("moe_gate_up_tab_q8q"))?;
+                let mut b = stream.launch_builder(&down);
+                b.arg(&tab)
+                    .arg(&idp)
+                    .arg(&wts_d)
+                    .arg(&actq)
+                    .arg(&xo)
+                    .arg(&shared)
+                    .arg(&gl);
+                b.arg(&hi).arg(&ffi).arg(&ki).arg(&dstride);
+                let cfg = LaunchConfig {
+                    grid_dim: ((h * parts).div_ceil(warps as usize) as u32, 1, 1),
+                    block_dim: (32 * warps, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: as above.
+                unsafe { b.launch(cfg) }.map_err(drv("moe_down_combine_tab_q8"))?;
+                continue;
+            }
             let mut b = stream.launch_builder(&gate_up);
             b.arg(&tab)
                 .arg(&idp)
@@ -207,6 +301,7 @@ pub fn bench_experts(
         out.push(ExpertBenchResult {
             place,
             warps,
+            kernels: format!("{gate_up_name} + {down_name}"),
             types: types.clone(),
             expert_bytes: layout.expert_bytes(),
             per_call: k,
@@ -224,4 +319,52 @@ pub fn bench_experts(
         }
     }
     Ok(out)
+}
+
+/// `x` (a multiple of 32 long) as a q8 row: per 32 values d = max|u| / 127 and q = round(u / d),
+/// then the f32 scales, then each 16 quants' i32 sum (`Q8_ROW_BYTES` in matvec.cu).
+fn q8_row(x: &[f32]) -> Vec<u8> {
+    let n = x.len();
+    let mut q = vec![0i8; n];
+    let mut d = Vec::with_capacity(n / 32);
+    for (b, qb) in x.chunks(32).zip(q.chunks_mut(32)) {
+        let m = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let s = m / 127.0;
+        for (v, o) in b.iter().zip(qb.iter_mut()) {
+            *o = if s == 0.0 { 0 } else { (v / s).round() as i8 };
+        }
+        d.push(s);
+    }
+    let mut out: Vec<u8> = q.iter().map(|&v| v as u8).collect();
+    out.extend(d.iter().flat_map(|v| v.to_le_bytes()));
+    out.extend(
+        q.chunks(16)
+            .flat_map(|c| c.iter().map(|&v| v as i32).sum::<i32>().to_le_bytes()),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::q8_row;
+
+    /// The q8 row's layout (`Q8_ROW_BYTES`): quants, an f32 scale per 32, an i32 sum per 16.
+    #[test]
+    fn q8_row_layout() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+        let r = q8_row(&x);
+        assert_eq!(r.len(), crate::ops::q8_row_bytes(64));
+        // Block 0: max |u| = 20 → d = 20 / 127, u = -20 → -127; block 1: max 43 → 43 → 127.
+        assert_eq!(r[0] as i8, -127);
+        assert_eq!(r[63] as i8, 127);
+        let d0 = f32::from_le_bytes(r[64..68].try_into().unwrap());
+        assert_eq!(d0, 20.0 / 127.0);
+        let s16 = |i: usize| i32::from_le_bytes(r[72 + 4 * i..76 + 4 * i].try_into().unwrap());
+        let sum0: i32 = r[..16].iter().map(|&v| v as i8 as i32).sum();
+        assert_eq!(s16(0), sum0);
+        assert_eq!(
+            (0..4).map(s16).sum::<i32>(),
+            r[..64].iter().map(|&v| v as i8 as i32).sum::<i32>()
+        );
+    }
 }
