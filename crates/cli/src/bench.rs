@@ -444,11 +444,7 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
     };
     let ws = (args.working_set_mib.unwrap_or(512) as usize) << 20;
     let reps = args.n.unwrap_or(10);
-    let acts = match args.acts.as_deref() {
-        None | Some("auto") => None,
-        Some(a @ ("f32" | "q8")) => Some(a),
-        Some(a) => bail!("--acts {a}: expected auto, f32 or q8"),
-    };
+    let acts = acts_arg(args)?;
     let split = match args.split.as_deref() {
         None => None,
         Some(v) => {
@@ -518,16 +514,21 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
 
 /// `bench decode|prefill --backend cuda`: the device-resident model (crate::cuda_cmd). No host
 /// bandwidth run; GB/s is weight bytes per token × tok/s.
+/// `--acts`: None for auto, else "f32" or "q8".
+fn acts_arg(args: &Args) -> Result<Option<&str>> {
+    match args.acts.as_deref() {
+        None | Some("auto") => Ok(None),
+        Some(a @ ("f32" | "q8")) => Ok(Some(a)),
+        Some(a) => bail!("--acts {a}: expected auto, f32 or q8"),
+    }
+}
+
 fn run_cuda(args: Args) -> Result<()> {
     if matches!(args.kind, Kind::Kernel | Kind::Gemm) {
         return run_cuda_kernels(&args);
     }
     if args.kind == Kind::Expert {
-        let acts = match args.acts.as_deref() {
-            None | Some("auto") => None,
-            Some(a @ ("f32" | "q8")) => Some(a),
-            Some(a) => bail!("--acts {a}: expected auto, f32 or q8"),
-        };
+        let acts = acts_arg(&args)?;
         let path = args.model.as_ref().context("bench expert needs -m FILE")?;
         let file = Arc::new(GgufFile::open(path).context("opening the model file")?);
         let rows = crate::cuda_cmd::bench_expert(

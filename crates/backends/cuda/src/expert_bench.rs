@@ -212,75 +212,47 @@ pub fn bench_experts(
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(drv("beginning the capture"))?;
         let (hi, ffi, ki) = (h as i32, ff as i32, k as i32);
+        // Launch shapes: the q8 gate/up takes blocks of 32 rows of one choice, its down `parts`
+        // warps a row; the f32 pair `warps` rows a block and one warp a row.
+        let (gate_up_grid, gate_up_threads, down_rows) = if q8 {
+            ((ff / 32) as u32, crate::ops::q8q_threads_for(1), h * parts)
+        } else {
+            (ff.div_ceil(warps as usize) as u32, 32 * warps, h)
+        };
+        // The q8 kernels read x's q8 row and write / read the activations' q8 rows, and take the
+        // expert table's stride (0: entries, not an affine table) last.
+        let (x_in, down_in) = if q8 { (xq, actq) } else { (xb, act) };
         for call in 0..calls {
             let idp = ids_d + (4 * call * k) as u64;
-            if q8 {
-                let mut b = stream.launch_builder(&gate_up);
-                b.arg(&tab)
-                    .arg(&idp)
-                    .arg(&xq)
-                    .arg(&act)
-                    .arg(&actq)
-                    .arg(&ffi)
-                    .arg(&hi)
-                    .arg(&ki)
-                    .arg(&dstride);
-                let cfg = LaunchConfig {
-                    grid_dim: ((ff / 32) as u32, k as u32, 1),
-                    block_dim: (crate::ops::q8q_threads_for(1), 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: arguments in the kernel's order and types, buffers sized above.
-                unsafe { b.launch(cfg) }.map_err(drv("moe_gate_up_tab_q8q"))?;
-                let mut b = stream.launch_builder(&down);
-                b.arg(&tab)
-                    .arg(&idp)
-                    .arg(&wts_d)
-                    .arg(&actq)
-                    .arg(&xo)
-                    .arg(&shared)
-                    .arg(&gl);
-                b.arg(&hi).arg(&ffi).arg(&ki).arg(&dstride);
-                let cfg = LaunchConfig {
-                    grid_dim: ((h * parts).div_ceil(warps as usize) as u32, 1, 1),
-                    block_dim: (32 * warps, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: as above.
-                unsafe { b.launch(cfg) }.map_err(drv("moe_down_combine_tab_q8"))?;
-                continue;
-            }
             let mut b = stream.launch_builder(&gate_up);
-            b.arg(&tab)
-                .arg(&idp)
-                .arg(&xb)
-                .arg(&act)
-                .arg(&ffi)
-                .arg(&hi)
-                .arg(&ki);
+            b.arg(&tab).arg(&idp).arg(&x_in).arg(&act);
+            if q8 {
+                b.arg(&actq);
+            }
+            b.arg(&ffi).arg(&hi).arg(&ki);
+            if q8 {
+                b.arg(&dstride);
+            }
             let cfg = LaunchConfig {
-                grid_dim: (ff.div_ceil(warps as usize) as u32, k as u32, 1),
-                block_dim: (32 * warps, 1, 1),
+                grid_dim: (gate_up_grid, k as u32, 1),
+                block_dim: (gate_up_threads, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: arguments in the kernel's order and types, buffers sized above.
-            unsafe { b.launch(cfg) }.map_err(drv("moe_gate_up_tab"))?;
+            unsafe { b.launch(cfg) }.map_err(drv("the gate/up kernel"))?;
             let mut b = stream.launch_builder(&down);
-            b.arg(&tab)
-                .arg(&idp)
-                .arg(&wts_d)
-                .arg(&act)
-                .arg(&xo)
-                .arg(&shared)
-                .arg(&gl);
-            b.arg(&hi).arg(&ffi).arg(&ki);
+            b.arg(&tab).arg(&idp).arg(&wts_d).arg(&down_in);
+            b.arg(&xo).arg(&shared).arg(&gl).arg(&hi).arg(&ffi).arg(&ki);
+            if q8 {
+                b.arg(&dstride);
+            }
             let cfg = LaunchConfig {
-                grid_dim: (h.div_ceil(warps as usize) as u32, 1, 1),
+                grid_dim: (down_rows.div_ceil(warps as usize) as u32, 1, 1),
                 block_dim: (32 * warps, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: as above.
-            unsafe { b.launch(cfg) }.map_err(drv("moe_down_combine_tab"))?;
+            unsafe { b.launch(cfg) }.map_err(drv("the down kernel"))?;
         }
         let graph = stream
             .end_capture(sys::CUgraphInstantiate_flags_enum(0))
