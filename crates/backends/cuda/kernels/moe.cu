@@ -1031,20 +1031,6 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #define IQ2_LDG 1
 #endif
 
-// IQ2_WIDE_LD (compile-time, default 0; session 41, not yet measured): a sub-block's 8 bytes and its
-// block's d through aligned 4-byte loads instead of five 2-byte ones. The sub-block starts at
-// blk + 2 + 8 i with blk = 66 j past a row start that is 4-aligned (rows of 528 or 132 bytes in
-// 16-aligned expert parts), so 0 mod 4 in odd blocks (two loads) and 2 mod 4 in even ones (the words
-// at at - 2 and at + 2, then a 2-byte load at at + 6: nothing past the sub-block is read); d is the
-// low half of the word at blk (even j) or the high half of the one before it (odd j). 3.5 loads a
-// sub-block instead of 5, for the L1/TEX pipe that ncu found the expert kernels bound by (session 41:
-// 82 % at 512 experts a call); the same bytes, so the same bits. Every byte read lies between the
-// block's start (a row start when blk is 2 mod 4 is past the part's 4-aligned base) and the
-// sub-block's end, whatever the row alignment: at - blk = 2 + 8 i is always 2 mod 4.
-#ifndef IQ2_WIDE_LD
-#define IQ2_WIDE_LD 0
-#endif
-
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
@@ -1053,24 +1039,8 @@ __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int 
 #endif
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
-#if IQ2_WIDE_LD
-    const bool shifted = ((u64)at & 3) != 0;  // at 2 mod 4: an even block, blk 4-aligned
-    const u32* wa = (const u32*)((u64)at & ~(u64)3);
-    const u32* wd = (const u32*)((u64)blk & ~(u64)3);
-#if IQ2_LDG
-    __builtin_assume(__isGlobal(wa));
-    __builtin_assume(__isGlobal(wd));
-#endif
-    const u32 w0 = wa[0], w1 = wa[1];
-    const u32 t = shifted ? (u32)(*(const u16*)(at + 6)) : 0u;
-    const u32 idx = shifted ? __funnelshift_r(w0, w1, 16) : w0;
-    const u32 aux = shifted ? ((w1 >> 16) | (t << 16)) : w1;
-    const u32 dw = *wd;
-    const float db = f16_to_f32((u16)(shifted ? dw : dw >> 16)) * (0.5f + (float)(aux >> 28)) * 0.25f;
-#else
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
-#endif
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
 
