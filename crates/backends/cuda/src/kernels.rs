@@ -285,14 +285,30 @@ pub fn knobs() -> Vec<(&'static str, Vec<u8>)> {
         .collect()
 }
 
+/// `REDLITE_CUDA_DEFINES` as (name, value) pairs, in order (see [`parse_defines`]).
+pub fn env_defines() -> Vec<(String, String)> {
+    parse_defines(&std::env::var("REDLITE_CUDA_DEFINES").unwrap_or_default())
+}
+
+/// `NAME=VALUE` entries separated by `,` or `;` (`bench/gpu_ab.sh` splits a configuration's
+/// variables at commas, so a configuration with several defines writes `A=1;B=2`); a bare name
+/// is 1; blanks around names and values are dropped, empty entries skipped.
+pub fn parse_defines(defs: &str) -> Vec<(String, String)> {
+    defs.split([',', ';'])
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| {
+            let (name, value) = d.split_once('=').unwrap_or((d, "1"));
+            (name.trim().to_string(), value.trim().to_string())
+        })
+        .collect()
+}
+
 /// The values `REDLITE_CUDA_DEFINES` gives `name` (a bare name is 1), in order.
 fn define_values(name: &str) -> Vec<String> {
-    let defs = std::env::var("REDLITE_CUDA_DEFINES").unwrap_or_default();
-    defs.split([',', ';'])
-        .filter_map(|x| {
-            let (n, v) = x.split_once('=').unwrap_or((x, "1"));
-            (n.trim() == name).then(|| v.trim().to_string())
-        })
+    env_defines()
+        .into_iter()
+        .filter_map(|(n, v)| (n == name).then_some(v))
         .collect()
 }
 
@@ -311,6 +327,20 @@ pub fn trace_on() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defines_split_at_commas_and_semicolons() {
+        let p = |s: &str| parse_defines(s);
+        assert_eq!(
+            p("A=1, B ;C = x;;"),
+            vec![
+                ("A".to_string(), "1".to_string()),
+                ("B".to_string(), "1".to_string()),
+                ("C".to_string(), "x".to_string())
+            ]
+        );
+        assert!(p("").is_empty());
+    }
 
     /// moe.cu's `iq2_negmask_alu` (the IQ2_XXS sign masks computed): the same arithmetic in u32
     /// gives, for every 7-bit code, the mask of the `ksigns_iq2xs` table (0xFF in byte j where

@@ -116,19 +116,11 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// Kernel tuning switches for experiments: `REDLITE_CUDA_DEFINES="NAME=VALUE,..."` puts one
 /// `#define NAME VALUE` line per entry before the source (so the cache key changes with them).
-/// `;` separates entries too (`bench/gpu_ab.sh` splits a configuration's variables at commas).
 /// Unset: the source as it is, with its own defaults.
 fn with_env_defines(src: &str) -> String {
     let mut out = String::new();
-    if let Ok(defs) = std::env::var("REDLITE_CUDA_DEFINES") {
-        for d in defs
-            .split([',', ';'])
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-        {
-            let (name, value) = d.split_once('=').unwrap_or((d, "1"));
-            out.push_str(&format!("#define {name} {value}\n"));
-        }
+    for (name, value) in crate::kernels::env_defines() {
+        out.push_str(&format!("#define {name} {value}\n"));
     }
     out.push_str(src);
     out
