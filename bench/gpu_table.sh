@@ -64,8 +64,12 @@ for ts in Q4_K:12288x2048:4:4 Q4_K:151936x2048:4:4 Q6_K:151936x2048:4:4 Q6_K:151
 done
 step "read bandwidth, the decode attention's cache walk (read_rows) and its split kernels alone"
 timeout 100 $R bench kernel --backend cuda --type Q4_K --shape 2048x2048 2>&1 | grep "^read bandwidth\|^decode attention" | keep
-step "bench expert (layer 0, 512 distinct, 10 a call)"
-timeout 100 $R bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call 10 -n 20 2>&1 | quiet | tail -4 | keep
+# Decode's q8 expert kernels (the default since session 41) at 10 and 512 a call: the
+# latency-bound decode shape and the kernels' ceiling with every SM busy.
+for k in 10 512; do
+    step "bench expert (layer 0, 512 distinct, $k a call)"
+    timeout 100 $R bench expert --backend cuda -m $FULL --layer 0 --distinct 512 --per-call $k -n 20 2>&1 | quiet | tail -4 | keep
+done
 step "full-size verify cost"
 timeout 100 $R spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 | tail -5 | keep
 head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsys_60.py
