@@ -512,8 +512,6 @@ fn run_cuda_kernels(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// `bench decode|prefill --backend cuda`: the device-resident model (crate::cuda_cmd). No host
-/// bandwidth run; GB/s is weight bytes per token × tok/s.
 /// `--acts`: None for auto, else "f32" or "q8".
 fn acts_arg(args: &Args) -> Result<Option<&str>> {
     match args.acts.as_deref() {
@@ -523,6 +521,8 @@ fn acts_arg(args: &Args) -> Result<Option<&str>> {
     }
 }
 
+/// `bench decode|prefill --backend cuda`: the device-resident model (crate::cuda_cmd). No host
+/// bandwidth run; GB/s is weight bytes per token × tok/s.
 fn run_cuda(args: Args) -> Result<()> {
     if matches!(args.kind, Kind::Kernel | Kind::Gemm) {
         return run_cuda_kernels(&args);

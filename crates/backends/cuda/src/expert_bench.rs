@@ -149,7 +149,7 @@ pub fn bench_experts(
     // SAFETY: each destination holds its source's bytes; synchronous copies.
     unsafe {
         cu::memcpy_htod_sync(xb, &x).map_err(drv("upload"))?;
-        cu::memcpy_htod_sync(xq, &q8_row(&x)).map_err(drv("upload"))?;
+        cu::memcpy_htod_sync(xq, &crate::ops::q8_row(&x)).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(xo, &zeros).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(shared, &zeros).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(gl, &[0.0f32]).map_err(drv("upload"))?;
@@ -188,13 +188,8 @@ pub fn bench_experts(
     let stream = crate::device::new_stream(&gpu.ctx).map_err(drv("creating a stream"))?;
     let warps = moe_warps();
     // The q8 kernels' launch shapes as the model's (`enqueue_moe`): gate/up blocks of 32 rows of
-    // one choice at `q8q_threads_for(1)`, down rows over `parts` warps each (the model's
-    // `moe_down_parts`: REDLITE_CUDA_MOE_DOWN_PARTS, default 2, a power of two ≤ the warps).
-    let parts = crate::model::env_parse::<usize>("REDLITE_CUDA_MOE_DOWN_PARTS")
-        .unwrap_or(2)
-        .clamp(1, warps as usize)
-        .next_power_of_two()
-        .min(warps as usize);
+    // one choice at `q8q_threads_for(1)`, down rows over the model's warps a row.
+    let parts = crate::model::fit_down_parts(crate::model::moe_down_parts_from_env(), warps);
     let dstride: u64 = 0;
     let types = format!("{}/{}", ex[0].gate.ty.name(), ex[0].down.ty.name());
     let mut out = Vec::new();
@@ -291,52 +286,4 @@ pub fn bench_experts(
         }
     }
     Ok(out)
-}
-
-/// `x` (a multiple of 32 long) as a q8 row: per 32 values d = max|u| / 127 and q = round(u / d),
-/// then the f32 scales, then each 16 quants' i32 sum (`Q8_ROW_BYTES` in matvec.cu).
-fn q8_row(x: &[f32]) -> Vec<u8> {
-    let n = x.len();
-    let mut q = vec![0i8; n];
-    let mut d = Vec::with_capacity(n / 32);
-    for (b, qb) in x.chunks(32).zip(q.chunks_mut(32)) {
-        let m = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let s = m / 127.0;
-        for (v, o) in b.iter().zip(qb.iter_mut()) {
-            *o = if s == 0.0 { 0 } else { (v / s).round() as i8 };
-        }
-        d.push(s);
-    }
-    let mut out: Vec<u8> = q.iter().map(|&v| v as u8).collect();
-    out.extend(d.iter().flat_map(|v| v.to_le_bytes()));
-    out.extend(
-        q.chunks(16)
-            .flat_map(|c| c.iter().map(|&v| v as i32).sum::<i32>().to_le_bytes()),
-    );
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::q8_row;
-
-    /// The q8 row's layout (`Q8_ROW_BYTES`): quants, an f32 scale per 32, an i32 sum per 16.
-    #[test]
-    fn q8_row_layout() {
-        let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
-        let r = q8_row(&x);
-        assert_eq!(r.len(), crate::ops::q8_row_bytes(64));
-        // Block 0: max |u| = 20 → d = 20 / 127, u = -20 → -127; block 1: max 43 → 43 → 127.
-        assert_eq!(r[0] as i8, -127);
-        assert_eq!(r[63] as i8, 127);
-        let d0 = f32::from_le_bytes(r[64..68].try_into().unwrap());
-        assert_eq!(d0, 20.0 / 127.0);
-        let s16 = |i: usize| i32::from_le_bytes(r[72 + 4 * i..76 + 4 * i].try_into().unwrap());
-        let sum0: i32 = r[..16].iter().map(|&v| v as i8 as i32).sum();
-        assert_eq!(s16(0), sum0);
-        assert_eq!(
-            (0..4).map(s16).sum::<i32>(),
-            r[..64].iter().map(|&v| v as i8 as i32).sum::<i32>()
-        );
-    }
 }

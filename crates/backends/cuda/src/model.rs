@@ -130,6 +130,19 @@ pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
 }
 
 /// Rows per warp group of the one-token 8-bit kernels (`REDLITE_CUDA_Q8_ROWS`, 1 to 16, default 4).
+/// Warps per row asked of the down kernels (`REDLITE_CUDA_MOE_DOWN_PARTS`, default 2).
+pub(crate) fn moe_down_parts_from_env() -> usize {
+    env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2)
+}
+
+/// `asked` warps a row fitted to a block of `warps`: a power of two from 1 to `warps`.
+pub(crate) fn fit_down_parts(asked: usize, warps: u32) -> usize {
+    asked
+        .clamp(1, warps as usize)
+        .next_power_of_two()
+        .min(warps as usize)
+}
+
 pub(crate) fn q8_rows_from_env() -> usize {
     env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(4).clamp(1, 16)
 }
@@ -1405,7 +1418,7 @@ impl CudaModel {
                 .clamp(1, ARGMAX_SLICES),
             xq_fresh: false,
             q8_moe_down: env_switch("REDLITE_CUDA_Q8_MOE_DOWN", true),
-            moe_down_parts: env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2),
+            moe_down_parts: moe_down_parts_from_env(),
             moe_tok: moe_tok_tiles(),
             res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
@@ -2666,10 +2679,7 @@ impl CudaModel {
         if !grouped || !self.config.hidden.is_multiple_of(e.warps as usize) {
             return 1;
         }
-        self.moe_down_parts
-            .clamp(1, e.warps as usize)
-            .next_power_of_two()
-            .min(e.warps as usize)
+        fit_down_parts(self.moe_down_parts, e.warps)
     }
 
     /// Whether the fused matvec of a `ty` matrix `cols` wide takes 8-bit activations.

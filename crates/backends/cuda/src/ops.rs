@@ -2869,6 +2869,26 @@ pub fn sample_topk(
 mod tests {
     use super::*;
 
+    /// The q8 row's layout (`Q8_ROW_BYTES`): quants, an f32 scale per 32, an i32 sum per 16.
+    #[test]
+    fn q8_row_layout() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+        let r = q8_row(&x);
+        assert_eq!(r.len(), q8_row_bytes(64));
+        // Block 0: max |u| = 20 → d = 20 / 127, u = -20 → -127; block 1: max 43 → 43 → 127.
+        assert_eq!(r[0] as i8, -127);
+        assert_eq!(r[63] as i8, 127);
+        let d0 = f32::from_le_bytes(r[64..68].try_into().unwrap());
+        assert_eq!(d0, 20.0 / 127.0);
+        let s16 = |i: usize| i32::from_le_bytes(r[72 + 4 * i..76 + 4 * i].try_into().unwrap());
+        let sum0: i32 = r[..16].iter().map(|&v| v as i8 as i32).sum();
+        assert_eq!(s16(0), sum0);
+        assert_eq!(
+            (0..4).map(s16).sum::<i32>(),
+            r[..64].iter().map(|&v| v as i8 as i32).sum::<i32>()
+        );
+    }
+
     /// The prompt attention kernels' launches for the full-size heads (16 query heads over 2 KV
     /// heads of 256) and the tiny fixtures' shapes: 32 query rows per block, static shared memory
     /// within the 48 KiB a launch gets without opting in.
