@@ -1190,9 +1190,15 @@ __device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q
 __device__ __forceinline__ void q8_row_block32(float u, int lane, u8* __restrict__ row, int cols, int b) {
     q8_block32(u, lane, (i8*)row + 32 * b, (float*)(row + cols) + b, (int*)(row + cols + cols / 32 * 4) + 2 * b);
 }
-__device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                            float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
-                                            int slices);
+template <bool STAGE>
+__device__ __noinline__ void res_norm_write_t(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                              float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                              int slices, float* xs);
+__device__ __forceinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                               float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                               int slices) {
+    res_norm_write_t<false>(y, rows, nw, yn, eps, xq, slice, slices, nullptr);
+}
 __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, const float* __restrict__ nw,
                                               float* __restrict__ yn, u32* __restrict__ counter, float eps,
                                               u8* __restrict__ xq) {
@@ -1212,10 +1218,12 @@ __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, cons
 // res_next_norm's write by a block of token t = blockIdx.y: yn[t] = rms_norm(y[t]) * nw and,
 // with xq not null, its q8 row (rows a multiple of 32 then): the values i with (i / blockDim.x) %
 // slices == slice (every block sums all the squares itself, in the same order: the same 1 / rms
-// whatever the slices). Every thread of the block calls it.
-__device__ __noinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                            float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
-                                            int slices) {
+// whatever the slices). Every thread of the block calls it. STAGE: every value of yn[t] also into
+// xs (shared memory, `rows` floats; a slice >= slices then writes no yn or xq), read after a barrier.
+template <bool STAGE>
+__device__ __noinline__ void res_norm_write_t(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                              float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                              int slices, float* xs) {
     __shared__ float scratch[WARP];
     const int t = blockIdx.y;
     const float* yt = y + (size_t)t * rows;
@@ -1242,18 +1250,20 @@ __device__ __noinline__ void res_norm_write(const float* __restrict__ y, int row
     // so the condition is the same for the whole warp).
     const int lane = threadIdx.x % WARP;
     u8* base = xq == nullptr ? nullptr : xq + (size_t)t * Q8_ROW_BYTES(rows);
-    auto out = [&](int i, float val) {
+    auto out = [&](int i, float val, bool mine) {
         const float o = val * inv * nw[i];
+        if (STAGE) xs[i] = o;
+        if (!mine) return;
         yn[(size_t)t * rows + i] = o;
         if (base != nullptr) q8_row_block32(o, lane, base, rows, i / 32);
     };
 #pragma unroll
     for (int k = 0; k < RN_REG; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
-        if (i < rows && k % slices == slice) out(i, v[k]);
+        if (i < rows && (STAGE || k % slices == slice)) out(i, v[k], k % slices == slice);
     }
     for (int k = RN_REG, i = threadIdx.x + RN_REG * blockDim.x; i < rows; ++k, i += blockDim.x) {
-        if (k % slices == slice) out(i, ld_cg(yt + i));
+        if (STAGE || k % slices == slice) out(i, ld_cg(yt + i), k % slices == slice);
     }
 }
 
@@ -1267,6 +1277,34 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const f
     prefetch_l1_block(nw, (size_t)rows * 4);  // read after the sum of squares
     pdl_enter();
     res_norm_write(y, rows, nw, yn, eps, xq, blockIdx.x, gridDim.x);
+}
+
+// res_norm_router(y, rows, nw, yn, eps, xq, slices, split, w0, y0, r0, w1, y1, r1, w2, y2, r2):
+// res_norm_q8 and the router's matvec3_x_f32 on its output in one launch (REDLITE_CUDA_NORM_ROUTER,
+// one-token MoE layers: the router logits and the shared expert's gate logit are ready when the
+// gate/up kernel with the top-k starts, without the fused route kernel's rows and grid barrier).
+// Block b is block b of matvec3_x_f32's grid (its rows, split and lane partials); it also sums the
+// squares of y[t] (res_norm_q8's order, so the same 1 / rms), stages yn[t] whole in shared memory
+// and, for b < slices, writes res_norm_q8's slice b of yn and the q8 row. Its rows then read the
+// staged yn: matvec3_x_f32's outputs on res_norm_q8's yn, bit for bit.
+// Launch: grid = (matvec3_x_f32's blocks, tokens) with at least `slices` blocks, block = 32 *
+// MVF_WARPS, dynamic shared memory = 4 * rows bytes.
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
+    const float* y, int rows, const float* nw, float* yn, float eps, u8* xq, int slices, int split, const u8* w0,
+    float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
+    extern __shared__ float4 rnr_x4[];
+    float* xs = (float*)rnr_x4;
+    const MvfSplit s = mvf_split(split);
+    const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int t = blockIdx.y;
+    int first, part;
+    mvf_first(m.block, s, first, part);
+    mvf_prefetch<T_F32>(m.w, rows, m.rows, first, part, s);
+    prefetch_l1_block(nw, (size_t)rows * 4);
+    pdl_enter();  // y comes from the kernel before
+    res_norm_write_t<true>(y, rows, nw, yn, eps, xq, blockIdx.x, slices, xs);
+    __syncthreads();
+    mvf_rows<T_F32, true>(m.w, xs, rows, m.rows, first, part, s, m.y + (size_t)t * m.rows, 1.0f, false);
 }
 
 // ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----

@@ -529,6 +529,15 @@ impl Drop for Arena {
 }
 
 /// A linear layer on the device and its matvec kernel.
+/// What `res_norm_router` reads of a layer's router (see `Model::norm_router`): its row split
+/// and the two matrices (the router, the shared expert's gate vector).
+#[derive(Clone)]
+struct NormRouter {
+    split: MvfSplit,
+    router: DevLinear,
+    gate: DevLinear,
+}
+
 #[derive(Clone)]
 struct DevLinear {
     rows: usize,
@@ -791,6 +800,7 @@ struct Kernels {
     matvec3_x_f32: CudaFunction,
     matvec3_x_tok_f32: CudaFunction,
     res_norm_q8: CudaFunction,
+    res_norm_router: CudaFunction,
     moe_gate_up_route: CudaFunction,
     moe_gate_up_route2: CudaFunction,
     /// `moe_route_gate_up_q8q_iq2_xxs` and its blocks an SM (its grid barrier needs every block
@@ -1048,6 +1058,17 @@ pub struct CudaModel {
     /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
     /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
+    /// One-token steps: the router's logits and the shared expert's gate logit computed by the
+    /// output projection's next norm (`res_norm_router`: `res_norm_q8` and `matvec3_x_f32` in one
+    /// launch, the same bits), then the top-k and the routed gate/up without the fused route
+    /// kernel's rows and grid barrier (`moe_gate_up_route2_q8q_iq2_xxs`);
+    /// `REDLITE_CUDA_NORM_ROUTER=1` (default off).
+    norm_router: bool,
+    /// The router launch `res_norm_router` takes for the layer being enqueued (set before its
+    /// mixer when `norm_router` applies, taken by [`Self::matvec_residual`]).
+    next_router: Option<NormRouter>,
+    /// Whether the last `matvec_residual` wrote the router's logits (`res_norm_router`).
+    logits_ready: bool,
     /// (kernel, grid size) → `grid_sync` counter index, in order of first use.
     grid_counters: Vec<(&'static str, u32)>,
     /// `dn_fused_seq` loads its state rows before waiting for the kernel ahead
@@ -1243,6 +1264,7 @@ impl CudaModel {
             matvec3_x_f32: f("matvec3_x_f32")?,
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
             res_norm_q8: f("res_norm_q8")?,
+            res_norm_router: f("res_norm_router")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
             moe_route_fused: with_blocks_per_sm(
@@ -1399,6 +1421,9 @@ impl CudaModel {
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
+            norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", false),
+            next_router: None,
+            logits_ready: false,
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
@@ -2745,6 +2770,8 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let (x, xn, counter) = (self.sc.x, self.sc.xn, self.sc.counter);
         self.xq_fresh = false;
+        self.logits_ready = false;
+        let router = self.next_router.take();
         if self.gemm_fits(w) {
             self.gemm(w, a, x, n, true)?;
             return self.rms_norm(x, post_norm, xn, n, self.config.hidden);
@@ -2828,6 +2855,37 @@ impl CudaModel {
             )?;
         }
         if !split_norm {
+            return Ok(());
+        }
+        if let Some(r) = router.filter(|_| n == 1 && xq != 0) {
+            // The next norm and the router's logits on it in one launch (`norm_router`).
+            let f = self.k.res_norm_router.clone();
+            let slices = self.norm_slices;
+            let mut args = vec![
+                A::P(x),
+                A::I(w.rows as i32),
+                A::P(post_norm),
+                A::P(xn),
+                A::F(self.config.rms_eps),
+                A::P(xq),
+                A::I(slices as i32),
+                A::I(r.split.arg()),
+            ];
+            let (rlog, gl) = (self.sc.rlog, self.sc.gl);
+            let grid_x = push_mats3(
+                &mut args,
+                &[(&r.router, rlog), (&r.gate, gl)],
+                r.split.rows_per_block(),
+            );
+            self.launch(
+                "res_norm_router",
+                &f,
+                (grid_x.max(slices as u32), 1, 1),
+                MVF_THREADS,
+                4 * w.rows as u32,
+                &args,
+            )?;
+            self.logits_ready = true;
             return Ok(());
         }
         let f = self.k.res_norm_q8.clone();
@@ -3156,6 +3214,7 @@ impl CudaModel {
             nv.push(&format!("layer {i}"));
             nv.push(&format!("layer {i} {kind}"));
         }
+        self.next_router = self.norm_router_for(&self.layers[i].moe, n);
         match &mixer {
             DevMixer::Attention { .. } => {
                 self.stage = "attn";
@@ -3577,7 +3636,46 @@ impl CudaModel {
         self.matvec_residual(out, gated, post_norm, n)
     }
 
+    /// The router launch of `res_norm_router` for a layer's MoE when `norm_router` applies to
+    /// this call: one token, the one-token path of the fused route kernel otherwise (F32 router
+    /// and shared-expert gate of the hidden width, the top-k in the gate/up kernel, IQ2_XXS experts
+    /// on 8-bit activations).
+    fn norm_router_for(&self, m: &DevMoe, n: usize) -> Option<NormRouter> {
+        let c = &self.config;
+        let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
+        let applies = self.norm_router
+            && n == 1
+            && !self.gemm_now
+            && self.route_in_gate_up
+            && self.moe_gu_pair
+            && self.x_router
+            && self.q8_moe
+            && self.q8_moe_down
+            && m.experts.q8_down_f.is_some()
+            && ff.is_multiple_of(32)
+            && h.is_multiple_of(32)
+            && h <= MVF_MAX_COLS
+            && self.router.1.name == "moe_router_warp"
+            && k <= 32
+            && ne <= 32 * 16
+            && m.router.ty == GgmlType::F32
+            && m.sh_gate_vec.ty == GgmlType::F32
+            && m.router.cols == h
+            && m.sh_gate_vec.cols == h
+            && m.router.rows == ne;
+        applies.then(|| NormRouter {
+            split: MvfSplit {
+                parts: mvf_parts(GgmlType::F32, h, self.router_split.0),
+                rows: self.router_split.1,
+            },
+            router: m.router.clone(),
+            gate: m.sh_gate_vec.clone(),
+        })
+    }
+
     fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
+        // The logits already written by `res_norm_router` (this layer's `matvec_residual`).
+        let logits_ready = std::mem::take(&mut self.logits_ready);
         let c = &self.config;
         let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
         let sc = &self.sc;
@@ -3634,6 +3732,7 @@ impl CudaModel {
             })
             .filter(|_| {
                 route_in_gate_up
+                    && !logits_ready
                     && self.route_fused
                     && self.moe_gu_pair
                     && self.x_router
@@ -3649,9 +3748,11 @@ impl CudaModel {
         // The fused route kernel computes the logits itself (below, with the gate/up); a
         // one-token call's top-k runs inside the gate/up kernel's blocks.
         if route_fused.is_none() {
-            self.with_split(self.router_split, |s| {
-                s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
-            })?;
+            if !logits_ready {
+                self.with_split(self.router_split, |s| {
+                    s.matvec_normed(xn, None, &[(&m.router, rlog), (&m.sh_gate_vec, gl)], n)
+                })?;
+            }
             if !route_in_gate_up {
                 let (f, rk) = self.router.clone();
                 self.launch(

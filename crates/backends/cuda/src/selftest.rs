@@ -777,6 +777,59 @@ impl Runner<'_> {
         }
     }
 
+    /// `res_norm_router` (`REDLITE_CUDA_NORM_ROUTER`: the next norm and the router's logits in one
+    /// launch) bit for bit `res_norm_q8` and then `matvec3_x_f32` on its output.
+    fn res_norm_router(&mut self) {
+        let eps = 1e-6f32;
+        for (rows, r0, parts, rpw) in [
+            (2048usize, 67usize, 4usize, 1usize),
+            (2048, 512, 4, 1),
+            (512, 33, 2, 2),
+        ] {
+            let ys = self.rng.normals(rows, 1.0);
+            let nw: Vec<f32> = (0..rows).map(|_| 0.5 + self.rng.uniform() as f32).collect();
+            let b0 = random_weights(&mut self.rng, GgmlType::F32, r0, rows);
+            let b1 = random_weights(&mut self.rng, GgmlType::F32, 1, rows);
+            let r = (|| {
+                let (w0, w1) = (ops::upload(self.gpu, &b0)?, ops::upload(self.gpu, &b1)?);
+                let (yn, xq, l0, l1) = ops::res_norm_router(
+                    self.gpu,
+                    &ys,
+                    &nw,
+                    eps,
+                    (&w0, r0),
+                    (&w1, 1),
+                    (parts, rpw),
+                )?;
+                let (yn2, xq2) = ops::res_norm_q8(self.gpu, &ys, rows, &nw, eps)?;
+                same_bits("res_norm_router's yn differs from res_norm_q8's", &yn, &yn2)?;
+                same_bytes(
+                    "res_norm_router's q8 row differs from res_norm_q8's",
+                    &xq,
+                    &xq2,
+                )?;
+                let e0 = ops::matvec3_x_f32(self.gpu, &w0, (r0, rows), &yn2, (parts, rpw, 1))?;
+                let e1 = ops::matvec3_x_f32(self.gpu, &w1, (1, rows), &yn2, (parts, rpw, 1))?;
+                same_bits(
+                    "res_norm_router's logits differ from matvec3_x_f32's",
+                    &l0,
+                    &e0,
+                )?;
+                same_bits(
+                    "res_norm_router's gate logit differs from matvec3_x_f32's",
+                    &l1,
+                    &e1,
+                )?;
+                Ok((0.0, TOL_F32))
+            })();
+            self.record(
+                "res_norm_router",
+                format!("{rows} values, {r0} + 1 rows, parts={parts} rows/warp={rpw}: = res_norm_q8 + matvec3_x_f32 bit for bit"),
+                r,
+            );
+        }
+    }
+
     /// Every IQ2_XXS part on 8-bit activations (`REDLITE_CUDA_Q8_MOE_DOWN`): the activations
     /// against f64 on the q8 input, their q8 rows bit for bit the quantisation of those f32
     /// activations, and the output against f64 on both q8 inputs.
@@ -2586,6 +2639,7 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
     r.experts_q8_tokens();
     r.swiglu_q8();
     r.matvec3_x_f32();
+    r.res_norm_router();
     r.sample_topk();
     r.out
 }
