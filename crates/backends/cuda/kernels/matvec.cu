@@ -1279,32 +1279,71 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const f
     res_norm_write(y, rows, nw, yn, eps, xq, blockIdx.x, gridDim.x);
 }
 
-// res_norm_router(y, rows, nw, yn, eps, xq, slices, split, w0, y0, r0, w1, y1, r1, w2, y2, r2):
+// res_norm_router(y, rows, nw, yn, eps, xq, slices, split, early, w0, y0, r0, w1, y1, r1, w2, y2, r2):
 // res_norm_q8 and the router's matvec3_x_f32 on its output in one launch (REDLITE_CUDA_NORM_ROUTER,
 // one-token MoE layers: the router logits and the shared expert's gate logit are ready when the
 // gate/up kernel with the top-k starts, without the fused route kernel's rows and grid barrier).
-// Block b is block b of matvec3_x_f32's grid (its rows, split and lane partials); it also sums the
-// squares of y[t] (res_norm_q8's order, so the same 1 / rms), stages yn[t] whole in shared memory
-// and, for b < slices, writes res_norm_q8's slice b of yn and the q8 row. Its rows then read the
-// staged yn: matvec3_x_f32's outputs on res_norm_q8's yn, bit for bit.
-// Launch: grid = (matvec3_x_f32's blocks, tokens) with at least `slices` blocks, block = 32 *
-// MVF_WARPS, dynamic shared memory = 4 * rows bytes.
+// Block b is block b of matvec3_x_f32's grid at `split` (its rows and lane partials; an F32 row's
+// value does not depend on the rows a warp group takes); it also sums the squares of y[t]
+// (res_norm_q8's order, so the same 1 / rms), stages yn[t] whole in shared memory and, for
+// b < slices, writes res_norm_q8's slice b of yn and the q8 row. Its rows then read the staged yn:
+// matvec3_x_f32's outputs on res_norm_q8's yn, bit for bit. early (with one row a warp group and at
+// most RNR_EARLY groups of 4 a lane): the lane's weights loaded into registers before the wait (as
+// the fused route kernel's ROUTE_W_EARLY), the same groups in row_partial's order (session 42,
+// H100: decode +2.4 % with it, -0.2 % without, four rows a warp group -3.9 %; the decode step
+// passes early = 1).
+// Launch: grid = (matvec3_x_f32's blocks at `split`, tokens) with at least `slices` blocks, block =
+// 32 * MVF_WARPS, dynamic shared memory = 4 * rows bytes.
+#define RNR_EARLY 4
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
-    const float* y, int rows, const float* nw, float* yn, float eps, u8* xq, int slices, int split, const u8* w0,
-    float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
+    const float* y, int rows, const float* nw, float* yn, float eps, u8* xq, int slices, int split, int early,
+    const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
     extern __shared__ float4 rnr_x4[];
+    __shared__ float red[MVF_WARPS];
     float* xs = (float*)rnr_x4;
     const MvfSplit s = mvf_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const int t = blockIdx.y;
+    const int t = blockIdx.y, lane = threadIdx.x % WARP, wi = threadIdx.x / WARP;
     int first, part;
     mvf_first(m.block, s, first, part);
-    mvf_prefetch<T_F32>(m.w, rows, m.rows, first, part, s);
+    using D = GroupDot<T_F32>;
+    const int groups = rows / D::G, g0 = part * WARP + lane, gs = s.parts * WARP;
+    const bool pre = early != 0 && s.rows == 1 && rows % D::G == 0 && g0 + RNR_EARLY * gs >= groups;
+    float4 wr[RNR_EARLY];
+    if (pre) {
+#pragma unroll
+        for (int it = 0; it < RNR_EARLY; ++it) {
+            const int gi = g0 + it * gs;
+            wr[it] = first < m.rows && gi < groups
+                         ? D::load4(m.w + (size_t)first * row_bytes<T_F32>(rows) + (size_t)gi * D::G * T_F32::BB)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    } else {
+        mvf_prefetch<T_F32>(m.w, rows, m.rows, first, part, s);
+    }
     prefetch_l1_block(nw, (size_t)rows * 4);
     pdl_enter();  // y comes from the kernel before
     res_norm_write_t<true>(y, rows, nw, yn, eps, xq, blockIdx.x, slices, xs);
     __syncthreads();
-    mvf_rows<T_F32, true>(m.w, xs, rows, m.rows, first, part, s, m.y + (size_t)t * m.rows, 1.0f, false);
+    if (!pre) {
+        mvf_rows<T_F32, true>(m.w, xs, rows, m.rows, first, part, s, m.y + (size_t)t * m.rows, 1.0f, false);
+        return;
+    }
+    // mvf_rows_dot<T_F32, 1> on the preloaded weights: row_partial's groups and expression, the
+    // warp sum, the slices added in order.
+    float acc = 0.0f;
+#pragma unroll
+    for (int it = 0; it < RNR_EARLY; ++it) {
+        const int gi = g0 + it * gs;
+        if (gi < groups) acc += D::dot4(wr[it], D::load4((const u8*)(xs + (size_t)gi * D::G)));
+    }
+    const float v = warp_sum(acc);
+    if (lane == 0) red[wi] = v;
+    __syncthreads();
+    if (part != 0 || lane != 0 || first >= m.rows) return;
+    float sum = 0.0f;
+    for (int p = 0; p < s.parts; ++p) sum += red[wi + p];
+    m.y[(size_t)t * m.rows + first] = 1.0f * sum;
 }
 
 // ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----

@@ -21,8 +21,10 @@
 //! MoE:       side stream from the start: shared = down(swiglu(gate·xn, up·xn))
 //!            main: router = W·xn and g = w_sg·xn (one launch)  →  moe_router_warp (softmax,
 //!            top-k, renormalise; ids kept per layer)  →  moe_gate_up_tab
-//!            (one-token steps: the three in one launch, `moe_route_gate_up`, a grid barrier
-//!            after the logits)
+//!            (one-token steps: the router's rows in the next norm's launch, `res_norm_router`,
+//!            then the top-k and gate/up in one, `moe_gate_up_route2`; with
+//!            `REDLITE_CUDA_NORM_ROUTER=0` the three in one launch, `moe_route_gate_up`, a grid
+//!            barrier after the logits)
 //!            →  (join)  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
 //!            (experts found through the expert cache's per-layer table, `expert_cache.rs`)
 //! ```
@@ -1054,15 +1056,18 @@ pub struct CudaModel {
     /// (`moe_gate_up_route2_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_MOE_GU_PAIR=0` the one-row
     /// form): 303.73 / 301.76 against 300.88 / 300.15 tok/s on the H200.
     moe_gu_pair: bool,
-    /// One-token steps: the router's logits, the top-k and the routed gate/up in one launch with a
-    /// grid barrier between the logits and the top-k (`moe_route_gate_up_q8q_iq2_xxs`, the same
-    /// bits; `REDLITE_CUDA_ROUTE_FUSED=0`: `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
+    /// One-token steps without `norm_router`: the router's logits, the top-k and the routed gate/up
+    /// in one launch with a grid barrier between the logits and the top-k
+    /// (`moe_route_gate_up_q8q_iq2_xxs`, the same bits; `REDLITE_CUDA_ROUTE_FUSED=0`:
+    /// `matvec3_x_f32` then `moe_gate_up_route2_q8q_iq2_xxs`).
     route_fused: bool,
     /// One-token steps: the router's logits and the shared expert's gate logit computed by the
     /// output projection's next norm (`res_norm_router`: `res_norm_q8` and `matvec3_x_f32` in one
-    /// launch, the same bits), then the top-k and the routed gate/up without the fused route
-    /// kernel's rows and grid barrier (`moe_gate_up_route2_q8q_iq2_xxs`);
-    /// `REDLITE_CUDA_NORM_ROUTER=1` (default off).
+    /// launch, the router weights loaded before its wait; the same bits), then the top-k and the
+    /// routed gate/up without the fused route kernel's rows and grid barrier
+    /// (`moe_gate_up_route2_q8q_iq2_xxs`). Default on since session 42 (H100: decode +2.4 %,
+    /// 406.62 against 397.02 tok/s; +2.3 % at 32K); `REDLITE_CUDA_NORM_ROUTER=0`: the fused route
+    /// kernel (`route_fused`).
     norm_router: bool,
     /// The router launch `res_norm_router` takes for the layer being enqueued (set before its
     /// mixer when `norm_router` applies, taken by [`Self::matvec_residual`]).
@@ -1421,7 +1426,7 @@ impl CudaModel {
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
-            norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", false),
+            norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", true),
             next_router: None,
             logits_ready: false,
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
@@ -2870,6 +2875,7 @@ impl CudaModel {
                 A::P(xq),
                 A::I(slices as i32),
                 A::I(r.split.arg()),
+                A::I(1),
             ];
             let (rlog, gl) = (self.sc.rlog, self.sc.gl);
             let grid_x = push_mats3(

@@ -1150,9 +1150,17 @@ pub fn res_norm_q8(
     Ok((download(gpu, &yn)?, download(gpu, &xq)?))
 }
 
+/// What [`res_norm_router`] writes: the norm's output and its q8 row, the two matrices' products.
+pub struct NormRouterOut {
+    pub yn: Vec<f32>,
+    pub xq: Vec<u8>,
+    pub y0: Vec<f32>,
+    pub y1: Vec<f32>,
+}
+
 /// `res_norm_router`: [`res_norm_q8`] of `ys` (one token, `rows` values) and, on its output, the
-/// F32 products of `w0` (`r0` rows) and `w1` (`r1` rows) with `(parts, rows_per_warp)` split, as
-/// `matvec3_x_f32` computes them: `(yn, xq, y0, y1)`.
+/// F32 products of `w0` (`r0` rows) and `w1` (`r1` rows) with `(parts, rows_per_warp)` split (`early`:
+/// the one-row form's weights loaded before the wait), as `matvec3_x_f32` computes them.
 #[allow(clippy::too_many_arguments)]
 pub fn res_norm_router(
     gpu: &Gpu,
@@ -1161,8 +1169,8 @@ pub fn res_norm_router(
     eps: f32,
     (w0, r0): (&CudaSlice<u8>, usize),
     (w1, r1): (&CudaSlice<u8>, usize),
-    (parts, rows_per_warp): (usize, usize),
-) -> Result<(Vec<f32>, Vec<u8>, Vec<f32>, Vec<f32>), CudaError> {
+    (parts, rows_per_warp, early): (usize, usize, bool),
+) -> Result<NormRouterOut, CudaError> {
     let rows = ys.len();
     if nw.len() != rows
         || !rows.is_multiple_of(32)
@@ -1183,7 +1191,7 @@ pub fn res_norm_router(
     let mut y1 = alloc_poisoned::<f32>(gpu, r1.max(1))?;
     let (r, p) = (i32_arg(rows, "rows")?, split.arg());
     let (ri0, ri1) = (i32_arg(r0, "rows0")?, i32_arg(r1, "rows1")?);
-    let (slices, zero, zi) = (NORM_SLICES as i32, 0u64, 0i32);
+    let (slices, zero, zi, pre) = (NORM_SLICES as i32, 0u64, 0i32, early as i32);
     let grid = (blocks(r0, split.rows_per_block()) + blocks(r1, split.rows_per_block()))
         .max(NORM_SLICES as u32);
     launch!(
@@ -1192,14 +1200,19 @@ pub fn res_norm_router(
         "res_norm_router",
         cfg((grid, 1, 1), 256, 4 * rows as u32),
         [
-            &y, &r, &nwd, &mut yn, &eps, &mut xq, &slices, &p, w0, &mut y0, &ri0, w1, &mut y1,
-            &ri1, &zero, &zero, &zi
+            &y, &r, &nwd, &mut yn, &eps, &mut xq, &slices, &p, &pre, w0, &mut y0, &ri0, w1,
+            &mut y1, &ri1, &zero, &zero, &zi
         ]
     )?;
     let (mut l0, mut l1) = (download(gpu, &y0)?, download(gpu, &y1)?);
     l0.truncate(r0);
     l1.truncate(r1);
-    Ok((download(gpu, &yn)?, download(gpu, &xq)?, l0, l1))
+    Ok(NormRouterOut {
+        yn: download(gpu, &yn)?,
+        xq: download(gpu, &xq)?,
+        y0: l0,
+        y1: l1,
+    })
 }
 
 /// `matvec_q8x_q4_k`: `invs[t] · (W · xq[t])` (`invs` `None`: 1) for `n` q8 rows (`xq`: `n` rows of

@@ -781,10 +781,13 @@ impl Runner<'_> {
     /// launch) bit for bit `res_norm_q8` and then `matvec3_x_f32` on its output.
     fn res_norm_router(&mut self) {
         let eps = 1e-6f32;
-        for (rows, r0, parts, rpw) in [
-            (2048usize, 67usize, 4usize, 1usize),
-            (2048, 512, 4, 1),
-            (512, 33, 2, 2),
+        for (rows, r0, parts, rpw, early) in [
+            (2048usize, 67usize, 4usize, 1usize, true),
+            (2048, 512, 4, 1, true),
+            (2048, 512, 4, 1, false),
+            (2048, 512, 4, 4, true),
+            (512, 33, 2, 2, true),
+            (4096, 40, 4, 1, true),
         ] {
             let ys = self.rng.normals(rows, 1.0);
             let nw: Vec<f32> = (0..rows).map(|_| 0.5 + self.rng.uniform() as f32).collect();
@@ -792,39 +795,44 @@ impl Runner<'_> {
             let b1 = random_weights(&mut self.rng, GgmlType::F32, 1, rows);
             let r = (|| {
                 let (w0, w1) = (ops::upload(self.gpu, &b0)?, ops::upload(self.gpu, &b1)?);
-                let (yn, xq, l0, l1) = ops::res_norm_router(
+                let got = ops::res_norm_router(
                     self.gpu,
                     &ys,
                     &nw,
                     eps,
                     (&w0, r0),
                     (&w1, 1),
-                    (parts, rpw),
+                    (parts, rpw, early),
                 )?;
                 let (yn2, xq2) = ops::res_norm_q8(self.gpu, &ys, rows, &nw, eps)?;
-                same_bits("res_norm_router's yn differs from res_norm_q8's", &yn, &yn2)?;
+                same_bits(
+                    "res_norm_router's yn differs from res_norm_q8's",
+                    &got.yn,
+                    &yn2,
+                )?;
                 same_bytes(
                     "res_norm_router's q8 row differs from res_norm_q8's",
-                    &xq,
+                    &got.xq,
                     &xq2,
                 )?;
-                let e0 = ops::matvec3_x_f32(self.gpu, &w0, (r0, rows), &yn2, (parts, rpw, 1))?;
-                let e1 = ops::matvec3_x_f32(self.gpu, &w1, (1, rows), &yn2, (parts, rpw, 1))?;
+                // Against the decode router's form (one row a warp group) whatever the kernel's.
+                let e0 = ops::matvec3_x_f32(self.gpu, &w0, (r0, rows), &yn2, (parts, 1, 1))?;
+                let e1 = ops::matvec3_x_f32(self.gpu, &w1, (1, rows), &yn2, (parts, 1, 1))?;
                 same_bits(
                     "res_norm_router's logits differ from matvec3_x_f32's",
-                    &l0,
+                    &got.y0,
                     &e0,
                 )?;
                 same_bits(
                     "res_norm_router's gate logit differs from matvec3_x_f32's",
-                    &l1,
+                    &got.y1,
                     &e1,
                 )?;
                 Ok((0.0, TOL_F32))
             })();
             self.record(
                 "res_norm_router",
-                format!("{rows} values, {r0} + 1 rows, parts={parts} rows/warp={rpw}: = res_norm_q8 + matvec3_x_f32 bit for bit"),
+                format!("{rows} values, {r0} + 1 rows, parts={parts} rows/warp={rpw} early={early}: = res_norm_q8 + matvec3_x_f32 bit for bit"),
                 r,
             );
         }
