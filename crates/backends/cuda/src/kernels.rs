@@ -174,6 +174,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_gate_up_tab_q8q_iq2_xxs",
     "moe_gate_up_route_q8q_iq2_xxs",
     "moe_gate_up_route2_q8q_iq2_xxs",
+    "moe_gate_up_route2w_q8q_iq2_xxs",
     "moe_route_gate_up_q8q_iq2_xxs",
     "moe_down_combine_tab_q8_iq2_xxs",
     "moe_gate_up_tok_q8q_iq2_xxs",

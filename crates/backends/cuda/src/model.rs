@@ -805,6 +805,7 @@ struct Kernels {
     res_norm_router: CudaFunction,
     moe_gate_up_route: CudaFunction,
     moe_gate_up_route2: CudaFunction,
+    moe_gate_up_route2w: CudaFunction,
     /// `moe_route_gate_up_q8q_iq2_xxs` and its blocks an SM (its grid barrier needs every block
     /// resident at once: the launch checks the grid against it).
     moe_route_fused: (CudaFunction, u32),
@@ -1069,6 +1070,9 @@ pub struct CudaModel {
     /// 406.62 against 397.02 tok/s; +2.3 % at 32K); `REDLITE_CUDA_NORM_ROUTER=0`: the fused route
     /// kernel (`route_fused`).
     norm_router: bool,
+    /// `moe_gate_up_route2_q8q_iq2_xxs` in its one-block-an-SM build
+    /// (`moe_gate_up_route2w_q8q_iq2_xxs`, 128 registers; `REDLITE_CUDA_ROUTE2_WIDE=1`, default off).
+    route2_wide: bool,
     /// The router launch `res_norm_router` takes for the layer being enqueued (set before its
     /// mixer when `norm_router` applies, taken by [`Self::matvec_residual`]).
     next_router: Option<NormRouter>,
@@ -1272,6 +1276,7 @@ impl CudaModel {
             res_norm_router: f("res_norm_router")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
+            moe_gate_up_route2w: f("moe_gate_up_route2w_q8q_iq2_xxs")?,
             moe_route_fused: with_blocks_per_sm(
                 "moe_route_gate_up_q8q_iq2_xxs",
                 ROUTE_FUSED_THREADS,
@@ -1427,6 +1432,7 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", true),
+            route2_wide: env_switch("REDLITE_CUDA_ROUTE2_WIDE", false),
             next_router: None,
             logits_ready: false,
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
@@ -3830,7 +3836,10 @@ impl CudaModel {
             }
             Some((_, dn_f)) if route_in_gate_up => {
                 let act_q = self.sc.act_q;
-                let f = if self.moe_gu_pair {
+                let f = if self.moe_gu_pair && self.route2_wide && crate::ops::q8q_threads() <= 512
+                {
+                    self.k.moe_gate_up_route2w.clone()
+                } else if self.moe_gu_pair {
                     self.k.moe_gate_up_route2.clone()
                 } else {
                     self.k.moe_gate_up_route.clone()
