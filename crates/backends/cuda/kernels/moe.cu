@@ -1365,17 +1365,6 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route2_q8q_iq2_xx
     gate_up_route_body<true>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride);
 }
 
-// moe_gate_up_route2w_q8q_iq2_xxs: moe_gate_up_route2_q8q_iq2_xxs compiled for one 512-thread block
-// an SM (up to 128 registers instead of 64 and its 32-byte stack; 160 blocks then take a second
-// round on 28 of an H100's 132 SMs): REDLITE_CUDA_ROUTE2_WIDE=1, 512-thread launches only. The same
-// body, so the same bits.
-extern "C" __global__ __launch_bounds__(512, 1) void moe_gate_up_route2w_q8q_iq2_xxs(
-    const float* __restrict__ logits, int n_expert, const u64* __restrict__ tab, int* __restrict__ ids,
-    float* __restrict__ wts, const u8* __restrict__ xq, float* __restrict__ act, u8* __restrict__ actq, int ff,
-    int hidden, int k, u64 dstride) {
-    gate_up_route_body<true>(logits, n_expert, tab, ids, wts, xq, act, actq, ff, hidden, k, dstride);
-}
-
 // ----- The router's logits, its top-k and the routed gate/up in one launch (REDLITE_CUDA_ROUTE_FUSED) -----
 // (grid_sync: common.cu)
 // ROUTE_KO (compile-time, default 0; timing only, the outputs are garbage): 1 leaves the router's
