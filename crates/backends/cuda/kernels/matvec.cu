@@ -1346,18 +1346,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
     m.y[(size_t)t * m.rows + first] = 1.0f * sum;
 }
 
-// prefetch_l2_keep(p, bytes): every 128-byte line of [p, p + bytes) started into L2 with the
-// evict-last priority (REDLITE_CUDA_ROUTER_L2: a layer's router rows, on the side stream at the
-// layer's start, for res_norm_router's loads). Reads nothing. Launch: any grid and block.
-extern "C" __global__ void prefetch_l2_keep(const u8* p, u64 bytes) {
-    const size_t head = (size_t)p & 127;
-    const u8* start = p - head;
-    const size_t step = (size_t)gridDim.x * blockDim.x * 128;
-    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 128; off < bytes + head; off += step) {
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(start + off));
-    }
-}
-
 // ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----
 // The block stages its input row as in matvec_norm3 (x * nw, the 1 / rms scale applied to the
 // sums), but quantised per 32 values to int8 with one f32 scale: d = max|v| / 127, q = rint(v / d)

@@ -170,7 +170,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "matvec3_x_tok_f32",
     "res_norm_q8",
     "res_norm_router",
-    "prefetch_l2_keep",
     "moe_gate_up_tab_q8_iq2_xxs",
     "moe_gate_up_tab_q8q_iq2_xxs",
     "moe_gate_up_route_q8q_iq2_xxs",

@@ -803,7 +803,6 @@ struct Kernels {
     matvec3_x_tok_f32: CudaFunction,
     res_norm_q8: CudaFunction,
     res_norm_router: CudaFunction,
-    prefetch_l2_keep: CudaFunction,
     moe_gate_up_route: CudaFunction,
     moe_gate_up_route2: CudaFunction,
     /// `moe_route_gate_up_q8q_iq2_xxs` and its blocks an SM (its grid barrier needs every block
@@ -1070,10 +1069,6 @@ pub struct CudaModel {
     /// 406.62 against 397.02 tok/s; +2.3 % at 32K); `REDLITE_CUDA_NORM_ROUTER=0`: the fused route
     /// kernel (`route_fused`).
     norm_router: bool,
-    /// With `norm_router`: the layer's router rows started into L2 (evict-last) on the side stream
-    /// at the layer's start (`prefetch_l2_keep`), for `res_norm_router`'s loads before its wait
-    /// (`REDLITE_CUDA_ROUTER_L2=1`, default off).
-    router_l2: bool,
     /// The router launch `res_norm_router` takes for the layer being enqueued (set before its
     /// mixer when `norm_router` applies, taken by [`Self::matvec_residual`]).
     next_router: Option<NormRouter>,
@@ -1275,7 +1270,6 @@ impl CudaModel {
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
             res_norm_q8: f("res_norm_q8")?,
             res_norm_router: f("res_norm_router")?,
-            prefetch_l2_keep: f("prefetch_l2_keep")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
             moe_gate_up_route2: f("moe_gate_up_route2_q8q_iq2_xxs")?,
             moe_route_fused: with_blocks_per_sm(
@@ -1433,7 +1427,6 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", true),
-            router_l2: env_switch("REDLITE_CUDA_ROUTER_L2", false),
             next_router: None,
             logits_ready: false,
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
@@ -3228,9 +3221,6 @@ impl CudaModel {
             nv.push(&format!("layer {i} {kind}"));
         }
         self.next_router = self.norm_router_for(&self.layers[i].moe, n);
-        if let Some(r) = self.next_router.clone().filter(|_| self.router_l2) {
-            self.prefetch_router(&r)?;
-        }
         match &mixer {
             DevMixer::Attention { .. } => {
                 self.stage = "attn";
@@ -3687,27 +3677,6 @@ impl CudaModel {
             router: m.router.clone(),
             gate: m.sh_gate_vec.clone(),
         })
-    }
-
-    /// `router_l2`: the router rows `res_norm_router` will read started into L2 on the side
-    /// stream, beside the layer's mixer (the MoE's shared expert joins that stream back later).
-    fn prefetch_router(&mut self, r: &NormRouter) -> Result<(), CudaError> {
-        let drv = |e| CudaError::driver("forking the router prefetch's stream", e);
-        self.side.fork.record(&self.stream).map_err(drv)?;
-        self.side.stream.wait(&self.side.fork).map_err(drv)?;
-        let main = std::mem::replace(&mut self.stream, self.side.stream.clone());
-        let f = self.k.prefetch_l2_keep.clone();
-        let bytes = (r.router.rows * row_bytes(GgmlType::F32, r.router.cols)?) as u64;
-        let res = self.launch(
-            "prefetch_l2_keep",
-            &f,
-            (64, 1, 1),
-            256,
-            0,
-            &[A::P(r.router.ptr), A::P(bytes)],
-        );
-        self.stream = main;
-        res
     }
 
     fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
