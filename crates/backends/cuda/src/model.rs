@@ -2862,21 +2862,21 @@ impl CudaModel {
         if !split_norm {
             return Ok(());
         }
+        // res_norm_q8's arguments, the first of res_norm_router's.
+        let norm_args = [
+            A::P(x),
+            A::I(w.rows as i32),
+            A::P(post_norm),
+            A::P(xn),
+            A::F(self.config.rms_eps),
+            A::P(xq),
+        ];
         if let Some(r) = router.filter(|_| n == 1 && xq != 0) {
             // The next norm and the router's logits on it in one launch (`norm_router`).
             let f = self.k.res_norm_router.clone();
             let slices = self.norm_slices;
-            let mut args = vec![
-                A::P(x),
-                A::I(w.rows as i32),
-                A::P(post_norm),
-                A::P(xn),
-                A::F(self.config.rms_eps),
-                A::P(xq),
-                A::I(slices as i32),
-                A::I(r.split.arg()),
-                A::I(1),
-            ];
+            let mut args = norm_args.to_vec();
+            args.extend([A::I(slices as i32), A::I(r.split.arg()), A::I(1)]);
             let (rlog, gl) = (self.sc.rlog, self.sc.gl);
             let grid_x = push_mats3(
                 &mut args,
@@ -2901,14 +2901,7 @@ impl CudaModel {
             (self.norm_slices as u32, n as u32, 1),
             MVF_THREADS,
             0,
-            &[
-                A::P(x),
-                A::I(w.rows as i32),
-                A::P(post_norm),
-                A::P(xn),
-                A::F(self.config.rms_eps),
-                A::P(xq),
-            ],
+            &norm_args,
         )
     }
 
