@@ -1190,10 +1190,10 @@ __device__ __forceinline__ void q8_block32(float u, int lane, i8* __restrict__ q
 __device__ __forceinline__ void q8_row_block32(float u, int lane, u8* __restrict__ row, int cols, int b) {
     q8_block32(u, lane, (i8*)row + 32 * b, (float*)(row + cols) + b, (int*)(row + cols + cols / 32 * 4) + 2 * b);
 }
-template <bool STAGE>
-__device__ __noinline__ void res_norm_write_t(const float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                              float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
-                                              int slices, float* xs);
+template <bool STAGE, bool WRITE = true>
+__device__ __noinline__ float res_norm_write_t(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                               float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                               int slices, float* xs);
 __device__ __forceinline__ void res_norm_write(const float* __restrict__ y, int rows, const float* __restrict__ nw,
                                                float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
                                                int slices) {
@@ -1220,10 +1220,11 @@ __device__ __noinline__ void res_next_norm(float* __restrict__ y, int rows, cons
 // slices == slice (every block sums all the squares itself, in the same order: the same 1 / rms
 // whatever the slices). Every thread of the block calls it. STAGE: every value of yn[t] also into
 // xs (shared memory, `rows` floats; a slice >= slices then writes no yn or xq), read after a barrier.
-template <bool STAGE>
-__device__ __noinline__ void res_norm_write_t(const float* __restrict__ y, int rows, const float* __restrict__ nw,
-                                              float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
-                                              int slices, float* xs) {
+// !WRITE: only the 1 / rms, returned (every form returns it).
+template <bool STAGE, bool WRITE>
+__device__ __noinline__ float res_norm_write_t(const float* __restrict__ y, int rows, const float* __restrict__ nw,
+                                               float* __restrict__ yn, float eps, u8* __restrict__ xq, int slice,
+                                               int slices, float* xs) {
     __shared__ float scratch[WARP];
     const int t = blockIdx.y;
     const float* yt = y + (size_t)t * rows;
@@ -1245,6 +1246,7 @@ __device__ __noinline__ void res_norm_write_t(const float* __restrict__ y, int r
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)rows + eps);
+    if (!WRITE) return inv;
     // Value i sits in lane i % 32 of a warp that holds 32 consecutive values (blockDim.x is a
     // multiple of 32): with xq, that warp quantises them as one q8 block (rows a multiple of 32,
     // so the condition is the same for the whole warp).
@@ -1265,6 +1267,7 @@ __device__ __noinline__ void res_norm_write_t(const float* __restrict__ y, int r
     for (int k = RN_REG, i = threadIdx.x + RN_REG * blockDim.x; i < rows; ++k, i += blockDim.x) {
         if (STAGE || k % slices == slice) out(i, ld_cg(yt + i), k % slices == slice);
     }
+    return inv;
 }
 
 // res_norm_q8(y, rows, nw, yn, eps, xq): matvec_res's next norm as a kernel of its own (matvec_res
@@ -1308,7 +1311,15 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
     mvf_first(m.block, s, first, part);
     using D = GroupDot<T_F32>;
     const int groups = rows / D::G, g0 = part * WARP + lane, gs = s.parts * WARP;
-    const bool pre = early != 0 && s.rows == 1 && rows % D::G == 0 && g0 + RNR_EARLY * gs >= groups;
+    // Block-uniform (every warp of the block takes the same path through its barriers).
+    const bool pre = early != 0 && s.rows == 1 && rows % D::G == 0 && RNR_EARLY * gs >= groups;
+    if (early == 2 && pre && blockIdx.x >= gridDim.x - slices) {
+        // Direct form: the last `slices` blocks write res_norm_q8's slices, the others only rows.
+        prefetch_l1_block(nw, (size_t)rows * 4);
+        pdl_enter();
+        res_norm_write(y, rows, nw, yn, eps, xq, blockIdx.x - (gridDim.x - slices), slices);
+        return;
+    }
     float4 wr[RNR_EARLY];
     if (pre) {
 #pragma unroll
@@ -1320,6 +1331,43 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
         }
     } else {
         mvf_prefetch<T_F32>(m.w, rows, m.rows, first, part, s);
+    }
+    if (early == 2 && pre) {
+        // Direct form (early = 2, the host launches `slices` more blocks): the lane's norm weights
+        // and its groups of y beside the block's sum of squares, yn at its groups as res_norm_q8
+        // computes it ((y · inv) · nw), no staging and no barrier before the rows.
+        float4 nwv[RNR_EARLY], yv[RNR_EARLY];
+#pragma unroll
+        for (int it = 0; it < RNR_EARLY; ++it) {
+            const int gi = g0 + it * gs;
+            nwv[it] = gi < groups ? D::load4((const u8*)(nw + (size_t)gi * D::G)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        pdl_enter();  // y comes from the kernel before
+#pragma unroll
+        for (int it = 0; it < RNR_EARLY; ++it) {
+            const int gi = g0 + it * gs;
+            const float* yg = y + (size_t)t * rows + (size_t)gi * D::G;
+            yv[it] = gi >= groups ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                     : ((size_t)yg & 15) == 0 ? __ldcg((const float4*)yg)
+                                              : make_float4(ld_cg(yg), ld_cg(yg + 1), ld_cg(yg + 2), ld_cg(yg + 3));
+        }
+        const float inv = res_norm_write_t<false, false>(y, rows, nw, yn, eps, xq, 0, 1, nullptr);
+        float acc = 0.0f;
+#pragma unroll
+        for (int it = 0; it < RNR_EARLY; ++it) {
+            const int gi = g0 + it * gs;
+            const float4 u = make_float4(yv[it].x * inv * nwv[it].x, yv[it].y * inv * nwv[it].y,
+                                         yv[it].z * inv * nwv[it].z, yv[it].w * inv * nwv[it].w);
+            if (gi < groups) acc += D::dot4(wr[it], u);
+        }
+        const float v = warp_sum(acc);
+        if (lane == 0) red[wi] = v;
+        __syncthreads();
+        if (part != 0 || lane != 0 || first >= m.rows) return;
+        float sum = 0.0f;
+        for (int p = 0; p < s.parts; ++p) sum += red[wi + p];
+        m.y[(size_t)t * m.rows + first] = 1.0f * sum;
+        return;
     }
     prefetch_l1_block(nw, (size_t)rows * 4);
     pdl_enter();  // y comes from the kernel before

@@ -1069,6 +1069,10 @@ pub struct CudaModel {
     /// 406.62 against 397.02 tok/s; +2.3 % at 32K); `REDLITE_CUDA_NORM_ROUTER=0`: the fused route
     /// kernel (`route_fused`).
     norm_router: bool,
+    /// `res_norm_router`'s direct form (`REDLITE_CUDA_NORM_ROUTER_DIRECT=1`, default off): the
+    /// router blocks compute yn at their own columns (no staging, no barrier before the rows) and
+    /// `norm_slices` more blocks write the norm's slices.
+    norm_router_direct: bool,
     /// The router launch `res_norm_router` takes for the layer being enqueued (set before its
     /// mixer when `norm_router` applies, taken by [`Self::matvec_residual`]).
     next_router: Option<NormRouter>,
@@ -1427,6 +1431,7 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", true),
+            norm_router_direct: env_switch("REDLITE_CUDA_NORM_ROUTER_DIRECT", false),
             next_router: None,
             logits_ready: false,
             dn_early: env_switch("REDLITE_CUDA_DN_EARLY", true),
@@ -2875,8 +2880,13 @@ impl CudaModel {
             // The next norm and the router's logits on it in one launch (`norm_router`).
             let f = self.k.res_norm_router.clone();
             let slices = self.norm_slices;
+            let direct = self.norm_router_direct;
             let mut args = norm_args.to_vec();
-            args.extend([A::I(slices as i32), A::I(r.split.arg()), A::I(1)]);
+            args.extend([
+                A::I(slices as i32),
+                A::I(r.split.arg()),
+                A::I(if direct { 2 } else { 1 }),
+            ]);
             let (rlog, gl) = (self.sc.rlog, self.sc.gl);
             let grid_x = push_mats3(
                 &mut args,
@@ -2886,7 +2896,15 @@ impl CudaModel {
             self.launch(
                 "res_norm_router",
                 &f,
-                (grid_x.max(slices as u32), 1, 1),
+                (
+                    if direct {
+                        grid_x + slices as u32
+                    } else {
+                        grid_x.max(slices as u32)
+                    },
+                    1,
+                    1,
+                ),
                 MVF_THREADS,
                 4 * w.rows as u32,
                 &args,

@@ -1159,8 +1159,9 @@ pub struct NormRouterOut {
 }
 
 /// `res_norm_router`: [`res_norm_q8`] of `ys` (one token, `rows` values) and, on its output, the
-/// F32 products of `w0` (`r0` rows) and `w1` (`r1` rows) with `(parts, rows_per_warp)` split (`early`:
-/// the one-row form's weights loaded before the wait), as `matvec3_x_f32` computes them.
+/// F32 products of `w0` (`r0` rows) and `w1` (`r1` rows) with `(parts, rows_per_warp)` split (`early`
+/// 1: the one-row form's weights loaded before the wait; 2: also its direct form, `NORM_SLICES`
+/// more blocks for the norm's slices), as `matvec3_x_f32` computes them.
 #[allow(clippy::too_many_arguments)]
 pub fn res_norm_router(
     gpu: &Gpu,
@@ -1169,7 +1170,7 @@ pub fn res_norm_router(
     eps: f32,
     (w0, r0): (&CudaSlice<u8>, usize),
     (w1, r1): (&CudaSlice<u8>, usize),
-    (parts, rows_per_warp, early): (usize, usize, bool),
+    (parts, rows_per_warp, early): (usize, usize, i32),
 ) -> Result<NormRouterOut, CudaError> {
     let rows = ys.len();
     if nw.len() != rows
@@ -1191,9 +1192,13 @@ pub fn res_norm_router(
     let mut y1 = alloc_poisoned::<f32>(gpu, r1.max(1))?;
     let (r, p) = (i32_arg(rows, "rows")?, split.arg());
     let (ri0, ri1) = (i32_arg(r0, "rows0")?, i32_arg(r1, "rows1")?);
-    let (slices, zero, zi, pre) = (NORM_SLICES as i32, 0u64, 0i32, early as i32);
-    let grid = (blocks(r0, split.rows_per_block()) + blocks(r1, split.rows_per_block()))
-        .max(NORM_SLICES as u32);
+    let (slices, zero, zi, pre) = (NORM_SLICES as i32, 0u64, 0i32, early);
+    let rows_grid = blocks(r0, split.rows_per_block()) + blocks(r1, split.rows_per_block());
+    let grid = if early == 2 {
+        rows_grid + NORM_SLICES as u32
+    } else {
+        rows_grid.max(NORM_SLICES as u32)
+    };
     launch!(
         gpu,
         gpu.func("res_norm_router")?,

@@ -782,12 +782,14 @@ impl Runner<'_> {
     fn res_norm_router(&mut self) {
         let eps = 1e-6f32;
         for (rows, r0, parts, rpw, early) in [
-            (2048usize, 67usize, 4usize, 1usize, true),
-            (2048, 512, 4, 1, true),
-            (2048, 512, 4, 1, false),
-            (2048, 512, 4, 4, true),
-            (512, 33, 2, 2, true),
-            (4096, 40, 4, 1, true),
+            (2048usize, 67usize, 4usize, 1usize, 1i32),
+            (2048, 512, 4, 1, 1),
+            (2048, 512, 4, 1, 0),
+            (2048, 512, 4, 1, 2),
+            (2048, 67, 4, 1, 2),
+            (2048, 512, 4, 4, 1),
+            (512, 33, 2, 2, 1),
+            (4096, 40, 4, 1, 1),
         ] {
             let ys = self.rng.normals(rows, 1.0);
             let nw: Vec<f32> = (0..rows).map(|_| 0.5 + self.rng.uniform() as f32).collect();
