@@ -1293,10 +1293,13 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const f
 // matvec3_x_f32's outputs on res_norm_q8's yn, bit for bit. early (with one row a warp group and at
 // most RNR_EARLY groups of 4 a lane): the lane's weights loaded into registers before the wait (as
 // the fused route kernel's ROUTE_W_EARLY), the same groups in row_partial's order (session 42,
-// H100: decode +2.4 % with it, -0.2 % without, four rows a warp group -3.9 %; the decode step
-// passes early = 1).
-// Launch: grid = (matvec3_x_f32's blocks at `split`, tokens) with at least `slices` blocks, block =
-// 32 * MVF_WARPS, dynamic shared memory = 4 * rows bytes.
+// H100: decode +2.4 % with it, -0.2 % without, four rows a warp group -3.9 %). early = 2 (the
+// decode step's default) adds the direct form: the grid's last `slices` blocks write the norm's
+// slices and nothing else, and each other block loads its lanes' groups of y and of nw beside its
+// sum of squares and forms yn there ((y · inv) · nw, res_norm_q8's expression), without staging
+// yn or a barrier before its rows (+5.7 % over early = 1).
+// Launch: grid = (matvec3_x_f32's blocks at `split` (early = 2: plus `slices`), tokens) with at
+// least `slices` blocks, block = 32 * MVF_WARPS, dynamic shared memory = 4 * rows bytes.
 #define RNR_EARLY 4
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
     const float* y, int rows, const float* nw, float* yn, float eps, u8* xq, int slices, int split, int early,
