@@ -131,7 +131,6 @@ pub(crate) fn mvf_rows_from_env(residual: bool) -> usize {
     env_parse(var).unwrap_or(default).clamp(1, MVF_MAX_ROWS)
 }
 
-/// Rows per warp group of the one-token 8-bit kernels (`REDLITE_CUDA_Q8_ROWS`, 1 to 16, default 4).
 /// Warps per row asked of the down kernels (`REDLITE_CUDA_MOE_DOWN_PARTS`, default 2).
 pub(crate) fn moe_down_parts_from_env() -> usize {
     env_parse("REDLITE_CUDA_MOE_DOWN_PARTS").unwrap_or(2)
@@ -145,6 +144,7 @@ pub(crate) fn fit_down_parts(asked: usize, warps: u32) -> usize {
         .min(warps as usize)
 }
 
+/// Rows per warp group of the one-token 8-bit kernels (`REDLITE_CUDA_Q8_ROWS`, 1 to 16, default 4).
 pub(crate) fn q8_rows_from_env() -> usize {
     env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(4).clamp(1, 16)
 }
@@ -530,7 +530,6 @@ impl Drop for Arena {
     }
 }
 
-/// A linear layer on the device and its matvec kernel.
 /// What `res_norm_router` reads of a layer's router (see `Model::norm_router`): its row split
 /// and the two matrices (the router, the shared expert's gate vector).
 #[derive(Clone)]
@@ -540,6 +539,7 @@ struct NormRouter {
     gate: DevLinear,
 }
 
+/// A linear layer on the device and its matvec kernel.
 #[derive(Clone)]
 struct DevLinear {
     rows: usize,
