@@ -3712,27 +3712,19 @@ impl CudaModel {
     }
 
     /// The router launch of `res_norm_router` for a layer's MoE when `norm_router` applies to
-    /// this call: one token, the one-token path of the fused route kernel otherwise (F32 router
-    /// and shared-expert gate of the hidden width, the top-k in the gate/up kernel, IQ2_XXS experts
-    /// on 8-bit activations).
+    /// this call: the top-k in the gate/up kernel ([`Self::top_k_in_gate_up`], the conditions
+    /// `enqueue_moe` checks too) with the paired gate/up rows, and an F32 router and shared-expert
+    /// gate of the hidden width.
     fn norm_router_for(&self, m: &DevMoe, n: usize) -> Option<NormRouter> {
         let c = &self.config;
-        let (h, ne, k, ff) = (c.hidden, c.n_experts, c.n_experts_used, c.expert_ff);
+        let (h, ne) = (c.hidden, c.n_experts);
         let applies = self.norm_router
-            && n == 1
             && !self.gemm_now
-            && self.route_in_gate_up
+            && self.top_k_in_gate_up(&m.experts, n)
             && self.moe_gu_pair
             && self.x_router
-            && self.q8_moe
-            && self.q8_moe_down
-            && m.experts.q8_down_f.is_some()
-            && ff.is_multiple_of(32)
             && h.is_multiple_of(32)
             && h <= MVF_MAX_COLS
-            && self.router.1.name == "moe_router_warp"
-            && k <= 32
-            && ne <= 32 * 16
             && m.router.ty == GgmlType::F32
             && m.sh_gate_vec.ty == GgmlType::F32
             && m.router.cols == h
@@ -3746,6 +3738,23 @@ impl CudaModel {
             router: m.router.clone(),
             gate: m.sh_gate_vec.clone(),
         })
+    }
+
+    /// Whether a call of `n` tokens may take its top-k inside the gate/up kernel's blocks
+    /// (`moe_gate_up_route*_q8q_iq2_xxs`): one token, IQ2_XXS experts on 8-bit activations with
+    /// their q8 down kernel, the warp router's limits (k ≤ 32, at most 512 experts). The
+    /// conditions `enqueue_moe` and `norm_router_for` share; each adds its own.
+    fn top_k_in_gate_up(&self, e: &DevExperts, n: usize) -> bool {
+        let c = &self.config;
+        self.route_in_gate_up
+            && n == 1
+            && self.q8_moe
+            && self.q8_moe_down
+            && e.q8_down_f.is_some()
+            && c.expert_ff.is_multiple_of(32)
+            && self.router.1.name == "moe_router_warp"
+            && c.n_experts_used <= 32
+            && c.n_experts <= 32 * 16
     }
 
     fn enqueue_moe(&mut self, m: &DevMoe, n: usize) -> Result<(), CudaError> {
@@ -3791,13 +3800,7 @@ impl CudaModel {
             self.gemm_now && ne <= 1024 && h.is_multiple_of(GEMM_BK) && ff.is_multiple_of(GEMM_BK);
         // A one-token call's top-k inside the gate/up kernel's blocks
         // (`moe_gate_up_route_q8q_iq2_xxs`).
-        let route_in_gate_up = self.route_in_gate_up
-            && n == 1
-            && q8_down.is_some()
-            && !routed_gemm
-            && self.router.1.name == "moe_router_warp"
-            && k <= 32
-            && ne <= 32 * 16;
+        let route_in_gate_up = self.top_k_in_gate_up(e, n) && q8_down.is_some() && !routed_gemm;
         // The router, its top-k and the gate/up in one launch (grid barrier): every block of it
         // resident at once; the router's rows with matvec3_x_f32's split (its bits).
         let route_fused = Some(self.k.moe_route_fused.clone())
