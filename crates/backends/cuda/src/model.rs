@@ -6,28 +6,36 @@
 //! token ids and the start position, launches kernels only, and downloads the sampled token (or
 //! the logits when asked for them).
 //!
-//! One layer, for n tokens at once (n = 1 for a decode step), as in `redlite_model::qwen3next`:
+//! One layer, for n tokens at once, as in `redlite_model::qwen3next`. A decode step (n = 1, the
+//! defaults; 508 launches on the 80B layout: 10 a DeltaNet layer, 12 an attention layer, then the
+//! embedding, the final norm, the lm_head and the draw):
 //!
 //! ```text
-//! DeltaNet:  qkv, z, ba = W·rms_norm(x, attn_norm)             (matvec_norm3: one launch)
-//!            →  dn_fused_seq: conv, q/k L2 norm, gates, delta rule, RMSNorm(o)·silu(z)
-//!            (five kernels when the shape does not fit it)
-//!            →  x += W_out·gated;  xn = rms_norm(x, post_norm)     (matvec_res: one launch)
-//! attention: qg, k, v = W·rms_norm(x, attn_norm)                (matvec_norm3)
-//!            →  attn_qk_prep (QK-norm, RoPE, KV write)
-//!            →  decode: attn_split (chunks of the cache) → attn_merge (· sigmoid(gate));
-//!               prompt: attn_causal (· sigmoid(gate))
-//!            →  x += W_o·att;  xn = rms_norm(x, post_norm)        (matvec_res)
-//! MoE:       side stream from the start: shared = down(swiglu(gate·xn, up·xn))
-//!            main: router = W·xn and g = w_sg·xn (one launch)  →  moe_router_warp (softmax,
-//!            top-k, renormalise; ids kept per layer)  →  moe_gate_up_tab
-//!            (one-token steps: the router's rows in the next norm's launch, `res_norm_router`,
-//!            then the top-k and gate/up in one, `moe_gate_up_route2`; with
-//!            `REDLITE_CUDA_NORM_ROUTER=0` the three in one launch, `moe_route_gate_up`, a grid
-//!            barrier after the logits)
-//!            →  (join)  moe_down_combine_tab: x += Σ w·down(act) + sigmoid(g)·shared
+//! DeltaNet:  rms_norm_q8: the q8 row of x · attn_norm and 1 / rms  (REDLITE_CUDA_NORM_DIRECT:
+//!            in the next launch)  →  matvec_q8x_q4_k: qkv, z, ba in one launch
+//!            →  dn_fused_cols: conv, q/k L2 norm, gates, delta rule, RMSNorm(o)·silu(z)
+//!            →  matvec_res_q4_k: x += W_out·gated
+//!            →  res_norm_router: xn = rms_norm(x, post_norm) and its q8 row, with the router's
+//!               logits and the shared expert's gate logit on it
+//! attention: rms_norm_q8  →  matvec_q8x_q4_k: q·gate, k, v
+//!            →  attn_qk_prep (QK-norm, RoPE, KV write)  →  attn_split_gqa8xh3_h (chunks of the
+//!            cache)  →  attn_merge (· sigmoid(gate))  →  matvec_res_q4_k  →  res_norm_router
+//! MoE:       side stream from the start: matvec_q8x_q4_k (shared gate, up)  →  swiglu_q8
+//!            →  matvec_q8x_q4_k (shared down)
+//!            main: moe_gate_up_route2_q8q_iq2_xxs (the top-k in every block, the chosen
+//!            experts' gate/up, SwiGLU and its q8 rows; ids kept per layer)
+//!            →  (join)  moe_down_combine_tab_q8_iq2_xxs: x += Σ w·down(act) + sigmoid(g)·shared
 //!            (experts found through the expert cache's per-layer table, `expert_cache.rs`)
 //! ```
+//!
+//! Other calls take other forms of the same steps: a verify pass (a few tokens) the token-tile
+//! kernels (`matvec_q8x_tok_*`, `matvec_res_tok_*` then `res_norm_q8`, `matvec3_x_tok_f32` for
+//! the router, `moe_router_warp`, `moe_gate_up_tok_*`, `moe_down_combine_tok_*`), each row the
+//! one-token kernels' bits; a prompt the GEMMs on the tensor cores (`gemm_*`, `moe_gemm_*`) and
+//! the multi-token DeltaNet and attention kernels; shapes a fused kernel does not take the
+//! unfused forms (`matvec_norm3_*`, the five DeltaNet kernels). `REDLITE_CUDA_NORM_ROUTER=0`
+//! runs the router, its top-k and the gate/up as one launch instead (`moe_route_gate_up_*`, a
+//! grid barrier after the logits).
 //!
 //! then the final norm, the lm_head and `argmax` / `sample_topk`. Every position-dependent kernel
 //! reads the start position from device memory, so the decode step is captured once as a CUDA
