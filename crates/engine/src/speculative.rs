@@ -679,22 +679,32 @@ pub struct MtpGate {
     mtp: Option<(f64, f64)>,
     /// Smoothed seconds of the MTP block's catch-up per slot.
     catch_up: Option<f64>,
+    /// Passes without drafts timed so far.
+    plain_passes: usize,
     /// MTP passes so far.
     mtp_passes: usize,
+    /// Catch-ups timed so far.
+    catch_ups: usize,
     /// Passes since the kind not chosen last ran.
     since_other: usize,
 }
 
 impl MtpGate {
-    /// MTP passes before the first pass without drafts (to time one).
-    const WARM: usize = 4;
+    /// MTP passes before the first pass without drafts (to time one): the tokens an MTP pass
+    /// emits vary from 1 to the draft length + 1 from pass to pass, and the first passes of a
+    /// reply often accept little, so the first estimate wants a few of them.
+    const WARM: usize = 16;
     /// Passes between runs of the kind the figures do not favour.
-    const PROBE: usize = 32;
-    /// Weight of a new timing in the smoothed figures.
-    const NEW: f64 = 0.25;
+    const PROBE: usize = 16;
+    /// The smoothed figures average their first `WINDOW` values, then weigh a new one by
+    /// 1 / `WINDOW` (session 43: with a weight of 1/4 after four MTP passes, the noise of the
+    /// tokens a pass emits turned MTP off for stretches of 32 passes where it paid).
+    const WINDOW: usize = 16;
 
-    fn smooth(old: Option<f64>, new: f64) -> Option<f64> {
-        Some(old.map_or(new, |o| o + Self::NEW * (new - o)))
+    /// `old` updated with the `n`-th value `new` of its series.
+    fn smooth(old: Option<f64>, new: f64, n: usize) -> Option<f64> {
+        let w = 1.0 / n.clamp(1, Self::WINDOW) as f64;
+        Some(old.map_or(new, |o| o + w * (new - o)))
     }
 
     /// Whether the next pass should carry MTP drafts.
@@ -718,21 +728,24 @@ impl MtpGate {
 
     /// A pass without drafts took `secs`.
     pub fn record_plain(&mut self, secs: f64) {
-        self.plain = Self::smooth(self.plain, secs);
+        self.plain_passes += 1;
+        self.plain = Self::smooth(self.plain, secs, self.plain_passes);
     }
 
     /// An MTP pass took `secs` (without its catch-up) and emitted `tokens`.
     pub fn record_mtp(&mut self, secs: f64, tokens: usize) {
-        let s = Self::smooth(self.mtp.map(|m| m.0), secs);
-        let t = Self::smooth(self.mtp.map(|m| m.1), tokens as f64);
-        self.mtp = s.zip(t);
         self.mtp_passes += 1;
+        let n = self.mtp_passes;
+        let s = Self::smooth(self.mtp.map(|m| m.0), secs, n);
+        let t = Self::smooth(self.mtp.map(|m| m.1), tokens as f64, n);
+        self.mtp = s.zip(t);
     }
 
     /// The MTP block caught up on `slots` slots in `secs`.
     pub fn record_catch_up(&mut self, secs: f64, slots: usize) {
         if slots > 0 {
-            self.catch_up = Self::smooth(self.catch_up, secs / slots as f64);
+            self.catch_ups += 1;
+            self.catch_up = Self::smooth(self.catch_up, secs / slots as f64, self.catch_ups);
         }
     }
 }
@@ -1214,9 +1227,9 @@ mod tests {
         let runs: Vec<bool> = (0..2 * MtpGate::PROBE).map(|_| g.wants_mtp()).collect();
         assert_eq!(runs.iter().filter(|&&m| m).count(), 2, "{runs:?}");
         assert!(runs[MtpGate::PROBE - 1] && runs[2 * MtpGate::PROBE - 1]);
-        // MTP becomes cheap (4 tokens for 2 ms): after a few timings it is favoured, and a plain
-        // pass runs once every PROBE.
-        for _ in 0..8 {
+        // MTP becomes cheap (4 tokens for 2 ms): after a window's worth of timings it is
+        // favoured, and a plain pass runs once every PROBE.
+        for _ in 0..2 * MtpGate::WINDOW {
             g.record_mtp(0.002, 4);
         }
         let runs: Vec<bool> = (0..2 * MtpGate::PROBE).map(|_| g.wants_mtp()).collect();
