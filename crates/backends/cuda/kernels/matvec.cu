@@ -1301,6 +1301,21 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_q8(const f
 // Launch: grid = (matvec3_x_f32's blocks at `split` (early = 2: plus `slices`), tokens) with at
 // least `slices` blocks, block = 32 * MVF_WARPS, dynamic shared memory = 4 * rows bytes.
 #define RNR_EARLY 4
+// res_norm_router's end on preloaded rows: the lanes' partials `acc` of the warp group's row
+// `first` summed as mvf_rows_dot sums them (the warp sum, then the slices in order) and stored.
+// Every thread of the block calls it (one barrier).
+__device__ __forceinline__ void rnr_row_out(float acc, float* red, const MvfSplit& s, int first, int part,
+                                            const MvfMatrix& m, int t) {
+    const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP;
+    const float v = warp_sum(acc);
+    if (lane == 0) red[wi] = v;
+    __syncthreads();
+    if (part != 0 || lane != 0 || first >= m.rows) return;
+    float sum = 0.0f;
+    for (int p = 0; p < s.parts; ++p) sum += red[wi + p];
+    m.y[(size_t)t * m.rows + first] = 1.0f * sum;
+}
+
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
     const float* y, int rows, const float* nw, float* yn, float eps, u8* xq, int slices, int split, int early,
     const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {
@@ -1363,13 +1378,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
                                          yv[it].z * inv * nwv[it].z, yv[it].w * inv * nwv[it].w);
             if (gi < groups) acc += D::dot4(wr[it], u);
         }
-        const float v = warp_sum(acc);
-        if (lane == 0) red[wi] = v;
-        __syncthreads();
-        if (part != 0 || lane != 0 || first >= m.rows) return;
-        float sum = 0.0f;
-        for (int p = 0; p < s.parts; ++p) sum += red[wi + p];
-        m.y[(size_t)t * m.rows + first] = 1.0f * sum;
+        rnr_row_out(acc, red, s, first, part, m, t);
         return;
     }
     prefetch_l1_block(nw, (size_t)rows * 4);
@@ -1388,13 +1397,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
         const int gi = g0 + it * gs;
         if (gi < groups) acc += D::dot4(wr[it], D::load4((const u8*)(xs + (size_t)gi * D::G)));
     }
-    const float v = warp_sum(acc);
-    if (lane == 0) red[wi] = v;
-    __syncthreads();
-    if (part != 0 || lane != 0 || first >= m.rows) return;
-    float sum = 0.0f;
-    for (int p = 0; p < s.parts; ++p) sum += red[wi + p];
-    m.y[(size_t)t * m.rows + first] = 1.0f * sum;
+    rnr_row_out(acc, red, s, first, part, m, t);
 }
 
 // ----- 8-bit activations for the Q4_K decode matvecs (REDLITE_CUDA_Q8) -----
