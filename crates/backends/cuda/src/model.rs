@@ -2946,13 +2946,9 @@ impl CudaModel {
             // The next norm and the router's logits on it in one launch (`norm_router`).
             let f = self.k.res_norm_router.clone();
             let slices = self.norm_slices;
-            let direct = self.norm_router_direct;
+            let early = if self.norm_router_direct { 2 } else { 1 };
             let mut args = norm_args.to_vec();
-            args.extend([
-                A::I(slices as i32),
-                A::I(r.split.arg()),
-                A::I(if direct { 2 } else { 1 }),
-            ]);
+            args.extend([A::I(slices as i32), A::I(r.split.arg()), A::I(early)]);
             let (rlog, gl) = (self.sc.rlog, self.sc.gl);
             let grid_x = push_mats3(
                 &mut args,
@@ -2963,11 +2959,7 @@ impl CudaModel {
                 "res_norm_router",
                 &f,
                 (
-                    if direct {
-                        grid_x + slices as u32
-                    } else {
-                        grid_x.max(slices as u32)
-                    },
+                    crate::ops::res_norm_router_blocks(grid_x, slices as u32, early),
                     1,
                     1,
                 ),

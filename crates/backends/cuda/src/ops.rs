@@ -1158,6 +1158,17 @@ pub struct NormRouterOut {
     pub y1: Vec<f32>,
 }
 
+/// The grid of `res_norm_router` for `row_blocks` blocks of router rows and the norm's `slices`:
+/// the direct form (`early` 2) takes `slices` more blocks that only write the norm (the kernel's
+/// last ones); the other forms write the slices from their first blocks.
+pub(crate) fn res_norm_router_blocks(row_blocks: u32, slices: u32, early: i32) -> u32 {
+    if early == 2 {
+        row_blocks + slices
+    } else {
+        row_blocks.max(slices)
+    }
+}
+
 /// `res_norm_router`: [`res_norm_q8`] of `ys` (one token, `rows` values) and, on its output, the
 /// F32 products of `w0` (`r0` rows) and `w1` (`r1` rows) with `(parts, rows_per_warp)` split (`early`
 /// 1: the one-row form's weights loaded before the wait; 2: also its direct form, `NORM_SLICES`
@@ -1194,11 +1205,7 @@ pub fn res_norm_router(
     let (ri0, ri1) = (i32_arg(r0, "rows0")?, i32_arg(r1, "rows1")?);
     let (slices, zero, zi, pre) = (NORM_SLICES as i32, 0u64, 0i32, early);
     let rows_grid = blocks(r0, split.rows_per_block()) + blocks(r1, split.rows_per_block());
-    let grid = if early == 2 {
-        rows_grid + NORM_SLICES as u32
-    } else {
-        rows_grid.max(NORM_SLICES as u32)
-    };
+    let grid = res_norm_router_blocks(rows_grid, NORM_SLICES as u32, early);
     launch!(
         gpu,
         gpu.func("res_norm_router")?,
