@@ -1324,7 +1324,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void res_norm_router(
     float* xs = (float*)rnr_x4;
     const MvfSplit s = mvf_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const int t = blockIdx.y, lane = threadIdx.x % WARP, wi = threadIdx.x / WARP;
+    const int t = blockIdx.y, lane = threadIdx.x % WARP;
     int first, part;
     mvf_first(m.block, s, first, part);
     using D = GroupDot<T_F32>;
