@@ -570,9 +570,9 @@ impl MtpDrafter {
         let (hidden, tokens): (Vec<Vec<f32>>, Vec<u32>) =
             std::mem::take(&mut self.queue).into_iter().unzip();
         let t0 = self.state.kv.len();
-        let mut out = model.mtp_hidden(&mut self.state, &hidden, &tokens, t0)?;
+        let out = model.mtp_catch_up(&mut self.state, &hidden, &tokens, t0)?;
         self.last_flush = Some((started.elapsed(), tokens.len()));
-        Ok(out.pop())
+        Ok(out)
     }
 
     /// Up to `k` chained drafts after the last pushed slot (which must be the newest position:

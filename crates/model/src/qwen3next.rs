@@ -23,7 +23,7 @@ use crate::state::{
     DeltaNetState, DeltaTrace, KvCache, LayerState, MtpState, RecordedRun, SequenceState,
 };
 use crate::weights::{
-    AttentionWeights, DeltaNetWeights, LayerWeights, MixerWeights, MoeWeights, Weights,
+    AttentionWeights, DeltaNetWeights, LayerWeights, MixerWeights, MoeWeights, MtpWeights, Weights,
 };
 use crate::ModelError;
 
@@ -286,14 +286,7 @@ impl<B: Backend> Model<B> {
                 next_tokens.len()
             )));
         }
-        let mut eh = Vec::with_capacity(hidden.len());
-        for (h, &tok) in hidden.iter().zip(next_tokens) {
-            let e = rms_norm(&self.embed(tok)?, &mtp.enorm, cfg.rms_eps);
-            let h = rms_norm(h, &mtp.hnorm, cfg.rms_eps);
-            eh.push([e, h].concat());
-        }
-        // One product for all slots (each row bit-identical to its own matvec).
-        let mut x = matvec_rows(&self.backend, &mtp.eh_proj, &eh);
+        let mut x = self.mtp_inputs(mtp, hidden, next_tokens)?;
         let mut layer_state = LayerState::Attention(std::mem::take(&mut mtp_state.kv));
         // As one pass on the backend's threads, like the trunk (see `Backend::run_pass`).
         self.backend.run_pass(|| {
@@ -314,6 +307,69 @@ impl<B: Backend> Model<B> {
         Ok(x.iter()
             .map(|h| rms_norm(h, &mtp.shared_head_norm, cfg.rms_eps))
             .collect())
+    }
+
+    /// The MTP block's catch-up over slots `t0, t0+1, ..`: the cache gains every slot and the
+    /// output hidden state of the last one is returned (`None` for no slots); the cache and that
+    /// row are [`Model::mtp_hidden`]'s over the same slots, bit for bit. The block is one layer,
+    /// so a slot's key and value rows depend on that slot alone: every slot but the last needs
+    /// only its input row (`eh_proj`), its attention norm and the key / value projections
+    /// ([`attention_kv_rows`]); the queries, the attention, the output projection and the MoE run
+    /// for the last slot only, the one a draft continues from. (After a prompt-lookup stretch of
+    /// a hundred accepted tokens, the MTP cache catches up on a hundred slots at once.)
+    pub fn mtp_catch_up(
+        &self,
+        mtp_state: &mut MtpState,
+        hidden: &[Vec<f32>],
+        next_tokens: &[u32],
+        t0: usize,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let n = hidden.len();
+        if n <= 1 || n != next_tokens.len() {
+            return Ok(self.mtp_hidden(mtp_state, hidden, next_tokens, t0)?.pop());
+        }
+        let cfg = &self.config;
+        let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
+        let (MixerWeights::Attention(attn), true) = (&mtp.layer.mixer, mtp_state.kv.len() == t0)
+        else {
+            // Mismatched slots (or an MTP layer without attention): the full form says why.
+            return Ok(self.mtp_hidden(mtp_state, hidden, next_tokens, t0)?.pop());
+        };
+        let b = &self.backend;
+        let x = self.mtp_inputs(mtp, &hidden[..n - 1], &next_tokens[..n - 1])?;
+        b.run_pass(|| {
+            let normed = map_rows(b, &x, |h| rms_norm(h, &mtp.layer.attn_norm, cfg.rms_eps));
+            let (ks, vs) = attention_kv_rows(b, cfg, attn, &normed, t0);
+            for (k, v) in ks.iter().zip(&vs) {
+                mtp_state.kv.push(k, v);
+            }
+        });
+        Ok(self
+            .mtp_hidden(
+                mtp_state,
+                &hidden[n - 1..],
+                &next_tokens[n - 1..],
+                t0 + n - 1,
+            )?
+            .pop())
+    }
+
+    /// The MTP block's input rows: `eh_proj · [enorm(embed(next_token)) | hnorm(hidden)]` per
+    /// slot, one product for all slots (each row bit-identical to its own matvec).
+    fn mtp_inputs(
+        &self,
+        mtp: &MtpWeights<B>,
+        hidden: &[Vec<f32>],
+        next_tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let eps = self.config.rms_eps;
+        let mut eh = Vec::with_capacity(hidden.len());
+        for (h, &tok) in hidden.iter().zip(next_tokens) {
+            let e = rms_norm(&self.embed(tok)?, &mtp.enorm, eps);
+            let h = rms_norm(h, &mtp.hnorm, eps);
+            eh.push([e, h].concat());
+        }
+        Ok(matvec_rows(&self.backend, &mtp.eh_proj, &eh))
     }
 }
 
@@ -383,7 +439,7 @@ fn gated_attention<B: Backend>(
     // each computed as a one-token step computes it.
     let prepared: Vec<[Vec<f32>; 3]> = map_range(b, xs.len(), |t| {
         let angles = rope_angles(pos0 + t, cfg.rope_dims, cfg.rope_theta);
-        let (qg, k_in) = (&qg_all[t], &k_all[t]);
+        let qg = &qg_all[t];
         let mut q = vec![0.0f32; nh * hd];
         let mut gate = vec![0.0f32; nh * hd];
         for h in 0..nh {
@@ -393,12 +449,7 @@ fn gated_attention<B: Backend>(
             rope_neox_with(qh, &angles);
             gate[h * hd..(h + 1) * hd].copy_from_slice(&head[hd..]);
         }
-        let mut k = vec![0.0f32; k_in.len()];
-        for (kh, src) in k.chunks_exact_mut(hd).zip(k_in.chunks_exact(hd)) {
-            rms_norm_into(src, &w.k_norm, cfg.rms_eps, kh);
-            rope_neox_with(kh, &angles);
-        }
-        [q, gate, k]
+        [q, gate, key_row(cfg, w, &k_all[t], &angles)]
     });
     let (mut qs, mut gates) = (Vec::with_capacity(xs.len()), Vec::with_capacity(xs.len()));
     for ([q, gate, k], v) in prepared.into_iter().zip(&v_all) {
@@ -418,6 +469,39 @@ fn gated_attention<B: Backend>(
     });
     let attn_out: Vec<Vec<f32>> = rows.into_iter().map(|(o, _)| o).collect();
     matvec_rows(b, &w.wo, &attn_out)
+}
+
+/// A key row as the cache holds it: each KV head's projection QK-normed, then rotated.
+fn key_row<B: Backend>(
+    cfg: &Config,
+    w: &AttentionWeights<B>,
+    k_in: &[f32],
+    angles: &[(f32, f32)],
+) -> Vec<f32> {
+    let hd = cfg.head_dim;
+    let mut k = vec![0.0f32; k_in.len()];
+    for (kh, src) in k.chunks_exact_mut(hd).zip(k_in.chunks_exact(hd)) {
+        rms_norm_into(src, &w.k_norm, cfg.rms_eps, kh);
+        rope_neox_with(kh, angles);
+    }
+    k
+}
+
+/// The key and value rows [`gated_attention`] appends to the cache for the (attention-normed)
+/// rows `xs` at positions `pos0..`, without the queries and the attention itself.
+fn attention_kv_rows<B: Backend>(
+    b: &B,
+    cfg: &Config,
+    w: &AttentionWeights<B>,
+    xs: &[Vec<f32>],
+    pos0: usize,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let [k_all, v_all] = projections(b, [&w.wk, &w.wv], xs);
+    let ks = map_range(b, xs.len(), |t| {
+        let angles = rope_angles(pos0 + t, cfg.rope_dims, cfg.rope_theta);
+        key_row(cfg, w, &k_all[t], &angles)
+    });
+    (ks, v_all)
 }
 
 /// Gated DeltaNet over a run of tokens.
