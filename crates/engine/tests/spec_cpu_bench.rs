@@ -366,7 +366,8 @@ fn forced_rewrite_cpu_time() {
 
 /// Where an MTP draft's time goes, after the file-rewrite prompt (its MTP slots built): CPU and
 /// wall time of the lm_head of one row, of the MTP block over 1 and 4 slots (the chained draft and a
-/// catch-up pass), and of a 1-row trunk step for scale; medians.
+/// catch-up pass), of 64 slots (a catch-up after a prompt-lookup stretch), of the drafter's
+/// catch-up form over 4 and 64 slots, and of a 1-row trunk step for scale; medians.
 #[test]
 #[ignore]
 fn mtp_draft_cost_cpu_time() {
@@ -406,14 +407,25 @@ fn mtp_draft_cost_cpu_time() {
                 mtp.kv.truncate(t);
             })
         };
-        let (one, four) = (slots(1), slots(4));
+        let (one, four, sixty_four) = (slots(1), slots(4), slots(64));
+        // The drafter's catch-up form: key / value rows only for all slots but the last.
+        let mut catch_up = |k: usize| {
+            let hs = vec![last[0].clone(); k];
+            let toks = vec![prompt[n - 1]; k];
+            time(&mut || {
+                m.mtp_catch_up(&mut mtp, &hs, &toks, t).unwrap();
+                mtp.kv.truncate(t);
+            })
+        };
+        let (cu_four, cu_sixty_four) = (catch_up(4), catch_up(64));
         let step = time(&mut || {
             m.forward(&mut state, &prompt[n - 1..], Mode::Step).unwrap();
             state.restore(&snap).unwrap();
         });
         println!(
-            "context {n}, CPU / wall ms: lm_head 1 row {:.3} / {:.3}, MTP block 1 slot {:.3} / {:.3}, 4 slots {:.3} / {:.3}, trunk step (with lm_head) {:.3} / {:.3}",
-            head.0, head.1, one.0, one.1, four.0, four.1, step.0, step.1
+            "context {n}, CPU / wall ms: lm_head 1 row {:.3} / {:.3}, MTP block 1 slot {:.3} / {:.3}, 4 slots {:.3} / {:.3}, 64 slots {:.3} / {:.3}, catch-up 4 slots {:.3} / {:.3}, 64 slots {:.3} / {:.3}, trunk step (with lm_head) {:.3} / {:.3}",
+            head.0, head.1, one.0, one.1, four.0, four.1, sixty_four.0, sixty_four.1,
+            cu_four.0, cu_four.1, cu_sixty_four.0, cu_sixty_four.1, step.0, step.1
         );
     });
 }
