@@ -399,25 +399,22 @@ fn mtp_draft_cost_cpu_time() {
         let head = time(&mut || {
             m.lm_head(last);
         });
-        let mut slots = |k: usize| {
+        // `k` slots through the whole block (`mtp_hidden`), or in the drafter's catch-up form
+        // (`mtp_catch_up`: key / value rows only for all slots but the last).
+        let mut slots = |k: usize, catch_up: bool| {
             let hs = vec![last[0].clone(); k];
             let toks = vec![prompt[n - 1]; k];
             time(&mut || {
-                m.mtp_hidden(&mut mtp, &hs, &toks, t).unwrap();
+                if catch_up {
+                    m.mtp_catch_up(&mut mtp, &hs, &toks, t).unwrap();
+                } else {
+                    m.mtp_hidden(&mut mtp, &hs, &toks, t).unwrap();
+                }
                 mtp.kv.truncate(t);
             })
         };
-        let (one, four, sixty_four) = (slots(1), slots(4), slots(64));
-        // The drafter's catch-up form: key / value rows only for all slots but the last.
-        let mut catch_up = |k: usize| {
-            let hs = vec![last[0].clone(); k];
-            let toks = vec![prompt[n - 1]; k];
-            time(&mut || {
-                m.mtp_catch_up(&mut mtp, &hs, &toks, t).unwrap();
-                mtp.kv.truncate(t);
-            })
-        };
-        let (cu_four, cu_sixty_four) = (catch_up(4), catch_up(64));
+        let (one, four, sixty_four) = (slots(1, false), slots(4, false), slots(64, false));
+        let (cu_four, cu_sixty_four) = (slots(4, true), slots(64, true));
         let step = time(&mut || {
             m.forward(&mut state, &prompt[n - 1..], Mode::Step).unwrap();
             state.restore(&snap).unwrap();
