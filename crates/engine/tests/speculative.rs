@@ -357,7 +357,8 @@ fn rejection_mid_draft_rolls_back_exactly() {
     }
 }
 
-/// `mtp_hidden` over several slots followed by the lm_head equals `mtp_logits` slot by slot.
+/// `mtp_hidden` over several slots followed by the lm_head equals `mtp_logits` slot by slot, and
+/// `mtp_catch_up` leaves the cache and last row `mtp_hidden` leaves.
 #[test]
 fn batched_mtp_hidden_matches_mtp_logits() {
     for (name, backend) in [
@@ -389,40 +390,22 @@ fn check_batched_mtp(name: &str, backend: BackendChoice) {
         for (t, (l, s)) in logits.iter().zip(&singles).enumerate() {
             assert!(bits(l) == *s, "{name} {backend:?}: slot {t}");
         }
-    });
-}
-
-/// `mtp_catch_up` (key / value rows only for every slot but the last) leaves the same cache and
-/// returns the same last row as `mtp_hidden` over the same slots, bit for bit, from an empty
-/// cache and from one that holds slots.
-#[test]
-fn mtp_catch_up_matches_mtp_hidden() {
-    for (name, backend) in [
-        ("tiny-F16.gguf", BackendChoice::Oracle),
-        ("tiny-F16.gguf", BackendChoice::Cpu),
-        ("tiny-Q8_0.gguf", BackendChoice::Cpu),
-    ] {
-        let (model, tok) = load(name, backend);
-        let prompt = rewrite_prompt(&tok);
-        let prompt = &prompt[..40];
-        with_model!(&model, m => {
-            let mut st = m.new_state();
-            let hidden = m.forward_hidden(&mut st, prompt, Mode::Prefill).unwrap();
-            let (mut full, mut fast) = (m.new_mtp_state(), m.new_mtp_state());
-            for (a, z) in [(0, 1), (1, 9), (9, 10), (10, 39)] {
-                let (hs, toks) = (&hidden[a..z], &prompt[a + 1..z + 1]);
-                let want = m.mtp_hidden(&mut full, hs, toks, a).unwrap().pop().unwrap();
-                let got = m.mtp_catch_up(&mut fast, hs, toks, a).unwrap().unwrap();
-                assert!(bits(&got) == bits(&want), "{name} {backend:?}: slots {a}..{z}");
-                assert_eq!(fast.kv.len(), z);
-                for t in 0..z {
-                    let (k, v) = (fast.kv.key(t), fast.kv.value(t));
-                    assert!(bits(&k) == bits(&full.kv.key(t)), "{name} {backend:?}: key {t}");
-                    assert!(bits(&v) == bits(&full.kv.value(t)), "{name} {backend:?}: value {t}");
-                }
+        // The drafter's catch-up form (key / value rows only for every slot but the last): the
+        // same cache and the same last row, from an empty cache and from one that holds slots.
+        let (mut full, mut fast) = (m.new_mtp_state(), m.new_mtp_state());
+        for (a, z) in [(0, 1), (1, 9), (9, 10), (10, 39)] {
+            let (hs, toks) = (&hidden[a..z], &prompt[a + 1..z + 1]);
+            let want = m.mtp_hidden(&mut full, hs, toks, a).unwrap().pop().unwrap();
+            let got = m.mtp_catch_up(&mut fast, hs, toks, a).unwrap().unwrap();
+            assert!(bits(&got) == bits(&want), "{name} {backend:?}: catch-up {a}..{z}");
+            assert_eq!(fast.kv.len(), z);
+            for t in 0..z {
+                let (k, v) = (fast.kv.key(t), fast.kv.value(t));
+                assert!(bits(&k) == bits(&full.kv.key(t)), "{name} {backend:?}: key {t}");
+                assert!(bits(&v) == bits(&full.kv.value(t)), "{name} {backend:?}: value {t}");
             }
-        });
-    }
+        }
+    });
 }
 
 /// The statistics add up.
