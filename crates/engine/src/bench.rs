@@ -408,9 +408,11 @@ pub fn bench_decode_with<B: Backend>(
 
     progress("prompt", 0, 0);
     let t0 = Instant::now();
-    let hidden = model.forward_hidden(&mut state, &prompt, Mode::Prefill)?;
-    let last = hidden.last().cloned().unwrap_or_default();
-    let mut logits = model.lm_head(&[last]).pop().unwrap_or_default();
+    let last = model.forward_last(&mut state, &prompt, Mode::Prefill)?;
+    let mut logits = model
+        .lm_head(&[last.unwrap_or_default()])
+        .pop()
+        .unwrap_or_default();
     let prompt_time = t0.elapsed();
 
     let mut step_secs = Vec::with_capacity(steps);
@@ -605,9 +607,8 @@ pub fn bench_prefill<B: Backend>(
         progress("prefill", r as u64, runs as u64);
         let mut state = model.new_state();
         let t0 = Instant::now();
-        let hidden = model.forward_hidden(&mut state, &prompt, Mode::Prefill)?;
-        let last = hidden.last().cloned().unwrap_or_default();
-        black_box(model.lm_head(&[last]));
+        let last = model.forward_last(&mut state, &prompt, Mode::Prefill)?;
+        black_box(model.lm_head(&[last.unwrap_or_default()]));
         secs.push(t0.elapsed().as_secs_f64());
     }
     progress("prefill", runs as u64, runs as u64);

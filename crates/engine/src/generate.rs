@@ -69,8 +69,8 @@ pub fn generate<B: Backend>(
     }
     let t0 = Instant::now();
     // Logits of the last prompt token only (the lm_head is as costly as many layers per row).
-    let hidden = model.forward_hidden(state, prompt, Mode::Prefill)?;
-    let last = hidden.into_iter().last().expect("non-empty prompt");
+    let last = model.forward_last(state, prompt, Mode::Prefill)?;
+    let last = last.expect("non-empty prompt");
     let mut logits = model.lm_head(&[last]).pop().expect("one row");
     stats.prompt_time = t0.elapsed();
     let t1 = Instant::now();

@@ -1,7 +1,8 @@
 //! Speculative decoding is exact: with prompt lookup, MTP or both, every generated token is
 //! sampled from logits bit-identical to plain one-token decoding, the tokens are the same (greedy
 //! and seeded sampling), and after rejections the sequence state equals that of a run that never
-//! drafted.
+//! drafted. Also the shortcuts of these paths: the MTP catch-up (cache rows only for all slots
+//! but the last) and the prompt's last-row forward (`Model::forward_last`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -406,6 +407,38 @@ fn check_batched_mtp(name: &str, backend: BackendChoice) {
             }
         }
     });
+}
+
+/// `forward_last` returns `forward_hidden`'s last row bit for bit and leaves the same state (every
+/// cache and recurrent state), for one token and for runs across the 64-token chunk boundary,
+/// from an empty sequence and after earlier tokens; the next step's logits agree too.
+#[test]
+fn forward_last_is_the_last_row_of_forward_hidden() {
+    for (name, backend) in [
+        ("tiny-F16.gguf", BackendChoice::Oracle),
+        ("tiny-Q8_0.gguf", BackendChoice::Cpu),
+        ("tiny-Q4_K_M.gguf", BackendChoice::Cpu),
+        ("tiny-IQ2_XXS.gguf", BackendChoice::Cpu),
+    ] {
+        let (model, tok) = load(name, backend);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => {
+            let (mut full, mut last) = (m.new_state(), m.new_state());
+            for r in [0..1, 1..40, 40..130, 130..131] {
+                let toks = &prompt[r.clone()];
+                let want = m.forward_hidden(&mut full, toks, Mode::Prefill).unwrap();
+                let got = m.forward_last(&mut last, toks, Mode::Prefill).unwrap().unwrap();
+                let what = format!("{name} {backend:?} tokens {r:?}");
+                assert!(bits(&got) == bits(want.last().unwrap()), "{what}: last row");
+                assert_same_state(&full, &last, &what);
+            }
+            let next = &prompt[131..132];
+            let a = m.forward(&mut full, next, Mode::Step).unwrap();
+            let b = m.forward(&mut last, next, Mode::Step).unwrap();
+            assert!(bits(&a[0]) == bits(&b[0]), "{name} {backend:?}: next step");
+            assert!(m.forward_last(&mut last, &[], Mode::Prefill).unwrap().is_none());
+        });
+    }
 }
 
 /// The statistics add up.

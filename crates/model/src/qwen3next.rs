@@ -161,13 +161,47 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         mode: Mode,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let x = self.run_layers(state, tokens, mode, false)?;
+        Ok(map_rows(&self.backend, &x, |h| {
+            rms_norm(h, &self.weights.output_norm, self.config.rms_eps)
+        }))
+    }
+
+    /// [`Model::forward_hidden`]'s last row only (`None` for no tokens), what a prompt needs
+    /// when nothing reads the other rows' hidden states: the state ends the same and the row is
+    /// the same bits. In the last layer the other rows then matter only through the cache rows
+    /// they leave, so an attention layer there computes only their keys and values
+    /// ([`push_cache_rows`]) and runs whole for the last row (llama.cpp likewise drops the
+    /// rows without outputs before the last layer's feed-forward).
+    pub fn forward_last(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        mode: Mode,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let x = self.run_layers(state, tokens, mode, true)?;
+        Ok(x.last()
+            .map(|h| rms_norm(h, &self.weights.output_norm, self.config.rms_eps)))
+    }
+
+    /// The layers over `tokens`: the residual stream of every row after the last layer, or with
+    /// `last_only` the rows whose last-layer output was computed (see [`Model::forward_last`]).
+    fn run_layers(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        mode: Mode,
+        last_only: bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.config;
-        let mut x = map_rows(&self.backend, tokens, |&t| self.embed(t))
+        let b = &self.backend;
+        let mut x = map_rows(b, tokens, |&t| self.embed(t))
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         let pos0 = state.pos;
+        let n_layers = self.weights.layers.len();
         // The layers as one pass on the backend's threads (see `Backend::run_pass`).
-        self.backend.run_pass(|| {
+        b.run_pass(|| {
             let mut trace = state.trace.as_mut();
             for (i, (w, st)) in self
                 .weights
@@ -180,13 +214,21 @@ impl<B: Backend> Model<B> {
                     (Some(t), Mode::Step) => t.layer_mut(i),
                     _ => None,
                 };
-                decoder_layer(&self.backend, cfg, w, st, &mut x, pos0, mode, recorder);
+                let n = x.len();
+                if let (true, true, MixerWeights::Attention(a), LayerState::Attention(kv)) =
+                    (last_only && i + 1 == n_layers, n > 1, &w.mixer, &mut *st)
+                {
+                    // Rows 0..n-1: their cache rows only; then the whole layer for the last.
+                    push_cache_rows(b, cfg, &w.attn_norm, a, kv, &x[..n - 1], pos0);
+                    x.drain(..n - 1);
+                    decoder_layer(b, cfg, w, st, &mut x, pos0 + n - 1, mode, recorder);
+                } else {
+                    decoder_layer(b, cfg, w, st, &mut x, pos0, mode, recorder);
+                }
             }
         });
         state.pos += tokens.len();
-        Ok(map_rows(&self.backend, &x, |h| {
-            rms_norm(h, &self.weights.output_norm, cfg.rms_eps)
-        }))
+        Ok(x)
     }
 
     /// Keep the first `n` tokens processed since `state.begin_trace()` and drop the rest
@@ -314,7 +356,7 @@ impl<B: Backend> Model<B> {
     /// row are [`Model::mtp_hidden`]'s over the same slots, bit for bit. The block is one layer,
     /// so a slot's key and value rows depend on that slot alone: every slot but the last needs
     /// only its input row (`eh_proj`), its attention norm and the key / value projections
-    /// ([`attention_kv_rows`]); the queries, the attention, the output projection and the MoE run
+    /// ([`push_cache_rows`]); the queries, the attention, the output projection and the MoE run
     /// for the last slot only, the one a draft continues from. (After a prompt-lookup stretch of
     /// a hundred accepted tokens, the MTP cache catches up on a hundred slots at once.)
     pub fn mtp_catch_up(
@@ -338,11 +380,15 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         let x = self.mtp_inputs(mtp, &hidden[..n - 1], &next_tokens[..n - 1])?;
         b.run_pass(|| {
-            let normed = map_rows(b, &x, |h| rms_norm(h, &mtp.layer.attn_norm, cfg.rms_eps));
-            let (ks, vs) = attention_kv_rows(b, cfg, attn, &normed, t0);
-            for (k, v) in ks.iter().zip(&vs) {
-                mtp_state.kv.push(k, v);
-            }
+            push_cache_rows(
+                b,
+                cfg,
+                &mtp.layer.attn_norm,
+                attn,
+                &mut mtp_state.kv,
+                &x,
+                t0,
+            );
         });
         Ok(self
             .mtp_hidden(
@@ -487,21 +533,27 @@ fn key_row<B: Backend>(
     k
 }
 
-/// The key and value rows [`gated_attention`] appends to the cache for the (attention-normed)
-/// rows `xs` at positions `pos0..`, without the queries and the attention itself.
-fn attention_kv_rows<B: Backend>(
+/// What an attention layer leaves in its cache for the rows `xs` (its input, before
+/// `attn_norm`) at positions `pos0..`: each row's key and value as [`gated_attention`] appends
+/// them, without the queries, the attention or anything after it.
+fn push_cache_rows<B: Backend>(
     b: &B,
     cfg: &Config,
+    attn_norm: &[f32],
     w: &AttentionWeights<B>,
+    kv: &mut KvCache,
     xs: &[Vec<f32>],
     pos0: usize,
-) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let [k_all, v_all] = projections(b, [&w.wk, &w.wv], xs);
+) {
+    let normed = map_rows(b, xs, |h| rms_norm(h, attn_norm, cfg.rms_eps));
+    let [k_all, v_all] = projections(b, [&w.wk, &w.wv], &normed);
     let ks = map_range(b, xs.len(), |t| {
         let angles = rope_angles(pos0 + t, cfg.rope_dims, cfg.rope_theta);
         key_row(cfg, w, &k_all[t], &angles)
     });
-    (ks, v_all)
+    for (k, v) in ks.iter().zip(&v_all) {
+        kv.push(k, v);
+    }
 }
 
 /// Gated DeltaNet over a run of tokens.

@@ -502,14 +502,19 @@ impl<B: Backend> Worker<B> {
                 b += CHUNK;
             }
             let stop = b.min(end);
-            let mut hidden = self
-                .model
-                .forward_hidden(state, &ids[pos..stop], Mode::Prefill)?;
-            last = hidden.pop().unwrap_or_default();
             if let Some((out, from)) = rows.as_mut() {
-                hidden.push(last.clone());
+                let mut hidden =
+                    self.model
+                        .forward_hidden(state, &ids[pos..stop], Mode::Prefill)?;
+                last = hidden.last().cloned().unwrap_or_default();
                 let skip = from.saturating_sub(pos).min(hidden.len());
                 out.extend(hidden.drain(skip..));
+            } else {
+                // No row but the last is read: the last layer skips the others' outputs.
+                last = self
+                    .model
+                    .forward_last(state, &ids[pos..stop], Mode::Prefill)?
+                    .unwrap_or_default();
             }
             if stop.is_multiple_of(CHUNK) && keep(stop) {
                 snaps.insert(stop, state.snapshot());
