@@ -1035,14 +1035,19 @@ pub fn generate_speculative_observed<B: Backend>(
     }
     let mut history: Vec<u32> = prompt.to_vec();
 
-    // Prompt: every row's hidden state feeds the MTP cache (run now, as part of the prompt's
-    // cost: one batched MTP pass); only the last row needs logits.
+    // Prompt: with MTP every row's hidden state feeds the MTP cache (run now, as part of the
+    // prompt's cost: one batched catch-up); only the last row needs logits.
     let t0 = Instant::now();
-    let mut hidden = model.forward_hidden(state, prompt, Mode::Prefill)?;
-    let mut last_hidden = hidden.pop().expect("non-empty prompt");
-    if spec_state.uses_mtp() {
+    let mut last_hidden = if spec_state.uses_mtp() {
+        let mut hidden = model.forward_hidden(state, prompt, Mode::Prefill)?;
+        let last = hidden.pop().expect("non-empty prompt");
         spec_state.feed_prompt(model, hidden, &prompt[1..])?;
-    }
+        last
+    } else {
+        model
+            .forward_last(state, prompt, Mode::Prefill)?
+            .expect("non-empty prompt")
+    };
     let logits = model
         .lm_head(std::slice::from_ref(&last_hidden))
         .pop()
