@@ -374,7 +374,8 @@ impl<B: Backend> Model<B> {
         let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
         let (MixerWeights::Attention(attn), true) = (&mtp.layer.mixer, mtp_state.kv.len() == t0)
         else {
-            // Mismatched slots (or an MTP layer without attention): the full form says why.
+            // Slots that do not follow the cache: `mtp_hidden` reports them. (The MTP layer is
+            // an attention layer in every Qwen3-Next file; `mtp_hidden` assumes it as well.)
             return Ok(self.mtp_hidden(mtp_state, hidden, next_tokens, t0)?.pop());
         };
         let b = &self.backend;
