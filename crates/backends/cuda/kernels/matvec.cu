@@ -1690,89 +1690,6 @@ __device__ __forceinline__ void q4k_pre_x(const Q8Row& xr, int units, int gi, in
         if (g < units) xv[k] = q8_unit_x(xr, g >> 3, q4k_unit_at(g));
     }
 }
-// q4k_pre_x's values without the q8 row: the lane's units of rms_norm_q8's row of x * nw, made
-// here. A unit's low and high 16 values lie in q8 blocks 2c and 2c + 1 of its Q4_K block, whose
-// other halves lane ^ 1 holds (unit g ^ 1: step is a multiple of 32), so each block's max |v|
-// takes one shuffle; d, the quants and the sums of 16 are then q8_block32's (a max and integer
-// sums do not depend on their order). Every lane of the warp calls it.
-__device__ __forceinline__ void q8n_pre_x(const float* __restrict__ x, const float* __restrict__ nw, int units,
-                                          int gi, int step, Q8UnitX (&xv)[Q8_UNITS]) {
-#pragma unroll
-    for (int k = 0; k < Q8_UNITS; ++k) {
-        const int g = gi + k * step;
-        const bool on = g < units;  // the same for lanes g and g ^ 1 (units a multiple of 8)
-        const int lo = on ? 256 * (g >> 3) + q4k_unit_at(g) : 0;
-        float d[2];
-        int q[2][4], sum[2];
-        // Half h: the unit's 16 values at lo + 32 h, one half at a time (16 floats live).
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float v[16];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int at = lo + 32 * h + 4 * j;
-                const float4 a = on ? __ldcg((const float4*)(x + at)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                const float4 b = on ? __ldg((const float4*)(nw + at)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                v[4 * j] = __fmul_rn(a.x, b.x);
-                v[4 * j + 1] = __fmul_rn(a.y, b.y);
-                v[4 * j + 2] = __fmul_rn(a.z, b.z);
-                v[4 * j + 3] = __fmul_rn(a.w, b.w);
-            }
-            float am = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 16; ++i) am = fmaxf(am, fabsf(v[i]));
-            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
-            d[h] = am / 127.0f;
-            const float id = d[h] > 0.0f ? 1.0f / d[h] : 0.0f;
-            sum[h] = 0;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                u32 word = 0;
-#pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                    const int qi = __float2int_rn(__fmul_rn(v[4 * w + b], id));
-                    sum[h] += qi;
-                    word |= (u32)(qi & 0xff) << (8 * b);
-                }
-                q[h][w] = (int)word;
-            }
-        }
-        if (on) {
-            xv[k].a = make_int4(q[0][0], q[0][1], q[0][2], q[0][3]);
-            xv[k].e = make_int4(q[1][0], q[1][1], q[1][2], q[1][3]);
-            xv[k].s_lo = (float)sum[0];
-            xv[k].s_hi = (float)sum[1];
-            xv[k].d_lo = d[0];
-            xv[k].d_hi = d[1];
-        }
-    }
-}
-// rms_norm_q8's 1 / rms of x (n values): stage_normed_q8's sum of squares in its order (warp w
-// the 32-value blocks w, w + 8, ... a lane each, then the warps' sums in order). Every thread of
-// the block (MVF_WARPS warps) calls it; one barrier.
-__device__ __forceinline__ float q8_norm_inv(const float* __restrict__ x, int n, float eps) {
-    __shared__ float part_ss[MVF_WARPS];
-    const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
-    float ss = 0.0f;
-    for (int b0 = wi; b0 < n / 32; b0 += 8 * nwarps) {
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int b = b0 + j * nwarps;
-            v[j] = b < n / 32 ? ld_cg(x + 32 * b + lane) : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (b0 + j * nwarps < n / 32) ss = __fmaf_rn(v[j], v[j], ss);
-        }
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) part_ss[wi] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int w = 0; w < MVF_WARPS; ++w) tot += part_ss[w];
-    return 1.0f / sqrtf(tot / (float)n + eps);
-}
 // The lane's units g = gi, gi + step, ... (< units, at most Q8_UNITS) of the rows wr (null: left
 // out) into hd, qv.
 template <int NR>
@@ -2208,16 +2125,10 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_norm3_tok_q8
 // 1), the same values as matvec_norm3_q8_q4_k (and its token tiles) on the f32 row those quants
 // (and that 1 / rms) came from.
 // Launch: as matvec_norm3_q8_q4_k (grid.y = tokens), no dynamic shared memory.
-// NORM (matvec_q8n*_q4_k): no q8 row; x[t] (f32) and the norm weights nw instead, only on the
-// early path below (the host checks its conditions). 1: each lane forms its units of rms_norm_q8's
-// q8 row itself (q8n_pre_x) and each block rms_norm_q8's 1 / rms (q8_norm_inv); 2: each block
-// stages the row in shared memory as rms_norm_q8 writes it (stage_normed_q8, the same function),
-// and the lanes read their units there.
-template <typename T, int NORM = 0>
+template <typename T>
 __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs, int cols, int split, const u8* w0,
                                                 float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
-                                                float* y2, int r2, const float* x = nullptr,
-                                                const float* nw = nullptr, float eps = 0.0f) {
+                                                float* y2, int r2) {
     long long tt = trace_start(9);
     const MvfSplit s = q8_split(split);
     const MvfMatrix m = mvf_matrix(blockIdx.x, mvf_rows_per_block(s), w0, y0, r0, w1, y1, r1, w2, y2, r2);
@@ -2225,7 +2136,6 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
     int first, part;
     mvf_first(m.block, s, first, part);
     if (t == 0) mvf_prefetch<T>(m.w, cols, m.rows, first, part, s);
-    if (NORM) prefetch_l1_block(nw, (size_t)cols * 4);  // read after the wait
 #if Q8X_W_EARLY
     if constexpr (Q8xPre<T>::V != 0 && !IsQ6k<T>::value) {
         const int lane = threadIdx.x % WARP;
@@ -2242,23 +2152,11 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
             }
             uint4 hd0[NR][Q8_UNITS], qv0[NR][Q8_UNITS];
             q4k_rows_load<NR>(w0r, units, gi, step, hd0, qv0);
-            pdl_enter();  // xq (NORM: x) comes from the kernel before
+            pdl_enter();  // xq comes from the kernel before
             tt = trace_phase(10, tt);
-            float inv[1];
+            const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
             Q8UnitX xv[Q8_UNITS];
-            if constexpr (NORM == 1) {
-                const float* xt = x + (size_t)t * cols;
-                q8n_pre_x(xt, nw, units, gi, step, xv);
-                inv[0] = q8_norm_inv(xt, cols, eps);
-            } else if constexpr (NORM == 2) {
-                extern __shared__ float4 mvf_x4[];
-                u8* base = (u8*)mvf_x4;
-                inv[0] = stage_normed_q8(x + (size_t)t * cols, nw, eps, cols, base);  // ends with a barrier
-                q4k_pre_x(q8_row(base, cols), units, gi, step, xv);
-            } else {
-                inv[0] = invs == nullptr ? 1.0f : invs[t];
-                q4k_pre_x(q8_row((u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), cols), units, gi, step, xv);
-            }
+            q4k_pre_x(q8_row((u8*)xq + (size_t)t * Q8_ROW_BYTES(cols), cols), units, gi, step, xv);
             bool early = true;
             q8_rows_walk<T, 1, false, NR>(m.y, m.rows, s, first, part, m.w, cols, t, 1, inv,
                                           [&](const u8* const(&wr)[NR], float(&acc)[NR][1]) {
@@ -2274,7 +2172,6 @@ __device__ __forceinline__ void matvec_q8x_body(const u8* xq, const float* invs,
         }
     }
 #endif
-    if constexpr (NORM) return;  // the host launches matvec_q8n only where the path above applies
     pdl_enter();  // xq comes from the kernel before
     tt = trace_phase(10, tt);
     const float inv[1] = {invs == nullptr ? 1.0f : invs[t]};
@@ -2287,30 +2184,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void mat
     const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
     int r1, const u8* w2, float* y2, int r2) {
     matvec_q8x_body<T_Q4_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-}
-
-// matvec_q8n_q4_k(x, nw, eps, cols, split, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): rms_norm_q8
-// and matvec_q8x_q4_k in one launch for the one-token input projections (REDLITE_CUDA_NORM_DIRECT):
-// matvec_norm3_q8_q4_k's arguments and outputs, bit for bit, without its staging. Each lane forms
-// the q8 values of x[t] * nw under its own units (q8n_pre_x: the quantisation of a 32-value block
-// needs only that block, so rms_norm_q8's values), each block sums the squares in rms_norm_q8's
-// order (q8_norm_inv: the same 1 / rms; one barrier), then the rows as matvec_q8x_q4_k's early
-// path. Only where that path applies: Q8X_W_EARLY and Q8X_PRE_X on, cols / 32 <= Q8_UNITS * 32 *
-// parts (the host checks; elsewhere the kernel writes nothing). Launch: as matvec_q8x_q4_k.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8n_q4_k(
-    const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1,
-    float* y1, int r1, const u8* w2, float* y2, int r2) {
-    matvec_q8x_body<T_Q4_K, 1>(nullptr, nullptr, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2, x, nw, eps);
-}
-
-// matvec_q8ns_q4_k: matvec_q8n_q4_k with the row staged (REDLITE_CUDA_NORM_DIRECT=2): each block
-// runs rms_norm_q8's stage_normed_q8 into shared memory (its 8 warps a q8 block each at a time,
-// then a barrier), and the lanes read their units there. Launch: as matvec_q8n_q4_k, with
-// Q8_ROW_BYTES(cols) bytes of dynamic shared memory.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8ns_q4_k(
-    const float* x, const float* nw, float eps, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1,
-    float* y1, int r1, const u8* w2, float* y2, int r2) {
-    matvec_q8x_body<T_Q4_K, 2>(nullptr, nullptr, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2, x, nw, eps);
 }
 
 // matvec_q8x_q6_k: the same for Q6_K matrices (REDLITE_CUDA_Q8_Q6K; the lm_head).

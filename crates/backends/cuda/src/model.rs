@@ -11,8 +11,8 @@
 //! embedding, the final norm, the lm_head and the draw):
 //!
 //! ```text
-//! DeltaNet:  rms_norm_q8: the q8 row of x · attn_norm and 1 / rms  (REDLITE_CUDA_NORM_DIRECT:
-//!            in the next launch)  →  matvec_q8x_q4_k: qkv, z, ba in one launch
+//! DeltaNet:  rms_norm_q8: the q8 row of x · attn_norm and 1 / rms
+//!            →  matvec_q8x_q4_k: qkv, z, ba in one launch
 //!            →  dn_fused_cols: conv, q/k L2 norm, gates, delta rule, RMSNorm(o)·silu(z)
 //!            →  matvec_res_q4_k: x += W_out·gated
 //!            →  res_norm_router: xn = rms_norm(x, post_norm) and its q8 row, with the router's
@@ -802,8 +802,6 @@ struct Kernels {
     swiglu_pairs: CudaFunction,
     moe_combine_pairs: CudaFunction,
     matvec_q8x: CudaFunction,
-    matvec_q8n: CudaFunction,
-    matvec_q8ns: CudaFunction,
     matvec_q8x_q6k: CudaFunction,
     matvec_q8x_tok: CudaFunction,
     matvec_q8x_tok_q6k: CudaFunction,
@@ -1037,11 +1035,6 @@ pub struct CudaModel {
     /// norm and its q8 row once per token) and `matvec_q8x_q4_k`, instead of every block of
     /// `matvec_norm3_q8_q4_k` staging them (`REDLITE_CUDA_XQ_NORM`, default on).
     xq_norm: bool,
-    /// A one-token call's Q4_K input projections with their norm in the same launch
-    /// (`REDLITE_CUDA_NORM_DIRECT`; the same bits as `rms_norm_q8` + `matvec_q8x_q4_k`): 0 off,
-    /// 1 `matvec_q8n_q4_k` (each lane forms its own units of the q8 row, each block the 1 / rms),
-    /// 2 `matvec_q8ns_q4_k` (each block stages the q8 row as `rms_norm_q8` writes it).
-    q8n: u8,
     /// Tokens per tile of `matvec_q8x_tok_*` (the 8-bit products of a call of several tokens:
     /// `rms_norm_q8` once per token, then the weights read once per tile with the q8 rows read
     /// in place; `REDLITE_CUDA_Q8X_TILE`, 1 to 8, default 8; 1 gives the session-10 path, the
@@ -1282,8 +1275,6 @@ impl CudaModel {
             sample_topk: f("sample_topk")?,
             moe_group: f("moe_group")?,
             matvec_q8x: f("matvec_q8x_q4_k")?,
-            matvec_q8n: f("matvec_q8n_q4_k")?,
-            matvec_q8ns: f("matvec_q8ns_q4_k")?,
             matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
             matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
             matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
@@ -1441,7 +1432,6 @@ impl CudaModel {
             q8_q6k: env_switch("REDLITE_CUDA_Q8_Q6K", true),
             xq_shared: env_switch("REDLITE_CUDA_XQ_SHARED", true),
             xq_norm: env_switch("REDLITE_CUDA_XQ_NORM", true),
-            q8n: env_parse("REDLITE_CUDA_NORM_DIRECT").unwrap_or(0).min(2),
             q8x_tile: env_parse("REDLITE_CUDA_Q8X_TILE").unwrap_or(8).clamp(1, 8),
             q8x_tile_rows: env_parse("REDLITE_CUDA_Q8X_TILE_ROWS")
                 .unwrap_or(2)
@@ -2624,11 +2614,6 @@ impl CudaModel {
             // Several tokens: the token-tile kernel when it is on (weights read once per tile).
             let tile = token_tile(self.token_tile, n, cols);
             let q8 = self.q8_fits(ty, cols);
-            if q8 && tile == 1 && n == 1 && nw != 0 && self.q8n_fits(ty, cols) {
-                // The norm's q8 values and 1 / rms made by the matvec's own blocks.
-                self.matvec_q8n((x, nw), &group)?;
-                continue;
-            }
             if q8 && (tile == 1 || self.q8x_tile > 1) && nw != 0 && self.xq_norm {
                 // The norm and its q8 row once per token, then the rows without staging.
                 let (xq, invs) = (self.sc.xq_in, self.sc.xq_inv);
@@ -2792,47 +2777,6 @@ impl CudaModel {
             0,
             &args,
         )
-    }
-
-    /// Whether `matvec_q8n_q4_k` takes a one-token product of this type and width: Q4_K, and
-    /// every lane's units of the row within the kernel's `Q8_UNITS` (2) at the split's parts.
-    fn q8n_fits(&self, ty: GgmlType, cols: usize) -> bool {
-        self.q8n != 0
-            && self.xq_norm
-            && ty == GgmlType::Q4K
-            && cols.is_multiple_of(256)
-            && cols / 32 <= 2 * 32 * mvf_parts(ty, cols, self.mvf_lane_iters)
-    }
-
-    /// One token's `rms_norm_q8` + `matvec_q8x_q4_k` on up to three Q4_K matrices of `x`'s
-    /// width in one launch (`matvec_q8n_q4_k` or `matvec_q8ns_q4_k`; where [`Self::q8n_fits`]).
-    fn matvec_q8n(
-        &mut self,
-        (x, nw): (u64, u64),
-        mats: &[(&DevLinear, u64)],
-    ) -> Result<(), CudaError> {
-        let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
-        let split = MvfSplit {
-            parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-            rows: self.q8_rows,
-        };
-        let mut args = vec![
-            A::P(x),
-            A::P(nw),
-            A::F(self.config.rms_eps),
-            A::I(cols as i32),
-            A::I(split.arg()),
-        ];
-        let grid_x = push_mats3(&mut args, mats, split.rows_per_block());
-        let (f, shared) = if self.q8n == 2 {
-            (
-                self.k.matvec_q8ns.clone(),
-                crate::ops::q8_row_bytes(cols) as u32,
-            )
-        } else {
-            (self.k.matvec_q8n.clone(), 0)
-        };
-        self.launch("matvec_q8n", &f, (grid_x, 1, 1), MVF_THREADS, shared, &args)
     }
 
     /// The mixer's output projection with the residual and the next norm folded in:

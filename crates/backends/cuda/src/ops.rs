@@ -1296,55 +1296,6 @@ pub fn matvec_q8x(
     download(gpu, &y)
 }
 
-/// `matvec_q8n_q4_k` (`staged`: `matvec_q8ns_q4_k`; the one-token input projections'
-/// `rms_norm_q8` + `matvec_q8x_q4_k` in one launch) on `n` rows of `cols` f32 values with norm
-/// weights `nw`, a block row per token: `invs[t] · (W · q8(x[t] · nw))` as those two kernels
-/// give it.
-pub fn matvec_q8n(
-    gpu: &Gpu,
-    w: &CudaSlice<u8>,
-    (rows, cols): (usize, usize),
-    xs: &[f32],
-    nw: &[f32],
-    (eps, parts, rows_per_warp, staged): (f32, usize, usize, bool),
-) -> Result<Vec<f32>, CudaError> {
-    let n = check_rows(xs.len(), cols, "matvec_q8n x")?;
-    if nw.len() != cols
-        || !cols.is_multiple_of(256)
-        || !(1..=8).contains(&parts)
-        || !parts.is_power_of_two()
-        || cols / 32 > 2 * 32 * parts
-        || !(1..=16).contains(&rows_per_warp)
-    {
-        return Err(CudaError::Invalid("matvec_q8n: sizes".into()));
-    }
-    let split = MvfSplit {
-        parts,
-        rows: rows_per_warp,
-    };
-    let (x, nwd) = (upload(gpu, xs)?, upload(gpu, nw)?);
-    let (r, c, p) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?, split.arg());
-    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
-    let (zero, zi) = (0u64, 0i32);
-    let (name, shared) = match staged {
-        true => ("matvec_q8ns_q4_k", q8_row_bytes(cols) as u32),
-        false => ("matvec_q8n_q4_k", 0),
-    };
-    let conf = cfg(
-        (blocks(rows, split.rows_per_block()), n as u32, 1),
-        256,
-        shared,
-    );
-    launch!(
-        gpu,
-        gpu.func(name)?,
-        name,
-        conf,
-        [&x, &nwd, &eps, &c, &p, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
-    )?;
-    download(gpu, &y)
-}
-
 /// The routed experts of one token as the model runs them on a q8 row of `x` (`xq`,
 /// [`q8_row`]): `moe_gate_up_tab_q8_iq2_xxs` (IQ2_XXS gate and up), then
 /// `moe_down_combine_tab_<down type>`; returns `Σ weight · down(act)`.

@@ -691,24 +691,6 @@ impl Runner<'_> {
                     &yn,
                     &staged_n,
                 )?;
-                // The one-token input projections' single launch (`matvec_q8n_q4_k`).
-                if ty == GgmlType::Q4K {
-                    for staged in [false, true] {
-                        let one = ops::matvec_q8n(
-                            self.gpu,
-                            &w,
-                            (rows, cols),
-                            &xs,
-                            &nw,
-                            (1e-6, parts, rpw, staged),
-                        )?;
-                        same_bits(
-                            "matvec_q8n differs from rms_norm_q8 + matvec_q8x",
-                            &one,
-                            &yn,
-                        )?;
-                    }
-                }
                 // Token tiles (`matvec_q8x_tok`, the verify rows): 11 tokens in tiles of 2 and 8
                 // (a partial last tile) = the one-token kernel per token, bit for bit.
                 let xs11 = self.rng.normals(11 * cols, 1.0);
@@ -736,8 +718,7 @@ impl Runner<'_> {
                 &format!("matvec_q8x {}", ty.name()),
                 format!(
                     "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_q8 bit for bit \
-                     (also after rms_norm_q8; Q4_K: = matvec_q8n and q8ns), token tiles 2 and 8 = one token bit \
-                     for bit"
+                     (also after rms_norm_q8), token tiles 2 and 8 = one token bit for bit"
                 ),
                 r,
             );
