@@ -408,10 +408,8 @@ pub fn bench_decode_with<B: Backend>(
 
     progress("prompt", 0, 0);
     let t0 = Instant::now();
-    let last = model.forward_last(&mut state, &prompt, Mode::Prefill)?;
     let mut logits = model
-        .lm_head(&[last.unwrap_or_default()])
-        .pop()
+        .last_logits(&mut state, &prompt, Mode::Prefill)?
         .unwrap_or_default();
     let prompt_time = t0.elapsed();
 
@@ -607,8 +605,7 @@ pub fn bench_prefill<B: Backend>(
         progress("prefill", r as u64, runs as u64);
         let mut state = model.new_state();
         let t0 = Instant::now();
-        let last = model.forward_last(&mut state, &prompt, Mode::Prefill)?;
-        black_box(model.lm_head(&[last.unwrap_or_default()]));
+        black_box(model.last_logits(&mut state, &prompt, Mode::Prefill)?);
         secs.push(t0.elapsed().as_secs_f64());
     }
     progress("prefill", runs as u64, runs as u64);

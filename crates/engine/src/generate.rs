@@ -69,9 +69,9 @@ pub fn generate<B: Backend>(
     }
     let t0 = Instant::now();
     // Logits of the last prompt token only (the lm_head is as costly as many layers per row).
-    let last = model.forward_last(state, prompt, Mode::Prefill)?;
-    let last = last.expect("non-empty prompt");
-    let mut logits = model.lm_head(&[last]).pop().expect("one row");
+    let mut logits = model
+        .last_logits(state, prompt, Mode::Prefill)?
+        .expect("non-empty prompt");
     stats.prompt_time = t0.elapsed();
     let t1 = Instant::now();
     // The whole loop in one pass on the backend's threads (see `Backend::run_pass`): one

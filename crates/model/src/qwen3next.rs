@@ -184,6 +184,18 @@ impl<B: Backend> Model<B> {
             .map(|h| rms_norm(h, &self.weights.output_norm, self.config.rms_eps)))
     }
 
+    /// The logits of `tokens`' last row ([`Model::forward_last`], then the lm_head of that row;
+    /// `None` for no tokens): a prompt whose other rows nothing reads.
+    pub fn last_logits(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        mode: Mode,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let last = self.forward_last(state, tokens, mode)?;
+        Ok(last.and_then(|h| self.lm_head(&[h]).pop()))
+    }
+
     /// The layers over `tokens`: the residual stream of every row after the last layer, or with
     /// `last_only` the rows whose last-layer output was computed (see [`Model::forward_last`]).
     fn run_layers(
