@@ -553,13 +553,21 @@ fn run_cuda(args: Args) -> Result<()> {
                 .unwrap_or("?")
         );
         println!(
-            "{:<12} {:>14} {:>9} {:>5} {:>9} {:>10} {:>9} {:>9}",
-            "experts in", "types", "KiB/exp", "K", "distinct", "us/call", "GB/s", "% 4.5TB/s"
+            "{:<12} {:>14} {:>9} {:>5} {:>9} {:>10} {:>9} {:>9}  {:<16}",
+            "experts in",
+            "types",
+            "KiB/exp",
+            "K",
+            "distinct",
+            "us/call",
+            "GB/s",
+            "% 4.5TB/s",
+            "output FNV-1a"
         );
         for r in rows {
             let g = r["gbps"].as_f64().unwrap_or(0.0);
             println!(
-                "{:<12} {:>14} {:>9.0} {:>5} {:>9} {:>10.2} {:>9.1} {:>8.1}%",
+                "{:<12} {:>14} {:>9.0} {:>5} {:>9} {:>10.2} {:>9.1} {:>8.1}%  {:016x}",
                 r["place"].as_str().unwrap_or("?"),
                 r["types"].as_str().unwrap_or("?"),
                 r["expert_bytes"].as_f64().unwrap_or(0.0) / 1024.0,
@@ -567,7 +575,8 @@ fn run_cuda(args: Args) -> Result<()> {
                 r["distinct"],
                 r["us_per_call"].as_f64().unwrap_or(0.0),
                 g,
-                100.0 * g / 4500.0
+                100.0 * g / 4500.0,
+                r["checksum"].as_u64().unwrap_or(0)
             );
         }
         return Ok(());

@@ -588,7 +588,7 @@ mod imp {
                     "expert_bytes": r.expert_bytes,
                     "per_call": r.per_call, "distinct": r.distinct,
                     "us_per_call": r.call_s * 1e6, "gbps": r.gbps,
-                    "fraction_of_4_5_tbs": r.gbps / 4500.0,
+                    "fraction_of_4_5_tbs": r.gbps / 4500.0, "checksum": r.checksum,
                 })
             })
             .collect())
