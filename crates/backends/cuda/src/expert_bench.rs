@@ -10,7 +10,9 @@
 //! experts (cyclically), so with N·slot bytes well above the L2 cache every call reads its experts
 //! from memory. The calls are captured once as a CUDA graph and replayed (no launch gaps). Run
 //! twice: experts in device slots (memory bandwidth) and in mapped pinned host memory (the expert
-//! cache's miss path, PCIe).
+//! cache's miss path, PCIe). Each run ends with a checksum of the output row, equal across builds
+//! whose kernels give the same bits; with `REDLITE_CUDA_DEFINES=IQ2_PLANES=1` (moe.cu) the copies
+//! are repacked into the planes those kernels read ([`iq2_xxs_rows_to_planes`]).
 
 use std::sync::Arc;
 use std::time::Instant;
