@@ -1031,42 +1031,16 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #define IQ2_LDG 1
 #endif
 
-// IQ2_PLANES (default 0; an experiment of `bench expert`, which repacks its expert copies to
-// match: the model does not, and refuses to load with it): the IQ2_XXS rows the q8 kernels read
-// are in planes, the row's 8-byte sub-blocks first (sub-block s at 8 s) and its blocks' f16 d
-// after them (block j at 64 · blocks + 2 j), the same 66 bytes a block: a warp's sub-blocks are
-// then one coalesced 8-byte load a lane (4-byte pairs where the row is only 4-aligned) instead of
-// four 2-byte loads over 66-byte blocks, and the d one 2-byte load. The same values, so the
-// same bits.
-#ifndef IQ2_PLANES
-#define IQ2_PLANES 0
-#endif
-
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
 #if IQ2_LDG
     __builtin_assume(__isGlobal(w));
 #endif
-#if IQ2_PLANES
-    const int blocks = (int)((const u8*)x.d - (const u8*)x.q) >> 8;  // the row's width / 256
-    const u8* at = w + 8 * (size_t)sb;
-    u32 idx, aux;
-    if ((reinterpret_cast<size_t>(at) & 7) == 0) {
-        const uint2 v = *(const uint2*)at;
-        idx = v.x;
-        aux = v.y;
-    } else {
-        idx = *(const u32*)at;
-        aux = *(const u32*)(at + 4);
-    }
-    const float db = ld_f16(w + 64 * (size_t)blocks + 2 * (sb >> 3)) * (0.5f + (float)(aux >> 28)) * 0.25f;
-#else
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
-#endif
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
 

@@ -11,8 +11,7 @@
 //! from memory. The calls are captured once as a CUDA graph and replayed (no launch gaps). Run
 //! twice: experts in device slots (memory bandwidth) and in mapped pinned host memory (the expert
 //! cache's miss path, PCIe). Each run ends with a checksum of the output row, equal across builds
-//! whose kernels give the same bits; with `REDLITE_CUDA_DEFINES=IQ2_PLANES=1` (moe.cu) the copies
-//! are repacked into the planes those kernels read ([`iq2_xxs_rows_to_planes`]).
+//! whose kernels give the same bits.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -97,44 +96,11 @@ pub fn bench_experts(
         |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
     let layout = ExpertLayout::new(len(&ex[0].gate)?, len(&ex[0].down)?);
     let sb = layout.slot_bytes;
-    let (h, ff) = (c.hidden, c.expert_ff);
-    let q8_types = ex[0].gate.ty == GgmlType::IQ2XXS
-        && ex[0].down.ty == GgmlType::IQ2XXS
-        && h.is_multiple_of(256)
-        && ff.is_multiple_of(256);
-    let q8 = match o.acts {
-        ExpertActs::Auto => q8_types,
-        ExpertActs::F32 => false,
-        ExpertActs::Q8 if q8_types => true,
-        ExpertActs::Q8 => {
-            return Err(CudaError::Invalid(format!(
-                "no q8 expert kernels for {} / {} experts ({h} × {ff}): only IQ2_XXS with both sizes multiples of 256",
-                ex[0].gate.ty.name(),
-                ex[0].down.ty.name()
-            )))
-        }
-    };
-    // The q8 kernels built with IQ2_PLANES read their rows in planes (moe.cu): the copies too.
-    let planes = crate::kernels::define_on("IQ2_PLANES");
-    if planes && !q8 {
-        return Err(CudaError::Invalid(
-            "IQ2_PLANES needs the q8 IQ2_XXS expert kernels (--acts q8 on IQ2_XXS experts)".into(),
-        ));
-    }
     let mut packed = vec![0u8; n * sb];
     for (e, slot) in ex.iter().zip(packed.chunks_mut(sb)) {
-        let parts = [
-            (&e.gate, 0, h),
-            (&e.up, layout.up_off, h),
-            (&e.down, layout.down_off, ff),
-        ];
-        for (w, at, cols) in parts {
-            let dst = &mut slot[at..at + w.bytes().len()];
-            dst.copy_from_slice(w.bytes());
-            if planes {
-                iq2_xxs_rows_to_planes(dst, cols);
-            }
-        }
+        slot[..layout.gate_bytes].copy_from_slice(e.gate.bytes());
+        slot[layout.up_off..layout.up_off + layout.gate_bytes].copy_from_slice(e.up.bytes());
+        slot[layout.down_off..layout.down_off + layout.down_bytes].copy_from_slice(e.down.bytes());
     }
     gpu.ctx
         .bind_to_thread()
@@ -162,6 +128,7 @@ pub fn bench_experts(
         .result()
         .map_err(drv("mapping host memory"))?;
 
+    let (h, ff) = (c.hidden, c.expert_ff);
     let x: Vec<f32> = (0..h)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
@@ -193,6 +160,22 @@ pub fn bench_experts(
         cu::memcpy_htod_sync(ids_d, &ids).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(wts_d, &wts).map_err(drv("upload"))?;
     }
+    let q8_types = ex[0].gate.ty == GgmlType::IQ2XXS
+        && ex[0].down.ty == GgmlType::IQ2XXS
+        && h.is_multiple_of(256)
+        && ff.is_multiple_of(256);
+    let q8 = match o.acts {
+        ExpertActs::Auto => q8_types,
+        ExpertActs::F32 => false,
+        ExpertActs::Q8 if q8_types => true,
+        ExpertActs::Q8 => {
+            return Err(CudaError::Invalid(format!(
+                "no q8 expert kernels for {} / {} experts ({h} × {ff}): only IQ2_XXS with both sizes multiples of 256",
+                ex[0].gate.ty.name(),
+                ex[0].down.ty.name()
+            )))
+        }
+    };
     let (gate_up_name, down_name) = if q8 {
         (
             "moe_gate_up_tab_q8q_iq2_xxs".to_string(),
@@ -321,44 +304,4 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// IQ2_XXS rows of `cols` weights (66-byte blocks: f16 d, then 8 sub-blocks of 8 bytes) in
-/// place into the planes the kernels built with `IQ2_PLANES` read (moe.cu): each row's 8-byte
-/// sub-blocks first, in order, then its blocks' d. `rows` is a whole number of rows.
-pub fn iq2_xxs_rows_to_planes(rows: &mut [u8], cols: usize) {
-    let blocks = cols / 256;
-    let rb = 66 * blocks;
-    let mut row = vec![0u8; rb];
-    for r in rows.chunks_exact_mut(rb) {
-        for (j, blk) in r.chunks_exact(66).enumerate() {
-            row[64 * j..64 * j + 64].copy_from_slice(&blk[2..]);
-            row[64 * blocks + 2 * j..64 * blocks + 2 * j + 2].copy_from_slice(&blk[..2]);
-        }
-        r.copy_from_slice(&row);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn planes_put_sub_blocks_first_and_the_scales_after() {
-        // Two rows of 512 weights: block j of row r has d = [r, j] and sub-block bytes 10 r + j.
-        let mut rows = Vec::new();
-        for r in 0..2u8 {
-            for j in 0..2u8 {
-                rows.extend([r, j]);
-                rows.extend([10 * r + j; 64]);
-            }
-        }
-        iq2_xxs_rows_to_planes(&mut rows, 512);
-        for r in 0..2u8 {
-            let row = &rows[132 * r as usize..132 * (r as usize + 1)];
-            assert!(row[..64].iter().all(|&b| b == 10 * r));
-            assert!(row[64..128].iter().all(|&b| b == 10 * r + 1));
-            assert_eq!(&row[128..], &[r, 0, r, 1]);
-        }
-    }
 }

@@ -4137,13 +4137,6 @@ fn push_mats3(args: &mut Vec<A>, mats: &[(&DevLinear, u64)], rpb: u32) -> u32 {
 /// The shapes the kernels handle.
 fn check_config(c: &Config, o: &CudaModelOptions) -> Result<(), CudaError> {
     let bad = |m: String| Err(CudaError::Invalid(m));
-    if crate::kernels::define_on("IQ2_PLANES") {
-        return bad(
-            "REDLITE_CUDA_DEFINES has IQ2_PLANES: an experiment of `bench expert` only (the model \
-             keeps its IQ2_XXS experts as the file lays them out)"
-                .into(),
-        );
-    }
     if o.max_batch == 0 || o.max_batch > 65_535 || o.max_context == 0 {
         return bad(format!(
             "max batch {} (1..=65535) and max context {} (> 0)",
