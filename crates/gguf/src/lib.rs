@@ -14,12 +14,14 @@
 //! # Ok::<(), redlite_gguf::GgufError>(())
 //! ```
 
+pub mod checksum;
 pub mod error;
 pub mod metadata;
 pub mod quant;
 pub mod reader;
 pub mod writer;
 
+pub use checksum::{fnv1a, FNV_OFFSET};
 pub use error::{GgufError, GgufErrorKind};
 pub use metadata::{MetaArray, MetaValue, MetaValueType};
 pub use quant::{GgmlType, TypeTraits, TYPE_TRAITS};

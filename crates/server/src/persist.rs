@@ -24,6 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use redlite_gguf::{fnv1a, FNV_OFFSET};
 use redlite_model::state::{KvCache, KvRows, LayerState};
 use redlite_model::{Backend, Config, LayerKind, Model, SequenceState};
 use serde_json::{json, Value};
@@ -54,16 +55,6 @@ pub enum StateFileError {
     #[error("payload size does not match the header")]
     Payload,
 }
-
-/// FNV-1a, 64 bit.
-fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// What a state file must match to be loaded.
 #[derive(Debug, Clone)]

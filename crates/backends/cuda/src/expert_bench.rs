@@ -274,7 +274,7 @@ pub fn bench_experts(
         let mut sum_x = vec![0u8; 4 * h];
         // SAFETY: `xo` holds h f32; the stream is idle.
         unsafe { cu::memcpy_dtoh_sync(&mut sum_x, xo) }.map_err(drv("reading the output"))?;
-        let checksum = fnv1a(&sum_x);
+        let checksum = redlite_gguf::fnv1a(&sum_x, redlite_gguf::FNV_OFFSET);
         out.push(ExpertBenchResult {
             place,
             warps,
@@ -297,11 +297,4 @@ pub fn bench_experts(
         }
     }
     Ok(out)
-}
-
-/// FNV-1a, 64 bits.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
 }
