@@ -162,9 +162,12 @@ impl<B: Backend> Model<B> {
         mode: Mode,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let x = self.run_layers(state, tokens, mode, false)?;
-        Ok(map_rows(&self.backend, &x, |h| {
-            rms_norm(h, &self.weights.output_norm, self.config.rms_eps)
-        }))
+        Ok(map_rows(&self.backend, &x, |h| self.output_norm(h)))
+    }
+
+    /// The final norm of a residual row (`output_norm`), before the lm_head.
+    fn output_norm(&self, h: &[f32]) -> Vec<f32> {
+        rms_norm(h, &self.weights.output_norm, self.config.rms_eps)
     }
 
     /// [`Model::forward_hidden`]'s last row only (`None` for no tokens), what a prompt needs
@@ -180,8 +183,7 @@ impl<B: Backend> Model<B> {
         mode: Mode,
     ) -> Result<Option<Vec<f32>>, ModelError> {
         let x = self.run_layers(state, tokens, mode, true)?;
-        Ok(x.last()
-            .map(|h| rms_norm(h, &self.weights.output_norm, self.config.rms_eps)))
+        Ok(x.last().map(|h| self.output_norm(h)))
     }
 
     /// The logits of `tokens`' last row ([`Model::forward_last`], then the lm_head of that row;
