@@ -650,8 +650,14 @@ impl Runner<'_> {
             let r = (|| {
                 let w = ops::upload(self.gpu, &bytes)?;
                 let xq: Vec<u8> = xs.chunks(cols).flat_map(ops::q8_row).collect();
-                let y =
-                    ops::matvec_q8x(self.gpu, ty, &w, (rows, cols), (&xq, None), (parts, rpw, 1))?;
+                let y = ops::matvec_q8x(
+                    self.gpu,
+                    ty,
+                    &w,
+                    (rows, cols),
+                    (&xq, None),
+                    (parts, rpw, 1, 0),
+                )?;
                 let staged = ops::matvec_norm3_q8(
                     self.gpu,
                     ty,
@@ -666,16 +672,17 @@ impl Runner<'_> {
                 let nw: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.uniform() as f32).collect();
                 let (xqn, invs) = ops::rms_norm_q8(self.gpu, &xs, &nw, cols, 1e-6)?;
                 // matvec_q8x of normed q8 rows in token tiles of `tile` (1: one token a block).
-                let normed = |(xq, invs): &(Vec<u8>, Vec<f32>), tile| {
+                let normed_mma = |(xq, invs): &(Vec<u8>, Vec<f32>), tile, mma| {
                     ops::matvec_q8x(
                         self.gpu,
                         ty,
                         &w,
                         (rows, cols),
                         (xq, Some(invs)),
-                        (parts, rpw, tile),
+                        (parts, rpw, tile, mma),
                     )
                 };
+                let normed = |q: &(Vec<u8>, Vec<f32>), tile| normed_mma(q, tile, 0);
                 let yn = normed(&(xqn, invs), 1)?;
                 let staged_n = ops::matvec_norm3_q8(
                     self.gpu,
@@ -703,6 +710,25 @@ impl Runner<'_> {
                         &one,
                     )?;
                 }
+                // The tensor-core form (Q4_K): 11 tokens (a partial second tile) and one token.
+                if ty == GgmlType::Q4K {
+                    let q1 = (
+                        q11.0[..ops::q8_row_bytes(cols)].to_vec(),
+                        q11.1[..1].to_vec(),
+                    );
+                    for s in crate::model::Q8X_MMA_SPLITS {
+                        same_bits(
+                            "matvec_q8x_mma differs from matvec_q8x",
+                            &normed_mma(&q11, 8, s)?,
+                            &one,
+                        )?;
+                        same_bits(
+                            "matvec_q8x_mma (one token) differs from matvec_q8x",
+                            &normed_mma(&q1, 8, s)?,
+                            &one[..rows],
+                        )?;
+                    }
+                }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
                 let mut reference = Vec::with_capacity(n * rows);
@@ -718,7 +744,8 @@ impl Runner<'_> {
                 &format!("matvec_q8x {}", ty.name()),
                 format!(
                     "{rows}x{cols} n={n} parts={parts} rows/warp={rpw}, = matvec_norm3_q8 bit for bit \
-                     (also after rms_norm_q8), token tiles 2 and 8 = one token bit for bit"
+                     (also after rms_norm_q8), token tiles 2 and 8 (and Q4_K's tensor-core form) = \
+                     one token bit for bit"
                 ),
                 r,
             );
