@@ -2238,25 +2238,43 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k
     matvec_q8x_tok_body<T_Q6_K>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
-// ----- matvec_q8x_mma<S>_q4_k: the token tiles' integer sums on the tensor cores -----
+// ----- matvec_q8x_mma_q4_k: the token tiles' integer sums on the tensor cores -----
 // A Q4_K unit's value (q4k_unit_q8v) takes two exact integer sums of 16 products each (its low
 // nibbles against 16 quants, its high nibbles against 16 more), then a fixed sequence of rounded
 // f32 operations. mma.m16n8k16 (s8 × s8 → s32) gives one such sum for 16 rows × 8 tokens at
-// once, exactly (the sums are at most 16 · 15 · 128), so a warp takes 16 rows of one matrix for
+// once, exactly (the sums are at most 16 · 15 · 128), so a block takes 16 rows of one matrix for
 // the tile's 8 tokens and computes every (row, token, unit) value with q4k_unit_q8v's operations.
 // What the one-token kernel adds in a fixed order, this kernel adds in the same order: lane L of
 // slice p of a row sums its units p·32 + L, + parts·32, … (from 0.0f, in that order), warp_sum's
 // butterfly adds the 32 lane sums (v_L + v_{L^o} for o = 16, 8, …, 1: a balanced tree over the
 // lanes taken in bit-reversed order), and the slices are added in order from 0.0f (one slice: the
 // warp sum itself); then y = invs[t] · sum. Here the 32 leaves of that tree, walked in
-// bit-reversed order, are cut into S runs of consecutive leaves, each a subtree, one
-// warp each; a binary counter of partial sums (q8x_mma_push) adds each run's leaves in the
-// tree's order and the tile's first warp adds the runs' roots the same way. So every output is
-// matvec_q8x_q4_k's (and matvec_q8x_tok_q4_k's) bit for bit, the weights decoded to nibbles once
-// per 16 × 8 products and the activations loaded once per 16 rows.
-// matvec_q8x_mma<S>_q4_k for S = 2, 4, 8 warps a tile (REDLITE_CUDA_Q8X_MMA picks one).
-// Launch: grid = (sum over m of ceil(rows_m / (16 · MVF_WARPS / S)), ceil(n / 8)),
-// block = 32 * MVF_WARPS; split = parts as the one-token kernel's (its rows per warp unused).
+// bit-reversed order, are cut into 8 runs of 4 consecutive leaves, each a subtree, one warp
+// each; a binary counter of partial sums (q8x_mma_push) adds each run's leaves in the tree's
+// order and warp 0 adds the runs' roots the same way. So every output is matvec_q8x_q4_k's (and
+// matvec_q8x_tok_q4_k's) bit for bit.
+// Before the wait (the weights depend on nothing the kernel ahead writes) the block copies its 16
+// rows into shared memory (cp.async, rows padded by 16 bytes against bank conflicts) and decodes
+// each row's sub-block scales and mins once (q4k_unit's values, four floats a row, block and
+// sub-block pair); after it, a lane's unit is two shared words of weights, two scale quads, two
+// words of its B token's quants and its D tokens' q8 scales and sums.
+// Launch: grid = (sum over m of ceil(rows_m / 16), ceil(n / 8)), block = 32 * MVF_WARPS, dynamic
+// shared memory = q8x_mma_smem(cols) bytes; split = parts as the one-token kernel's.
+#define Q8X_MMA_LEAVES (WARP / MVF_WARPS)
+// Blocks an SM the register allocation must allow (3: at most 85 registers; 103 without a bound).
+#ifndef Q8X_MMA_MIN_BLOCKS
+#define Q8X_MMA_MIN_BLOCKS 3
+#endif
+// Bytes of a staged row (padded) and float4s of a row's scale quads (one a block and sub-block
+// pair, plus one of padding).
+__device__ __forceinline__ int q8x_mma_row_stride(int cols) { return cols / 256 * 144 + 16; }
+__device__ __forceinline__ int q8x_mma_scale_stride(int cols) { return cols / 64 + 1; }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const u32 sa = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // D = A · B (A: 16 × 16 s8 rows, B: 16 × 8 s8 columns, D: 16 × 8 s32), the fragments of PTX's
 // m16n8k16 layout: lane l holds a0 = A[l / 4][4 (l % 4) ..], a1 = A[l / 4 + 8][same],
@@ -2271,7 +2289,7 @@ __device__ __forceinline__ void mma_s8_16816(int (&d)[4], u32 a0, u32 a1, u32 b)
 // partial sums of completed left subtrees per level, added left + right as warp_sum adds
 // v_L + v_{L^o} (L the lower lane). After the subtree's last leaf, v holds its root.
 template <int LEVELS>
-__device__ __forceinline__ void q8x_mma_push(float (&stk)[LEVELS > 0 ? LEVELS : 1][4], float (&v)[4], int i) {
+__device__ __forceinline__ void q8x_mma_push(float (&stk)[LEVELS][4], float (&v)[4], int i) {
     bool open = true;
 #pragma unroll
     for (int b = 0; b < LEVELS; ++b) {
@@ -2287,71 +2305,75 @@ __device__ __forceinline__ void q8x_mma_push(float (&stk)[LEVELS > 0 ? LEVELS : 
     }
 }
 
-// log2 of a power of two, at compile time.
-template <int N>
-struct Q8xLog2 {
-    enum { V = 1 + Q8xLog2<N / 2>::V };
-};
-template <>
-struct Q8xLog2<1> {
-    enum { V = 0 };
-};
-
-template <int S>
-__device__ __forceinline__ void matvec_q8x_mma_body(const u8* xq, const float* invs, int cols, int split, int n,
-                                                    const u8* w0, float* y0, int r0, const u8* w1, float* y1,
-                                                    int r1, const u8* w2, float* y2, int r2) {
-    constexpr int LEAVES = WARP / S, TILES = MVF_WARPS / S;  // leaves a warp, 16-row tiles a block
-    constexpr int LEVELS = Q8xLog2<LEAVES>::V, ROOT_LEVELS = Q8xLog2<S>::V;
-    __shared__ float roots[TILES][S][4][WARP];
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MMA_MIN_BLOCKS) void matvec_q8x_mma_q4_k(
+    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    extern __shared__ uint4 q8x_mma_smem[];
+    __shared__ float roots[MVF_WARPS][4][WARP];
     const int parts = max(split & 255, 1);
-    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int tile = wi / S, run = wi % S;
-    const MvfMatrix m = mvf_matrix(blockIdx.x, 16 * TILES, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const int row0 = (m.block * TILES + tile) * 16;
+    const int run = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const MvfMatrix m = mvf_matrix(blockIdx.x, 16, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int row0 = m.block * 16, nrows = min(16, m.rows - row0);
+    const int rb = cols / 256 * 144, rs = q8x_mma_row_stride(cols), ss = q8x_mma_scale_stride(cols);
+    u8* sw = (u8*)q8x_mma_smem;                    // [16][rs] bytes
+    float4* ssc = (float4*)(sw + 16 * rs);         // [16][ss]: (ds0, dm0, ds1, dm1) of block ib, pair c
+    // The rows into shared memory and their scales, before the wait.
+    const int chunks = rb / 16;
+    for (int k = threadIdx.x; k < nrows * chunks; k += blockDim.x) {
+        const int r = k / chunks, j = k - r * chunks;
+        cp_async16(sw + r * rs + 16 * j, m.w + (size_t)(row0 + r) * rb + 16 * j);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    for (int k = threadIdx.x; k < 16 * (cols / 64); k += blockDim.x) {
+        const int r = k / (cols / 64), q = k - r * (cols / 64);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < nrows) {
+            const Q4kUnit u = q4k_unit(*(const uint4*)(sw + r * rs + (q >> 2) * 144), zero4, 2 * (q & 3));
+            v = make_float4(u.ds0, u.dm0, u.ds1, u.dm1);
+        }
+        ssc[r * ss + q] = v;
+    }
+    __syncthreads();
+    pdl_enter();  // xq comes from the kernel before
     const int t0 = blockIdx.y * 8, nt = min(8, n - t0);
     const int gq = lane >> 2, tq = lane & 3;
-    const size_t rb = row_bytes<T_Q4_K>(cols);
-    // The lane's A rows (gq, gq + 8 of the tile), B token (gq) and D tokens (2 tq, 2 tq + 1).
-    const int ra = row0 + gq, rbw = row0 + gq + 8;
-    const u8* wa = ra < m.rows ? m.w + (size_t)ra * rb : nullptr;
-    const u8* wb = rbw < m.rows ? m.w + (size_t)rbw * rb : nullptr;
-    if (blockIdx.y == 0 && row0 < m.rows) {
-        prefetch_l2(m.w + (size_t)row0 * rb, (size_t)min(16, m.rows - row0) * rb, run * WARP + lane,
-                    S * WARP);
-    }
-    pdl_enter();  // xq comes from the kernel before
+    // The lane's A rows (gq, gq + 8), B token (gq) and D tokens (2 tq, 2 tq + 1).
     const int stride = Q8_ROW_BYTES(cols);
     const u8* xbase = xq + (size_t)t0 * stride;
     const bool bv = gq < nt, dv0 = 2 * tq < nt, dv1 = 2 * tq + 1 < nt;
     const Q8Row xB = q8_row((u8*)xbase + (size_t)(bv ? gq : 0) * stride, cols);
     const Q8Row xd0 = q8_row((u8*)xbase + (size_t)(dv0 ? 2 * tq : 0) * stride, cols);
     const Q8Row xd1 = q8_row((u8*)xbase + (size_t)(dv1 ? 2 * tq + 1 : 0) * stride, cols);
+    const u8* swa = sw + gq * rs;
+    const u8* swb = sw + (gq + 8) * rs;
+    const float4* sca = ssc + gq * ss;
+    const float4* scb = ssc + (gq + 8) * ss;
     const int units = cols / 32, step = parts * WARP;
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int p = 0; p < parts; ++p) {
-        float stk[LEVELS > 0 ? LEVELS : 1][4];
-        float root[4];
+        constexpr int LEVELS = 2;  // log2(Q8X_MMA_LEAVES)
+        float stk[LEVELS][4];
 #pragma unroll
-        for (int i = 0; i < LEAVES; ++i) {
-            const int leaf = (int)(__brev((u32)(run * LEAVES + i)) >> 27);
+        for (int i = 0; i < Q8X_MMA_LEAVES; ++i) {
+            const int leaf = (int)(__brev((u32)(run * Q8X_MMA_LEAVES + i)) >> 27);
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 2
             for (int gi = p * WARP + leaf; gi < units; gi += step) {
                 const int ib = gi >> 3, g = gi & 7;
-                const size_t qo = (size_t)ib * 144 + 16 + 16 * g + 4 * tq;
-                const u32 qa = wa != nullptr ? *(const u32*)(wa + qo) : 0u;
-                const u32 qb = wb != nullptr ? *(const u32*)(wb + qo) : 0u;
+                const int qo = ib * 144 + 16 + 16 * g + 4 * tq;
+                const u32 qa = *(const u32*)(swa + qo), qb = *(const u32*)(swb + qo);
                 const int at = 256 * ib + q4k_unit_at(g);
                 const u32 blo = bv ? *(const u32*)(xB.q + at + 4 * tq) : 0u;
                 const u32 bhi = bv ? *(const u32*)(xB.q + at + 32 + 4 * tq) : 0u;
                 int sl[4], sh[4];
                 mma_s8_16816(sl, qa & 0x0F0F0F0Fu, qb & 0x0F0F0F0Fu, blo);
                 mma_s8_16816(sh, (qa >> 4) & 0x0F0F0F0Fu, (qb >> 4) & 0x0F0F0F0Fu, bhi);
-                // The rows' scales (q4k_unit's), the tokens' q8 scales and sums (q8_unit_x's).
-                const Q4kUnit ua = q4k_unit(wa != nullptr ? *(const uint4*)(wa + (size_t)ib * 144) : zero4, zero4, g);
-                const Q4kUnit ub = q4k_unit(wb != nullptr ? *(const uint4*)(wb + (size_t)ib * 144) : zero4, zero4, g);
+                const float4 fa = sca[4 * ib + (g >> 1)], fb = scb[4 * ib + (g >> 1)];
+                Q4kUnit ua, ub;
+                ua.ds0 = fa.x, ua.dm0 = fa.y, ua.ds1 = fa.z, ua.dm1 = fa.w;
+                ub.ds0 = fb.x, ub.dm0 = fb.y, ub.ds1 = fb.z, ub.dm1 = fb.w;
                 Q8UnitX x0, x1;
                 x0.s_lo = dv0 ? (float)xd0.s16[at / 16] : 0.0f;
                 x0.s_hi = dv0 ? (float)xd0.s16[(at + 32) / 16] : 0.0f;
@@ -2366,52 +2388,40 @@ __device__ __forceinline__ void matvec_q8x_mma_body(const u8* xq, const float* i
                 v[2] = __fadd_rn(v[2], q4k_sums_value(ub, sl[2], sh[2], x0));
                 v[3] = __fadd_rn(v[3], q4k_sums_value(ub, sl[3], sh[3], x1));
             }
-            q8x_mma_push<LEVELS>(stk, v, i);
-            if (i == LEAVES - 1) {
+            q8x_mma_push<LEVELS>(stk, v, i);  // after the last leaf, v is the run's root
+            if (i == Q8X_MMA_LEAVES - 1) {
 #pragma unroll
-                for (int k = 0; k < 4; ++k) root[k] = v[k];
+                for (int k = 0; k < 4; ++k) roots[run][k][lane] = v[k];
             }
         }
-        // The runs' roots, added in the tree's order by the tile's first warp.
-#pragma unroll
-        for (int k = 0; k < 4; ++k) roots[tile][run][k][lane] = root[k];
+        // The runs' roots, added in the tree's order by warp 0.
         __syncthreads();
         if (run == 0) {
-            float rs[ROOT_LEVELS > 0 ? ROOT_LEVELS : 1][4];
-            float r[4];
+            float rs3[3][4], r[4];
 #pragma unroll
-            for (int j = 0; j < S; ++j) {
+            for (int j = 0; j < MVF_WARPS; ++j) {
 #pragma unroll
-                for (int k = 0; k < 4; ++k) r[k] = roots[tile][j][k][lane];
-                q8x_mma_push<ROOT_LEVELS>(rs, r, j);
+                for (int k = 0; k < 4; ++k) r[k] = roots[j][k][lane];
+                q8x_mma_push<3>(rs3, r, j);  // log2(MVF_WARPS) levels
             }
 #pragma unroll
             for (int k = 0; k < 4; ++k) total[k] = parts == 1 ? r[k] : total[k] + r[k];
         }
         __syncthreads();  // roots is reused by the next slice
     }
-    if (run != 0) return;
+    if (run != 0 || nrows <= 0) return;
     const float inv0 = invs == nullptr || !dv0 ? 1.0f : invs[t0 + 2 * tq];
     const float inv1 = invs == nullptr || !dv1 ? 1.0f : invs[t0 + 2 * tq + 1];
-    if (wa != nullptr) {
+    const int ra = row0 + gq, rbw = row0 + gq + 8;
+    if (gq < nrows) {
         if (dv0) m.y[(size_t)(t0 + 2 * tq) * m.rows + ra] = inv0 * total[0];
         if (dv1) m.y[(size_t)(t0 + 2 * tq + 1) * m.rows + ra] = inv1 * total[1];
     }
-    if (wb != nullptr) {
+    if (gq + 8 < nrows) {
         if (dv0) m.y[(size_t)(t0 + 2 * tq) * m.rows + rbw] = inv0 * total[2];
         if (dv1) m.y[(size_t)(t0 + 2 * tq + 1) * m.rows + rbw] = inv1 * total[3];
     }
 }
-
-#define Q8X_MMA_KERNEL(S)                                                                              \
-    extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_mma##S##_q4_k(                 \
-        const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0,       \
-        const u8* w1, float* y1, int r1, const u8* w2, float* y2, int r2) {                                 \
-        matvec_q8x_mma_body<S>(xq, invs, cols, split, n, w0, y0, r0, w1, y1, r1, w2, y2, r2);               \
-    }
-Q8X_MMA_KERNEL(2)
-Q8X_MMA_KERNEL(4)
-Q8X_MMA_KERNEL(8)
 
 // rms_norm_q8(x, nw, eps, cols, xq, invs): token t = blockIdx.y's input as matvec_norm3_q8_q4_k
 // stages it (stage_normed_q8: the same 8 warps, so the same bits): the q8 row of x[t] * nw at

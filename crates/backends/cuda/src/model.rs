@@ -83,17 +83,12 @@ const MAX_HEAD_DIM: usize = 512;
 pub(crate) const MVF_WARPS: usize = 8;
 pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 
-/// The warps a 16-row tile of `matvec_q8x_mma<S>_q4_k` may take (S).
-pub const Q8X_MMA_SPLITS: [usize; 3] = [2, 4, 8];
-
-/// The rows a block of `matvec_q8x_mma<S>_q4_k` takes: 16 a tile, MVF_WARPS / S tiles.
-pub fn q8x_mma_rows_per_block(s: usize) -> u32 {
-    (16 * MVF_WARPS / s) as u32
-}
-
-/// The index of `matvec_q8x_mma<S>_q4_k` in [`Q8X_MMA_SPLITS`] (S = 2 where S is not one).
-pub fn q8x_mma_index(s: usize) -> usize {
-    Q8X_MMA_SPLITS.iter().position(|&k| k == s).unwrap_or(0)
+/// Dynamic shared memory of `matvec_q8x_mma_q4_k` for rows `cols` wide: its 16 rows (each padded
+/// by 16 bytes) and their scale quads (one a block and sub-block pair, one of padding), or `None`
+/// past the 48 KiB a block gets without opting in.
+pub fn q8x_mma_smem(cols: usize) -> Option<u32> {
+    let bytes = 16 * (cols / 256 * 144 + 16) + 16 * 16 * (cols / 64 + 1);
+    (bytes <= 48 * 1024).then_some(bytes as u32)
 }
 
 /// `grid_sync` counters (one per kernel and grid size that uses the barrier).
@@ -819,8 +814,7 @@ struct Kernels {
     matvec_q8x_q6k: CudaFunction,
     matvec_q8x_tok: CudaFunction,
     matvec_q8x_tok_q6k: CudaFunction,
-    /// `matvec_q8x_mma{2,4,8}_q4_k` (the integer sums on the tensor cores, [`Q8X_MMA_SPLITS`]).
-    matvec_q8x_mma: [CudaFunction; 3],
+    matvec_q8x_mma: CudaFunction,
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
@@ -1060,12 +1054,10 @@ pub struct CudaModel {
     /// 8 verify rows 11.61 ms against 11.64 with 1 and 11.93 with 4 on the H200; the one-token
     /// kernel takes `q8_rows`).
     q8x_tile_rows: usize,
-    /// The Q4_K products of q8 rows through `matvec_q8x_mma<S>_q4_k` (their integer sums on the
-    /// tensor cores, every output the same bits): `REDLITE_CUDA_Q8X_MMA` = S, the warps a 16-row
-    /// tile (2, 4 or 8; 0, the default: off), for calls of several tokens (the verify rows), and
-    /// with `REDLITE_CUDA_Q8X_MMA_ONE=1` for one token too.
+    /// The Q4_K products of q8 rows through `matvec_q8x_mma_q4_k` (their integer sums on the
+    /// tensor cores, every output the same bits) for calls of at least `REDLITE_CUDA_Q8X_MMA`
+    /// tokens (0, the default: never).
     q8x_mma: usize,
-    q8x_mma_one: bool,
     /// The router and the output projections of a call of several tokens through the in-place
     /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
     /// on; off: the staging `matvec_norm3_tok_f32` and one `matvec_res` block row per token).
@@ -1300,11 +1292,7 @@ impl CudaModel {
             matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
             matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
             matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
-            matvec_q8x_mma: [
-                f("matvec_q8x_mma2_q4_k")?,
-                f("matvec_q8x_mma4_q4_k")?,
-                f("matvec_q8x_mma8_q4_k")?,
-            ],
+            matvec_q8x_mma: f("matvec_q8x_mma_q4_k")?,
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
@@ -1463,10 +1451,7 @@ impl CudaModel {
             q8x_tile_rows: env_parse("REDLITE_CUDA_Q8X_TILE_ROWS")
                 .unwrap_or(2)
                 .clamp(1, 16),
-            q8x_mma: env_parse("REDLITE_CUDA_Q8X_MMA")
-                .filter(|s| Q8X_MMA_SPLITS.contains(s))
-                .unwrap_or(0),
-            q8x_mma_one: env_switch("REDLITE_CUDA_Q8X_MMA_ONE", false),
+            q8x_mma: env_parse("REDLITE_CUDA_Q8X_MMA").unwrap_or(0),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
@@ -2774,8 +2759,10 @@ impl CudaModel {
         n: usize,
     ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
-        if ty == GgmlType::Q4K && self.q8x_mma != 0 && (n > 1 || self.q8x_mma_one) {
-            return self.matvec_q8x_mma((xq, invs), mats, n);
+        if ty == GgmlType::Q4K && self.q8x_mma != 0 && n >= self.q8x_mma {
+            if let Some(smem) = q8x_mma_smem(cols) {
+                return self.matvec_q8x_mma((xq, invs), mats, n, smem);
+            }
         }
         // Several tokens: the weights once per tile (`matvec_q8x_tok_*`, the same bits).
         let tile = if n > 1 { self.q8x_tile.min(n) } else { 1 };
@@ -2813,16 +2800,16 @@ impl CudaModel {
         )
     }
 
-    /// [`Self::matvec_q8x`] through `matvec_q8x_mma<S>_q4_k`: 16 rows × 8 tokens a warp group of
-    /// S warps, the one-token kernel's slices (`parts`) emulated, so the same bits.
+    /// [`Self::matvec_q8x`] through `matvec_q8x_mma_q4_k`: 16 rows × 8 tokens a block, the
+    /// one-token kernel's slices (`parts`) and sums emulated, so the same bits.
     fn matvec_q8x_mma(
         &mut self,
         (xq, invs): (u64, u64),
         mats: &[(&DevLinear, u64)],
         n: usize,
+        smem: u32,
     ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
-        let s = self.q8x_mma;
         let parts = mvf_parts(ty, cols, self.mvf_lane_iters);
         let mut args = vec![
             A::P(xq),
@@ -2831,14 +2818,14 @@ impl CudaModel {
             A::I(parts as i32),
             A::I(n as i32),
         ];
-        let grid_x = push_mats3(&mut args, mats, q8x_mma_rows_per_block(s));
-        let f = self.k.matvec_q8x_mma[q8x_mma_index(s)].clone();
+        let grid_x = push_mats3(&mut args, mats, 16);
+        let f = self.k.matvec_q8x_mma.clone();
         self.launch(
             "matvec_q8x",
             &f,
             (grid_x, n.div_ceil(8) as u32, 1),
             MVF_THREADS,
-            0,
+            smem,
             &args,
         )
     }

@@ -656,7 +656,7 @@ impl Runner<'_> {
                     &w,
                     (rows, cols),
                     (&xq, None),
-                    (parts, rpw, 1, 0),
+                    (parts, rpw, 1, false),
                 )?;
                 let staged = ops::matvec_norm3_q8(
                     self.gpu,
@@ -682,7 +682,7 @@ impl Runner<'_> {
                         (parts, rpw, tile, mma),
                     )
                 };
-                let normed = |q: &(Vec<u8>, Vec<f32>), tile| normed_mma(q, tile, 0);
+                let normed = |q: &(Vec<u8>, Vec<f32>), tile| normed_mma(q, tile, false);
                 let yn = normed(&(xqn, invs), 1)?;
                 let staged_n = ops::matvec_norm3_q8(
                     self.gpu,
@@ -716,18 +716,16 @@ impl Runner<'_> {
                         q11.0[..ops::q8_row_bytes(cols)].to_vec(),
                         q11.1[..1].to_vec(),
                     );
-                    for s in crate::model::Q8X_MMA_SPLITS {
-                        same_bits(
-                            "matvec_q8x_mma differs from matvec_q8x",
-                            &normed_mma(&q11, 8, s)?,
-                            &one,
-                        )?;
-                        same_bits(
-                            "matvec_q8x_mma (one token) differs from matvec_q8x",
-                            &normed_mma(&q1, 8, s)?,
-                            &one[..rows],
-                        )?;
-                    }
+                    same_bits(
+                        "matvec_q8x_mma differs from matvec_q8x",
+                        &normed_mma(&q11, 8, true)?,
+                        &one,
+                    )?;
+                    same_bits(
+                        "matvec_q8x_mma (one token) differs from matvec_q8x",
+                        &normed_mma(&q1, 8, true)?,
+                        &one[..rows],
+                    )?;
                 }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
