@@ -2256,10 +2256,12 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k
 // Before the wait (the weights depend on nothing the kernel ahead writes) the block copies its 16
 // rows into shared memory (cp.async, rows padded by 16 bytes against bank conflicts) and decodes
 // each row's sub-block scales and mins once (q4k_unit's values, four floats a row, block and
-// sub-block pair); after it, a lane's unit is two shared words of weights, two scale quads, two
-// words of its B token's quants and its D tokens' q8 scales and sums.
+// sub-block pair); after it, the tile's q8 rows (rows padded by 16 bytes), so that a lane's unit
+// is two shared words of weights, two scale quads, two words of its B token's quants and its D
+// tokens' q8 scales and sums, all from shared memory.
 // Launch: grid = (sum over m of ceil(rows_m / 16), ceil(n / 8)), block = 32 * MVF_WARPS, dynamic
-// shared memory = q8x_mma_smem(cols) bytes; split = parts as the one-token kernel's.
+// shared memory = q8x_mma_smem(cols) bytes (over 48 KiB: the host opts the kernel in); split =
+// parts as the one-token kernel's.
 #define Q8X_MMA_LEAVES (WARP / MVF_WARPS)
 // Blocks an SM the register allocation must allow (3: at most 85 registers; 103 without a bound).
 #ifndef Q8X_MMA_MIN_BLOCKS
@@ -2315,8 +2317,10 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MMA_MIN_BLOCKS) void
     const MvfMatrix m = mvf_matrix(blockIdx.x, 16, w0, y0, r0, w1, y1, r1, w2, y2, r2);
     const int row0 = m.block * 16, nrows = min(16, m.rows - row0);
     const int rb = cols / 256 * 144, rs = q8x_mma_row_stride(cols), ss = q8x_mma_scale_stride(cols);
+    const int stride = Q8_ROW_BYTES(cols), xs = stride + 16;
     u8* sw = (u8*)q8x_mma_smem;                    // [16][rs] bytes
     float4* ssc = (float4*)(sw + 16 * rs);         // [16][ss]: (ds0, dm0, ds1, dm1) of block ib, pair c
+    u8* sx = (u8*)(ssc + 16 * ss);                 // [8][xs]: the tile's q8 rows
     // The rows into shared memory and their scales, before the wait.
     const int chunks = rb / 16;
     for (int k = threadIdx.x; k < nrows * chunks; k += blockDim.x) {
@@ -2338,14 +2342,19 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MMA_MIN_BLOCKS) void
     __syncthreads();
     pdl_enter();  // xq comes from the kernel before
     const int t0 = blockIdx.y * 8, nt = min(8, n - t0);
+    const u8* xbase = xq + (size_t)t0 * stride;
+    for (int k = threadIdx.x; k < nt * (stride / 16); k += blockDim.x) {
+        const int t = k / (stride / 16), j = k - t * (stride / 16);
+        cp_async16(sx + t * xs + 16 * j, xbase + (size_t)t * stride + 16 * j);
+    }
+    cp_async_wait_all();
+    __syncthreads();
     const int gq = lane >> 2, tq = lane & 3;
     // The lane's A rows (gq, gq + 8), B token (gq) and D tokens (2 tq, 2 tq + 1).
-    const int stride = Q8_ROW_BYTES(cols);
-    const u8* xbase = xq + (size_t)t0 * stride;
     const bool bv = gq < nt, dv0 = 2 * tq < nt, dv1 = 2 * tq + 1 < nt;
-    const Q8Row xB = q8_row((u8*)xbase + (size_t)(bv ? gq : 0) * stride, cols);
-    const Q8Row xd0 = q8_row((u8*)xbase + (size_t)(dv0 ? 2 * tq : 0) * stride, cols);
-    const Q8Row xd1 = q8_row((u8*)xbase + (size_t)(dv1 ? 2 * tq + 1 : 0) * stride, cols);
+    const Q8Row xB = q8_row(sx + (bv ? gq : 0) * xs, cols);
+    const Q8Row xd0 = q8_row(sx + (dv0 ? 2 * tq : 0) * xs, cols);
+    const Q8Row xd1 = q8_row(sx + (dv1 ? 2 * tq + 1 : 0) * xs, cols);
     const u8* swa = sw + gq * rs;
     const u8* swb = sw + (gq + 8) * rs;
     const float4* sca = ssc + gq * ss;

@@ -85,11 +85,25 @@ pub(crate) const MVF_WARPS: usize = 8;
 pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 
 /// Dynamic shared memory of `matvec_q8x_mma_q4_k` for rows `cols` wide: its 16 rows (each padded
-/// by 16 bytes) and their scale quads (one a block and sub-block pair, one of padding), or `None`
-/// past the 48 KiB a block gets without opting in.
+/// by 16 bytes), their scale quads (one a block and sub-block pair, one of padding) and the tile's
+/// 8 q8 rows (each padded by 16 bytes), or `None` past [`Q8X_MMA_MAX_SMEM`].
 pub fn q8x_mma_smem(cols: usize) -> Option<u32> {
-    let bytes = 16 * (cols / 256 * 144 + 16) + 16 * 16 * (cols / 64 + 1);
-    (bytes <= 48 * 1024).then_some(bytes as u32)
+    let q8_row = cols + cols / 32 * 4 + cols / 16 * 4;
+    let bytes = 16 * (cols / 256 * 144 + 16) + 16 * 16 * (cols / 64 + 1) + 8 * (q8_row + 16);
+    (bytes <= Q8X_MMA_MAX_SMEM as usize).then_some(bytes as u32)
+}
+
+/// The dynamic shared memory `matvec_q8x_mma_q4_k` is opted in to (64 KiB: rows of 2,048 take
+/// 49,792 bytes; three blocks an SM fit the 228 KiB of an H100 / H200).
+pub const Q8X_MMA_MAX_SMEM: u32 = 64 * 1024;
+
+/// Opts `matvec_q8x_mma_q4_k` in to [`Q8X_MMA_MAX_SMEM`] bytes of dynamic shared memory.
+pub fn q8x_mma_opt_in(f: &CudaFunction) -> Result<(), CudaError> {
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        Q8X_MMA_MAX_SMEM as i32,
+    )
+    .map_err(|e| CudaError::driver("matvec_q8x_mma_q4_k's shared memory limit", e))
 }
 
 /// `grid_sync` counters (one per kernel and grid size that uses the barrier).
@@ -1294,7 +1308,11 @@ impl CudaModel {
             matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
             matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
             matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
-            matvec_q8x_mma: f("matvec_q8x_mma_q4_k")?,
+            matvec_q8x_mma: {
+                let k = f("matvec_q8x_mma_q4_k")?;
+                q8x_mma_opt_in(&k)?;
+                k
+            },
             swiglu_q8: f("swiglu_q8")?,
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
