@@ -1071,8 +1071,8 @@ pub struct CudaModel {
     q8x_tile_rows: usize,
     /// The Q4_K products of q8 rows through `matvec_q8x_mma_q4_k` (their integer sums on the
     /// tensor cores, every output the same bits) for calls of at least `REDLITE_CUDA_Q8X_MMA`
-    /// tokens (0: never; default 8: full-size verify of 8 / 16 rows −3.4 / −3.9 % on an H100,
-    /// 2 / 4 rows +12.7 / +5 %, session 46).
+    /// tokens (0: never; default 8: full-size verify of 8 / 16 rows −4.1 / −4.9 % on an H100,
+    /// of 2 / 4 rows +7.5 / +3.0 %; one token −13.6 % decode; session 46).
     q8x_mma: usize,
     /// The router and the output projections of a call of several tokens through the in-place
     /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
