@@ -1266,7 +1266,7 @@ pub fn matvec_q8x(
     let iv = invs_d.as_ref().map_or(0u64, |iv| device_address(gpu, iv));
     if mma {
         let f = gpu.func("matvec_q8x_mma_q4_k")?;
-        crate::model::q8x_mma_opt_in(&f)?;
+        crate::model::q8x_mma_opt_in(f)?;
         let smem = crate::model::q8x_mma_smem(cols).unwrap_or(0);
         let conf = cfg((blocks(rows, 16), n.div_ceil(8) as u32, 1), 256, smem);
         let pi = i32_arg(parts, "parts")?;
