@@ -29,7 +29,7 @@
 //! ```
 //!
 //! Other calls take other forms of the same steps: a verify pass (a few tokens) the token-tile
-//! kernels (`matvec_q8x_tok_*`, from 8 tokens `matvec_q8x_mma_q4_k` on the tensor cores,
+//! kernels (`matvec_q8x_tok_*`, from 6 tokens `matvec_q8x_mma_q4_k` on the tensor cores,
 //! `matvec_res_tok_*` then `res_norm_q8`, `matvec3_x_tok_f32` for
 //! the router, `moe_router_warp`, `moe_gate_up_tok_*`, `moe_down_combine_tok_*`), each row the
 //! one-token kernels' bits; a prompt the GEMMs on the tensor cores (`gemm_*`, `moe_gemm_*`) and
@@ -1071,8 +1071,9 @@ pub struct CudaModel {
     q8x_tile_rows: usize,
     /// The Q4_K products of q8 rows through `matvec_q8x_mma_q4_k` (their integer sums on the
     /// tensor cores, every output the same bits) for calls of at least `REDLITE_CUDA_Q8X_MMA`
-    /// tokens (0: never; default 8: full-size verify of 8 / 16 rows −4.1 / −4.9 % on an H100,
-    /// of 2 / 4 rows +7.5 / +3.0 %; one token −13.6 % decode; session 46).
+    /// tokens (0: never; default 6: full-size verify of 6 / 7 / 8 / 12 / 16 rows −1.8 / −2.6 /
+    /// −4.1 / −1.9 / −4.4 % on an H100, of 5 rows −0.9 %, of 2 / 4 rows +7.5 / +3.0 %; one token
+    /// −13.6 % decode; session 46).
     q8x_mma: usize,
     /// The router and the output projections of a call of several tokens through the in-place
     /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
@@ -1471,7 +1472,7 @@ impl CudaModel {
             q8x_tile_rows: env_parse("REDLITE_CUDA_Q8X_TILE_ROWS")
                 .unwrap_or(2)
                 .clamp(1, 16),
-            q8x_mma: env_parse("REDLITE_CUDA_Q8X_MMA").unwrap_or(8),
+            q8x_mma: env_parse("REDLITE_CUDA_Q8X_MMA").unwrap_or(6),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
