@@ -4703,4 +4703,64 @@ mod tests {
         assert_eq!(token_tile(4, 3, 2048), 3);
         assert_eq!(token_tile(1, 16, 2048), 1);
     }
+
+    #[test]
+    fn tensor_core_products_shared_memory() {
+        // 16 padded Q4_K rows, their scale quads, 8 padded q8 rows (ncu saw 12.93 KB at 512).
+        assert_eq!(q8x_mma_smem(2048), Some(49_792));
+        assert_eq!(q8x_mma_smem(512), Some(12_928));
+        assert_eq!(q8x_mma_smem(4096), None);
+    }
+
+    /// `matvec_q8x_mma_q4_k`'s order of additions, here on the host: `warp_sum`'s butterfly (lane
+    /// 0's value after v_L += v_{L^o} for o = 16 … 1) equals a binary counter over the lanes in
+    /// bit-reversed order, cut into 8 runs of 4 leaves whose roots a second counter adds
+    /// (`q8x_mma_push`), bit for bit, where a sequential sum does not.
+    #[test]
+    fn bit_reversed_counter_is_the_warp_butterfly() {
+        fn push(stk: &mut [f32], v: &mut f32, i: usize) {
+            for (b, s) in stk.iter_mut().enumerate() {
+                if (i >> b) & 1 == 1 {
+                    *v += *s; // left subtree + right (an f32 addition commutes)
+                } else {
+                    *s = *v;
+                    return;
+                }
+            }
+        }
+        fn counter(leaves: impl Iterator<Item = f32>, levels: usize) -> f32 {
+            let mut stk = vec![0.0f32; levels];
+            let mut v = 0.0;
+            for (i, leaf) in leaves.enumerate() {
+                v = leaf;
+                push(&mut stk, &mut v, i);
+            }
+            v
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Values over many binades, so that the order of additions shows in the bits.
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            m * 2f32.powi((state % 24) as i32 - 12)
+        };
+        let mut sequential_differs = false;
+        for _ in 0..2000 {
+            let lanes: Vec<f32> = (0..32).map(|_| next()).collect();
+            let mut v = lanes.clone();
+            for o in [16, 8, 4, 2, 1] {
+                v = (0..32).map(|l| v[l] + v[l ^ o]).collect();
+            }
+            let rev = |i: usize| (i as u32).reverse_bits() as usize >> 27;
+            let roots: Vec<f32> = (0..8)
+                .map(|run| counter((0..4).map(|i| lanes[rev(run * 4 + i)]), 2))
+                .collect();
+            let tree = counter(roots.into_iter(), 3);
+            assert_eq!(tree.to_bits(), v[0].to_bits());
+            sequential_differs |= lanes.iter().sum::<f32>().to_bits() != v[0].to_bits();
+        }
+        assert!(sequential_differs);
+    }
 }
