@@ -2263,6 +2263,9 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k
 // shared memory = q8x_mma_smem(cols) bytes (over 48 KiB: the host opts the kernel in); split =
 // parts as the one-token kernel's.
 #define Q8X_MMA_LEAVES (WARP / MVF_WARPS)
+// The two binary counters' depths below (2 levels for a warp's 4 leaves, 3 for the 8 warps' roots)
+// hold for 8 warps of 32 lanes only.
+static_assert(WARP == 32 && MVF_WARPS == 8, "matvec_q8x_mma_q4_k: 8 runs of 4 leaves");
 // Blocks an SM the register allocation must allow (3: NVRTC 13.0 gives 80 registers, no stack;
 // 103 without a bound; 4 gave 64 and a 24-byte stack and lost 1.6 % at 8 and 16 verify rows).
 #ifndef Q8X_MMA_MIN_BLOCKS
