@@ -30,7 +30,8 @@
 //!
 //! Other calls take other forms of the same steps: a verify pass (a few tokens) the token-tile
 //! kernels (`matvec_q8x_tok_*`, from 6 tokens `matvec_q8x_mma_q4_k` on the tensor cores,
-//! `matvec_res_tok_*` then `res_norm_q8`, `matvec3_x_tok_f32` for
+//! `matvec_res_tok_*` (from 4 tokens `matvec_res_xr_q4_k`, activations in registers) then
+//! `res_norm_q8`, `matvec3_x_tok_f32` for
 //! the router, `moe_router_warp`, `moe_gate_up_tok_*`, `moe_down_combine_tok_*`), each row the
 //! one-token kernels' bits; a prompt the GEMMs on the tensor cores (`gemm_*`, `moe_gemm_*`) and
 //! the multi-token DeltaNet and attention kernels; shapes a fused kernel does not take the
@@ -243,6 +244,10 @@ const GEMM_BM: usize = 64;
 const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 32;
 const GEMM_THREADS: u32 = 128;
+
+/// Rows and tokens of a block of `matvec_res_xr_q4_k` (`XR_ROWS`, `XR_TOKENS` in matvec.cu).
+pub(crate) const RES_XR_ROWS: u32 = 8;
+pub(crate) const RES_XR_TOKENS: usize = 8;
 
 /// Rows a warp group of the Q4_K output projections' token tiles for a call of `n` tokens: `want`
 /// (1 or 2) when set, else 2 up to 4 tokens and 1 beyond (session 29, full-size 2 / 4 / 8 / 16-row
@@ -1189,6 +1194,12 @@ pub struct CudaModel {
     /// 1, 2, or 0 for the default [`res_tok_rows`]): 2 takes `matvec_res_tok2_q4_k` (each token's
     /// activations loaded once for two rows; the same bits).
     res_tok_rows: usize,
+    /// The Q4_K output projections of calls of at least `REDLITE_CUDA_RES_XR` tokens through
+    /// `matvec_res_xr_q4_k` (8 rows × 8 tokens a block, each unit's activations loaded once a
+    /// block into registers; the same bits as the token tiles); 0: never. Default 4 (H100,
+    /// session 47, three alternating rounds: full-size verify of 4 / 8 / 16 rows −1 / −8 / −6.6 %,
+    /// of 2 rows +4.6 %: three of a block's four token pairs idle).
+    res_xr: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -1503,6 +1514,7 @@ impl CudaModel {
             moe_down_parts: moe_down_parts_from_env(),
             moe_tok: moe_tok_tiles(),
             res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
+            res_xr: env_parse("REDLITE_CUDA_RES_XR").unwrap_or(4),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -2893,8 +2905,11 @@ impl CudaModel {
         if self.x_tok && tile > 1 && split_norm && !q8 {
             // Several tokens (a verify pass): the weights once per tile, the same bits; Q4_K
             // with `res_tok_rows` 2: two rows a warp group sharing each token's activation loads.
-            let two = res_tok_rows(self.res_tok_rows, n) == 2 && w.ty == GgmlType::Q4K;
-            let name = if two {
+            let xr = w.ty == GgmlType::Q4K && self.res_xr != 0 && n >= self.res_xr;
+            let two = !xr && res_tok_rows(self.res_tok_rows, n) == 2 && w.ty == GgmlType::Q4K;
+            let name = if xr {
+                "matvec_res_xr_q4_k".to_string()
+            } else if two {
                 "matvec_res_tok2_q4_k".to_string()
             } else {
                 format!("matvec_res_tok_{}", type_suffix(w.ty))
@@ -2904,14 +2919,23 @@ impl CudaModel {
                 parts: split.parts,
                 rows: if two { 2 } else { 1 },
             };
-            self.launch(
-                "matvec_res_tok",
-                &f,
+            let grid = if xr {
+                (
+                    blocks(w.rows, RES_XR_ROWS),
+                    n.div_ceil(RES_XR_TOKENS) as u32,
+                    1,
+                )
+            } else {
                 (
                     blocks(w.rows, split.rows_per_block()),
                     n.div_ceil(tile) as u32,
                     1,
-                ),
+                )
+            };
+            self.launch(
+                "matvec_res_tok",
+                &f,
+                grid,
                 MVF_THREADS,
                 0,
                 &[

@@ -9,7 +9,7 @@ use redlite_gguf::GgmlType;
 use redlite_model::KvType;
 
 use crate::kernels::type_suffix;
-use crate::model::{MvfSplit, MVF_MAX_ROWS, MVF_MAX_TILE};
+use crate::model::{MvfSplit, MVF_MAX_ROWS, MVF_MAX_TILE, RES_XR_ROWS, RES_XR_TOKENS};
 use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
@@ -1558,6 +1558,48 @@ pub fn matvec_fused(
             Ok((download(gpu, &y)?, download(gpu, &yn)?))
         }
     }
+}
+
+/// `residual[t] + W · x[t]` for the `n` tokens of `xs` (`[n][cols]`) through
+/// `matvec_res_xr_q4_k` (Q4_K rows, 8 rows × 8 tokens a block, each row cut into `parts` slices
+/// as the one-token `matvec_res_q4_k` cuts it): that kernel's outputs, bit for bit.
+pub fn matvec_res_xr_q4k(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    xs: &[f32],
+    residual: &[f32],
+    parts: usize,
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xs.len(), cols, "matvec_res_xr x")?;
+    if !(1..=8).contains(&parts)
+        || !parts.is_power_of_two()
+        || residual.len() != n * rows
+        || w.len() < rows * row_bytes(GgmlType::Q4K, cols)?
+    {
+        return Err(CudaError::Invalid("matvec_res_xr: sizes".into()));
+    }
+    let split = MvfSplit { parts, rows: 1 };
+    let (x, mut y) = (upload(gpu, xs)?, upload(gpu, residual)?);
+    let (r, c, p, ni) = (
+        i32_arg(rows, "rows")?,
+        i32_arg(cols, "cols")?,
+        split.arg(),
+        i32_arg(n, "tokens")?,
+    );
+    let grid = (
+        blocks(rows, RES_XR_ROWS),
+        n.div_ceil(RES_XR_TOKENS) as u32,
+        1,
+    );
+    launch!(
+        gpu,
+        gpu.func("matvec_res_xr_q4_k")?,
+        "matvec_res_xr",
+        cfg(grid, 256, 0),
+        [w, &x, &mut y, &r, &c, &p, &ni]
+    )?;
+    download(gpu, &y)
 }
 
 /// Rows `ids` of an embedding table of type `ty` (`cols` values per row), dequantized.

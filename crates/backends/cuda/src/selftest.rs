@@ -1387,6 +1387,47 @@ impl Runner<'_> {
         }
     }
 
+    /// `matvec_res_xr_q4_k` (the verify's output projections, activations in registers) against
+    /// the one-token `matvec_res_q4_k`, bit for bit: a partial last row block (67 rows), a partial
+    /// second token block (11 tokens), a lone last token (9), every slice count.
+    fn matvec_res_xr(&mut self) {
+        let ty = GgmlType::Q4K;
+        for (rows, cols, n, parts) in [
+            (67usize, 2048usize, 11usize, 1usize),
+            (67, 2048, 11, 2),
+            (67, 2048, 9, 4),
+            (64, 4096, 8, 2),
+            (64, 4096, 3, 8),
+            (16, 512, 2, 1),
+        ] {
+            let bytes = random_weights(&mut self.rng, ty, rows, cols);
+            let xs = self.rng.normals(n * cols, 1.0);
+            let res = self.rng.normals(n * rows, 1.0);
+            let nw = vec![1.0f32; rows];
+            let r = (|| {
+                let w = ops::upload(self.gpu, &bytes)?;
+                let (one, _) = ops::matvec_fused(
+                    self.gpu,
+                    ty,
+                    &w,
+                    (rows, cols),
+                    &xs,
+                    &nw,
+                    Some(&res),
+                    (1e-6, parts, 1, 1),
+                )?;
+                let xr = ops::matvec_res_xr_q4k(self.gpu, &w, (rows, cols), &xs, &res, parts)?;
+                same_bits("matvec_res_xr_q4_k differs from matvec_res_q4_k", &xr, &one)?;
+                Ok((0.0, TOL_F32))
+            })();
+            self.record(
+                "matvec_res_xr Q4_K",
+                format!("{rows}x{cols} n={n} parts={parts}, bit-identical to matvec_res"),
+                r,
+            );
+        }
+    }
+
     fn embed(&mut self, ty: GgmlType) {
         let cols = if ty.block_elems() == 1 { 200 } else { 2304 };
         let rows = 50;
@@ -2661,6 +2702,9 @@ pub fn run(gpu: &Gpu, seed: u64) -> Vec<Check> {
         GgmlType::IQ2XXS,
     ] {
         r.matvec_fused(ty);
+        if ty == GgmlType::Q4K {
+            r.matvec_res_xr();
+        }
     }
     // The Q4_K 8-bit kernels the model runs, and the Q6_K ones (`REDLITE_CUDA_Q8_Q6K`).
     for ty in [GgmlType::Q4K, GgmlType::Q6K] {
