@@ -1124,8 +1124,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 }
 #endif
 
-// Tokens a block of the activations-in-registers kernels (matvec_res_xr_q4_k, matvec3_x_xr_f32).
-#define XR_TOKENS 8
 #if Q4K_PAIR
 // matvec_res_xr_q4_k(w, x, y, rows, cols, split, n): the verify's output projections (Q4_K rows
 // on f32 activations, y[t][row] += W_row . x[t]) with the activations held in registers:
@@ -1141,6 +1139,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 // y[t][row] += sum. Launch: grid = (ceil(rows / XR_ROWS), ceil(n / XR_TOKENS)), block =
 // 32 * MVF_WARPS, no dynamic shared memory; the split's rows and tile are not read.
 #define XR_ROWS 8
+#define XR_TOKENS 8
 #define XR_PAIRS (XR_TOKENS / 2)
 static_assert(MVF_WARPS % XR_PAIRS == 0, "the warps cover the token pairs evenly");
 
@@ -1237,105 +1236,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_res_xr_q4
     *out = *out + sum;
 }
 #endif
-
-// matvec3_x_xr_f32(x, cols, split, n, w0, y0, rows0, ...): matvec3_x_f32 (up to three F32
-// matrices on x read in place: the verify's router and shared-expert gate rows) for XR_TOKENS
-// tokens a block with each group's activations of every token in registers: warp w takes slice
-// w % parts of the rows w / parts * RW .. + RW - 1 of the block's (MVF_WARPS / parts) * RW rows
-// (RW = the split's rows, 1 / 2 / 4), lane L the groups of the one-token kernel's lane L; a group's
-// four weights are loaded once for all the tokens and its four activations of each token once for
-// all the warp's rows, each sum in row_partial<T_F32>'s order (dot4, then added in group order).
-// Then warp_sum, the slices in order from 0.0f, y[t][row] = sum: matvec3_x_f32's outputs bit for
-// bit. Launch: grid = (sum over m of ceil(rows_m / rows a block), ceil(n / XR_TOKENS)), block =
-// 32 * MVF_WARPS, no dynamic shared memory.
-template <int RW>
-__device__ __forceinline__ void matvec3_x_xr_rows(const float* __restrict__ x, int cols, int parts, int n,
-                                                  const MvfMatrix m, float* red) {
-    using D = GroupDot<T_F32>;
-    constexpr int G = D::G;
-    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int p = wi % parts, sub = wi / parts, rpb = MVF_WARPS / parts * RW;
-    const int row0 = m.block * rpb, wrow = sub * RW;  // the block's first row; the warp's, in the block
-    const int tb = blockIdx.y * XR_TOKENS, nt = min(n - tb, XR_TOKENS);
-    const int nrows = min(rpb, m.rows - row0);
-    if (blockIdx.y == 0 && nrows > 0) {
-        prefetch_l2(m.w + (size_t)row0 * cols * 4, (size_t)nrows * cols * 4, threadIdx.x, blockDim.x);
-    }
-    pdl_enter();  // x comes from the kernel before
-    float acc[RW][XR_TOKENS];
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-#pragma unroll
-        for (int t = 0; t < XR_TOKENS; ++t) acc[i][t] = 0.0f;
-    }
-    // Rows past the matrix take its last row again and tokens past n token tb's values: their sums
-    // are not written, and no branch sits between the loads.
-    const float* wr[RW];
-#pragma unroll
-    for (int i = 0; i < RW; ++i) wr[i] = (const float*)m.w + (size_t)(row0 + min(wrow + i, nrows - 1)) * cols;
-    const float* xt[XR_TOKENS];
-#pragma unroll
-    for (int t = 0; t < XR_TOKENS; ++t) xt[t] = x + (size_t)(tb + (t < nt ? t : 0)) * cols;
-    const bool x16 = ((((size_t)x) | ((size_t)cols * sizeof(float))) & 15) == 0;
-    const int groups = cols / G;
-    if (nrows > 0) {
-        for (int gi = p * WARP + lane; gi < groups; gi += parts * WARP) {
-            float4 u[XR_TOKENS];
-#pragma unroll
-            for (int t = 0; t < XR_TOKENS; ++t) {
-                const float* xg = xt[t] + (size_t)gi * G;
-                u[t] = x16 ? *(const float4*)xg : make_float4(xg[0], xg[1], xg[2], xg[3]);
-            }
-#pragma unroll
-            for (int i = 0; i < RW; ++i) {
-                const float4 v = D::load4((const u8*)(wr[i] + (size_t)gi * G));
-#pragma unroll
-                for (int t = 0; t < XR_TOKENS; ++t) acc[i][t] += D::dot4(v, u[t]);
-            }
-        }
-        for (int k = groups * G + p * WARP + lane; k < cols; k += parts * WARP) {
-#pragma unroll
-            for (int i = 0; i < RW; ++i) {
-                const float v = wr[i][k];
-#pragma unroll
-                for (int t = 0; t < XR_TOKENS; ++t) acc[i][t] += v * xt[t][k];
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-#pragma unroll
-        for (int t = 0; t < XR_TOKENS; ++t) {
-            const float v = warp_sum(acc[i][t]);
-            if (lane == 0) red[((wrow + i) * XR_TOKENS + t) * MVF_WARPS + p] = v;
-        }
-    }
-    __syncthreads();
-    for (int o = threadIdx.x; o < rpb * XR_TOKENS; o += blockDim.x) {
-        const int r = o / XR_TOKENS, t = o % XR_TOKENS;
-        if (r >= nrows || t >= nt) continue;
-        float sum = 0.0f;
-        for (int q = 0; q < parts; ++q) sum += red[(r * XR_TOKENS + t) * MVF_WARPS + q];
-        m.y[(size_t)(tb + t) * m.rows + row0 + r] = sum;
-    }
-}
-
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec3_x_xr_f32(const float* x, int cols, int split,
-                                                                           int n, const u8* w0, float* y0, int r0,
-                                                                           const u8* w1, float* y1, int r1,
-                                                                           const u8* w2, float* y2, int r2) {
-    __shared__ float red[MVF_WARPS * MVF_MAX_ROWS * XR_TOKENS * MVF_WARPS];  // [row][token][slice]
-    const MvfSplit s = mvf_split(split);
-    const int rw = s.rows >= 4 ? 4 : s.rows >= 2 ? 2 : 1;
-    const MvfMatrix m = mvf_matrix(blockIdx.x, MVF_WARPS / s.parts * rw, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    if (rw == 4) {
-        matvec3_x_xr_rows<4>(x, cols, s.parts, n, m, red);
-    } else if (rw == 2) {
-        matvec3_x_xr_rows<2>(x, cols, s.parts, n, m, red);
-    } else {
-        matvec3_x_xr_rows<1>(x, cols, s.parts, n, m, red);
-    }
-}
 
 // matvec3_x_tok_f32(x, cols, split, n, w0, y0, rows0, ...): matvec3_x_f32 for n tokens in tiles of
 // tile = split >> 16 (up to MVF_MAX_TILE), one row per warp group (mvf_tok_inplace_body): its outputs

@@ -181,7 +181,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_down_combine_tok_q8_iq2_xxs",
     "matvec_res_tok2_q4_k",
     "matvec_res_xr_q4_k",
-    "matvec3_x_xr_f32",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

@@ -839,7 +839,6 @@ struct Kernels {
     rms_norm_q8: CudaFunction,
     matvec3_x_f32: CudaFunction,
     matvec3_x_tok_f32: CudaFunction,
-    matvec3_x_xr_f32: CudaFunction,
     res_norm_q8: CudaFunction,
     res_norm_router: CudaFunction,
     moe_gate_up_route: CudaFunction,
@@ -1201,11 +1200,6 @@ pub struct CudaModel {
     /// session 47, three alternating rounds: full-size verify of 4 / 8 / 16 rows −1 / −8 / −6.6 %,
     /// of 2 rows +4.6 %: three of a block's four token pairs idle).
     res_xr: usize,
-    /// The F32 products on x in place (the router and the shared expert's gate row) of calls of
-    /// at least `x_xr.0` tokens through `matvec3_x_xr_f32` (8 tokens a block, each group's
-    /// activations in registers for `x_xr.1` rows a warp; the same bits as the token tiles):
-    /// `REDLITE_CUDA_X_XR` (0: never) and `REDLITE_CUDA_X_XR_ROWS` (1, 2 or 4).
-    x_xr: (usize, usize),
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -1335,7 +1329,6 @@ impl CudaModel {
             rms_norm_q8: f("rms_norm_q8")?,
             matvec3_x_f32: f("matvec3_x_f32")?,
             matvec3_x_tok_f32: f("matvec3_x_tok_f32")?,
-            matvec3_x_xr_f32: f("matvec3_x_xr_f32")?,
             res_norm_q8: f("res_norm_q8")?,
             res_norm_router: f("res_norm_router")?,
             moe_gate_up_route: f("moe_gate_up_route_q8q_iq2_xxs")?,
@@ -1522,13 +1515,6 @@ impl CudaModel {
             moe_tok: moe_tok_tiles(),
             res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
             res_xr: env_parse("REDLITE_CUDA_RES_XR").unwrap_or(4),
-            x_xr: (
-                env_parse("REDLITE_CUDA_X_XR").unwrap_or(0),
-                match env_parse("REDLITE_CUDA_X_XR_ROWS").unwrap_or(2) {
-                    r @ (1 | 2) => r,
-                    _ => 4,
-                },
-            ),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -2703,25 +2689,16 @@ impl CudaModel {
                 continue;
             }
             if ty == GgmlType::F32 && (tile == 1 || self.x_tok) && nw == 0 && self.x_router {
-                // x read in place; several tokens (a verify pass) in tiles or, from `x_xr.0`
-                // tokens, 8 a block with the activations in registers: the same bits.
-                let xr = tile > 1 && self.x_xr.0 != 0 && n >= self.x_xr.0;
+                // x read in place; several tokens (a verify pass) in tiles, the same bits.
                 let split = MvfSplit {
                     parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                    rows: match (xr, tile > 1) {
-                        (true, _) => self.x_xr.1,
-                        (false, true) => 1,
-                        (false, false) => self.mvf_rows,
-                    },
+                    rows: if tile > 1 { 1 } else { self.mvf_rows },
                 };
-                let f = if xr {
-                    self.k.matvec3_x_xr_f32.clone()
-                } else if tile > 1 {
+                let f = if tile > 1 {
                     self.k.matvec3_x_tok_f32.clone()
                 } else {
                     self.k.matvec3_x_f32.clone()
                 };
-                let tile = if xr { RES_XR_TOKENS } else { tile };
                 let mut args = vec![
                     A::P(x),
                     A::I(cols as i32),

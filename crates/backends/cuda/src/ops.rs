@@ -1398,52 +1398,6 @@ pub fn matvec3_x_f32(
     download(gpu, &y)
 }
 
-/// `W · x[t]` for the `n` tokens of `xs` through `matvec3_x_xr_f32` (F32 rows, x read in place, 8
-/// tokens a block, each row cut into `parts` slices as the one-token `matvec3_x_f32` cuts it,
-/// `rows_per_warp` 1, 2 or 4): that kernel's outputs, bit for bit.
-pub fn matvec3_x_xr_f32(
-    gpu: &Gpu,
-    w: &CudaSlice<u8>,
-    (rows, cols): (usize, usize),
-    xs: &[f32],
-    (parts, rows_per_warp): (usize, usize),
-) -> Result<Vec<f32>, CudaError> {
-    let n = check_rows(xs.len(), cols, "matvec3_x_xr_f32 x")?;
-    if !(1..=8).contains(&parts)
-        || !parts.is_power_of_two()
-        || ![1, 2, 4].contains(&rows_per_warp)
-        || w.len() < rows * cols * 4
-    {
-        return Err(CudaError::Invalid("matvec3_x_xr_f32: sizes".into()));
-    }
-    let split = MvfSplit {
-        parts,
-        rows: rows_per_warp,
-    };
-    let x = upload(gpu, xs)?;
-    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
-    let (p, ni) = (split.arg(), i32_arg(n, "tokens")?);
-    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
-    let (zero, zi) = (0u64, 0i32);
-    let conf = cfg(
-        (
-            blocks(rows, split.rows_per_block()),
-            n.div_ceil(RES_XR_TOKENS) as u32,
-            1,
-        ),
-        256,
-        0,
-    );
-    launch!(
-        gpu,
-        gpu.func("matvec3_x_xr_f32")?,
-        "matvec3_x_xr_f32",
-        conf,
-        [&x, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
-    )?;
-    download(gpu, &y)
-}
-
 /// The fused matvecs of the device-resident model on `n` tokens (`xs [n][cols]`, one matrix `W`
 /// of type `ty` on the device, each row cut into `parts` slices, `rows_per_warp` consecutive rows
 /// per group of warps, 8 warps per block):
