@@ -1113,10 +1113,6 @@ pub struct CudaModel {
     /// 406.62 against 397.02 tok/s; +2.3 % at 32K); `REDLITE_CUDA_NORM_ROUTER=0`: the fused route
     /// kernel (`route_fused`).
     norm_router: bool,
-    /// The most tokens a call takes `res_norm_router` with (its grid one row of blocks a token,
-    /// each token's logits the decode step's bits; calls of more tokens run `res_norm_q8`, then
-    /// the router's token tiles): `REDLITE_CUDA_NORM_ROUTER_MAX`, default 1 (decode only).
-    norm_router_max: usize,
     /// `res_norm_router`'s direct form: the router blocks compute yn at their own columns beside
     /// their sum of squares (no staging, no barrier before the rows) and `norm_slices` more blocks
     /// write the norm's slices. Default on since session 42 (H100: decode +5.7 %, 415.49 against
@@ -1493,7 +1489,6 @@ impl CudaModel {
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
             route_fused: env_switch("REDLITE_CUDA_ROUTE_FUSED", true),
             norm_router: env_switch("REDLITE_CUDA_NORM_ROUTER", true),
-            norm_router_max: env_parse("REDLITE_CUDA_NORM_ROUTER_MAX").unwrap_or(1),
             norm_router_direct: env_switch("REDLITE_CUDA_NORM_ROUTER_DIRECT", true),
             next_router: None,
             logits_ready: false,
@@ -2987,7 +2982,7 @@ impl CudaModel {
             A::F(self.config.rms_eps),
             A::P(xq),
         ];
-        if let Some(r) = router.filter(|_| xq != 0) {
+        if let Some(r) = router.filter(|_| n == 1 && xq != 0) {
             // The next norm and the router's logits on it in one launch (`norm_router`).
             let f = self.k.res_norm_router.clone();
             let slices = self.norm_slices;
@@ -3005,7 +3000,7 @@ impl CudaModel {
                 &f,
                 (
                     crate::ops::res_norm_router_blocks(grid_x, slices as u32, early),
-                    n as u32,
+                    1,
                     1,
                 ),
                 MVF_THREADS,
@@ -3763,16 +3758,9 @@ impl CudaModel {
     fn norm_router_for(&self, m: &DevMoe, n: usize) -> Option<NormRouter> {
         let c = &self.config;
         let (h, ne) = (c.hidden, c.n_experts);
-        // One token: the top-k then runs in the gate/up kernel's blocks; a verify pass of up to
-        // `norm_router_max` tokens: `moe_router_warp` after it.
-        let routes = if n == 1 {
-            self.top_k_in_gate_up(&m.experts, n)
-        } else {
-            n <= self.norm_router_max && self.x_tok
-        };
         let applies = self.norm_router
             && !self.gemm_now
-            && routes
+            && self.top_k_in_gate_up(&m.experts, n)
             && self.moe_gu_pair
             && self.x_router
             && h.is_multiple_of(32)
