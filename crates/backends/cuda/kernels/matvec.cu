@@ -1141,6 +1141,11 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 #define XR_ROWS 8
 #define XR_TOKENS 8
 #define XR_PAIRS (XR_TOKENS / 2)
+// XR_QUAD (compile-time, default 0): four tokens a warp instead of two (each weight decoded once
+// for four tokens; four rows a warp, the block's rows in two halves).
+#ifndef XR_QUAD
+#define XR_QUAD 0
+#endif
 static_assert(MVF_WARPS % XR_PAIRS == 0, "the warps cover the token pairs evenly");
 
 // A Q4_K unit's value (dot_loaded's, bit for bit) for two tokens whose activations are in
@@ -1181,14 +1186,93 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_res_xr_q4
     __shared__ float red[XR_ROWS][XR_TOKENS][MVF_WARPS];
     const int parts = mvf_split(split).parts;
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+#if !XR_QUAD
     const int pair = wi % XR_PAIRS, grp = wi / XR_PAIRS;
+#endif
     const int row0 = blockIdx.x * XR_ROWS, tb = blockIdx.y * XR_TOKENS;
+#if !XR_QUAD
     const int t0 = tb + 2 * pair, nt = min(max(n - t0, 0), 2);
+#endif
     const size_t rb = row_bytes<T_Q4_K>(cols);
     const int nrows = min(XR_ROWS, rows - row0);
     if (blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * rb, (size_t)nrows * rb, threadIdx.x, blockDim.x);
     pdl_enter();  // x and y come from the kernels before
     const int groups = cols / G;
+#if XR_QUAD
+    // Warp w: the token quad w % 2 (tokens tb + 4 (w % 2) ..), the slices (w / 2) % 2, + 2, ...,
+    // the rows 4 (w / 4) .. + 3 of the block. Per unit the four rows' scales and words first, then
+    // per step k each token's 8 activations once for the four rows (each weight decoded once for
+    // four tokens), the unit's fresh sums pp[r][t] in dot_loaded's order, then added.
+    static_assert(XR_ROWS == 8 && XR_TOKENS == 8 && MVF_WARPS == 8, "the quad form's warp map");
+    const int quad = wi % 2, sgrp = (wi / 2) % 2, half = wi / 4;
+    const int t0 = tb + 4 * quad, nt = min(max(n - t0, 0), 4);
+    const float* xt[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) xt[t] = x + (size_t)(t0 + (t < nt ? t : 0)) * cols;
+    for (int p = sgrp; p < parts && nt > 0; p += 2) {
+        float acc[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) acc[r][t] = 0.0f;
+        }
+        for (int gi = p * WARP + lane; gi < groups; gi += parts * WARP) {
+            const int g = gi % PER_BLOCK, c = g >> 1, h = g & 1;
+            const size_t xo = (size_t)(gi - g) * G + 64 * c + 16 * h;
+            const u8* wu = w + (size_t)row0 * rb + (size_t)(gi / PER_BLOCK) * T_Q4_K::BB;
+            D::Raw raw[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) raw[r] = D::load(wu + (size_t)min(4 * half + r, nrows - 1) * rb, g);
+            D::Unit un[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) un[r] = D::unit(raw[r], g);
+            float pp[4][4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+#pragma unroll
+                for (int t = 0; t < 4; ++t) pp[r][t] = 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int kk = (k + c) & 3;
+                float as[4][4], es[4][4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    const float4 a = ld_x4(xt[t] + xo + 4 * kk), e = ld_x4(xt[t] + xo + 32 + 4 * kk);
+                    as[t][0] = a.x, as[t][1] = a.y, as[t][2] = a.z, as[t][3] = a.w;
+                    es[t][0] = e.x, es[t][1] = e.y, es[t][2] = e.z, es[t][3] = e.w;
+                }
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const u32 lo = un[r].v[k] & 0x0F0F0F0Fu, hi = (un[r].v[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float w0 = un[r].sc.x * byte_f32(lo, j) - un[r].sc.y;
+                        const float w1 = un[r].sc.z * byte_f32(hi, j) - un[r].sc.w;
+#pragma unroll
+                        for (int t = 0; t < 4; ++t) {
+                            pp[r][t] += w0 * as[t][j];
+                            pp[r][t] += w1 * es[t][j];
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+#pragma unroll
+                for (int t = 0; t < 4; ++t) acc[r][t] += pp[r][t];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float v = warp_sum(acc[r][t]);
+                if (lane == 0) red[4 * half + r][4 * quad + t][p] = v;
+            }
+        }
+    }
+#else
     const float* xt0 = x + (size_t)t0 * cols;
     const float* xt1 = nt > 1 ? xt0 + cols : xt0;  // a lone last token: its values twice, one unused
     for (int p = grp; p < parts && nt > 0; p += GROUPS) {
@@ -1226,6 +1310,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_res_xr_q4
             }
         }
     }
+#endif
     __syncthreads();
     static_assert(XR_ROWS * XR_TOKENS <= 32 * MVF_WARPS, "a thread an output");
     const int r = threadIdx.x / XR_TOKENS, t = threadIdx.x % XR_TOKENS;
