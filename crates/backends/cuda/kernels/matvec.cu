@@ -1130,79 +1130,35 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 // matvec_res_q4_k's one-token values bit for bit, for XR_TOKENS tokens and XR_ROWS rows a block.
 // The token tiles (matvec_res_tok_q4_k) load each token's activations again for every row (a
 // unit's 32 values, 128 bytes a token, against its 32 bytes of weights) in blocks of one row a
-// warp group; here warp w takes the token pair w % 4 (tokens 8 blockIdx.y + 2 (w % 4), + 1) and
-// the slices w / 4, w / 4 + 2, ... (< parts) of all the block's rows: lane L walks the units of
-// its slice as the one-token kernel's lane L does (p * 32 + L, + parts * 32, ...), loads a unit's
-// activations of both tokens once (64 registers) and takes every row's unit with them, each
-// unit's value in dot_loaded's order (a fresh sum, then added to the row's lane partial in unit
-// order: row_partial's). Then warp_sum (lane L is lane L), the slices added in order from 0.0f,
-// y[t][row] += sum. Launch: grid = (ceil(rows / XR_ROWS), ceil(n / XR_TOKENS)), block =
-// 32 * MVF_WARPS, no dynamic shared memory; the split's rows and tile are not read.
+// warp group. Here warp w takes the token quad w % 2 (tokens 8 blockIdx.y + 4 (w % 2) ..), the
+// slices (w / 2) % 2, + 2, ... (< parts) and the rows 4 (w / 4) .. + 3 of the block: lane L walks
+// the units of its slice as the one-token kernel's lane L does (p * 32 + L, + parts * 32, ...);
+// per unit it decodes the four rows' scales and words, then per step k loads each token's 8
+// activations once for the four rows, so each weight is decoded once for four tokens and each
+// activation loaded once for four rows. Each unit's value is dot_loaded's expression in its order
+// (a fresh sum, then added to the row's lane partial in unit order: row_partial's), then warp_sum
+// (lane L is lane L), the slices added in order from 0.0f, y[t][row] += sum. (Two tokens a warp
+// and 8 rows, session 47's first form: 17.8 us a launch against this form's 14.4 in an 8-row pass.)
+// Launch: grid = (ceil(rows / XR_ROWS), ceil(n / XR_TOKENS)), block = 32 * MVF_WARPS, no dynamic
+// shared memory; the split's rows and tile are not read.
 #define XR_ROWS 8
 #define XR_TOKENS 8
-#define XR_PAIRS (XR_TOKENS / 2)
-// XR_QUAD (compile-time, default 0): four tokens a warp instead of two (each weight decoded once
-// for four tokens; four rows a warp, the block's rows in two halves).
-#ifndef XR_QUAD
-#define XR_QUAD 0
-#endif
-static_assert(MVF_WARPS % XR_PAIRS == 0, "the warps cover the token pairs evenly");
-
-// A Q4_K unit's value (dot_loaded's, bit for bit) for two tokens whose activations are in
-// registers: xa[i][k] / xe[i][k] = token i's values of sub-block 2c / 2c + 1 that dot_loaded's
-// step k reads (chunk (k + c) % 4 of the unit's 16). Each token's fresh sum is added to acc[i].
-__device__ __forceinline__ void q4k_unit_regs2(const GroupDot<T_Q4_K>::Raw& r, int g, const float4 (&xa)[2][4],
-                                               const float4 (&xe)[2][4], float& acc0, float& acc1) {
-    const GroupDot<T_Q4_K>::Unit un = GroupDot<T_Q4_K>::unit(r, g);
-    const float ds0 = un.sc.x, dm0 = un.sc.y, ds1 = un.sc.z, dm1 = un.sc.w;
-    float p0 = 0.0f, p1 = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const u32 lo = un.v[k] & 0x0F0F0F0Fu, hi = (un.v[k] >> 4) & 0x0F0F0F0Fu;
-        const float a0[4] = {xa[0][k].x, xa[0][k].y, xa[0][k].z, xa[0][k].w};
-        const float e0[4] = {xe[0][k].x, xe[0][k].y, xe[0][k].z, xe[0][k].w};
-        const float a1[4] = {xa[1][k].x, xa[1][k].y, xa[1][k].z, xa[1][k].w};
-        const float e1[4] = {xe[1][k].x, xe[1][k].y, xe[1][k].z, xe[1][k].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float w0 = ds0 * byte_f32(lo, j) - dm0;
-            const float w1 = ds1 * byte_f32(hi, j) - dm1;
-            p0 += w0 * a0[j];
-            p0 += w1 * e0[j];
-            p1 += w0 * a1[j];
-            p1 += w1 * e1[j];
-        }
-    }
-    acc0 += p0;
-    acc1 += p1;
-}
-
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_res_xr_q4_k(const u8* w, const float* x,
                                                                                   float* y, int rows, int cols,
                                                                                   int split, int n) {
     using D = GroupDot<T_Q4_K>;
     constexpr int G = D::G, PER_BLOCK = T_Q4_K::QK / G;
-    constexpr int GROUPS = MVF_WARPS / XR_PAIRS;  // warps a token pair: they share out the slices
     __shared__ float red[XR_ROWS][XR_TOKENS][MVF_WARPS];
     const int parts = mvf_split(split).parts;
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-#if !XR_QUAD
-    const int pair = wi % XR_PAIRS, grp = wi / XR_PAIRS;
-#endif
     const int row0 = blockIdx.x * XR_ROWS, tb = blockIdx.y * XR_TOKENS;
-#if !XR_QUAD
-    const int t0 = tb + 2 * pair, nt = min(max(n - t0, 0), 2);
-#endif
     const size_t rb = row_bytes<T_Q4_K>(cols);
     const int nrows = min(XR_ROWS, rows - row0);
     if (blockIdx.y == 0) prefetch_l2(w + (size_t)row0 * rb, (size_t)nrows * rb, threadIdx.x, blockDim.x);
     pdl_enter();  // x and y come from the kernels before
     const int groups = cols / G;
-#if XR_QUAD
-    // Warp w: the token quad w % 2 (tokens tb + 4 (w % 2) ..), the slices (w / 2) % 2, + 2, ...,
-    // the rows 4 (w / 4) .. + 3 of the block. Per unit the four rows' scales and words first, then
-    // per step k each token's 8 activations once for the four rows (each weight decoded once for
-    // four tokens), the unit's fresh sums pp[r][t] in dot_loaded's order, then added.
+    // Rows past the matrix (a last partial block) take its last row and tokens past n the quad's
+    // first token: their sums are not written.
     static_assert(XR_ROWS == 8 && XR_TOKENS == 8 && MVF_WARPS == 8, "the quad form's warp map");
     const int quad = wi % 2, sgrp = (wi / 2) % 2, half = wi / 4;
     const int t0 = tb + 4 * quad, nt = min(max(n - t0, 0), 4);
@@ -1272,45 +1228,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_res_xr_q4
             }
         }
     }
-#else
-    const float* xt0 = x + (size_t)t0 * cols;
-    const float* xt1 = nt > 1 ? xt0 + cols : xt0;  // a lone last token: its values twice, one unused
-    for (int p = grp; p < parts && nt > 0; p += GROUPS) {
-        float acc[XR_ROWS][2];
-#pragma unroll
-        for (int r = 0; r < XR_ROWS; ++r) acc[r][0] = acc[r][1] = 0.0f;
-        for (int gi = p * WARP + lane; gi < groups; gi += parts * WARP) {
-            const int g = gi % PER_BLOCK, c = g >> 1, h = g & 1;
-            const size_t xo = (size_t)(gi - g) * G + 64 * c + 16 * h;  // the unit's values of sub-block 2c
-            float4 xa[2][4], xe[2][4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int kk = (k + c) & 3;
-                xa[0][k] = ld_x4(xt0 + xo + 4 * kk);
-                xe[0][k] = ld_x4(xt0 + xo + 32 + 4 * kk);
-                xa[1][k] = ld_x4(xt1 + xo + 4 * kk);
-                xe[1][k] = ld_x4(xt1 + xo + 32 + 4 * kk);
-            }
-            const u8* wu = w + (size_t)row0 * rb + (size_t)(gi / PER_BLOCK) * T_Q4_K::BB;
-            // Rows past the matrix (a last partial block) take its last row again, their sums unused:
-            // no branch between the rows, so their loads can issue ahead of the arithmetic.
-            const u8* wr = wu;
-#pragma unroll
-            for (int r = 0; r < XR_ROWS; ++r) {
-                q4k_unit_regs2(D::load(wr, g), g, xa, xe, acc[r][0], acc[r][1]);
-                wr += r + 1 < nrows ? rb : 0;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < XR_ROWS; ++r) {
-            const float v0 = warp_sum(acc[r][0]), v1 = warp_sum(acc[r][1]);
-            if (lane == 0) {
-                red[r][2 * pair][p] = v0;
-                red[r][2 * pair + 1][p] = v1;
-            }
-        }
-    }
-#endif
     __syncthreads();
     static_assert(XR_ROWS * XR_TOKENS <= 32 * MVF_WARPS, "a thread an output");
     const int r = threadIdx.x / XR_TOKENS, t = threadIdx.x % XR_TOKENS;
