@@ -2341,6 +2341,90 @@ __device__ __forceinline__ void matvec_q8x_tok_body(const u8* xq, const float* i
                                         stride, t0, nt, inv);
 }
 
+// matvec_q8x_xr_q6_k(xq, invs, cols, split, n, w0, y0, rows0, ...): matvec_q8x_tok_q6_k (the
+// verify's lm_head) for rows cut in one slice (parts = 1; the host takes the token tiles
+// otherwise) with each token's q8 values in registers: 16 rows × 8 tokens a block, warp w the
+// token quad w % 2 and the rows 4 (w / 2) .. + 3. Per block iteration a lane loads its q8 values
+// of the iteration's block for its four tokens once (q6k_rows_q8's xl, xh, sums and scales) and
+// takes the four rows' sixteenths of that block with them; each (row, token) sum is q6k_rows_q8's
+// (the same lane values, added from 0.0f in block order), then warp_sum and y[t][row] = invs[t] *
+// sum: the one-token kernel's outputs bit for bit. The token tiles load a token's q8 values again
+// for every row. Launch: grid = (sum over m of ceil(rows_m / 16), ceil(n / 8)), block =
+// 32 * MVF_WARPS, no dynamic shared memory.
+#define XQ_ROWS 4
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_q8x_xr_q6_k(
+    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    (void)split;
+    constexpr int RPB = MVF_WARPS / 2 * XQ_ROWS;
+    const MvfMatrix m = mvf_matrix(blockIdx.x, RPB, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int quad = wi % 2, first = m.block * RPB + (wi / 2) * XQ_ROWS;
+    const size_t rb = row_bytes<T_Q6_K>(cols);
+    const int t0 = blockIdx.y * 8 + 4 * quad, nt = min(max(n - t0, 0), 4);
+    if (blockIdx.y == 0 && first < m.rows) {
+        prefetch_l2(m.w + (size_t)first * rb, (size_t)min(XQ_ROWS, m.rows - first) * rb, lane, WARP);
+    }
+    pdl_enter();  // xq comes from the kernel before
+    if (first >= m.rows || nt == 0) return;  // whole warps leave together; no barrier follows
+    const int stride = Q8_ROW_BYTES(cols);
+    // Tokens past n take the quad's first token's row, rows past the matrix its last row: their
+    // sums are not written.
+    Q8Row xr[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) xr[t] = q8_row((u8*)xq + (size_t)(t0 + (t < nt ? t : 0)) * stride, cols);
+    const u8* wr[XQ_ROWS];
+#pragma unroll
+    for (int r = 0; r < XQ_ROWS; ++r) wr[r] = m.w + (size_t)min(first + r, m.rows - 1) * rb;
+    const int sub = lane & 7, bo = lane >> 3;
+    const int c = sub >> 2, h = (sub >> 1) & 1, i = sub & 1;
+    const int s0 = 8 * c + 2 * h + i, v0 = 128 * c + 32 * h + 16 * i;
+    const int nb = cols / 256;
+    float acc[XQ_ROWS][4];
+#pragma unroll
+    for (int r = 0; r < XQ_ROWS; ++r) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) acc[r][t] = 0.0f;
+    }
+    for (int ib = bo; ib < nb; ib += 4) {
+        const int at = 256 * ib + v0;
+        int4 xl[4], xh[4];
+        int slo[4], shi[4];
+        float dxl[4], dxh[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            xl[t] = *(const int4*)(xr[t].q + at);
+            xh[t] = *(const int4*)(xr[t].q + at + 64);
+            slo[t] = xr[t].s16[at / 16];
+            shi[t] = xr[t].s16[(at + 64) / 16];
+            dxl[t] = xr[t].d[at / 32];
+            dxh[t] = xr[t].d[(at + 64) / 32];
+        }
+#pragma unroll
+        for (int r = 0; r < XQ_ROWS; ++r) {
+            u32 ql[4], qh[4], lo[4], hi[4];
+            float dlo, dhi;
+            q6k_lane_load(wr[r] + (size_t)ib * 210, c, h, i, s0, ql, qh, dlo, dhi);
+            q6k_lane_quants(ql, qh, h, lo, hi);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float v = q6k_lane_value(lo, hi, dlo, dhi, xl[t], xh[t], slo[t], shi[t], dxl[t], dxh[t]);
+                acc[r][t] = __fadd_rn(acc[r][t], v);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < XQ_ROWS; ++r) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && first + r < m.rows && t < nt) {
+                m.y[(size_t)(t0 + t) * m.rows + first + r] = (invs == nullptr ? 1.0f : invs[t0 + t]) * v;
+            }
+        }
+    }
+}
+
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q4_k(
     const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
     float* y1, int r1, const u8* w2, float* y2, int r2) {

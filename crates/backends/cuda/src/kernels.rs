@@ -181,6 +181,7 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "moe_down_combine_tok_q8_iq2_xxs",
     "matvec_res_tok2_q4_k",
     "matvec_res_xr_q4_k",
+    "matvec_q8x_xr_q6_k",
     "attn_prompt",
     "attn_prompt_mma_64",
     "attn_prompt_mma_128",

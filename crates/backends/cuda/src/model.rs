@@ -248,6 +248,8 @@ const GEMM_THREADS: u32 = 128;
 /// Rows and tokens of a block of `matvec_res_xr_q4_k` (`XR_ROWS`, `XR_TOKENS` in matvec.cu).
 pub(crate) const RES_XR_ROWS: u32 = 8;
 pub(crate) const RES_XR_TOKENS: usize = 8;
+/// Rows of a block of `matvec_q8x_xr_q6_k` (its tokens: [`RES_XR_TOKENS`]).
+pub(crate) const HEAD_XR_ROWS: u32 = 16;
 
 /// Rows a warp group of the Q4_K output projections' token tiles for a call of `n` tokens: `want`
 /// (1 or 2) when set, else 2 up to 4 tokens and 1 beyond (session 29, full-size 2 / 4 / 8 / 16-row
@@ -834,6 +836,7 @@ struct Kernels {
     matvec_q8x_q6k: CudaFunction,
     matvec_q8x_tok: CudaFunction,
     matvec_q8x_tok_q6k: CudaFunction,
+    matvec_q8x_xr_q6k: CudaFunction,
     matvec_q8x_mma: CudaFunction,
     swiglu_q8: CudaFunction,
     rms_norm_q8: CudaFunction,
@@ -1200,6 +1203,10 @@ pub struct CudaModel {
     /// session 47, three alternating rounds: full-size verify of 4 / 8 / 16 rows −1 / −8 / −6.6 %,
     /// of 2 rows +4.6 %: three of a block's four token pairs idle).
     res_xr: usize,
+    /// The Q6_K head (one slice a row) of calls of at least `REDLITE_CUDA_HEAD_XR` tokens through
+    /// `matvec_q8x_xr_q6_k` (16 rows × 8 tokens a block, each token's q8 values loaded once for
+    /// four rows; the same bits as the token tiles); 0: never.
+    head_xr: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
     /// The routed experts: device slots, host copies, per-layer address tables.
@@ -1320,6 +1327,7 @@ impl CudaModel {
             matvec_q8x_q6k: f("matvec_q8x_q6_k")?,
             matvec_q8x_tok: f("matvec_q8x_tok_q4_k")?,
             matvec_q8x_tok_q6k: f("matvec_q8x_tok_q6_k")?,
+            matvec_q8x_xr_q6k: f("matvec_q8x_xr_q6_k")?,
             matvec_q8x_mma: {
                 let k = f("matvec_q8x_mma_q4_k")?;
                 q8x_mma_opt_in(&k)?;
@@ -1515,6 +1523,7 @@ impl CudaModel {
             moe_tok: moe_tok_tiles(),
             res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
             res_xr: env_parse("REDLITE_CUDA_RES_XR").unwrap_or(4),
+            head_xr: env_parse("REDLITE_CUDA_HEAD_XR").unwrap_or(0),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
@@ -2815,6 +2824,25 @@ impl CudaModel {
         ];
         if tile > 1 {
             args.push(A::I(n as i32));
+        }
+        // The Q6_K head of a verify pass in one slice a row: its q8 values in registers
+        // (`matvec_q8x_xr_q6_k`, 16 rows × 8 tokens a block; the same bits).
+        if ty == GgmlType::Q6K
+            && tile > 1
+            && self.head_xr != 0
+            && n >= self.head_xr
+            && split.parts == 1
+        {
+            let grid_x = push_mats3(&mut args, mats, HEAD_XR_ROWS);
+            let f = self.k.matvec_q8x_xr_q6k.clone();
+            return self.launch(
+                "matvec_q8x",
+                &f,
+                (grid_x, n.div_ceil(RES_XR_TOKENS) as u32, 1),
+                MVF_THREADS,
+                0,
+                &args,
+            );
         }
         let grid_x = push_mats3(&mut args, mats, split.rows_per_block());
         let f = match (ty == GgmlType::Q6K, tile > 1) {

@@ -9,7 +9,9 @@ use redlite_gguf::GgmlType;
 use redlite_model::KvType;
 
 use crate::kernels::type_suffix;
-use crate::model::{MvfSplit, MVF_MAX_ROWS, MVF_MAX_TILE, RES_XR_ROWS, RES_XR_TOKENS};
+use crate::model::{
+    MvfSplit, HEAD_XR_ROWS, MVF_MAX_ROWS, MVF_MAX_TILE, RES_XR_ROWS, RES_XR_TOKENS,
+};
 use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
@@ -1558,6 +1560,43 @@ pub fn matvec_fused(
             Ok((download(gpu, &y)?, download(gpu, &yn)?))
         }
     }
+}
+
+/// `invs[t] · (W · xq[t])` for the `n` q8 rows of `xq` through `matvec_q8x_xr_q6_k` (Q6_K rows
+/// in one slice, 16 rows × 8 tokens a block): the one-token `matvec_q8x_q6_k`'s outputs (parts 1),
+/// bit for bit.
+pub fn matvec_q8x_xr_q6k(
+    gpu: &Gpu,
+    w: &CudaSlice<u8>,
+    (rows, cols): (usize, usize),
+    (xq, invs): (&[u8], &[f32]),
+) -> Result<Vec<f32>, CudaError> {
+    let n = check_rows(xq.len(), q8_row_bytes(cols), "matvec_q8x_xr xq")?;
+    if !cols.is_multiple_of(256)
+        || invs.len() != n
+        || w.len() < rows * row_bytes(GgmlType::Q6K, cols)?
+    {
+        return Err(CudaError::Invalid("matvec_q8x_xr: sizes".into()));
+    }
+    let split = MvfSplit { parts: 1, rows: 1 };
+    let (xd, iv) = (upload(gpu, xq)?, upload(gpu, invs)?);
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let (p, ni) = (split.arg(), i32_arg(n, "tokens")?);
+    let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
+    let (zero, zi) = (0u64, 0i32);
+    let grid = (
+        blocks(rows, HEAD_XR_ROWS),
+        n.div_ceil(RES_XR_TOKENS) as u32,
+        1,
+    );
+    launch!(
+        gpu,
+        gpu.func("matvec_q8x_xr_q6_k")?,
+        "matvec_q8x_xr",
+        cfg(grid, 256, 0),
+        [&xd, &iv, &c, &p, &ni, w, &mut y, &r, &zero, &zero, &zi, &zero, &zero, &zi]
+    )?;
+    download(gpu, &y)
 }
 
 /// `residual[t] + W · x[t]` for the `n` tokens of `xs` (`[n][cols]`) through

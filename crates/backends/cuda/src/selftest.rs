@@ -710,6 +710,24 @@ impl Runner<'_> {
                         &one,
                     )?;
                 }
+                // Q6_K rows in one slice with the q8 values in registers (`matvec_q8x_xr_q6_k`,
+                // the verify's head): 11 tokens (a partial second block of 8) and 2.
+                if ty == GgmlType::Q6K && parts == 1 {
+                    let xr = ops::matvec_q8x_xr_q6k(self.gpu, &w, (rows, cols), (&q11.0, &q11.1))?;
+                    same_bits("matvec_q8x_xr_q6_k differs from matvec_q8x", &xr, &one)?;
+                    let b2 = 2 * ops::q8_row_bytes(cols);
+                    let xr2 = ops::matvec_q8x_xr_q6k(
+                        self.gpu,
+                        &w,
+                        (rows, cols),
+                        (&q11.0[..b2], &q11.1[..2]),
+                    )?;
+                    same_bits(
+                        "matvec_q8x_xr_q6_k (2 tokens) differs",
+                        &xr2,
+                        &one[..2 * rows],
+                    )?;
+                }
                 // The tensor-core form (Q4_K): 11 tokens (a partial second tile) and one token.
                 if ty == GgmlType::Q4K {
                     let q1 = (
