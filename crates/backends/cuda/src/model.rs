@@ -1205,7 +1205,8 @@ pub struct CudaModel {
     res_xr: usize,
     /// The Q6_K head (one slice a row) of calls of at least `REDLITE_CUDA_HEAD_XR` tokens through
     /// `matvec_q8x_xr_q6_k` (16 rows × 8 tokens a block, each token's q8 values loaded once for
-    /// four rows; the same bits as the token tiles); 0: never.
+    /// four rows; the same bits as the token tiles); 0: never. Default 6 (H100, session 47, three
+    /// alternating rounds: full-size verify of 6 / 8 / 16 rows −0.8 / −1.5 / −1.8 %, 2–4 rows even).
     head_xr: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
@@ -1523,7 +1524,7 @@ impl CudaModel {
             moe_tok: moe_tok_tiles(),
             res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
             res_xr: env_parse("REDLITE_CUDA_RES_XR").unwrap_or(4),
-            head_xr: env_parse("REDLITE_CUDA_HEAD_XR").unwrap_or(0),
+            head_xr: env_parse("REDLITE_CUDA_HEAD_XR").unwrap_or(6),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
