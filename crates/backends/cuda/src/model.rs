@@ -30,7 +30,7 @@
 //!
 //! Other calls take other forms of the same steps: a verify pass (a few tokens) the token-tile
 //! kernels (`matvec_q8x_tok_*`, from 6 tokens `matvec_q8x_mma_q4_k` on the tensor cores,
-//! `matvec_res_tok_*` (from 4 tokens `matvec_res_xr_q4_k`, activations in registers) then
+//! `matvec_res_tok_*` (Q4_K: `matvec_res_xr_q4_k`, activations in registers) then
 //! `res_norm_q8`, `matvec3_x_tok_f32` for
 //! the router, `moe_router_warp`, `moe_gate_up_tok_*`, `moe_down_combine_tok_*`), each row the
 //! one-token kernels' bits; a prompt the GEMMs on the tensor cores (`gemm_*`, `moe_gemm_*`) and
@@ -1199,14 +1199,16 @@ pub struct CudaModel {
     res_tok_rows: usize,
     /// The Q4_K output projections of calls of at least `REDLITE_CUDA_RES_XR` tokens through
     /// `matvec_res_xr_q4_k` (8 rows × 8 tokens a block, each unit's activations loaded once a
-    /// block into registers; the same bits as the token tiles); 0: never. Default 4 (H100,
-    /// session 47, three alternating rounds: full-size verify of 4 / 8 / 16 rows −1 / −8 / −6.6 %,
-    /// of 2 rows +4.6 %: three of a block's four token pairs idle).
+    /// block into registers; the same bits as the token tiles); 0: never. Default 2 (H100,
+    /// session 47, full-size verify, three alternating rounds each: 3 rows −3.9 % against the
+    /// two-row tiles and 2 rows even (run 7); at 4 / 8 / 16 rows the first form −1 / −8 / −6.6 %
+    /// against the tiles (run 1), this form another −3.4 / −1.5 / −1.4 % (run 4)).
     res_xr: usize,
     /// The Q6_K head (one slice a row) of calls of at least `REDLITE_CUDA_HEAD_XR` tokens through
     /// `matvec_q8x_xr_q6_k` (16 rows × 8 tokens a block, each token's q8 values loaded once for
-    /// four rows; the same bits as the token tiles); 0: never. Default 6 (H100, session 47, three
-    /// alternating rounds: full-size verify of 6 / 8 / 16 rows −0.8 / −1.5 / −1.8 %, 2–4 rows even).
+    /// four rows; the same bits as the token tiles); 0: never. Default 2 (H100, session 47, three
+    /// alternating rounds: full-size verify of 3 / 4 / 6 / 8 / 16 rows −0.6 / −0.8 / −0.8 / −1.5 /
+    /// −1.8 %, 2 rows even).
     head_xr: usize,
     /// The last verify pass, `(start position, rows)`, until `keep` or another call.
     verified: Option<(usize, usize)>,
@@ -1523,8 +1525,8 @@ impl CudaModel {
             moe_down_parts: moe_down_parts_from_env(),
             moe_tok: moe_tok_tiles(),
             res_tok_rows: env_parse("REDLITE_CUDA_RES_TOK_ROWS").unwrap_or(0).min(2),
-            res_xr: env_parse("REDLITE_CUDA_RES_XR").unwrap_or(4),
-            head_xr: env_parse("REDLITE_CUDA_HEAD_XR").unwrap_or(6),
+            res_xr: env_parse("REDLITE_CUDA_RES_XR").unwrap_or(2),
+            head_xr: env_parse("REDLITE_CUDA_HEAD_XR").unwrap_or(2),
             moe_rows: env_parse("REDLITE_CUDA_MOE_ROWS").unwrap_or(1).clamp(1, 8),
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
