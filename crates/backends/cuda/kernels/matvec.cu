@@ -1124,6 +1124,9 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 }
 #endif
 
+// Tokens a block of the activations-in-registers kernels (matvec_res_xr_q4_k, matvec_q8x_xr_q6_k;
+// the host's RES_XR_TOKENS), four a warp.
+#define XR_TOKENS 8
 #if Q4K_PAIR
 // matvec_res_xr_q4_k(w, x, y, rows, cols, split, n): the verify's output projections (Q4_K rows
 // on f32 activations, y[t][row] += W_row . x[t]) with the activations held in registers:
@@ -1142,7 +1145,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 // Launch: grid = (ceil(rows / XR_ROWS), ceil(n / XR_TOKENS)), block = 32 * MVF_WARPS, no dynamic
 // shared memory; the split's rows and tile are not read.
 #define XR_ROWS 8
-#define XR_TOKENS 8
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_res_xr_q4_k(const u8* w, const float* x,
                                                                                   float* y, int rows, int cols,
                                                                                   int split, int n) {
@@ -2361,7 +2363,8 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, 2) void matvec_q8x_xr_q6
     const int wi = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int quad = wi % 2, first = m.block * RPB + (wi / 2) * XQ_ROWS;
     const size_t rb = row_bytes<T_Q6_K>(cols);
-    const int t0 = blockIdx.y * 8 + 4 * quad, nt = min(max(n - t0, 0), 4);
+    static_assert(XR_TOKENS == 8 && MVF_WARPS == 8, "two token quads, four row groups");
+    const int t0 = blockIdx.y * XR_TOKENS + 4 * quad, nt = min(max(n - t0, 0), 4);
     if (blockIdx.y == 0 && first < m.rows) {
         prefetch_l2(m.w + (size_t)first * rb, (size_t)min(XQ_ROWS, m.rows - first) * rb, lane, WARP);
     }
