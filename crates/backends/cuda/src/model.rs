@@ -4759,6 +4759,29 @@ mod tests {
         assert_eq!(token_tile(1, 16, 2048), 1);
     }
 
+    /// The integer value of `#define NAME value` in matvec.cu.
+    fn matvec_define(name: &str) -> usize {
+        let src = crate::kernels::SOURCES
+            .iter()
+            .find(|(f, _)| *f == "matvec.cu")
+            .expect("matvec.cu is a kernel source")
+            .1;
+        let line = src
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("matvec.cu defines {name}"));
+        line.trim().parse().expect("an integer define")
+    }
+
+    #[test]
+    fn activations_in_registers_grids_match_the_kernels() {
+        // The host sizes these kernels' grids: its block shapes must be the kernels'.
+        assert_eq!(RES_XR_ROWS as usize, matvec_define("XR_ROWS"));
+        assert_eq!(RES_XR_TOKENS, matvec_define("XR_TOKENS"));
+        let warps = matvec_define("MVF_WARPS");
+        assert_eq!(HEAD_XR_ROWS as usize, warps / 2 * matvec_define("XQ_ROWS"));
+    }
+
     #[test]
     fn tensor_core_products_shared_memory() {
         // 16 padded Q4_K rows, their scale quads, 8 padded q8 rows (ncu saw 12.93 KB at 512).
