@@ -1125,7 +1125,7 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_res_tok2_q4_
 #endif
 
 // Tokens a block of the activations-in-registers kernels (matvec_res_xr_q4_k, matvec_q8x_xr_q6_k;
-// the host's RES_XR_TOKENS), four a warp.
+// the host's XR_TOKENS), four a warp.
 #define XR_TOKENS 8
 #if Q4K_PAIR
 // matvec_res_xr_q4_k(w, x, y, rows, cols, split, n): the verify's output projections (Q4_K rows

@@ -89,7 +89,7 @@ pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 /// by 16 bytes), their scale quads (one a block and sub-block pair, one of padding) and the tile's
 /// 8 q8 rows (each padded by 16 bytes), or `None` past [`Q8X_MMA_MAX_SMEM`].
 pub fn q8x_mma_smem(cols: usize) -> Option<u32> {
-    let q8_row = cols + cols / 32 * 4 + cols / 16 * 4;
+    let q8_row = crate::ops::q8_row_bytes(cols);
     let bytes = 16 * (cols / 256 * 144 + 16) + 16 * 16 * (cols / 64 + 1) + 8 * (q8_row + 16);
     (bytes <= Q8X_MMA_MAX_SMEM as usize).then_some(bytes as u32)
 }
@@ -245,10 +245,12 @@ const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 32;
 const GEMM_THREADS: u32 = 128;
 
-/// Rows and tokens of a block of `matvec_res_xr_q4_k` (`XR_ROWS`, `XR_TOKENS` in matvec.cu).
+/// Tokens a block of the activations-in-registers kernels (`matvec_res_xr_q4_k`,
+/// `matvec_q8x_xr_q6_k`; `XR_TOKENS` in matvec.cu).
+pub(crate) const XR_TOKENS: usize = 8;
+/// Rows of a block of `matvec_res_xr_q4_k` (`XR_ROWS` in matvec.cu).
 pub(crate) const RES_XR_ROWS: u32 = 8;
-pub(crate) const RES_XR_TOKENS: usize = 8;
-/// Rows of a block of `matvec_q8x_xr_q6_k` (its tokens: [`RES_XR_TOKENS`]).
+/// Rows of a block of `matvec_q8x_xr_q6_k`.
 pub(crate) const HEAD_XR_ROWS: u32 = 16;
 
 /// Rows a warp group of the Q4_K output projections' token tiles for a call of `n` tokens: `want`
@@ -2841,7 +2843,7 @@ impl CudaModel {
             return self.launch(
                 "matvec_q8x",
                 &f,
-                (grid_x, n.div_ceil(RES_XR_TOKENS) as u32, 1),
+                (grid_x, n.div_ceil(XR_TOKENS) as u32, 1),
                 MVF_THREADS,
                 0,
                 &args,
@@ -2951,11 +2953,7 @@ impl CudaModel {
                 rows: if two { 2 } else { 1 },
             };
             let grid = if xr {
-                (
-                    blocks(w.rows, RES_XR_ROWS),
-                    n.div_ceil(RES_XR_TOKENS) as u32,
-                    1,
-                )
+                (blocks(w.rows, RES_XR_ROWS), n.div_ceil(XR_TOKENS) as u32, 1)
             } else {
                 (
                     blocks(w.rows, split.rows_per_block()),
@@ -4777,7 +4775,7 @@ mod tests {
     fn activations_in_registers_grids_match_the_kernels() {
         // The host sizes these kernels' grids: its block shapes must be the kernels'.
         assert_eq!(RES_XR_ROWS as usize, matvec_define("XR_ROWS"));
-        assert_eq!(RES_XR_TOKENS, matvec_define("XR_TOKENS"));
+        assert_eq!(XR_TOKENS, matvec_define("XR_TOKENS"));
         let warps = matvec_define("MVF_WARPS");
         assert_eq!(HEAD_XR_ROWS as usize, warps / 2 * matvec_define("XQ_ROWS"));
     }

@@ -9,9 +9,7 @@ use redlite_gguf::GgmlType;
 use redlite_model::KvType;
 
 use crate::kernels::type_suffix;
-use crate::model::{
-    MvfSplit, HEAD_XR_ROWS, MVF_MAX_ROWS, MVF_MAX_TILE, RES_XR_ROWS, RES_XR_TOKENS,
-};
+use crate::model::{MvfSplit, HEAD_XR_ROWS, MVF_MAX_ROWS, MVF_MAX_TILE, RES_XR_ROWS, XR_TOKENS};
 use crate::{CudaError, Gpu};
 
 /// Warps (output rows) per block of the matvec-style kernels.
@@ -1584,11 +1582,7 @@ pub fn matvec_q8x_xr_q6k(
     let (p, ni) = (split.arg(), i32_arg(n, "tokens")?);
     let mut y = alloc_poisoned::<f32>(gpu, n * rows)?;
     let (zero, zi) = (0u64, 0i32);
-    let grid = (
-        blocks(rows, HEAD_XR_ROWS),
-        n.div_ceil(RES_XR_TOKENS) as u32,
-        1,
-    );
+    let grid = (blocks(rows, HEAD_XR_ROWS), n.div_ceil(XR_TOKENS) as u32, 1);
     launch!(
         gpu,
         gpu.func("matvec_q8x_xr_q6_k")?,
@@ -1626,11 +1620,7 @@ pub fn matvec_res_xr_q4k(
         split.arg(),
         i32_arg(n, "tokens")?,
     );
-    let grid = (
-        blocks(rows, RES_XR_ROWS),
-        n.div_ceil(RES_XR_TOKENS) as u32,
-        1,
-    );
+    let grid = (blocks(rows, RES_XR_ROWS), n.div_ceil(XR_TOKENS) as u32, 1);
     launch!(
         gpu,
         gpu.func("matvec_res_xr_q4_k")?,
