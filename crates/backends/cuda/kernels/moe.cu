@@ -1644,6 +1644,44 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
                        hidden, k, dstride, counter);
 }
 
+// DOWN_PF (default 0; session 48, to measure): the q8 down kernels start every (choice,
+// sub-block) pair a lane will take into L2 (1) or L1 (2) right after the wait, before the first
+// pair's arithmetic. Their loops take a pair's loads (the expert id, then its row) only once the
+// pair before is summed: the SASS has a branch between pairs (the loop's exit, and in the token
+// tiles `j < nt`), so a lane waits for DRAM once a pair: 2-3 pairs at decode, 8 tokens x 3 pairs a
+// lane in an 8-row verify. With the lines started together, the later pairs find them in flight or
+// in the cache. Prefetches change no value: the same bits. DOWN_PF_PAIRS: the most pairs a lane
+// starts (per token in the tiles).
+#ifndef DOWN_PF
+#define DOWN_PF 0
+#endif
+#define DOWN_PF_PAIRS 4
+
+// Starts the line of sub-block sb of the down row at `row` (of an IQ2_XXS row: 66-byte blocks).
+__device__ __forceinline__ void down_pf_line(const u8* row, int sb) {
+    const u8* p = row + (size_t)(sb >> 3) * 66 + 2 + 8 * (sb & 7);
+    if (DOWN_PF == 2) {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    } else {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+}
+
+// Starts the lines of the pairs i0, i0 + step, ... (< n, at most DOWN_PF_PAIRS) of token
+// (choices) `tk` (ids + tk · k): the same walk as the kernels' loops.
+__device__ __forceinline__ void down_pf_pairs(const u64* __restrict__ tab, const int* __restrict__ ids, size_t tk,
+                                              int k, int sbs, int i0, int step, int n, size_t off, u64 dstride,
+                                              u64 d0) {
+#pragma unroll
+    for (int u = 0; u < DOWN_PF_PAIRS; ++u) {
+        const int i = i0 + u * step;
+        if (i < n) {
+            const int c = i / sbs, sb = i - c * sbs;
+            down_pf_line(expert_part(tab, ids[tk * k + c], 2, dstride, d0) + off, sb);
+        }
+    }
+}
+
 // DOWN_LOOP (default 1): moe_down_combine_tab_q8_iq2_xxs walks its (choice, sub-block) pairs
 // without a division per pair and unrolled (0: a division per pair, not unrolled).
 #ifndef DOWN_LOOP
@@ -1696,6 +1734,9 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
         const int step = d.parts * WARP, n = k * sbs;
         const int dc = step / sbs, ds = step - dc * sbs;
         const int i0 = d.part * WARP + lane;
+#if DOWN_PF
+        down_pf_pairs(tab, ids, t, k, sbs, i0, step, n, off, dstride, d0);
+#endif
         int c = i0 / sbs, sb = i0 - c * sbs;
 #if DOWN_LOOP
 #pragma unroll 4
@@ -1777,6 +1818,9 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
         const int step = d.parts * WARP, np = k * sbs;
         const int dc = step / sbs, ds = step - dc * sbs;
         const int i0 = d.part * WARP + lane;
+#if DOWN_PF
+        for (int j = 0; j < nt; ++j) down_pf_pairs(tab, ids, t0 + j, k, sbs, i0, step, np, off, dstride, d0);
+#endif
         int c = i0 / sbs, sb = i0 - c * sbs;
         for (int i = i0; i < np; i += step) {
 #pragma unroll
