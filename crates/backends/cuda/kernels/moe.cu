@@ -951,52 +951,9 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
-//
-// IQ2_GRID4 (default 0; session 48, to measure): the grid staged as 256 u32 of 2-bit codes in
-// nibbles instead of 256 u64 of bytes. Every IQ2_XXS grid byte is 8, 25 or 43 (checked by a host
-// test against the gguf tables), so entry i's byte j is code j of 0x2B1908 and one byte permute a
-// half rebuilds the same bytes: the same sums, the same bits. A warp's 32 random 8-byte lookups are
-// two half-warp phases over 16 bank pairs (ncu, session 45: 5.9 wavefronts a request, 66 % of them
-// conflicts); 4-byte lookups over 32 banks are one phase (about 3.5 expected), for three more ALU
-// operations (a shift, two permutes) an entry.
-#ifndef IQ2_GRID4
-#define IQ2_GRID4 0
-#endif
-#if IQ2_GRID4
-__shared__ u32 s_iq2xxs_grid4[256];
-// The grid's three byte values, byte c = value of code c.
-#define IQ2_GRID_VALUES 0x002B1908u
-#endif
-
 __device__ __forceinline__ void stage_iq2_q8_tables() {
-#if IQ2_GRID4
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-        const u64 g = g_iq2xxs_grid[i];
-        u32 v = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 b = (u32)(g >> (8 * j)) & 255u;
-            v |= ((u32)(b > 8u) + (u32)(b > 25u)) << (4 * j);
-        }
-        s_iq2xxs_grid4[i] = v;
-    }
-#else
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-#endif
     __syncthreads();
-}
-
-// Grid entry i of the q8 kernels as its two 4-byte halves.
-__device__ __forceinline__ void iq2_grid_halves(u32 i, u32& lo, u32& hi) {
-#if IQ2_GRID4
-    const u32 c = s_iq2xxs_grid4[i];
-    lo = __byte_perm(IQ2_GRID_VALUES, 0u, c);
-    hi = __byte_perm(IQ2_GRID_VALUES, 0u, c >> 16);
-#else
-    const u64 g = s_iq2xxs_grid[i];
-    lo = (u32)g;
-    hi = (u32)(g >> 32);
-#endif
 }
 
 // A sign code's byte mask of negative weights (0xFF bytes), computed: the sign byte is the 7-bit
@@ -1043,21 +1000,20 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        u32 glo, ghi;
-        iq2_grid_halves((idx >> (8 * l)) & 255, glo, ghi);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
         const u32 sg = code | ((__popc(code) & 1u) << 7);
-        sum = dp4a(iq2_signed_bytes(glo, sg & 15u), q[2 * l], sum);
-        sum = dp4a(iq2_signed_bytes(ghi, sg >> 4), q[2 * l + 1], sum);
+        sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
+        sum = dp4a(iq2_signed_bytes((u32)(g >> 32), sg >> 4), q[2 * l + 1], sum);
     }
     return sum;
 #else
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        u32 glo, ghi;
-        iq2_grid_halves((idx >> (8 * l)) & 255, glo, ghi);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u64 m = iq2_negmask_alu((aux >> (7 * l)) & 127);
+        const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
         sum = dp4a(ghi, q[2 * l + 1], sum);
         neg = dp4a(glo, q[2 * l] & (int)(u32)m, neg);
@@ -1644,44 +1600,6 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_route_gate_up_q8q_iq2_x
                        hidden, k, dstride, counter);
 }
 
-// DOWN_PF (default 0; session 48, to measure): the q8 down kernels start every (choice,
-// sub-block) pair a lane will take into L2 (1) or L1 (2) right after the wait, before the first
-// pair's arithmetic. Their loops take a pair's loads (the expert id, then its row) only once the
-// pair before is summed: the SASS has a branch between pairs (the loop's exit, and in the token
-// tiles `j < nt`), so a lane waits for DRAM once a pair: 2-3 pairs at decode, 8 tokens x 3 pairs a
-// lane in an 8-row verify. With the lines started together, the later pairs find them in flight or
-// in the cache. Prefetches change no value: the same bits. DOWN_PF_PAIRS: the most pairs a lane
-// starts (per token in the tiles).
-#ifndef DOWN_PF
-#define DOWN_PF 0
-#endif
-#define DOWN_PF_PAIRS 4
-
-// Starts the line of sub-block sb of the down row at `row` (of an IQ2_XXS row: 66-byte blocks).
-__device__ __forceinline__ void down_pf_line(const u8* row, int sb) {
-    const u8* p = row + (size_t)(sb >> 3) * 66 + 2 + 8 * (sb & 7);
-    if (DOWN_PF == 2) {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-    } else {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-}
-
-// Starts the lines of the pairs i0, i0 + step, ... (< n, at most DOWN_PF_PAIRS) of token
-// (choices) `tk` (ids + tk · k): the same walk as the kernels' loops.
-__device__ __forceinline__ void down_pf_pairs(const u64* __restrict__ tab, const int* __restrict__ ids, size_t tk,
-                                              int k, int sbs, int i0, int step, int n, size_t off, u64 dstride,
-                                              u64 d0) {
-#pragma unroll
-    for (int u = 0; u < DOWN_PF_PAIRS; ++u) {
-        const int i = i0 + u * step;
-        if (i < n) {
-            const int c = i / sbs, sb = i - c * sbs;
-            down_pf_line(expert_part(tab, ids[tk * k + c], 2, dstride, d0) + off, sb);
-        }
-    }
-}
-
 // DOWN_LOOP (default 1): moe_down_combine_tab_q8_iq2_xxs walks its (choice, sub-block) pairs
 // without a division per pair and unrolled (0: a division per pair, not unrolled).
 #ifndef DOWN_LOOP
@@ -1690,18 +1608,14 @@ __device__ __forceinline__ void down_pf_pairs(const u64* __restrict__ tab, const
 
 // Pair (te, sb) of the q8 down kernels: weight[te] · (sub-block sb of the down row at `off` of
 // choice te's expert, against sub-block sb of its q8 activation row).
-// (down_pair_q8_at: the same with the row and the weight found.)
-__device__ __forceinline__ float down_pair_q8_at(const u8* __restrict__ down, float w, const u8* __restrict__ actq,
-                                                 size_t te, int sb, int ff) {
-    const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
-    const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
-    const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
-    return __fmul_rn(w, v);
-}
 __device__ __forceinline__ float down_pair_q8(const u64* __restrict__ tab, const int* __restrict__ ids,
                                               const float* __restrict__ weight, const u8* __restrict__ actq,
                                               size_t te, int sb, size_t off, int ff, u64 dstride, u64 d0) {
-    return down_pair_q8_at(expert_part(tab, ids[te], 2, dstride, d0) + off, weight[te], actq, te, sb, ff);
+    const u8* down = expert_part(tab, ids[te], 2, dstride, d0) + off;
+    const Q8Row a = q8_row((u8*)actq + te * Q8_ROW_BYTES(ff), ff);
+    const int4 q0 = *(const int4*)(a.q + 32 * sb), q1 = *(const int4*)(a.q + 32 * sb + 16);
+    const float v = iq2xxs_sub_value(down, sb, a, q0, q1);
+    return __fmul_rn(weight[te], v);
 }
 
 // moe_down_combine_tab_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
@@ -1734,9 +1648,6 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
         const int step = d.parts * WARP, n = k * sbs;
         const int dc = step / sbs, ds = step - dc * sbs;
         const int i0 = d.part * WARP + lane;
-#if DOWN_PF
-        down_pf_pairs(tab, ids, t, k, sbs, i0, step, n, off, dstride, d0);
-#endif
         int c = i0 / sbs, sb = i0 - c * sbs;
 #if DOWN_LOOP
 #pragma unroll 4
@@ -1766,16 +1677,6 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 #define DOWN_TOK_MAX 8
 #endif
 
-// DOWN_STAGE (default 0; session 48, to measure): moe_down_combine_tok_q8_iq2_xxs finds the
-// block's (token, choice) experts and weights once, into shared memory (one thread a pair, a
-// barrier), instead of each lane loading ids[te], then the expert's address, then its row for every
-// pair it takes: the same pairs, rows and order, so the same bits. Blocks with more than
-// DOWN_TOK_MAX · DOWN_STAGE_K pairs (k > 16) keep the loads.
-#ifndef DOWN_STAGE
-#define DOWN_STAGE 0
-#endif
-#define DOWN_STAGE_K 16
-
 // moe_down_combine_tok_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride, n, tile): moe_down_combine_tab_q8_iq2_xxs for a call of n tokens with `tile` (1 ..
 // DOWN_TOK_MAX) of them a block: the tables staged once a block instead of once a token, the
@@ -1798,19 +1699,6 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
     const int per = min(max(tile, 1), DOWN_TOK_MAX);
     const int t0 = blockIdx.y * per, nt = min(per, n - t0);
     const int sbs = ff / 32;
-#if DOWN_STAGE
-    __shared__ const u8* s_down[DOWN_TOK_MAX * DOWN_STAGE_K];
-    __shared__ float s_wt[DOWN_TOK_MAX * DOWN_STAGE_K];
-    const bool staged = nt * k <= DOWN_TOK_MAX * DOWN_STAGE_K;  // the same for the whole block
-    if (staged) {
-        for (int i = threadIdx.x; i < nt * k; i += blockDim.x) {
-            const size_t te = (size_t)t0 * k + i;  // token t0 + i / k, choice i % k
-            s_down[i] = expert_part(tab, ids[te], 2, dstride, d0);
-            s_wt[i] = weight[te];
-        }
-        __syncthreads();
-    }
-#endif
     float acc[DOWN_TOK_MAX];
 #pragma unroll
     for (int j = 0; j < DOWN_TOK_MAX; ++j) acc[j] = 0.0f;
@@ -1818,22 +1706,12 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
         const int step = d.parts * WARP, np = k * sbs;
         const int dc = step / sbs, ds = step - dc * sbs;
         const int i0 = d.part * WARP + lane;
-#if DOWN_PF
-        for (int j = 0; j < nt; ++j) down_pf_pairs(tab, ids, t0 + j, k, sbs, i0, step, np, off, dstride, d0);
-#endif
         int c = i0 / sbs, sb = i0 - c * sbs;
         for (int i = i0; i < np; i += step) {
 #pragma unroll
             for (int j = 0; j < DOWN_TOK_MAX; ++j) {
                 if (j < nt) {
                     const size_t te = (size_t)(t0 + j) * k + c;
-#if DOWN_STAGE
-                    if (staged) {
-                        const int at = j * k + c;
-                        acc[j] = __fadd_rn(acc[j], down_pair_q8_at(s_down[at] + off, s_wt[at], actq, te, sb, ff));
-                        continue;
-                    }
-#endif
                     acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
                 }
             }

@@ -398,32 +398,6 @@ mod tests {
         }
     }
 
-    /// moe.cu's `IQ2_GRID4` form: each grid entry staged as 2-bit codes in nibbles (code
-    /// (b > 8) + (b > 25)) and rebuilt by `__byte_perm(0x002B1908, 0, c)` and
-    /// `__byte_perm(0x002B1908, 0, c >> 16)` gives the entry's two halves exactly.
-    #[test]
-    fn iq2_grid_codes_rebuild_every_grid_entry() {
-        let src = module_source();
-        assert!(src.contains("#define IQ2_GRID_VALUES 0x002B1908u"));
-        // __byte_perm(x, 0, s): byte n of the result is byte (s >> 4n) & 7 of (0:x).
-        let perm = |x: u32, s: u32| {
-            (0..4).fold(0u32, |r, n| {
-                let sel = (s >> (4 * n)) & 7;
-                let b = if sel < 4 { (x >> (8 * sel)) & 0xFF } else { 0 };
-                r | (b << (8 * n))
-            })
-        };
-        for &g in redlite_gguf::quant::grids::IQ2XXS_GRID.iter() {
-            let c = (0..8).fold(0u32, |v, j| {
-                let b = ((g >> (8 * j)) & 0xFF) as u32;
-                v | ((u32::from(b > 8) + u32::from(b > 25)) << (4 * j))
-            });
-            let lo = perm(0x002B_1908, c);
-            let hi = perm(0x002B_1908, c >> 16);
-            assert_eq!(((hi as u64) << 32) | lo as u64, g, "grid {g:#018x}");
-        }
-    }
-
     #[test]
     fn every_per_type_kernel_is_instantiated_in_the_source() {
         let src = module_source();
