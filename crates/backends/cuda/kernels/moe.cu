@@ -992,11 +992,36 @@ __device__ __forceinline__ u32 iq2_signed_bytes(u32 g, u32 n) {
     return (g ^ m) + (m & 0x01010101u);
 }
 
+// IQ2_NEGSUM (default 0; session 48, to measure): iq2xxs_sub_q8 without the negation's add. With
+// m_j the 0xFF / 0x00 mask byte of a negative weight, (g ^ m)_j is s_j g_j - [m_j] as a signed byte
+// and m_j is -[m_j], so Σ s g q = dp4a(g ^ m, q) - dp4a(m, q), the second summed apart over the
+// sub-block and taken off once: per four weights an XOR and two dp4a instead of an XOR, an AND,
+// an add and one dp4a. The upper half's mask input takes the parity bit (sign 7) through the
+// multiply's addend (bit 3 of the nibble lands on bit 31; the three code bits leave it clear).
+// Exact integer sums either way: the same bits.
+#ifndef IQ2_NEGSUM
+#define IQ2_NEGSUM 0
+#endif
+
 // Σ sign · grid · q over one IQ2_XXS sub-block (grid indices `idx`, sign codes and scale `aux`)
 // with its 32 quants (a: quants 0..15, b: 16..31).
 __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, const int4 b) {
     const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#if IQ2_SIGNED_DP4A
+#if IQ2_NEGSUM
+    int sum = 0, neg = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u32 code = (aux >> (7 * l)) & 127;
+        const u32 mlo = prmt_sign_bytes((code & 15u) * 0x10204080u);
+        const u32 mhi = prmt_sign_bytes((code >> 4) * 0x10204080u + ((u32)__popc(code) << 31));
+        sum = dp4a((u32)g ^ mlo, q[2 * l], sum);
+        neg = dp4a(mlo, q[2 * l], neg);
+        sum = dp4a((u32)(g >> 32) ^ mhi, q[2 * l + 1], sum);
+        neg = dp4a(mhi, q[2 * l + 1], neg);
+    }
+    return sum - neg;
+#elif IQ2_SIGNED_DP4A
     int sum = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {

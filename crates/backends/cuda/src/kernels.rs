@@ -398,6 +398,39 @@ mod tests {
         }
     }
 
+    /// moe.cu's `IQ2_NEGSUM` form: the masks `prmt((code & 15) · 0x10204080)` and
+    /// `prmt((code >> 4) · 0x10204080 + popc(code) << 31)` give, byte by byte, (g ^ m) - m equal to
+    /// the grid byte negated where the `ksigns_iq2xs` sign byte says (so dp4a(g ^ m, q) -
+    /// dp4a(m, q) is Σ s g q exactly), for all 256 entries and 128 sign codes.
+    #[test]
+    fn iq2_negsum_masks_give_the_signed_grid() {
+        let replicate = |x: u32| {
+            (0..4).fold(0u32, |r, j| {
+                r | (((x >> (8 * j + 7)) & 1) * (0xFF << (8 * j)))
+            })
+        };
+        for code in 0u32..128 {
+            let mlo = replicate((code & 15).wrapping_mul(0x1020_4080));
+            let mhi = replicate(
+                (code >> 4)
+                    .wrapping_mul(0x1020_4080)
+                    .wrapping_add(code.count_ones() << 31),
+            );
+            let table = redlite_gguf::quant::grids::KSIGNS_IQ2XS[code as usize];
+            for &g in redlite_gguf::quant::grids::IQ2XXS_GRID.iter() {
+                let halves = [(g as u32, mlo), ((g >> 32) as u32, mhi)];
+                for j in 0..8 {
+                    let (h, m) = halves[j / 4];
+                    let byte = |w: u32| ((w >> (8 * (j % 4))) & 0xFF) as u8 as i8 as i32;
+                    let got = byte(h ^ m) - byte(m);
+                    let mag = ((g >> (8 * j)) & 0xFF) as i32;
+                    let want = if (table >> j) & 1 == 1 { -mag } else { mag };
+                    assert_eq!(got, want, "code {code}, grid {g:#018x}, byte {j}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_per_type_kernel_is_instantiated_in_the_source() {
         let src = module_source();
