@@ -1014,8 +1014,16 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     for (int l = 0; l < 4; ++l) {
         const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
+#if IQ2_NEGSUM == 2
+        // The whole 7-bit code into both multiplies: its seven bits times 0x10204080 (shifts 7,
+        // 14, 21, 28) are four disjoint copies, bit j on bit 8j + 7 for j < 4; times 0x20408 (shifts
+        // 3, 10, 17) bit 4 + j on bit 8j + 7 for j < 3. No masks or shifts of the code.
+        const u32 mlo = prmt_sign_bytes(code * 0x10204080u);
+        const u32 mhi = prmt_sign_bytes(code * 0x20408u + ((u32)__popc(code) << 31));
+#else
         const u32 mlo = prmt_sign_bytes((code & 15u) * 0x10204080u);
         const u32 mhi = prmt_sign_bytes((code >> 4) * 0x10204080u + ((u32)__popc(code) << 31));
+#endif
         sum = dp4a((u32)g ^ mlo, q[2 * l], sum);
         neg = dp4a(mlo, q[2 * l], neg);
         sum = dp4a((u32)(g >> 32) ^ mhi, q[2 * l + 1], sum);
