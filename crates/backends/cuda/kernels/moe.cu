@@ -1003,15 +1003,9 @@ __device__ __forceinline__ u32 iq2_signed_bytes(u32 g, u32 n) {
 #ifndef IQ2_NEGSUM
 #define IQ2_NEGSUM 1
 #endif
-// IQ2_NEGSUM 2: the whole 7-bit code into both mask multiplies (below); 3: form 2 in every q8
-// expert kernel but the decode's fused route kernels, which keep form 1 (form 2 adds to their
-// stack). IQ2_SIGN_FORM / IQ2_ROUTE_FORM: the form a kernel's sub-blocks take.
-#define IQ2_SIGN_FORM (IQ2_NEGSUM == 3 ? 2 : IQ2_NEGSUM)
-#define IQ2_ROUTE_FORM (IQ2_NEGSUM == 3 ? 1 : IQ2_NEGSUM)
 
 // Σ sign · grid · q over one IQ2_XXS sub-block (grid indices `idx`, sign codes and scale `aux`)
-// with its 32 quants (a: quants 0..15, b: 16..31). SF: the IQ2_NEGSUM form.
-template <int SF = IQ2_SIGN_FORM>
+// with its 32 quants (a: quants 0..15, b: 16..31).
 __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, const int4 b) {
     const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #if IQ2_NEGSUM
@@ -1020,17 +1014,8 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     for (int l = 0; l < 4; ++l) {
         const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
-        u32 mlo, mhi;
-        if constexpr (SF == 2) {
-            // The whole 7-bit code into both multiplies: its seven bits times 0x10204080 (shifts
-            // 7, 14, 21, 28) are four disjoint copies, bit j on bit 8j + 7 for j < 4; times 0x20408
-            // (shifts 3, 10, 17) bit 4 + j on bit 8j + 7 for j < 3. No masks or shifts of the code.
-            mlo = prmt_sign_bytes(code * 0x10204080u);
-            mhi = prmt_sign_bytes(code * 0x20408u + ((u32)__popc(code) << 31));
-        } else {
-            mlo = prmt_sign_bytes((code & 15u) * 0x10204080u);
-            mhi = prmt_sign_bytes((code >> 4) * 0x10204080u + ((u32)__popc(code) << 31));
-        }
+        const u32 mlo = prmt_sign_bytes((code & 15u) * 0x10204080u);
+        const u32 mhi = prmt_sign_bytes((code >> 4) * 0x10204080u + ((u32)__popc(code) << 31));
         sum = dp4a((u32)g ^ mlo, q[2 * l], sum);
         neg = dp4a(mlo, q[2 * l], neg);
         sum = dp4a((u32)(g >> 32) ^ mhi, q[2 * l + 1], sum);
@@ -1073,7 +1058,6 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
-template <int SF = IQ2_SIGN_FORM>
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
 #if IQ2_LDG
@@ -1083,12 +1067,11 @@ __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int 
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
-    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8<SF>(idx, aux, a, b)));
+    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
 
 // The lane's sums over sub-blocks lane, lane + 32, ... (in that order) of a gate and an up row of
 // `cols` IQ2_XXS weights: both rows' loads in one loop, the quants loaded once.
-template <int SF = IQ2_SIGN_FORM>
 __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, const u8* __restrict__ u,
                                                   const Q8Row& x, int cols, int lane, float& ga, float& ua) {
     ga = 0.0f;
@@ -1096,14 +1079,13 @@ __device__ __forceinline__ void iq2xxs_gate_up_q8(const u8* __restrict__ g, cons
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga = __fadd_rn(ga, iq2xxs_sub_value<SF>(g, sb, x, a, b));
-        ua = __fadd_rn(ua, iq2xxs_sub_value<SF>(u, sb, x, a, b));
+        ga = __fadd_rn(ga, iq2xxs_sub_value(g, sb, x, a, b));
+        ua = __fadd_rn(ua, iq2xxs_sub_value(u, sb, x, a, b));
     }
 }
 
 // iq2xxs_gate_up_q8 for two rows at once (gate and up of rows 0 and 1): all four rows' loads in one
 // loop; each row's partial takes the one-row function's operations in its order (the same bits).
-template <int SF = IQ2_SIGN_FORM>
 __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, const u8* __restrict__ u0,
                                                    const u8* __restrict__ g1, const u8* __restrict__ u1,
                                                    const Q8Row& x, int cols, int lane, float& ga0, float& ua0,
@@ -1115,10 +1097,10 @@ __device__ __forceinline__ void iq2xxs_gate_up2_q8(const u8* __restrict__ g0, co
 #pragma unroll 2
     for (int sb = lane; sb < cols / 32; sb += WARP) {
         const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-        ga0 = __fadd_rn(ga0, iq2xxs_sub_value<SF>(g0, sb, x, a, b));
-        ua0 = __fadd_rn(ua0, iq2xxs_sub_value<SF>(u0, sb, x, a, b));
-        ga1 = __fadd_rn(ga1, iq2xxs_sub_value<SF>(g1, sb, x, a, b));
-        ua1 = __fadd_rn(ua1, iq2xxs_sub_value<SF>(u1, sb, x, a, b));
+        ga0 = __fadd_rn(ga0, iq2xxs_sub_value(g0, sb, x, a, b));
+        ua0 = __fadd_rn(ua0, iq2xxs_sub_value(u0, sb, x, a, b));
+        ga1 = __fadd_rn(ga1, iq2xxs_sub_value(g1, sb, x, a, b));
+        ua1 = __fadd_rn(ua1, iq2xxs_sub_value(u1, sb, x, a, b));
     }
 }
 
@@ -1203,7 +1185,7 @@ __device__ __forceinline__ void down_row_finish(const DownRow& d, float s, bool 
 // lo + w + W, ... (W = blockDim.x / 32 warps), with PAIR rows r and r + W together (both rows'
 // loads in flight before either's arithmetic); each row's activation silu(gate . x) * (up . x)
 // into act_s[r] and act.
-template <bool PAIR, int SF = IQ2_SIGN_FORM>
+template <bool PAIR>
 __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                   const Q8Row& x, float* __restrict__ act, float* act_s, int ff,
                                                   int hidden, size_t te, int bx, int lo, int hi) {
@@ -1215,8 +1197,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
         if (PAIR && r + nw < hi) {
             const size_t off1 = off + (size_t)nw * rb;
             float ga, ua, ga1, ua1;
-            iq2xxs_gate_up2_q8<SF>(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1,
-                                   ua1);
+            iq2xxs_gate_up2_q8(gate + off, up + off, gate + off1, up + off1, x, hidden, lane, ga, ua, ga1, ua1);
             const float gv = warp_sum(ga), uv = warp_sum(ua), gv1 = warp_sum(ga1), uv1 = warp_sum(ua1);
             if (lane == 0) {
                 const float a = siluf_(gv) * uv, a1 = siluf_(gv1) * uv1;
@@ -1228,7 +1209,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
             continue;
         }
         float ga, ua;
-        iq2xxs_gate_up_q8<SF>(gate + off, up + off, x, hidden, lane, ga, ua);
+        iq2xxs_gate_up_q8(gate + off, up + off, x, hidden, lane, ga, ua);
         const float gv = warp_sum(ga), uv = warp_sum(ua);
         if (lane == 0) {
             const float a = siluf_(gv) * uv;
@@ -1241,7 +1222,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
 // The rows of moe_gate_up_tab_q8q_iq2_xxs's block for (token t = blockIdx.z, choice blockIdx.y), its
 // expert `id`: act and the q8 block of actq (every thread calls it; after the tables are staged).
 // (bx, by, bz): the block's place in that grid (blockIdx, or moe_route_gate_up_q8q's virtual block).
-template <bool PAIR, int SF = IQ2_SIGN_FORM>
+template <bool PAIR>
 __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, const u8* __restrict__ up,
                                                  const u8* __restrict__ xq, float* __restrict__ act,
                                                  u8* __restrict__ actq, int ff, int hidden, int k, int bx, int by,
@@ -1252,7 +1233,7 @@ __device__ __forceinline__ void gate_up_q8q_rows(const u8* __restrict__ gate, co
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const size_t te = (size_t)bz * k + by;
     const Q8Row x = q8_row((u8*)xq + (size_t)bz * Q8_ROW_BYTES(hidden), hidden);
-    gate_up_rows_span<PAIR, SF>(gate, up, x, act, act_s, ff, hidden, te, bx, 0, WARP);
+    gate_up_rows_span<PAIR>(gate, up, x, act, act_s, ff, hidden, te, bx, 0, WARP);
     tt = trace_phase(21, tt);
     __syncthreads();
     tt = trace_phase(22, tt);
@@ -1389,8 +1370,8 @@ __device__ __forceinline__ void gate_up_route_body(const float* __restrict__ log
     }
     __syncthreads();
     const int id = ids_s[blockIdx.y];
-    gate_up_q8q_rows<PAIR, IQ2_ROUTE_FORM>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0),
-                                           xq, act, actq, ff, hidden, k, blockIdx.x, blockIdx.y, blockIdx.z);
+    gate_up_q8q_rows<PAIR>(expert_part(tab, id, 0, dstride, g0), expert_part(tab, id, 1, dstride, u0), xq, act,
+                           actq, ff, hidden, k, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_route_q8q_iq2_xxs(
@@ -1621,7 +1602,7 @@ __device__ __forceinline__ void route_gate_up_body(
 #elif ROUTE_KO == 5
     if (blockIdx.x < 28) return;
 #endif
-    gate_up_q8q_rows<true, IQ2_ROUTE_FORM>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
+    gate_up_q8q_rows<true>(gate, up, xq, act, actq, ff, hidden, k, bx, by, 0);
     trace_phase(5, tt);
 }
 

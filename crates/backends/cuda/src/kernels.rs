@@ -409,27 +409,13 @@ mod tests {
                 r | (((x >> (8 * j + 7)) & 1) * (0xFF << (8 * j)))
             })
         };
-        // `IQ2_NEGSUM` 1 (the code's nibble and three bits) and 2 (the whole code into both
-        // multiplies) give the same masks.
-        for (code, form) in (0u32..128).flat_map(|c| [(c, 1), (c, 2)]) {
-            let (mlo, mhi) = if form == 1 {
-                (
-                    replicate((code & 15).wrapping_mul(0x1020_4080)),
-                    replicate(
-                        (code >> 4)
-                            .wrapping_mul(0x1020_4080)
-                            .wrapping_add(code.count_ones() << 31),
-                    ),
-                )
-            } else {
-                (
-                    replicate(code.wrapping_mul(0x1020_4080)),
-                    replicate(
-                        code.wrapping_mul(0x0002_0408)
-                            .wrapping_add(code.count_ones() << 31),
-                    ),
-                )
-            };
+        for code in 0u32..128 {
+            let mlo = replicate((code & 15).wrapping_mul(0x1020_4080));
+            let mhi = replicate(
+                (code >> 4)
+                    .wrapping_mul(0x1020_4080)
+                    .wrapping_add(code.count_ones() << 31),
+            );
             let table = redlite_gguf::quant::grids::KSIGNS_IQ2XS[code as usize];
             for &g in redlite_gguf::quant::grids::IQ2XXS_GRID.iter() {
                 let halves = [(g as u32, mlo), ((g >> 32) as u32, mhi)];
@@ -439,10 +425,7 @@ mod tests {
                     let got = byte(h ^ m) - byte(m);
                     let mag = ((g >> (8 * j)) & 0xFF) as i32;
                     let want = if (table >> j) & 1 == 1 { -mag } else { mag };
-                    assert_eq!(
-                        got, want,
-                        "form {form}, code {code}, grid {g:#018x}, byte {j}"
-                    );
+                    assert_eq!(got, want, "code {code}, grid {g:#018x}, byte {j}");
                 }
             }
         }
