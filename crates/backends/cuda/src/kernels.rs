@@ -371,14 +371,16 @@ mod tests {
     /// moe.cu's `iq2_signed_bytes` (`IQ2_SIGNED_DP4A`): the multiply, PRMT's sign-replicating
     /// selectors and `(g ^ m) + (m & 0x01010101)` give every grid word with each byte negated
     /// where the `ksigns_iq2xs` sign byte says, for all 256 entries and 128 sign codes.
+    /// `prmt_sign_bytes` (PRMT with selector 0xBA98): byte j is 0xFF where the top bit of x's
+    /// byte j is set, else 0.
+    fn replicate(x: u32) -> u32 {
+        (0..4).fold(0u32, |r, j| {
+            r | (((x >> (8 * j + 7)) & 1) * (0xFF << (8 * j)))
+        })
+    }
+
     #[test]
     fn iq2_signed_grid_bytes_match_the_tables() {
-        // __byte_perm(x, 0, 0xBA98): byte j is 0xFF where the top bit of x's byte j is set.
-        let replicate = |x: u32| {
-            (0..4).fold(0u32, |r, j| {
-                r | (((x >> (8 * j + 7)) & 1) * (0xFF << (8 * j)))
-            })
-        };
         let signed = |g: u32, n: u32| {
             let m = replicate(n.wrapping_mul(0x1020_4080));
             (g ^ m).wrapping_add(m & 0x0101_0101)
@@ -404,11 +406,6 @@ mod tests {
     /// dp4a(m, q) is Σ s g q exactly), for all 256 entries and 128 sign codes.
     #[test]
     fn iq2_negsum_masks_give_the_signed_grid() {
-        let replicate = |x: u32| {
-            (0..4).fold(0u32, |r, j| {
-                r | (((x >> (8 * j + 7)) & 1) * (0xFF << (8 * j)))
-            })
-        };
         for code in 0u32..128 {
             let mlo = replicate((code & 15).wrapping_mul(0x1020_4080));
             let mhi = replicate(
