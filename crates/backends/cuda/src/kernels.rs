@@ -368,9 +368,6 @@ mod tests {
         }
     }
 
-    /// moe.cu's `iq2_signed_bytes` (`IQ2_SIGNED_DP4A`): the multiply, PRMT's sign-replicating
-    /// selectors and `(g ^ m) + (m & 0x01010101)` give every grid word with each byte negated
-    /// where the `ksigns_iq2xs` sign byte says, for all 256 entries and 128 sign codes.
     /// `prmt_sign_bytes` (PRMT with selector 0xBA98): byte j is 0xFF where the top bit of x's
     /// byte j is set, else 0.
     fn replicate(x: u32) -> u32 {
@@ -379,6 +376,9 @@ mod tests {
         })
     }
 
+    /// moe.cu's `iq2_signed_bytes` (`IQ2_SIGNED_DP4A`): the multiply, PRMT's sign-replicating
+    /// selectors and `(g ^ m) + (m & 0x01010101)` give every grid word with each byte negated
+    /// where the `ksigns_iq2xs` sign byte says, for all 256 entries and 128 sign codes.
     #[test]
     fn iq2_signed_grid_bytes_match_the_tables() {
         let signed = |g: u32, n: u32| {
