@@ -1093,9 +1093,10 @@ pub struct CudaModel {
     /// −4.1 / −1.9 / −4.4 % on an H100, of 5 rows −0.9 %, of 2 / 4 rows +7.5 / +3.0 %; one token
     /// −13.6 % decode; session 46).
     q8x_mma: usize,
-    /// 16-row tiles a `matvec_q8x_mma_q4_k` block takes (`REDLITE_CUDA_Q8X_MMA_TILES`: 1 or 2;
-    /// default 0: two where the call's one-tile blocks would not all be resident at once, so
-    /// that it runs in one wave with every block's rows staged before its wait).
+    /// 16-row tiles a `matvec_q8x_mma_q4_k` block takes (`REDLITE_CUDA_Q8X_MMA_TILES`: 1, the
+    /// default until it is measured on a GPU (session 49: none started), or 2; 0: two where the
+    /// call's one-tile blocks would not all be resident at once, so that it runs in one wave with
+    /// every block's rows staged before its wait).
     q8x_mma_tiles: usize,
     /// The router and the output projections of a call of several tokens through the in-place
     /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
@@ -1509,7 +1510,7 @@ impl CudaModel {
                 .unwrap_or(2)
                 .clamp(1, 16),
             q8x_mma: env_parse("REDLITE_CUDA_Q8X_MMA").unwrap_or(6),
-            q8x_mma_tiles: env_parse("REDLITE_CUDA_Q8X_MMA_TILES").unwrap_or(0),
+            q8x_mma_tiles: env_parse("REDLITE_CUDA_Q8X_MMA_TILES").unwrap_or(1),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
