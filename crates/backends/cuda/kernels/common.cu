@@ -71,24 +71,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // only the weights or constant tables (L2 prefetch, staging the IQ tables) may come before it.
 // Without the launch attribute, and before sm_90, both instructions are no-ops. The
 // `pdl_coverage` test checks that every kernel reaches pdl_enter().
-// PDL_EARLY (compile-time, default 0; session 49's experiment): let the next kernel launch before
-// this one waits (launch_dependents, then wait), so that a kernel's blocks may start while the
-// kernel two ahead still runs and begin their weight loads sooner. The same values: a kernel's
-// wait still covers the grid before it, which completed only after its own wait, and the next
-// kernel launches only once every block of this one has started, so a grid barrier's blocks are
-// never kept out by later kernels' blocks.
-#ifndef PDL_EARLY
-#define PDL_EARLY 0
-#endif
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if PDL_EARLY
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#else
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 #endif
 }
 

@@ -2461,14 +2461,9 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS) void matvec_q8x_tok_q6_k
 // sub-block pair); after it, the tile's q8 rows (rows padded by 16 bytes), so that a lane's unit
 // is two shared words of weights, two scale quads, two words of its B token's quants and its D
 // tokens' q8 scales and sums, all from shared memory.
-// Tiles (split >> 8, 1 or Q8X_MMA_MAX_TILES): a block may take that many 16-row tiles one after
-// the other, all their rows staged before the wait and the q8 rows once, so that a matrix whose
-// 16-row blocks would take two waves of the GPU (the in-projections' 772 blocks against 3 an SM)
-// takes one, every row staged while the kernel ahead runs; each tile's scale quads are decoded
-// into the same buffer as it starts (the first before the wait). The same operations per output.
-// Launch: grid = (sum over m of ceil(rows_m / (16 tiles)), ceil(n / 8)), block = 32 * MVF_WARPS,
-// dynamic shared memory = q8x_mma_smem(cols, tiles) bytes (over 48 KiB: the host opts the kernel
-// in); split = parts as the one-token kernel's | tiles << 8.
+// Launch: grid = (sum over m of ceil(rows_m / 16), ceil(n / 8)), block = 32 * MVF_WARPS, dynamic
+// shared memory = q8x_mma_smem(cols) bytes (over 48 KiB: the host opts the kernel in); split =
+// parts as the one-token kernel's.
 #define Q8X_MMA_LEAVES (WARP / MVF_WARPS)
 // The two binary counters' depths below (2 levels for a warp's 4 leaves, 3 for the 8 warps' roots)
 // hold for 8 warps of 32 lanes only.
@@ -2478,7 +2473,6 @@ static_assert(WARP == 32 && MVF_WARPS == 8, "matvec_q8x_mma_q4_k: 8 runs of 4 le
 #ifndef Q8X_MMA_MIN_BLOCKS
 #define Q8X_MMA_MIN_BLOCKS 3
 #endif
-#define Q8X_MMA_MAX_TILES 2
 // Bytes of a staged row (padded) and float4s of a row's scale quads (one a block and sub-block
 // pair, plus one of padding).
 __device__ __forceinline__ int q8x_mma_row_stride(int cols) { return cols / 256 * 144 + 16; }
@@ -2519,9 +2513,28 @@ __device__ __forceinline__ void q8x_mma_push(float (&stk)[LEVELS][4], float (&v)
     }
 }
 
-// The scale quads (q4k_unit's ds0, dm0, ds1, dm1: one a block and sub-block pair) of the 16
-// staged rows at sw (row stride rs bytes) into ssc (row stride ss quads), zero past nrows.
-__device__ __forceinline__ void q8x_mma_scales(const u8* sw, int rs, float4* ssc, int ss, int cols, int nrows) {
+extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MMA_MIN_BLOCKS) void matvec_q8x_mma_q4_k(
+    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
+    float* y1, int r1, const u8* w2, float* y2, int r2) {
+    extern __shared__ uint4 q8x_mma_smem[];
+    __shared__ float roots[MVF_WARPS][4][WARP];
+    const int parts = max(split & 255, 1);
+    const int run = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const MvfMatrix m = mvf_matrix(blockIdx.x, 16, w0, y0, r0, w1, y1, r1, w2, y2, r2);
+    const int row0 = m.block * 16, nrows = min(16, m.rows - row0);
+    const int rb = cols / 256 * 144, rs = q8x_mma_row_stride(cols), ss = q8x_mma_scale_stride(cols);
+    const int stride = Q8_ROW_BYTES(cols), xs = stride + 16;
+    u8* sw = (u8*)q8x_mma_smem;                    // [16][rs] bytes
+    float4* ssc = (float4*)(sw + 16 * rs);         // [16][ss]: (ds0, dm0, ds1, dm1) of block ib, pair c
+    u8* sx = (u8*)(ssc + 16 * ss);                 // [8][xs]: the tile's q8 rows
+    // The rows into shared memory and their scales, before the wait.
+    const int chunks = rb / 16;
+    for (int k = threadIdx.x; k < nrows * chunks; k += blockDim.x) {
+        const int r = k / chunks, j = k - r * chunks;
+        cp_async16(sw + r * rs + 16 * j, m.w + (size_t)(row0 + r) * rb + 16 * j);
+    }
+    cp_async_wait_all();
+    __syncthreads();
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     for (int k = threadIdx.x; k < 16 * (cols / 64); k += blockDim.x) {
         const int r = k / (cols / 64), q = k - r * (cols / 64);
@@ -2532,31 +2545,6 @@ __device__ __forceinline__ void q8x_mma_scales(const u8* sw, int rs, float4* ssc
         }
         ssc[r * ss + q] = v;
     }
-}
-
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MMA_MIN_BLOCKS) void matvec_q8x_mma_q4_k(
-    const u8* xq, const float* invs, int cols, int split, int n, const u8* w0, float* y0, int r0, const u8* w1,
-    float* y1, int r1, const u8* w2, float* y2, int r2) {
-    extern __shared__ uint4 q8x_mma_smem[];
-    __shared__ float roots[MVF_WARPS][4][WARP];
-    const int parts = max(split & 255, 1), tiles = min(max((split >> 8) & 255, 1), Q8X_MMA_MAX_TILES);
-    const int run = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const MvfMatrix m = mvf_matrix(blockIdx.x, 16 * tiles, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    const int row0 = m.block * 16 * tiles, nall = min(16 * tiles, m.rows - row0);
-    const int rb = cols / 256 * 144, rs = q8x_mma_row_stride(cols), ss = q8x_mma_scale_stride(cols);
-    const int stride = Q8_ROW_BYTES(cols), xs = stride + 16;
-    u8* sw = (u8*)q8x_mma_smem;                    // [16 tiles][rs] bytes
-    float4* ssc = (float4*)(sw + 16 * tiles * rs); // [16][ss]: (ds0, dm0, ds1, dm1) of block ib, pair c
-    u8* sx = (u8*)(ssc + 16 * ss);                 // [8][xs]: the tile's q8 rows
-    // Every tile's rows into shared memory and the first tile's scales, before the wait.
-    const int chunks = rb / 16;
-    for (int k = threadIdx.x; k < nall * chunks; k += blockDim.x) {
-        const int r = k / chunks, j = k - r * chunks;
-        cp_async16(sw + r * rs + 16 * j, m.w + (size_t)(row0 + r) * rb + 16 * j);
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    q8x_mma_scales(sw, rs, ssc, ss, cols, nall);
     __syncthreads();
     pdl_enter();  // xq comes from the kernel before
     const int t0 = blockIdx.y * 8, nt = min(8, n - t0);
@@ -2573,90 +2561,80 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MMA_MIN_BLOCKS) void
     const Q8Row xB = q8_row(sx + (bv ? gq : 0) * xs, cols);
     const Q8Row xd0 = q8_row(sx + (dv0 ? 2 * tq : 0) * xs, cols);
     const Q8Row xd1 = q8_row(sx + (dv1 ? 2 * tq + 1 : 0) * xs, cols);
+    const u8* swa = sw + gq * rs;
+    const u8* swb = sw + (gq + 8) * rs;
+    const float4* sca = ssc + gq * ss;
+    const float4* scb = ssc + (gq + 8) * ss;
+    const int units = cols / 32, step = parts * WARP;
+    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int p = 0; p < parts; ++p) {
+        constexpr int LEVELS = 2;  // log2(Q8X_MMA_LEAVES)
+        float stk[LEVELS][4];
+#pragma unroll
+        for (int i = 0; i < Q8X_MMA_LEAVES; ++i) {
+            const int leaf = (int)(__brev((u32)(run * Q8X_MMA_LEAVES + i)) >> 27);
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+            for (int gi = p * WARP + leaf; gi < units; gi += step) {
+                const int ib = gi >> 3, g = gi & 7;
+                const int qo = ib * 144 + 16 + 16 * g + 4 * tq;
+                const u32 qa = *(const u32*)(swa + qo), qb = *(const u32*)(swb + qo);
+                const int at = 256 * ib + q4k_unit_at(g);
+                const u32 blo = bv ? *(const u32*)(xB.q + at + 4 * tq) : 0u;
+                const u32 bhi = bv ? *(const u32*)(xB.q + at + 32 + 4 * tq) : 0u;
+                int sl[4], sh[4];
+                mma_s8_16816(sl, qa & 0x0F0F0F0Fu, qb & 0x0F0F0F0Fu, blo);
+                mma_s8_16816(sh, (qa >> 4) & 0x0F0F0F0Fu, (qb >> 4) & 0x0F0F0F0Fu, bhi);
+                const float4 fa = sca[4 * ib + (g >> 1)], fb = scb[4 * ib + (g >> 1)];
+                Q4kUnit ua, ub;
+                ua.ds0 = fa.x, ua.dm0 = fa.y, ua.ds1 = fa.z, ua.dm1 = fa.w;
+                ub.ds0 = fb.x, ub.dm0 = fb.y, ub.ds1 = fb.z, ub.dm1 = fb.w;
+                Q8UnitX x0, x1;
+                x0.s_lo = dv0 ? (float)xd0.s16[at / 16] : 0.0f;
+                x0.s_hi = dv0 ? (float)xd0.s16[(at + 32) / 16] : 0.0f;
+                x0.d_lo = dv0 ? xd0.d[at / 32] : 0.0f;
+                x0.d_hi = dv0 ? xd0.d[(at + 32) / 32] : 0.0f;
+                x1.s_lo = dv1 ? (float)xd1.s16[at / 16] : 0.0f;
+                x1.s_hi = dv1 ? (float)xd1.s16[(at + 32) / 16] : 0.0f;
+                x1.d_lo = dv1 ? xd1.d[at / 32] : 0.0f;
+                x1.d_hi = dv1 ? xd1.d[(at + 32) / 32] : 0.0f;
+                v[0] = __fadd_rn(v[0], q4k_sums_value(ua, sl[0], sh[0], x0));
+                v[1] = __fadd_rn(v[1], q4k_sums_value(ua, sl[1], sh[1], x1));
+                v[2] = __fadd_rn(v[2], q4k_sums_value(ub, sl[2], sh[2], x0));
+                v[3] = __fadd_rn(v[3], q4k_sums_value(ub, sl[3], sh[3], x1));
+            }
+            q8x_mma_push<LEVELS>(stk, v, i);  // after the last leaf, v is the run's root
+            if (i == Q8X_MMA_LEAVES - 1) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) roots[run][k][lane] = v[k];
+            }
+        }
+        // The runs' roots, added in the tree's order by warp 0.
+        __syncthreads();
+        if (run == 0) {
+            float rs3[3][4], r[4];
+#pragma unroll
+            for (int j = 0; j < MVF_WARPS; ++j) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) r[k] = roots[j][k][lane];
+                q8x_mma_push<3>(rs3, r, j);  // log2(MVF_WARPS) levels
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) total[k] = parts == 1 ? r[k] : total[k] + r[k];
+        }
+        __syncthreads();  // roots is reused by the next slice
+    }
+    if (run != 0 || nrows <= 0) return;
     const float inv0 = invs == nullptr || !dv0 ? 1.0f : invs[t0 + 2 * tq];
     const float inv1 = invs == nullptr || !dv1 ? 1.0f : invs[t0 + 2 * tq + 1];
-    for (int tile = 0; tile < tiles; ++tile) {
-        const int nrows = nall - 16 * tile;
-        if (nrows <= 0) break;
-        if (tile > 0) {
-            // This tile's scales where the last tile's were (every warp is past them: the barrier
-            // after the roots).
-            q8x_mma_scales(sw + 16 * tile * rs, rs, ssc, ss, cols, nrows);
-            __syncthreads();
-        }
-        const u8* swa = sw + (16 * tile + gq) * rs;
-        const u8* swb = sw + (16 * tile + gq + 8) * rs;
-        const float4* sca = ssc + gq * ss;
-        const float4* scb = ssc + (gq + 8) * ss;
-        const int units = cols / 32, step = parts * WARP;
-        float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int p = 0; p < parts; ++p) {
-            constexpr int LEVELS = 2;  // log2(Q8X_MMA_LEAVES)
-            float stk[LEVELS][4];
-    #pragma unroll
-            for (int i = 0; i < Q8X_MMA_LEAVES; ++i) {
-                const int leaf = (int)(__brev((u32)(run * Q8X_MMA_LEAVES + i)) >> 27);
-                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    #pragma unroll 2
-                for (int gi = p * WARP + leaf; gi < units; gi += step) {
-                    const int ib = gi >> 3, g = gi & 7;
-                    const int qo = ib * 144 + 16 + 16 * g + 4 * tq;
-                    const u32 qa = *(const u32*)(swa + qo), qb = *(const u32*)(swb + qo);
-                    const int at = 256 * ib + q4k_unit_at(g);
-                    const u32 blo = bv ? *(const u32*)(xB.q + at + 4 * tq) : 0u;
-                    const u32 bhi = bv ? *(const u32*)(xB.q + at + 32 + 4 * tq) : 0u;
-                    int sl[4], sh[4];
-                    mma_s8_16816(sl, qa & 0x0F0F0F0Fu, qb & 0x0F0F0F0Fu, blo);
-                    mma_s8_16816(sh, (qa >> 4) & 0x0F0F0F0Fu, (qb >> 4) & 0x0F0F0F0Fu, bhi);
-                    const float4 fa = sca[4 * ib + (g >> 1)], fb = scb[4 * ib + (g >> 1)];
-                    Q4kUnit ua, ub;
-                    ua.ds0 = fa.x, ua.dm0 = fa.y, ua.ds1 = fa.z, ua.dm1 = fa.w;
-                    ub.ds0 = fb.x, ub.dm0 = fb.y, ub.ds1 = fb.z, ub.dm1 = fb.w;
-                    Q8UnitX x0, x1;
-                    x0.s_lo = dv0 ? (float)xd0.s16[at / 16] : 0.0f;
-                    x0.s_hi = dv0 ? (float)xd0.s16[(at + 32) / 16] : 0.0f;
-                    x0.d_lo = dv0 ? xd0.d[at / 32] : 0.0f;
-                    x0.d_hi = dv0 ? xd0.d[(at + 32) / 32] : 0.0f;
-                    x1.s_lo = dv1 ? (float)xd1.s16[at / 16] : 0.0f;
-                    x1.s_hi = dv1 ? (float)xd1.s16[(at + 32) / 16] : 0.0f;
-                    x1.d_lo = dv1 ? xd1.d[at / 32] : 0.0f;
-                    x1.d_hi = dv1 ? xd1.d[(at + 32) / 32] : 0.0f;
-                    v[0] = __fadd_rn(v[0], q4k_sums_value(ua, sl[0], sh[0], x0));
-                    v[1] = __fadd_rn(v[1], q4k_sums_value(ua, sl[1], sh[1], x1));
-                    v[2] = __fadd_rn(v[2], q4k_sums_value(ub, sl[2], sh[2], x0));
-                    v[3] = __fadd_rn(v[3], q4k_sums_value(ub, sl[3], sh[3], x1));
-                }
-                q8x_mma_push<LEVELS>(stk, v, i);  // after the last leaf, v is the run's root
-                if (i == Q8X_MMA_LEAVES - 1) {
-    #pragma unroll
-                    for (int k = 0; k < 4; ++k) roots[run][k][lane] = v[k];
-                }
-            }
-            // The runs' roots, added in the tree's order by warp 0.
-            __syncthreads();
-            if (run == 0) {
-                float rs3[3][4], r[4];
-    #pragma unroll
-                for (int j = 0; j < MVF_WARPS; ++j) {
-    #pragma unroll
-                    for (int k = 0; k < 4; ++k) r[k] = roots[j][k][lane];
-                    q8x_mma_push<3>(rs3, r, j);  // log2(MVF_WARPS) levels
-                }
-    #pragma unroll
-                for (int k = 0; k < 4; ++k) total[k] = parts == 1 ? r[k] : total[k] + r[k];
-            }
-            __syncthreads();  // roots is reused by the next slice
-        }
-        if (run != 0) continue;
-        const int ra = row0 + 16 * tile + gq, rbw = ra + 8;
-        if (gq < nrows) {
-            if (dv0) m.y[(size_t)(t0 + 2 * tq) * m.rows + ra] = inv0 * total[0];
-            if (dv1) m.y[(size_t)(t0 + 2 * tq + 1) * m.rows + ra] = inv1 * total[1];
-        }
-        if (gq + 8 < nrows) {
-            if (dv0) m.y[(size_t)(t0 + 2 * tq) * m.rows + rbw] = inv0 * total[2];
-            if (dv1) m.y[(size_t)(t0 + 2 * tq + 1) * m.rows + rbw] = inv1 * total[3];
-        }
+    const int ra = row0 + gq, rbw = row0 + gq + 8;
+    if (gq < nrows) {
+        if (dv0) m.y[(size_t)(t0 + 2 * tq) * m.rows + ra] = inv0 * total[0];
+        if (dv1) m.y[(size_t)(t0 + 2 * tq + 1) * m.rows + ra] = inv1 * total[1];
+    }
+    if (gq + 8 < nrows) {
+        if (dv0) m.y[(size_t)(t0 + 2 * tq) * m.rows + rbw] = inv0 * total[2];
+        if (dv1) m.y[(size_t)(t0 + 2 * tq + 1) * m.rows + rbw] = inv1 * total[3];
     }
 }
 

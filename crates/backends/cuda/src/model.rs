@@ -85,26 +85,18 @@ const MAX_HEAD_DIM: usize = 512;
 pub(crate) const MVF_WARPS: usize = 8;
 pub(crate) const MVF_THREADS: u32 = 32 * MVF_WARPS as u32;
 
-/// Dynamic shared memory of `matvec_q8x_mma_q4_k` for rows `cols` wide and `tiles` 16-row tiles
-/// a block: the tiles' rows (each padded by 16 bytes), one tile's scale quads (one a block and
-/// sub-block pair, one of padding) and the token tile's 8 q8 rows (each padded by 16 bytes), or
-/// `None` past [`Q8X_MMA_MAX_SMEM`].
-pub fn q8x_mma_smem(cols: usize, tiles: usize) -> Option<u32> {
+/// Dynamic shared memory of `matvec_q8x_mma_q4_k` for rows `cols` wide: its 16 rows (each padded
+/// by 16 bytes), their scale quads (one a block and sub-block pair, one of padding) and the tile's
+/// 8 q8 rows (each padded by 16 bytes), or `None` past [`Q8X_MMA_MAX_SMEM`].
+pub fn q8x_mma_smem(cols: usize) -> Option<u32> {
     let q8_row = crate::ops::q8_row_bytes(cols);
-    let bytes =
-        16 * tiles * (cols / 256 * 144 + 16) + 16 * 16 * (cols / 64 + 1) + 8 * (q8_row + 16);
+    let bytes = 16 * (cols / 256 * 144 + 16) + 16 * 16 * (cols / 64 + 1) + 8 * (q8_row + 16);
     (bytes <= Q8X_MMA_MAX_SMEM as usize).then_some(bytes as u32)
 }
 
-/// The dynamic shared memory `matvec_q8x_mma_q4_k` is opted in to (72 KiB: rows of 2,048 take
-/// 49,792 bytes at one tile a block, 68,480 at two; three blocks an SM, with the kernel's 4 KiB
-/// of static shared memory, fit the 228 KiB of an H100 / H200 either way).
-pub const Q8X_MMA_MAX_SMEM: u32 = 72 * 1024;
-
-/// Blocks of `matvec_q8x_mma_q4_k` an SM holds (its `Q8X_MMA_MIN_BLOCKS` register bound) and the
-/// most 16-row tiles a block takes (`Q8X_MMA_MAX_TILES`).
-const Q8X_MMA_PER_SM: usize = 3;
-const Q8X_MMA_MAX_TILES: usize = 2;
+/// The dynamic shared memory `matvec_q8x_mma_q4_k` is opted in to (64 KiB: rows of 2,048 take
+/// 49,792 bytes; three blocks an SM fit the 228 KiB of an H100 / H200).
+pub const Q8X_MMA_MAX_SMEM: u32 = 64 * 1024;
 
 /// Opts `matvec_q8x_mma_q4_k` in to [`Q8X_MMA_MAX_SMEM`] bytes of dynamic shared memory.
 pub fn q8x_mma_opt_in(f: &CudaFunction) -> Result<(), CudaError> {
@@ -1093,11 +1085,6 @@ pub struct CudaModel {
     /// −4.1 / −1.9 / −4.4 % on an H100, of 5 rows −0.9 %, of 2 / 4 rows +7.5 / +3.0 %; one token
     /// −13.6 % decode; session 46).
     q8x_mma: usize,
-    /// 16-row tiles a `matvec_q8x_mma_q4_k` block takes (`REDLITE_CUDA_Q8X_MMA_TILES`: 1, the
-    /// default until it is measured on a GPU (session 49: none started), or 2; 0: two where the
-    /// call's one-tile blocks would not all be resident at once, so that it runs in one wave with
-    /// every block's rows staged before its wait).
-    q8x_mma_tiles: usize,
     /// The router and the output projections of a call of several tokens through the in-place
     /// token tiles `matvec3_x_tok_f32` and `matvec_res_tok_<type>` (`REDLITE_CUDA_X_TOK`, default
     /// on; off: the staging `matvec_norm3_tok_f32` and one `matvec_res` block row per token).
@@ -1510,7 +1497,6 @@ impl CudaModel {
                 .unwrap_or(2)
                 .clamp(1, 16),
             q8x_mma: env_parse("REDLITE_CUDA_Q8X_MMA").unwrap_or(6),
-            q8x_mma_tiles: env_parse("REDLITE_CUDA_Q8X_MMA_TILES").unwrap_or(1),
             x_tok: env_switch("REDLITE_CUDA_X_TOK", true),
             x_router: env_switch("REDLITE_CUDA_X_ROUTER", true),
             moe_gu_pair: env_switch("REDLITE_CUDA_MOE_GU_PAIR", true),
@@ -2820,12 +2806,10 @@ impl CudaModel {
         n: usize,
     ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
-        if ty == GgmlType::Q4K
-            && self.q8x_mma != 0
-            && n >= self.q8x_mma
-            && q8x_mma_smem(cols, 1).is_some()
-        {
-            return self.matvec_q8x_mma((xq, invs), mats, n);
+        if ty == GgmlType::Q4K && self.q8x_mma != 0 && n >= self.q8x_mma {
+            if let Some(smem) = q8x_mma_smem(cols) {
+                return self.matvec_q8x_mma((xq, invs), mats, n, smem);
+            }
         }
         // Several tokens: the weights once per tile (`matvec_q8x_tok_*`, the same bits).
         let tile = if n > 1 { self.q8x_tile.min(n) } else { 1 };
@@ -2882,37 +2866,25 @@ impl CudaModel {
         )
     }
 
-    /// [`Self::matvec_q8x`] through `matvec_q8x_mma_q4_k`: 16 rows (or two tiles of 16, where
-    /// the one-tile grid would take more than one wave) × 8 tokens a block, the
+    /// [`Self::matvec_q8x`] through `matvec_q8x_mma_q4_k`: 16 rows × 8 tokens a block, the
     /// one-token kernel's slices (`parts`) and sums emulated, so the same bits.
     fn matvec_q8x_mma(
         &mut self,
         (xq, invs): (u64, u64),
         mats: &[(&DevLinear, u64)],
         n: usize,
+        smem: u32,
     ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
         let parts = mvf_parts(ty, cols, self.mvf_lane_iters);
-        let one_tile: usize = mats.iter().map(|(w, _)| w.rows.div_ceil(16)).sum();
-        let tiles = match self.q8x_mma_tiles {
-            0 if one_tile * n.div_ceil(8) > Q8X_MMA_PER_SM * self.gpu.info.sm_count => {
-                Q8X_MMA_MAX_TILES
-            }
-            0 => 1,
-            t => t.clamp(1, Q8X_MMA_MAX_TILES),
-        };
-        let (tiles, smem) = match q8x_mma_smem(cols, tiles) {
-            Some(smem) => (tiles, smem),
-            None => (1, q8x_mma_smem(cols, 1).expect("checked by the caller")),
-        };
         let mut args = vec![
             A::P(xq),
             A::P(invs),
             A::I(cols as i32),
-            A::I((parts | tiles << 8) as i32),
+            A::I(parts as i32),
             A::I(n as i32),
         ];
-        let grid_x = push_mats3(&mut args, mats, 16 * tiles as u32);
+        let grid_x = push_mats3(&mut args, mats, 16);
         let f = self.k.matvec_q8x_mma.clone();
         self.launch(
             "matvec_q8x",
@@ -4811,17 +4783,9 @@ mod tests {
     #[test]
     fn tensor_core_products_shared_memory() {
         // 16 padded Q4_K rows, their scale quads, 8 padded q8 rows (ncu saw 12.93 KB at 512).
-        assert_eq!(q8x_mma_smem(2048, 1), Some(49_792));
-        assert_eq!(q8x_mma_smem(2048, 2), Some(68_480));
-        assert_eq!(q8x_mma_smem(512, 1), Some(12_928));
-        assert_eq!(q8x_mma_smem(4096, 1), None);
-        // Three blocks an SM at two tiles, with the kernel's static shared memory (5,120 bytes,
-        // `cuobjdump -res-usage` of NVRTC 13.0's cubin) and the 1 KiB the driver keeps a block,
-        // within an H100's 228 KiB.
-        let per_block = q8x_mma_smem(2048, 2).expect("fits") as usize + 5_120 + 1_024;
-        assert!(Q8X_MMA_PER_SM * per_block <= 228 * 1024);
-        assert_eq!(Q8X_MMA_PER_SM, matvec_define("Q8X_MMA_MIN_BLOCKS"));
-        assert_eq!(Q8X_MMA_MAX_TILES, matvec_define("Q8X_MMA_MAX_TILES"));
+        assert_eq!(q8x_mma_smem(2048), Some(49_792));
+        assert_eq!(q8x_mma_smem(512), Some(12_928));
+        assert_eq!(q8x_mma_smem(4096), None);
     }
 
     /// `matvec_q8x_mma_q4_k`'s order of additions, here on the host: `warp_sum`'s butterfly (lane

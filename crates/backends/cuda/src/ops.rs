@@ -1229,25 +1229,22 @@ pub fn res_norm_router(
 
 /// `matvec_q8x_q4_k`: `invs[t] · (W · xq[t])` (`invs` `None`: 1) for `n` q8 rows (`xq`: `n` rows of
 /// [`q8_row_bytes`]`(cols)`) of a Q4_K matrix, `(parts, rows_per_warp)` split, in token tiles of
-/// `tile` (1: the one-token kernel); `mma` > 0 takes `matvec_q8x_mma_q4_k` instead with `mma`
-/// 16-row tiles a block (Q4_K; token tiles of 8, rows per warp unused).
+/// `tile` (1: the one-token kernel); `mma` takes `matvec_q8x_mma_q4_k` instead (Q4_K; tiles of 8,
+/// rows per warp unused).
 pub fn matvec_q8x(
     gpu: &Gpu,
     ty: GgmlType,
     w: &CudaSlice<u8>,
     (rows, cols): (usize, usize),
     (xq, invs): (&[u8], Option<&[f32]>),
-    (parts, rows_per_warp, tile, mma): (usize, usize, usize, usize),
+    (parts, rows_per_warp, tile, mma): (usize, usize, usize, bool),
 ) -> Result<Vec<f32>, CudaError> {
     let n = check_rows(xq.len(), q8_row_bytes(cols), "matvec_q8x xq")?;
-    let mma_smem = (mma > 0)
-        .then(|| crate::model::q8x_mma_smem(cols, mma))
-        .flatten();
     if !cols.is_multiple_of(256)
         || !(1..=8).contains(&parts)
         || !(1..=16).contains(&rows_per_warp)
         || !(1..=8).contains(&tile)
-        || (mma > 0 && (ty != GgmlType::Q4K || mma > 2 || mma_smem.is_none()))
+        || (mma && (ty != GgmlType::Q4K || crate::model::q8x_mma_smem(cols).is_none()))
     {
         return Err(CudaError::Invalid("matvec_q8x: sizes".into()));
     }
@@ -1267,15 +1264,12 @@ pub fn matvec_q8x(
     let (zero, zi) = (0u64, 0i32);
     // No scales: a null pointer (the kernel's 1).
     let iv = invs_d.as_ref().map_or(0u64, |iv| device_address(gpu, iv));
-    if let Some(smem) = mma_smem {
+    if mma {
         let f = gpu.func("matvec_q8x_mma_q4_k")?;
         crate::model::q8x_mma_opt_in(f)?;
-        let conf = cfg(
-            (blocks(rows, 16 * mma as u32), n.div_ceil(8) as u32, 1),
-            256,
-            smem,
-        );
-        let pi = i32_arg(parts | mma << 8, "parts and tiles")?;
+        let smem = crate::model::q8x_mma_smem(cols).unwrap_or(0);
+        let conf = cfg((blocks(rows, 16), n.div_ceil(8) as u32, 1), 256, smem);
+        let pi = i32_arg(parts, "parts")?;
         launch!(
             gpu,
             f,

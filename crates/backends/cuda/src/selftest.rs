@@ -656,7 +656,7 @@ impl Runner<'_> {
                     &w,
                     (rows, cols),
                     (&xq, None),
-                    (parts, rpw, 1, 0),
+                    (parts, rpw, 1, false),
                 )?;
                 let staged = ops::matvec_norm3_q8(
                     self.gpu,
@@ -682,7 +682,7 @@ impl Runner<'_> {
                         (parts, rpw, tile, mma),
                     )
                 };
-                let normed = |q: &(Vec<u8>, Vec<f32>), tile| normed_mma(q, tile, 0);
+                let normed = |q: &(Vec<u8>, Vec<f32>), tile| normed_mma(q, tile, false);
                 let yn = normed(&(xqn, invs), 1)?;
                 let staged_n = ops::matvec_norm3_q8(
                     self.gpu,
@@ -728,28 +728,22 @@ impl Runner<'_> {
                         &one[..2 * rows],
                     )?;
                 }
-                // The tensor-core form (Q4_K): 11 tokens (a partial second tile) and one token,
-                // one 16-row tile a block and two (67 rows: a partial first tile in the last
-                // block, its second empty).
+                // The tensor-core form (Q4_K): 11 tokens (a partial second tile) and one token.
                 if ty == GgmlType::Q4K {
                     let q1 = (
                         q11.0[..ops::q8_row_bytes(cols)].to_vec(),
                         q11.1[..1].to_vec(),
                     );
-                    for tiles in [1, 2] {
-                        same_bits(
-                            &format!("matvec_q8x_mma ({tiles} tiles) differs from matvec_q8x"),
-                            &normed_mma(&q11, 8, tiles)?,
-                            &one,
-                        )?;
-                        same_bits(
-                            &format!(
-                                "matvec_q8x_mma ({tiles} tiles, one token) differs from matvec_q8x"
-                            ),
-                            &normed_mma(&q1, 8, tiles)?,
-                            &one[..rows],
-                        )?;
-                    }
+                    same_bits(
+                        "matvec_q8x_mma differs from matvec_q8x",
+                        &normed_mma(&q11, 8, true)?,
+                        &one,
+                    )?;
+                    same_bits(
+                        "matvec_q8x_mma (one token) differs from matvec_q8x",
+                        &normed_mma(&q1, 8, true)?,
+                        &one[..rows],
+                    )?;
                 }
                 let wf =
                     dequantize_to_vec(ty, &bytes).map_err(|e| CudaError::Invalid(e.to_string()))?;
