@@ -237,6 +237,12 @@ pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 const SMALL_GRAPH_ROWS: usize = 16;
 /// Verify passes of one row count before theirs is captured as a graph.
 const VERIFY_GRAPH_AFTER: u32 = 3;
+/// Captures of one graph tried before its launches run without one (see `CudaModel::capture`).
+const CAPTURE_TRIES: usize = 3;
+/// A capture invalidated from outside, as the driver returns it and as a launch error's message
+/// names it ([`CudaError::Driver`] keeps the message only).
+const INVALIDATED: sys::CUresult = sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+const INVALIDATED_NAME: &str = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
 /// The most chained MTP drafts of one draft graph.
 const MAX_GRAPH_DRAFTS: usize = 8;
 /// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
@@ -1763,24 +1769,24 @@ impl CudaModel {
             let stale = self.graph.as_ref().is_none_or(|g| g.sampling != *s);
             if stale {
                 self.graph = None;
-                let _capturing = crate::device::capture_lock();
-                self.stream
-                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(|e| CudaError::driver("beginning the graph capture", e))?;
-                let enqueued = self.enqueue_step(s);
-                let captured = self
-                    .stream
-                    .end_capture(sys::CUgraphInstantiate_flags_enum(0))
-                    .map_err(|e| CudaError::driver("ending the graph capture", e))?;
-                enqueued?;
-                let graph = captured.ok_or_else(|| {
-                    CudaError::Invalid("the graph capture came back empty".into())
-                })?;
-                self.graph = Some(Captured {
-                    graph,
-                    sampling: *s,
-                });
-                self.step_launches = Some(self.launches - before);
+                let sampling = *s;
+                let mut first = before;
+                match self.capture(|m| {
+                    first = m.launches;
+                    m.enqueue_step(&sampling)
+                })? {
+                    Some(graph) => {
+                        self.graph = Some(Captured { graph, sampling });
+                        self.step_launches = Some(self.launches - first);
+                    }
+                    // Another thread kept invalidating the capture: this step without a graph
+                    // (the next one tries again).
+                    None => {
+                        let first = self.launches;
+                        self.enqueue_step(s)?;
+                        self.step_launches = Some(self.launches - first);
+                    }
+                }
             }
             if let Some(c) = &self.graph {
                 c.graph
@@ -1916,7 +1922,7 @@ impl CudaModel {
     fn verify_graph(
         &mut self,
         key: (usize, bool),
-        body: impl FnOnce(&mut Self) -> Result<(), CudaError>,
+        mut body: impl FnMut(&mut Self) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
         if !self.verify_graphs.contains_key(&key) {
             let uses = self.verify_uses.entry(key).or_insert(0);
@@ -1924,30 +1930,46 @@ impl CudaModel {
             if *uses < VERIFY_GRAPH_AFTER {
                 return body(self);
             }
-            let g = self.capture(body)?;
-            self.verify_graphs.insert(key, g);
+            match self.capture(&mut body)? {
+                Some(g) => self.verify_graphs.insert(key, g),
+                None => return body(self),
+            };
         }
         self.verify_graphs[&key]
             .launch()
             .map_err(|e| CudaError::driver("replaying a verify graph", e))
     }
 
-    /// `f`'s launches captured into a graph (not run).
+    /// `f`'s launches captured into a graph (not run); `None` when every one of
+    /// [`CAPTURE_TRIES`] captures was invalidated from outside (then nothing was enqueued or
+    /// run: the caller runs `f` without a graph). A synchronising call of another thread on the
+    /// same device (another model's read-back) invalidates a capture whatever its mode, and the
+    /// capture lock does not cover those calls; `f` must be safe to call again (launches only).
     fn capture(
         &mut self,
-        f: impl FnOnce(&mut Self) -> Result<(), CudaError>,
-    ) -> Result<CudaGraph, CudaError> {
-        let _capturing = crate::device::capture_lock();
-        self.stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| CudaError::driver("beginning a graph capture", e))?;
-        let enqueued = f(self);
-        let captured = self
-            .stream
-            .end_capture(sys::CUgraphInstantiate_flags_enum(0))
-            .map_err(|e| CudaError::driver("ending a graph capture", e))?;
-        enqueued?;
-        captured.ok_or_else(|| CudaError::Invalid("a graph capture came back empty".into()))
+        mut f: impl FnMut(&mut Self) -> Result<(), CudaError>,
+    ) -> Result<Option<CudaGraph>, CudaError> {
+        for _ in 0..CAPTURE_TRIES {
+            let _capturing = crate::device::capture_lock();
+            self.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| CudaError::driver("beginning a graph capture", e))?;
+            let enqueued = f(self);
+            let captured = self
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags_enum(0));
+            if matches!(&captured, Err(e) if e.0 == INVALIDATED)
+                || matches!(&enqueued, Err(CudaError::Driver { message, .. }) if message.contains(INVALIDATED_NAME))
+            {
+                continue;
+            }
+            let captured = captured.map_err(|e| CudaError::driver("ending a graph capture", e))?;
+            enqueued?;
+            return captured
+                .map(Some)
+                .ok_or_else(|| CudaError::Invalid("a graph capture came back empty".into()));
+        }
+        Ok(None)
     }
 
     /// Keep the first `rows` rows (1..=its rows) of the last verify pass: the sequence then ends
@@ -2092,12 +2114,16 @@ impl CudaModel {
         let n = self.mtp_upload_draft(m, k)?;
         let probs = self.mtp_min_prob > 0.0;
         if !m.draft_graphs.contains_key(&(n, k, probs)) {
-            let g = self.capture(|s| s.mtp_enqueue_draft(m, n, k))?;
-            m.draft_graphs.insert((n, k, probs), g);
+            if let Some(g) = self.capture(|s| s.mtp_enqueue_draft(m, n, k))? {
+                m.draft_graphs.insert((n, k, probs), g);
+            }
         }
-        m.draft_graphs[&(n, k, probs)]
-            .launch()
-            .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?;
+        match m.draft_graphs.get(&(n, k, probs)) {
+            Some(g) => g
+                .launch()
+                .map_err(|e| CudaError::driver("replaying an MTP draft graph", e))?,
+            None => self.mtp_enqueue_draft(m, n, k)?,
+        }
         if !probs {
             let [drafts] = self.read_ids([(m.drafts, k)], "reading the MTP drafts")?;
             m.queue.ran();

@@ -159,3 +159,48 @@ fn verify_graphs_and_sampled_rows_match_decode_steps() {
         eprintln!("{name}: verify graphs = decode steps; sampled rows = decode draws");
     }
 }
+
+/// A graph capture while another model of the process reads results back: the driver
+/// invalidates a capture when any thread synchronises with the device, so `CudaModel` captures
+/// again (and at worst runs the step without a graph). Every step's logits must still be the
+/// undisturbed run's, bit for bit, and no call may fail.
+#[test]
+#[ignore = "needs a GPU"]
+fn captures_survive_another_models_read_backs() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let gpu = Arc::new(Gpu::new(0).expect("a CUDA device"));
+    let prompt: Vec<u32> = (0..12u32).map(|i| (i * 131 + 7) % 200).collect();
+    let tokens = [17u32, 301, 5, 88];
+    let want = decode_each(
+        &mut load(&gpu, "CF2", ExpertCacheSize::All),
+        &prompt,
+        &tokens,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (gpu, stop, prompt) = (gpu.clone(), stop.clone(), prompt.clone());
+        std::thread::spawn(move || {
+            let mut m = load(&gpu, "IQ2_XXS", ExpertCacheSize::All);
+            let mut steps = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                decode_each(&mut m, &prompt, &[3, 4, 5, 6, 7, 8]);
+                steps += 6;
+            }
+            steps
+        })
+    };
+    for round in 0..24 {
+        // A fresh model captures its step graph at its first decode.
+        let got = decode_each(
+            &mut load(&gpu, "CF2", ExpertCacheSize::All),
+            &prompt,
+            &tokens,
+        );
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(same_bits(g, w), "round {round}: step {i} differs");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let steps = reader.join().expect("the reading thread");
+    eprintln!("24 captures beside {steps} read-back steps of another model: logits unchanged");
+}
