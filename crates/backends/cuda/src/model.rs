@@ -971,6 +971,8 @@ pub struct CudaModel {
     /// (`REDLITE_CUDA_PROFILE_VERIFY=N`: the N-th pass, counted from 0).
     verify_passes: u64,
     profile_verify: Option<u64>,
+    /// Graph captures invalidated from outside so far (each tried again; see `capture`).
+    captures_invalidated: u64,
     /// MTP drafts run so far, and the one to bracket with the profiler, enqueued eagerly
     /// (`REDLITE_CUDA_PROFILE_DRAFT=N`: the N-th draft, counted from 0).
     mtp_drafts: u64,
@@ -1539,6 +1541,7 @@ impl CudaModel {
             verified: None,
             profile_step: env_parse("REDLITE_CUDA_PROFILE_STEP"),
             verify_passes: 0,
+            captures_invalidated: 0,
             profile_verify: env_parse("REDLITE_CUDA_PROFILE_VERIFY"),
             mtp_drafts: 0,
             profile_draft: env_parse("REDLITE_CUDA_PROFILE_DRAFT"),
@@ -1667,6 +1670,12 @@ impl CudaModel {
 
     pub fn launches(&self) -> u64 {
         self.launches
+    }
+
+    /// Graph captures that another thread's synchronisation invalidated so far (each one tried
+    /// again, or its launches run without a graph).
+    pub fn captures_invalidated(&self) -> u64 {
+        self.captures_invalidated
     }
 
     /// Start a new sequence: position 0, recurrent states zeroed (KV entries are overwritten).
@@ -1961,6 +1970,7 @@ impl CudaModel {
             if matches!(&captured, Err(e) if e.0 == INVALIDATED)
                 || matches!(&enqueued, Err(CudaError::Driver { message, .. }) if message.contains(INVALIDATED_NAME))
             {
+                self.captures_invalidated += 1;
                 continue;
             }
             let captured = captured.map_err(|e| CudaError::driver("ending a graph capture", e))?;
