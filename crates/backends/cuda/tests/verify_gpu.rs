@@ -160,49 +160,44 @@ fn verify_graphs_and_sampled_rows_match_decode_steps() {
     }
 }
 
-/// A graph capture while another model of the process reads results back: the driver
-/// invalidates a capture when any thread synchronises with the device, so `CudaModel` captures
-/// again (and at worst runs the step without a graph). Every step's logits must still be the
-/// undisturbed run's, bit for bit, and no call may fail.
+/// Graph captures while another thread loads, runs and drops models on the same GPU (what
+/// `mtp_gpu`'s parallel tests do): the driver invalidates a capture when another thread's call
+/// synchronises with the device (a model's uploads, frees), so `CudaModel` captures again (and at
+/// worst runs those launches without a graph). Every step's logits must be the undisturbed run's,
+/// bit for bit, on both threads, and no call may fail.
 #[test]
 #[ignore = "needs a GPU"]
-fn captures_survive_another_models_read_backs() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+fn captures_survive_another_threads_models() {
     let gpu = Arc::new(Gpu::new(0).expect("a CUDA device"));
     let prompt: Vec<u32> = (0..12u32).map(|i| (i * 131 + 7) % 200).collect();
     let tokens = [17u32, 301, 5, 88];
-    let want = decode_each(
-        &mut load(&gpu, "CF2", ExpertCacheSize::All),
-        &prompt,
-        &tokens,
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let reader = {
-        let (gpu, stop, prompt) = (gpu.clone(), stop.clone(), prompt.clone());
-        std::thread::spawn(move || {
-            let mut m = load(&gpu, "IQ2_XXS", ExpertCacheSize::All);
-            let mut steps = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                decode_each(&mut m, &prompt, &[3, 4, 5, 6, 7, 8]);
-                steps += 6;
+    // Per thread: load a fresh model (its step graph is captured at its first decode), decode,
+    // compare, drop; `rounds` times. Returns the captures invalidated on the way.
+    let run = |gpu: Arc<Gpu>, name: &'static str, rounds: usize| {
+        let (prompt, tokens) = (prompt.clone(), tokens);
+        move || {
+            let want = decode_each(
+                &mut load(&gpu, name, ExpertCacheSize::All),
+                &prompt,
+                &tokens,
+            );
+            let mut invalidated = 0;
+            for round in 0..rounds {
+                let mut m = load(&gpu, name, ExpertCacheSize::All);
+                let got = decode_each(&mut m, &prompt, &tokens);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(same_bits(g, w), "{name}, round {round}: step {i} differs");
+                }
+                invalidated += m.captures_invalidated();
             }
-            steps
-        })
-    };
-    let mut invalidated = 0;
-    for round in 0..24 {
-        // A fresh model captures its step graph at its first decode.
-        let mut m = load(&gpu, "CF2", ExpertCacheSize::All);
-        let got = decode_each(&mut m, &prompt, &tokens);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(same_bits(g, w), "round {round}: step {i} differs");
+            invalidated
         }
-        invalidated += m.captures_invalidated();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let steps = reader.join().expect("the reading thread");
+    };
+    let other = std::thread::spawn(run(gpu.clone(), "IQ2_XXS", 40));
+    let here = run(gpu.clone(), "CF2", 40)();
+    let there = other.join().expect("the other thread");
     eprintln!(
-        "24 models' step captures beside {steps} read-back steps of another model \
-         ({invalidated} captures invalidated and tried again): logits unchanged"
+        "2 × 40 models loaded, captured, run and dropped on two threads ({here} + {there} captures \
+         invalidated and tried again): logits unchanged"
     );
 }
