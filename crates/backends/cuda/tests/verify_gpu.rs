@@ -172,8 +172,9 @@ fn captures_survive_another_threads_models() {
     let prompt: Vec<u32> = (0..12u32).map(|i| (i * 131 + 7) % 200).collect();
     let tokens = [17u32, 301, 5, 88];
     // Per thread: load a fresh model (its step graph is captured at its first decode), decode,
-    // compare, drop; `rounds` times. Returns the captures invalidated on the way.
-    let run = |gpu: Arc<Gpu>, name: &'static str, rounds: usize| {
+    // compare, drop; `rounds` times, with `own_gpu` each round on a `Gpu` of its own (its module
+    // loaded and unloaded, as each `mtp_gpu` test does). Returns the captures invalidated.
+    let run = |gpu: Arc<Gpu>, name: &'static str, rounds: usize, own_gpu: bool| {
         let (prompt, tokens) = (prompt.clone(), tokens);
         move || {
             let want = decode_each(
@@ -183,6 +184,10 @@ fn captures_survive_another_threads_models() {
             );
             let mut invalidated = 0;
             for round in 0..rounds {
+                let gpu = match own_gpu {
+                    true => Arc::new(Gpu::new(0).expect("a CUDA device")),
+                    false => gpu.clone(),
+                };
                 let mut m = load(&gpu, name, ExpertCacheSize::All);
                 let got = decode_each(&mut m, &prompt, &tokens);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -193,11 +198,11 @@ fn captures_survive_another_threads_models() {
             invalidated
         }
     };
-    let other = std::thread::spawn(run(gpu.clone(), "IQ2_XXS", 40));
-    let here = run(gpu.clone(), "CF2", 40)();
+    let other = std::thread::spawn(run(gpu.clone(), "IQ2_XXS", 40, true));
+    let here = run(gpu.clone(), "CF2", 40, false)();
     let there = other.join().expect("the other thread");
     eprintln!(
-        "2 × 40 models loaded, captured, run and dropped on two threads ({here} + {there} captures \
-         invalidated and tried again): logits unchanged"
+        "2 × 40 models loaded, captured, run and dropped on two threads, one with a Gpu a model \
+         ({here} + {there} captures invalidated and tried again): logits unchanged"
     );
 }
