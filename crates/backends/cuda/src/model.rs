@@ -1951,11 +1951,11 @@ impl CudaModel {
 
     /// `f`'s launches captured into a graph (not run); `None` when every one of
     /// [`CAPTURE_TRIES`] captures was invalidated from outside (then nothing was enqueued or
-    /// run: the caller runs `f` without a graph). The driver invalidates a capture when a call of
-    /// another thread synchronises with the same device, whatever the capture mode, and the
-    /// capture lock covers only the captures and stream creation (session 50: `mtp_gpu`'s
-    /// parallel tests, a model a thread, failed so 2 runs in 5 on one H100); `f` must be safe to
-    /// call again (launches only).
+    /// run: the caller runs `f` without a graph). A call of another thread can invalidate a
+    /// capture whatever its mode (public reports name device-wide synchronisation; a read-back
+    /// on another stream did not, session 50), and the capture lock covers only the captures and
+    /// stream creation (session 50: `mtp_gpu`'s parallel tests, a model a thread, failed so 2
+    /// runs in 5 on one H100); `f` must be safe to call again (launches only).
     fn capture(
         &mut self,
         mut f: impl FnMut(&mut Self) -> Result<(), CudaError>,
