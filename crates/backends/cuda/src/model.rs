@@ -1763,7 +1763,6 @@ impl CudaModel {
         self.mtp_make_room(1)?;
         self.upload_input(&[token])?;
         self.upload_u(u, s)?;
-        let before = self.launches;
         let profiled = self.profile_step == Some(self.decode_steps);
         self.decode_steps += 1;
         if profiled && self.nvtx.is_none() {
@@ -1774,37 +1773,31 @@ impl CudaModel {
             self.profiler(true)?;
             self.in_profile = true;
         }
-        if self.opts.graphs {
-            let stale = self.graph.as_ref().is_none_or(|g| g.sampling != *s);
-            if stale {
-                self.graph = None;
-                let sampling = *s;
-                let mut first = before;
-                match self.capture(|m| {
-                    first = m.launches;
-                    m.enqueue_step(&sampling)
-                })? {
-                    Some(graph) => {
-                        self.graph = Some(Captured { graph, sampling });
-                        self.step_launches = Some(self.launches - first);
-                    }
-                    // Another thread kept invalidating the capture: this step without a graph
-                    // (the next one tries again).
-                    None => {
-                        let first = self.launches;
-                        self.enqueue_step(s)?;
-                        self.step_launches = Some(self.launches - first);
-                    }
-                }
+        if self.opts.graphs && self.graph.as_ref().is_none_or(|g| g.sampling != *s) {
+            self.graph = None;
+            let sampling = *s;
+            let mut first = 0;
+            let captured = self.capture(|m| {
+                first = m.launches;
+                m.enqueue_step(&sampling)
+            })?;
+            if let Some(graph) = captured {
+                self.graph = Some(Captured { graph, sampling });
+                self.step_launches = Some(self.launches - first);
             }
-            if let Some(c) = &self.graph {
-                c.graph
-                    .launch()
-                    .map_err(|e| CudaError::driver("replaying the decode graph", e))?;
+        }
+        match &self.graph {
+            Some(c) => c
+                .graph
+                .launch()
+                .map_err(|e| CudaError::driver("replaying the decode graph", e))?,
+            // Graphs off, or another thread kept invalidating the capture (the next step tries
+            // again): the step's launches, run now.
+            None => {
+                let first = self.launches;
+                self.enqueue_step(s)?;
+                self.step_launches = Some(self.launches - first);
             }
-        } else {
-            self.enqueue_step(s)?;
-            self.step_launches = Some(self.launches - before);
         }
         if profiled {
             self.in_profile = false;
