@@ -1166,6 +1166,9 @@ pub struct CudaModel {
     /// first, the output gate's z rows (read only by the gated norm at the kernel's end) last, so
     /// the recurrence starts while the z rows are still computed. The same bits.
     dn_arrive: bool,
+    /// Rows per warp group of that counting in-projection (`REDLITE_CUDA_DN_ARRIVE_ROWS`, 1 to 16;
+    /// default `q8_rows`): more rows a block, fewer blocks ahead of the z rows.
+    arrive_rows: usize,
     /// Set while [`Self::enqueue_delta_net`]'s in-projection may take the counting kernel; the
     /// counts `dn_fused_cols` waits for (qkv + ba blocks, z blocks) once it did.
     arrive_want: bool,
@@ -1532,6 +1535,9 @@ impl CudaModel {
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
             dn_arrive: env_switch("REDLITE_CUDA_DN_ARRIVE", false),
+            arrive_rows: env_parse("REDLITE_CUDA_DN_ARRIVE_ROWS")
+                .unwrap_or_else(q8_rows_from_env)
+                .clamp(1, 16),
             arrive_want: false,
             arrive_ready: None,
             grid_counters: Vec::new(),
@@ -2859,7 +2865,7 @@ impl CudaModel {
             self.arrive_want = false;
             let split = MvfSplit {
                 parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                rows: self.q8_rows,
+                rows: self.arrive_rows,
             };
             let rpb = split.rows_per_block();
             let mut args = vec![
