@@ -121,43 +121,6 @@ __device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned 
 }
 // Each counter serves launches of one grid size only (the host keeps one per size).
 
-// Rows handed over by count instead of by the end of a grid (REDLITE_CUDA_DN_ARRIVE). A producer's
-// block, once every thread's outputs are written, adds 1 to a counter (arrive_count: a CTA barrier,
-// then thread 0's release add, as grid_sync arrives); a consumer launched behind it (PDL) waits in
-// wait_count until the counter reaches the producer blocks it needs, instead of in
-// griddepcontrol.wait for the whole producer grid, so it can start while the producer's later
-// blocks still run. Safe from deadlock: under PDL the consumer's blocks start only once every
-// producer block has started, and no producer block waits for a consumer. wait_count falls back to
-// griddepcontrol.wait (the whole producer grid, always correct) after WAIT_COUNT_SPINS polls, so a
-// miscount costs time, never a hang; the consumer's last block resets the counters (the next use
-// is ordered behind this consumer's completion by the launches in between).
-#ifndef WAIT_COUNT_SPINS
-#define WAIT_COUNT_SPINS (1 << 22)
-#endif
-__device__ __forceinline__ void arrive_count(unsigned* counter) {
-    __syncthreads();
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-}
-__device__ __forceinline__ void wait_count(const unsigned* counter, unsigned target) {
-    if (threadIdx.x == 0) {
-        unsigned now;
-        int spins = 0;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(counter) : "memory");
-        } while (now < target && ++spins < WAIT_COUNT_SPINS);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (now < target) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-    }
-    __syncthreads();
-}
-// griddepcontrol.launch_dependents alone (pdl_enter's second half), for a kernel that waited by count.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;

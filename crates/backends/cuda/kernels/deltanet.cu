@@ -776,10 +776,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // early: as dn_fused_seq's (bit 1 for the thread's first DNC_PRE conv channels).
 // Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads
 // (<= DNC_MAX_THREADS), dynamic shared memory = (DNC_CHUNK (2 dk + 32) + 4 blockDim.x + 2 DNC_CHUNK)
-// floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s. arrive (null: the whole kernel ahead,
-// griddepcontrol.wait): a decode step's in-projection counts (matvec_q8x_arrive_q4_k), need_a blocks
-// of qkv and ba rows on arrive[0], need_b of z rows on arrive[1]; the last block out zeroes
-// arrive[0..3] (arrive[2] counts this kernel's blocks out). Only the one-token kernel takes it.
+// floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s.
 #define DNC_PRE 3
 // dn_fused_cols_rows' tokens whose state-free parts run ahead of the recurrence (ops.rs's
 // DNC_CHUNK sizes the shared memory for it).
@@ -800,8 +797,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
-    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter,
-    unsigned* __restrict__ arrive, int need_a, int need_b) {
+    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
     extern __shared__ float4 dnc_sm4[];  // (a name of its own: a template, not extern "C")
     float* sm = (float*)dnc_sm4;
     long long tt = trace_start(ROWS ? 24 : 12);
@@ -835,24 +831,14 @@ __device__ __forceinline__ void dn_fused_cols_body(
         }
         pa = a[h], pdt = dt_bias[h], pnw = norm_w[j];
     }
-    // qkv, ba and z come from the kernel ahead: its whole grid, or (arrive, a decode step) by count:
-    // arrive[0] counts the blocks of the qkv and ba rows, arrive[1] those of z (waited for below).
-    const bool by_count = !ROWS && arrive != nullptr;
-    if (by_count) {
-        wait_count(arrive, (unsigned)need_a);
-        pdl_trigger();
-    } else {
-        pdl_enter();
-    }
+    pdl_enter();  // qkv, ba and z come from the kernel ahead
     tt = trace_phase(ROWS ? 25 : 13, tt);
     if (!(early & 1)) {
 #pragma unroll
         for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
     }
-    // z of the warp's first gated-norm output (token rg), in flight during the token loop (not when
-    // z arrives by count: it may still be being written).
-    const bool zpre = pre && !by_count;
-    const float zt = zpre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
+    // z of the warp's first gated-norm output (token rg), in flight during the token loop.
+    const float zt = pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
     if constexpr (ROWS) {
         // Tokens in chunks of DNC_CHUNK. What does not depend on the state (conv, gates, q/k L2
         // norms) runs for the whole chunk first, every token's loads in flight at once; then the
@@ -1021,7 +1007,6 @@ __device__ __forceinline__ void dn_fused_cols_body(
         for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
     }
     grid_sync(counter + kh, r * cpv);  // the QK head's o rows are written, its old window read
-    if (by_count) wait_count(arrive + 1, (unsigned)need_b);  // z's rows
     if (ROWS) tt = trace_phase(28, tt);
     if (ROWS && dv <= DNC_EPI_V * WARP) {
         // The gated norms of DNC_EPI tokens a warp at once: every load (the o rows through L2, z)
@@ -1036,7 +1021,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
 #pragma unroll
                 for (int m = 0; m < DNC_EPI_V; ++m) ov[u][m] = lane + m * WARP < dv ? ld_cg(orow + lane + m * WARP) : 0.0f;
                 oj[u] = ld_cg(orow + j);
-                zz[u] = zpre && t == rg ? zt : z[((size_t)(t < n ? t : t0) * nv + h) * dv + j];
+                zz[u] = pre && t == rg ? zt : z[((size_t)(t < n ? t : t0) * nv + h) * dv + j];
             }
 #pragma unroll
             for (int u = 0; u < DNC_EPI; ++u) {
@@ -1057,7 +1042,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
             const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
             const size_t at = ((size_t)t * nv + h) * dv + j;
             const bool first = pre && t == rg;
-            y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first && zpre ? zt : z[at]);
+            y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
         }
     }
     if (pre) {
@@ -1071,19 +1056,6 @@ __device__ __forceinline__ void dn_fused_cols_body(
         dnf_conv_window(qkv, conv_state, n, DNC_CH(li), ch, kern);
     }
 #undef DNC_CH
-    if (by_count) {
-        // The last block out resets the counters (every block has passed both waits by then).
-        __syncthreads();
-        if (tid == 0) {
-            unsigned old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(arrive + 2) : "memory");
-            if (old == gridDim.x - 1) {
-                arrive[0] = 0;
-                arrive[1] = 0;
-                arrive[2] = 0;
-            }
-        }
-    }
     trace_phase(ROWS ? 29 : 14, tt);
 }
 
@@ -1096,9 +1068,9 @@ __device__ __forceinline__ void dn_fused_cols_body(
         float *__restrict__ s, const float *__restrict__ z, const float *__restrict__ norm_w, float *__restrict__ y, \
         int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps,       \
         float *__restrict__ s_trace, float *__restrict__ conv_trace, int early, float *__restrict__ o,            \
-        unsigned long long *__restrict__ counter, unsigned *__restrict__ arrive, int need_a, int need_b
+        unsigned long long *__restrict__ counter
 #define DNC_PASS qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern, l2_eps, q_scale, \
-                 rms_eps, s_trace, conv_trace, early, o, counter, arrive, need_a, need_b
+                 rms_eps, s_trace, conv_trace, early, o, counter
 // DNC_MIN_BLOCKS (compile-time, default 1): dn_fused_cols' blocks an SM in its launch bound. 1
 // gives it 190 registers (NVRTC 13.0), 48.6 K of the SM's 64 K; 2 caps it at 128 (no spills), so
 // that a block fits beside the in-projection's blocks ahead of it (session 27's fused route kernel

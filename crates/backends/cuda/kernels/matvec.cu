@@ -2308,18 +2308,6 @@ extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void mat
     matvec_q8x_body<T_Q4_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
 }
 
-// matvec_q8x_arrive_q4_k(<matvec_q8x_q4_k's arguments>, counter, late): matvec_q8x_q4_k whose blocks
-// count themselves done once their rows are written (arrive_count): blocks below `late` on
-// counter[0], the others on counter[1]. A decode step's DeltaNet in-projection (qkv, ba, then z):
-// dn_fused_cols waits for counter[0] before its recurrence and for counter[1] (the output gate's
-// rows, the grid's tail) only before its gated norm. The same outputs as matvec_q8x_q4_k.
-extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_arrive_q4_k(
-    const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,
-    int r1, const u8* w2, float* y2, int r2, unsigned* counter, int late) {
-    matvec_q8x_body<T_Q4_K>(xq, invs, cols, split, w0, y0, r0, w1, y1, r1, w2, y2, r2);
-    arrive_count(counter + ((int)blockIdx.x >= late ? 1 : 0));
-}
-
 // matvec_q8x_q6_k: the same for Q6_K matrices (REDLITE_CUDA_Q8_Q6K; the lm_head).
 extern "C" __global__ __launch_bounds__(32 * MVF_WARPS, Q8X_MIN_BLOCKS) void matvec_q8x_q6_k(
     const u8* xq, const float* invs, int cols, int split, const u8* w0, float* y0, int r0, const u8* w1, float* y1,

@@ -159,7 +159,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "matvec_norm3_tok_q8_q4_k",
     "matvec_res_q8_q4_k",
     "matvec_q8x_q4_k",
-    "matvec_q8x_arrive_q4_k",
     "matvec_q8x_q6_k",
     "matvec_q8x_tok_q4_k",
     "matvec_q8x_tok_q6_k",

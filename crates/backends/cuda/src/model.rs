@@ -903,10 +903,6 @@ struct Scratch {
     grid_counter: u64,
     /// `dn_fused_cols`' barrier counters, one per QK head (u64, only ever growing).
     dn_counter: u64,
-    /// u32 `[4]`, zero between steps: a decode step's DeltaNet in-projection blocks done (qkv and
-    /// ba rows; z rows) and `dn_fused_cols`' blocks done, when the rows are handed over by count
-    /// (`CudaModel::dn_arrive`).
-    dn_arrive: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
     argmax_part: u64,
@@ -1161,18 +1157,6 @@ pub struct CudaModel {
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
     /// projections (qkv, ba, z) are read; the same bits.
     dn_pre: bool,
-    /// A decode step's DeltaNet in-projection hands its rows to `dn_fused_cols` by count
-    /// (`matvec_q8x_arrive_q4_k`, `wait_count`; `REDLITE_CUDA_DN_ARRIVE`): the qkv and ba rows
-    /// first, the output gate's z rows (read only by the gated norm at the kernel's end) last, so
-    /// the recurrence starts while the z rows are still computed. The same bits.
-    dn_arrive: bool,
-    /// Rows per warp group of that counting in-projection (`REDLITE_CUDA_DN_ARRIVE_ROWS`, 1 to 16;
-    /// default `q8_rows`): more rows a block, fewer blocks ahead of the z rows.
-    arrive_rows: usize,
-    /// Set while [`Self::enqueue_delta_net`]'s in-projection may take the counting kernel; the
-    /// counts `dn_fused_cols` waits for (qkv + ba blocks, z blocks) once it did.
-    arrive_want: bool,
-    arrive_ready: Option<(u32, u32)>,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
     /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on: +0.8 % decode in session 14; off, and always when
@@ -1534,12 +1518,6 @@ impl CudaModel {
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
-            dn_arrive: env_switch("REDLITE_CUDA_DN_ARRIVE", false),
-            arrive_rows: env_parse("REDLITE_CUDA_DN_ARRIVE_ROWS")
-                .unwrap_or_else(q8_rows_from_env)
-                .clamp(1, 16),
-            arrive_want: false,
-            arrive_ready: None,
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
@@ -2860,28 +2838,6 @@ impl CudaModel {
         n: usize,
     ) -> Result<(), CudaError> {
         let (cols, ty) = (mats[0].0.cols, mats[0].0.ty);
-        if self.arrive_want && n == 1 && ty == GgmlType::Q4K && mats.len() == 3 {
-            // The DeltaNet in-projection (qkv, ba, z) of a decode step, its blocks counted.
-            self.arrive_want = false;
-            let split = MvfSplit {
-                parts: mvf_parts(ty, cols, self.mvf_lane_iters),
-                rows: self.arrive_rows,
-            };
-            let rpb = split.rows_per_block();
-            let mut args = vec![
-                A::P(xq),
-                A::P(invs),
-                A::I(cols as i32),
-                A::I(split.arg() | (1 << 16)),
-            ];
-            let grid_x = push_mats3(&mut args, mats, rpb);
-            let late = blocks(mats[0].0.rows, rpb) + blocks(mats[1].0.rows, rpb);
-            args.extend([A::P(self.sc.dn_arrive), A::I(late as i32)]);
-            let f = self.gpu.func("matvec_q8x_arrive_q4_k")?.clone();
-            self.launch("matvec_q8x", &f, (grid_x, 1, 1), MVF_THREADS, 0, &args)?;
-            self.arrive_ready = Some((late, grid_x - late));
-            return Ok(());
-        }
         if ty == GgmlType::Q4K && self.q8x_mma != 0 && n >= self.q8x_mma {
             if let Some(smem) = q8x_mma_smem(cols) {
                 return self.matvec_q8x_mma((xq, invs), mats, n, smem);
@@ -3672,33 +3628,13 @@ impl CudaModel {
         // Prompts through the GEMMs take the five-kernel form: its delta rule runs nv × dv/32
         // blocks (the fused kernel nk), each one token after another.
         let fused = dn_fused(c).filter(|_| !self.gemm_now || self.dn_fused_prompt);
-        // A decode step's rows by count: qkv and ba, then z (`dn_arrive`), unless a diagnostic
-        // leaves out or empties one of the two launches.
-        let diagnosed = ["matvec_q8x", "dn_fused_cols", "z_rows"]
-            .iter()
-            .any(|w| self.skipped(w) || Self::listed(&self.noop, self.stage, w));
-        let by_count = self.dn_arrive
-            && n == 1
-            && fused.is_some()
-            && self.dn_cols.is_some()
-            && qkv.ty == GgmlType::Q4K
-            && z.ty == GgmlType::Q4K
-            && ba.ty == GgmlType::Q4K
-            && !diagnosed;
         if self.skipped("z_rows") {
             // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_rows`): the in-projection launch
             // without the output gate's rows, which only the gated norm at the mixer's end reads.
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b)], n)?;
-        } else if by_count {
-            self.arrive_want = true;
-            let r =
-                self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b), (z, z_b)], n);
-            self.arrive_want = false;
-            r?;
         } else {
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
         }
-        let arrive = self.arrive_ready.take();
         if let Some((threads, shared)) = fused {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
             let r = nv / nk;
@@ -3752,19 +3688,8 @@ impl CudaModel {
                 A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
             ];
             if cols.is_some() {
-                // The gated norm's rows and the per-QK-head barrier counters; the in-projection's
-                // counts (`dn_arrive`) or none.
+                // The gated norm's rows and the per-QK-head barrier counters.
                 args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
-                let (need_a, need_b) = arrive.unwrap_or((0, 0));
-                args.extend([
-                    A::P(if arrive.is_some() {
-                        self.sc.dn_arrive
-                    } else {
-                        0
-                    }),
-                    A::I(need_a as i32),
-                    A::I(need_b as i32),
-                ]);
             }
             self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
             return self.matvec_residual(out, gated, post_norm, n);
@@ -4793,7 +4718,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
         dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
-        dn_arrive: arena.zeros(16)?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,

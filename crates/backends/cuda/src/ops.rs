@@ -2403,12 +2403,7 @@ pub fn dn_fused_seq(
     };
     // The state loaded before pdl_enter, as the model launches it (the same bits either way).
     let early = 1i32 | if pre { 2 } else { 0 };
-    // One token with REDLITE_CUDA_DN_ARRIVE=1: the model's counted hand-over, the counts already
-    // reached (the waits pass at once; the z value not preloaded), and the counters reset after.
-    let by_count = cols && n == 1 && std::env::var("REDLITE_CUDA_DN_ARRIVE").as_deref() == Ok("1");
-    let mut arrive = upload(gpu, &[1u32, 1, 0, 0])?;
-    let (need_a, need_b) = if by_count { (1i32, 1i32) } else { (0, 0) };
-    // The trace pointers (null without), then dn_fused_cols' extra arguments.
+    // The trace pointers (null without), then dn_fused_cols' two extra arguments.
     let null = 0u64;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&qd)
@@ -2434,21 +2429,10 @@ pub fn dn_fused_seq(
     b.arg(&early);
     if cols {
         b.arg(&mut o).arg(&mut counter);
-        if by_count {
-            b.arg(&mut arrive);
-        } else {
-            b.arg(&null);
-        }
-        b.arg(&need_a).arg(&need_b);
     }
-    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter, arrive, need_a,
-    // need_b), in order, each buffer sized for n tokens of these shapes (checked above).
+    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter), in order, each
+    // buffer sized for n tokens of these shapes (checked above).
     drv(name, unsafe { b.launch(conf) })?;
-    if by_count && download(gpu, &arrive)? != [0, 0, 0, 0] {
-        return Err(CudaError::Invalid(
-            "dn_fused_cols: the hand-over counters were not reset".into(),
-        ));
-    }
     let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
         if trace {
             download(gpu, b)
