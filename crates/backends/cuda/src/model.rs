@@ -239,10 +239,9 @@ const SMALL_GRAPH_ROWS: usize = 16;
 const VERIFY_GRAPH_AFTER: u32 = 3;
 /// Captures of one graph tried before its launches run without one (see `CudaModel::capture`).
 const CAPTURE_TRIES: usize = 3;
-/// A capture invalidated from outside, as the driver returns it and as a launch error's message
-/// names it ([`CudaError::Driver`] keeps the message only).
+/// A capture invalidated from outside, as the driver returns it (from the end of the capture, or
+/// from a launch inside it: [`CudaError::driver_code`]).
 const INVALIDATED: sys::CUresult = sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-const INVALIDATED_NAME: &str = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
 /// The most chained MTP drafts of one draft graph.
 const MAX_GRAPH_DRAFTS: usize = 8;
 /// `gemm.cu`'s tile: weight rows and tokens per block, columns per step, threads.
@@ -1964,7 +1963,7 @@ impl CudaModel {
                 .stream
                 .end_capture(sys::CUgraphInstantiate_flags_enum(0));
             if matches!(&captured, Err(e) if e.0 == INVALIDATED)
-                || matches!(&enqueued, Err(CudaError::Driver { message, .. }) if message.contains(INVALIDATED_NAME))
+                || matches!(&enqueued, Err(e) if e.driver_code() == Some(INVALIDATED as u32))
             {
                 self.captures_invalidated += 1;
                 continue;
