@@ -121,25 +121,6 @@ __device__ __forceinline__ void grid_sync(unsigned long long* counter, unsigned 
 }
 // Each counter serves launches of one grid size only (the host keeps one per size).
 
-// A one-way hand-over inside a grid: producer blocks count themselves done (arrive_count: a CTA
-// barrier, then thread 0's release add, as grid_sync arrives); consumer blocks wait until the count
-// reaches the producers (wait_count: thread 0's acquire loads, then a CTA barrier). The producers
-// wait for nothing the consumers do, so every producer can always take an SM slot the consumers
-// leave free (the host checks that a slot is left beside the consumers).
-__device__ __forceinline__ void arrive_count(unsigned* counter) {
-    __syncthreads();
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-}
-__device__ __forceinline__ void wait_count(const unsigned* counter, unsigned target) {
-    if (threadIdx.x == 0) {
-        unsigned now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(counter) : "memory");
-        } while (now < target);
-    }
-    __syncthreads();
-}
-
 // A global load served by L2 (not a possibly stale L1 line): values other blocks just wrote.
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;

@@ -776,10 +776,7 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // early: as dn_fused_seq's (bit 1 for the thread's first DNC_PRE conv channels).
 // Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads
 // (<= DNC_MAX_THREADS), dynamic shared memory = (DNC_CHUNK (2 dk + 32) + 4 blockDim.x + 2 DNC_CHUNK)
-// floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s. zw (dn_fused_cols only; null: z read
-// as written by the kernel ahead): W_z (Q4_K, zrows × zcols) and the q8 input (zxq, zinv) of the
-// output gate's rows, computed by grid.x − nk r (dv / 32) more blocks (zsplit: q8_split's parts and
-// rows a warp group, as matvec_q8x_q4_k's); zc: two zeroed u32s, zeroed again by the kernel.
+// floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s.
 #define DNC_PRE 3
 // dn_fused_cols_rows' tokens whose state-free parts run ahead of the recurrence (ops.rs's
 // DNC_CHUNK sizes the shared memory for it).
@@ -800,30 +797,11 @@ __device__ __forceinline__ void dn_fused_cols_body(
     const float* __restrict__ ba, const float* __restrict__ a, const float* __restrict__ dt_bias, float* __restrict__ s,
     const float* __restrict__ z, const float* __restrict__ norm_w, float* __restrict__ y, int n, int ch, int nk, int dk,
     int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps, float* __restrict__ s_trace,
-    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter,
-    const u8* __restrict__ zw, const u8* __restrict__ zxq, const float* __restrict__ zinv, int zcols, int zsplit,
-    int zrows, unsigned* __restrict__ zc) {
+    float* __restrict__ conv_trace, int early, float* __restrict__ o, unsigned long long* __restrict__ counter) {
     extern __shared__ float4 dnc_sm4[];  // (a name of its own: a template, not extern "C")
     float* sm = (float*)dnc_sm4;
-    const int cpv = dv / WARP, nv = nk * r;
-    // zw (a decode step): the output gate's rows z = W_z xq computed by the blocks past the nk r cpv
-    // DeltaNet blocks, after the same wait, while the DeltaNet blocks run their recurrence; each
-    // counts itself done on zc[0] and the gated norm waits for all of them there (wait_count). The
-    // rows are matvec_q8x_q4_k's (q8_rows_out, the same split of parts, any rows a warp group):
-    // the same bits as from the in-projection launch, which then leaves z out.
-    const bool z_here = !ROWS && zw != nullptr;
-    const int dn_blocks = nk * r * cpv;
-    if (z_here && (int)blockIdx.x >= dn_blocks) {
-        pdl_enter();  // xq: written before the in-projection launch ahead, whose end this waits for
-        const MvfSplit zs = q8_split(zsplit);
-        const int w = threadIdx.x / WARP, group_warps = blockDim.x / WARP / zs.parts;
-        const int first = (((int)blockIdx.x - dn_blocks) * group_warps + w / zs.parts) * zs.rows;
-        const float inv[1] = {zinv[0]};
-        q8_rows_out<T_Q4_K, 1, false>(zw, (float*)z, zrows, zcols, zs, first, w % zs.parts, (u8*)zxq, 0, 0, 1, inv);
-        arrive_count(zc);
-        return;
-    }
     long long tt = trace_start(ROWS ? 24 : 12);
+    const int cpv = dv / WARP, nv = nk * r;
     const int kh = blockIdx.x / (r * cpv), hl = (blockIdx.x / cpv) % r, cc = blockIdx.x % cpv;
     const int h = kh * r + hl;
     const int own = 2 * dk + WARP;     // q of kh, k of kh, the block's 32 v channels
@@ -853,16 +831,14 @@ __device__ __forceinline__ void dn_fused_cols_body(
         }
         pa = a[h], pdt = dt_bias[h], pnw = norm_w[j];
     }
-    pdl_enter();  // qkv, ba and z come from the kernel ahead (z_here: z from this grid's z blocks)
+    pdl_enter();  // qkv, ba and z come from the kernel ahead
     tt = trace_phase(ROWS ? 25 : 13, tt);
     if (!(early & 1)) {
 #pragma unroll
         for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
     }
-    // z of the warp's first gated-norm output (token rg), in flight during the token loop (not when
-    // this grid's z blocks are still computing it).
-    const bool zpre = pre && !z_here;
-    const float zt = zpre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
+    // z of the warp's first gated-norm output (token rg), in flight during the token loop.
+    const float zt = pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
     if constexpr (ROWS) {
         // Tokens in chunks of DNC_CHUNK. What does not depend on the state (conv, gates, q/k L2
         // norms) runs for the whole chunk first, every token's loads in flight at once; then the
@@ -1031,7 +1007,6 @@ __device__ __forceinline__ void dn_fused_cols_body(
         for (int q = 0; q < DNF_ROWS; ++q, p += dv) *p = st[q];
     }
     grid_sync(counter + kh, r * cpv);  // the QK head's o rows are written, its old window read
-    if (z_here) wait_count(zc, gridDim.x - dn_blocks);  // every z block's rows are written
     if (ROWS) tt = trace_phase(28, tt);
     if (ROWS && dv <= DNC_EPI_V * WARP) {
         // The gated norms of DNC_EPI tokens a warp at once: every load (the o rows through L2, z)
@@ -1046,7 +1021,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
 #pragma unroll
                 for (int m = 0; m < DNC_EPI_V; ++m) ov[u][m] = lane + m * WARP < dv ? ld_cg(orow + lane + m * WARP) : 0.0f;
                 oj[u] = ld_cg(orow + j);
-                zz[u] = zpre && t == rg ? zt : z[((size_t)(t < n ? t : t0) * nv + h) * dv + j];
+                zz[u] = pre && t == rg ? zt : z[((size_t)(t < n ? t : t0) * nv + h) * dv + j];
             }
 #pragma unroll
             for (int u = 0; u < DNC_EPI; ++u) {
@@ -1067,7 +1042,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
             const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
             const size_t at = ((size_t)t * nv + h) * dv + j;
             const bool first = pre && t == rg;
-            y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first && zpre ? zt : z_here ? ld_cg(z + at) : z[at]);
+            y[at] = dnf_gated(ld_cg(orow + j), inv, pre ? pnw : norm_w[j], first ? zt : z[at]);
         }
     }
     if (pre) {
@@ -1081,19 +1056,6 @@ __device__ __forceinline__ void dn_fused_cols_body(
         dnf_conv_window(qkv, conv_state, n, DNC_CH(li), ch, kern);
     }
 #undef DNC_CH
-    if (z_here) {
-        // The last DeltaNet block out zeroes the z blocks' count and its own (zc[1]): every block
-        // has passed its wait by then, and the next layer's blocks start after this grid ends.
-        __syncthreads();
-        if (tid == 0) {
-            unsigned old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(zc + 1) : "memory");
-            if (old == (unsigned)dn_blocks - 1) {
-                zc[0] = 0;
-                zc[1] = 0;
-            }
-        }
-    }
     trace_phase(ROWS ? 29 : 14, tt);
 }
 
@@ -1106,10 +1068,9 @@ __device__ __forceinline__ void dn_fused_cols_body(
         float *__restrict__ s, const float *__restrict__ z, const float *__restrict__ norm_w, float *__restrict__ y, \
         int n, int ch, int nk, int dk, int dv, int r, int kern, float l2_eps, float q_scale, float rms_eps,       \
         float *__restrict__ s_trace, float *__restrict__ conv_trace, int early, float *__restrict__ o,            \
-        unsigned long long *__restrict__ counter, const u8 *__restrict__ zw, const u8 *__restrict__ zxq,          \
-        const float *__restrict__ zinv, int zcols, int zsplit, int zrows, unsigned *__restrict__ zc
+        unsigned long long *__restrict__ counter
 #define DNC_PASS qkv, conv_state, conv_w, ba, a, dt_bias, s, z, norm_w, y, n, ch, nk, dk, dv, r, kern, l2_eps, q_scale, \
-                 rms_eps, s_trace, conv_trace, early, o, counter, zw, zxq, zinv, zcols, zsplit, zrows, zc
+                 rms_eps, s_trace, conv_trace, early, o, counter
 // DNC_MIN_BLOCKS (compile-time, default 1): dn_fused_cols' blocks an SM in its launch bound. 1
 // gives it 190 registers (NVRTC 13.0), 48.6 K of the SM's 64 K; 2 caps it at 128 (no spills), so
 // that a block fits beside the in-projection's blocks ahead of it (session 27's fused route kernel

@@ -902,9 +902,6 @@ struct Scratch {
     grid_counter: u64,
     /// `dn_fused_cols`' barrier counters, one per QK head (u64, only ever growing).
     dn_counter: u64,
-    /// u32 `[2]`, zero between launches: `dn_fused_cols`' z blocks done, its DeltaNet blocks done
-    /// (`CudaModel::dn_z_rows`).
-    dn_zc: u64,
     /// `argmax`'s slice winners (f32 value, i32 index) `[max(1, max_verify)][ARGMAX_SLICES]` and
     /// its u32 `[max(1, max_verify)]` count of finished slices per row (zero between launches).
     argmax_part: u64,
@@ -1159,10 +1156,6 @@ pub struct CudaModel {
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
     /// projections (qkv, ba, z) are read; the same bits.
     dn_pre: bool,
-    /// A decode step's output gate rows (z) computed by `dn_fused_cols`' own grid, beside the
-    /// recurrence, instead of by the in-projection launch ahead of it: rows a warp group of its z
-    /// blocks (`REDLITE_CUDA_DN_Z`, 0: off). The same bits (the same q8 row bodies).
-    dn_z_rows: usize,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
     /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on: +0.8 % decode in session 14; off, and always when
@@ -1524,7 +1517,6 @@ impl CudaModel {
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
-            dn_z_rows: env_parse::<usize>("REDLITE_CUDA_DN_Z").unwrap_or(0).min(16),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
@@ -3635,36 +3627,9 @@ impl CudaModel {
         // Prompts through the GEMMs take the five-kernel form: its delta rule runs nv × dv/32
         // blocks (the fused kernel nk), each one token after another.
         let fused = dn_fused(c).filter(|_| !self.gemm_now || self.dn_fused_prompt);
-        // z by `dn_fused_cols`' own blocks (`dn_z_rows`): its q8 input is the in-projection's
-        // (`rms_norm_q8`'s row), so only where that launch takes the q8 path.
-        let z_split = MvfSplit {
-            parts: mvf_parts(z.ty, z.cols, self.mvf_lane_iters),
-            rows: self.dn_z_rows.max(1),
-        };
-        let z_here = (self.dn_z_rows > 0
-            && n == 1
-            && fused.is_some()
-            && !self.gemm_now
-            && self.xq_norm
-            && z.ty == GgmlType::Q4K
-            && qkv.ty == GgmlType::Q4K
-            && qkv.cols == z.cols
-            && z.cols <= MVF_MAX_COLS
-            && self.q8_fits(z.ty, z.cols))
-        .then_some(self.dn_cols)
-        .flatten()
-        .filter(|&(grid, threads, shared)| {
-            // A slot beside the DeltaNet blocks for the z blocks, which they wait for.
-            let g = &self.gpu;
-            self.k
-                .dn_fused_cols
-                .occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)
-                .is_ok_and(|per_sm| per_sm as usize * g.info.sm_count > grid as usize)
-        })
-        .is_some();
-        if self.skipped("z_rows") || z_here {
-            // Without the output gate's rows, which only the gated norm at the mixer's end reads
-            // (`REDLITE_CUDA_SKIP=dn:z_rows`: timing diagnostics only, z left as it was).
+        if self.skipped("z_rows") {
+            // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_rows`): the in-projection launch
+            // without the output gate's rows, which only the gated norm at the mixer's end reads.
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b)], n)?;
         } else {
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
@@ -3673,7 +3638,7 @@ impl CudaModel {
             // Conv, q/k norm, gates, delta rule and gated norm in one launch.
             let r = nv / nk;
             let cols = self.dn_cols;
-            let (name, f, mut grid, threads, shared) = match cols {
+            let (name, f, grid, threads, shared) = match cols {
                 Some((grid, threads, shared)) if n > 1 && self.dn_rows => (
                     "dn_fused_cols_rows",
                     self.k.dn_fused_cols_rows.clone(),
@@ -3722,35 +3687,8 @@ impl CudaModel {
                 A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
             ];
             if cols.is_some() {
-                // The gated norm's rows and the per-QK-head barrier counters; z's weights, input
-                // and blocks (`dn_z_rows`) or none.
+                // The gated norm's rows and the per-QK-head barrier counters.
                 args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
-                if z_here && name == "dn_fused_cols" {
-                    let z_blocks = blocks(
-                        z.rows,
-                        (threads / 32 / z_split.parts as u32) * z_split.rows as u32,
-                    );
-                    grid += z_blocks;
-                    args.extend([
-                        A::P(z.ptr),
-                        A::P(self.sc.xq_in),
-                        A::P(self.sc.xq_inv),
-                        A::I(z.cols as i32),
-                        A::I(z_split.arg()),
-                        A::I(z.rows as i32),
-                        A::P(self.sc.dn_zc),
-                    ]);
-                } else {
-                    args.extend([
-                        A::P(0),
-                        A::P(0),
-                        A::P(0),
-                        A::I(0),
-                        A::I(0),
-                        A::I(0),
-                        A::P(0),
-                    ]);
-                }
             }
             self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
             return self.matvec_residual(out, gated, post_norm, n);
@@ -4779,7 +4717,6 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         counter: arena.zeros(4 * b)?,
         grid_counter: arena.zeros(8 * GRID_COUNTERS)?,
         dn_counter: arena.zeros(8 * c.dn_k_heads.max(1))?,
-        dn_zc: arena.zeros(8)?,
         argmax_part: arena.alloc(8 * ARGMAX_SLICES * o.max_verify.max(1))?,
         argmax_counter: arena.zeros(4 * o.max_verify.max(1))?,
         xq: arena.alloc(b * crate::ops::q8_row_bytes(h))?,

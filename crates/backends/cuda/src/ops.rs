@@ -2427,14 +2427,10 @@ pub fn dn_fused_seq(
         b.arg(&null).arg(&null);
     }
     b.arg(&early);
-    // dn_fused_cols' z blocks: none (z as given, as a verify pass and the prompt path take it).
-    let zero = 0i32;
     if cols {
         b.arg(&mut o).arg(&mut counter);
-        b.arg(&null).arg(&null).arg(&null);
-        b.arg(&zero).arg(&zero).arg(&zero).arg(&null);
     }
-    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter, no z blocks), in order, each
+    // SAFETY: the arguments are dn_fused_seq's (dn_fused_cols': and o, counter), in order, each
     // buffer sized for n tokens of these shapes (checked above).
     drv(name, unsafe { b.launch(conf) })?;
     let traced = |b: &CudaSlice<f32>| -> Result<Vec<f32>, CudaError> {
