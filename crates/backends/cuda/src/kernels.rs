@@ -332,6 +332,68 @@ pub fn trace_on() -> bool {
 mod tests {
     use super::*;
 
+    /// The entry points a kernel source defines by name (`extern "C" __global__ [bounds] void
+    /// NAME(`), skipping the macro-made ones (`NAME` with `##`: the per-type families).
+    fn defined_entry_points(src: &str) -> Vec<String> {
+        const MARK: &str = "extern \"C\" __global__";
+        let mut names = Vec::new();
+        for (at, _) in src.match_indices(MARK) {
+            let mut rest = src[at + MARK.len()..].trim_start();
+            loop {
+                if let Some(r) = rest.strip_prefix("void") {
+                    rest = r.trim_start();
+                } else if let Some(r) = rest.strip_prefix("__launch_bounds__") {
+                    // Skip the balanced parentheses of the bounds.
+                    let mut depth = 0;
+                    let end = r
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            depth += match c {
+                                '(' => 1,
+                                ')' => -1,
+                                _ => 0,
+                            };
+                            depth == 0 && c == ')'
+                        })
+                        .map_or(r.len(), |(i, _)| i + 1);
+                    rest = r[end..].trim_start();
+                } else {
+                    break;
+                }
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '#')
+                .collect();
+            if !name.is_empty() && !name.contains('#') {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// Every kernel a source file defines by name is in [`kernel_names`], the list the module is
+    /// loaded by: a kernel left out compiles but is missing at run time ("no kernel named …"),
+    /// which only a GPU run would show (session 51 lost a device run to it).
+    #[test]
+    fn every_defined_kernel_is_loaded() {
+        let listed = kernel_names();
+        let mut count = 0;
+        for (file, src) in SOURCES {
+            for name in defined_entry_points(src) {
+                count += 1;
+                assert!(
+                    listed.contains(&name),
+                    "{file} defines kernel {name}, missing from kernels.rs's lists"
+                );
+            }
+        }
+        assert!(
+            count >= 80,
+            "only {count} kernels found by name: the parser is off"
+        );
+    }
+
     #[test]
     fn defines_split_at_commas_and_semicolons() {
         let p = |s: &str| parse_defines(s);
