@@ -342,21 +342,12 @@ mod tests {
             loop {
                 if let Some(r) = rest.strip_prefix("void") {
                     rest = r.trim_start();
-                } else if let Some(r) = rest.strip_prefix("__launch_bounds__") {
-                    // Skip the balanced parentheses of the bounds.
-                    let mut depth = 0;
-                    let end = r
-                        .char_indices()
-                        .find(|&(_, c)| {
-                            depth += match c {
-                                '(' => 1,
-                                ')' => -1,
-                                _ => 0,
-                            };
-                            depth == 0 && c == ')'
-                        })
-                        .map_or(r.len(), |(i, _)| i + 1);
-                    rest = r[end..].trim_start();
+                } else if let Some((_, r)) = rest
+                    .strip_prefix("__launch_bounds__")
+                    .and_then(|r| r.split_once(')'))
+                {
+                    // The bounds' arguments (no parentheses inside them in these sources).
+                    rest = r.trim_start();
                 } else {
                     break;
                 }

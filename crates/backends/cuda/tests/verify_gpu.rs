@@ -185,9 +185,10 @@ fn captures_survive_another_threads_models() {
             );
             let mut invalidated = 0;
             for round in 0..rounds {
-                let gpu = match own_gpu {
-                    true => Arc::new(Gpu::new(0).expect("a CUDA device")),
-                    false => gpu.clone(),
+                let gpu = if own_gpu {
+                    Arc::new(Gpu::new(0).expect("a CUDA device"))
+                } else {
+                    gpu.clone()
                 };
                 let mut m = load(&gpu, name, ExpertCacheSize::All);
                 let got = decode_each(&mut m, &prompt, &tokens);
