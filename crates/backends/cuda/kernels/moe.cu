@@ -1703,6 +1703,43 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 #define DOWN_TOK_MAX 8
 #endif
 
+// DOWN_TOK_FLAT (default 0): moe_down_combine_tok_q8_iq2_xxs walks its pairs with the tile's token
+// count a compile-time constant (down_tok_pairs<NT>, one instance a count), so a pair step is one
+// straight line over the tile's tokens: every token's loads can be issued before the first
+// token's arithmetic. With a run-time count each token's pair sits behind its own `j < nt`
+// branch, and the SASS loads a token's ids, row and quants only after the previous token's dp4a
+// chain. Each token's sums take the same pairs in the same order: the same bits.
+#ifndef DOWN_TOK_FLAT
+#define DOWN_TOK_FLAT 0
+#endif
+
+// The pairs of a down row's part for the NT tokens t0 .. t0 + NT - 1 (acc[j]: token j's lane sum),
+// in the one-token kernel's order.
+template <int NT>
+__device__ __forceinline__ void down_tok_pairs(float (&acc)[DOWN_TOK_MAX], const u64* __restrict__ tab,
+                                               const int* __restrict__ ids, const float* __restrict__ weight,
+                                               const u8* __restrict__ actq, int t0, const DownRow& d, int lane,
+                                               size_t off, int ff, int k, u64 dstride, u64 d0) {
+    const int sbs = ff / 32;
+    const int step = d.parts * WARP, np = k * sbs;
+    const int dc = step / sbs, ds = step - dc * sbs;
+    const int i0 = d.part * WARP + lane;
+    int c = i0 / sbs, sb = i0 - c * sbs;
+    for (int i = i0; i < np; i += step) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const size_t te = (size_t)(t0 + j) * k + c;
+            acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
+        }
+        c += dc;
+        sb += ds;
+        if (sb >= sbs) {
+            sb -= sbs;
+            ++c;
+        }
+    }
+}
+
 // moe_down_combine_tok_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride, n, tile): moe_down_combine_tab_q8_iq2_xxs for a call of n tokens with `tile` (1 ..
 // DOWN_TOK_MAX) of them a block: the tables staged once a block instead of once a token, the
@@ -1724,11 +1761,23 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
     pdl_enter();  // ids, actq and x come from the kernels before
     const int per = min(max(tile, 1), DOWN_TOK_MAX);
     const int t0 = blockIdx.y * per, nt = min(per, n - t0);
-    const int sbs = ff / 32;
     float acc[DOWN_TOK_MAX];
 #pragma unroll
     for (int j = 0; j < DOWN_TOK_MAX; ++j) acc[j] = 0.0f;
     if (d.valid) {
+#if DOWN_TOK_FLAT
+        switch (nt) {
+            case 1: down_tok_pairs<1>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            case 2: down_tok_pairs<2>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            case 3: down_tok_pairs<3>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            case 4: down_tok_pairs<4>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            case 5: down_tok_pairs<5>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            case 6: down_tok_pairs<6>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            case 7: down_tok_pairs<7>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
+            default: down_tok_pairs<DOWN_TOK_MAX>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0);
+        }
+#else
+        const int sbs = ff / 32;
         const int step = d.parts * WARP, np = k * sbs;
         const int dc = step / sbs, ds = step - dc * sbs;
         const int i0 = d.part * WARP + lane;
@@ -1748,6 +1797,7 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
                 ++c;
             }
         }
+#endif
     }
     // down_row_finish for every token, with one barrier.
 #pragma unroll
