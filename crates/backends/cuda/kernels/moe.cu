@@ -1276,6 +1276,52 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
 #define GU_TOK_MAX 4
 #endif
 
+// GU_TOK_FLAT (default 0): moe_gate_up_tok_q8q_iq2_xxs's rows with the tile's token count a
+// compile-time constant (gate_up_tok_rows<NT>), as DOWN_TOK_FLAT for the down kernel: a
+// sub-block step is one straight line over the tile's tokens. The same sums in the same order.
+#ifndef GU_TOK_FLAT
+#define GU_TOK_FLAT 0
+#endif
+
+// Warp w's rows w, w + W, ... of unit bx for the NT tokens t0 .. t0 + NT - 1 of choice c (their
+// experts' gate / up parts in gate[j], up[j]): each row's activation into act_s[j][r] and act.
+template <int NT>
+__device__ __forceinline__ void gate_up_tok_rows(const u8* (&gate)[GU_TOK_MAX], const u8* (&up)[GU_TOK_MAX],
+                                                 const u8* __restrict__ xq, float* __restrict__ act,
+                                                 float (*act_s)[WARP], int t0, int c, int bx, size_t rb, int ff,
+                                                 int hidden, int k) {
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    for (int r = wid; r < WARP; r += nw) {
+        const int row = bx * WARP + r;
+        const size_t off = (size_t)row * rb;
+        float ga[NT], ua[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            ga[j] = 0.0f;
+            ua[j] = 0.0f;
+        }
+#pragma unroll 2
+        for (int sb = lane; sb < hidden / 32; sb += WARP) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
+                const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
+                ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
+                ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float gv = warp_sum(ga[j]), uv = warp_sum(ua[j]);
+            if (lane == 0) {
+                const float a = siluf_(gv) * uv;
+                act_s[j][r] = a;
+                act[((size_t)(t0 + j) * k + c) * ff + row] = a;
+            }
+        }
+    }
+}
+
 // moe_gate_up_tok_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k, dstride, n, tile):
 // moe_gate_up_tab_q8q_iq2_xxs for a call of n tokens with `tile` (1 .. GU_TOK_MAX) of them a block:
 // block (bx, c, z) takes unit bx of choice c of tokens z · tile, ...: the tables staged once a
@@ -1290,7 +1336,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
     stage_iq2_q8_tables();  // depends on nothing: before the wait
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // ids and xq come from the kernels before
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int per = min(max(tile, 1), GU_TOK_MAX);
     const int t0 = blockIdx.z * per, nt = min(per, n - t0);
     const int bx = blockIdx.x, c = blockIdx.y;
@@ -1303,6 +1349,15 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
         gate[j] = expert_part(tab, id, 0, dstride, g0);
         up[j] = expert_part(tab, id, 1, dstride, u0);
     }
+#if GU_TOK_FLAT
+    switch (nt) {
+        case 1: gate_up_tok_rows<1>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k); break;
+        case 2: gate_up_tok_rows<2>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k); break;
+        case 3: gate_up_tok_rows<3>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k); break;
+        default: gate_up_tok_rows<GU_TOK_MAX>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k);
+    }
+#else
+    const int nw = blockDim.x / WARP;
     for (int r = wid; r < WARP; r += nw) {
         const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
@@ -1334,6 +1389,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
             }
         }
     }
+#endif
     __syncthreads();
     if (wid < nt) {
         q8_row_block32(act_s[wid][lane], lane, actq + ((size_t)(t0 + wid) * k + c) * Q8_ROW_BYTES(ff), ff, bx);
