@@ -1169,8 +1169,9 @@ pub struct CudaModel {
     /// Timing diagnostics only: launches to leave out (`REDLITE_CUDA_SKIP`, comma-separated
     /// launch names such as `dn_fused_seq`, or `stage:name` / `stage:*` with stage `dn`, `attn`,
     /// `moe`, `shared` or `head`; `dn:z_rows` leaves the output gate's rows out of the DeltaNet
-    /// in-projection launch). The outputs are garbage; the step time shows what each stage
-    /// costs on the critical path of the replayed graph (ncu times each kernel alone).
+    /// in-projection launch, `dn:z_side` runs them on the side stream beside the fused kernel).
+    /// The outputs are garbage; the step time shows what each stage costs on the critical path
+    /// of the replayed graph (ncu times each kernel alone).
     skip: Vec<String>,
     /// Timing diagnostics only: launches replaced by `noop_pdl` with the same grid and block
     /// (`REDLITE_CUDA_NOOP`, the names as for `skip`, or `*` for all): the step time of the
@@ -3627,10 +3628,26 @@ impl CudaModel {
         // Prompts through the GEMMs take the five-kernel form: its delta rule runs nv × dv/32
         // blocks (the fused kernel nk), each one token after another.
         let fused = dn_fused(c).filter(|_| !self.gemm_now || self.dn_fused_prompt);
+        // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_side`, one-token steps): the output
+        // gate's rows on the side stream after the in-projection, joined before the
+        // out-projection, so that they run beside the fused kernel's recurrence instead of in
+        // the in-projection's waves. The fused kernel still reads z before they are written
+        // (garbage outputs): what a gated norm moved after the join could gain.
+        let z_side = self.skipped("z_side") && n == 1 && fused.is_some() && self.dn_cols.is_some();
         if self.skipped("z_rows") {
             // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_rows`): the in-projection launch
             // without the output gate's rows, which only the gated norm at the mixer's end reads.
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b)], n)?;
+        } else if z_side {
+            self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b)], n)?;
+            let drv = |e| CudaError::driver("forking the output gate's stream", e);
+            self.side.fork.record(&self.stream).map_err(drv)?;
+            self.side.stream.wait(&self.side.fork).map_err(drv)?;
+            let main = std::mem::replace(&mut self.stream, self.side.stream.clone());
+            let done = self.matvec_q8x((self.sc.xq_in, self.sc.xq_inv), &[(z, z_b)], n);
+            self.stream = main;
+            done?;
+            self.side.join.record(&self.side.stream).map_err(drv)?;
         } else {
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
         }
@@ -3691,6 +3708,10 @@ impl CudaModel {
                 args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
             }
             self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
+            if z_side {
+                let drv = |e| CudaError::driver("joining the output gate's stream", e);
+                self.stream.wait(&self.side.join).map_err(drv)?;
+            }
             return self.matvec_residual(out, gated, post_norm, n);
         }
         // The conv: one thread per channel over the tokens (the state updated in place), or for a
