@@ -827,6 +827,7 @@ struct Kernels {
     dn_fused_seq: CudaFunction,
     dn_fused_cols: CudaFunction,
     dn_fused_cols_rows: CudaFunction,
+    matvec_res_gated_q4_k: CudaFunction,
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
     attn_prompt: CudaFunction,
@@ -1156,6 +1157,11 @@ pub struct CudaModel {
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
     /// projections (qkv, ba, z) are read; the same bits.
     dn_pre: bool,
+    /// One-token steps compute the DeltaNet output gate's rows (z) on the side stream after the
+    /// in-projection, beside `dn_fused_cols`, which then leaves its gated norm to the
+    /// out-projection (`matvec_res_gated_q4_k`, joined after z; `REDLITE_CUDA_Z_SIDE`, default
+    /// off): z leaves the in-projection's waves on the chain. The same bits.
+    z_side: bool,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
     /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on: +0.8 % decode in session 14; off, and always when
@@ -1327,6 +1333,7 @@ impl CudaModel {
             dn_fused_seq: f("dn_fused_seq")?,
             dn_fused_cols: f("dn_fused_cols")?,
             dn_fused_cols_rows: f("dn_fused_cols_rows")?,
+            matvec_res_gated_q4_k: f("matvec_res_gated_q4_k")?,
             attn_qk_prep: fkv("attn_qk_prep")?,
             attn_causal: fkv("attn_causal")?,
             attn_prompt: fkv("attn_prompt")?,
@@ -1518,6 +1525,7 @@ impl CudaModel {
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
+            z_side: env_switch("REDLITE_CUDA_Z_SIDE", false),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
@@ -2937,6 +2945,29 @@ impl CudaModel {
         post_norm: u64,
         n: usize,
     ) -> Result<(), CudaError> {
+        self.matvec_residual_in(w, ResInput::Rows(a), post_norm, n)
+    }
+
+    /// [`Self::matvec_residual`] on rows `a` or (one token, Q4_K, f32 activations) on the
+    /// DeltaNet gated norm the kernel forms itself from the mixer's o and z
+    /// (`matvec_res_gated_q4_k`).
+    fn matvec_residual_in(
+        &mut self,
+        w: &DevLinear,
+        input: ResInput,
+        post_norm: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let a = match input {
+            ResInput::Rows(a) => a,
+            ResInput::Gated { .. } if n == 1 && w.ty == GgmlType::Q4K && !self.q8_res => 0,
+            ResInput::Gated { .. } => {
+                return Err(CudaError::Invalid(format!(
+                    "the gated out-projection takes one token of a Q4_K matrix with f32 activations, not {n} of {}",
+                    w.ty.name()
+                )))
+            }
+        };
         let (x, xn, counter) = (self.sc.x, self.sc.xn, self.sc.counter);
         self.xq_fresh = false;
         self.logits_ready = false;
@@ -3007,6 +3038,32 @@ impl CudaModel {
                     A::I(w.cols as i32),
                     A::I(split.arg() | (tile << 16) as i32),
                     A::I(n as i32),
+                ],
+            )?;
+        } else if let ResInput::Gated { o, z, norm, dv } = input {
+            let f = self.k.matvec_res_gated_q4_k.clone();
+            self.launch(
+                "matvec_res",
+                &f,
+                (blocks(w.rows, split.rows_per_block()), 1, 1),
+                MVF_THREADS,
+                4 * w.cols as u32,
+                &[
+                    A::P(w.ptr),
+                    A::P(o),
+                    A::P(z),
+                    A::P(norm),
+                    A::P(x),
+                    A::I(w.rows as i32),
+                    A::I(w.cols as i32),
+                    A::I(split.arg()),
+                    A::P(nw_in_kernel),
+                    A::P(xn),
+                    A::P(counter),
+                    A::F(self.config.rms_eps),
+                    A::P(xq),
+                    A::I(dv as i32),
+                    A::F(self.config.rms_eps),
                 ],
             )?;
         } else {
@@ -3628,12 +3685,27 @@ impl CudaModel {
         // Prompts through the GEMMs take the five-kernel form: its delta rule runs nv × dv/32
         // blocks (the fused kernel nk), each one token after another.
         let fused = dn_fused(c).filter(|_| !self.gemm_now || self.dn_fused_prompt);
-        // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_side`, one-token steps): the output
-        // gate's rows on the side stream after the in-projection, joined before the
-        // out-projection, so that they run beside the fused kernel's recurrence instead of in
-        // the in-projection's waves. The fused kernel still reads z before they are written
-        // (garbage outputs): what a gated norm moved after the join could gain.
-        let z_side = self.skipped("z_side") && n == 1 && fused.is_some() && self.dn_cols.is_some();
+        // One-token steps, z on the side stream: the output gate's rows after the in-projection
+        // (on the q8 row of x its norm wrote), joined before the out-projection, so that they
+        // run beside the fused kernel's recurrence instead of in the in-projection's waves.
+        // `REDLITE_CUDA_Z_SIDE`: the fused kernel leaves its gated norm to the out-projection
+        // (`matvec_res_gated_q4_k`, the same bits). `REDLITE_CUDA_SKIP=dn:z_side` (timing
+        // diagnostics only): the fused kernel keeps its gated norm and reads z before it is
+        // written (garbage outputs).
+        let one = n == 1
+            && fused.is_some()
+            && self.dn_cols.is_some()
+            && !self.gemm_now
+            && self.xq_norm
+            && self.q8_fits(z.ty, z.cols);
+        let gated_after = self.z_side
+            && one
+            && out.ty == GgmlType::Q4K
+            && !self.q8_res
+            && self.res_norm_split
+            && out.cols == nv * dv
+            && 4 * out.cols <= 48 * 1024;
+        let z_side = (self.skipped("z_side") && one) || gated_after;
         if self.skipped("z_rows") {
             // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_rows`): the in-projection launch
             // without the output gate's rows, which only the gated norm at the mixer's end reads.
@@ -3701,7 +3773,7 @@ impl CudaModel {
                 A::F(eps),
                 A::P(s_tr),
                 A::P(conv_tr),
-                A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
+                A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1 | (gated_after as i32) << 2),
             ];
             if cols.is_some() {
                 // The gated norm's rows and the per-QK-head barrier counters.
@@ -3711,6 +3783,15 @@ impl CudaModel {
             if z_side {
                 let drv = |e| CudaError::driver("joining the output gate's stream", e);
                 self.stream.wait(&self.side.join).map_err(drv)?;
+            }
+            if gated_after {
+                let input = ResInput::Gated {
+                    o: self.sc.o,
+                    z: z_b,
+                    norm: *norm,
+                    dv,
+                };
+                return self.matvec_residual_in(out, input, post_norm, n);
             }
             return self.matvec_residual(out, gated, post_norm, n);
         }
@@ -4753,6 +4834,19 @@ fn scratch(arena: &mut Arena, c: &Config, o: &CudaModelOptions) -> Result<Scratc
         xq_inv: arena.f32s(b)?,
         rope_cs: arena.alloc(8 * o.max_context * (c.rope_dims / 2).max(1))?,
     })
+}
+
+/// What an output projection reads: activation rows, or the DeltaNet gated norm it forms itself
+/// from the mixer's o and z (device addresses; `dv` values a V head).
+#[derive(Debug, Clone, Copy)]
+enum ResInput {
+    Rows(u64),
+    Gated {
+        o: u64,
+        z: u64,
+        norm: u64,
+        dv: usize,
+    },
 }
 
 /// The most tokens a block of `moe_gate_up_tok_q8q_iq2_xxs` takes (the kernel's `GU_TOK_MAX`).
