@@ -1285,11 +1285,13 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
 
 // Warp w's rows w, w + W, ... of unit bx for the NT tokens t0 .. t0 + NT - 1 of choice c (their
 // experts' gate / up parts in gate[j], up[j]): each row's activation into act_s[j][r] and act.
-template <int NT>
+// GUARD: NT is only a bound and the first nt tokens are taken (each behind a `j < nt` branch: the
+// form without GU_TOK_FLAT).
+template <int NT, bool GUARD>
 __device__ __forceinline__ void gate_up_tok_rows(const u8* (&gate)[GU_TOK_MAX], const u8* (&up)[GU_TOK_MAX],
                                                  const u8* __restrict__ xq, float* __restrict__ act,
-                                                 float (*act_s)[WARP], int t0, int c, int bx, size_t rb, int ff,
-                                                 int hidden, int k) {
+                                                 float (*act_s)[WARP], int t0, int nt, int c, int bx, size_t rb,
+                                                 int ff, int hidden, int k) {
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     for (int r = wid; r < WARP; r += nw) {
         const int row = bx * WARP + r;
@@ -1304,16 +1306,18 @@ __device__ __forceinline__ void gate_up_tok_rows(const u8* (&gate)[GU_TOK_MAX], 
         for (int sb = lane; sb < hidden / 32; sb += WARP) {
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
-                const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-                ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
-                ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
+                if (!GUARD || j < nt) {
+                    const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
+                    const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
+                    ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
+                    ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
+                }
             }
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const float gv = warp_sum(ga[j]), uv = warp_sum(ua[j]);
-            if (lane == 0) {
+            if (lane == 0 && (!GUARD || j < nt)) {
                 const float a = siluf_(gv) * uv;
                 act_s[j][r] = a;
                 act[((size_t)(t0 + j) * k + c) * ff + row] = a;
@@ -1351,44 +1355,13 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
     }
 #if GU_TOK_FLAT
     switch (nt) {
-        case 1: gate_up_tok_rows<1>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k); break;
-        case 2: gate_up_tok_rows<2>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k); break;
-        case 3: gate_up_tok_rows<3>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k); break;
-        default: gate_up_tok_rows<GU_TOK_MAX>(gate, up, xq, act, act_s, t0, c, bx, rb, ff, hidden, k);
+        case 1: gate_up_tok_rows<1, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
+        case 2: gate_up_tok_rows<2, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
+        case 3: gate_up_tok_rows<3, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
+        default: gate_up_tok_rows<GU_TOK_MAX, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k);
     }
 #else
-    const int nw = blockDim.x / WARP;
-    for (int r = wid; r < WARP; r += nw) {
-        const int row = bx * WARP + r;
-        const size_t off = (size_t)row * rb;
-        float ga[GU_TOK_MAX], ua[GU_TOK_MAX];
-#pragma unroll
-        for (int j = 0; j < GU_TOK_MAX; ++j) {
-            ga[j] = 0.0f;
-            ua[j] = 0.0f;
-        }
-#pragma unroll 2
-        for (int sb = lane; sb < hidden / 32; sb += WARP) {
-#pragma unroll
-            for (int j = 0; j < GU_TOK_MAX; ++j) {
-                if (j < nt) {
-                    const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
-                    const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-                    ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
-                    ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < GU_TOK_MAX; ++j) {
-            const float gv = warp_sum(ga[j]), uv = warp_sum(ua[j]);
-            if (lane == 0 && j < nt) {
-                const float a = siluf_(gv) * uv;
-                act_s[j][r] = a;
-                act[((size_t)(t0 + j) * k + c) * ff + row] = a;
-            }
-        }
-    }
+    gate_up_tok_rows<GU_TOK_MAX, true>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k);
 #endif
     __syncthreads();
     if (wid < nt) {
@@ -1771,11 +1744,13 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 
 // The pairs of a down row's part for the NT tokens t0 .. t0 + NT - 1 (acc[j]: token j's lane sum),
 // in the one-token kernel's order.
-template <int NT>
+// GUARD: NT is only a bound and the first nt tokens are taken (each behind a `j < nt` branch: the
+// form without DOWN_TOK_FLAT).
+template <int NT, bool GUARD>
 __device__ __forceinline__ void down_tok_pairs(float (&acc)[DOWN_TOK_MAX], const u64* __restrict__ tab,
                                                const int* __restrict__ ids, const float* __restrict__ weight,
-                                               const u8* __restrict__ actq, int t0, const DownRow& d, int lane,
-                                               size_t off, int ff, int k, u64 dstride, u64 d0) {
+                                               const u8* __restrict__ actq, int t0, int nt, const DownRow& d,
+                                               int lane, size_t off, int ff, int k, u64 dstride, u64 d0) {
     const int sbs = ff / 32;
     const int step = d.parts * WARP, np = k * sbs;
     const int dc = step / sbs, ds = step - dc * sbs;
@@ -1784,8 +1759,10 @@ __device__ __forceinline__ void down_tok_pairs(float (&acc)[DOWN_TOK_MAX], const
     for (int i = i0; i < np; i += step) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const size_t te = (size_t)(t0 + j) * k + c;
-            acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
+            if (!GUARD || j < nt) {
+                const size_t te = (size_t)(t0 + j) * k + c;
+                acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
+            }
         }
         c += dc;
         sb += ds;
@@ -1823,36 +1800,17 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
     if (d.valid) {
 #if DOWN_TOK_FLAT
         switch (nt) {
-            case 1: down_tok_pairs<1>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            case 2: down_tok_pairs<2>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            case 3: down_tok_pairs<3>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            case 4: down_tok_pairs<4>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            case 5: down_tok_pairs<5>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            case 6: down_tok_pairs<6>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            case 7: down_tok_pairs<7>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0); break;
-            default: down_tok_pairs<DOWN_TOK_MAX>(acc, tab, ids, weight, actq, t0, d, lane, off, ff, k, dstride, d0);
+            case 1: down_tok_pairs<1, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            case 2: down_tok_pairs<2, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            case 3: down_tok_pairs<3, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            case 4: down_tok_pairs<4, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            case 5: down_tok_pairs<5, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            case 6: down_tok_pairs<6, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            case 7: down_tok_pairs<7, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
+            default: down_tok_pairs<DOWN_TOK_MAX, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0);
         }
 #else
-        const int sbs = ff / 32;
-        const int step = d.parts * WARP, np = k * sbs;
-        const int dc = step / sbs, ds = step - dc * sbs;
-        const int i0 = d.part * WARP + lane;
-        int c = i0 / sbs, sb = i0 - c * sbs;
-        for (int i = i0; i < np; i += step) {
-#pragma unroll
-            for (int j = 0; j < DOWN_TOK_MAX; ++j) {
-                if (j < nt) {
-                    const size_t te = (size_t)(t0 + j) * k + c;
-                    acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
-                }
-            }
-            c += dc;
-            sb += ds;
-            if (sb >= sbs) {
-                sb -= sbs;
-                ++c;
-            }
-        }
+        down_tok_pairs<DOWN_TOK_MAX, true>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0);
 #endif
     }
     // down_row_finish for every token, with one barrier.

@@ -2960,10 +2960,14 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let a = match input {
             ResInput::Rows(a) => a,
-            ResInput::Gated { .. } if n == 1 && w.ty == GgmlType::Q4K && !self.q8_res => 0,
+            ResInput::Gated { .. }
+                if n == 1 && w.ty == GgmlType::Q4K && !self.q8_res && !self.gemm_now =>
+            {
+                0
+            }
             ResInput::Gated { .. } => {
                 return Err(CudaError::Invalid(format!(
-                    "the gated out-projection takes one token of a Q4_K matrix with f32 activations, not {n} of {}",
+                    "the gated out-projection takes one decode token of a Q4_K matrix with f32 activations, not {n} of {}",
                     w.ty.name()
                 )))
             }
@@ -3040,52 +3044,41 @@ impl CudaModel {
                     A::I(n as i32),
                 ],
             )?;
-        } else if let ResInput::Gated { o, z, norm, dv } = input {
-            let f = self.k.matvec_res_gated_q4_k.clone();
-            self.launch(
-                "matvec_res",
-                &f,
-                (blocks(w.rows, split.rows_per_block()), 1, 1),
-                MVF_THREADS,
-                4 * w.cols as u32,
-                &[
-                    A::P(w.ptr),
-                    A::P(o),
-                    A::P(z),
-                    A::P(norm),
-                    A::P(x),
-                    A::I(w.rows as i32),
-                    A::I(w.cols as i32),
-                    A::I(split.arg()),
-                    A::P(nw_in_kernel),
-                    A::P(xn),
-                    A::P(counter),
-                    A::F(self.config.rms_eps),
-                    A::P(xq),
-                    A::I(dv as i32),
-                    A::F(self.config.rms_eps),
-                ],
-            )?;
         } else {
+            // One token's gated norm formed in the kernel (o, z and the norm weights in place of
+            // the rows), or the rows.
+            let mut args = vec![A::P(w.ptr)];
+            let (f, tokens, shared) = match input {
+                ResInput::Gated { o, z, norm, .. } => {
+                    args.extend([A::P(o), A::P(z), A::P(norm)]);
+                    (self.k.matvec_res_gated_q4_k.clone(), 1, 4 * w.cols as u32)
+                }
+                ResInput::Rows(a) => {
+                    args.push(A::P(a));
+                    (f, n as u32, shared)
+                }
+            };
+            args.extend([
+                A::P(x),
+                A::I(w.rows as i32),
+                A::I(w.cols as i32),
+                A::I(split.arg()),
+                A::P(nw_in_kernel),
+                A::P(xn),
+                A::P(counter),
+                A::F(self.config.rms_eps),
+                A::P(xq),
+            ]);
+            if let ResInput::Gated { dv, .. } = input {
+                args.extend([A::I(dv as i32), A::F(self.config.rms_eps)]);
+            }
             self.launch(
                 "matvec_res",
                 &f,
-                (blocks(w.rows, split.rows_per_block()), n as u32, 1),
+                (blocks(w.rows, split.rows_per_block()), tokens, 1),
                 MVF_THREADS,
                 shared,
-                &[
-                    A::P(w.ptr),
-                    A::P(a),
-                    A::P(x),
-                    A::I(w.rows as i32),
-                    A::I(w.cols as i32),
-                    A::I(split.arg()),
-                    A::P(nw_in_kernel),
-                    A::P(xn),
-                    A::P(counter),
-                    A::F(self.config.rms_eps),
-                    A::P(xq),
-                ],
+                &args,
             )?;
         }
         if !split_norm {
