@@ -3708,8 +3708,12 @@ impl CudaModel {
             let drv = |e| CudaError::driver("forking the output gate's stream", e);
             self.side.fork.record(&self.stream).map_err(drv)?;
             self.side.stream.wait(&self.side.fork).map_err(drv)?;
+            // A plain launch: the z blocks start once the in-projection has ended, not beside its
+            // second wave (a programmatic edge would let them start at its trigger).
             let main = std::mem::replace(&mut self.stream, self.side.stream.clone());
+            let pdl = std::mem::replace(&mut self.pdl, false);
             let done = self.matvec_q8x((self.sc.xq_in, self.sc.xq_inv), &[(z, z_b)], n);
+            self.pdl = pdl;
             self.stream = main;
             done?;
             self.side.join.record(&self.side.stream).map_err(drv)?;
