@@ -1354,6 +1354,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
         up[j] = expert_part(tab, id, 1, dstride, u0);
     }
 #if GU_TOK_FLAT
+    static_assert(GU_TOK_MAX == 4, "GU_TOK_FLAT's cases are written for tiles of up to 4 tokens");
     switch (nt) {
         case 1: gate_up_tok_rows<1, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
         case 2: gate_up_tok_rows<2, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
@@ -1799,6 +1800,7 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
     for (int j = 0; j < DOWN_TOK_MAX; ++j) acc[j] = 0.0f;
     if (d.valid) {
 #if DOWN_TOK_FLAT
+        static_assert(DOWN_TOK_MAX == 8, "DOWN_TOK_FLAT's cases are written for tiles of up to 8 tokens");
         switch (nt) {
             case 1: down_tok_pairs<1, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
             case 2: down_tok_pairs<2, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
