@@ -951,8 +951,25 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
+// IQ2_NIB (an experiment, default 0; the host's `REDLITE_CUDA_DEFINES=IQ2_NIB=1`, every expert
+// resident): the q8 IQ2_XXS expert kernels read the experts' nibble copy (`iq2_nib.rs`: the same
+// values, one 4-bit code a weight, 144 bytes a block of 256) instead of the IQ2_XXS bytes: four
+// weights' signed bytes are one PRMT on a two-register table (no grid lookup, no sign
+// arithmetic), the same exact integer sums, so the same bits. The grid is then not staged.
+#ifndef IQ2_NIB
+#define IQ2_NIB 0
+#endif
+#define IQ2_NIB_BB 144
+
+// Bytes of a row of `cols` weights in the layout the q8 IQ2_XXS expert kernels read.
+__device__ __forceinline__ size_t iq2q8_row_bytes(int cols) {
+    return IQ2_NIB ? (size_t)(cols >> 8) * IQ2_NIB_BB : row_bytes<T_IQ2_XXS>(cols);
+}
+
 __device__ __forceinline__ void stage_iq2_q8_tables() {
+#if !IQ2_NIB
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
+#endif
     __syncthreads();
 }
 
@@ -1049,6 +1066,29 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
+// The nibble layout's four signed bytes of weights 4h .. 4h + 3 of a word of eight codes: PRMT's
+// selectors are the codes (m + 4 s: the bytes 8, 25, 43 of the grid in the first register, their
+// negations in the second; a selector's top bit, sign replication, is never set).
+__device__ __forceinline__ u32 iq2nib_bytes(u32 codes) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(0x002B1908u), "r"(0x00D5E7F8u), "r"(codes));
+    return r;
+}
+
+// Σ sign · grid · q over one sub-block of the nibble layout (its 32 codes in c) with its 32 quants:
+// the same exact sum as iq2xxs_sub_q8 on the IQ2_XXS bytes it was made from.
+__device__ __forceinline__ int iq2nib_sub_q8(const uint4 c, const int4 a, const int4 b) {
+    const u32 w[4] = {c.x, c.y, c.z, c.w};
+    const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    int sum = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        sum = dp4a(iq2nib_bytes(w[l]), q[2 * l], sum);
+        sum = dp4a(iq2nib_bytes(w[l] >> 16), q[2 * l + 1], sum);
+    }
+    return sum;
+}
+
 // IQ2_LDG (default 1 since session 20: +0.5 % decode on the H200, the same bits):
 // iq2xxs_sub_value tells the compiler its weight pointer is global (`__isGlobal`), so that its
 // loads are `LDG.E.U16` instead of the generic `LD.E.U16` it emits for expert pointers computed
@@ -1063,11 +1103,19 @@ __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int 
 #if IQ2_LDG
     __builtin_assume(__isGlobal(w));
 #endif
+#if IQ2_NIB
+    const u8* blk = w + (size_t)(sb >> 3) * IQ2_NIB_BB;
+    const uint4 c = *(const uint4*)(blk + 16 + 16 * (sb & 7));
+    const u32 sc = *(const u32*)(blk + 4);
+    const float db = ld_f16(blk) * (0.5f + (float)((sc >> (4 * (sb & 7))) & 15u)) * 0.25f;
+    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2nib_sub_q8(c, a, b)));
+#else
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
+#endif
 }
 
 // The lane's sums over sub-blocks lane, lane + 32, ... (in that order) of a gate and an up row of
@@ -1114,7 +1162,7 @@ extern "C" __global__ void moe_gate_up_tab_q8_iq2_xxs(const u64* __restrict__ ta
     pdl_enter();            // ids and xq come from the kernels before
     const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
     const u64* parts = tab + 3 * (size_t)ids[te];
-    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    const size_t rb = iq2q8_row_bytes(hidden);
     for (int r = 0; r < per_warp; ++r) {
         const int row = (blockIdx.x * per_warp + r) * warps + wid;
         if (row >= ff) break;
@@ -1190,7 +1238,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
                                                   const Q8Row& x, float* __restrict__ act, float* act_s, int ff,
                                                   int hidden, size_t te, int bx, int lo, int hi) {
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    const size_t rb = iq2q8_row_bytes(hidden);
     for (int r = lo + wid; r < hi; r += PAIR ? 2 * nw : nw) {
         const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
@@ -1344,7 +1392,7 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
     const int per = min(max(tile, 1), GU_TOK_MAX);
     const int t0 = blockIdx.z * per, nt = min(per, n - t0);
     const int bx = blockIdx.x, c = blockIdx.y;
-    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
+    const size_t rb = iq2q8_row_bytes(hidden);
     const u8* gate[GU_TOK_MAX];
     const u8* up[GU_TOK_MAX];
 #pragma unroll
@@ -1689,7 +1737,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const DownRow d = down_row(hidden);
-    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
+    const size_t off = (size_t)d.row * iq2q8_row_bytes(ff);
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
@@ -1789,7 +1837,7 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
     __shared__ float red[DOWN_TOK_MAX][32];
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const DownRow d = down_row(hidden);
-    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
+    const size_t off = (size_t)d.row * iq2q8_row_bytes(ff);
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
