@@ -27,6 +27,14 @@ pub const NIB_BLOCK: usize = 144;
 /// 4..7 in its second).
 pub const NIB_TABLE: [i8; 8] = [8, 25, 43, 0, -8, -25, -43, 0];
 
+/// Whether the kernels are compiled with `IQ2_NIB` (`REDLITE_CUDA_DEFINES`, not 0): the q8
+/// IQ2_XXS expert kernels then read only the nibble copy.
+pub fn enabled() -> bool {
+    crate::kernels::env_defines()
+        .iter()
+        .any(|(name, value)| name == "IQ2_NIB" && value != "0")
+}
+
 /// Bytes of the nibble copy of `iq2_bytes` IQ2_XXS bytes (`None` unless whole blocks).
 pub fn nib_bytes(iq2_bytes: usize) -> Option<usize> {
     iq2_bytes
@@ -44,9 +52,28 @@ fn magnitude(g: u8) -> u8 {
     }
 }
 
-/// One IQ2_XXS block into its nibble block.
+/// The eight codes (a u32, weight i in bits 4i..4i+3) of grid row `row` with sign code `signs`
+/// (7 bits), for every pair: 256 × 128 words, made once.
+fn group_codes() -> &'static [u32] {
+    static CODES: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    CODES.get_or_init(|| {
+        let mut t = vec![0u32; 256 * 128];
+        for (r, &row) in IQ2XXS_GRID.iter().enumerate() {
+            for (sc, &signs) in KSIGNS_IQ2XS.iter().enumerate() {
+                t[128 * r + sc] = (0..8).fold(0u32, |w, i| {
+                    let code = magnitude((row >> (8 * i)) as u8) | (((signs >> i) & 1) << 2);
+                    w | (u32::from(code) << (4 * i))
+                });
+            }
+        }
+        t
+    })
+}
+
+/// One IQ2_XXS block (`src`, 66 bytes) into its nibble block (`dst`, 144 bytes).
 pub fn repack_block(src: &[u8], dst: &mut [u8]) {
     let (src, dst) = (&src[..IQ2_XXS_BLOCK], &mut dst[..NIB_BLOCK]);
+    let codes = group_codes();
     dst.fill(0);
     dst[..2].copy_from_slice(&src[..2]);
     let mut scales = 0u32;
@@ -55,13 +82,9 @@ pub fn repack_block(src: &[u8], dst: &mut [u8]) {
         let aux = u32::from_le_bytes([src[at + 4], src[at + 5], src[at + 6], src[at + 7]]);
         scales |= (aux >> 28) << (4 * j);
         for l in 0..4 {
-            let row = IQ2XXS_GRID[usize::from(src[at + l])];
-            let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-            for i in 0..8 {
-                let code = magnitude((row >> (8 * i)) as u8) | (((signs >> i) & 1) << 2);
-                let w = 8 * l + i;
-                dst[16 + 16 * j + w / 2] |= code << (4 * (w % 2));
-            }
+            let sc = ((aux >> (7 * l)) & 127) as usize;
+            let w = codes[128 * usize::from(src[at + l]) + sc];
+            dst[16 + 16 * j + 4 * l..][..4].copy_from_slice(&w.to_le_bytes());
         }
     }
     dst[4..8].copy_from_slice(&scales.to_le_bytes());

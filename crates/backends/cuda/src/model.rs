@@ -4057,12 +4057,18 @@ impl CudaModel {
         if routed_gemm {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
+        // The q8 IQ2_XXS kernels' table: with IQ2_NIB the layer's nibble copy (the other
+        // kernels keep the experts' own).
+        let (q8_tab, q8_dstride) = match self.experts.nib_table(e.layer) {
+            Some((t, sb)) => (t, if dstride != 0 { sb } else { 0 }),
+            None => (tab, dstride),
+        };
         let q8_down_on = q8_down.is_some();
         // The routed gate/up kernels' arguments after the logits (after the router's, for the
         // fused kernel): n_expert, the table, ids, weights, xq, act, its q8 rows, sizes, dstride.
         let routed_tail = [
             A::I(ne as i32),
-            A::P(tab),
+            A::P(q8_tab),
             A::P(ids),
             A::P(wts),
             A::P(self.sc.xq),
@@ -4071,7 +4077,7 @@ impl CudaModel {
             A::I(ff as i32),
             A::I(h as i32),
             A::I(k as i32),
-            A::P(dstride),
+            A::P(q8_dstride),
         ];
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_fused.is_some() => {
@@ -4128,7 +4134,7 @@ impl CudaModel {
             Some((gu_f, dn_f)) => {
                 let act_q = self.sc.act_q;
                 let mut args = vec![
-                    A::P(tab),
+                    A::P(q8_tab),
                     A::P(ids),
                     A::P(self.sc.xq),
                     A::P(act),
@@ -4136,7 +4142,7 @@ impl CudaModel {
                     A::I(ff as i32),
                     A::I(h as i32),
                     A::I(k as i32),
-                    A::P(dstride),
+                    A::P(q8_dstride),
                 ];
                 let tok = e.q8_tok_f.as_ref().filter(|_| n > 1 && self.moe_tok.0 > 0);
                 let (name, f, z, threads) = match tok {
@@ -4164,9 +4170,9 @@ impl CudaModel {
                 (dn_f, act_q)
             }
             None => {
-                let (gate_up_f, input) = match &e.gate_up_q8_f {
-                    Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq),
-                    _ => (e.gate_up_f.clone(), xn),
+                let (gate_up_f, input, gu_tab) = match &e.gate_up_q8_f {
+                    Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq, q8_tab),
+                    _ => (e.gate_up_f.clone(), xn, tab),
                 };
                 self.launch(
                     "moe_gate_up_tab",
@@ -4175,7 +4181,7 @@ impl CudaModel {
                     32 * e.warps,
                     0,
                     &[
-                        A::P(tab),
+                        A::P(gu_tab),
                         A::P(ids),
                         A::P(input),
                         A::P(act),
@@ -4191,7 +4197,7 @@ impl CudaModel {
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch (the q8
         // kernel takes `dstride` too).
         let mut args = vec![
-            A::P(tab),
+            A::P(if q8_down_on { q8_tab } else { tab }),
             A::P(ids),
             A::P(wts),
             A::P(down_act),
@@ -4201,7 +4207,7 @@ impl CudaModel {
             A::I(h as i32),
             A::I(ff as i32),
             A::I(k as i32),
-            A::P(dstride),
+            A::P(q8_dstride),
         ];
         if !q8_down_on {
             args.truncate(10);
@@ -4532,6 +4538,7 @@ fn dev_experts(
         |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
     let mut experts: ExpertBytes<'_> = Vec::with_capacity(layers.len());
     let mut layouts = Vec::with_capacity(layers.len());
+    let mut nib_layers = Vec::with_capacity(layers.len());
     for w in layers {
         let first = w
             .moe
@@ -4560,6 +4567,7 @@ fn dev_experts(
         }
         experts.push(layer);
         layouts.push(ExpertLayout::new(part_len(g0)?, part_len(d0)?));
+        nib_layers.push(g0.ty == GgmlType::IQ2XXS && d0.ty == GgmlType::IQ2XXS);
     }
     let stride = layouts.iter().map(|l| l.slot_bytes).max().unwrap_or(0);
     let used = match opts.experts {
@@ -4568,7 +4576,7 @@ fn dev_experts(
     };
     let per_layer = slots_per_layer(opts.experts, experts.len(), c.n_experts, stride, used)?;
     let mut alloc = |n: usize| arena.alloc(n);
-    ExpertCache::new(
+    let mut cache = ExpertCache::new(
         &gpu.ctx,
         &mut alloc,
         &experts,
@@ -4577,7 +4585,12 @@ fn dev_experts(
         opts.max_batch,
         per_layer,
         opts.expert_policy,
-    )
+    )?;
+    // IQ2_NIB: the q8 IQ2_XXS expert kernels read the experts' nibble copy.
+    if crate::iq2_nib::enabled() {
+        cache.add_nibble_copy(&mut alloc, &experts, &nib_layers)?;
+    }
+    Ok(cache)
 }
 
 /// `dn_restore`'s table of the DeltaNet layers' states and traces (`None` without verify traces,
