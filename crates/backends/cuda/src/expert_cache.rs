@@ -628,15 +628,17 @@ impl ExpertCache {
         self.affine.then_some(self.sb as u64)
     }
 
-    /// Put the nibble copy of the IQ2_XXS layers' experts (`nib_layers[l]`: layer l's gate, up
-    /// and down are IQ2_XXS) beside the experts, for the q8 expert kernels compiled with
-    /// `IQ2_NIB`: every expert resident (the copy is not cached), its own tables, affine in the
-    /// id as the experts'. The repacking runs on a few host threads a layer.
+    /// Put the nibble copy of the IQ2_XXS experts beside the experts, for the q8 expert kernels
+    /// compiled with `IQ2_NIB`: `nib_layers[l]` = (layer l's gate and up are IQ2_XXS, its down
+    /// is); a layer has a copy when its gate and up do (the q8 gate/up kernels read them), its
+    /// down part only when the down is IQ2_XXS too (else the q8 down kernel is not used and the
+    /// f32 one reads the experts' own). Every expert resident (the copy is not cached), its own
+    /// tables, affine in the id as the experts'. The repacking runs on a few host threads a layer.
     pub fn add_nibble_copy(
         &mut self,
         alloc: &mut dyn FnMut(usize) -> Result<u64, CudaError>,
         experts: &ExpertBytes<'_>,
-        nib_layers: &[bool],
+        nib_layers: &[(bool, bool)],
     ) -> Result<(), CudaError> {
         if self.bounded {
             return Err(CudaError::Invalid(
@@ -645,10 +647,10 @@ impl ExpertCache {
         }
         let mut layouts = Vec::with_capacity(self.layers);
         for (l, layout) in self.layouts.iter().enumerate() {
-            let on = nib_layers.get(l).copied().unwrap_or(false);
-            let sizes = (nib_bytes(layout.gate_bytes), nib_bytes(layout.down_bytes));
-            layouts.push(match sizes {
-                (Some(g), Some(d)) if on => ExpertLayout::new(g, d),
+            let (gate_up, down) = nib_layers.get(l).copied().unwrap_or((false, false));
+            let down_bytes = nib_bytes(layout.down_bytes).filter(|_| down).unwrap_or(0);
+            layouts.push(match nib_bytes(layout.gate_bytes) {
+                Some(g) if gate_up => ExpertLayout::new(g, down_bytes),
                 _ => ExpertLayout::new(0, 0),
             });
         }
@@ -894,8 +896,9 @@ fn repack_layer(layer: &[[&[u8]; 3]], layout: &ExpertLayout, sb: usize, staged: 
             scope.spawn(move || {
                 for (parts, slot) in experts.iter().zip(dst.chunks_mut(sb)) {
                     let offs = [0, layout.up_off, layout.down_off];
-                    for (part, off) in parts.iter().zip(offs) {
-                        let len = nib_bytes(part.len()).unwrap_or(0);
+                    let lens = [layout.gate_bytes, layout.gate_bytes, layout.down_bytes];
+                    for ((part, off), len) in parts.iter().zip(offs).zip(lens) {
+                        // A down part of another type has no copy (len 0).
                         iq2_nib::repack(part, &mut slot[off..off + len]);
                     }
                 }

@@ -4567,7 +4567,7 @@ fn dev_experts(
         }
         experts.push(layer);
         layouts.push(ExpertLayout::new(part_len(g0)?, part_len(d0)?));
-        nib_layers.push(g0.ty == GgmlType::IQ2XXS && d0.ty == GgmlType::IQ2XXS);
+        nib_layers.push((g0.ty == GgmlType::IQ2XXS, d0.ty == GgmlType::IQ2XXS));
     }
     let stride = layouts.iter().map(|l| l.slot_bytes).max().unwrap_or(0);
     let used = match opts.experts {
