@@ -949,8 +949,7 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // db · (dx · Σ) with db = d (0.5 + scale) / 4 as the f32 decoder; the lane adds its sub-blocks in
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
-// The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
-// staged ksigns table at -0.7 % decode).
+
 // IQ2_NIB (an experiment, default 0; the host's `REDLITE_CUDA_DEFINES=IQ2_NIB=1`, every expert
 // resident): the q8 IQ2_XXS expert kernels read the experts' nibble copy (`iq2_nib.rs`: the same
 // values, one 4-bit code a weight, 144 bytes a block of 256) instead of the IQ2_XXS bytes: four
@@ -966,6 +965,8 @@ __device__ __forceinline__ size_t iq2q8_row_bytes(int cols) {
     return IQ2_NIB ? (size_t)(cols >> 8) * IQ2_NIB_BB : row_bytes<T_IQ2_XXS>(cols);
 }
 
+// The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
+// staged ksigns table at -0.7 % decode).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
 #if !IQ2_NIB
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];

@@ -42,7 +42,7 @@ pub fn nib_bytes(iq2_bytes: usize) -> Option<usize> {
         .then_some(iq2_bytes / IQ2_XXS_BLOCK * NIB_BLOCK)
 }
 
-/// The 3-bit magnitude code of a grid byte (every IQ2_XXS grid byte is 8, 25 or 43; a test
+/// The magnitude code (0, 1, 2) of a grid byte (every IQ2_XXS grid byte is 8, 25 or 43; a test
 /// checks the table).
 fn magnitude(g: u8) -> u8 {
     match g {
@@ -71,7 +71,7 @@ fn group_codes() -> &'static [u32] {
 }
 
 /// One IQ2_XXS block (`src`, 66 bytes) into its nibble block (`dst`, 144 bytes).
-pub fn repack_block(src: &[u8], dst: &mut [u8]) {
+fn repack_block(src: &[u8], dst: &mut [u8]) {
     let (src, dst) = (&src[..IQ2_XXS_BLOCK], &mut dst[..NIB_BLOCK]);
     let codes = group_codes();
     dst.fill(0);
