@@ -674,9 +674,8 @@ impl ExpertCache {
             }
         }
         let tables_dev = alloc(8 * tables.len())?;
-        let bytes: Vec<u8> = tables.iter().flat_map(|v| v.to_le_bytes()).collect();
         // SAFETY: `tables_dev` holds `tables.len()` u64; synchronous copy.
-        unsafe { cu::memcpy_htod_sync(tables_dev, &bytes) }
+        unsafe { cu::memcpy_htod_sync(tables_dev, &tables) }
             .map_err(|e| CudaError::driver("uploading the nibble copy's tables", e))?;
         self.nib = Some(NibCopy {
             tables_dev,

@@ -100,6 +100,13 @@ pub fn repack(src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// The nibble copy of IQ2_XXS bytes (whole blocks), as a new buffer.
+pub fn repacked(src: &[u8]) -> Vec<u8> {
+    let mut dst = vec![0u8; nib_bytes(src.len()).unwrap_or(0)];
+    repack(src, &mut dst);
+    dst
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,8 +152,8 @@ mod tests {
         assert_eq!(blocks.len() % IQ2_XXS_BLOCK, 0);
         let n = blocks.len() / IQ2_XXS_BLOCK;
         assert_eq!(want.len(), 256 * n);
-        let mut nib = vec![0u8; nib_bytes(blocks.len()).unwrap()];
-        repack(&blocks, &mut nib);
+        let nib = repacked(&blocks);
+        assert_eq!(Some(nib.len()), nib_bytes(blocks.len()));
         let (mut got, mut ours) = ([0f32; 256], [0f32; 256]);
         for b in 0..n {
             dequantize_nib(&nib[b * NIB_BLOCK..][..NIB_BLOCK], &mut got);

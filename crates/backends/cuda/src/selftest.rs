@@ -283,14 +283,7 @@ fn q8_kernel_bytes(parts: &[Vec<u8>]) -> Vec<Vec<u8>> {
     if !crate::iq2_nib::enabled() {
         return parts.to_vec();
     }
-    parts
-        .iter()
-        .map(|p| {
-            let mut nib = vec![0u8; crate::iq2_nib::nib_bytes(p.len()).unwrap_or(0)];
-            crate::iq2_nib::repack(p, &mut nib);
-            nib
-        })
-        .collect()
+    parts.iter().map(|p| crate::iq2_nib::repacked(p)).collect()
 }
 
 /// The [`ExpertSet`] of experts uploaded by [`upload_experts`], every part of type `ty`.
