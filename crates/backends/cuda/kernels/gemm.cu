@@ -370,7 +370,7 @@ __device__ __forceinline__ void moe_gemm_body(const u64* __restrict__ tab, int p
 
 FOR_EACH_TYPE(GEMM_KERNELS)
 
-// ----- Prompt GEMMs through cuBLAS (model.rs `gemm_blas`) -----
+// ----- Prompt GEMMs through cuBLAS (`model/launch.rs`, `gemm_blas`) -----
 //
 // Long prompts can run a product as one library GEMM instead of `gemm_<type>`: the weight matrix
 // decoded whole into f16 (`dequant_f16_<type>`), the tokens' activations rounded to f16

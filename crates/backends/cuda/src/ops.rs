@@ -286,7 +286,7 @@ pub fn gemm(
     download(gpu, &y)
 }
 
-/// The long-prompt form of [`gemm`] (model.rs `gemm_blas`): `W` decoded whole into f16
+/// The long-prompt form of [`gemm`] (`model/launch.rs`, `gemm_blas`): `W` decoded whole into f16
 /// (`dequant_f16_<type>`), `xs` rounded to f16 (`f32_to_f16`), then cublasGemmEx with f32
 /// accumulation; `acc` as in [`gemm`]; f32 weights (the router) in f32 as they are. `cols` a
 /// multiple of 32.
