@@ -776,16 +776,16 @@ extern "C" __global__ __launch_bounds__(DNF_MAX_THREADS) void dn_fused_seq(
 // early: as dn_fused_seq's (bit 1 for the thread's first DNC_PRE conv channels).
 // Launch: grid = nk r (dv / 32) (dv and dk multiples of 32), block = 32 dk / DNF_ROWS threads
 // (<= DNC_MAX_THREADS), dynamic shared memory = (DNC_CHUNK (2 dk + 32) + 4 blockDim.x + 2 DNC_CHUNK)
-// floats (dn_cols_launch in ops.rs); counter: nk zeroed u64s.
+// floats (dn_cols_launch in ops/deltanet.rs); counter: nk zeroed u64s.
 #define DNC_PRE 3
-// dn_fused_cols_rows' tokens whose state-free parts run ahead of the recurrence (ops.rs's
+// dn_fused_cols_rows' tokens whose state-free parts run ahead of the recurrence (ops/deltanet.rs's
 // DNC_CHUNK sizes the shared memory for it).
 #define DNC_CHUNK 16
 // dn_fused_cols_rows' gated norms: tokens a warp takes at once, and o values a lane holds of each
 // (dv <= DNC_EPI_V * 32; wider heads take the token-at-a-time loop).
 #define DNC_EPI 4
 #define DNC_EPI_V 8
-// The launch bound (ops.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
+// The launch bound (ops/deltanet.rs checks it): at DNF_MAX_THREADS (64 registers) the kernel spilled 88
 // registers' worth of loads and stores. At (256, 1) NVRTC 13.0's ptxas (the H200 machine's)
 // gives it 190 registers and no local memory; with (256) alone it took 128 and spilled (STACK:104,
 // 58 spill instructions, the preloaded values stored to the stack before the wait), while 13.5
