@@ -837,12 +837,8 @@ __device__ __forceinline__ void dn_fused_cols_body(
 #pragma unroll
         for (int q = 0; q < DNF_ROWS; ++q) st[q] = sp[(size_t)q * dv];
     }
-    // early bit 4 (REDLITE_CUDA_Z_SIDE, one-token steps): no gated norm here; the output gate's
-    // rows are still being computed beside this kernel and matvec_res_gated_q4_k forms the gated
-    // values from o after them.
-    const bool gate = !(early & 4);
     // z of the warp's first gated-norm output (token rg), in flight during the token loop.
-    const float zt = gate && pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
+    const float zt = pre && rg < n ? z[((size_t)rg * nv + h) * dv + j] : 0.0f;
     if constexpr (ROWS) {
         // Tokens in chunks of DNC_CHUNK. What does not depend on the state (conv, gates, q/k L2
         // norms) runs for the whole chunk first, every token's loads in flight at once; then the
@@ -1012,9 +1008,7 @@ __device__ __forceinline__ void dn_fused_cols_body(
     }
     grid_sync(counter + kh, r * cpv);  // the QK head's o rows are written, its old window read
     if (ROWS) tt = trace_phase(28, tt);
-    if (!gate) {
-        // o is written; the gated norm is the out-projection's (matvec_res_gated_q4_k).
-    } else if (ROWS && dv <= DNC_EPI_V * WARP) {
+    if (ROWS && dv <= DNC_EPI_V * WARP) {
         // The gated norms of DNC_EPI tokens a warp at once: every load (the o rows through L2, z)
         // issued before any arithmetic, then dnf_inv_rms's sums in its order.
         const float wj = pre ? pnw : norm_w[j];
@@ -1093,41 +1087,6 @@ extern "C" __global__ __launch_bounds__(DNC_MAX_THREADS, 1) void dn_fused_cols_r
 }
 #undef DNC_ARGS
 #undef DNC_PASS
-
-// matvec_res_gated_q4_k(w, o, z, norm_w, y, rows, cols, split, nw, yn, counter, eps, xq, dv,
-// rms_eps): matvec_res_q4_k for one token whose input is the DeltaNet gated norm of o (the
-// recurrence's outputs, cols = heads · dv) and z (the output gate's rows): each block first
-// forms gated[h dv + j] = dnf_gated(o, 1 / rms(o_h), norm_w[j], z) for every head in shared memory
-// (a warp a head, dnf_inv_rms's sums: the values dn_fused_cols' gated norm writes, bit for bit),
-// then takes its rows on them (REDLITE_CUDA_Z_SIDE: z computed on the side stream beside the
-// recurrence, joined before this launch). Launch: as matvec_res_q4_k with t = 0 and cols · 4
-// bytes of dynamic shared memory.
-extern "C" __global__ void matvec_res_gated_q4_k(const u8* __restrict__ w, const float* __restrict__ o,
-                                                 const float* __restrict__ z, const float* __restrict__ norm_w,
-                                                 float* __restrict__ y, int rows, int cols, int split,
-                                                 const float* __restrict__ nw, float* __restrict__ yn,
-                                                 u32* __restrict__ counter, float eps, u8* __restrict__ xq, int dv,
-                                                 float rms_eps) {
-    extern __shared__ float4 rgq_sm4[];
-    float* gx = (float*)rgq_sm4;
-    const MvfSplit s = mvf_split(split);
-    int first, part;
-    mvf_first(blockIdx.x, s, first, part);
-    mvf_prefetch<T_Q4_K>(w, cols, rows, first, part, s);
-    stage_tables<T_Q4_K>();
-    pdl_enter();  // o comes from dn_fused_cols, z from the side stream (joined), y from before
-    const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP, warps = blockDim.x / WARP;
-    for (int h = wi; h < cols / dv; h += warps) {
-        const float* orow = o + (size_t)h * dv;
-        const float inv = dnf_inv_rms<true>(orow, dv, lane, rms_eps);
-        for (int jj = lane; jj < dv; jj += WARP) {
-            gx[h * dv + jj] = dnf_gated(ld_cg(orow + jj), inv, norm_w[jj], z[(size_t)h * dv + jj]);
-        }
-    }
-    __syncthreads();
-    mvf_rows<T_Q4_K, false>(w, gx, cols, rows, first, part, s, y, 1.0f, true);
-    res_next_norm(y, rows, nw, yn, counter, eps, xq);
-}
 
 // dn_restore(table, s_floats, conv_floats, row): after a verify pass, every DeltaNet layer's
 // recurrent and conv states from row `row` of their traces. table[4 l ..] = (s, s_trace, conv,

@@ -949,28 +949,10 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // db · (dx · Σ) with db = d (0.5 + scale) / 4 as the f32 decoder; the lane adds its sub-blocks in
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
-
-// IQ2_NIB (an experiment, default 0; the host's `REDLITE_CUDA_DEFINES=IQ2_NIB=1`, every expert
-// resident): the q8 IQ2_XXS expert kernels read the experts' nibble copy (`iq2_nib.rs`: the same
-// values, one 4-bit code a weight, 144 bytes a block of 256) instead of the IQ2_XXS bytes: four
-// weights' signed bytes are one PRMT on a two-register table (no grid lookup, no sign
-// arithmetic), the same exact integer sums, so the same bits. The grid is then not staged.
-#ifndef IQ2_NIB
-#define IQ2_NIB 0
-#endif
-#define IQ2_NIB_BB 144
-
-// Bytes of a row of `cols` weights in the layout the q8 IQ2_XXS expert kernels read.
-__device__ __forceinline__ size_t iq2q8_row_bytes(int cols) {
-    return IQ2_NIB ? (size_t)(cols >> 8) * IQ2_NIB_BB : row_bytes<T_IQ2_XXS>(cols);
-}
-
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
-#if !IQ2_NIB
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-#endif
     __syncthreads();
 }
 
@@ -1067,29 +1049,6 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #endif
 }
 
-// The nibble layout's four signed bytes of weights 4h .. 4h + 3 of a word of eight codes: PRMT's
-// selectors are the codes (m + 4 s: the bytes 8, 25, 43 of the grid in the first register, their
-// negations in the second; a selector's top bit, sign replication, is never set).
-__device__ __forceinline__ u32 iq2nib_bytes(u32 codes) {
-    u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(0x002B1908u), "r"(0x00D5E7F8u), "r"(codes));
-    return r;
-}
-
-// Σ sign · grid · q over one sub-block of the nibble layout (its 32 codes in c) with its 32 quants:
-// the same exact sum as iq2xxs_sub_q8 on the IQ2_XXS bytes it was made from.
-__device__ __forceinline__ int iq2nib_sub_q8(const uint4 c, const int4 a, const int4 b) {
-    const u32 w[4] = {c.x, c.y, c.z, c.w};
-    const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    int sum = 0;
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        sum = dp4a(iq2nib_bytes(w[l]), q[2 * l], sum);
-        sum = dp4a(iq2nib_bytes(w[l] >> 16), q[2 * l + 1], sum);
-    }
-    return sum;
-}
-
 // IQ2_LDG (default 1 since session 20: +0.5 % decode on the H200, the same bits):
 // iq2xxs_sub_value tells the compiler its weight pointer is global (`__isGlobal`), so that its
 // loads are `LDG.E.U16` instead of the generic `LD.E.U16` it emits for expert pointers computed
@@ -1104,19 +1063,11 @@ __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int 
 #if IQ2_LDG
     __builtin_assume(__isGlobal(w));
 #endif
-#if IQ2_NIB
-    const u8* blk = w + (size_t)(sb >> 3) * IQ2_NIB_BB;
-    const uint4 c = *(const uint4*)(blk + 16 + 16 * (sb & 7));
-    const u32 sc = *(const u32*)(blk + 4);
-    const float db = ld_f16(blk) * (0.5f + (float)((sc >> (4 * (sb & 7))) & 15u)) * 0.25f;
-    return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2nib_sub_q8(c, a, b)));
-#else
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
     const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
-#endif
 }
 
 // The lane's sums over sub-blocks lane, lane + 32, ... (in that order) of a gate and an up row of
@@ -1163,7 +1114,7 @@ extern "C" __global__ void moe_gate_up_tab_q8_iq2_xxs(const u64* __restrict__ ta
     pdl_enter();            // ids and xq come from the kernels before
     const size_t te = (size_t)blockIdx.z * k + blockIdx.y;
     const u64* parts = tab + 3 * (size_t)ids[te];
-    const size_t rb = iq2q8_row_bytes(hidden);
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
     for (int r = 0; r < per_warp; ++r) {
         const int row = (blockIdx.x * per_warp + r) * warps + wid;
         if (row >= ff) break;
@@ -1239,7 +1190,7 @@ __device__ __forceinline__ void gate_up_rows_span(const u8* __restrict__ gate, c
                                                   const Q8Row& x, float* __restrict__ act, float* act_s, int ff,
                                                   int hidden, size_t te, int bx, int lo, int hi) {
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    const size_t rb = iq2q8_row_bytes(hidden);
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
     for (int r = lo + wid; r < hi; r += PAIR ? 2 * nw : nw) {
         const int row = bx * WARP + r;
         const size_t off = (size_t)row * rb;
@@ -1325,56 +1276,6 @@ extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
 #define GU_TOK_MAX 4
 #endif
 
-// GU_TOK_FLAT (default 0): moe_gate_up_tok_q8q_iq2_xxs's rows with the tile's token count a
-// compile-time constant (gate_up_tok_rows<NT>), as DOWN_TOK_FLAT for the down kernel: a
-// sub-block step is one straight line over the tile's tokens. The same sums in the same order.
-#ifndef GU_TOK_FLAT
-#define GU_TOK_FLAT 0
-#endif
-
-// Warp w's rows w, w + W, ... of unit bx for the NT tokens t0 .. t0 + NT - 1 of choice c (their
-// experts' gate / up parts in gate[j], up[j]): each row's activation into act_s[j][r] and act.
-// GUARD: NT is only a bound and the first nt tokens are taken (each behind a `j < nt` branch: the
-// form without GU_TOK_FLAT).
-template <int NT, bool GUARD>
-__device__ __forceinline__ void gate_up_tok_rows(const u8* (&gate)[GU_TOK_MAX], const u8* (&up)[GU_TOK_MAX],
-                                                 const u8* __restrict__ xq, float* __restrict__ act,
-                                                 float (*act_s)[WARP], int t0, int nt, int c, int bx, size_t rb,
-                                                 int ff, int hidden, int k) {
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    for (int r = wid; r < WARP; r += nw) {
-        const int row = bx * WARP + r;
-        const size_t off = (size_t)row * rb;
-        float ga[NT], ua[NT];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            ga[j] = 0.0f;
-            ua[j] = 0.0f;
-        }
-#pragma unroll 2
-        for (int sb = lane; sb < hidden / 32; sb += WARP) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                if (!GUARD || j < nt) {
-                    const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
-                    const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
-                    ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
-                    ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const float gv = warp_sum(ga[j]), uv = warp_sum(ua[j]);
-            if (lane == 0 && (!GUARD || j < nt)) {
-                const float a = siluf_(gv) * uv;
-                act_s[j][r] = a;
-                act[((size_t)(t0 + j) * k + c) * ff + row] = a;
-            }
-        }
-    }
-}
-
 // moe_gate_up_tok_q8q_iq2_xxs(tab, ids, xq, act, actq, ff, hidden, k, dstride, n, tile):
 // moe_gate_up_tab_q8q_iq2_xxs for a call of n tokens with `tile` (1 .. GU_TOK_MAX) of them a block:
 // block (bx, c, z) takes unit bx of choice c of tokens z · tile, ...: the tables staged once a
@@ -1389,11 +1290,11 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
     stage_iq2_q8_tables();  // depends on nothing: before the wait
     const u64 g0 = dstride != 0 ? tab[0] : 0, u0 = dstride != 0 ? tab[1] : 0;
     pdl_enter();  // ids and xq come from the kernels before
-    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     const int per = min(max(tile, 1), GU_TOK_MAX);
     const int t0 = blockIdx.z * per, nt = min(per, n - t0);
     const int bx = blockIdx.x, c = blockIdx.y;
-    const size_t rb = iq2q8_row_bytes(hidden);
+    const size_t rb = row_bytes<T_IQ2_XXS>(hidden);
     const u8* gate[GU_TOK_MAX];
     const u8* up[GU_TOK_MAX];
 #pragma unroll
@@ -1402,17 +1303,37 @@ extern "C" __global__ __launch_bounds__(512, 2) void moe_gate_up_tok_q8q_iq2_xxs
         gate[j] = expert_part(tab, id, 0, dstride, g0);
         up[j] = expert_part(tab, id, 1, dstride, u0);
     }
-#if GU_TOK_FLAT
-    static_assert(GU_TOK_MAX == 4, "GU_TOK_FLAT's cases are written for tiles of up to 4 tokens");
-    switch (nt) {
-        case 1: gate_up_tok_rows<1, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
-        case 2: gate_up_tok_rows<2, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
-        case 3: gate_up_tok_rows<3, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k); break;
-        default: gate_up_tok_rows<GU_TOK_MAX, false>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k);
+    for (int r = wid; r < WARP; r += nw) {
+        const int row = bx * WARP + r;
+        const size_t off = (size_t)row * rb;
+        float ga[GU_TOK_MAX], ua[GU_TOK_MAX];
+#pragma unroll
+        for (int j = 0; j < GU_TOK_MAX; ++j) {
+            ga[j] = 0.0f;
+            ua[j] = 0.0f;
+        }
+#pragma unroll 2
+        for (int sb = lane; sb < hidden / 32; sb += WARP) {
+#pragma unroll
+            for (int j = 0; j < GU_TOK_MAX; ++j) {
+                if (j < nt) {
+                    const Q8Row x = q8_row((u8*)xq + (size_t)(t0 + j) * Q8_ROW_BYTES(hidden), hidden);
+                    const int4 a = *(const int4*)(x.q + 32 * sb), b = *(const int4*)(x.q + 32 * sb + 16);
+                    ga[j] = __fadd_rn(ga[j], iq2xxs_sub_value(gate[j] + off, sb, x, a, b));
+                    ua[j] = __fadd_rn(ua[j], iq2xxs_sub_value(up[j] + off, sb, x, a, b));
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GU_TOK_MAX; ++j) {
+            const float gv = warp_sum(ga[j]), uv = warp_sum(ua[j]);
+            if (lane == 0 && j < nt) {
+                const float a = siluf_(gv) * uv;
+                act_s[j][r] = a;
+                act[((size_t)(t0 + j) * k + c) * ff + row] = a;
+            }
+        }
     }
-#else
-    gate_up_tok_rows<GU_TOK_MAX, true>(gate, up, xq, act, act_s, t0, nt, c, bx, rb, ff, hidden, k);
-#endif
     __syncthreads();
     if (wid < nt) {
         q8_row_block32(act_s[wid][lane], lane, actq + ((size_t)(t0 + wid) * k + c) * Q8_ROW_BYTES(ff), ff, bx);
@@ -1738,7 +1659,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
     const int lane = threadIdx.x % WARP;
     const size_t t = blockIdx.y;
     const DownRow d = down_row(hidden);
-    const size_t off = (size_t)d.row * iq2q8_row_bytes(ff);
+    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
@@ -1782,47 +1703,6 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 #define DOWN_TOK_MAX 8
 #endif
 
-// DOWN_TOK_FLAT (default 0): moe_down_combine_tok_q8_iq2_xxs walks its pairs with the tile's token
-// count a compile-time constant (down_tok_pairs<NT>, one instance a count), so a pair step is one
-// straight line over the tile's tokens: every token's loads can be issued before the first
-// token's arithmetic. With a run-time count each token's pair sits behind its own `j < nt`
-// branch, and the SASS loads a token's ids, row and quants only after the previous token's dp4a
-// chain. Each token's sums take the same pairs in the same order: the same bits.
-#ifndef DOWN_TOK_FLAT
-#define DOWN_TOK_FLAT 0
-#endif
-
-// The pairs of a down row's part for the NT tokens t0 .. t0 + NT - 1 (acc[j]: token j's lane sum),
-// in the one-token kernel's order.
-// GUARD: NT is only a bound and the first nt tokens are taken (each behind a `j < nt` branch: the
-// form without DOWN_TOK_FLAT).
-template <int NT, bool GUARD>
-__device__ __forceinline__ void down_tok_pairs(float (&acc)[DOWN_TOK_MAX], const u64* __restrict__ tab,
-                                               const int* __restrict__ ids, const float* __restrict__ weight,
-                                               const u8* __restrict__ actq, int t0, int nt, const DownRow& d,
-                                               int lane, size_t off, int ff, int k, u64 dstride, u64 d0) {
-    const int sbs = ff / 32;
-    const int step = d.parts * WARP, np = k * sbs;
-    const int dc = step / sbs, ds = step - dc * sbs;
-    const int i0 = d.part * WARP + lane;
-    int c = i0 / sbs, sb = i0 - c * sbs;
-    for (int i = i0; i < np; i += step) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            if (!GUARD || j < nt) {
-                const size_t te = (size_t)(t0 + j) * k + c;
-                acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
-            }
-        }
-        c += dc;
-        sb += ds;
-        if (sb >= sbs) {
-            sb -= sbs;
-            ++c;
-        }
-    }
-}
-
 // moe_down_combine_tok_q8_iq2_xxs(tab, ids, weight, actq, x, shared, gate_logit, hidden, ff, k,
 // dstride, n, tile): moe_down_combine_tab_q8_iq2_xxs for a call of n tokens with `tile` (1 ..
 // DOWN_TOK_MAX) of them a block: the tables staged once a block instead of once a token, the
@@ -1838,31 +1718,36 @@ extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict
     __shared__ float red[DOWN_TOK_MAX][32];
     const int wid = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const DownRow d = down_row(hidden);
-    const size_t off = (size_t)d.row * iq2q8_row_bytes(ff);
+    const size_t off = (size_t)d.row * row_bytes<T_IQ2_XXS>(ff);
     stage_iq2_q8_tables();
     const u64 d0 = dstride != 0 ? tab[2] : 0;  // before the wait: see expert_part
     pdl_enter();  // ids, actq and x come from the kernels before
     const int per = min(max(tile, 1), DOWN_TOK_MAX);
     const int t0 = blockIdx.y * per, nt = min(per, n - t0);
+    const int sbs = ff / 32;
     float acc[DOWN_TOK_MAX];
 #pragma unroll
     for (int j = 0; j < DOWN_TOK_MAX; ++j) acc[j] = 0.0f;
     if (d.valid) {
-#if DOWN_TOK_FLAT
-        static_assert(DOWN_TOK_MAX == 8, "DOWN_TOK_FLAT's cases are written for tiles of up to 8 tokens");
-        switch (nt) {
-            case 1: down_tok_pairs<1, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            case 2: down_tok_pairs<2, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            case 3: down_tok_pairs<3, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            case 4: down_tok_pairs<4, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            case 5: down_tok_pairs<5, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            case 6: down_tok_pairs<6, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            case 7: down_tok_pairs<7, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0); break;
-            default: down_tok_pairs<DOWN_TOK_MAX, false>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0);
+        const int step = d.parts * WARP, np = k * sbs;
+        const int dc = step / sbs, ds = step - dc * sbs;
+        const int i0 = d.part * WARP + lane;
+        int c = i0 / sbs, sb = i0 - c * sbs;
+        for (int i = i0; i < np; i += step) {
+#pragma unroll
+            for (int j = 0; j < DOWN_TOK_MAX; ++j) {
+                if (j < nt) {
+                    const size_t te = (size_t)(t0 + j) * k + c;
+                    acc[j] = __fadd_rn(acc[j], down_pair_q8(tab, ids, weight, actq, te, sb, off, ff, dstride, d0));
+                }
+            }
+            c += dc;
+            sb += ds;
+            if (sb >= sbs) {
+                sb -= sbs;
+                ++c;
+            }
         }
-#else
-        down_tok_pairs<DOWN_TOK_MAX, true>(acc, tab, ids, weight, actq, t0, nt, d, lane, off, ff, k, dstride, d0);
-#endif
     }
     // down_row_finish for every token, with one barrier.
 #pragma unroll

@@ -23,7 +23,6 @@ use redlite_model::Config;
 
 use crate::expert_cache::{moe_warps, ExpertLayout};
 use crate::host::{HostLinear, HostLoader};
-use crate::iq2_nib::nib_bytes;
 use crate::kernels::type_suffix;
 use crate::ops::row_bytes;
 use crate::{CudaError, Gpu};
@@ -95,51 +94,13 @@ pub fn bench_experts(
     let k = o.per_call.clamp(1, n);
     let len =
         |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
-    let (h, ff) = (c.hidden, c.expert_ff);
-    let q8_types = ex[0].gate.ty == GgmlType::IQ2XXS
-        && ex[0].down.ty == GgmlType::IQ2XXS
-        && h.is_multiple_of(256)
-        && ff.is_multiple_of(256);
-    let q8 = match o.acts {
-        ExpertActs::Auto => q8_types,
-        ExpertActs::F32 => false,
-        ExpertActs::Q8 if q8_types => true,
-        ExpertActs::Q8 => {
-            return Err(CudaError::Invalid(format!(
-                "no q8 expert kernels for {} / {} experts ({h} × {ff}): only IQ2_XXS with both sizes multiples of 256",
-                ex[0].gate.ty.name(),
-                ex[0].down.ty.name()
-            )))
-        }
-    };
-    // The experts' bytes (what the GB/s count), and what the kernels read: the same, or with
-    // IQ2_NIB the nibble copy of them.
-    let iq2_layout = ExpertLayout::new(len(&ex[0].gate)?, len(&ex[0].down)?);
-    let nib = q8 && crate::iq2_nib::enabled();
-    let layout = match (
-        nib,
-        nib_bytes(iq2_layout.gate_bytes),
-        nib_bytes(iq2_layout.down_bytes),
-    ) {
-        (true, Some(g), Some(d)) => ExpertLayout::new(g, d),
-        _ => iq2_layout,
-    };
+    let layout = ExpertLayout::new(len(&ex[0].gate)?, len(&ex[0].down)?);
     let sb = layout.slot_bytes;
     let mut packed = vec![0u8; n * sb];
     for (e, slot) in ex.iter().zip(packed.chunks_mut(sb)) {
-        let parts = [
-            (e.gate.bytes(), 0, layout.gate_bytes),
-            (e.up.bytes(), layout.up_off, layout.gate_bytes),
-            (e.down.bytes(), layout.down_off, layout.down_bytes),
-        ];
-        for (src, off, len) in parts {
-            let dst = &mut slot[off..off + len];
-            if nib {
-                crate::iq2_nib::repack(src, dst);
-            } else {
-                dst.copy_from_slice(src);
-            }
-        }
+        slot[..layout.gate_bytes].copy_from_slice(e.gate.bytes());
+        slot[layout.up_off..layout.up_off + layout.gate_bytes].copy_from_slice(e.up.bytes());
+        slot[layout.down_off..layout.down_off + layout.down_bytes].copy_from_slice(e.down.bytes());
     }
     gpu.ctx
         .bind_to_thread()
@@ -167,6 +128,7 @@ pub fn bench_experts(
         .result()
         .map_err(drv("mapping host memory"))?;
 
+    let (h, ff) = (c.hidden, c.expert_ff);
     let x: Vec<f32> = (0..h)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
@@ -198,6 +160,22 @@ pub fn bench_experts(
         cu::memcpy_htod_sync(ids_d, &ids).map_err(drv("upload"))?;
         cu::memcpy_htod_sync(wts_d, &wts).map_err(drv("upload"))?;
     }
+    let q8_types = ex[0].gate.ty == GgmlType::IQ2XXS
+        && ex[0].down.ty == GgmlType::IQ2XXS
+        && h.is_multiple_of(256)
+        && ff.is_multiple_of(256);
+    let q8 = match o.acts {
+        ExpertActs::Auto => q8_types,
+        ExpertActs::F32 => false,
+        ExpertActs::Q8 if q8_types => true,
+        ExpertActs::Q8 => {
+            return Err(CudaError::Invalid(format!(
+                "no q8 expert kernels for {} / {} experts ({h} × {ff}): only IQ2_XXS with both sizes multiples of 256",
+                ex[0].gate.ty.name(),
+                ex[0].down.ty.name()
+            )))
+        }
+    };
     let (gate_up_name, down_name) = if q8 {
         (
             "moe_gate_up_tab_q8q_iq2_xxs".to_string(),
@@ -217,16 +195,7 @@ pub fn bench_experts(
     // one choice at `q8q_threads_for(1)`, down rows over the model's warps a row.
     let parts = crate::model::fit_down_parts(crate::model::moe_down_parts_from_env(), warps);
     let dstride: u64 = 0;
-    let types = format!(
-        "{}/{}{}",
-        ex[0].gate.ty.name(),
-        ex[0].down.ty.name(),
-        if nib {
-            " (IQ2_NIB: read as the nibble copy)"
-        } else {
-            ""
-        }
-    );
+    let types = format!("{}/{}", ex[0].gate.ty.name(), ex[0].down.ty.name());
     let mut out = Vec::new();
     for (place, base) in [("device", slots), ("host (PCIe)", host_dev)] {
         let entries: Vec<u64> = (0..n)
@@ -311,11 +280,11 @@ pub fn bench_experts(
             warps,
             kernels: format!("{gate_up_name} + {down_name}"),
             types: types.clone(),
-            expert_bytes: iq2_layout.expert_bytes(),
+            expert_bytes: layout.expert_bytes(),
             per_call: k,
             distinct: n,
             call_s,
-            gbps: (k * iq2_layout.expert_bytes()) as f64 / call_s / 1e9,
+            gbps: (k * layout.expert_bytes()) as f64 / call_s / 1e9,
             checksum,
         });
     }

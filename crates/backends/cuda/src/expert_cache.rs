@@ -25,7 +25,6 @@ use std::sync::Arc;
 
 use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaStream};
 
-use crate::iq2_nib::{self, nib_bytes};
 use crate::CudaError;
 
 /// Alignment of each part inside a slot (and of slots).
@@ -297,8 +296,6 @@ pub struct ExpertCache {
     /// Which expert is where, and the policy's counts.
     res: Residency,
     dirty: Vec<bool>,
-    /// The IQ2_XXS layers' nibble copy (`IQ2_NIB`; see [`crate::iq2_nib`]).
-    nib: Option<NibCopy>,
     /// The event after the copies in flight ([`Residency::pending`]).
     copies_done: CudaEvent,
     tables_ready: CudaEvent,
@@ -590,7 +587,6 @@ impl ExpertCache {
             ids_dev,
             ids: Vec::new(),
             res: Residency::new(layers, n_expert, k, per_layer, policy),
-            nib: None,
             dirty: vec![true; layers],
             copies_done: event()?,
             tables_ready: event()?,
@@ -626,75 +622,6 @@ impl ExpertCache {
     /// move) or a table is not affine.
     pub fn direct_stride(&self) -> Option<u64> {
         self.affine.then_some(self.sb as u64)
-    }
-
-    /// Put the nibble copy of the IQ2_XXS experts beside the experts, for the q8 expert kernels
-    /// compiled with `IQ2_NIB`: `nib_layers[l]` = (layer l's gate and up are IQ2_XXS, its down
-    /// is); a layer has a copy when its gate and up do (the q8 gate/up kernels read them), its
-    /// down part only when the down is IQ2_XXS too (else the q8 down kernel is not used and the
-    /// f32 one reads the experts' own). Every expert resident (the copy is not cached), its own
-    /// tables, affine in the id as the experts'. The repacking runs on a few host threads a layer.
-    pub fn add_nibble_copy(
-        &mut self,
-        alloc: &mut dyn FnMut(usize) -> Result<u64, CudaError>,
-        experts: &ExpertBytes<'_>,
-        nib_layers: &[(bool, bool)],
-    ) -> Result<(), CudaError> {
-        if self.bounded {
-            return Err(CudaError::Invalid(
-                "IQ2_NIB (REDLITE_CUDA_DEFINES): the experts' nibble copy needs every expert resident on the GPU; drop the memory bound or the define".into(),
-            ));
-        }
-        let mut layouts = Vec::with_capacity(self.layers);
-        for (l, layout) in self.layouts.iter().enumerate() {
-            let (gate_up, down) = nib_layers.get(l).copied().unwrap_or((false, false));
-            let down_bytes = nib_bytes(layout.down_bytes).filter(|_| down).unwrap_or(0);
-            layouts.push(match nib_bytes(layout.gate_bytes) {
-                Some(g) if gate_up => ExpertLayout::new(g, down_bytes),
-                _ => ExpertLayout::new(0, 0),
-            });
-        }
-        let (n, sb) = (self.n_expert, stride(&layouts));
-        let slots = alloc(self.layers * n * sb)?;
-        let mut tables = vec![0u64; self.layers * n * 3];
-        let mut staged = vec![0u8; n * sb];
-        for (l, (layer, layout)) in experts.iter().zip(&layouts).enumerate() {
-            if layout.gate_bytes == 0 {
-                continue;
-            }
-            repack_layer(layer, layout, sb, &mut staged);
-            let base = slots + (l * n * sb) as u64;
-            // SAFETY: layer l's nibble slots hold n · sb bytes; synchronous copy.
-            unsafe { cu::memcpy_htod_sync(base, &staged) }
-                .map_err(|e| CudaError::driver("uploading the experts' nibble copy", e))?;
-            for e in 0..n {
-                let at = base + (e * sb) as u64;
-                let t = &mut tables[3 * (l * n + e)..][..3];
-                t.copy_from_slice(&[at, at + layout.up_off as u64, at + layout.down_off as u64]);
-            }
-        }
-        let tables_dev = alloc(8 * tables.len())?;
-        // SAFETY: `tables_dev` holds `tables.len()` u64; synchronous copy.
-        unsafe { cu::memcpy_htod_sync(tables_dev, &tables) }
-            .map_err(|e| CudaError::driver("uploading the nibble copy's tables", e))?;
-        self.nib = Some(NibCopy {
-            tables_dev,
-            sb,
-            layers: layouts.iter().map(|l| l.gate_bytes != 0).collect(),
-        });
-        Ok(())
-    }
-
-    /// Layer `l`'s nibble-copy table and its `dstride` (part p of expert e at `table[p] + e ·
-    /// dstride`), when the layer has a nibble copy.
-    pub fn nib_table(&self, l: usize) -> Option<(u64, u64)> {
-        let nib = self.nib.as_ref()?;
-        nib.layers.get(l).copied().unwrap_or(false).then(|| {
-            (
-                nib.tables_dev + (8 * 3 * l * self.n_expert) as u64,
-                nib.sb as u64,
-            )
-        })
     }
 
     /// The table of layer `l` (for the expert kernels).
@@ -871,39 +798,6 @@ fn stride(layouts: &[ExpertLayout]) -> usize {
         .map(|l| l.slot_bytes)
         .max()
         .unwrap_or(PART_ALIGN)
-}
-
-/// Where the nibble copy is ([`ExpertCache::add_nibble_copy`]).
-struct NibCopy {
-    /// `[layers][n_expert][3]` u64 addresses on the device.
-    tables_dev: u64,
-    /// Bytes per nibble slot (the largest layer's).
-    sb: usize,
-    /// Which layers have one.
-    layers: Vec<bool>,
-}
-
-/// One layer's experts repacked into `staged` (expert e's parts at `e · sb` + the layout's
-/// offsets), a few threads at a time.
-fn repack_layer(layer: &[[&[u8]; 3]], layout: &ExpertLayout, sb: usize, staged: &mut [u8]) {
-    let threads = std::thread::available_parallelism()
-        .map_or(4, |n| n.get())
-        .clamp(1, 16);
-    let chunk = layer.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        for (experts, dst) in layer.chunks(chunk).zip(staged.chunks_mut(chunk * sb)) {
-            scope.spawn(move || {
-                for (parts, slot) in experts.iter().zip(dst.chunks_mut(sb)) {
-                    let offs = [0, layout.up_off, layout.down_off];
-                    let lens = [layout.gate_bytes, layout.gate_bytes, layout.down_bytes];
-                    for ((part, off), len) in parts.iter().zip(offs).zip(lens) {
-                        // A down part of another type has no copy (len 0).
-                        iq2_nib::repack(part, &mut slot[off..off + len]);
-                    }
-                }
-            });
-        }
-    });
 }
 
 /// Every expert into the pinned host copy (layer-major, expert e of layer l at

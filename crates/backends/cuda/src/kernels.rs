@@ -30,7 +30,6 @@ fn prerequisites(file: &str) -> &'static [&'static str] {
         "moe.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "gemm.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         "attention.cu" => &["common.cu", "rope.cu"],
-        "deltanet.cu" => &["common.cu", "dequant.cu", "matvec.cu"],
         _ => &["common.cu"],
     }
 }
@@ -146,7 +145,6 @@ pub const PLAIN_KERNELS: &[&str] = &[
     "dn_fused_seq",
     "dn_fused_cols",
     "dn_fused_cols_rows",
-    "matvec_res_gated_q4_k",
     "attn_split",
     "attn_split_gqa",
     "attn_split_gqa4",

@@ -20,7 +20,6 @@
 //! - [`parity`] runs fixture models on the GPU and compares their logits with the exact ones.
 
 mod error;
-pub mod iq2_nib;
 pub mod kernels;
 pub mod mtp_queue;
 

@@ -44,45 +44,10 @@ impl CudaModel {
         // Prompts through the GEMMs take the five-kernel form: its delta rule runs nv × dv/32
         // blocks (the fused kernel nk), each one token after another.
         let fused = dn_fused(c).filter(|_| !self.gemm_now || self.dn_fused_prompt);
-        // One-token steps, z on the side stream: the output gate's rows after the in-projection
-        // (on the q8 row of x its norm wrote), joined before the out-projection, so that they
-        // run beside the fused kernel's recurrence instead of in the in-projection's waves.
-        // `REDLITE_CUDA_Z_SIDE`: the fused kernel leaves its gated norm to the out-projection
-        // (`matvec_res_gated_q4_k`, the same bits). `REDLITE_CUDA_SKIP=dn:z_side` (timing
-        // diagnostics only): the fused kernel keeps its gated norm and reads z before it is
-        // written (garbage outputs).
-        let one = n == 1
-            && fused.is_some()
-            && self.dn_cols.is_some()
-            && !self.gemm_now
-            && self.xq_norm
-            && self.q8_fits(z.ty, z.cols);
-        let gated_after = self.z_side
-            && one
-            && out.ty == GgmlType::Q4K
-            && !self.q8_res
-            && self.res_norm_split
-            && out.cols == nv * dv
-            && 4 * out.cols <= 48 * 1024;
-        let z_side = (self.skipped("z_side") && one) || gated_after;
         if self.skipped("z_rows") {
             // Timing diagnostics only (`REDLITE_CUDA_SKIP=dn:z_rows`): the in-projection launch
             // without the output gate's rows, which only the gated norm at the mixer's end reads.
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b)], n)?;
-        } else if z_side {
-            self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (ba, ba_b)], n)?;
-            let drv = |e| CudaError::driver("forking the output gate's stream", e);
-            self.side.fork.record(&self.stream).map_err(drv)?;
-            self.side.stream.wait(&self.side.fork).map_err(drv)?;
-            // A plain launch: the z blocks start once the in-projection has ended, not beside its
-            // second wave (a programmatic edge would let them start at its trigger).
-            let main = std::mem::replace(&mut self.stream, self.side.stream.clone());
-            let pdl = std::mem::replace(&mut self.pdl, false);
-            let done = self.matvec_q8x((self.sc.xq_in, self.sc.xq_inv), &[(z, z_b)], n);
-            self.pdl = pdl;
-            self.stream = main;
-            done?;
-            self.side.join.record(&self.side.stream).map_err(drv)?;
         } else {
             self.matvec_normed(x, Some(attn_norm), &[(qkv, qkv_b), (z, z_b), (ba, ba_b)], n)?;
         }
@@ -136,26 +101,13 @@ impl CudaModel {
                 A::F(eps),
                 A::P(s_tr),
                 A::P(conv_tr),
-                A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1 | (gated_after as i32) << 2),
+                A::I(self.dn_early as i32 | (self.dn_pre as i32) << 1),
             ];
             if cols.is_some() {
                 // The gated norm's rows and the per-QK-head barrier counters.
                 args.extend([A::P(self.sc.o), A::P(self.sc.dn_counter)]);
             }
             self.launch(name, &f, (grid, 1, 1), threads, shared, &args)?;
-            if z_side {
-                let drv = |e| CudaError::driver("joining the output gate's stream", e);
-                self.stream.wait(&self.side.join).map_err(drv)?;
-            }
-            if gated_after {
-                let input = ResInput::Gated {
-                    o: self.sc.o,
-                    z: z_b,
-                    norm: *norm,
-                    dv,
-                };
-                return self.matvec_residual_in(out, input, post_norm, n);
-            }
             return self.matvec_residual(out, gated, post_norm, n);
         }
         // The conv: one thread per channel over the tokens (the state updated in place), or for a

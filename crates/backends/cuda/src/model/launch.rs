@@ -533,33 +533,6 @@ impl CudaModel {
         post_norm: u64,
         n: usize,
     ) -> Result<(), CudaError> {
-        self.matvec_residual_in(w, ResInput::Rows(a), post_norm, n)
-    }
-
-    /// [`Self::matvec_residual`] on rows `a` or (one token, Q4_K, f32 activations) on the
-    /// DeltaNet gated norm the kernel forms itself from the mixer's o and z
-    /// (`matvec_res_gated_q4_k`).
-    pub(super) fn matvec_residual_in(
-        &mut self,
-        w: &DevLinear,
-        input: ResInput,
-        post_norm: u64,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        let a = match input {
-            ResInput::Rows(a) => a,
-            ResInput::Gated { .. }
-                if n == 1 && w.ty == GgmlType::Q4K && !self.q8_res && !self.gemm_now =>
-            {
-                0
-            }
-            ResInput::Gated { .. } => {
-                return Err(CudaError::Invalid(format!(
-                    "the gated out-projection takes one decode token of a Q4_K matrix with f32 activations, not {n} of {}",
-                    w.ty.name()
-                )))
-            }
-        };
         let (x, xn, counter) = (self.sc.x, self.sc.xn, self.sc.counter);
         self.xq_fresh = false;
         self.logits_ready = false;
@@ -633,40 +606,25 @@ impl CudaModel {
                 ],
             )?;
         } else {
-            // One token's gated norm formed in the kernel (o, z and the norm weights in place of
-            // the rows), or the rows.
-            let mut args = vec![A::P(w.ptr)];
-            let (f, tokens, shared) = match input {
-                ResInput::Gated { o, z, norm, .. } => {
-                    args.extend([A::P(o), A::P(z), A::P(norm)]);
-                    (self.k.matvec_res_gated_q4_k.clone(), 1, 4 * w.cols as u32)
-                }
-                ResInput::Rows(a) => {
-                    args.push(A::P(a));
-                    (f, n as u32, shared)
-                }
-            };
-            args.extend([
-                A::P(x),
-                A::I(w.rows as i32),
-                A::I(w.cols as i32),
-                A::I(split.arg()),
-                A::P(nw_in_kernel),
-                A::P(xn),
-                A::P(counter),
-                A::F(self.config.rms_eps),
-                A::P(xq),
-            ]);
-            if let ResInput::Gated { dv, .. } = input {
-                args.extend([A::I(dv as i32), A::F(self.config.rms_eps)]);
-            }
             self.launch(
                 "matvec_res",
                 &f,
-                (blocks(w.rows, split.rows_per_block()), tokens, 1),
+                (blocks(w.rows, split.rows_per_block()), n as u32, 1),
                 MVF_THREADS,
                 shared,
-                &args,
+                &[
+                    A::P(w.ptr),
+                    A::P(a),
+                    A::P(x),
+                    A::I(w.rows as i32),
+                    A::I(w.cols as i32),
+                    A::I(split.arg()),
+                    A::P(nw_in_kernel),
+                    A::P(xn),
+                    A::P(counter),
+                    A::F(self.config.rms_eps),
+                    A::P(xq),
+                ],
             )?;
         }
         if !split_norm {
@@ -883,17 +841,4 @@ pub(super) fn push_mats3(args: &mut Vec<A>, mats: &[(&DevLinear, u64)], rpb: u32
         }
     }
     grid_x
-}
-
-/// What an output projection reads: activation rows, or the DeltaNet gated norm it forms itself
-/// from the mixer's o and z (device addresses; `dv` values a V head).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum ResInput {
-    Rows(u64),
-    Gated {
-        o: u64,
-        z: u64,
-        norm: u64,
-        dv: usize,
-    },
 }

@@ -58,7 +58,6 @@ impl CudaModel {
             dn_fused_seq: f("dn_fused_seq")?,
             dn_fused_cols: f("dn_fused_cols")?,
             dn_fused_cols_rows: f("dn_fused_cols_rows")?,
-            matvec_res_gated_q4_k: f("matvec_res_gated_q4_k")?,
             attn_qk_prep: fkv("attn_qk_prep")?,
             attn_causal: fkv("attn_causal")?,
             attn_prompt: fkv("attn_prompt")?,
@@ -250,7 +249,6 @@ impl CudaModel {
             dn_cols,
             dn_rows: env_switch("REDLITE_CUDA_DN_ROWS", true),
             dn_pre: env_switch("REDLITE_CUDA_DN_PRE", true),
-            z_side: env_switch("REDLITE_CUDA_Z_SIDE", false),
             grid_counters: Vec::new(),
             moe_direct: env_switch("REDLITE_CUDA_MOE_DIRECT", true),
             route_in_gate_up: env_switch("REDLITE_CUDA_ROUTE_IN_GATE_UP", true),
@@ -461,7 +459,6 @@ pub(super) fn dev_experts(
         |w: &HostLinear| -> Result<usize, CudaError> { Ok(row_bytes(w.ty, w.cols)? * w.rows) };
     let mut experts: ExpertBytes<'_> = Vec::with_capacity(layers.len());
     let mut layouts = Vec::with_capacity(layers.len());
-    let mut nib_layers = Vec::with_capacity(layers.len());
     for w in layers {
         let first = w
             .moe
@@ -490,7 +487,6 @@ pub(super) fn dev_experts(
         }
         experts.push(layer);
         layouts.push(ExpertLayout::new(part_len(g0)?, part_len(d0)?));
-        nib_layers.push((g0.ty == GgmlType::IQ2XXS, d0.ty == GgmlType::IQ2XXS));
     }
     let stride = layouts.iter().map(|l| l.slot_bytes).max().unwrap_or(0);
     let used = match opts.experts {
@@ -499,7 +495,7 @@ pub(super) fn dev_experts(
     };
     let per_layer = slots_per_layer(opts.experts, experts.len(), c.n_experts, stride, used)?;
     let mut alloc = |n: usize| arena.alloc(n);
-    let mut cache = ExpertCache::new(
+    ExpertCache::new(
         &gpu.ctx,
         &mut alloc,
         &experts,
@@ -508,12 +504,7 @@ pub(super) fn dev_experts(
         opts.max_batch,
         per_layer,
         opts.expert_policy,
-    )?;
-    // IQ2_NIB: the q8 IQ2_XXS expert kernels read the experts' nibble copy.
-    if crate::iq2_nib::enabled() {
-        cache.add_nibble_copy(&mut alloc, &experts, &nib_layers)?;
-    }
-    Ok(cache)
+    )
 }
 
 /// `dn_restore`'s table of the DeltaNet layers' states and traces (`None` without verify traces,

@@ -80,7 +80,6 @@ mod load;
 mod moe;
 mod speculative;
 
-use launch::ResInput;
 pub use load::expert_span;
 use moe::moe_tok_tiles;
 pub use moe::{MOE_TOK_DOWN_MAX, MOE_TOK_GU_MAX};
@@ -844,7 +843,6 @@ struct Kernels {
     dn_fused_seq: CudaFunction,
     dn_fused_cols: CudaFunction,
     dn_fused_cols_rows: CudaFunction,
-    matvec_res_gated_q4_k: CudaFunction,
     attn_qk_prep: CudaFunction,
     attn_causal: CudaFunction,
     attn_prompt: CudaFunction,
@@ -1174,11 +1172,6 @@ pub struct CudaModel {
     /// weights before the wait (`early` bit 1; `REDLITE_CUDA_DN_PRE`): after it only the
     /// projections (qkv, ba, z) are read; the same bits.
     dn_pre: bool,
-    /// One-token steps compute the DeltaNet output gate's rows (z) on the side stream after the
-    /// in-projection, beside `dn_fused_cols`, which then leaves its gated norm to the
-    /// out-projection (`matvec_res_gated_q4_k`, joined after z; `REDLITE_CUDA_Z_SIDE`, default
-    /// off): z leaves the in-projection's waves on the chain. The same bits.
-    z_side: bool,
     /// The IQ2_XXS q8 expert kernels find expert e's parts at expert 0's + e · slot stride
     /// (`ExpertCache::direct_stride`: every expert resident) instead of loading the table entry
     /// after the ids (`REDLITE_CUDA_MOE_DIRECT`, default on: +0.8 % decode in session 14; off, and always when
@@ -1192,9 +1185,8 @@ pub struct CudaModel {
     /// Timing diagnostics only: launches to leave out (`REDLITE_CUDA_SKIP`, comma-separated
     /// launch names such as `dn_fused_seq`, or `stage:name` / `stage:*` with stage `dn`, `attn`,
     /// `moe`, `shared` or `head`; `dn:z_rows` leaves the output gate's rows out of the DeltaNet
-    /// in-projection launch, `dn:z_side` runs them on the side stream beside the fused kernel).
-    /// The outputs are garbage; the step time shows what each stage costs on the critical path
-    /// of the replayed graph (ncu times each kernel alone).
+    /// in-projection launch). The outputs are garbage; the step time shows what each stage
+    /// costs on the critical path of the replayed graph (ncu times each kernel alone).
     skip: Vec<String>,
     /// Timing diagnostics only: launches replaced by `noop_pdl` with the same grid and block
     /// (`REDLITE_CUDA_NOOP`, the names as for `skip`, or `*` for all): the step time of the

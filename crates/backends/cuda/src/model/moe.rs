@@ -145,18 +145,12 @@ impl CudaModel {
         if routed_gemm {
             return self.enqueue_routed_gemm(e, n, (ids, tab), drv);
         }
-        // The q8 IQ2_XXS kernels' table: with IQ2_NIB the layer's nibble copy (the other
-        // kernels keep the experts' own).
-        let (q8_tab, q8_dstride) = match self.experts.nib_table(e.layer) {
-            Some((t, sb)) => (t, if dstride != 0 { sb } else { 0 }),
-            None => (tab, dstride),
-        };
         let q8_down_on = q8_down.is_some();
         // The routed gate/up kernels' arguments after the logits (after the router's, for the
         // fused kernel): n_expert, the table, ids, weights, xq, act, its q8 rows, sizes, dstride.
         let routed_tail = [
             A::I(ne as i32),
-            A::P(q8_tab),
+            A::P(tab),
             A::P(ids),
             A::P(wts),
             A::P(self.sc.xq),
@@ -165,7 +159,7 @@ impl CudaModel {
             A::I(ff as i32),
             A::I(h as i32),
             A::I(k as i32),
-            A::P(q8_dstride),
+            A::P(dstride),
         ];
         let (down_f, down_act) = match q8_down {
             Some((_, dn_f)) if route_fused.is_some() => {
@@ -222,7 +216,7 @@ impl CudaModel {
             Some((gu_f, dn_f)) => {
                 let act_q = self.sc.act_q;
                 let mut args = vec![
-                    A::P(q8_tab),
+                    A::P(tab),
                     A::P(ids),
                     A::P(self.sc.xq),
                     A::P(act),
@@ -230,7 +224,7 @@ impl CudaModel {
                     A::I(ff as i32),
                     A::I(h as i32),
                     A::I(k as i32),
-                    A::P(q8_dstride),
+                    A::P(dstride),
                 ];
                 let tok = e.q8_tok_f.as_ref().filter(|_| n > 1 && self.moe_tok.0 > 0);
                 let (name, f, z, threads) = match tok {
@@ -258,9 +252,9 @@ impl CudaModel {
                 (dn_f, act_q)
             }
             None => {
-                let (gate_up_f, input, gu_tab) = match &e.gate_up_q8_f {
-                    Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq, q8_tab),
-                    _ => (e.gate_up_f.clone(), xn, tab),
+                let (gate_up_f, input) = match &e.gate_up_q8_f {
+                    Some(f) if self.q8_moe && self.xq_fresh => (f.clone(), self.sc.xq),
+                    _ => (e.gate_up_f.clone(), xn),
                 };
                 self.launch(
                     "moe_gate_up_tab",
@@ -269,7 +263,7 @@ impl CudaModel {
                     32 * e.warps,
                     0,
                     &[
-                        A::P(gu_tab),
+                        A::P(tab),
                         A::P(ids),
                         A::P(input),
                         A::P(act),
@@ -285,7 +279,7 @@ impl CudaModel {
         // x += sum of the weighted routed experts + sigmoid(g) · shared, in one launch (the q8
         // kernel takes `dstride` too).
         let mut args = vec![
-            A::P(if q8_down_on { q8_tab } else { tab }),
+            A::P(tab),
             A::P(ids),
             A::P(wts),
             A::P(down_act),
@@ -295,7 +289,7 @@ impl CudaModel {
             A::I(h as i32),
             A::I(ff as i32),
             A::I(k as i32),
-            A::P(q8_dstride),
+            A::P(dstride),
         ];
         if !q8_down_on {
             args.truncate(10);

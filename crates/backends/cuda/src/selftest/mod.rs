@@ -287,15 +287,6 @@ fn upload_experts(
     Ok([one(parts[0])?, one(parts[1])?, one(parts[2])?])
 }
 
-/// The bytes the q8 IQ2_XXS expert kernels read for IQ2_XXS experts `parts`: the same, or with
-/// `IQ2_NIB` ([`crate::iq2_nib`]) their nibble copy.
-fn q8_kernel_bytes(parts: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    if !crate::iq2_nib::enabled() {
-        return parts.to_vec();
-    }
-    parts.iter().map(|p| crate::iq2_nib::repacked(p)).collect()
-}
-
 /// The [`ExpertSet`] of experts uploaded by [`upload_experts`], every part of type `ty`.
 fn expert_set(ty: GgmlType, parts: &[Vec<CudaSlice<u8>>; 3]) -> ExpertSet<'_> {
     ExpertSet {

@@ -13,10 +13,8 @@ impl Runner<'_> {
             let (n_exp, chosen, weights) = (6usize, [1usize, 2, 4], [0.45f32, 0.35, 0.2]);
             let [gate, up, down] = self.random_experts(ty, (hidden, ff), n_exp);
             let x = self.rng.normals(hidden, 1.0);
-            // The q8 kernels' bytes (IQ2_NIB: the nibble copy); the references read the IQ2_XXS ones.
-            let [gq, uq, dq] = [&gate, &up, &down].map(|p| q8_kernel_bytes(p));
             let r = (|| {
-                let parts = upload_experts(self.gpu, [&gq, &uq, &dq], &chosen)?;
+                let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
                 let set = expert_set(ty, &parts);
                 let (y, act, actq) = ops::moe_experts_q8_down(
                     self.gpu,
@@ -70,7 +68,7 @@ impl Runner<'_> {
                 let slots = |direct| {
                     ops::moe_route_down_q8_slots(
                         self.gpu,
-                        [&gq[..], &uq[..], &dq[..]],
+                        [&gate[..], &up[..], &down[..]],
                         &slot_logits,
                         chosen.len(),
                         &ops::q8_row(&x),
@@ -92,7 +90,7 @@ impl Runner<'_> {
                 let route = |form| {
                     ops::moe_route_gate_up_slots(
                         self.gpu,
-                        [&gq[..], &uq[..], &dq[..]],
+                        [&gate[..], &up[..], &down[..]],
                         &router,
                         &gate_vec,
                         (&x, &xq),
@@ -167,8 +165,6 @@ impl Runner<'_> {
             let (n_exp, n, k) = (6usize, 7usize, 3usize);
             let [gate, up, down] = self.random_experts(ty, (hidden, ff), n_exp);
             let x = self.rng.normals(n * hidden, 1.0);
-            // The q8 kernels' bytes (IQ2_NIB: the nibble copy); the references read the IQ2_XXS ones.
-            let [gq, uq, dq] = [&gate, &up, &down].map(|p| q8_kernel_bytes(p));
             let mut ids = Vec::new();
             for _ in 0..n {
                 let mut row: Vec<i32> = Vec::new();
@@ -186,7 +182,7 @@ impl Runner<'_> {
             let tiles = [(1usize, 1usize), (2, 3), (4, 8), (3, 5)];
             let r = (|| {
                 let xq: Vec<u8> = x.chunks(hidden).flat_map(ops::q8_row).collect();
-                let parts = [&gq[..], &uq[..], &dq[..]];
+                let parts = [&gate[..], &up[..], &down[..]];
                 let run = |t, direct| {
                     ops::moe_experts_q8_tokens(
                         self.gpu,
@@ -288,8 +284,6 @@ impl Runner<'_> {
         let (hidden, ff, ne, k) = (256usize, 64usize, 512usize, 10usize);
         let [gate, up, down] = self.random_experts(ty, (hidden, ff), ne);
         let x = self.rng.normals(hidden, 1.0);
-        // The q8 kernels' bytes (IQ2_NIB: the nibble copy).
-        let [gq, uq, dq] = [&gate, &up, &down].map(|p| q8_kernel_bytes(p));
         let xq = ops::q8_row(&x);
         let gate_vec = self.rng.normals(hidden, 0.05);
         let base = self.rng.normals(ne * hidden, 0.05);
@@ -301,7 +295,7 @@ impl Runner<'_> {
             let route = |gpu, form| {
                 ops::moe_route_gate_up_slots(
                     gpu,
-                    [&gq[..], &uq[..], &dq[..]],
+                    [&gate[..], &up[..], &down[..]],
                     &router,
                     &gate_vec,
                     (&x, &xq),
@@ -348,11 +342,8 @@ impl Runner<'_> {
             let (n_exp, chosen, weights) = (6usize, [0usize, 3, 5], [0.5f32, 0.3, 0.2]);
             let [gate, up, down] = self.random_experts(ty, (hidden, ff), n_exp);
             let x = self.rng.normals(hidden, 1.0);
-            // The q8 gate/up kernel's bytes (IQ2_NIB: the nibble copy; the f32 down kernel reads
-            // IQ2_XXS); the references read the IQ2_XXS ones.
-            let [gq, uq] = [&gate, &up].map(|p| q8_kernel_bytes(p));
             let r = (|| {
-                let parts = upload_experts(self.gpu, [&gq, &uq, &down], &chosen)?;
+                let parts = upload_experts(self.gpu, [&gate, &up, &down], &chosen)?;
                 let set = expert_set(ty, &parts);
                 let y =
                     ops::moe_experts_q8(self.gpu, &set, &weights, &ops::q8_row(&x), (hidden, ff))?;
