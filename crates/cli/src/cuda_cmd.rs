@@ -42,6 +42,9 @@ pub struct CudaDecodeInfo {
     pub misses_per_token: f64,
     pub promotions_per_token: f64,
     pub pcie_mb_per_token: f64,
+    /// Seconds a step of the decode graph replayed back to back without the host's round trip
+    /// (`CudaModel::time_graph_replays`), when graphs are on.
+    pub replay_step_s: Option<f64>,
 }
 
 /// How `bench kernel|gemm --backend cuda` launches the product.
@@ -436,6 +439,10 @@ mod imp {
         let bytes_per_token = sizes.decode.total();
         let st = model.expert_cache().stats();
         let per = |v: u64| v as f64 / st.tokens.max(1) as f64;
+        // Last, since it leaves the sequence cleared: the same graph without the host between
+        // steps, so the host's share of a step shows.
+        progress("graph replays", 0, 0);
+        let replay_step_s = model.time_graph_replays(steps)?;
         let info = CudaDecodeInfo {
             device: model.device_info().name.clone(),
             launches_per_step: model.launches_per_step(),
@@ -447,6 +454,7 @@ mod imp {
             misses_per_token: per(st.misses),
             promotions_per_token: per(st.promotions),
             pcie_mb_per_token: per(st.pcie_bytes) / 1e6,
+            replay_step_s,
         };
         Ok((
             DecodeResult {

@@ -1381,6 +1381,31 @@ impl CudaModel {
         self.captures_invalidated
     }
 
+    /// Timing diagnostics (`bench decode`): the captured decode graph replayed `n` times back to
+    /// back at the current position, without the step's round trip through the host (the token
+    /// id up, the drawn id down, the host's bookkeeping): seconds a replay, or `None` without a
+    /// graph. Each replay runs the step again on the same input, so the cache row is rewritten and
+    /// the recurrent states advance; the sequence is cleared afterwards ([`Self::reset`]).
+    pub fn time_graph_replays(&mut self, n: usize) -> Result<Option<f64>, CudaError> {
+        if self.graph.is_none() || n == 0 {
+            return Ok(None);
+        }
+        self.bind()?;
+        self.sync()?;
+        let t = std::time::Instant::now();
+        if let Some(c) = &self.graph {
+            for _ in 0..n {
+                c.graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("replaying the decode graph", e))?;
+            }
+        }
+        self.sync()?;
+        let secs = t.elapsed().as_secs_f64() / n as f64;
+        self.reset()?;
+        Ok(Some(secs))
+    }
+
     /// Start a new sequence: position 0, recurrent states zeroed (KV entries are overwritten).
     pub fn reset(&mut self) -> Result<(), CudaError> {
         self.bind()?;
