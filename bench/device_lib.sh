@@ -51,10 +51,12 @@ unxz_py() { python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.ope
 
 # pack_device DIR NAME:PATH...: fill DIR (git-ignored, under .device/) for a GPU run: each binary
 # PATH stripped and xz-compressed as DIR/NAME.xz, the Qwen3 vocabulary (xz), and the parity
-# fixtures (tiny Q4_K_M, IQ2_XXS, CF2 models and their exact logits). Run here, from the
-# repository root, with ../shared beside it.
+# fixtures (tiny Q4_K_M, IQ2_XXS, CF2 models and their exact logits of prompts 1 and 2), also
+# xz-compressed (the P3 logits, 1 MB each, stay home: the parity reads what the pack holds), so
+# that a pack with the test binaries and a few kernel cubins stays inside the 64 MiB a run carries
+# beside the tracked files. Run here, from the repository root, with ../shared beside it.
 pack_device() {
-    local dir=$1 ref=../shared/reference pair m
+    local dir=$1 ref=../shared/reference pair m f
     shift
     rm -rf "$dir" && mkdir -p "$dir/fixtures/logits" "$dir/fixtures/models" || return 1
     for pair in "$@"; do
@@ -62,11 +64,36 @@ pack_device() {
     done
     xz -9 -c "$ref/tokenizer/qwen3-vocab.gguf" >"$dir/qwen3-vocab.gguf.xz" || return 1
     cp "$ref/logits/index.json" "$dir/fixtures/logits/" || return 1
+    # FIXTURES=0: no fixture models or logits (≈ 14 MB), for a pack of many kernel cubins.
     for m in Q4_K_M IQ2_XXS CF2; do
-        cp "$ref/models/tiny-$m.gguf" "$dir/fixtures/models/" || return 1
-        cp "$ref"/logits/"$m"__P?__exact.bin "$dir/fixtures/logits/" || return 1
+        [ "${FIXTURES:-1}" = 0 ] && break
+        xz -9 -T2 -c "$ref/models/tiny-$m.gguf" >"$dir/fixtures/models/tiny-$m.gguf.xz" || return 1
+        for f in "$ref"/logits/"$m"__P[12]__exact.bin; do
+            xz -9 -T2 -c "$f" >"$dir/fixtures/logits/$(basename "$f").xz" || return 1
+        done
     done
     du -sh "$dir"
+}
+
+# pack_cubins DIR NVRTC_COMPILE [DEFINES...]: the kernel module compiled here for each define set
+# (REDLITE_CUDA_DEFINES syntax; "" for the default) by the nvrtc_compile test binary's
+# warm_module_cache, each cubin xz-compressed into DIR/cubin/, so that the GPU machine does not
+# spend a minute of device time a set compiling. The cache key holds NVRTC's version: compile with
+# the GPU machines' (13.0: `pip download nvidia-cuda-nvrtc==13.0.88`, its nvidia/cu13/lib on
+# LD_LIBRARY_PATH). Modules already in CUBIN_CACHE (default /tmp/redlite-cubins) are not compiled
+# again.
+pack_cubins() {
+    local dir=$1 nc=$2 cache=${CUBIN_CACHE:-/tmp/redlite-cubins} defs line c
+    shift 2
+    mkdir -p "$dir/cubin" "$cache" || return 1
+    for defs in "$@"; do
+        line=$(REDLITE_CUDA_DEFINES="$defs" REDLITE_CUDA_CACHE=$cache "$nc" warm_module_cache --ignored --nocapture 2>&1 |
+            grep "\.cubin (")
+        c=${line%% (*}
+        [ -f "$c" ] || { echo "compiling the kernel module with '$defs' failed"; return 1; }
+        xz -9 -T2 -c "$c" >"$dir/cubin/$(basename "$c").xz" || return 1
+        echo "cubin for '$defs': $(basename "$c") (${line#* (}"
+    done
 }
 
 # unpack_ab DEV W: gpu_ab.sh's packed binaries (redlite and the GPU test binaries) and the Qwen3
@@ -74,12 +101,36 @@ pack_device() {
 unpack_ab() {
     local dev=$1 w=$2 b
     device_env "$w"
+    unpack_fixtures "$dev" "$w"
     for b in redlite expert_cache_gpu verify_gpu mtp_gpu; do
         # A pack may leave the test binaries out (the 64 MiB a run carries); their steps then say so.
         [ -f "$dev/$b.xz" ] || continue
         unxz_py "$dev/$b.xz" "$w/$b" && chmod +x "$w/$b"
     done
     [ -f "$w/vocab.gguf" ] || unxz_py "$dev/qwen3-vocab.gguf.xz" "$w/vocab.gguf"
+}
+
+# unpack_fixtures DEV W: the pack's kernel cubins (pack_cubins) into W's module cache, and its
+# fixtures into W/fixtures when they travel xz-compressed (pack_device); sets FX to the fixtures'
+# folder (DEV/fixtures for a pack of plain files).
+unpack_fixtures() {
+    local dev=$1 w=$2 f d
+    mkdir -p "$w/cache"
+    for f in "$dev"/cubin/*.xz; do
+        [ -f "$f" ] || continue
+        d="$w/cache/$(basename "${f%.xz}")"
+        [ -f "$d" ] || unxz_py "$f" "$d"
+    done
+    FX=$dev/fixtures
+    ls "$dev"/fixtures/models/*.xz >/dev/null 2>&1 || return 0
+    FX=$w/fixtures
+    mkdir -p "$FX/logits" "$FX/models"
+    cp "$dev/fixtures/logits/index.json" "$FX/logits/"
+    for f in "$dev"/fixtures/logits/*.xz "$dev"/fixtures/models/*.xz; do
+        d="$FX/${f#"$dev"/fixtures/}"
+        d=${d%.xz}
+        [ -f "$d" ] || unxz_py "$f" "$d"
+    done
 }
 
 # ab_setup DEV LOGNAME: the GPU scripts' common start: unpack_ab into W=/tmp/redlite-ab, R (the

@@ -3,16 +3,19 @@
 # session 19's run scripts did, kept so that the next session does not write them again.
 #
 # Here (fills the git-ignored .device/ab/: redlite and the two GPU test binaries stripped and
-# xz-compressed, the Qwen3 vocabulary, the parity fixtures; ≈ 25 MB, inside the 64 MiB a run
-# carries with the ≈ 37 MB of tracked files):
+# xz-compressed, the Qwen3 vocabulary, the parity fixtures (xz); ≈ 21 MB, inside the 64 MiB a run
+# carries with the ≈ 38 MB of tracked files, with room for a few cubins of 1.5 MB):
 #   CARGO_TARGET_DIR=/work/target-cuda cargo build --release -p redlite --features cuda
 #   CARGO_TARGET_DIR=/work/target-cuda cargo test --release -p redlite-cuda --features cuda --no-run
 #   T=/work/target-cuda/release bench/gpu_ab.sh prepare
+# (NVRTC_LIB=<NVRTC 13.0's lib folder> CONFIGS="…" also compiles the kernel module here for the
+# default and each config's defines, ≈ 2 minutes each, and packs the cubins: see pack_cubins.)
 # There (`run` with `carry: [".device/ab"]`):
 #   CONFIGS="REDLITE_CUDA_X=0 REDLITE_CUDA_DEFINES=FOO=0" ROUNDS=3 OUT=$OUT bash bench/gpu_ab.sh
 # CONFIGS: space-separated, each a comma-separated list of VAR=VALUE set for that config (several
 # kernel defines in one config: REDLITE_CUDA_DEFINES=A=1;B=2)
-# (REDLITE_CUDA_DEFINES=… recompiles the kernels once, ≈ 70 s). Steps, each logged to
+# (REDLITE_CUDA_DEFINES=… recompiles the kernels on the GPU once, ≈ 70 s, unless prepare packed its
+# cubin). Steps, each logged to
 # $OUT/summary.txt as it ends: make-model of the full-size layout (background); the self-test
 # with fixture parity and `--step` (default, then each config); `verify_gpu` and
 # `expert_cache_gpu` per config; the full-size logits of 27 steps per config against the
@@ -42,7 +45,20 @@ if [ "${1:-}" = "prepare" ]; then
     T=${T:-target/release}
     pick() { ls -t "$T"/deps/"$1"-* | grep -v '\.d$' | head -1; }
     . bench/device_lib.sh
-    pack_device "$DEV" "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)" "mtp_gpu:$(pick mtp_gpu)"
+    pack_device "$DEV" "redlite:$T/redlite" "verify_gpu:$(pick verify_gpu)" "expert_cache_gpu:$(pick expert_cache_gpu)" "mtp_gpu:$(pick mtp_gpu)" || exit 1
+    # The kernel module for the default and for each config's REDLITE_CUDA_DEFINES, compiled here
+    # (with NVRTC_LIB: the GPU machines' NVRTC 13.0 library folder; without it the GPU compiles).
+    if [ -n "${NVRTC_LIB:-}" ]; then
+        sets=("")
+        for cfg in ${CONFIGS:-}; do
+            IFS=, read -ra kvs <<<"$cfg"
+            for kv in "${kvs[@]}"; do
+                case $kv in REDLITE_CUDA_DEFINES=*) sets+=("${kv#REDLITE_CUDA_DEFINES=}") ;; esac
+            done
+        done
+        LD_LIBRARY_PATH="$NVRTC_LIB:${LD_LIBRARY_PATH:-}" pack_cubins "$DEV" "$(pick nvrtc_compile)" "${sets[@]}" || exit 1
+        du -sh "$DEV"
+    fi
     exit
 fi
 
@@ -66,18 +82,18 @@ fi
 i=0
 for cfg in ${CHECK_CONFIGS:-$ALL}; do
     step "self-test + parity [$cfg]"
-    with "$cfg" timeout 200 $R selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest$i.log" 2>&1
+    with "$cfg" timeout 200 $R selftest --backend cuda --fixtures "$FX" --step >"$LOGS/selftest$i.log" 2>&1
     grep -h "^selftest:\|^kernels:\|FAIL\|^error\|panicked" "$LOGS/selftest$i.log" | head -20 | keep
     sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest$i.log" | keep
     step "verify_gpu + expert_cache_gpu [$cfg]"
     for t in verify_gpu expert_cache_gpu; do
         [ -x "$W/$t" ] || { echo "$t: not in this pack, skipped" | keep; continue; }
-        with "$cfg" env REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/$t --ignored --nocapture 2>&1 |
+        with "$cfg" env REDLITE_TEST_MODELS="$FX/models" timeout 120 $W/$t --ignored --nocapture 2>&1 |
             grep -h -A1 "test result\|panicked" | tail -4 | keep
     done
     if [ $i = 0 ] && [ -n "${SPEC:-}" ]; then
         step "mtp_gpu (GPU MTP drafts against the oracle)"
-        REDLITE_TEST_MODELS="$DEV/fixtures/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
+        REDLITE_TEST_MODELS="$FX/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
             timeout 200 $W/mtp_gpu --ignored --nocapture 2>&1 | grep -h -A1 "test result\|panicked\|drafts equal\|plain decoding" | keep
         head -60 "$(python3 -c 'import colorsys; print(colorsys.__file__)')" >$W/colorsys_60.py
         step "demo file rewrite on the GPU"

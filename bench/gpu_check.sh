@@ -32,6 +32,7 @@ mkdir -p "$LOGS"
 . bench/device_lib.sh
 W=/tmp/redlite-check
 device_env $W
+unpack_fixtures "$DEV" $W
 for b in redlite redlite-old expert_cache_gpu verify_gpu; do
     [ -f "$DEV/$b.xz" ] && unxz_py "$DEV/$b.xz" $W/$b && chmod +x $W/$b
 done
@@ -51,7 +52,7 @@ step "make-model full size (background)"
 mm=$!
 
 step "self-test + fixture parity (new)"
-timeout 150 $NEW selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest.log" 2>&1 || status=1
+timeout 150 $NEW selftest --backend cuda --fixtures "$FX" --step >"$LOGS/selftest.log" 2>&1 || status=1
 grep -h "^selftest:\|^kernels:\|FAIL\|^error\|panicked" "$LOGS/selftest.log" | head -30 | keep
 sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest.log" | keep
 if grep -q "FAIL.*moe_router_warp" "$LOGS/selftest.log"; then
@@ -77,13 +78,13 @@ for v in ${MEM_VARIANTS:-}; do
 done
 
 step "exactness: expert_cache_gpu (new)"
-REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 150 $W/expert_cache_gpu --ignored --nocapture \
+REDLITE_TEST_MODELS="$FX/models" timeout 150 $W/expert_cache_gpu --ignored --nocapture \
     >"$LOGS/exact_test.log" 2>&1 || status=1
 grep -h "bit\|identical\|test result\|panicked\|FAIL" "$LOGS/exact_test.log" | tail -8 | keep
 
 if [ -x $W/verify_gpu ]; then
     step "speculative verify: verify_gpu (rows = decode steps, keep exact)"
-    REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/verify_gpu --ignored --nocapture \
+    REDLITE_TEST_MODELS="$FX/models" timeout 120 $W/verify_gpu --ignored --nocapture \
         >"$LOGS/verify_test.log" 2>&1 || status=1
     grep -h "verify rows\|test result\|panicked" "$LOGS/verify_test.log" | tail -8 | keep
     step "spec-bench verify --backend cuda (full size, K = 1, 3, 7, 15)"
@@ -93,7 +94,7 @@ if [ -x $W/verify_gpu ]; then
     if [ -n "${TILE_ENV:-}" ]; then
         step "with $TILE_ENV: verify_gpu, spec-bench verify"
         (export "$TILE_ENV"
-            REDLITE_TEST_MODELS="$DEV/fixtures/models" timeout 120 $W/verify_gpu --ignored --nocapture 2>&1 |
+            REDLITE_TEST_MODELS="$FX/models" timeout 120 $W/verify_gpu --ignored --nocapture 2>&1 |
                 grep -h "verify rows\|test result\|panicked" | tail -8
             timeout 120 $NEW spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
                 grep "^|\|rror\|panick") | keep
@@ -109,12 +110,12 @@ pre() { timeout 120 $NEW bench prefill --backend cuda -m $FULL "$@" 2>&1 | grep 
 step "bench prefill --backend cuda: 512 tokens, 4096 tokens --ubatch 4096 (default), 4096 tokens --ubatch 512"
 (pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096; pre -p 4096 -n 2 --ubatch 512) | keep
 step "fixture parity with REDLITE_CUDA_CUBLAS_MIN=16 (the fixtures' prompts through cuBLAS)"
-REDLITE_CUDA_CUBLAS_MIN=16 timeout 150 $NEW selftest --backend cuda --fixtures "$DEV/fixtures" 2>&1 |
+REDLITE_CUDA_CUBLAS_MIN=16 timeout 150 $NEW selftest --backend cuda --fixtures "$FX" 2>&1 |
     grep -h "^selftest:\|FAIL\|| prefill" | head -8 | keep
 for v in ${PREFILL_VARIANTS:-}; do
     step "prefill variant $v: self-test + parity, then 512 / 4096 tokens, then the default again"
     (IFS=,; for kv in $v; do export "$kv"; done
-        timeout 150 $NEW selftest --backend cuda --fixtures "$DEV/fixtures" 2>&1 |
+        timeout 150 $NEW selftest --backend cuda --fixtures "$FX" 2>&1 |
             grep -h "^selftest:\|FAIL\|| prefill" | head -12
         pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096) | keep
     (pre -p 512 -n 3; pre -p 4096 -n 3 --ubatch 4096) | keep

@@ -19,12 +19,12 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | keep
 [ -f $FULL ] || ($R make-model $FULL --vocab $W/vocab.gguf --force >"$LOGS/make_model.log" 2>&1) &
 mm=$!
 step "self-test + parity"
-timeout 200 $R selftest --backend cuda --fixtures "$DEV/fixtures" --step >"$LOGS/selftest.log" 2>&1
+timeout 200 $R selftest --backend cuda --fixtures "$FX" --step >"$LOGS/selftest.log" 2>&1
 grep -h "^selftest:\|^kernels:\|FAIL\|^error\|panicked" "$LOGS/selftest.log" | head -20 | keep
 sed -n '/^fixture parity/,/^$/p' "$LOGS/selftest.log" | keep
 step "verify_gpu, expert_cache_gpu, mtp_gpu"
 for t in verify_gpu expert_cache_gpu mtp_gpu; do
-    REDLITE_TEST_MODELS="$DEV/fixtures/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
+    REDLITE_TEST_MODELS="$FX/models" REDLITE_DEMO_MODEL=models/redlite-demo.gguf \
         timeout 200 $W/$t --ignored --nocapture 2>&1 | grep -h -A1 "test result\|panicked\|drafts equal\|plain decoding" | grep -v "^--" | keep
 done
 wait $mm
