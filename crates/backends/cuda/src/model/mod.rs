@@ -1386,10 +1386,11 @@ impl CudaModel {
     /// Timing diagnostics (`bench decode`): the captured decode graph replayed `n` times back to
     /// back at the current position, without the step's round trip through the host (the token
     /// id up, the drawn id down, the host's bookkeeping): seconds a replay, or `None` without a
-    /// graph. Each replay runs the step again on the same input, so the cache row is rewritten and
-    /// the recurrent states advance; the sequence is cleared afterwards ([`Self::reset`]).
+    /// graph or with a bounded expert cache (whose misses the host serves between steps). Each
+    /// replay runs the step again on the same input, so the cache row is rewritten and the
+    /// recurrent states advance; the sequence is cleared afterwards ([`Self::reset`]).
     pub fn time_graph_replays(&mut self, n: usize) -> Result<Option<f64>, CudaError> {
-        if self.graph.is_none() || n == 0 {
+        if self.graph.is_none() || n == 0 || self.experts.bounded() {
             return Ok(None);
         }
         self.bind()?;
