@@ -202,7 +202,7 @@ pub fn moe_experts_q8_down(
         [&c.tab, &c.ids, &x_d, &mut act, &mut actq, &c.ff, &c.hidden, &c.k, &0u64]
     )?;
     // Two warps per row, as the model runs it.
-    down_q8_launch(gpu, &mut c, &actq, hidden, 0)?;
+    down_q8_launch(gpu, &mut c, &actq, (hidden, 1), 0)?;
     Ok((
         download(gpu, &c.out)?,
         download(gpu, &act)?,
@@ -210,14 +210,14 @@ pub fn moe_experts_q8_down(
     ))
 }
 
-/// `moe_down_combine_tab_q8_iq2_xxs` on the q8 activation rows `actq` of the call `c`, two warps
-/// per row as the model runs it, the parts through the table (`dstride` 0) or at the table's
-/// first entries + id · `dstride`.
+/// `moe_down_combine_tab_q8_iq2_xxs` on the q8 activation rows `actq` of the call `c` (`n`
+/// tokens, one a grid row), two warps per row as the model runs it, the parts through the table
+/// (`dstride` 0) or at the table's first entries + id · `dstride`.
 fn down_q8_launch(
     gpu: &Gpu,
     c: &mut TabCall,
     actq: &CudaSlice<u8>,
-    hidden: usize,
+    (hidden, n): (usize, usize),
     dstride: u64,
 ) -> Result<(), CudaError> {
     let warps = crate::expert_cache::moe_warps();
@@ -226,7 +226,7 @@ fn down_q8_launch(
         gpu,
         gpu.func(name)?,
         name,
-        cfg((blocks(hidden * 2, warps), 1, 1), 32 * warps, 0),
+        cfg((blocks(hidden * 2, warps), n as u32, 1), 32 * warps, 0),
         [
             &c.tab, &c.ids, &c.weights, actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff, &c.k,
             &dstride
@@ -362,7 +362,7 @@ pub fn moe_route_down_q8_slots(
             &dstride
         ]
     )?;
-    down_q8_launch(gpu, &mut c, &actq, hidden, dstride)?;
+    down_q8_launch(gpu, &mut c, &actq, (hidden, 1), dstride)?;
     Ok((
         download(gpu, &c.out)?,
         download(gpu, &act)?,
@@ -457,21 +457,11 @@ pub fn moe_experts_q8_tokens(
         )?;
     }
     // Two warps per row, as the model runs it.
-    let warps = crate::expert_cache::moe_warps();
-    let grid_x = blocks(hidden * 2, warps);
     if tiles.1 == 0 {
-        let name = "moe_down_combine_tab_q8_iq2_xxs";
-        launch!(
-            gpu,
-            gpu.func(name)?,
-            name,
-            cfg((grid_x, n as u32, 1), 32 * warps, 0),
-            [
-                &c.tab, &c.ids, &c.weights, &actq, &mut c.out, &c.shared, &c.gl, &c.hidden, &c.ff,
-                &c.k, &dstride
-            ]
-        )?;
+        down_q8_launch(gpu, &mut c, &actq, (hidden, n), dstride)?;
     } else {
+        let warps = crate::expert_cache::moe_warps();
+        let grid_x = blocks(hidden * 2, warps);
         let name = "moe_down_combine_tok_q8_iq2_xxs";
         let tile = i32_arg(tiles.1, "tile")?;
         launch!(
