@@ -163,6 +163,15 @@ pub trait Backend: Send + Sync + Sized {
         f()
     }
 
+    /// The form of the delta rule a prompt run of several tokens starting at position `pos0` takes
+    /// on this backend. Both forms compute the gated delta rule exactly and differ only in
+    /// rounding: the chunked algorithm (the default, the oracle's, built for matrix units) or the
+    /// token-by-token recurrence ([`DeltaRule::Step`], whose rows then round as decode steps do).
+    /// A backend returns the one it computes faster.
+    fn prompt_delta_rule(&self, pos0: usize) -> DeltaRule {
+        DeltaRule::Chunked { pos0 }
+    }
+
     /// The gated delta rule for every V head of one DeltaNet layer (see
     /// [`crate::delta_rule::delta_rule_heads`], the default, for the contract). Backends run the
     /// heads in parallel; any implementation must give the same result for a row whether it is

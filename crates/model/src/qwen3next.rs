@@ -695,7 +695,7 @@ fn gated_delta_net<B: Backend>(
         })
         .collect();
     let rule = match mode {
-        Mode::Prefill if n > 1 => DeltaRule::Chunked { pos0 },
+        Mode::Prefill if n > 1 => b.prompt_delta_rule(pos0),
         _ => DeltaRule::Step,
     };
     // While recording, the layer's first run also keeps the state it starts from (the verify's

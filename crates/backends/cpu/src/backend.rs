@@ -947,6 +947,15 @@ impl Backend for CpuBackend {
         crate::attention::attention_rows_online(q, kv, n_heads, head_dim, scale)
     }
 
+    /// The recurrence, token by token: on this CPU 7.7× (64 × 64 heads) and 4.3× (128 × 128)
+    /// faster a token than the chunked algorithm with AVX-512, 1.6–2.4× with AVX2, 1.3–1.9× in
+    /// scalar code (`delta_rule::bench::step_against_chunked_time`), since the chunked form
+    /// does more arithmetic a token and only pays on matrix units. A prompt's states are then
+    /// those its tokens would leave as decode steps, bit for bit.
+    fn prompt_delta_rule(&self, _pos0: usize) -> DeltaRule {
+        DeltaRule::Step
+    }
+
     fn delta_rule(
         &self,
         heads: &[HeadInputs],

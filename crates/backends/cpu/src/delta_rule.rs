@@ -843,4 +843,52 @@ mod bench {
             println!("round {round}: oracle {t_oracle:?}, fast {t_fast:?} (portable build {t_fast_portable:?})");
         }
     }
+
+    /// Time per token of a head over a 512-token prompt, the step rule (untraced) against the
+    /// chunked one, for the demo's 64 × 64 and the 80B's 128 × 128 heads (one thread):
+    /// `cargo test --release -p redlite-cpu --lib delta_rule::bench::step_against_chunked_time -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn step_against_chunked_time() {
+        for d in [64usize, 128] {
+            let (dk, dv, n) = (d, d, 512);
+            let mut seed = 5u64;
+            let mut next = move || {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            };
+            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
+            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
+            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
+            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
+            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
+            let inp = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                beta: &beta,
+                g: &g,
+                dk,
+                dv,
+            };
+            let (mut best_step, mut best_chunk) = (f64::MAX, f64::MAX);
+            for _ in 0..10 {
+                let mut s = vec![0.0f32; dk * dv];
+                let t0 = Instant::now();
+                std::hint::black_box(one_head(&inp, &mut s, DeltaRule::Step, None));
+                best_step = best_step.min(t0.elapsed().as_secs_f64());
+                let mut s = vec![0.0f32; dk * dv];
+                let t0 = Instant::now();
+                std::hint::black_box(one_head(&inp, &mut s, DeltaRule::Chunked { pos0: 0 }, None));
+                best_chunk = best_chunk.min(t0.elapsed().as_secs_f64());
+            }
+            println!(
+                "{dk}x{dv}: step {:.3} us/token, chunked {:.3} us/token (best of 10, {n} tokens)",
+                best_step * 1e6 / n as f64,
+                best_chunk * 1e6 / n as f64
+            );
+        }
+    }
 }
