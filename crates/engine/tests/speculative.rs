@@ -441,6 +441,28 @@ fn forward_last_is_the_last_row_of_forward_hidden() {
     }
 }
 
+/// On the CPU backend a prompt's delta rule is the one-token recurrence
+/// (`Backend::prompt_delta_rule`), so a prompt run leaves the state that the same tokens fed
+/// one decode step at a time leave, bit for bit, and the next step's logits are the same.
+#[test]
+fn cpu_prompt_state_is_the_decode_steps_state() {
+    for name in ["tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf", "tiny-IQ2_XXS.gguf"] {
+        let (model, tok) = load(name, BackendChoice::Cpu);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => {
+            let (mut run, mut steps) = (m.new_state(), m.new_state());
+            m.forward_hidden(&mut run, &prompt[..70], Mode::Prefill).unwrap();
+            for t in &prompt[..70] {
+                m.forward(&mut steps, std::slice::from_ref(t), Mode::Step).unwrap();
+            }
+            assert_same_state(&run, &steps, &format!("{name}: 70 prompt tokens"));
+            let a = m.forward(&mut run, &prompt[70..71], Mode::Step).unwrap();
+            let b = m.forward(&mut steps, &prompt[70..71], Mode::Step).unwrap();
+            assert!(bits(&a[0]) == bits(&b[0]), "{name}: next step");
+        });
+    }
+}
+
 /// The statistics add up.
 #[test]
 fn statistics_are_consistent() {
