@@ -620,7 +620,7 @@ mod tests {
     use redlite_model::delta_rule::delta_rule_chunked;
 
     /// Random inputs of one head over `n` tokens and a starting state `s0`.
-    struct Head {
+    pub(super) struct Head {
         q: Vec<f32>,
         k: Vec<f32>,
         v: Vec<f32>,
@@ -632,7 +632,7 @@ mod tests {
     }
 
     impl Head {
-        fn random(seed: &mut u64, dk: usize, dv: usize, n: usize) -> Head {
+        pub(super) fn random(seed: &mut u64, dk: usize, dv: usize, n: usize) -> Head {
             let mut next = || {
                 *seed = seed
                     .wrapping_mul(6364136223846793005)
@@ -657,7 +657,7 @@ mod tests {
             }
         }
 
-        fn inputs(&self) -> HeadInputs<'_> {
+        pub(super) fn inputs(&self) -> HeadInputs<'_> {
             HeadInputs {
                 q: &self.q,
                 k: &self.k,
@@ -740,6 +740,7 @@ mod tests {
 
 #[cfg(test)]
 mod bench {
+    use super::tests::Head;
     use super::*;
     use redlite_model::delta_rule::{delta_rule_chunked, delta_rule_step_traced};
     use std::time::Instant;
@@ -803,27 +804,8 @@ mod bench {
     #[ignore]
     fn chunked_head_time() {
         let (dk, dv, n) = (128, 128, 512);
-        let mut seed = 3u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
-        let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
-        let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
-        let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
-        let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
-        let inp = HeadInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            beta: &beta,
-            g: &g,
-            dk,
-            dv,
-        };
+        let head = Head::random(&mut 3, dk, dv, n);
+        let inp = head.inputs();
         for round in 0..8 {
             let mut s = vec![0.0f32; dk * dv];
             let t0 = Instant::now();
@@ -852,27 +834,8 @@ mod bench {
     fn step_against_chunked_time() {
         for d in [64usize, 128] {
             let (dk, dv, n) = (d, d, 512);
-            let mut seed = 5u64;
-            let mut next = move || {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            };
-            let q: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
-            let k: Vec<f32> = (0..n * dk).map(|_| next() * 0.1).collect();
-            let v: Vec<f32> = (0..n * dv).map(|_| next()).collect();
-            let beta: Vec<f32> = (0..n).map(|_| next() + 0.5).collect();
-            let g: Vec<f32> = (0..n).map(|_| -next().abs()).collect();
-            let inp = HeadInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                beta: &beta,
-                g: &g,
-                dk,
-                dv,
-            };
+            let head = Head::random(&mut 5, dk, dv, n);
+            let inp = head.inputs();
             let (mut best_step, mut best_chunk) = (f64::MAX, f64::MAX);
             for _ in 0..10 {
                 let mut s = vec![0.0f32; dk * dv];
