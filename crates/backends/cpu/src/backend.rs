@@ -951,10 +951,11 @@ impl Backend for CpuBackend {
     /// faster a token than the chunked algorithm with AVX-512, 1.6–2.4× with AVX2, 1.3–1.9× in
     /// scalar code (`delta_rule::bench::step_against_chunked_time`), since the chunked form
     /// does more arithmetic a token and only pays on matrix units. A prompt's states are then
-    /// those its tokens would leave as decode steps, bit for bit. (Where a decay multiplies the
+    /// those its tokens would leave as decode steps, bit for bit. Where a decay multiplies the
     /// state into subnormal numbers, as the random full-size layout's g ≈ −100 do, the
-    /// recurrence is the slower one, 15.1 against 6.2 µs a 128 × 128 head and token; that
-    /// layout's prefill still spends less in the delta rule: 8.8 % of the samples against 12.0.)
+    /// recurrence is the slower one (15.1 against 6.2 µs of wall time a 128 × 128 head and
+    /// token, 32 heads on two threads); that layout's prefill still spends less in the delta
+    /// rule (8.8 % of the samples against 12.0).
     fn prompt_delta_rule(&self, _pos0: usize) -> DeltaRule {
         DeltaRule::Step
     }
