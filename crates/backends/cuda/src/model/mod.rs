@@ -194,7 +194,7 @@ pub(crate) fn fit_down_parts(asked: usize, warps: u32) -> usize {
 }
 
 /// Rows per warp group of the one-token 8-bit kernels (`REDLITE_CUDA_Q8_ROWS`, 1 to 16, default 2
-/// since session 55: +1.1 % decode on an H100 against 4, +1.9 % with 16 norm slices; 1 loses
+/// since session 55: +1.3 % decode on an H100 against 4, +1.9 % with 16 norm slices; 1 loses
 /// 8.5 %, 3 0.4 %; the same bits for any count).
 pub(crate) fn q8_rows_from_env() -> usize {
     env_parse("REDLITE_CUDA_Q8_ROWS").unwrap_or(2).clamp(1, 16)
