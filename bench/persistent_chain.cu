@@ -1,0 +1,600 @@
+// persistent_chain.cu: does a persistent decode kernel pay on this GPU? (#6, the structural lever)
+//
+// A synthetic decode step: L layers of dependent Q4_K matrix-vector stages whose row counts copy a
+// Gated DeltaNet layer's bytes on the full-size layout (in-projections 12,352 rows, out-projection
+// 4.7 MB, F32 router 4.2 MB, ten experts' gate/up 5.4 MB and down 2.7 MB, each as Q4_K rows of 2,048
+// columns). Stage s reads stage s − 1's output (x[i] = y[i % rows]), so every stage waits for the
+// whole one before it, as the model's stages do. The same row function runs in every mode:
+//
+//   A  one launch a stage, captured in a CUDA graph with programmatic dependent launch: each block
+//      starts its rows' lines into L2 before `griddepcontrol.wait` (redlite's launch chain today);
+//   B  one persistent kernel, one block an SM, the stages separated by a grid barrier (an arrival
+//      counter); each block streams its rows of the next two stages into shared memory with bulk
+//      copies (`cp.async.bulk`, mbarrier completion) while it waits and computes;
+//   B0 the same persistent kernel reading its rows from global memory, starting the next stage's
+//      lines into L2 before the barrier (the barrier alone, without the shared-memory stream).
+//
+// Every mode's outputs are compared bit for bit (the same row function on the same inputs), and a
+// few rows of the first stage against a double-precision reference on the host. Prints time a step,
+// the stages' bytes over that time, and the read bandwidth measured in the same run.
+//
+// Build (nvcc 12.4+ or 13): nvcc -O3 -arch=sm_90a -o persistent_chain bench/persistent_chain.cu
+// Run: ./persistent_chain [layers=48] [reps=20]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+constexpr int COLS = 2048;          // every stage's input width
+constexpr int QK = 256;             // Q4_K block
+constexpr int BB = 144;             // Q4_K block bytes
+constexpr int RB = COLS / QK * BB;  // row bytes: 1,152
+constexpr int WARP = 32;
+
+struct Stage {
+    const uint8_t* w;  // rows × RB bytes
+    float* y;          // rows outputs
+    const float* x;    // the input (the stage before's y, or x0)
+    int rows;
+    int in_rows;  // x[i] = x[i % in_rows]
+};
+
+// ---------------------------------------------------------------------------------------------
+// The row function: y = f(W_row · x), f(v) = v / (1 + |v|) (bounded over many stages). The warp
+// walks the row's 8 Q4_K blocks; in each, lane l takes 4 bytes of qs, qs[32j + 4i .. + 4) with
+// j = l / 8, i = l % 8: the low nibbles are weights 64j + 4i .. + 3 (sub-block 2j), the high ones
+// 64j + 32 + 4i .. + 3 (sub-block 2j + 1), so a warp's x loads are 16 consecutive bytes a lane
+// (no bank conflicts beyond the four chunks). `row` may point into global or shared memory.
+__device__ __forceinline__ void scale_min(int k, uint32_t s0, uint32_t s1, uint32_t s2, float& sc, float& m) {
+    auto byte = [&](int i) -> uint32_t {
+        const uint32_t w = i < 4 ? s0 : (i < 8 ? s1 : s2);
+        return (w >> (8 * (i & 3))) & 0xFF;
+    };
+    if (k < 4) {
+        sc = (float)(byte(k) & 63);
+        m = (float)(byte(k + 4) & 63);
+    } else {
+        sc = (float)((byte(k + 4) & 0xF) | ((byte(k - 4) >> 6) << 4));
+        m = (float)((byte(k + 4) >> 4) | ((byte(k) >> 6) << 4));
+    }
+}
+
+__device__ __forceinline__ float row_dot(const uint8_t* row, const float* xs, int lane) {
+    const int j = lane >> 3, i0 = 4 * (lane & 7);
+    float acc = 0.f;
+#pragma unroll
+    for (int b = 0; b < COLS / QK; ++b) {
+        const uint8_t* blk = row + b * BB;
+        const uint32_t dm = *(const uint32_t*)blk;
+        const uint32_t s0 = *(const uint32_t*)(blk + 4), s1 = *(const uint32_t*)(blk + 8),
+                       s2 = *(const uint32_t*)(blk + 12);
+        const uint32_t q = *(const uint32_t*)(blk + 16 + 32 * j + i0);
+        const float4 xa = *(const float4*)(xs + b * QK + 64 * j + i0);
+        const float4 xb = *(const float4*)(xs + b * QK + 64 * j + 32 + i0);
+        const float d = __half2float(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(dm >> 16)));
+        float sc0, m0, sc1, m1;
+        scale_min(2 * j, s0, s1, s2, sc0, m0);
+        scale_min(2 * j + 1, s0, s1, s2, sc1, m1);
+        float slo = (float)(q & 0xF) * xa.x;
+        slo = fmaf((float)((q >> 8) & 0xF), xa.y, slo);
+        slo = fmaf((float)((q >> 16) & 0xF), xa.z, slo);
+        slo = fmaf((float)((q >> 24) & 0xF), xa.w, slo);
+        float shi = (float)((q >> 4) & 0xF) * xb.x;
+        shi = fmaf((float)((q >> 12) & 0xF), xb.y, shi);
+        shi = fmaf((float)((q >> 20) & 0xF), xb.z, shi);
+        shi = fmaf((float)((q >> 28) & 0xF), xb.w, shi);
+        const float xlo = (xa.x + xa.y) + (xa.z + xa.w), xhi = (xb.x + xb.y) + (xb.z + xb.w);
+        acc += d * sc0 * slo - dmin * m0 * xlo + d * sc1 * shi - dmin * m1 * xhi;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc / (1.0f + fabsf(acc));
+}
+
+// The cheap row (kind 1): the row's 1,152 bytes as 72 16-byte words against 1,152 int8 activations
+// (dp4a), lane l taking words l, l + 32, l + 64. The activations a lane needs are the same for every
+// row, so they stay in registers: what a stage costs when its row arithmetic is nearly free (the
+// memory and the synchronisation alone).
+constexpr int RW = RB / 16;  // 72 words a row
+struct XRegs {
+    uint4 w[3];
+};
+__device__ __forceinline__ XRegs load_xregs(const void* xs, int lane) {
+    XRegs r;
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        const int i = lane + 32 * k;
+        r.w[k] = i < RW ? ((const uint4*)xs)[i] : make_uint4(0, 0, 0, 0);
+    }
+    return r;
+}
+__device__ __forceinline__ float row_dot_q8(const uint8_t* row, const XRegs& x, int lane) {
+    int acc = 0;
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        const int i = lane + 32 * k;
+        if (i < RW) {
+            const uint4 w = ((const uint4*)row)[i];
+            acc = __dp4a((int)w.x, (int)x.w[k].x, acc);
+            acc = __dp4a((int)w.y, (int)x.w[k].y, acc);
+            acc = __dp4a((int)w.z, (int)x.w[k].z, acc);
+            acc = __dp4a((int)w.w, (int)x.w[k].w, acc);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    const float v = (float)acc * (1.0f / 65536.0f);
+    return v / (1.0f + fabsf(v));
+}
+
+// The stage's input in shared memory: kind 0 the 2,048 floats, kind 1 their int8 image (1,152 bytes).
+template <int KIND>
+__device__ __forceinline__ void stage_x(float* xs, const float* x, int in_rows) {
+    if (KIND == 0) {
+        for (int i = threadIdx.x; i < COLS; i += blockDim.x) xs[i] = x[i % in_rows];
+    } else {
+        for (int i = threadIdx.x; i < RB; i += blockDim.x) ((int8_t*)xs)[i] = (int8_t)(int)(x[i % in_rows] * 127.f);
+    }
+}
+template <int KIND>
+__device__ __forceinline__ float row_value(const uint8_t* row, const float* xs, const XRegs& xr, int lane) {
+    if (KIND == 0) return row_dot(row, xs, lane);
+    return row_dot_q8(row, xr, lane);
+}
+
+__device__ __forceinline__ void prefetch_rows_l2(const uint8_t* w, size_t bytes) {
+    for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + o));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mode A: one launch a stage (PDL). Block = 8 warps, 2 rows a warp.
+constexpr int A_WARPS = 8, A_ROWS_PER_WARP = 2, A_ROWS = A_WARPS * A_ROWS_PER_WARP;
+
+template <int KIND>
+__global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel(Stage st) {
+    __shared__ float xs[COLS];
+    const int r0 = blockIdx.x * A_ROWS;
+    const int nr = min(A_ROWS, st.rows - r0);
+    prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+    stage_x<KIND>(xs, st.x, st.in_rows);
+    __syncthreads();
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const XRegs xr = load_xregs(xs, lane);
+    for (int r = warp; r < nr; r += A_WARPS) {
+        const float v = row_value<KIND>(st.w + (size_t)(r0 + r) * RB, xs, xr, lane);
+        if (lane == 0) st.y[r0 + r] = v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mode B / B0: one persistent kernel. Block b takes rows [b R / G, (b + 1) R / G) of each stage.
+constexpr int B_WARPS = 16;
+constexpr int B_MAX_ROWS = 96;  // rows a block at most (ceil(12,352 / 132) = 94)
+constexpr int BUF = B_MAX_ROWS * RB;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void block_rows(int rows, int b, int g, int& r0, int& nr) {
+    r0 = (int)((long long)rows * b / g);
+    nr = (int)((long long)rows * (b + 1) / g) - r0;
+}
+
+// Thread 0: stage s's rows of this block into buf with one mbarrier transaction.
+__device__ __forceinline__ void issue_stage(const Stage& st, uint8_t* buf, uint64_t* bar, int chunk) {
+    int r0, nr;
+    block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
+    const uint32_t bytes = (uint32_t)nr * RB;
+    const uint32_t b = smem_addr(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    const uint8_t* src = st.w + (size_t)r0 * RB;
+    for (uint32_t o = 0; o < bytes; o += chunk) {
+        const uint32_t n = min((uint32_t)chunk, bytes - o);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_addr(buf + o)),
+            "l"(src + o), "r"(n), "r"(b)
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void wait_bar(uint64_t* bar, uint32_t parity) {
+    const uint32_t b = smem_addr(bar);
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(b), "r"(parity)
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void grid_arrive(unsigned* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    }
+}
+
+__device__ __forceinline__ void grid_wait(unsigned* counter, unsigned target, int* err) {
+    if (threadIdx.x == 0) {
+        unsigned v;
+        long long spins = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+            if (++spins > (1ll << 28)) {
+                atomicExch(err, 1);
+                break;
+            }
+        } while (v < target);
+    }
+    __syncthreads();
+}
+
+template <bool SMEM, int KIND>
+__global__ void __launch_bounds__(B_WARPS * WARP, 1)
+    chain_persistent(const Stage* __restrict__ stages, int n, unsigned* counter, int* err, int chunk) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    float* xs = (float*)(sm + 2 * BUF);
+    uint64_t* bars = (uint64_t*)(sm + 2 * BUF + COLS * 4);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const unsigned g = gridDim.x;
+    if (SMEM) {
+        if (threadIdx.x == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[0])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[1])));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue_stage(stages[0], sm, &bars[0], chunk);
+            if (n > 1) issue_stage(stages[1], sm + BUF, &bars[1], chunk);
+        }
+        __syncthreads();
+    }
+    for (int s = 0; s < n; ++s) {
+        const Stage st = stages[s];
+        int r0, nr;
+        block_rows(st.rows, blockIdx.x, g, r0, nr);
+        if (!SMEM) prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
+        if (s > 0) grid_wait(counter, (unsigned)s * g, err);
+        stage_x<KIND>(xs, st.x, st.in_rows);
+        __syncthreads();
+        const XRegs xr = load_xregs(xs, lane);
+        const uint8_t* rows;
+        if (SMEM) {
+            wait_bar(&bars[s & 1], (s >> 1) & 1);
+            rows = sm + (s & 1) * BUF;
+        } else {
+            rows = st.w + (size_t)r0 * RB;
+        }
+        for (int r = warp; r < nr; r += B_WARPS) {
+            const float v = row_value<KIND>(rows + (size_t)r * RB, xs, xr, lane);
+            if (lane == 0) st.y[r0 + r] = v;
+        }
+        grid_arrive(counter);  // (its __syncthreads: every warp is done with this buffer and xs)
+        if (SMEM && threadIdx.x == 0 && s + 2 < n) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue_stage(stages[s + 2], sm + (s & 1) * BUF, &bars[s & 1], chunk);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+__global__ void read_sum(const uint4* p, size_t n, unsigned* out) {
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) *out = acc;
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd() {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static float half_bits_to_float(uint16_t h) {
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+
+static double host_row(const uint8_t* row, const float* x) {
+    double acc = 0;
+    for (int b = 0; b < COLS / QK; ++b) {
+        const uint8_t* blk = row + b * BB;
+        const double d = half_bits_to_float(*(const uint16_t*)blk), dmin = half_bits_to_float(*(const uint16_t*)(blk + 2));
+        const uint8_t* q = blk + 4;
+        for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            if (j < 4) {
+                sc = q[j] & 63;
+                m = q[j + 4] & 63;
+            } else {
+                sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+                m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+            }
+            for (int i = 0; i < 32; ++i) {
+                const uint8_t byte = blk[16 + 32 * (j / 2) + i];
+                const int qv = (j % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+                acc += (d * sc * qv - dmin * m) * x[b * QK + 32 * j + i];
+            }
+        }
+    }
+    return acc / (1.0 + fabs(acc));
+}
+
+// The cheap row on the host: the same integer sum and the same float operations, so the same bits.
+static float host_row_q8(const uint8_t* row, const float* x) {
+    long long acc = 0;
+    for (int i = 0; i < RB; ++i) acc += (long long)(int8_t)row[i] * (int8_t)(int)(x[i % COLS] * 127.f);
+    const float v = (float)(int)acc * (1.0f / 65536.0f);
+    return v / (1.0f + fabsf(v));
+}
+
+struct Ctx {
+    int layers, reps, sms, ns;
+    std::vector<int> layer;
+    std::vector<Stage> st;
+    Stage* dst;
+    unsigned* counter;
+    int* err;
+    cudaStream_t stream;
+    cudaEvent_t e0, e1;
+    double bw_ref;
+    size_t wbytes;
+    std::vector<uint8_t> first_rows;
+    std::vector<float> hx;
+};
+
+static const char* STAGE_NAMES[] = {"in-projections", "out-projection", "router-sized", "experts gate/up-sized",
+                                    "experts down-sized"};
+
+static cudaGraphExec_t chain_graph(Ctx& c, void (*kernel)(Stage), const std::vector<const Stage*>& stages) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal));
+    for (const Stage* s : stages) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((s->rows + A_ROWS - 1) / A_ROWS);
+        cfg.blockDim = dim3(A_WARPS * WARP);
+        cfg.stream = c.stream;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&cfg, kernel, *s));
+    }
+    CK(cudaStreamEndCapture(c.stream, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphDestroy(g));
+    return ge;
+}
+
+template <typename F>
+static float time_it(Ctx& c, F launch) {
+    for (int i = 0; i < 3; ++i) launch();
+    CK(cudaStreamSynchronize(c.stream));
+    std::vector<float> t;
+    for (int i = 0; i < c.reps; ++i) {
+        CK(cudaEventRecord(c.e0, c.stream));
+        launch();
+        CK(cudaEventRecord(c.e1, c.stream));
+        CK(cudaEventSynchronize(c.e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, c.e0, c.e1));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+template <int KIND>
+static void run_kind(Ctx& c) {
+    printf("\n=== row function: %s\n",
+           KIND == 0 ? "Q4_K against f32 activations (block-wise dequantisation, FMAs)"
+                     : "bytes against int8 activations (dp4a: nearly free arithmetic)");
+    const int ns = c.ns;
+    std::vector<const Stage*> all;
+    for (auto& s : c.st) all.push_back(&s);
+    cudaGraphExec_t ga = chain_graph(c, stage_kernel<KIND>, all);
+    std::vector<float> ref_out(16384), out(16384);
+    auto last_output = [&](std::vector<float>& v) {
+        CK(cudaMemcpy(v.data(), c.st[ns - 1].y, c.st[ns - 1].rows * 4, cudaMemcpyDeviceToHost));
+    };
+    // Stage 0 alone against the host (every 97th row), then the chain's output as the reference.
+    {
+        stage_kernel<KIND><<<(c.st[0].rows + A_ROWS - 1) / A_ROWS, A_WARPS * WARP, 0, c.stream>>>(c.st[0]);
+        CK(cudaStreamSynchronize(c.stream));
+        std::vector<float> y0(c.st[0].rows);
+        CK(cudaMemcpy(y0.data(), c.st[0].y, c.st[0].rows * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (int r = 0; r < c.st[0].rows; r += 97) {
+            const double want = KIND == 0 ? host_row(&c.first_rows[(size_t)r * RB], c.hx.data())
+                                          : host_row_q8(&c.first_rows[(size_t)r * RB], c.hx.data());
+            worst = fmax(worst, fabs(want - y0[r]));
+        }
+        const double tol = KIND == 0 ? 1e-3 : 0.0;
+        printf("stage 0 against the host (every 97th row): max |diff| %.3g %s\n", worst,
+               worst <= tol ? "ok" : "FAILED");
+        CK(cudaGraphLaunch(ga, c.stream));
+        CK(cudaStreamSynchronize(c.stream));
+        last_output(ref_out);
+    }
+    auto report = [&](const char* what, float ms) {
+        last_output(out);
+        const bool same = memcmp(out.data(), ref_out.data(), c.st[ns - 1].rows * 4) == 0;
+        const double gbs = c.wbytes / (ms * 1e-3);
+        printf("%-44s %8.3f ms a step  %6.2f us a layer  %5.0f GB/s (%4.1f %% of the reference)  outputs %s\n", what,
+               ms, ms * 1e3 / c.layers, gbs / 1e9, 100.0 * gbs / c.bw_ref, same ? "identical" : "DIFFER");
+        fflush(stdout);
+    };
+    report("A  launch a stage, PDL, graph", time_it(c, [&] { CK(cudaGraphLaunch(ga, c.stream)); }));
+
+    const size_t smem_b = 2 * BUF + COLS * 4 + 16;
+    CK(cudaFuncSetAttribute(chain_persistent<true, KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
+    CK(cudaFuncSetAttribute(chain_persistent<false, KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, chain_persistent<true, KIND>, B_WARPS * WARP, smem_b));
+    if (occ < 1) {
+        printf("persistent kernel cannot be resident (%d blocks an SM)\n", occ);
+        return;
+    }
+    auto run_b = [&](bool smem, int chunk) {
+        CK(cudaMemsetAsync(c.counter, 0, 4, c.stream));
+        void* args[] = {(void*)&c.dst, (void*)&c.ns, (void*)&c.counter, (void*)&c.err, (void*)&chunk};
+        void* f = smem ? (void*)chain_persistent<true, KIND> : (void*)chain_persistent<false, KIND>;
+        CK(cudaLaunchCooperativeKernel(f, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
+    };
+    for (int chunk : {1 << 20, 16384}) {
+        char what[96];
+        snprintf(what, sizeof what, "B  persistent, smem stream (chunk %d B)", chunk);
+        report(what, time_it(c, [&] { run_b(true, chunk); }));
+    }
+    report("B0 persistent, L2 prefetch, no smem", time_it(c, [&] { run_b(false, 0); }));
+    int herr = 0;
+    CK(cudaMemcpy(&herr, c.err, 4, cudaMemcpyDeviceToHost));
+    if (herr) printf("GRID BARRIER TIMED OUT (not all blocks resident?)\n");
+    CK(cudaGraphExecDestroy(ga));
+
+    // Mode A, one stage kind repeated: each kind's time a launch in a chain of its own.
+    printf("mode A, one stage kind repeated (time a launch in a chain of %d):\n", c.layers);
+    for (size_t k = 0; k < c.layer.size(); ++k) {
+        std::vector<const Stage*> one;
+        for (int l = 0; l < c.layers; ++l) one.push_back(&c.st[l * c.layer.size() + k]);
+        cudaGraphExec_t ge = chain_graph(c, stage_kernel<KIND>, one);
+        const float t = time_it(c, [&] { CK(cudaGraphLaunch(ge, c.stream)); });
+        const double bytes = (double)c.layer[k] * RB;
+        printf("  %-24s %6d rows %6.2f MB  %6.2f us a launch (%5.2f us of bytes at the reference)  %5.0f GB/s\n",
+               STAGE_NAMES[k], c.layer[k], bytes / 1e6, t * 1e3 / c.layers, bytes / c.bw_ref * 1e6,
+               bytes / (t * 1e-3 / c.layers) / 1e9);
+        CK(cudaGraphExecDestroy(ge));
+    }
+}
+
+
+int main(int argc, char** argv) {
+    Ctx c;
+    c.layers = argc > 1 ? atoi(argv[1]) : 48;
+    c.reps = argc > 2 ? atoi(argv[2]) : 20;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    c.sms = prop.multiProcessorCount;
+    printf("device: %s, %d SMs, %.0f KiB shared memory a block at most\n", prop.name, c.sms,
+           prop.sharedMemPerBlockOptin / 1024.0);
+
+    // One layer's stages (rows of 2,048 Q4_K columns with about the model's bytes).
+    c.layer = {12352, 4096, 3648, 4704, 2352};
+    c.ns = c.layers * (int)c.layer.size();
+    size_t total_rows = 0;
+    for (int r : c.layer) total_rows += r;
+    const size_t layer_bytes = total_rows * RB;
+    // Distinct weights for every stage of the step (as the model: nothing is reused within a step).
+    c.wbytes = layer_bytes * c.layers;
+    printf("layers %d, %d stages, %.1f MB a layer, %.1f MB a step\n", c.layers, c.ns, layer_bytes / 1e6,
+           c.wbytes / 1e6);
+    std::vector<uint8_t> hw(layer_bytes);
+    uint8_t* dw;
+    CK(cudaMalloc(&dw, c.wbytes));
+    // Random bytes with small finite d, dmin (the values do not matter for timing; they stay finite).
+    for (int l = 0; l < c.layers; ++l) {
+        for (size_t i = 0; i < layer_bytes; i += 4) {
+            const uint32_t v = rnd();
+            memcpy(&hw[i], &v, 4);
+        }
+        for (size_t r = 0; r < total_rows; ++r) {
+            for (int b = 0; b < COLS / QK; ++b) {
+                uint8_t* blk = &hw[r * RB + b * BB];
+                const uint16_t d = __half_as_ushort(__float2half(0.001f * (1 + rnd() % 16)));
+                const uint16_t m = __half_as_ushort(__float2half(0.0005f * (1 + rnd() % 16)));
+                memcpy(blk, &d, 2);
+                memcpy(blk + 2, &m, 2);
+            }
+        }
+        CK(cudaMemcpy(dw + l * layer_bytes, hw.data(), layer_bytes, cudaMemcpyHostToDevice));
+    }
+    c.first_rows.resize(layer_bytes);  // layer 0's bytes, for the host checks
+    CK(cudaMemcpy(c.first_rows.data(), dw, layer_bytes, cudaMemcpyDeviceToHost));
+
+    float *x0, *ybuf[2];
+    CK(cudaMalloc(&x0, COLS * 4));
+    CK(cudaMalloc(&ybuf[0], 16384 * 4));
+    CK(cudaMalloc(&ybuf[1], 16384 * 4));
+    c.hx.resize(COLS);
+    for (auto& v : c.hx) v = ((int)(rnd() % 2001) - 1000) / 1000.0f;
+    CK(cudaMemcpy(x0, c.hx.data(), COLS * 4, cudaMemcpyHostToDevice));
+
+    c.st.resize(c.ns);
+    size_t off = 0;
+    for (int s = 0; s < c.ns; ++s) {
+        const int rows = c.layer[s % c.layer.size()];
+        c.st[s].w = dw + off;
+        off += (size_t)rows * RB;
+        c.st[s].rows = rows;
+        c.st[s].y = ybuf[s & 1];
+        c.st[s].x = s == 0 ? x0 : ybuf[(s - 1) & 1];
+        c.st[s].in_rows = s == 0 ? COLS : c.st[s - 1].rows;
+    }
+    CK(cudaMalloc(&c.dst, c.ns * sizeof(Stage)));
+    CK(cudaMemcpy(c.dst, c.st.data(), c.ns * sizeof(Stage), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&c.counter, 4));
+    CK(cudaMalloc(&c.err, 4));
+    CK(cudaMemset(c.err, 0, 4));
+    CK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&c.e0));
+    CK(cudaEventCreate(&c.e1));
+
+    // The read bandwidth reference (1 GiB, as redlite's read_sum).
+    {
+        const size_t n = (1ull << 30) / 16;
+        uint4* big;
+        unsigned* o;
+        CK(cudaMalloc(&big, n * 16));
+        CK(cudaMalloc(&o, 4));
+        CK(cudaMemset(big, 1, n * 16));
+        float best = 1e9f;
+        for (int i = 0; i < 6; ++i) {
+            CK(cudaEventRecord(c.e0, c.stream));
+            read_sum<<<c.sms * 8, 512, 0, c.stream>>>(big, n, o);
+            CK(cudaEventRecord(c.e1, c.stream));
+            CK(cudaEventSynchronize(c.e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, c.e0, c.e1));
+            if (i > 0 && ms < best) best = ms;
+        }
+        c.bw_ref = (n * 16) / (best * 1e-3);
+        printf("read bandwidth reference: %.0f GB/s (1 GiB, best of 5)\n", c.bw_ref / 1e9);
+        CK(cudaFree(big));
+        CK(cudaFree(o));
+    }
+    run_kind<0>(c);
+    run_kind<1>(c);
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
