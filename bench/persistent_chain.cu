@@ -12,14 +12,23 @@
 //      counter); each block streams its rows of the next two stages into shared memory with bulk
 //      copies (`cp.async.bulk`, mbarrier completion) while it waits and computes;
 //   B0 the same persistent kernel reading its rows from global memory, starting the next stage's
-//      lines into L2 before the barrier (the barrier alone, without the shared-memory stream).
+//      lines into L2 before the barrier (the barrier alone, without the shared-memory stream);
+//   B2 the persistent kernel with a byte ring (224,000 bytes an SM) instead of two stage buffers:
+//      the next stages' rows stream in as far ahead as the ring allows, whatever their sizes.
+// A and B2 run again with the routed experts' stages fetched only after the router's stage (their
+// rows depend on its top-k, as in the model): no L2 prefetch before the wait in A, no issue before
+// the router's grid barrier in B2.
+//
+// Two row functions: kind 0, Q4_K against f32 activations (block-wise dequantisation and FMAs,
+// arithmetic like a plain kernel's), and kind 1, the row's bytes against int8 activations held in
+// registers (dp4a: nearly free arithmetic, so a stage costs its memory and synchronisation alone).
 //
 // Every mode's outputs are compared bit for bit (the same row function on the same inputs), and a
 // few rows of the first stage against a double-precision reference on the host. Prints time a step,
 // the stages' bytes over that time, and the read bandwidth measured in the same run.
 //
 // Build (nvcc 12.4+ or 13): nvcc -O3 -arch=sm_90a -o persistent_chain bench/persistent_chain.cu
-// Run: ./persistent_chain [layers=48] [reps=20]
+// Run: ./persistent_chain [layers=48] [reps=20] [tiny]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,6 +61,7 @@ struct Stage {
     const float* x;    // the input (the stage before's y, or x0)
     int rows;
     int in_rows;  // x[i] = x[i % in_rows]
+    int dep;      // its rows' addresses known only once stage `dep` is done (routed experts), or -1
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -172,7 +182,7 @@ __global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel(Stage st) {
     __shared__ float xs[COLS];
     const int r0 = blockIdx.x * A_ROWS;
     const int nr = min(A_ROWS, st.rows - r0);
-    prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
+    if (st.dep < 0) prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
     stage_x<KIND>(xs, st.x, st.in_rows);
@@ -300,6 +310,99 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     }
 }
 
+// Mode B2: the persistent kernel with a byte ring instead of two stage buffers: thread 0 keeps
+// issuing the next stages' rows (in order, each stage's rows one contiguous segment, a segment
+// that does not fit before the ring's end placed at its start) for as long as they fit, so the
+// weights stream ahead by up to RING bytes whatever the stages' sizes. A stage with dep >= 0
+// (the routed experts) is issued only once stage dep is done everywhere (its grid barrier).
+constexpr int SLOTS = 16;
+constexpr int RING = 224000;
+
+struct RingState {
+    int next, live, lo, hi;
+};
+
+__device__ __forceinline__ void ring_issue(RingState& r, const Stage* stages, int n, int done_all, int* seg,
+                                           uint8_t* sm, uint64_t* bars) {
+    while (r.next < n && r.live < SLOTS) {
+        const Stage& st = stages[r.next];
+        if (st.dep >= done_all) break;  // its rows are not known yet
+        int r0, nr;
+        block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
+        const int size = nr * RB;
+        int p;
+        if (r.live == 0) {
+            r.lo = r.hi = 0;
+            p = 0;
+        } else if (r.hi > r.lo) {
+            if (RING - r.hi >= size)
+                p = r.hi;
+            else if (r.lo >= size)
+                p = 0;
+            else
+                break;
+        } else {
+            if (r.lo - r.hi >= size)
+                p = r.hi;
+            else
+                break;
+        }
+        const int slot = r.next % SLOTS;
+        seg[slot] = p;
+        issue_stage(st, sm + p, &bars[slot], 1 << 20);
+        r.hi = p + size;
+        ++r.live;
+        ++r.next;
+    }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(B_WARPS * WARP, 1)
+    chain_ring(const Stage* __restrict__ stages, int n, unsigned* counter, int* err) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    float* xs = (float*)(sm + RING);
+    uint64_t* bars = (uint64_t*)(sm + RING + COLS * 4);
+    int* seg = (int*)(bars + SLOTS);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const unsigned g = gridDim.x;
+    RingState r = {0, 0, 0, 0};  // thread 0's
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < SLOTS; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[k])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        ring_issue(r, stages, n, 0, seg, sm, bars);
+    }
+    __syncthreads();
+    for (int s = 0; s < n; ++s) {
+        const Stage st = stages[s];
+        int r0, nr;
+        block_rows(st.rows, blockIdx.x, g, r0, nr);
+        if (s > 0) {
+            grid_wait(counter, (unsigned)s * g, err);
+            if (threadIdx.x == 0) ring_issue(r, stages, n, s, seg, sm, bars);  // stages gated on s - 1
+        }
+        stage_x<KIND>(xs, st.x, st.in_rows);
+        __syncthreads();
+        const XRegs xr = load_xregs(xs, lane);
+        wait_bar(&bars[s % SLOTS], (s / SLOTS) & 1);
+        const uint8_t* rows = sm + seg[s % SLOTS];
+        for (int k = warp; k < nr; k += B_WARPS) {
+            const float v = row_value<KIND>(rows + (size_t)k * RB, xs, xr, lane);
+            if (lane == 0) st.y[r0 + k] = v;
+        }
+        grid_arrive(counter);  // (its __syncthreads: every warp is done with the segment and xs)
+        if (threadIdx.x == 0) {
+            --r.live;
+            if (r.live == 0)
+                r.lo = r.hi = 0;
+            else
+                r.lo = seg[(s + 1) % SLOTS];
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            ring_issue(r, stages, n, s, seg, sm, bars);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 __global__ void read_sum(const uint4* p, size_t n, unsigned* out) {
     unsigned acc = 0;
@@ -360,8 +463,9 @@ static float host_row_q8(const uint8_t* row, const float* x) {
 struct Ctx {
     int layers, reps, sms, ns;
     std::vector<int> layer;
-    std::vector<Stage> st;
+    std::vector<Stage> st, st_dep;  // st: every stage's rows known ahead; st_dep: the experts' after the router
     Stage* dst;
+    Stage* dst_dep;
     unsigned* counter;
     int* err;
     cudaStream_t stream;
@@ -478,6 +582,24 @@ static void run_kind(Ctx& c) {
         report(what, time_it(c, [&] { run_b(true, chunk); }));
     }
     report("B0 persistent, L2 prefetch, no smem", time_it(c, [&] { run_b(false, 0); }));
+    const size_t smem_r = RING + COLS * 4 + SLOTS * 8 + SLOTS * 4;
+    CK(cudaFuncSetAttribute(chain_ring<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_r));
+    auto run_r = [&](bool dep) {
+        CK(cudaMemsetAsync(c.counter, 0, 4, c.stream));
+        Stage* d = dep ? c.dst_dep : c.dst;
+        void* args[] = {(void*)&d, (void*)&c.ns, (void*)&c.counter, (void*)&c.err};
+        CK(cudaLaunchCooperativeKernel((void*)chain_ring<KIND>, c.sms, B_WARPS * WARP, args, smem_r, c.stream));
+    };
+    report("B2 persistent, smem byte ring", time_it(c, [&] { run_r(false); }));
+    // The experts' rows only after the router's stage, in both forms.
+    {
+        std::vector<const Stage*> alld;
+        for (auto& st : c.st_dep) alld.push_back(&st);
+        cudaGraphExec_t gd = chain_graph(c, stage_kernel<KIND>, alld);
+        report("A  (experts' rows after the router)", time_it(c, [&] { CK(cudaGraphLaunch(gd, c.stream)); }));
+        CK(cudaGraphExecDestroy(gd));
+        report("B2 (experts' rows after the router)", time_it(c, [&] { run_r(true); }));
+    }
     int herr = 0;
     CK(cudaMemcpy(&herr, c.err, 4, cudaMemcpyDeviceToHost));
     if (herr) printf("GRID BARRIER TIMED OUT (not all blocks resident?)\n");
@@ -510,7 +632,13 @@ int main(int argc, char** argv) {
            prop.sharedMemPerBlockOptin / 1024.0);
 
     // One layer's stages (rows of 2,048 Q4_K columns with about the model's bytes).
-    c.layer = {12352, 4096, 3648, 4704, 2352};
+    // `tiny`: one row a block everywhere (132 rows on an H100), so a stage costs its synchronisation,
+    // its input's trip through L2 and one row: the floor of a dependent stage in each form.
+    const bool tiny = argc > 3 && strcmp(argv[3], "tiny") == 0;
+    if (tiny)
+        c.layer = std::vector<int>(5, c.sms);
+    else
+        c.layer = {12352, 4096, 3648, 4704, 2352};
     c.ns = c.layers * (int)c.layer.size();
     size_t total_rows = 0;
     for (int r : c.layer) total_rows += r;
@@ -560,9 +688,18 @@ int main(int argc, char** argv) {
         c.st[s].y = ybuf[s & 1];
         c.st[s].x = s == 0 ? x0 : ybuf[(s - 1) & 1];
         c.st[s].in_rows = s == 0 ? COLS : c.st[s - 1].rows;
+        c.st[s].dep = -1;
+    }
+    // The routed experts' stages (kinds 3 and 4) read rows chosen by the router (kind 2).
+    c.st_dep = c.st;
+    for (int s = 0; s < c.ns; ++s) {
+        const int k = s % (int)c.layer.size();
+        if (k == 3 || k == 4) c.st_dep[s].dep = s - (k - 2);
     }
     CK(cudaMalloc(&c.dst, c.ns * sizeof(Stage)));
     CK(cudaMemcpy(c.dst, c.st.data(), c.ns * sizeof(Stage), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&c.dst_dep, c.ns * sizeof(Stage)));
+    CK(cudaMemcpy(c.dst_dep, c.st_dep.data(), c.ns * sizeof(Stage), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&c.counter, 4));
     CK(cudaMalloc(&c.err, 4));
     CK(cudaMemset(c.err, 0, 4));
