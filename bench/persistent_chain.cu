@@ -62,6 +62,8 @@ struct Stage {
     int rows;
     int in_rows;  // x[i] = x[i % in_rows]
     int dep;      // its rows' addresses known only once stage `dep` is done (routed experts), or -1
+    unsigned long long* yl;        // mode B3: the outputs as (tag << 32 | value bits)
+    const unsigned long long* xl;  // mode B3: the input (the stage before's yl), null for stage 0
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -117,6 +119,9 @@ __device__ __forceinline__ float row_dot(const uint8_t* row, const float* xs, in
     return acc / (1.0f + fabsf(acc));
 }
 
+constexpr int B_WARPS = 16;  // the persistent kernels' block: 16 warps, one block an SM
+constexpr int B_THREADS = B_WARPS * WARP;
+
 // The cheap row (kind 1): the row's 1,152 bytes as 72 16-byte words against 1,152 int8 activations
 // (dp4a), lane l taking words l, l + 32, l + 64. The activations a lane needs are the same for every
 // row, so they stay in registers: what a stage costs when its row arithmetic is nearly free (the
@@ -153,13 +158,62 @@ __device__ __forceinline__ float row_dot_q8(const uint8_t* row, const XRegs& x, 
     return v / (1.0f + fabsf(v));
 }
 
-// The stage's input in shared memory: kind 0 the 2,048 floats, kind 1 their int8 image (1,152 bytes).
+// The stage's input in shared memory: kind 0 2,048 floats, kind 1 1,152 int8 values. Input i of n
+// reads output i · in_rows / n of the stage before (or i % in_rows when it has fewer): samples
+// spread over every block's rows, so each stage waits for the whole stage before it, as the
+// model's (a matrix-vector product needs the whole vector).
+__host__ __device__ __forceinline__ int x_index(int i, int n, int in_rows) {
+    return in_rows >= n ? (int)((long long)i * in_rows / n) : i % in_rows;
+}
+template <int KIND>
+__device__ __forceinline__ void put_x(float* xs, int i, float v) {
+    if (KIND == 0)
+        xs[i] = v;
+    else
+        ((int8_t*)xs)[i] = (int8_t)(int)(v * 127.f);
+}
 template <int KIND>
 __device__ __forceinline__ void stage_x(float* xs, const float* x, int in_rows) {
-    if (KIND == 0) {
-        for (int i = threadIdx.x; i < COLS; i += blockDim.x) xs[i] = x[i % in_rows];
-    } else {
-        for (int i = threadIdx.x; i < RB; i += blockDim.x) ((int8_t*)xs)[i] = (int8_t)(int)(x[i % in_rows] * 127.f);
+    constexpr int N = KIND == 0 ? COLS : RB;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) put_x<KIND>(xs, i, x[x_index(i, N, in_rows)]);
+}
+// Mode B3's input: each value carries the tag of the stage that wrote it, so reading the data is
+// the wait (no barrier, no flag before it): every thread loads its values, then loads again those
+// whose tag is not `tag` yet.
+template <int KIND>
+__device__ __forceinline__ void stage_x_tagged(float* xs, const unsigned long long* xl, int in_rows, unsigned tag,
+                                               int* err) {
+    constexpr int N = KIND == 0 ? COLS : RB;
+    constexpr int PER = (N + B_THREADS - 1) / B_THREADS;
+    unsigned long long v[PER];
+    bool ok[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) ok[k] = threadIdx.x + k * B_THREADS >= N;
+    long long spins = 0;
+    bool all;
+    do {
+#pragma unroll
+        for (int k = 0; k < PER; ++k)
+            if (!ok[k])
+                asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
+                             : "=l"(v[k])
+                             : "l"(xl + x_index(threadIdx.x + k * B_THREADS, N, in_rows))
+                             : "memory");
+        all = true;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            if (!ok[k]) ok[k] = (unsigned)(v[k] >> 32) == tag;
+            all = all && ok[k];
+        }
+        if (++spins > (1ll << 26)) {
+            atomicExch(err, 2);
+            break;
+        }
+    } while (!all);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int i = threadIdx.x + k * B_THREADS;
+        if (i < N) put_x<KIND>(xs, i, __uint_as_float((unsigned)v[k]));
     }
 }
 template <int KIND>
@@ -197,7 +251,6 @@ __global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel(Stage st) {
 
 // ---------------------------------------------------------------------------------------------
 // Mode B / B0: one persistent kernel. Block b takes rows [b R / G, (b + 1) R / G) of each stage.
-constexpr int B_WARPS = 16;
 constexpr int B_MAX_ROWS = 96;  // rows a block at most (ceil(12,352 / 132) = 94)
 constexpr int BUF = B_MAX_ROWS * RB;
 
@@ -403,6 +456,54 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     }
 }
 
+// Mode B3: B's two-buffer weight stream with no grid barrier: a stage's outputs are written as
+// (tag << 32 | value bits) with one 8-byte store each, and the next stage's blocks read them until
+// every value they need carries this stage's tag (NCCL's low-latency protocol in one kernel). Tags
+// are epoch + stage, the epoch new every launch. The outputs also go to y for the checks.
+template <int KIND>
+__global__ void __launch_bounds__(B_WARPS * WARP, 1)
+    chain_tagged(const Stage* __restrict__ stages, int n, int* err, unsigned epoch) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    float* xs = (float*)(sm + 2 * BUF);
+    uint64_t* bars = (uint64_t*)(sm + 2 * BUF + COLS * 4);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[0])));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[1])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        issue_stage(stages[0], sm, &bars[0], 1 << 20);
+        if (n > 1) issue_stage(stages[1], sm + BUF, &bars[1], 1 << 20);
+    }
+    __syncthreads();
+    for (int s = 0; s < n; ++s) {
+        const Stage st = stages[s];
+        int r0, nr;
+        block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
+        if (s == 0)
+            stage_x<KIND>(xs, st.x, st.in_rows);
+        else
+            stage_x_tagged<KIND>(xs, st.xl, st.in_rows, epoch + s - 1, err);
+        __syncthreads();
+        const XRegs xr = load_xregs(xs, lane);
+        wait_bar(&bars[s & 1], (s >> 1) & 1);
+        const uint8_t* rows = sm + (s & 1) * BUF;
+        for (int r = warp; r < nr; r += B_WARPS) {
+            const float v = row_value<KIND>(rows + (size_t)r * RB, xs, xr, lane);
+            if (lane == 0) {
+                const unsigned long long t = (unsigned long long)(epoch + s) << 32 | __float_as_uint(v);
+                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(st.yl + r0 + r), "l"(t) : "memory");
+                st.y[r0 + r] = v;
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer and xs
+        if (threadIdx.x == 0 && s + 2 < n) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue_stage(stages[s + 2], sm + (s & 1) * BUF, &bars[s & 1], 1 << 20);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 __global__ void read_sum(const uint4* p, size_t n, unsigned* out) {
     unsigned acc = 0;
@@ -455,7 +556,7 @@ static double host_row(const uint8_t* row, const float* x) {
 // The cheap row on the host: the same integer sum and the same float operations, so the same bits.
 static float host_row_q8(const uint8_t* row, const float* x) {
     long long acc = 0;
-    for (int i = 0; i < RB; ++i) acc += (long long)(int8_t)row[i] * (int8_t)(int)(x[i % COLS] * 127.f);
+    for (int i = 0; i < RB; ++i) acc += (long long)(int8_t)row[i] * (int8_t)(int)(x[x_index(i, RB, COLS)] * 127.f);
     const float v = (float)(int)acc * (1.0f / 65536.0f);
     return v / (1.0f + fabsf(v));
 }
@@ -600,6 +701,18 @@ static void run_kind(Ctx& c) {
         CK(cudaGraphExecDestroy(gd));
         report("B2 (experts' rows after the router)", time_it(c, [&] { run_r(true); }));
     }
+    CK(cudaFuncSetAttribute(chain_tagged<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
+    static unsigned epoch = 1;
+    auto run_t = [&] {
+        const unsigned e = epoch;
+        epoch += c.ns + 2;
+        void* args[] = {(void*)&c.dst, (void*)&c.ns, (void*)&c.err, (void*)&e};
+        CK(cudaLaunchCooperativeKernel((void*)chain_tagged<KIND>, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
+    };
+    report("B3 persistent, smem stream, tagged data", time_it(c, run_t));
+    int terr = 0;
+    CK(cudaMemcpy(&terr, c.err, 4, cudaMemcpyDeviceToHost));
+    if (terr) printf("A WAIT TIMED OUT (%d)\n", terr);
     int herr = 0;
     CK(cudaMemcpy(&herr, c.err, 4, cudaMemcpyDeviceToHost));
     if (herr) printf("GRID BARRIER TIMED OUT (not all blocks resident?)\n");
@@ -671,6 +784,11 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(c.first_rows.data(), dw, layer_bytes, cudaMemcpyDeviceToHost));
 
     float *x0, *ybuf[2];
+    unsigned long long* ylbuf[2];
+    CK(cudaMalloc(&ylbuf[0], 16384 * 8));
+    CK(cudaMalloc(&ylbuf[1], 16384 * 8));
+    CK(cudaMemset(ylbuf[0], 0, 16384 * 8));
+    CK(cudaMemset(ylbuf[1], 0, 16384 * 8));
     CK(cudaMalloc(&x0, COLS * 4));
     CK(cudaMalloc(&ybuf[0], 16384 * 4));
     CK(cudaMalloc(&ybuf[1], 16384 * 4));
@@ -689,6 +807,8 @@ int main(int argc, char** argv) {
         c.st[s].x = s == 0 ? x0 : ybuf[(s - 1) & 1];
         c.st[s].in_rows = s == 0 ? COLS : c.st[s - 1].rows;
         c.st[s].dep = -1;
+        c.st[s].yl = ylbuf[s & 1];
+        c.st[s].xl = s == 0 ? nullptr : ylbuf[(s - 1) & 1];
     }
     // The routed experts' stages (kinds 3 and 4) read rows chosen by the router (kind 2).
     c.st_dep = c.st;
