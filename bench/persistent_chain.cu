@@ -180,10 +180,11 @@ __device__ __forceinline__ void stage_x(float* xs, const float* x, int in_rows) 
 // Mode B3's input: each value carries the tag of the stage that wrote it, so reading the data is
 // the wait (no barrier, no flag before it): every thread loads its values, then loads again those
 // whose tag is not `tag` yet.
-template <int KIND>
-__device__ __forceinline__ void stage_x_tagged(float* xs, const unsigned long long* xl, int in_rows, unsigned tag,
-                                               int* err) {
+template <int KIND, int THREADS>
+__device__ __forceinline__ void stage_x_tagged_n(float* xs, const unsigned long long* xl, int in_rows,
+                                                 unsigned tag, int* err) {
     constexpr int N = KIND == 0 ? COLS : RB;
+    constexpr int B_THREADS = THREADS;
     constexpr int PER = (N + B_THREADS - 1) / B_THREADS;
     unsigned long long v[PER];
     bool ok[PER];
@@ -217,6 +218,11 @@ __device__ __forceinline__ void stage_x_tagged(float* xs, const unsigned long lo
     }
 }
 template <int KIND>
+__device__ __forceinline__ void stage_x_tagged(float* xs, const unsigned long long* xl, int in_rows, unsigned tag,
+                                               int* err) {
+    stage_x_tagged_n<KIND, B_THREADS>(xs, xl, in_rows, tag, err);
+}
+template <int KIND>
 __device__ __forceinline__ float row_value(const uint8_t* row, const float* xs, const XRegs& xr, int lane) {
     if (KIND == 0) return row_dot(row, xs, lane);
     return row_dot_q8(row, xr, lane);
@@ -246,6 +252,38 @@ __global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel(Stage st) {
     for (int r = warp; r < nr; r += A_WARPS) {
         const float v = row_value<KIND>(st.w + (size_t)(r0 + r) * RB, xs, xr, lane);
         if (lane == 0) st.y[r0 + r] = v;
+    }
+}
+
+// Mode A3: the launch chain with B3's tagged data instead of `griddepcontrol.wait`: each launch
+// lets the next one start at once (`launch_dependents` first), starts its rows into L2, then reads
+// its input until every value carries the stage before's tag. Tags: 2^31 | *epoch · 4096 + stage, the
+// epoch bumped by the graph's first node every replay. (No deadlock: a launch starts only once every
+// block of the one before has started, and those wait only on blocks that have started.)
+__global__ void bump_epoch(unsigned* epoch) { *epoch += 1; }
+
+template <int KIND>
+__global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel_tagged(Stage st, int s, const unsigned* epoch, int* err) {
+    __shared__ float xs[COLS];
+    asm volatile("griddepcontrol.launch_dependents;");
+    const int r0 = blockIdx.x * A_ROWS;
+    const int nr = min(A_ROWS, st.rows - r0);
+    if (st.dep < 0) prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
+    const unsigned e = 0x80000000u | *(volatile const unsigned*)epoch * 4096u;
+    if (s == 0)
+        stage_x<KIND>(xs, st.x, st.in_rows);
+    else
+        stage_x_tagged_n<KIND, A_WARPS * WARP>(xs, st.xl, st.in_rows, e + s - 1, err);
+    __syncthreads();
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const XRegs xr = load_xregs(xs, lane);
+    for (int r = warp; r < nr; r += A_WARPS) {
+        const float v = row_value<KIND>(st.w + (size_t)(r0 + r) * RB, xs, xr, lane);
+        if (lane == 0) {
+            const unsigned long long t = (unsigned long long)(e + s) << 32 | __float_as_uint(v);
+            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(st.yl + r0 + r), "l"(t) : "memory");
+            st.y[r0 + r] = v;
+        }
     }
 }
 
@@ -484,6 +522,12 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
             stage_x<KIND>(xs, st.x, st.in_rows);
         else
             stage_x_tagged<KIND>(xs, st.xl, st.in_rows, epoch + s - 1, err);
+        // Stages whose rows the stage before chose (dep = s - 1: this stage and the next) are issued
+        // now that this block has seen that stage's outputs.
+        if (threadIdx.x == 0 && s > 0) {
+            for (int t = s; t < min(s + 2, n); ++t)
+                if (stages[t].dep == s - 1) issue_stage(stages[t], sm + (t & 1) * BUF, &bars[t & 1], 1 << 20);
+        }
         __syncthreads();
         const XRegs xr = load_xregs(xs, lane);
         wait_bar(&bars[s & 1], (s >> 1) & 1);
@@ -499,7 +543,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
         __syncthreads();  // every warp is done with this buffer and xs
         if (threadIdx.x == 0 && s + 2 < n) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            issue_stage(stages[s + 2], sm + (s & 1) * BUF, &bars[s & 1], 1 << 20);
+            if (stages[s + 2].dep < 0) issue_stage(stages[s + 2], sm + (s & 1) * BUF, &bars[s & 1], 1 << 20);
         }
     }
 }
@@ -561,6 +605,9 @@ static float host_row_q8(const uint8_t* row, const float* x) {
     return v / (1.0f + fabsf(v));
 }
 
+// B3's tag base: unique across every launch of the run (A3's tags have the top bit set).
+static unsigned g_epoch = 1;
+
 struct Ctx {
     int layers, reps, sms, ns;
     std::vector<int> layer;
@@ -568,6 +615,7 @@ struct Ctx {
     Stage* dst;
     Stage* dst_dep;
     unsigned* counter;
+    unsigned* epoch;
     int* err;
     cudaStream_t stream;
     cudaEvent_t e0, e1;
@@ -702,14 +750,45 @@ static void run_kind(Ctx& c) {
         report("B2 (experts' rows after the router)", time_it(c, [&] { run_r(true); }));
     }
     CK(cudaFuncSetAttribute(chain_tagged<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
-    static unsigned epoch = 1;
     auto run_t = [&] {
-        const unsigned e = epoch;
-        epoch += c.ns + 2;
+        const unsigned e = g_epoch;
+        g_epoch += c.ns + 2;
         void* args[] = {(void*)&c.dst, (void*)&c.ns, (void*)&c.err, (void*)&e};
         CK(cudaLaunchCooperativeKernel((void*)chain_tagged<KIND>, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
     };
     report("B3 persistent, smem stream, tagged data", time_it(c, run_t));
+    auto run_td = [&] {
+        const unsigned e = g_epoch;
+        g_epoch += c.ns + 2;
+        void* args[] = {(void*)&c.dst_dep, (void*)&c.ns, (void*)&c.err, (void*)&e};
+        CK(cudaLaunchCooperativeKernel((void*)chain_tagged<KIND>, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
+    };
+    report("B3 (experts' rows after the router)", time_it(c, run_td));
+    for (int dep = 0; dep < 2; ++dep) {
+        const std::vector<Stage>& v = dep ? c.st_dep : c.st;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal));
+        bump_epoch<<<1, 1, 0, c.stream>>>(c.epoch);
+        for (int k = 0; k < c.ns; ++k) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((v[k].rows + A_ROWS - 1) / A_ROWS);
+            cfg.blockDim = dim3(A_WARPS * WARP);
+            cfg.stream = c.stream;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = k > 0 ? 1 : 0;
+            CK(cudaLaunchKernelEx(&cfg, stage_kernel_tagged<KIND>, v[k], k, (const unsigned*)c.epoch, c.err));
+        }
+        CK(cudaStreamEndCapture(c.stream, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphDestroy(g));
+        report(dep ? "A3 (experts' rows after the router)" : "A3 launch chain, early trigger, tagged data",
+               time_it(c, [&] { CK(cudaGraphLaunch(ge, c.stream)); }));
+        CK(cudaGraphExecDestroy(ge));
+    }
     int terr = 0;
     CK(cudaMemcpy(&terr, c.err, 4, cudaMemcpyDeviceToHost));
     if (terr) printf("A WAIT TIMED OUT (%d)\n", terr);
@@ -822,6 +901,8 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(c.dst_dep, c.st_dep.data(), c.ns * sizeof(Stage), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&c.counter, 4));
     CK(cudaMalloc(&c.err, 4));
+    CK(cudaMalloc(&c.epoch, 4));
+    CK(cudaMemset(c.epoch, 0, 4));
     CK(cudaMemset(c.err, 0, 4));
     CK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
     CK(cudaEventCreate(&c.e0));
