@@ -494,18 +494,19 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     }
 }
 
-// Mode B3: B's two-buffer weight stream with no grid barrier: a stage's outputs are written as
+// Mode B3 (and B4: the same reading its rows from global memory, each stage's lines started into
+// L2 before its wait, as B0): B's two-buffer weight stream with no grid barrier: a stage's outputs are written as
 // (tag << 32 | value bits) with one 8-byte store each, and the next stage's blocks read them until
 // every value they need carries this stage's tag (NCCL's low-latency protocol in one kernel). Tags
 // are epoch + stage, the epoch new every launch. The outputs also go to y for the checks.
-template <int KIND>
+template <bool SMEM, int KIND>
 __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     chain_tagged(const Stage* __restrict__ stages, int n, int* err, unsigned epoch) {
     extern __shared__ __align__(128) uint8_t sm[];
     float* xs = (float*)(sm + 2 * BUF);
     uint64_t* bars = (uint64_t*)(sm + 2 * BUF + COLS * 4);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (threadIdx.x == 0) {
+    if (SMEM && threadIdx.x == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[0])));
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[1])));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -516,22 +517,29 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     __syncthreads();
     for (int s = 0; s < n; ++s) {
         const Stage st = stages[s];
+        const int dep_next = s + 1 < n ? stages[s + 1].dep : -1;  // loaded before the wait
         int r0, nr;
         block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
+        if (!SMEM && st.dep < 0) prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
         if (s == 0)
             stage_x<KIND>(xs, st.x, st.in_rows);
         else
             stage_x_tagged<KIND>(xs, st.xl, st.in_rows, epoch + s - 1, err);
         // Stages whose rows the stage before chose (dep = s - 1: this stage and the next) are issued
         // now that this block has seen that stage's outputs.
-        if (threadIdx.x == 0 && s > 0) {
-            for (int t = s; t < min(s + 2, n); ++t)
-                if (stages[t].dep == s - 1) issue_stage(stages[t], sm + (t & 1) * BUF, &bars[t & 1], 1 << 20);
+        if (SMEM && threadIdx.x == 0 && s > 0) {
+            if (st.dep == s - 1) issue_stage(st, sm + (s & 1) * BUF, &bars[s & 1], 1 << 20);
+            if (dep_next == s - 1) issue_stage(stages[s + 1], sm + ((s + 1) & 1) * BUF, &bars[(s + 1) & 1], 1 << 20);
         }
         __syncthreads();
         const XRegs xr = load_xregs(xs, lane);
-        wait_bar(&bars[s & 1], (s >> 1) & 1);
-        const uint8_t* rows = sm + (s & 1) * BUF;
+        const uint8_t* rows;
+        if (SMEM) {
+            wait_bar(&bars[s & 1], (s >> 1) & 1);
+            rows = sm + (s & 1) * BUF;
+        } else {
+            rows = st.w + (size_t)r0 * RB;
+        }
         for (int r = warp; r < nr; r += B_WARPS) {
             const float v = row_value<KIND>(rows + (size_t)r * RB, xs, xr, lane);
             if (lane == 0) {
@@ -541,7 +549,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
             }
         }
         __syncthreads();  // every warp is done with this buffer and xs
-        if (threadIdx.x == 0 && s + 2 < n) {
+        if (SMEM && threadIdx.x == 0 && s + 2 < n) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             if (stages[s + 2].dep < 0) issue_stage(stages[s + 2], sm + (s & 1) * BUF, &bars[s & 1], 1 << 20);
         }
@@ -749,22 +757,25 @@ static void run_kind(Ctx& c) {
         CK(cudaGraphExecDestroy(gd));
         report("B2 (experts' rows after the router)", time_it(c, [&] { run_r(true); }));
     }
-    CK(cudaFuncSetAttribute(chain_tagged<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
-    auto run_t = [&] {
+    CK(cudaFuncSetAttribute(chain_tagged<true, KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
+    CK(cudaFuncSetAttribute(chain_tagged<false, KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_b));
+    auto run_t = [&](bool smem, bool dep) {
         const unsigned e = g_epoch;
         g_epoch += c.ns + 2;
-        void* args[] = {(void*)&c.dst, (void*)&c.ns, (void*)&c.err, (void*)&e};
-        CK(cudaLaunchCooperativeKernel((void*)chain_tagged<KIND>, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
+        Stage* d = dep ? c.dst_dep : c.dst;
+        void* args[] = {(void*)&d, (void*)&c.ns, (void*)&c.err, (void*)&e};
+        void* f = smem ? (void*)chain_tagged<true, KIND> : (void*)chain_tagged<false, KIND>;
+        CK(cudaLaunchCooperativeKernel(f, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
     };
-    report("B3 persistent, smem stream, tagged data", time_it(c, run_t));
-    auto run_td = [&] {
-        const unsigned e = g_epoch;
-        g_epoch += c.ns + 2;
-        void* args[] = {(void*)&c.dst_dep, (void*)&c.ns, (void*)&c.err, (void*)&e};
-        CK(cudaLaunchCooperativeKernel((void*)chain_tagged<KIND>, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
-    };
-    report("B3 (experts' rows after the router)", time_it(c, run_td));
-    for (int dep = 0; dep < 2; ++dep) {
+    report("B3 persistent, smem stream, tagged data", time_it(c, [&] { run_t(true, false); }));
+    report("B3 (experts' rows after the router)", time_it(c, [&] { run_t(true, true); }));
+    report("B4 persistent, L2 prefetch, tagged data", time_it(c, [&] { run_t(false, false); }));
+    report("B4 (experts' rows after the router)", time_it(c, [&] { run_t(false, true); }));
+    int terr = 0;
+    CK(cudaMemcpy(&terr, c.err, 4, cudaMemcpyDeviceToHost));
+    if (terr) printf("A WAIT TIMED OUT (%d)\n", terr);
+    // A3 (slow: blocks spinning beside the kernel they wait for) only with PC_A3 set.
+    for (int dep = 0; getenv("PC_A3") != nullptr && dep < 2; ++dep) {
         const std::vector<Stage>& v = dep ? c.st_dep : c.st;
         cudaGraph_t g;
         cudaGraphExec_t ge;
@@ -789,9 +800,6 @@ static void run_kind(Ctx& c) {
                time_it(c, [&] { CK(cudaGraphLaunch(ge, c.stream)); }));
         CK(cudaGraphExecDestroy(ge));
     }
-    int terr = 0;
-    CK(cudaMemcpy(&terr, c.err, 4, cudaMemcpyDeviceToHost));
-    if (terr) printf("A WAIT TIMED OUT (%d)\n", terr);
     int herr = 0;
     CK(cudaMemcpy(&herr, c.err, 4, cudaMemcpyDeviceToHost));
     if (herr) printf("GRID BARRIER TIMED OUT (not all blocks resident?)\n");
