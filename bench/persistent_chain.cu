@@ -556,6 +556,92 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     }
 }
 
+// Mode B5: B3's tagged hand-over with the weights streamed in chunks of 8 rows through a ring of 24
+// chunk slots (221,184 bytes), each with its own mbarrier: a warp waits only for the chunk that holds
+// its row, so a stage's rows are computed as they land, and thread 0 refills the freed slots with
+// the next chunks whatever stage they belong to (experts' chunks only once the router's outputs are
+// seen).
+constexpr int CH_ROWS = 8, CHB = CH_ROWS * RB, NCH = 24;
+
+struct ChunkProducer {
+    int stage, row;       // the next chunk: its stage and its first row within the block's rows
+    long long issued;     // chunks issued so far
+};
+
+__device__ __forceinline__ void chunk_issue(ChunkProducer& p, long long consumed, const Stage* stages, int n,
+                                            int done, uint8_t* ring, uint64_t* bars) {
+    while (p.stage < n && p.issued - consumed < NCH) {
+        const Stage& st = stages[p.stage];
+        if (st.dep >= done) break;
+        int r0, nr;
+        block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
+        if (p.row >= nr) {
+            ++p.stage;
+            p.row = 0;
+            continue;
+        }
+        const int k = min(CH_ROWS, nr - p.row);
+        const int slot = (int)(p.issued % NCH);
+        const uint32_t b = smem_addr(&bars[slot]), bytes = (uint32_t)k * RB;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_addr(ring + (size_t)slot * CHB)),
+            "l"(st.w + (size_t)(r0 + p.row) * RB), "r"(bytes), "r"(b)
+            : "memory");
+        p.row += k;
+        ++p.issued;
+    }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(B_WARPS * WARP, 1)
+    chain_chunks(const Stage* __restrict__ stages, int n, int* err, unsigned epoch) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    uint8_t* ring = sm;
+    float* xs = (float*)(sm + NCH * CHB);
+    uint64_t* bars = (uint64_t*)(sm + NCH * CHB + COLS * 4);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    ChunkProducer p = {0, 0, 0};  // thread 0's
+    long long gbase = 0;          // the global index of this stage's first chunk
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < NCH; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[k])));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        chunk_issue(p, 0, stages, n, 0, ring, bars);
+    }
+    __syncthreads();
+    for (int s = 0; s < n; ++s) {
+        const Stage st = stages[s];
+        int r0, nr;
+        block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
+        if (s == 0)
+            stage_x<KIND>(xs, st.x, st.in_rows);
+        else
+            stage_x_tagged<KIND>(xs, st.xl, st.in_rows, epoch + s - 1, err);
+        if (threadIdx.x == 0 && s > 0) chunk_issue(p, gbase, stages, n, s, ring, bars);  // gated chunks
+        __syncthreads();
+        const XRegs xr = load_xregs(xs, lane);
+        for (int r = warp; r < nr; r += B_WARPS) {
+            const long long g = gbase + r / CH_ROWS;
+            const int slot = (int)(g % NCH);
+            wait_bar(&bars[slot], (uint32_t)((g / NCH) & 1));
+            const float v = row_value<KIND>(ring + (size_t)slot * CHB + (size_t)(r % CH_ROWS) * RB, xs, xr, lane);
+            if (lane == 0) {
+                const unsigned long long t = (unsigned long long)(epoch + s) << 32 | __float_as_uint(v);
+                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(st.yl + r0 + r), "l"(t) : "memory");
+                st.y[r0 + r] = v;
+            }
+        }
+        gbase += (nr + CH_ROWS - 1) / CH_ROWS;
+        __syncthreads();  // every warp is done with this stage's chunks and xs
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            chunk_issue(p, gbase, stages, n, s, ring, bars);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 __global__ void read_sum(const uint4* p, size_t n, unsigned* out) {
     unsigned acc = 0;
@@ -771,6 +857,17 @@ static void run_kind(Ctx& c) {
     report("B3 (experts' rows after the router)", time_it(c, [&] { run_t(true, true); }));
     report("B4 persistent, L2 prefetch, tagged data", time_it(c, [&] { run_t(false, false); }));
     report("B4 (experts' rows after the router)", time_it(c, [&] { run_t(false, true); }));
+    const size_t smem_c = (size_t)NCH * CHB + COLS * 4 + NCH * 8;
+    CK(cudaFuncSetAttribute(chain_chunks<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_c));
+    auto run_c = [&](bool dep) {
+        const unsigned e = g_epoch;
+        g_epoch += c.ns + 2;
+        Stage* d = dep ? c.dst_dep : c.dst;
+        void* args[] = {(void*)&d, (void*)&c.ns, (void*)&c.err, (void*)&e};
+        CK(cudaLaunchCooperativeKernel((void*)chain_chunks<KIND>, c.sms, B_WARPS * WARP, args, smem_c, c.stream));
+    };
+    report("B5 persistent, chunk ring, tagged data", time_it(c, [&] { run_c(false); }));
+    report("B5 (experts' rows after the router)", time_it(c, [&] { run_c(true); }));
     int terr = 0;
     CK(cudaMemcpy(&terr, c.err, 4, cudaMemcpyDeviceToHost));
     if (terr) printf("A WAIT TIMED OUT (%d)\n", terr);
