@@ -301,6 +301,27 @@ __device__ __forceinline__ void block_rows(int rows, int b, int g, int& r0, int&
     nr = (int)((long long)rows * (b + 1) / g) - r0;
 }
 
+// One bulk copy into shared memory, completing on mbarrier `bar` (shared addresses). With
+// g_evict_first set, the weights go through L2 marked evict-first (they are read once a step), so the
+// stream does not push the stages' small, hot outputs out of L2.
+__device__ int g_evict_first;
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    if (g_evict_first) {
+        uint64_t pol;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+                dst),
+            "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+            : "memory");
+    } else {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+            "l"(src), "r"(bytes), "r"(bar)
+            : "memory");
+    }
+}
+
 // Thread 0: stage s's rows of this block into buf with one mbarrier transaction.
 __device__ __forceinline__ void issue_stage(const Stage& st, uint8_t* buf, uint64_t* bar, int chunk) {
     int r0, nr;
@@ -311,11 +332,7 @@ __device__ __forceinline__ void issue_stage(const Stage& st, uint8_t* buf, uint6
     const uint8_t* src = st.w + (size_t)r0 * RB;
     for (uint32_t o = 0; o < bytes; o += chunk) {
         const uint32_t n = min((uint32_t)chunk, bytes - o);
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_addr(buf + o)),
-            "l"(src + o), "r"(n), "r"(b)
-            : "memory");
+        bulk_copy(smem_addr(buf + o), src + o, n, b);
     }
 }
 
@@ -584,11 +601,7 @@ __device__ __forceinline__ void chunk_issue(ChunkProducer& p, long long consumed
         const int slot = (int)(p.issued % NCH);
         const uint32_t b = smem_addr(&bars[slot]), bytes = (uint32_t)k * RB;
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_addr(ring + (size_t)slot * CHB)),
-            "l"(st.w + (size_t)(r0 + p.row) * RB), "r"(bytes), "r"(b)
-            : "memory");
+        bulk_copy(smem_addr(ring + (size_t)slot * CHB), st.w + (size_t)(r0 + p.row) * RB, bytes, b);
         p.row += k;
         ++p.issued;
     }
@@ -1036,6 +1049,9 @@ int main(int argc, char** argv) {
         CK(cudaFree(big));
         CK(cudaFree(o));
     }
+    const int ef = getenv("PC_EVICT_FIRST") != nullptr;
+    CK(cudaMemcpyToSymbol(g_evict_first, &ef, sizeof ef));
+    if (ef) printf("bulk copies marked L2 evict-first\n");
     run_kind<0>(c);
     run_kind<1>(c);
     CK(cudaDeviceSynchronize());
