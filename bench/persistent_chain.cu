@@ -28,7 +28,7 @@
 // the stages' bytes over that time, and the read bandwidth measured in the same run.
 //
 // Build (nvcc 12.4+ or 13): nvcc -O3 -arch=sm_90a -o persistent_chain bench/persistent_chain.cu
-// Run: ./persistent_chain [layers=48] [reps=20] [tiny]
+// Run: ./persistent_chain [layers=48] [reps=20] [tiny | dn8]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -62,6 +62,7 @@ struct Stage {
     int rows;
     int in_rows;  // x[i] = x[i % in_rows]
     int dep;      // its rows' addresses known only once stage `dep` is done (routed experts), or -1
+    int delay;    // clock cycles every block spins once its input is in (a serial chain: the recurrence)
     unsigned long long* yl;        // mode B3: the outputs as (tag << 32 | value bits)
     const unsigned long long* xl;  // mode B3: the input (the stage before's yl), null for stage 0
 };
@@ -228,6 +229,14 @@ __device__ __forceinline__ float row_value(const uint8_t* row, const float* xs, 
     return row_dot_q8(row, xr, lane);
 }
 
+// A stage's own serial latency (the DeltaNet recurrence's chain), spun by every block after its input.
+__device__ __forceinline__ void spin_cycles(int cycles) {
+    if (cycles <= 0) return;
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
 __device__ __forceinline__ void prefetch_rows_l2(const uint8_t* w, size_t bytes) {
     for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(w + o));
@@ -247,6 +256,7 @@ __global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel(Stage st) {
     asm volatile("griddepcontrol.launch_dependents;");
     stage_x<KIND>(xs, st.x, st.in_rows);
     __syncthreads();
+    spin_cycles(st.delay);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const XRegs xr = load_xregs(xs, lane);
     for (int r = warp; r < nr; r += A_WARPS) {
@@ -276,7 +286,8 @@ __global__ void __launch_bounds__(A_WARPS * WARP) stage_kernel_tagged(Stage st, 
         stage_x_tagged_n<KIND, A_WARPS * WARP>(xs, st.xl, st.in_rows, e + s - 1, err);
     __syncthreads();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const XRegs xr = load_xregs(xs, lane);
+    spin_cycles(st.delay);
+        const XRegs xr = load_xregs(xs, lane);
     for (int r = warp; r < nr; r += A_WARPS) {
         const float v = row_value<KIND>(st.w + (size_t)(r0 + r) * RB, xs, xr, lane);
         if (lane == 0) {
@@ -398,6 +409,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
         if (s > 0) grid_wait(counter, (unsigned)s * g, err);
         stage_x<KIND>(xs, st.x, st.in_rows);
         __syncthreads();
+        spin_cycles(st.delay);
         const XRegs xr = load_xregs(xs, lane);
         const uint8_t* rows;
         if (SMEM) {
@@ -491,6 +503,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
         }
         stage_x<KIND>(xs, st.x, st.in_rows);
         __syncthreads();
+        spin_cycles(st.delay);
         const XRegs xr = load_xregs(xs, lane);
         wait_bar(&bars[s % SLOTS], (s / SLOTS) & 1);
         const uint8_t* rows = sm + seg[s % SLOTS];
@@ -549,6 +562,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
             if (dep_next == s - 1) issue_stage(stages[s + 1], sm + ((s + 1) & 1) * BUF, &bars[(s + 1) & 1], 1 << 20);
         }
         __syncthreads();
+        spin_cycles(st.delay);
         const XRegs xr = load_xregs(xs, lane);
         const uint8_t* rows;
         if (SMEM) {
@@ -634,6 +648,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
             stage_x_tagged<KIND>(xs, st.xl, st.in_rows, epoch + s - 1, err);
         if (threadIdx.x == 0 && s > 0) chunk_issue(p, gbase, stages, n, s, ring, bars);  // gated chunks
         __syncthreads();
+        spin_cycles(st.delay);
         const XRegs xr = load_xregs(xs, lane);
         for (int r = warp; r < nr; r += B_WARPS) {
             const long long g = gbase + r / CH_ROWS;
@@ -732,8 +747,8 @@ struct Ctx {
     std::vector<float> hx;
 };
 
-static const char* STAGE_NAMES[] = {"in-projections", "out-projection", "router-sized", "experts gate/up-sized",
-                                    "experts down-sized"};
+static std::vector<const char*> STAGE_NAMES = {"in-projections", "out-projection", "router-sized",
+                                               "experts gate/up-sized", "experts down-sized"};
 
 static cudaGraphExec_t chain_graph(Ctx& c, void (*kernel)(Stage), const std::vector<const Stage*>& stages) {
     cudaGraph_t g;
@@ -944,11 +959,27 @@ int main(int argc, char** argv) {
     // One layer's stages (rows of 2,048 Q4_K columns with about the model's bytes).
     // `tiny`: one row a block everywhere (132 rows on an H100), so a stage costs its synchronisation,
     // its input's trip through L2 and one row: the floor of a dependent stage in each form.
+    // `dn8`: a DeltaNet layer's eight dependent stages as redlite runs them: the norm (one row a
+    // block), the in-projections, the recurrence (the DeltaNet state's bytes and a serial chain of
+    // `delay` cycles a block, ≈ 4 µs), the out-projection, the router, its top-k (one row a block),
+    // the experts' gate/up and down (their rows chosen by the top-k).
     const bool tiny = argc > 3 && strcmp(argv[3], "tiny") == 0;
-    if (tiny)
+    const bool dn8 = argc > 3 && strcmp(argv[3], "dn8") == 0;
+    std::vector<int> delay, dep_of;
+    if (tiny) {
         c.layer = std::vector<int>(5, c.sms);
-    else
+        dep_of = {-1, -1, -1, 2, 2};
+    } else if (dn8) {
+        c.layer = {c.sms, 12352, 4096, 4096, 3648, c.sms, 4704, 2352};
+        delay = {0, 0, 7000, 0, 0, 0, 0, 0};
+        dep_of = {-1, -1, -1, -1, -1, -1, 5, 5};
+        STAGE_NAMES = {"norm (a row a block)", "in-projections", "recurrence-sized", "out-projection",
+                       "router-sized", "top-k (a row a block)", "experts gate/up-sized", "experts down-sized"};
+    } else {
         c.layer = {12352, 4096, 3648, 4704, 2352};
+        dep_of = {-1, -1, -1, 2, 2};
+    }
+    delay.resize(c.layer.size(), 0);
     c.ns = c.layers * (int)c.layer.size();
     size_t total_rows = 0;
     for (int r : c.layer) total_rows += r;
@@ -1004,6 +1035,7 @@ int main(int argc, char** argv) {
         c.st[s].x = s == 0 ? x0 : ybuf[(s - 1) & 1];
         c.st[s].in_rows = s == 0 ? COLS : c.st[s - 1].rows;
         c.st[s].dep = -1;
+        c.st[s].delay = delay[s % c.layer.size()];
         c.st[s].yl = ylbuf[s & 1];
         c.st[s].xl = s == 0 ? nullptr : ylbuf[(s - 1) & 1];
     }
@@ -1011,7 +1043,7 @@ int main(int argc, char** argv) {
     c.st_dep = c.st;
     for (int s = 0; s < c.ns; ++s) {
         const int k = s % (int)c.layer.size();
-        if (k == 3 || k == 4) c.st_dep[s].dep = s - (k - 2);
+        if (dep_of[k] >= 0) c.st_dep[s].dep = s - (k - dep_of[k]);
     }
     CK(cudaMalloc(&c.dst, c.ns * sizeof(Stage)));
     CK(cudaMemcpy(c.dst, c.st.data(), c.ns * sizeof(Stage), cudaMemcpyHostToDevice));
