@@ -1,31 +1,42 @@
-// persistent_chain.cu: does a persistent decode kernel pay on this GPU? (#6, the structural lever)
+// persistent_chain.cu: does a persistent decode kernel pay on this GPU? (#6, the structural lever;
+// session 57's results are in docs/cuda.md and docs/perf-ledger.md)
 //
 // A synthetic decode step: L layers of dependent Q4_K matrix-vector stages whose row counts copy a
 // Gated DeltaNet layer's bytes on the full-size layout (in-projections 12,352 rows, out-projection
 // 4.7 MB, F32 router 4.2 MB, ten experts' gate/up 5.4 MB and down 2.7 MB, each as Q4_K rows of 2,048
-// columns). Stage s reads stage s − 1's output (x[i] = y[i % rows]), so every stage waits for the
-// whole one before it, as the model's stages do. The same row function runs in every mode:
+// columns). Stage s reads samples spread over all of stage s − 1's output (x_index), so every stage
+// waits for the whole one before it, as the model's stages do. The same row function runs in every
+// form:
 //
 //   A  one launch a stage, captured in a CUDA graph with programmatic dependent launch: each block
 //      starts its rows' lines into L2 before `griddepcontrol.wait` (redlite's launch chain today);
+//   A3 the launch chain with B3's tagged data instead of the wait, every launch triggering the next at
+//      once (only with PC_A3 set: slow);
 //   B  one persistent kernel, one block an SM, the stages separated by a grid barrier (an arrival
 //      counter); each block streams its rows of the next two stages into shared memory with bulk
 //      copies (`cp.async.bulk`, mbarrier completion) while it waits and computes;
 //   B0 the same persistent kernel reading its rows from global memory, starting the next stage's
 //      lines into L2 before the barrier (the barrier alone, without the shared-memory stream);
 //   B2 the persistent kernel with a byte ring (224,000 bytes an SM) instead of two stage buffers:
-//      the next stages' rows stream in as far ahead as the ring allows, whatever their sizes.
-// A and B2 run again with the routed experts' stages fetched only after the router's stage (their
-// rows depend on its top-k, as in the model): no L2 prefetch before the wait in A, no issue before
-// the router's grid barrier in B2.
+//      the next stages' rows stream in as far ahead as the ring allows, whatever their sizes;
+//   B3 B's two-buffer stream without a barrier: outputs are (tag, value) 8-byte stores, and a
+//      stage's blocks read their inputs until every value carries the stage before's tag;
+//   B4 B3 reading its rows from global memory (L2 prefetch), B5 B3 with a ring of 8-row chunks.
+// A, B2, B3, B4, B5 run again with the routed experts' stages fetched only after the router's (their
+// rows depend on its top-k, as in the model).
+//
+// Layer patterns: the five matrix stages above (default); `tiny`, five stages of one row a block
+// (a dependent stage's floor); `dn8`, a DeltaNet layer's eight stages as redlite runs them (norm,
+// in-projections, a recurrence with a serial chain, out-projection, router, top-k, experts).
 //
 // Two row functions: kind 0, Q4_K against f32 activations (block-wise dequantisation and FMAs,
 // arithmetic like a plain kernel's), and kind 1, the row's bytes against int8 activations held in
 // registers (dp4a: nearly free arithmetic, so a stage costs its memory and synchronisation alone).
 //
-// Every mode's outputs are compared bit for bit (the same row function on the same inputs), and a
-// few rows of the first stage against a double-precision reference on the host. Prints time a step,
-// the stages' bytes over that time, and the read bandwidth measured in the same run.
+// Every form's outputs are compared bit for bit (the same row function on the same inputs), and a
+// few rows of the first stage against a reference on the host. Prints time a step, the stages' bytes
+// over that time, and the read bandwidth measured in the same run. PC_EVICT_FIRST=1 marks the bulk
+// copies L2 evict-first.
 //
 // Build (nvcc 12.4+ or 13): nvcc -O3 -arch=sm_90a -o persistent_chain bench/persistent_chain.cu
 // Run: ./persistent_chain [layers=48] [reps=20] [tiny | dn8]
