@@ -71,7 +71,7 @@ struct Stage {
     float* y;          // rows outputs
     const float* x;    // the input (the stage before's y, or x0)
     int rows;
-    int in_rows;  // x[i] = x[i % in_rows]
+    int in_rows;  // the stage before's rows (x_index samples them)
     int dep;      // its rows' addresses known only once stage `dep` is done (routed experts), or -1
     int delay;    // clock cycles every block spins once its input is in (a serial chain: the recurrence)
     unsigned long long* yl;        // mode B3: the outputs as (tag << 32 | value bits)
