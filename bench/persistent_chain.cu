@@ -370,6 +370,38 @@ __device__ __forceinline__ void wait_bar(uint64_t* bar, uint32_t parity) {
     }
 }
 
+// Thread 0: the block's first n mbarriers, each expecting one arrival (with its transaction bytes).
+__device__ __forceinline__ void init_bars(uint64_t* bars, int n) {
+    for (int k = 0; k < n; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[k])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The rows of stage s this block computes: in buffer s & 1 of the two-buffer stream once their copy
+// has landed (SMEM), or in global memory.
+template <bool SMEM>
+__device__ __forceinline__ const uint8_t* stage_rows(uint8_t* sm, uint64_t* bars, int s, const Stage& st, int r0) {
+    if (!SMEM) return st.w + (size_t)r0 * RB;
+    wait_bar(&bars[s & 1], (s >> 1) & 1);
+    return sm + (size_t)(s & 1) * BUF;
+}
+
+// A persistent block's rows of stage s once its input is staged in xs (the barrier first: xs is
+// whole), each value handed to out(row, value) by lane 0 of its warp.
+template <bool SMEM, int KIND, typename Out>
+__device__ __forceinline__ void compute_rows(uint8_t* sm, uint64_t* bars, int s, const Stage& st, int r0, int nr,
+                                             const float* xs, Out out) {
+    __syncthreads();
+    spin_cycles(st.delay);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const XRegs xr = load_xregs(xs, lane);
+    const uint8_t* rows = stage_rows<SMEM>(sm, bars, s, st, r0);
+    for (int r = warp; r < nr; r += B_WARPS) {
+        const float v = row_value<KIND>(rows + (size_t)r * RB, xs, xr, lane);
+        if (lane == 0) out(r0 + r, v);
+    }
+}
+
 __device__ __forceinline__ void grid_arrive(unsigned* counter) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -399,14 +431,10 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     extern __shared__ __align__(128) uint8_t sm[];
     float* xs = (float*)(sm + 2 * BUF);
     uint64_t* bars = (uint64_t*)(sm + 2 * BUF + COLS * 4);
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const unsigned g = gridDim.x;
     if (SMEM) {
         if (threadIdx.x == 0) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[0])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[1])));
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            init_bars(bars, 2);
             issue_stage(stages[0], sm, &bars[0], chunk);
             if (n > 1) issue_stage(stages[1], sm + BUF, &bars[1], chunk);
         }
@@ -419,20 +447,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
         if (!SMEM) prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
         if (s > 0) grid_wait(counter, (unsigned)s * g, err);
         stage_x<KIND>(xs, st.x, st.in_rows);
-        __syncthreads();
-        spin_cycles(st.delay);
-        const XRegs xr = load_xregs(xs, lane);
-        const uint8_t* rows;
-        if (SMEM) {
-            wait_bar(&bars[s & 1], (s >> 1) & 1);
-            rows = sm + (s & 1) * BUF;
-        } else {
-            rows = st.w + (size_t)r0 * RB;
-        }
-        for (int r = warp; r < nr; r += B_WARPS) {
-            const float v = row_value<KIND>(rows + (size_t)r * RB, xs, xr, lane);
-            if (lane == 0) st.y[r0 + r] = v;
-        }
+        compute_rows<SMEM, KIND>(sm, bars, s, st, r0, nr, xs, [&](int row, float v) { st.y[row] = v; });
         grid_arrive(counter);  // (its __syncthreads: every warp is done with this buffer and xs)
         if (SMEM && threadIdx.x == 0 && s + 2 < n) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -498,9 +513,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     const unsigned g = gridDim.x;
     RingState r = {0, 0, 0, 0};  // thread 0's
     if (threadIdx.x == 0) {
-        for (int k = 0; k < SLOTS; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[k])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        init_bars(bars, SLOTS);
         ring_issue(r, stages, n, 0, seg, sm, bars);
     }
     __syncthreads();
@@ -546,12 +559,8 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     extern __shared__ __align__(128) uint8_t sm[];
     float* xs = (float*)(sm + 2 * BUF);
     uint64_t* bars = (uint64_t*)(sm + 2 * BUF + COLS * 4);
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (SMEM && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[0])));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[1])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        init_bars(bars, 2);
         issue_stage(stages[0], sm, &bars[0], 1 << 20);
         if (n > 1) issue_stage(stages[1], sm + BUF, &bars[1], 1 << 20);
     }
@@ -572,24 +581,11 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
             if (st.dep == s - 1) issue_stage(st, sm + (s & 1) * BUF, &bars[s & 1], 1 << 20);
             if (dep_next == s - 1) issue_stage(stages[s + 1], sm + ((s + 1) & 1) * BUF, &bars[(s + 1) & 1], 1 << 20);
         }
-        __syncthreads();
-        spin_cycles(st.delay);
-        const XRegs xr = load_xregs(xs, lane);
-        const uint8_t* rows;
-        if (SMEM) {
-            wait_bar(&bars[s & 1], (s >> 1) & 1);
-            rows = sm + (s & 1) * BUF;
-        } else {
-            rows = st.w + (size_t)r0 * RB;
-        }
-        for (int r = warp; r < nr; r += B_WARPS) {
-            const float v = row_value<KIND>(rows + (size_t)r * RB, xs, xr, lane);
-            if (lane == 0) {
-                const unsigned long long t = (unsigned long long)(epoch + s) << 32 | __float_as_uint(v);
-                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(st.yl + r0 + r), "l"(t) : "memory");
-                st.y[r0 + r] = v;
-            }
-        }
+        compute_rows<SMEM, KIND>(sm, bars, s, st, r0, nr, xs, [&](int row, float v) {
+            const unsigned long long t = (unsigned long long)(epoch + s) << 32 | __float_as_uint(v);
+            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(st.yl + row), "l"(t) : "memory");
+            st.y[row] = v;
+        });
         __syncthreads();  // every warp is done with this buffer and xs
         if (SMEM && threadIdx.x == 0 && s + 2 < n) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -643,9 +639,7 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     ChunkProducer p = {0, 0, 0};  // thread 0's
     long long gbase = 0;          // the global index of this stage's first chunk
     if (threadIdx.x == 0) {
-        for (int k = 0; k < NCH; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[k])));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        init_bars(bars, NCH);
         chunk_issue(p, 0, stages, n, 0, ring, bars);
     }
     __syncthreads();
@@ -761,21 +755,29 @@ struct Ctx {
 static std::vector<const char*> STAGE_NAMES = {"in-projections", "out-projection", "router-sized",
                                                "experts gate/up-sized", "experts down-sized"};
 
+// Mode A's launch configuration for a stage of `rows` rows, with programmatic dependent launch when
+// `pdl` (used in place: cfg points at at).
+struct StageLaunch {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    StageLaunch(int rows, cudaStream_t stream, bool pdl) {
+        cfg.gridDim = dim3((rows + A_ROWS - 1) / A_ROWS);
+        cfg.blockDim = dim3(A_WARPS * WARP);
+        cfg.stream = stream;
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = pdl ? 1 : 0;
+    }
+};
+
 static cudaGraphExec_t chain_graph(Ctx& c, void (*kernel)(Stage), const std::vector<const Stage*>& stages) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal));
     for (const Stage* s : stages) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((s->rows + A_ROWS - 1) / A_ROWS);
-        cfg.blockDim = dim3(A_WARPS * WARP);
-        cfg.stream = c.stream;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, kernel, *s));
+        StageLaunch l(s->rows, c.stream, true);
+        CK(cudaLaunchKernelEx(&l.cfg, kernel, *s));
     }
     CK(cudaStreamEndCapture(c.stream, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
@@ -918,16 +920,8 @@ static void run_kind(Ctx& c) {
         CK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal));
         bump_epoch<<<1, 1, 0, c.stream>>>(c.epoch);
         for (int k = 0; k < c.ns; ++k) {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((v[k].rows + A_ROWS - 1) / A_ROWS);
-            cfg.blockDim = dim3(A_WARPS * WARP);
-            cfg.stream = c.stream;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = k > 0 ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, stage_kernel_tagged<KIND>, v[k], k, (const unsigned*)c.epoch, c.err));
+            StageLaunch l(v[k].rows, c.stream, k > 0);
+            CK(cudaLaunchKernelEx(&l.cfg, stage_kernel_tagged<KIND>, v[k], k, (const unsigned*)c.epoch, c.err));
         }
         CK(cudaStreamEndCapture(c.stream, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
