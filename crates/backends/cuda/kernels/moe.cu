@@ -951,49 +951,10 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
-//
-// IQ2_PRMT (default 0, session 58): the grid and the signs as PRMT selectors instead (below): a
-// grid entry as eight 4-bit codes m_j (0 / 1 / 2 for the byte values 8 / 25 / 43), a sign code
-// as bit 2 of nibble j where weight j is negative (ksigns_iq2xs, parity included), so that
-// selector = sel[idx] | neg[code] picks each signed weight out of the two-register table
-// {8, 25, 43, 0, -8, -25, -43, 0}: per eight weights two 4-byte lookups, an OR, a shift, two
-// PRMT and two dp4a, against one 8-byte lookup, about ten operations for the masks, two XOR
-// and four dp4a. The same exact integer sums, so the same bits.
-#ifndef IQ2_PRMT
-#define IQ2_PRMT 0
-#endif
-#if IQ2_PRMT
-__shared__ u32 s_iq2_sel[256];  // grid entry i: nibble j = 0 / 1 / 2 where its byte j is 8 / 25 / 43
-__shared__ u32 s_iq2_neg[128];  // sign code i: bit 4j + 2 set where weight j is negative
-#endif
 __device__ __forceinline__ void stage_iq2_q8_tables() {
-#if IQ2_PRMT
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-        const u64 g = g_iq2xxs_grid[i];
-        u32 sel = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 b = (u32)(g >> (8 * j)) & 255u;
-            sel |= ((u32)(b > 8u) + (u32)(b > 25u)) << (4 * j);
-        }
-        s_iq2_sel[i] = sel;
-    }
-    for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-        const u32 k = g_ksigns_iq2xs[i];
-        u32 neg = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) neg |= ((k >> j) & 1u) << (4 * j + 2);
-        s_iq2_neg[i] = neg;
-    }
-#else
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-#endif
     __syncthreads();
 }
-
-// IQ2_PRMT's four signed weights of a selector's low 16 bits (nibbles 0..6 index the bytes of
-// {8, 25, 43, 0} then {-8, -25, -43, 0}).
-__device__ __forceinline__ u32 iq2_prmt_weights(u32 sel) { return __byte_perm(0x002B1908u, 0x00D5E7F8u, sel); }
 
 // A sign code's byte mask of negative weights (0xFF bytes), computed: the sign byte is the 7-bit
 // code plus its parity in bit 7 (ksigns_iq2xs), each nibble's bits spread to the top bit of a
@@ -1047,16 +1008,7 @@ __device__ __forceinline__ u32 iq2_signed_bytes(u32 g, u32 n) {
 // with its 32 quants (a: quants 0..15, b: 16..31).
 __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, const int4 b) {
     const int q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#if IQ2_PRMT
-    int sum = 0;
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        const u32 sel = s_iq2_sel[(idx >> (8 * l)) & 255] | s_iq2_neg[(aux >> (7 * l)) & 127];
-        sum = dp4a(iq2_prmt_weights(sel), q[2 * l], sum);
-        sum = dp4a(iq2_prmt_weights(sel >> 16), q[2 * l + 1], sum);
-    }
-    return sum;
-#elif IQ2_NEGSUM
+#if IQ2_NEGSUM
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {

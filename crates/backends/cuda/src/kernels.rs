@@ -481,57 +481,6 @@ mod tests {
         }
     }
 
-    /// moe.cu's `IQ2_PRMT` tables and `iq2_prmt_weights`: the selector `sel[idx] | neg[code]`
-    /// (grid bytes as codes 0 / 1 / 2 in nibble j, the negative weights as bit 2 of nibble j),
-    /// PRMT on {8, 25, 43, 0} and {-8, -25, -43, 0}, gives every grid byte with the sign the
-    /// `ksigns_iq2xs` byte says, for all 256 entries and 128 sign codes (so the dp4a sums are
-    /// the other forms' exact sums). The tables are built here as stage_iq2_q8_tables builds them.
-    #[test]
-    fn iq2_prmt_selectors_give_the_signed_grid() {
-        // __byte_perm(x, y, s): byte n of the result is byte (s >> 4n) & 7 of y:x.
-        let byte_perm = |x: u32, y: u32, s: u32| {
-            let pool = ((y as u64) << 32) | x as u64;
-            (0..4).fold(0u32, |r, n| {
-                let pick = ((s >> (4 * n)) & 7) as u64;
-                r | ((((pool >> (8 * pick)) & 0xFF) as u32) << (8 * n))
-            })
-        };
-        let grids = redlite_gguf::quant::grids::IQ2XXS_GRID;
-        let signs = redlite_gguf::quant::grids::KSIGNS_IQ2XS;
-        for &g in grids.iter() {
-            for j in 0..8 {
-                let b = (g >> (8 * j)) & 0xFF;
-                assert!(
-                    b == 8 || b == 25 || b == 43,
-                    "grid {g:#018x} byte {j} is {b}"
-                );
-            }
-        }
-        let sel = |g: u64| {
-            (0..8).fold(0u32, |s, j| {
-                let b = ((g >> (8 * j)) & 0xFF) as u32;
-                s | (((b > 8) as u32 + (b > 25) as u32) << (4 * j))
-            })
-        };
-        let neg = |k: u8| (0..8).fold(0u32, |n, j| n | ((((k >> j) & 1) as u32) << (4 * j + 2)));
-        for code in 0..128usize {
-            let k = signs[code];
-            for &g in grids.iter() {
-                let s = sel(g) | neg(k);
-                let words = [
-                    byte_perm(0x002B_1908, 0x00D5_E7F8, s & 0xFFFF),
-                    byte_perm(0x002B_1908, 0x00D5_E7F8, s >> 16),
-                ];
-                for j in 0..8 {
-                    let got = ((words[j / 4] >> (8 * (j % 4))) & 0xFF) as u8 as i8;
-                    let mag = ((g >> (8 * j)) & 0xFF) as i8;
-                    let want = if (k >> j) & 1 == 1 { -mag } else { mag };
-                    assert_eq!(got, want, "code {code}, grid {g:#018x}, byte {j}");
-                }
-            }
-        }
-    }
-
     #[test]
     fn every_per_type_kernel_is_instantiated_in_the_source() {
         let src = module_source();
