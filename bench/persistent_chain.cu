@@ -27,7 +27,9 @@
 //
 // Layer patterns: the five matrix stages above (default); `tiny`, five stages of one row a block
 // (a dependent stage's floor); `dn8`, a DeltaNet layer's eight stages as redlite runs them (norm,
-// in-projections, a recurrence with a serial chain, out-projection, router, top-k, experts).
+// in-projections, a recurrence with a serial chain, out-projection, router, top-k, experts); `dn7`,
+// dn8 with the norm folded into the in-projections; `dn7l`, dn7 with the head-local and
+// expert-local hand-overs read as such by B3 / B4 (session 58).
 //
 // Two row functions: kind 0, Q4_K against f32 activations (block-wise dequantisation and FMAs,
 // arithmetic like a plain kernel's), and kind 1, the row's bytes against int8 activations held in
@@ -39,7 +41,7 @@
 // copies L2 evict-first.
 //
 // Build (nvcc 12.4+ or 13): nvcc -O3 -arch=sm_90a -o persistent_chain bench/persistent_chain.cu
-// Run: ./persistent_chain [layers=48] [reps=20] [tiny | dn8]
+// Run: ./persistent_chain [layers=48] [reps=20] [tiny | dn8 | dn7 | dn7l]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -76,6 +78,10 @@ struct Stage {
     int delay;    // clock cycles every block spins once its input is in (a serial chain: the recurrence)
     unsigned long long* yl;        // mode B3: the outputs as (tag << 32 | value bits)
     const unsigned long long* xl;  // mode B3: the input (the stage before's yl), null for stage 0
+    int group;  // modes B3 / B4 (`dn7l`): > 0, the input is only the stage before's rows of this block's
+                // group of `group` consecutive blocks (a head's or an expert's own rows); 0 all of them
+    int norm;   // modes B3 / B4 (`dn7`, `dn7l`): the block also sums its input's squares (the RMS norm
+                // folded into the stage that reads it)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -548,6 +554,30 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
     }
 }
 
+// The RMS norm folded into a stage (`dn7`, `dn7l`): the block sums its staged input's squares (a
+// warp sum each, then one warp over the warps' sums: one more block barrier) and thread 0 stores
+// the result beside the outputs (it is the norm's cost, not its arithmetic, that the chain needs).
+template <int KIND>
+__device__ __forceinline__ void block_norm(const float* xs, float* sink) {
+    constexpr int N = KIND == 0 ? COLS : RB;
+    __shared__ float part[B_WARPS];
+    __syncthreads();
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+        const float v = KIND == 0 ? xs[i] : (float)((const int8_t*)xs)[i];
+        ss = fmaf(v, v, ss);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < B_WARPS; ++w) t += part[w];
+        if (t < 0.f) sink[0] = t;  // never true: keeps the sum
+    }
+}
+
 // Mode B3 (and B4: the same reading its rows from global memory, each stage's lines started into
 // L2 before its wait, as B0): B's two-buffer weight stream with no grid barrier: a stage's outputs are written as
 // (tag << 32 | value bits) with one 8-byte store each, and the next stage's blocks read them until
@@ -571,10 +601,19 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
         int r0, nr;
         block_rows(st.rows, blockIdx.x, gridDim.x, r0, nr);
         if (!SMEM && st.dep < 0) prefetch_rows_l2(st.w + (size_t)r0 * RB, (size_t)nr * RB);
-        if (s == 0)
+        if (s == 0) {
             stage_x<KIND>(xs, st.x, st.in_rows);
-        else
+        } else if (st.group > 0) {
+            // Only the rows the blocks of this block's group wrote in the stage before.
+            const int g0 = blockIdx.x - blockIdx.x % st.group, g1 = min(g0 + st.group, (int)gridDim.x);
+            int lo, hi, n0;
+            block_rows(st.in_rows, g0, gridDim.x, lo, n0);
+            block_rows(st.in_rows, g1, gridDim.x, hi, n0);
+            stage_x_tagged<KIND>(xs, st.xl + lo, hi - lo, epoch + s - 1, err);
+        } else {
             stage_x_tagged<KIND>(xs, st.xl, st.in_rows, epoch + s - 1, err);
+        }
+        if (st.norm) block_norm<KIND>(xs, st.y);
         // Stages whose rows the stage before chose (dep = s - 1: this stage and the next) are issued
         // now that this block has seen that stage's outputs.
         if (SMEM && threadIdx.x == 0 && s > 0) {
@@ -737,6 +776,7 @@ static unsigned g_epoch = 1;
 
 struct Ctx {
     int layers, reps, sms, ns;
+    bool local;  // dn7l: B3 / B4 read grouped inputs (their outputs compare with B3's, not A's)
     std::vector<int> layer;
     std::vector<Stage> st, st_dep;  // st: every stage's rows known ahead; st_dep: the experts' after the router
     Stage* dst;
@@ -805,6 +845,7 @@ static float time_it(Ctx& c, F launch) {
 
 template <int KIND>
 static void run_kind(Ctx& c) {
+    if (c.local) printf("\n(dn7l: B3 and B4 read grouped inputs; their outputs are compared with the first B3 run's)");
     printf("\n=== row function: %s\n",
            KIND == 0 ? "Q4_K against f32 activations (block-wise dequantisation, FMAs)"
                      : "bytes against int8 activations (dp4a: nearly free arithmetic)");
@@ -835,9 +876,12 @@ static void run_kind(Ctx& c) {
         CK(cudaStreamSynchronize(c.stream));
         last_output(ref_out);
     }
-    auto report = [&](const char* what, float ms) {
+    std::vector<float> ref_local;  // dn7l: the first grouped run's output, for the other grouped runs
+    auto report = [&](const char* what, float ms, bool grouped = false) {
         last_output(out);
-        const bool same = memcmp(out.data(), ref_out.data(), c.st[ns - 1].rows * 4) == 0;
+        if (grouped && ref_local.empty()) ref_local = out;
+        const std::vector<float>& ref = grouped ? ref_local : ref_out;
+        const bool same = memcmp(out.data(), ref.data(), c.st[ns - 1].rows * 4) == 0;
         const double gbs = c.wbytes / (ms * 1e-3);
         printf("%-44s %8.3f ms a step  %6.2f us a layer  %5.0f GB/s (%4.1f %% of the reference)  outputs %s\n", what,
                ms, ms * 1e3 / c.layers, gbs / 1e9, 100.0 * gbs / c.bw_ref, same ? "identical" : "DIFFER");
@@ -894,10 +938,11 @@ static void run_kind(Ctx& c) {
         void* f = smem ? (void*)chain_tagged<true, KIND> : (void*)chain_tagged<false, KIND>;
         CK(cudaLaunchCooperativeKernel(f, c.sms, B_WARPS * WARP, args, smem_b, c.stream));
     };
-    report("B3 persistent, smem stream, tagged data", time_it(c, [&] { run_t(true, false); }));
-    report("B3 (experts' rows after the router)", time_it(c, [&] { run_t(true, true); }));
-    report("B4 persistent, L2 prefetch, tagged data", time_it(c, [&] { run_t(false, false); }));
-    report("B4 (experts' rows after the router)", time_it(c, [&] { run_t(false, true); }));
+    const bool gr = c.local;
+    report("B3 persistent, smem stream, tagged data", time_it(c, [&] { run_t(true, false); }), gr);
+    report("B3 (experts' rows after the router)", time_it(c, [&] { run_t(true, true); }), gr);
+    report("B4 persistent, L2 prefetch, tagged data", time_it(c, [&] { run_t(false, false); }), gr);
+    report("B4 (experts' rows after the router)", time_it(c, [&] { run_t(false, true); }), gr);
     const size_t smem_c = (size_t)NCH * CHB + COLS * 4 + NCH * 8;
     CK(cudaFuncSetAttribute(chain_chunks<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_c));
     auto run_c = [&](bool dep) {
@@ -970,7 +1015,14 @@ int main(int argc, char** argv) {
     // the experts' gate/up and down (their rows chosen by the top-k).
     const bool tiny = argc > 3 && strcmp(argv[3], "tiny") == 0;
     const bool dn8 = argc > 3 && strcmp(argv[3], "dn8") == 0;
-    std::vector<int> delay, dep_of;
+    // `dn7`: dn8 with the norm folded into the in-projections (each block sums its input's squares);
+    // `dn7l`: dn7 with the two hand-overs that need only a slice of the stage before read as such in
+    // B3 / B4: the recurrence of a head reads only its head's in-projection rows (groups of 4 blocks:
+    // 132 SMs over 32 heads) and an expert's down rows only its gate/up rows (groups of 13 blocks: ten
+    // experts). The launch chain and the barrier forms still wait for the whole stage before.
+    const bool dn7 = argc > 3 && strcmp(argv[3], "dn7") == 0;
+    const bool dn7l = argc > 3 && strcmp(argv[3], "dn7l") == 0;
+    std::vector<int> delay, dep_of, group, norm;
     if (tiny) {
         c.layer = std::vector<int>(5, c.sms);
         dep_of = {-1, -1, -1, 2, 2};
@@ -980,11 +1032,22 @@ int main(int argc, char** argv) {
         dep_of = {-1, -1, -1, -1, -1, -1, 5, 5};
         STAGE_NAMES = {"norm (a row a block)", "in-projections", "recurrence-sized", "out-projection",
                        "router-sized", "top-k (a row a block)", "experts gate/up-sized", "experts down-sized"};
+    } else if (dn7 || dn7l) {
+        c.layer = {12352, 4096, 4096, 3648, c.sms, 4704, 2352};
+        delay = {0, 7000, 0, 0, 0, 0, 0};
+        dep_of = {-1, -1, -1, -1, -1, 4, 4};
+        norm = {1, 0, 0, 0, 0, 0, 0};
+        if (dn7l) group = {0, 4, 0, 0, 0, 0, 13};
+        STAGE_NAMES = {"norm + in-projections", "recurrence-sized", "out-projection", "router-sized",
+                       "top-k (a row a block)", "experts gate/up-sized", "experts down-sized"};
     } else {
         c.layer = {12352, 4096, 3648, 4704, 2352};
         dep_of = {-1, -1, -1, 2, 2};
     }
+    c.local = dn7l;
     delay.resize(c.layer.size(), 0);
+    group.resize(c.layer.size(), 0);
+    norm.resize(c.layer.size(), 0);
     c.ns = c.layers * (int)c.layer.size();
     size_t total_rows = 0;
     for (int r : c.layer) total_rows += r;
@@ -1043,6 +1106,8 @@ int main(int argc, char** argv) {
         c.st[s].delay = delay[s % c.layer.size()];
         c.st[s].yl = ylbuf[s & 1];
         c.st[s].xl = s == 0 ? nullptr : ylbuf[(s - 1) & 1];
+        c.st[s].group = group[s % c.layer.size()];
+        c.st[s].norm = norm[s % c.layer.size()];
     }
     // The routed experts' stages (kinds 3 and 4) read rows chosen by the router (kind 2).
     c.st_dep = c.st;
