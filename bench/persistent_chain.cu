@@ -1019,7 +1019,8 @@ int main(int argc, char** argv) {
     // `dn7l`: dn7 with the two hand-overs that need only a slice of the stage before read as such in
     // B3 / B4: the recurrence of a head reads only its head's in-projection rows (groups of 4 blocks:
     // 132 SMs over 32 heads) and an expert's down rows only its gate/up rows (groups of 13 blocks: ten
-    // experts). The launch chain and the barrier forms still wait for the whole stage before.
+    // experts). The launch chain and the barrier forms still wait for the whole stage before, and only
+    // B3 / B4 pay the folded norm's sums (the other forms simply lose dn8's norm stage).
     const bool dn7 = argc > 3 && strcmp(argv[3], "dn7") == 0;
     const bool dn7l = argc > 3 && strcmp(argv[3], "dn7l") == 0;
     std::vector<int> delay, dep_of, group, norm;
