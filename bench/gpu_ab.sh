@@ -25,7 +25,7 @@
 # POS=32768 a decode at that position, default and each config (POS_ROUNDS rounds alternating,
 # medians); CHECK_CONFIGS (as CONFIGS, with "default"): the configs the checks run for (all by
 # default); KSWEEP=1 `bench kernel` of decode's dense shapes over row splits (KSPLITS); KNCU=1 ncu sections of the dense decode kernel in `bench kernel` (Q6_K head, Q4_K
-# 12288x2048); VERIFY=1 the full-size verify
+# 12288x2048); VKNOCK=1 the default's 8-row verify with kernels left out (REDLITE_CUDA_SKIP); VERIFY=1 the full-size verify
 # cost (2 / 4 / 8 / 16 rows against a step), default and each config. SPEC=1 (after the default's
 # checks): the MTP drafts against the oracle (`mtp_gpu`), the demo model's file rewrite with
 # every draft source (`spec-bench rewrite --backend cuda`, SPEC_ROUNDS rounds) and its verify
@@ -184,6 +184,18 @@ if [ -n "${VERIFY:-}" ]; then
         step "full-size verify cost [$cfg]"
         with "$cfg" timeout 150 $R spec-bench verify --backend cuda -m $FULL --ks 1,3,7,15 --reps 5 --context 16 2>&1 |
             tail -6 | keep
+    done
+fi
+if [ -n "${VKNOCK:-}" ]; then
+    # Knock-outs of the default's 8-row verify pass on the graphed chain (REDLITE_CUDA_SKIP leaves a
+    # launch and its work out; timing only): the routed experts, the in-projection tiles, the DeltaNet
+    # rows, the output projections (session 58, not yet run).
+    for skip in none moe_gate_up_tab_q8q,moe_gate_up_tok_q8q,moe_down_combine_tok matvec_q8x dn_fused_cols_rows \
+        matvec_res_xr_q4_k; do
+        step "8-row verify, REDLITE_CUDA_SKIP=$skip"
+        [ "$skip" = none ] && skip=
+        REDLITE_CUDA_SKIP=$skip timeout 100 $R spec-bench verify --backend cuda -m $FULL --ks 7 --reps 5 \
+            --context 16 2>&1 | tail -1 | keep
     done
 fi
 if [ -n "${POS:-}" ]; then
