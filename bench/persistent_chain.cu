@@ -555,8 +555,9 @@ __global__ void __launch_bounds__(B_WARPS * WARP, 1)
 }
 
 // The RMS norm folded into a stage (`dn7`, `dn7l`): the block sums its staged input's squares (a
-// warp sum each, then one warp over the warps' sums: one more block barrier) and thread 0 stores
-// the result beside the outputs (it is the norm's cost, not its arithmetic, that the chain needs).
+// warp sum each, then one warp over the warps' sums: one more block barrier). Only the norm's cost
+// matters to the chain, so the sum is not applied; a store that never happens (a sum of squares is
+// not negative) keeps the compiler from dropping it.
 template <int KIND>
 __device__ __forceinline__ void block_norm(const float* xs, float* sink) {
     constexpr int N = KIND == 0 ? COLS : RB;
