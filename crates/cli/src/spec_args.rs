@@ -36,6 +36,10 @@ pub struct SpecArgs {
     /// cost less per token than plain steps.
     #[arg(long)]
     pub spec_mtp_always: bool,
+    /// MTP: the drafts attend over the last N slots of the MTP cache only (0: all). Changes
+    /// which drafts are proposed, never the output.
+    #[arg(long, default_value_t = SpecConfig::default().mtp_window)]
+    pub spec_mtp_window: usize,
 }
 
 impl SpecArgs {
@@ -52,6 +56,7 @@ impl SpecArgs {
             mtp_min_prob: self.spec_mtp_min_prob,
             mtp_vocab: self.spec_mtp_vocab,
             mtp_gate: !self.spec_mtp_always,
+            mtp_window: self.spec_mtp_window,
         }
     }
 }

@@ -121,6 +121,9 @@ pub struct SpecConfig {
     pub mtp_vocab: Option<usize>,
     /// MTP drafts only while they pay ([`MtpGate`]); otherwise whenever lookup has no draft.
     pub mtp_gate: bool,
+    /// The MTP block's attention while drafting covers the last `mtp_window` slots only (0:
+    /// every slot). Only which drafts are proposed depends on it.
+    pub mtp_window: usize,
 }
 
 impl Default for SpecConfig {
@@ -139,6 +142,7 @@ impl Default for SpecConfig {
             mtp_min_prob: 0.5,
             mtp_vocab: None,
             mtp_gate: true,
+            mtp_window: 0,
         }
     }
 }
@@ -420,8 +424,10 @@ impl LookupDrafter {
 /// yet run (they are run lazily, batched, when the next MTP draft is needed).
 pub struct MtpDrafter {
     state: MtpState,
-    /// Slots `state.kv.len()..`: (trunk hidden state at position t, token t+1).
+    /// Slots `state.slots()..`: (trunk hidden state at position t, token t+1).
     queue: Vec<(Vec<f32>, u32)>,
+    /// Slots the drafts attend over (0: all; [`SpecConfig::mtp_window`]).
+    window: usize,
     /// The draft head's part of the vocabulary (`None`: the whole lm_head).
     vocab: Option<DraftVocab>,
     /// The last catch-up run over queued slots ([`MtpDrafter::flush`]): its time and slots.
@@ -537,6 +543,17 @@ impl MtpDrafter {
         model: &Model<B>,
         vocab: Option<usize>,
     ) -> Result<MtpDrafter, ModelError> {
+        MtpDrafter::with_window(model, vocab, 0)
+    }
+
+    /// [`MtpDrafter::new`] whose drafts attend over the last `window` slots only (0: all of
+    /// them): the cache keeps those rows (positions stay absolute), so a draft step's attention
+    /// costs the window, not the context. Only which drafts are proposed depends on it.
+    pub fn with_window<B: Backend>(
+        model: &Model<B>,
+        vocab: Option<usize>,
+        window: usize,
+    ) -> Result<MtpDrafter, ModelError> {
         if !model.has_mtp() {
             return Err(ModelError::NoMtp);
         }
@@ -545,6 +562,7 @@ impl MtpDrafter {
         Ok(MtpDrafter {
             state: model.new_mtp_state(),
             queue: Vec::new(),
+            window,
             vocab: (vocab > 0 && vocab < full).then(|| DraftVocab::new(vocab, full)),
             last_flush: None,
         })
@@ -552,7 +570,7 @@ impl MtpDrafter {
 
     /// Slots known so far (run or queued).
     pub fn slots(&self) -> usize {
-        self.state.kv.len() + self.queue.len()
+        self.state.slots() + self.queue.len()
     }
 
     /// Record slot `slots()`: the trunk's hidden state at that position and the token after it.
@@ -569,8 +587,15 @@ impl MtpDrafter {
         let started = Instant::now();
         let (hidden, tokens): (Vec<Vec<f32>>, Vec<u32>) =
             std::mem::take(&mut self.queue).into_iter().unzip();
-        let t0 = self.state.kv.len();
+        let t0 = self.state.slots();
         let out = model.mtp_catch_up(&mut self.state, &hidden, &tokens, t0)?;
+        if self.window > 0 {
+            // Drop the rows before the window once they make up as many again (one move of
+            // the window's rows per `window` slots).
+            if self.state.kv.len() >= 2 * self.window {
+                self.state.keep_last(self.window);
+            }
+        }
         self.last_flush = Some((started.elapsed(), tokens.len()));
         Ok(out)
     }
@@ -592,7 +617,7 @@ impl MtpDrafter {
         if let Some(v) = self.vocab.as_mut() {
             v.scan(history);
         }
-        let keep = self.state.kv.len();
+        let keep = self.state.slots();
         while drafts.len() < k {
             // Logits of the draft vocabulary or of every token.
             let logits = match self.vocab.as_mut() {
@@ -608,13 +633,13 @@ impl MtpDrafter {
             if drafts.len() == k || (min_prob > 0.0 && top_prob(&logits, top) < min_prob) {
                 break;
             }
-            let t = self.state.kv.len();
+            let t = self.state.slots();
             hidden = model
                 .mtp_hidden(&mut self.state, &[hidden], &[d], t)?
                 .pop()
                 .ok_or_else(|| ModelError::State("MTP pass returned no row".into()))?;
         }
-        self.state.kv.truncate(keep);
+        self.state.truncate(keep);
         Ok(drafts)
     }
 }
@@ -803,7 +828,11 @@ impl Speculator {
         Ok(Speculator {
             cfg: cfg.clone(),
             mtp: if use_mtp {
-                Some(MtpDrafter::new(model, cfg.mtp_vocab)?)
+                Some(MtpDrafter::with_window(
+                    model,
+                    cfg.mtp_vocab,
+                    cfg.mtp_window,
+                )?)
             } else {
                 None
             },

@@ -544,3 +544,43 @@ fn draft_vocabulary_changes_drafts_only() {
         });
     }
 }
+
+/// A sliding-window MTP drafter (the drafts attend over the last few slots; the cache drops the
+/// older rows and keeps absolute positions) changes only the drafts, never the output: tokens
+/// and every logits row as plain decoding's, and it still drafts tokens that are accepted.
+#[test]
+fn mtp_window_changes_drafts_only() {
+    for (name, backend) in [
+        ("tiny-F16.gguf", BackendChoice::Oracle),
+        ("tiny-Q8_0.gguf", BackendChoice::Cpu),
+        ("tiny-IQ2_XXS.gguf", BackendChoice::Cpu),
+    ] {
+        let (model, tok) = load(name, backend);
+        let prompt = rewrite_prompt(&tok);
+        with_model!(&model, m => {
+            let (want, want_logits, want_state) = plain(m, &prompt, 40);
+            for window in [1, 3, 16] {
+                let what = format!("{name} {backend:?} window {window}");
+                assert!(prompt.len() > 2 * window, "{what}: the prompt must outgrow the window");
+                let cfg = SpecConfig { mtp_window: window, ..spec(SpecMode::Mtp) };
+                let mut state = m.new_state();
+                let mut seen = Vec::new();
+                let (got, _, stats) = generate_speculative_observed(
+                    m,
+                    &mut state,
+                    &prompt,
+                    &mut Sampler::new(SamplerConfig::greedy()),
+                    &greedy_opts(40),
+                    &cfg,
+                    |_| true,
+                    |l| seen.push(bits(l)),
+                )
+                .unwrap();
+                assert_eq!(got, want, "{what}: tokens");
+                assert!(seen == want_logits.iter().map(|l| bits(l)).collect::<Vec<_>>(), "{what}: logits");
+                assert_same_state(&state, &want_state, &what);
+                assert!(stats.mtp.accepted > 0, "{what}: no draft accepted ({})", stats.summary());
+            }
+        });
+    }
+}

@@ -334,10 +334,10 @@ impl<B: Backend> Model<B> {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.config;
         let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
-        if mtp_state.kv.len() != t0 || hidden.len() != next_tokens.len() {
+        if mtp_state.slots() != t0 || hidden.len() != next_tokens.len() {
             return Err(ModelError::State(format!(
                 "MTP slots from {t0}: the cache holds {} slots, {} hidden rows for {} tokens",
-                mtp_state.kv.len(),
+                mtp_state.slots(),
                 hidden.len(),
                 next_tokens.len()
             )));
@@ -386,7 +386,7 @@ impl<B: Backend> Model<B> {
         }
         let cfg = &self.config;
         let mtp = self.weights.mtp.as_ref().ok_or(ModelError::NoMtp)?;
-        let (MixerWeights::Attention(attn), true) = (&mtp.layer.mixer, mtp_state.kv.len() == t0)
+        let (MixerWeights::Attention(attn), true) = (&mtp.layer.mixer, mtp_state.slots() == t0)
         else {
             // Slots that do not follow the cache: `mtp_hidden` reports them. (The MTP layer is
             // an attention layer in every Qwen3-Next file; `mtp_hidden` assumes it as well.)

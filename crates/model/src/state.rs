@@ -66,6 +66,15 @@ impl KvRows {
         }
     }
 
+    /// Remove the first `n_values` values (whole rows).
+    fn drop_front(&mut self, n_values: usize) {
+        match self {
+            KvRows::F32(v) => drop(v.drain(..n_values.min(v.len()))),
+            KvRows::F16(v) => drop(v.drain(..n_values.min(v.len()))),
+            KvRows::Q8_0(v) => drop(v.drain(..(n_values / Q8_0_BLOCK).min(v.len()))),
+        }
+    }
+
     /// Values `start..start + len` as f32: borrowed for f32, converted otherwise.
     fn f32_range(&self, start: usize, len: usize) -> Cow<'_, [f32]> {
         match self {
@@ -212,6 +221,12 @@ impl KvCache {
     pub fn truncate(&mut self, len: usize) {
         self.k.truncate(len * self.width);
         self.v.truncate(len * self.width);
+    }
+
+    /// Remove the oldest `n` positions (the rest move to the front).
+    pub fn drop_front(&mut self, n: usize) {
+        self.k.drop_front(n * self.width);
+        self.v.drop_front(n * self.width);
     }
 
     /// The stored keys, all positions.
@@ -590,7 +605,11 @@ impl SequenceState {
 /// State of the MTP head: the KV cache of its attention layer, one entry per draft slot.
 #[derive(Debug, Clone)]
 pub struct MtpState {
+    /// Cache rows of slots `base..base + kv.len()`.
     pub kv: KvCache,
+    /// Slots dropped from the front of the cache ([`MtpState::keep_last`]); 0 unless the
+    /// drafter attends over a window.
+    pub base: usize,
 }
 
 impl MtpState {
@@ -609,6 +628,27 @@ impl MtpState {
     pub(crate) fn build(cfg: &Config, kv_type: KvType) -> MtpState {
         MtpState {
             kv: KvCache::with_type(cfg.n_kv_heads * cfg.head_dim, kv_type),
+            base: 0,
+        }
+    }
+
+    /// Slots run so far (the next slot's position).
+    pub fn slots(&self) -> usize {
+        self.base + self.kv.len()
+    }
+
+    /// Back to `slots` slots (at least `base`: dropped slots do not come back).
+    pub fn truncate(&mut self, slots: usize) {
+        self.kv.truncate(slots.saturating_sub(self.base));
+    }
+
+    /// Keep the cache rows of the last `window` slots only (a sliding-window MTP drafter: drafts
+    /// attend over recent slots; positions stay absolute).
+    pub fn keep_last(&mut self, window: usize) {
+        let n = self.kv.len();
+        if n > window {
+            self.kv.drop_front(n - window);
+            self.base += n - window;
         }
     }
 }

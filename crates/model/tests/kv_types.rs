@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use redlite_model::backend::attention_two_pass;
 use redlite_model::kv_type::Q8_0_BLOCK;
-use redlite_model::state::{KvCache, LayerState};
+use redlite_model::state::{KvCache, LayerState, MtpState};
 use redlite_model::{KvType, Mode, Model, SequenceState};
 
 fn reference() -> PathBuf {
@@ -189,4 +189,53 @@ fn q8_0_needs_whole_blocks_per_head() {
     let e = KvType::Q8_0.check_head_dim(48).unwrap_err().to_string();
     assert!(e.contains("multiple of 32"), "{e}");
     assert!(KvType::F16.check_head_dim(48).is_ok());
+}
+
+/// `KvCache::drop_front` keeps the newest rows as they were (every type), and an MTP state that
+/// keeps its last slots counts the dropped ones: positions stay absolute, truncation is by slot.
+#[test]
+fn dropping_old_rows_keeps_the_new_ones_and_the_slot_count() {
+    let width = 64;
+    let mut next = lcg(7);
+    let rows: Vec<(Vec<f32>, Vec<f32>)> = (0..10)
+        .map(|_| {
+            let k = (0..width).map(|_| next()).collect();
+            let v = (0..width).map(|_| next()).collect();
+            (k, v)
+        })
+        .collect();
+    for kv_type in KvType::ALL {
+        let mut full = KvCache::with_type(width, kv_type);
+        for (k, v) in &rows {
+            full.push(k, v);
+        }
+        let mut cut = full.clone();
+        cut.drop_front(6);
+        assert_eq!(cut.len(), 4, "{kv_type}");
+        for j in 0..4 {
+            assert_eq!(cut.key(j), full.key(6 + j), "{kv_type}: key {j}");
+            assert_eq!(cut.value(j), full.value(6 + j), "{kv_type}: value {j}");
+        }
+    }
+    let mut full = KvCache::new(width);
+    for (k, v) in &rows {
+        full.push(k, v);
+    }
+    let mut mtp = MtpState {
+        kv: full.clone(),
+        base: 0,
+    };
+    mtp.keep_last(20);
+    assert_eq!((mtp.slots(), mtp.kv.len(), mtp.base), (10, 10, 0));
+    mtp.keep_last(3);
+    assert_eq!((mtp.slots(), mtp.kv.len(), mtp.base), (10, 3, 7));
+    assert_eq!(mtp.kv.key(0), full.key(7));
+    mtp.truncate(9);
+    assert_eq!((mtp.slots(), mtp.kv.len()), (9, 2));
+    mtp.truncate(2);
+    assert_eq!(
+        (mtp.slots(), mtp.kv.len()),
+        (7, 0),
+        "dropped slots do not come back"
+    );
 }
