@@ -36,8 +36,9 @@ pub struct SpecArgs {
     /// cost less per token than plain steps.
     #[arg(long)]
     pub spec_mtp_always: bool,
-    /// MTP: the drafts attend over the last N slots of the MTP cache only (0: all). Changes
-    /// which drafts are proposed, never the output.
+    /// MTP: the drafts attend over the last N slots of the MTP cache only (0: all), so a draft
+    /// costs the same at any context length (the CPU's drafter; `--backend cuda` attends over
+    /// every slot). Changes which drafts are proposed, never the output.
     #[arg(long, default_value_t = SpecConfig::default().mtp_window)]
     pub spec_mtp_window: usize,
 }

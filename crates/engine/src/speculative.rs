@@ -122,7 +122,9 @@ pub struct SpecConfig {
     /// MTP drafts only while they pay ([`MtpGate`]); otherwise whenever lookup has no draft.
     pub mtp_gate: bool,
     /// The MTP block's attention while drafting covers the last `mtp_window` slots only (0:
-    /// every slot). Only which drafts are proposed depends on it.
+    /// every slot), so a draft step costs the same at any context length. Only which drafts
+    /// are proposed depends on it. (The engine's drafter: the CUDA model's own MTP loop attends
+    /// over every slot.)
     pub mtp_window: usize,
 }
 
@@ -142,7 +144,10 @@ impl Default for SpecConfig {
             mtp_min_prob: 0.5,
             mtp_vocab: None,
             mtp_gate: true,
-            mtp_window: 0,
+            // The demo's file rewrite on the CPU (`spec-bench rewrite -t 2 --rounds 5`,
+            // docs/perf-ledger.md, session 59): MTP 1.54 / 1.61 / 1.59× with 256, 1.20–1.32×
+            // attending over every slot (a draft step's attention then costs the context).
+            mtp_window: 256,
         }
     }
 }
