@@ -21,9 +21,9 @@ pub struct SpecArgs {
     /// Prompt lookup: search afresh for every draft instead of continuing the last draft's source.
     #[arg(long)]
     pub spec_no_follow: bool,
-    /// MTP: most chained draft tokens per step.
-    #[arg(long, default_value_t = SpecConfig::default().mtp_draft)]
-    pub spec_mtp_draft: usize,
+    /// MTP: most chained draft tokens per step (default: 4 on the CPU, 3 with --backend cuda).
+    #[arg(long)]
+    pub spec_mtp_draft: Option<usize>,
     /// MTP: stop chaining after a draft whose MTP probability is below this (0: never).
     #[arg(long, default_value_t = SpecConfig::default().mtp_min_prob)]
     pub spec_mtp_min_prob: f32,

@@ -109,8 +109,10 @@ pub struct SpecConfig {
     /// Prompt lookup follows its source across passes ([`LookupDrafter`]); otherwise every
     /// draft is a fresh n-gram search.
     pub lookup_follow: bool,
-    /// Most MTP drafts per step (chained through the MTP block's own hidden state).
-    pub mtp_draft: usize,
+    /// Most MTP drafts per step (chained through the MTP block's own hidden state); `None`:
+    /// the drafter's own default ([`MTP_DRAFT`] for this engine's drafter, the CUDA model's loop
+    /// its own).
+    pub mtp_draft: Option<usize>,
     /// MTP chaining stops after a draft whose MTP probability is below this (0: always
     /// `mtp_draft` drafts): a draft that is probably wrong makes the ones after it useless.
     pub mtp_min_prob: f32,
@@ -140,7 +142,7 @@ impl Default for SpecConfig {
             max_draft: 127,
             adaptive: true,
             lookup_follow: true,
-            mtp_draft: 3,
+            mtp_draft: None,
             mtp_min_prob: 0.5,
             mtp_vocab: None,
             mtp_gate: true,
@@ -149,6 +151,20 @@ impl Default for SpecConfig {
             // attending over every slot (a draft step's attention then costs the context).
             mtp_window: 256,
         }
+    }
+}
+
+/// Chained MTP drafts a pass of this engine's drafter (the CPU backends) when none is given.
+/// The demo's file rewrite on the CPU with the drafts' sliding window (`spec-bench rewrite -t 2
+/// --rounds 5`, docs/speculative.md, session 59): 4 drafts 1.38–1.61× (median of sixteen runs
+/// 1.50×, 3.45 tokens a pass), 3 drafts 1.40–1.47× (2.8–3.0 tokens a pass). The CUDA model's
+/// loop keeps 3 (its chain has no probability cut: 4 lost there in session 21).
+pub const MTP_DRAFT: usize = 4;
+
+impl SpecConfig {
+    /// Most chained MTP drafts a pass of this engine's drafter.
+    pub fn mtp_drafts(&self) -> usize {
+        self.mtp_draft.unwrap_or(MTP_DRAFT)
     }
 }
 
@@ -828,7 +844,7 @@ impl Speculator {
     /// error; `SpecMode::Both` then uses prompt lookup alone.
     pub fn new<B: Backend>(model: &Model<B>, cfg: &SpecConfig) -> Result<Speculator, ModelError> {
         let use_mtp = cfg.mode.uses_mtp()
-            && cfg.mtp_draft > 0
+            && cfg.mtp_drafts() > 0
             && (cfg.mode == SpecMode::Mtp || model.has_mtp());
         Ok(Speculator {
             cfg: cfg.clone(),
@@ -961,7 +977,7 @@ impl Speculator {
             }
         }
         if let Some(m) = self.mtp.as_mut() {
-            let k = self.cfg.mtp_draft.min(room);
+            let k = self.cfg.mtp_drafts().min(room);
             if k > 0 {
                 if self.gate.as_mut().is_none_or(MtpGate::wants_mtp) {
                     let d = m.draft(model, history, k, self.cfg.mtp_min_prob)?;

@@ -188,7 +188,7 @@ fn spec_configs(default: &str) -> Vec<(String, SpecConfig)> {
                 let (k, v) = kv.split_once('=').expect("key=value");
                 let v: usize = v.parse().expect("number");
                 match k {
-                    "mtp" => spec.mtp_draft = v,
+                    "mtp" => spec.mtp_draft = Some(v),
                     "max" => spec.max_draft = v,
                     "nmin" => spec.ngram_min = v,
                     "nmax" => spec.ngram_max = v,
