@@ -36,7 +36,7 @@ pub struct SpecArgs {
     /// cost less per token than plain steps.
     #[arg(long)]
     pub spec_mtp_always: bool,
-    /// MTP: the drafts attend over the last N slots of the MTP cache only (0: all), so a draft
+    /// MTP: the drafts attend over the last N to 2N slots of the MTP cache only (0: all), so a draft
     /// costs the same at any context length (the CPU's drafter; `--backend cuda` attends over
     /// every slot). Changes which drafts are proposed, never the output.
     #[arg(long, default_value_t = SpecConfig::default().mtp_window)]

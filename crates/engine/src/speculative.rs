@@ -123,8 +123,9 @@ pub struct SpecConfig {
     pub mtp_vocab: Option<usize>,
     /// MTP drafts only while they pay ([`MtpGate`]); otherwise whenever lookup has no draft.
     pub mtp_gate: bool,
-    /// The MTP block's attention while drafting covers the last `mtp_window` slots only (0:
-    /// every slot), so a draft step costs the same at any context length. Only which drafts
+    /// The MTP block's attention while drafting covers the last `mtp_window` to
+    /// `2 mtp_window` slots only (0: every slot), so a draft step costs the same at any context
+    /// length. Only which drafts
     /// are proposed depends on it. (The engine's drafter: the CUDA model's own MTP loop attends
     /// over every slot.)
     pub mtp_window: usize,
@@ -567,9 +568,9 @@ impl MtpDrafter {
         MtpDrafter::with_window(model, vocab, 0)
     }
 
-    /// [`MtpDrafter::new`] whose drafts attend over the last `window` slots only (0: all of
-    /// them): the cache keeps those rows (positions stay absolute), so a draft step's attention
-    /// costs the window, not the context. Only which drafts are proposed depends on it.
+    /// [`MtpDrafter::new`] whose drafts attend over the last `window` to `2 window` slots only
+    /// (0: all of them): the cache keeps those rows (positions stay absolute), so a draft step's
+    /// attention costs the window, not the context. Only which drafts are proposed depends on it.
     pub fn with_window<B: Backend>(
         model: &Model<B>,
         vocab: Option<usize>,
@@ -610,12 +611,11 @@ impl MtpDrafter {
             std::mem::take(&mut self.queue).into_iter().unzip();
         let t0 = self.state.slots();
         let out = model.mtp_catch_up(&mut self.state, &hidden, &tokens, t0)?;
-        if self.window > 0 {
-            // Drop the rows before the window once they make up as many again (one move of
-            // the window's rows per `window` slots).
-            if self.state.kv.len() >= 2 * self.window {
-                self.state.keep_last(self.window);
-            }
+        // With a window: drop the rows before it once they make up as many again (one move of
+        // the window's rows per `window` slots), so the drafts attend over `window` to
+        // `2 window` slots.
+        if self.window > 0 && self.state.kv.len() >= 2 * self.window {
+            self.state.keep_last(self.window);
         }
         self.last_flush = Some((started.elapsed(), tokens.len()));
         Ok(out)

@@ -123,24 +123,36 @@ fn spec(mode: SpecMode) -> SpecConfig {
     }
 }
 
+/// Greedy speculative decoding of `n` tokens with `cfg` from an empty sequence: the tokens, the
+/// bits of every logits row sampled from, the statistics and the final state.
+fn greedy_observed<B: Backend>(
+    model: &Model<B>,
+    prompt: &[u32],
+    n: usize,
+    cfg: &SpecConfig,
+) -> (Vec<u32>, Vec<Vec<u32>>, SpecStats, SequenceState) {
+    let mut state = model.new_state();
+    let mut seen = Vec::new();
+    let (got, _, stats) = generate_speculative_observed(
+        model,
+        &mut state,
+        prompt,
+        &mut Sampler::new(SamplerConfig::greedy()),
+        &greedy_opts(n),
+        cfg,
+        |_| true,
+        |l| seen.push(bits(l)),
+    )
+    .unwrap();
+    (got, seen, stats, state)
+}
+
 /// Greedy speculative decoding against plain decoding on one model, every mode.
 fn check_greedy_identity<B: Backend>(model: &Model<B>, prompt: &[u32], n: usize, label: &str) {
     let (want, want_logits, want_state) = plain(model, prompt, n);
     for mode in MODES {
         let what = format!("{label} {mode:?}");
-        let mut state = model.new_state();
-        let mut seen = Vec::new();
-        let (got, _, stats) = generate_speculative_observed(
-            model,
-            &mut state,
-            prompt,
-            &mut Sampler::new(SamplerConfig::greedy()),
-            &greedy_opts(n),
-            &spec(mode),
-            |_| true,
-            |l| seen.push(bits(l)),
-        )
-        .unwrap();
+        let (got, seen, stats, state) = greedy_observed(model, prompt, n, &spec(mode));
         assert_eq!(got, want, "{what}: tokens");
         assert_eq!(seen.len(), want_logits.len(), "{what}: logits rows");
         for (i, (s, w)) in seen.iter().zip(&want_logits).enumerate() {
@@ -563,19 +575,7 @@ fn mtp_window_changes_drafts_only() {
                 let what = format!("{name} {backend:?} window {window}");
                 assert!(prompt.len() > 2 * window, "{what}: the prompt must outgrow the window");
                 let cfg = SpecConfig { mtp_window: window, ..spec(SpecMode::Mtp) };
-                let mut state = m.new_state();
-                let mut seen = Vec::new();
-                let (got, _, stats) = generate_speculative_observed(
-                    m,
-                    &mut state,
-                    &prompt,
-                    &mut Sampler::new(SamplerConfig::greedy()),
-                    &greedy_opts(40),
-                    &cfg,
-                    |_| true,
-                    |l| seen.push(bits(l)),
-                )
-                .unwrap();
+                let (got, seen, stats, state) = greedy_observed(m, &prompt, 40, &cfg);
                 assert_eq!(got, want, "{what}: tokens");
                 assert!(seen == want_logits.iter().map(|l| bits(l)).collect::<Vec<_>>(), "{what}: logits");
                 assert_same_state(&state, &want_state, &what);
