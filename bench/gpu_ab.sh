@@ -188,8 +188,9 @@ if [ -n "${VERIFY:-}" ]; then
 fi
 if [ -n "${VKNOCK:-}" ]; then
     # Knock-outs of the default's 8-row verify pass on the graphed chain (REDLITE_CUDA_SKIP leaves a
-    # launch and its work out; timing only): the routed experts, the in-projection tiles, the DeltaNet
-    # rows, the output projections (session 58, not yet run).
+    # launch and its work out; timing only): the routed experts, every q8x product (in-projections,
+    # shared expert, head), the DeltaNet rows, the output projections (session 59's figures:
+    # docs/speculative.md "Where the 8-row verify goes").
     for skip in none moe_gate_up_tab_q8q,moe_gate_up_tok_q8q,moe_down_combine_tok matvec_q8x dn_fused_cols_rows \
         matvec_res_xr_q4_k; do
         step "8-row verify, REDLITE_CUDA_SKIP=$skip"

@@ -560,18 +560,11 @@ impl DraftVocab {
 
 impl MtpDrafter {
     /// A drafter whose draft head scores the `vocab` lowest token ids plus the context's tokens
-    /// (`None`: [`default_mtp_vocab`]; 0, or at least the vocabulary: the whole lm_head).
+    /// (`None`: [`default_mtp_vocab`]; 0, or at least the vocabulary: the whole lm_head), and
+    /// whose drafts attend over the last `window` to `2 window` slots only (0: all of them): the
+    /// cache keeps those rows (positions stay absolute), so a draft step's attention costs the
+    /// window, not the context. Only which drafts are proposed depends on either.
     pub fn new<B: Backend>(
-        model: &Model<B>,
-        vocab: Option<usize>,
-    ) -> Result<MtpDrafter, ModelError> {
-        MtpDrafter::with_window(model, vocab, 0)
-    }
-
-    /// [`MtpDrafter::new`] whose drafts attend over the last `window` to `2 window` slots only
-    /// (0: all of them): the cache keeps those rows (positions stay absolute), so a draft step's
-    /// attention costs the window, not the context. Only which drafts are proposed depends on it.
-    pub fn with_window<B: Backend>(
         model: &Model<B>,
         vocab: Option<usize>,
         window: usize,
@@ -853,11 +846,7 @@ impl Speculator {
         Ok(Speculator {
             cfg: cfg.clone(),
             mtp: if use_mtp {
-                Some(MtpDrafter::with_window(
-                    model,
-                    cfg.mtp_vocab,
-                    cfg.mtp_window,
-                )?)
+                Some(MtpDrafter::new(model, cfg.mtp_vocab, cfg.mtp_window)?)
             } else {
                 None
             },
