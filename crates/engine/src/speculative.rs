@@ -711,8 +711,14 @@ impl DraftLength {
 /// without drafts against an MTP pass per token it emits. An MTP pass costs its chained drafts,
 /// its verify rows and the MTP block's catch-up over the tokens it keeps (timed per slot, since
 /// after a stretch without MTP the catch-up covers the whole stretch at once). MTP drafts while
-/// its cost per token is at most a plain pass's; otherwise the passes go without drafts, and
-/// every [`MtpGate::PROBE`] passes one pass of the other kind keeps both figures current.
+/// its cost per token is at most a plain pass's; otherwise the passes go without drafts. A pass
+/// of the other kind now and then keeps both figures current, and the two figures age
+/// differently: what an MTP pass emits depends on the text (a stretch the model finds
+/// predictable, then one it does not), what a plain pass costs hardly does. So while MTP is off,
+/// an MTP pass runs every [`MtpGate::PROBE`] passes and the MTP figures restart from it (judged
+/// by what MTP does on the text at hand, not by the stretch that turned it off); while MTP is
+/// on, a plain pass runs every `PROBE` passes at first and then at twice the interval each
+/// time, up to [`MtpGate::PROBE_MAX`].
 /// Which passes draft changes only the speed: the output is that of plain decoding either way.
 #[derive(Debug, Default)]
 pub struct MtpGate {
@@ -730,6 +736,13 @@ pub struct MtpGate {
     catch_ups: usize,
     /// Passes since the kind not chosen last ran.
     since_other: usize,
+    /// The MTP figures' values so far in their current run (they restart at a probe while MTP is
+    /// off).
+    mtp_run: usize,
+    /// The next MTP pass is a probe while MTP is off: the MTP figures restart from it.
+    restart_mtp: bool,
+    /// Passes between plain probes while MTP is on (0: not yet set, `PROBE`).
+    plain_probe: usize,
 }
 
 impl MtpGate {
@@ -737,8 +750,11 @@ impl MtpGate {
     /// emits vary from 1 to the draft length + 1 from pass to pass, and the first passes of a
     /// reply often accept little, so the first estimate wants a few of them.
     const WARM: usize = 16;
-    /// Passes between runs of the kind the figures do not favour.
+    /// Passes between runs of the kind the figures do not favour (MTP probes; the first plain
+    /// probes).
     const PROBE: usize = 16;
+    /// The longest interval between plain probes while MTP stays on.
+    const PROBE_MAX: usize = 256;
     /// The smoothed figures average their first `WINDOW` values, then weigh a new one by
     /// 1 / `WINDOW` (session 43: with a weight of 1/4 after four MTP passes, the noise of the
     /// tokens a pass emits turned MTP off for stretches of 32 passes where it paid).
@@ -761,9 +777,23 @@ impl MtpGate {
         };
         let per_token = (mtp + self.catch_up.unwrap_or(0.0) * tokens) / tokens.max(1.0);
         let favoured = per_token <= plain;
+        if !favoured {
+            self.plain_probe = Self::PROBE;
+        }
+        let interval = if favoured {
+            self.plain_probe.max(Self::PROBE)
+        } else {
+            Self::PROBE
+        };
         self.since_other += 1;
-        if self.since_other >= Self::PROBE {
+        if self.since_other >= interval {
             self.since_other = 0;
+            if favoured {
+                // A plain probe; the next one waits twice as long.
+                self.plain_probe = (2 * interval).min(Self::PROBE_MAX);
+            } else {
+                self.restart_mtp = true;
+            }
             return !favoured;
         }
         favoured
@@ -778,7 +808,11 @@ impl MtpGate {
     /// An MTP pass took `secs` (without its catch-up) and emitted `tokens`.
     pub fn record_mtp(&mut self, secs: f64, tokens: usize) {
         self.mtp_passes += 1;
-        let n = self.mtp_passes;
+        if std::mem::take(&mut self.restart_mtp) {
+            self.mtp_run = 0;
+        }
+        self.mtp_run += 1;
+        let n = self.mtp_run;
         let s = Self::smooth(self.mtp.map(|m| m.0), secs, n);
         let t = Self::smooth(self.mtp.map(|m| m.1), tokens as f64, n);
         self.mtp = s.zip(t);
@@ -1259,7 +1293,8 @@ mod tests {
     }
 
     /// The gate drafts through its warm-up, then times a plain pass, then follows the cheaper
-    /// kind per token, running the other kind once every `PROBE` passes.
+    /// kind per token: while plain passes win, an MTP probe every `PROBE` passes, whose timing
+    /// restarts the MTP figures; while MTP wins, plain probes at doubling intervals.
     #[test]
     fn mtp_gate_follows_the_cheaper_kind() {
         let mut g = MtpGate::default();
@@ -1275,13 +1310,36 @@ mod tests {
         let runs: Vec<bool> = (0..2 * MtpGate::PROBE).map(|_| g.wants_mtp()).collect();
         assert_eq!(runs.iter().filter(|&&m| m).count(), 2, "{runs:?}");
         assert!(runs[MtpGate::PROBE - 1] && runs[2 * MtpGate::PROBE - 1]);
-        // MTP becomes cheap (4 tokens for 2 ms): after a window's worth of timings it is
-        // favoured, and a plain pass runs once every PROBE.
-        for _ in 0..2 * MtpGate::WINDOW {
-            g.record_mtp(0.002, 4);
+        // The probe finds the text predictable (5 tokens for 2 ms, 0.5 ms a token): the MTP
+        // figures restart from it, so MTP is on from the next pass.
+        g.record_mtp(0.002, 5);
+        assert!(g.wants_mtp());
+        // While it stays cheap, plain probes come after 16, 32, 64, … passes, up to PROBE_MAX.
+        let mut plain_at = Vec::new();
+        for pass in 1..2000 {
+            if g.wants_mtp() {
+                g.record_mtp(0.002, 5);
+            } else {
+                g.record_plain(0.001);
+                plain_at.push(pass);
+            }
+        }
+        let gaps: Vec<usize> = plain_at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(plain_at[0], MtpGate::PROBE - 1, "{plain_at:?}");
+        assert_eq!(&gaps[..4], [32, 64, 128, 256], "{plain_at:?}");
+        assert!(
+            gaps[4..].iter().all(|&d| d == MtpGate::PROBE_MAX),
+            "{plain_at:?}"
+        );
+        // Without a probe from the off state the MTP figures are smoothed: one bad pass does
+        // not turn MTP off, a stretch of them does, and the plain probes start over at PROBE.
+        g.record_mtp(0.003, 1);
+        assert!(g.wants_mtp());
+        for _ in 0..MtpGate::WINDOW {
+            g.record_mtp(0.003, 1);
         }
         let runs: Vec<bool> = (0..2 * MtpGate::PROBE).map(|_| g.wants_mtp()).collect();
-        assert_eq!(runs.iter().filter(|&&m| !m).count(), 2, "{runs:?}");
+        assert_eq!(runs.iter().filter(|&&m| m).count(), 2, "{runs:?}");
     }
 
     #[test]
