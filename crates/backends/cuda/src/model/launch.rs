@@ -121,6 +121,11 @@ impl CudaModel {
         let noop;
         let f = if Self::listed(&self.noop, self.stage, what) {
             noop = self.gpu.func("noop_pdl")?.clone();
+            // The launch keeps its dynamic shared memory, past the default 48 KiB for
+            // `matvec_q8x_mma_q4_k` (which is opted in: without it the driver refused the launch).
+            if shared > 48 * 1024 {
+                super::q8x_mma_opt_in(&noop)?;
+            }
             &noop
         } else {
             f
