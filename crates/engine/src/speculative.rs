@@ -1332,7 +1332,7 @@ mod tests {
             "{plain_at:?}"
         );
         // Without a probe from the off state the MTP figures are smoothed: one bad pass does
-        // not turn MTP off, a stretch of them does, and the plain probes start over at PROBE.
+        // not turn MTP off, a stretch of them does, and MTP probes come every PROBE passes.
         g.record_mtp(0.003, 1);
         assert!(g.wants_mtp());
         for _ in 0..MtpGate::WINDOW {
