@@ -951,9 +951,36 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
+// IQ2_GRID_COPIES (default 1; session 61, prepared): the q8 expert kernels' grid staged C times,
+// entry e's copy c at e · C + c, and lane l reading copy l % C. ncu (session 61) puts the 8-row
+// verify's routed kernels at 5.4–5.9-way bank conflicts on these random 8-byte lookups; with C
+// copies the lanes of a half-warp that share a copy spread over C bank pairs fewer ways (C = 16:
+// none), for C · 2 KiB of shared memory a block. The same entries: the same bits.
+#ifndef IQ2_GRID_COPIES
+#define IQ2_GRID_COPIES 1
+#endif
+#if IQ2_GRID_COPIES > 1
+__shared__ u64 s_iq2xxs_gridc[256 * IQ2_GRID_COPIES];
+#endif
+
 __device__ __forceinline__ void stage_iq2_q8_tables() {
+#if IQ2_GRID_COPIES > 1
+    for (int i = threadIdx.x; i < 256 * IQ2_GRID_COPIES; i += blockDim.x) {
+        s_iq2xxs_gridc[i] = g_iq2xxs_grid[i / IQ2_GRID_COPIES];
+    }
+#else
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
+#endif
     __syncthreads();
+}
+
+// Grid entry e for the q8 expert kernels (staged by stage_iq2_q8_tables).
+__device__ __forceinline__ u64 iq2_q8_grid(u32 e) {
+#if IQ2_GRID_COPIES > 1
+    return s_iq2xxs_gridc[e * IQ2_GRID_COPIES + threadIdx.x % IQ2_GRID_COPIES];
+#else
+    return s_iq2xxs_grid[e];
+#endif
 }
 
 // A sign code's byte mask of negative weights (0xFF bytes), computed: the sign byte is the 7-bit
@@ -1012,7 +1039,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
         const u32 code = (aux >> (7 * l)) & 127;
         const u32 mlo = prmt_sign_bytes((code & 15u) * 0x10204080u);
         const u32 mhi = prmt_sign_bytes((code >> 4) * 0x10204080u + ((u32)__popc(code) << 31));
@@ -1026,7 +1053,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
         const u32 code = (aux >> (7 * l)) & 127;
         const u32 sg = code | ((__popc(code) & 1u) << 7);
         sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
@@ -1037,7 +1064,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
+        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
         const u64 m = iq2_negmask_alu((aux >> (7 * l)) & 127);
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
