@@ -949,8 +949,7 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // db · (dx · Σ) with db = d (0.5 + scale) / 4 as the f32 decoder; the lane adds its sub-blocks in
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
-// The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
-// staged ksigns table at -0.7 % decode).
+
 // IQ2_GRID_COPIES (default 1; session 61, prepared): the q8 expert kernels' grid staged C times,
 // entry e's copy c at e · C + c, and lane l reading copy l % C. ncu (session 61) puts the 8-row
 // verify's routed kernels at 5.4–5.9-way bank conflicts on these random 8-byte lookups; with C
@@ -959,10 +958,14 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 #ifndef IQ2_GRID_COPIES
 #define IQ2_GRID_COPIES 1
 #endif
+static_assert(IQ2_GRID_COPIES >= 1 && IQ2_GRID_COPIES <= 32 && (IQ2_GRID_COPIES & (IQ2_GRID_COPIES - 1)) == 0,
+              "IQ2_GRID_COPIES: a power of two up to 32 (lane l reads copy l % C)");
 #if IQ2_GRID_COPIES > 1
 __shared__ u64 s_iq2xxs_gridc[256 * IQ2_GRID_COPIES];
 #endif
 
+// The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
+// staged ksigns table at -0.7 % decode).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
 #if IQ2_GRID_COPIES > 1
     for (int i = threadIdx.x; i < 256 * IQ2_GRID_COPIES; i += blockDim.x) {
