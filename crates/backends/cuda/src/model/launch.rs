@@ -121,10 +121,15 @@ impl CudaModel {
         let noop;
         let f = if Self::listed(&self.noop, self.stage, what) {
             noop = self.gpu.func("noop_pdl")?.clone();
-            // The launch keeps its dynamic shared memory, past the default 48 KiB for
-            // `matvec_q8x_mma_q4_k` (which is opted in: without it the driver refused the launch).
+            // The launch keeps its dynamic shared memory: past the default 48 KiB (as
+            // `matvec_q8x_mma_q4_k`'s) the stand-in is opted in to those bytes, else the
+            // driver refuses the launch.
             if shared > 48 * 1024 {
-                super::q8x_mma_opt_in(&noop)?;
+                noop.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+                .map_err(|e| CudaError::driver("the noop_pdl stand-in's shared memory limit", e))?;
             }
             &noop
         } else {
