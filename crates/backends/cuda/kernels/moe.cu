@@ -1087,6 +1087,33 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #define IQ2_LDG 1
 #endif
 
+// IQ2_WORD_LOADS (default 0; session 62, measured on the device before any default changes): a
+// sub-block's grid indices and sign codes (8 bytes at `at`, 2-byte aligned: the 66-byte blocks of
+// a row that starts on a word alternate between 0 and 2 bytes off a word) as two aligned 4-byte
+// loads and, where `at` is 2 bytes off, a 2-byte load of the last two bytes, joined by funnel
+// shifts: 2–3 loads instead of 4 (ncu, session 61: these 2-byte loads use 12.7 of a sector's 32
+// bytes, and the routed kernels are bound by L1 wavefronts). Every byte read lies inside the
+// sub-block's block (the first word starts at most 2 bytes before `at`, after the block's d).
+// The same words: the same bits.
+#ifndef IQ2_WORD_LOADS
+#define IQ2_WORD_LOADS 0
+#endif
+
+// Sub-block words at `at` (2-byte aligned): idx = bytes 0..3, aux = bytes 4..7.
+__device__ __forceinline__ void iq2_sub_words(const u8* at, u32& idx, u32& aux) {
+#if IQ2_WORD_LOADS
+    const u32 off = (u32)(size_t)at & 2u;  // 0 or 2 bytes past a word
+    const u32* w = (const u32*)(at - off);
+    const u32 w0 = w[0], w1 = w[1];
+    const u32 w2 = off != 0 ? (u32) * (const u16*)(at + 6) : 0u;  // bytes 6..7 where w1 stops short
+    idx = __funnelshift_r(w0, w1, 8 * off);
+    aux = __funnelshift_r(w1, w2, 8 * off);
+#else
+    idx = ld_u32_a2(at);
+    aux = ld_u32_a2(at + 4);
+#endif
+}
+
 // One sub-block's value: db · (dx · Σ), db = d (0.5 + scale) / 4 as the f32 decoder.
 __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int sb, const Q8Row& x, const int4 a,
                                                   const int4 b) {
@@ -1095,7 +1122,8 @@ __device__ __forceinline__ float iq2xxs_sub_value(const u8* __restrict__ w, int 
 #endif
     const u8* blk = w + (size_t)(sb >> 3) * 66;
     const u8* at = blk + 2 + 8 * (sb & 7);
-    const u32 idx = ld_u32_a2(at), aux = ld_u32_a2(at + 4);
+    u32 idx, aux;
+    iq2_sub_words(at, idx, aux);
     const float db = ld_f16(blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
     return __fmul_rn(db, __fmul_rn(x.d[sb], (float)iq2xxs_sub_q8(idx, aux, a, b)));
 }
