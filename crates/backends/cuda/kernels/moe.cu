@@ -1318,7 +1318,24 @@ __device__ __forceinline__ const u8* expert_part(const u64* __restrict__ tab, in
 #endif
 
 // moe_gate_up_tab_q8q_iq2_xxs(..., dstride): the parts through expert_part.
-extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
+// VERIFY_MIN_BLOCKS (default 0 = the bounds as before; session 62, an experiment): 256-thread blocks an
+// SM asked of the verify's routed kernels through their launch bounds, so that the compiler keeps their
+// registers low enough for N of them (N = 6: ≤ 42): moe_gate_up_tab_q8q_iq2_xxs (512, N / 2) instead
+// of (1024), moe_down_combine_tok_q8_iq2_xxs (256, N). ncu (session 62): both at
+// 64 registers and ≈ 43 % of an SM's warps, with neither the L1, the DRAM nor the issue slots full.
+// Only for REDLITE_CUDA_Q8Q_WARPS ≤ 16 and REDLITE_MOE_WARPS ≤ 8 (the defaults).
+#ifndef VERIFY_MIN_BLOCKS
+#define VERIFY_MIN_BLOCKS 0
+#endif
+#if VERIFY_MIN_BLOCKS > 0
+#define GU_TAB_BOUNDS __launch_bounds__(512, VERIFY_MIN_BLOCKS / 2)
+#define DOWN_TOK_BOUNDS __launch_bounds__(256, VERIFY_MIN_BLOCKS)
+#else
+#define GU_TAB_BOUNDS __launch_bounds__(1024)
+#define DOWN_TOK_BOUNDS
+#endif
+
+extern "C" __global__ GU_TAB_BOUNDS void moe_gate_up_tab_q8q_iq2_xxs(
     const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
     u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride) {
     stage_iq2_q8_tables();  // depends on nothing: before the wait
@@ -1767,7 +1784,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 // tokens' loads of a pair in flight together, one barrier for all of them. Each token's lane sum
 // takes the one-token kernel's pairs in its order, its row the parts in order: the same bits.
 // Launch: grid = (hidden * parts / warps, ceil(n / tile)), block = 32 * warps.
-extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
+extern "C" __global__ DOWN_TOK_BOUNDS void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                            const float* __restrict__ weight,
                                                            const u8* __restrict__ actq, float* __restrict__ x,
                                                            const float* __restrict__ shared,
