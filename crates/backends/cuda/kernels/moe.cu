@@ -950,40 +950,11 @@ __device__ __forceinline__ void moe_gate_up_tab_body(const u64* __restrict__ tab
 // order, then a warp sum. About 1.5 instructions per weight against the f32 group decoder's ~10.
 // Launch: as moe_gate_up_tab (grid = (ceil(ff / warps), k, tokens), block = 32 * warps).
 
-// IQ2_GRID_COPIES (default 1; session 61, prepared): the q8 expert kernels' grid staged C times,
-// entry e's copy c at e · C + c, and lane l reading copy l % C. ncu (session 61) puts the 8-row
-// verify's routed kernels at 5.4–5.9-way bank conflicts on these random 8-byte lookups; with C
-// copies the lanes of a half-warp that share a copy spread over C bank pairs fewer ways (C = 16:
-// none), for C · 2 KiB of shared memory a block. The same entries: the same bits.
-#ifndef IQ2_GRID_COPIES
-#define IQ2_GRID_COPIES 1
-#endif
-static_assert(IQ2_GRID_COPIES >= 1 && IQ2_GRID_COPIES <= 32 && (IQ2_GRID_COPIES & (IQ2_GRID_COPIES - 1)) == 0,
-              "IQ2_GRID_COPIES: a power of two up to 32 (lane l reads copy l % C)");
-#if IQ2_GRID_COPIES > 1
-__shared__ u64 s_iq2xxs_gridc[256 * IQ2_GRID_COPIES];
-#endif
-
 // The grid into shared memory (the sign bytes are computed, not staged: session 28 measured the
 // staged ksigns table at -0.7 % decode).
 __device__ __forceinline__ void stage_iq2_q8_tables() {
-#if IQ2_GRID_COPIES > 1
-    for (int i = threadIdx.x; i < 256 * IQ2_GRID_COPIES; i += blockDim.x) {
-        s_iq2xxs_gridc[i] = g_iq2xxs_grid[i / IQ2_GRID_COPIES];
-    }
-#else
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_iq2xxs_grid[i] = g_iq2xxs_grid[i];
-#endif
     __syncthreads();
-}
-
-// Grid entry e for the q8 expert kernels (staged by stage_iq2_q8_tables).
-__device__ __forceinline__ u64 iq2_q8_grid(u32 e) {
-#if IQ2_GRID_COPIES > 1
-    return s_iq2xxs_gridc[e * IQ2_GRID_COPIES + threadIdx.x % IQ2_GRID_COPIES];
-#else
-    return s_iq2xxs_grid[e];
-#endif
 }
 
 // A sign code's byte mask of negative weights (0xFF bytes), computed: the sign byte is the 7-bit
@@ -1042,7 +1013,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
         const u32 mlo = prmt_sign_bytes((code & 15u) * 0x10204080u);
         const u32 mhi = prmt_sign_bytes((code >> 4) * 0x10204080u + ((u32)__popc(code) << 31));
@@ -1056,7 +1027,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u32 code = (aux >> (7 * l)) & 127;
         const u32 sg = code | ((__popc(code) & 1u) << 7);
         sum = dp4a(iq2_signed_bytes((u32)g, sg & 15u), q[2 * l], sum);
@@ -1067,7 +1038,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
     int sum = 0, neg = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u64 g = iq2_q8_grid((idx >> (8 * l)) & 255);
+        const u64 g = s_iq2xxs_grid[(idx >> (8 * l)) & 255];
         const u64 m = iq2_negmask_alu((aux >> (7 * l)) & 127);
         const u32 glo = (u32)g, ghi = (u32)(g >> 32);
         sum = dp4a(glo, q[2 * l], sum);
@@ -1087,16 +1058,16 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 #define IQ2_LDG 1
 #endif
 
-// IQ2_WORD_LOADS (default 0; session 62, measured on the device before any default changes): a
-// sub-block's grid indices and sign codes (8 bytes at `at`, 2-byte aligned: the 66-byte blocks of
-// a row that starts on a word alternate between 0 and 2 bytes off a word) as two aligned 4-byte
-// loads and, where `at` is 2 bytes off, a 2-byte load of the last two bytes, joined by funnel
-// shifts: 2–3 loads instead of 4 (ncu, session 61: these 2-byte loads use 12.7 of a sector's 32
-// bytes, and the routed kernels are bound by L1 wavefronts). Every byte read lies inside the
-// sub-block's block (the first word starts at most 2 bytes before `at`, after the block's d).
-// The same words: the same bits.
+// IQ2_WORD_LOADS (default 1 since session 62; 0: four 2-byte loads): a sub-block's grid indices and
+// sign codes (8 bytes at `at`, 2-byte aligned: the 66-byte blocks of a row that starts on a word
+// alternate between 0 and 2 bytes off a word) as two aligned 4-byte loads and, where `at` is 2 bytes
+// off, a 2-byte load of the last two bytes, joined by funnel shifts. Every byte read lies inside the
+// sub-block's block (the first word starts at most 2 bytes before `at`, after the block's d); the
+// same words, the same bits (the full-size step logits compared bit for bit). On an H100 the
+// verify's routed kernels read 17–21 % fewer global sectors (ncu) and the full-size 8-row verify
+// took 0.2–1.2 % less in five alternating pairs, the decode step the same.
 #ifndef IQ2_WORD_LOADS
-#define IQ2_WORD_LOADS 0
+#define IQ2_WORD_LOADS 1
 #endif
 
 // Sub-block words at `at` (2-byte aligned): idx = bytes 0..3, aux = bytes 4..7.
@@ -1318,24 +1289,7 @@ __device__ __forceinline__ const u8* expert_part(const u64* __restrict__ tab, in
 #endif
 
 // moe_gate_up_tab_q8q_iq2_xxs(..., dstride): the parts through expert_part.
-// VERIFY_MIN_BLOCKS (default 0 = the bounds as before; session 62, an experiment): 256-thread blocks an
-// SM asked of the verify's routed kernels through their launch bounds, so that the compiler keeps their
-// registers low enough for N of them (N = 6: ≤ 42): moe_gate_up_tab_q8q_iq2_xxs (512, N / 2) instead
-// of (1024), moe_down_combine_tok_q8_iq2_xxs (256, N). ncu (session 62): both at
-// 64 registers and ≈ 43 % of an SM's warps, with neither the L1, the DRAM nor the issue slots full.
-// Only for REDLITE_CUDA_Q8Q_WARPS ≤ 16 and REDLITE_MOE_WARPS ≤ 8 (the defaults).
-#ifndef VERIFY_MIN_BLOCKS
-#define VERIFY_MIN_BLOCKS 0
-#endif
-#if VERIFY_MIN_BLOCKS > 0
-#define GU_TAB_BOUNDS __launch_bounds__(512, VERIFY_MIN_BLOCKS / 2)
-#define DOWN_TOK_BOUNDS __launch_bounds__(256, VERIFY_MIN_BLOCKS)
-#else
-#define GU_TAB_BOUNDS __launch_bounds__(1024)
-#define DOWN_TOK_BOUNDS
-#endif
-
-extern "C" __global__ GU_TAB_BOUNDS void moe_gate_up_tab_q8q_iq2_xxs(
+extern "C" __global__ __launch_bounds__(1024) void moe_gate_up_tab_q8q_iq2_xxs(
     const u64* __restrict__ tab, const int* __restrict__ ids, const u8* __restrict__ xq, float* __restrict__ act,
     u8* __restrict__ actq, int ff, int hidden, int k, u64 dstride) {
     stage_iq2_q8_tables();  // depends on nothing: before the wait
@@ -1784,7 +1738,7 @@ extern "C" __global__ void moe_down_combine_tab_q8_iq2_xxs(const u64* __restrict
 // tokens' loads of a pair in flight together, one barrier for all of them. Each token's lane sum
 // takes the one-token kernel's pairs in its order, its row the parts in order: the same bits.
 // Launch: grid = (hidden * parts / warps, ceil(n / tile)), block = 32 * warps.
-extern "C" __global__ DOWN_TOK_BOUNDS void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
+extern "C" __global__ void moe_down_combine_tok_q8_iq2_xxs(const u64* __restrict__ tab, const int* __restrict__ ids,
                                                            const float* __restrict__ weight,
                                                            const u8* __restrict__ actq, float* __restrict__ x,
                                                            const float* __restrict__ shared,
