@@ -1064,7 +1064,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 // off, a 2-byte load of the last two bytes, joined by funnel shifts. Every byte read lies inside the
 // sub-block's block (the first word starts at most 2 bytes before `at`, after the block's d); the
 // same words, the same bits (the full-size step logits compared bit for bit). On an H100 the
-// verify's routed kernels read 17–21 % fewer global sectors (ncu) and the full-size 8-row verify
+// verify's routed kernels read 12–21 % fewer global sectors (ncu) and the full-size 8-row verify
 // took 0.2–1.2 % less in five alternating pairs, the decode step the same.
 #ifndef IQ2_WORD_LOADS
 #define IQ2_WORD_LOADS 1
@@ -1076,7 +1076,7 @@ __device__ __forceinline__ void iq2_sub_words(const u8* at, u32& idx, u32& aux) 
     const u32 off = (u32)(size_t)at & 2u;  // 0 or 2 bytes past a word
     const u32* w = (const u32*)(at - off);
     const u32 w0 = w[0], w1 = w[1];
-    const u32 w2 = off != 0 ? (u32) * (const u16*)(at + 6) : 0u;  // bytes 6..7 where w1 stops short
+    const u32 w2 = off != 0 ? (u32)ld_u16(at + 6) : 0u;  // bytes 6..7 where w1 stops short
     idx = __funnelshift_r(w0, w1, 8 * off);
     aux = __funnelshift_r(w1, w2, 8 * off);
 #else
