@@ -1894,6 +1894,18 @@ __device__ __forceinline__ void ld16_a2(const u8* p, u32 (&out)[4]) {
     for (int k = 0; k < 4; ++k) out[k] = __funnelshift_r(v[k], v[k + 1], sh);
 }
 
+// 8 bytes at a 2-byte aligned address p as two words, ld16_a2's way, except that the bytes past
+// the 8 are never read: where p is 2 bytes off a word the last two come by a 2-byte load (an
+// IQ2_XXS sub-block may end its tensor).
+__device__ __forceinline__ void ld8_a2(const u8* p, u32& lo, u32& hi) {
+    const u32 off = (u32)(size_t)p & 2u;  // 0 or 2 bytes past a word
+    const u32* w = (const u32*)(p - off);
+    const u32 w0 = w[0], w1 = w[1];
+    const u32 w2 = off != 0 ? (u32)ld_u16(p + 6) : 0u;  // bytes 6..7 where w1 stops short
+    lo = __funnelshift_r(w0, w1, 8 * off);
+    hi = __funnelshift_r(w1, w2, 8 * off);
+}
+
 // A lane's part of Q6_K block `b` (its sixteenth c, h, i and scale s0, as q6k_rows_q8 says): the
 // 16 low-bit bytes, the 16 high-bit bytes and the two scales d · sc.
 __device__ __forceinline__ void q6k_lane_load(const u8* b, int c, int h, int i, int s0, u32 (&ql)[4], u32 (&qh)[4],

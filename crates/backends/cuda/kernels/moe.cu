@@ -1061,8 +1061,8 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 // IQ2_WORD_LOADS (default 1 since session 62; 0: four 2-byte loads): a sub-block's grid indices and
 // sign codes (8 bytes at `at`, 2-byte aligned: the 66-byte blocks of a row that starts on a word
 // alternate between 0 and 2 bytes off a word) as two aligned 4-byte loads and, where `at` is 2 bytes
-// off, a 2-byte load of the last two bytes, joined by funnel shifts. Every byte read lies inside the
-// sub-block's block (the first word starts at most 2 bytes before `at`, after the block's d); the
+// off, a 2-byte load of the last two bytes, joined by funnel shifts (ld8_a2). Every byte read lies
+// inside the sub-block's block (the first word starts at most 2 bytes before `at`, after d); the
 // same words, the same bits (the full-size step logits compared bit for bit). On an H100 the
 // verify's routed kernels read 12–21 % fewer global sectors (ncu) and the full-size 8-row verify
 // took 0.2–1.2 % less in five alternating pairs, the decode step the same. (Session 41's form,
@@ -1074,12 +1074,7 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 // Sub-block words at `at` (2-byte aligned): idx = bytes 0..3, aux = bytes 4..7.
 __device__ __forceinline__ void iq2_sub_words(const u8* at, u32& idx, u32& aux) {
 #if IQ2_WORD_LOADS
-    const u32 off = (u32)(size_t)at & 2u;  // 0 or 2 bytes past a word
-    const u32* w = (const u32*)(at - off);
-    const u32 w0 = w[0], w1 = w[1];
-    const u32 w2 = off != 0 ? (u32)ld_u16(at + 6) : 0u;  // bytes 6..7 where w1 stops short
-    idx = __funnelshift_r(w0, w1, 8 * off);
-    aux = __funnelshift_r(w1, w2, 8 * off);
+    ld8_a2(at, idx, aux);
 #else
     idx = ld_u32_a2(at);
     aux = ld_u32_a2(at + 4);
