@@ -166,12 +166,16 @@ impl CudaModel {
         Self::listed(&self.skip, self.stage, what)
     }
 
-    /// Whether launch `what` of `stage` is in a `REDLITE_CUDA_SKIP`-style list (`*`: all).
+    /// Whether launch `what` of `stage` is in a `REDLITE_CUDA_SKIP`-style list (`*`: all): an
+    /// entry names it and no `!`-entry does (`*,!embedding,!moe:matvec3_x`: all but those two).
     pub(super) fn listed(list: &[String], stage: &str, what: &str) -> bool {
-        list.iter().any(|s| match s.split_once(':') {
+        let names = |s: &str| match s.split_once(':') {
             Some((st, name)) => st == stage && (name == "*" || name == what),
             None => s == what || s == "*",
-        })
+        };
+        let (excluded, included): (Vec<&String>, Vec<&String>) =
+            list.iter().partition(|s| s.starts_with('!'));
+        included.iter().any(|s| names(s)) && !excluded.iter().any(|s| names(&s[1..]))
     }
 
     /// The `grid_sync` counter for launches of `kernel` with `blocks` blocks (its barrier target
@@ -851,4 +855,27 @@ pub(super) fn push_mats3(args: &mut Vec<A>, mats: &[(&DevLinear, u64)], rpb: u32
         }
     }
     grid_x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CudaModel;
+
+    fn list(s: &str) -> Vec<String> {
+        s.split(',').map(String::from).collect()
+    }
+
+    #[test]
+    fn launch_lists_take_stages_wildcards_and_exclusions() {
+        let l = list("moe_router_warp,dn:*");
+        assert!(CudaModel::listed(&l, "moe", "moe_router_warp"));
+        assert!(CudaModel::listed(&l, "dn", "matvec_q8x"));
+        assert!(!CudaModel::listed(&l, "attn", "matvec_q8x"));
+        let l = list("*,!embedding,!moe:matvec3_x");
+        assert!(!CudaModel::listed(&l, "head", "embedding"));
+        assert!(!CudaModel::listed(&l, "moe", "matvec3_x"));
+        assert!(CudaModel::listed(&l, "shared", "matvec3_x"));
+        assert!(CudaModel::listed(&l, "dn", "dn_fused_cols_rows"));
+        assert!(!CudaModel::listed(&list("!embedding"), "head", "matvec"));
+    }
 }

@@ -1187,7 +1187,8 @@ pub struct CudaModel {
     /// Timing diagnostics only: launches to leave out (`REDLITE_CUDA_SKIP`, comma-separated
     /// launch names such as `dn_fused_seq`, or `stage:name` / `stage:*` with stage `dn`, `attn`,
     /// `moe`, `shared` or `head`; `dn:z_rows` leaves the output gate's rows out of the DeltaNet
-    /// in-projection launch). The outputs are garbage; the step time shows what each stage
+    /// in-projection launch; `!name` keeps a launch that another entry lists, as in `*,!embedding`).
+    /// The outputs are garbage; the step time shows what each stage
     /// costs on the critical path of the replayed graph (ncu times each kernel alone).
     skip: Vec<String>,
     /// Timing diagnostics only: launches replaced by `noop_pdl` with the same grid and block
