@@ -173,9 +173,8 @@ impl CudaModel {
             Some((st, name)) => st == stage && (name == "*" || name == what),
             None => s == what || s == "*",
         };
-        let (excluded, included): (Vec<&String>, Vec<&String>) =
-            list.iter().partition(|s| s.starts_with('!'));
-        included.iter().any(|s| names(s)) && !excluded.iter().any(|s| names(&s[1..]))
+        list.iter().any(|s| !s.starts_with('!') && names(s))
+            && !list.iter().any(|s| s.strip_prefix('!').is_some_and(names))
     }
 
     /// The `grid_sync` counter for launches of `kernel` with `blocks` blocks (its barrier target
