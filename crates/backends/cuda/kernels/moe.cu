@@ -1065,8 +1065,9 @@ __device__ __forceinline__ int iq2xxs_sub_q8(u32 idx, u32 aux, const int4 a, con
 // inside the sub-block's block (the first word starts at most 2 bytes before `at`, after d); the
 // same words, the same bits (the full-size step logits compared bit for bit). On an H100 the
 // verify's routed kernels read 12–21 % fewer global sectors (ncu) and the full-size 8-row verify
-// took 0.2–1.2 % less in five alternating pairs, the decode step the same. (Session 41's form,
-// IQ2_WIDE_LD, also took d from its aligned word, with a select more: decode −0.9 % then.)
+// took 0.2–1.2 % less in five alternating pairs, the decode step the same; in isolation (`bench
+// expert`, session 63) the decode-form expert kernels take 3–7 % longer with them. (Session 41's
+// form, IQ2_WIDE_LD, also took d from its aligned word, with a select more: decode −0.9 % then.)
 #ifndef IQ2_WORD_LOADS
 #define IQ2_WORD_LOADS 1
 #endif

@@ -1188,8 +1188,8 @@ pub struct CudaModel {
     /// launch names such as `dn_fused_seq`, or `stage:name` / `stage:*` with stage `dn`, `attn`,
     /// `moe`, `shared` or `head`; `dn:z_rows` leaves the output gate's rows out of the DeltaNet
     /// in-projection launch; `!name` keeps a launch that another entry lists, as in `*,!embedding`).
-    /// The outputs are garbage; the step time shows what each stage
-    /// costs on the critical path of the replayed graph (ncu times each kernel alone).
+    /// The outputs are garbage; the step time shows what each stage costs on the critical path of
+    /// the replayed graph (ncu times each kernel alone).
     skip: Vec<String>,
     /// Timing diagnostics only: launches replaced by `noop_pdl` with the same grid and block
     /// (`REDLITE_CUDA_NOOP`, the names as for `skip`, or `*` for all): the step time of the
